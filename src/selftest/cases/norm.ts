@@ -1,0 +1,3 @@
+import type { KernelCase } from '../check.ts';
+
+export const cases: KernelCase[] = [];

@@ -1,0 +1,3 @@
+import { defineCaseTests } from '../helpers.ts';
+
+defineCaseTests('elementwise');
