@@ -1,0 +1,145 @@
+// The GPU runtime itself: limits and features, byte accounting, typed errors, device loss,
+// pipeline cache, specialisation, and tensors larger than one storage binding.
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { GpuDeviceLostError, GpuOutOfMemoryError, GpuValidationError, NoWebGpuError, ShapeError } from '../../src/gpu/errors.ts';
+import { Gpu } from '../../src/gpu/device.ts';
+import { specialise } from '../../src/gpu/shaders.ts';
+import { nodeShaderSource } from '../../src/gpu/shaders-node.ts';
+import { add, cast } from '../../src/ops/elementwise.ts';
+import { testGpu } from '../helpers.ts';
+
+const MiB = 1 << 20;
+
+describe('gpu runtime', () => {
+  it('requests the adapter maximum limits and the features we use', async () => {
+    const gpu = await testGpu();
+    const l = gpu.device.limits;
+    assert.ok(l.maxStorageBufferBindingSize >= 128 * MiB, `binding limit ${l.maxStorageBufferBindingSize}`);
+    assert.ok(l.maxBufferSize > l.maxStorageBufferBindingSize, 'maxBufferSize raised past one binding');
+    assert.ok(l.maxComputeWorkgroupStorageSize >= 16384);
+    // Mesa lavapipe 25.x (bookworm-backports) exposes all three; the f16 suite depends on it.
+    for (const f of ['shader-f16', 'subgroups', 'timestamp-query']) assert.ok(gpu.device.features.has(f), `missing ${f}`);
+    assert.equal(gpu.hasF16, true);
+    assert.equal(gpu.computeDType, 'f16');
+    assert.ok(gpu.adapter.features.includes('shader-f16'));
+  });
+
+  it('f32 path when f16 is disabled, and f16 tensors are refused there', async () => {
+    const gpu = await testGpu({ disableF16: true });
+    assert.equal(gpu.computeDType, 'f32');
+    assert.throws(() => gpu.tensor([4], 'f16', 'scratch'), /shader-f16/);
+    gpu.destroy();
+  });
+
+  it('no WebGPU gives a typed, readable error', async () => {
+    await assert.rejects(Gpu.create(undefined, { shaders: nodeShaderSource() }), (e: Error) => e instanceof NoWebGpuError && /WebGPU is not available/.test(e.message));
+  });
+
+  it('accounts every byte by tag, current and peak', async () => {
+    const gpu = await testGpu();
+    const before = gpu.allocator.report();
+    const w = gpu.tensor([1000], 'f32', 'weights', 'w');
+    const a = gpu.tensor([1001], 'f16', 'activations', 'a'); // 2002 bytes -> rounded to 2004
+    const g = gpu.tensor([10], 'f32', 'gradients', 'g');
+    let r = gpu.allocator.report();
+    assert.equal(r.current - before.current, 4000 + 2004 + 40);
+    assert.equal(r.byTag.weights.current - before.byTag.weights.current, 4000);
+    assert.equal(r.byTag.activations.current - before.byTag.activations.current, 2004);
+    assert.equal(r.live - before.live, 3);
+    gpu.free(a);
+    gpu.free(a); // double free is a no-op, not a double count
+    r = gpu.allocator.report();
+    assert.equal(r.byTag.activations.current, before.byTag.activations.current);
+    assert.ok(r.byTag.activations.peak >= before.byTag.activations.current + 2004);
+    assert.ok(r.peak >= before.current + 6044);
+    const view = w.reshape([10, 100]);
+    gpu.free(view); // views do not own the buffer
+    assert.equal(gpu.allocator.report().byTag.weights.current - before.byTag.weights.current, 4000);
+    gpu.free(w, g);
+    assert.equal(gpu.allocator.report().current, before.current);
+  });
+
+  it('an allocation past maxBufferSize throws GpuOutOfMemoryError naming tag and label', async () => {
+    const gpu = await testGpu();
+    const huge = gpu.device.limits.maxBufferSize + 4;
+    assert.throws(
+      () => gpu.tensor([huge / 4], 'f32', 'optimizer', 'adam-m'),
+      (e: Error) => e instanceof GpuOutOfMemoryError && e.tag === 'optimizer' && /adam-m/.test(e.message),
+    );
+    await assert.rejects(gpu.tensorChecked([huge / 4], 'f32', 'weights', 'unet'), GpuOutOfMemoryError);
+  });
+
+  it('caches pipelines by shader, entry and defs', async () => {
+    const gpu = await testGpu();
+    const p1 = gpu.pipeline('elementwise', 'add', { T: 'f32', U: 'f32', WG: 256 });
+    const n = gpu.pipelineCount;
+    assert.equal(gpu.pipeline('elementwise', 'add', { WG: 256, U: 'f32', T: 'f32' }), p1);
+    assert.equal(gpu.pipelineCount, n);
+    assert.notEqual(gpu.pipeline('elementwise', 'add', { T: 'f16', U: 'f16', WG: 256 }), p1);
+  });
+
+  it('specialises WGSL by dtype and constants, without copying the source', () => {
+    const s = specialise('fn f() {}', { T: 'f16', U: 'f32', TILE: 64, HAS_BIAS: true });
+    assert.match(s, /^enable f16;/);
+    assert.match(s, /alias T = f16;/);
+    assert.match(s, /alias U = f32;/);
+    assert.match(s, /const TILE: u32 = 64u;/);
+    assert.match(s, /const HAS_BIAS: bool = true;/);
+    assert.doesNotMatch(specialise('', { T: 'f32' }), /enable f16/);
+    assert.throws(() => specialise('', { X: 1.5 }), /non-negative integers/);
+  });
+
+  it('reports WGSL validation errors at sync instead of returning garbage', async () => {
+    const gpu = await testGpu();
+    const x = gpu.upload([1, 2, 3, 4], [4], 'f32');
+    // Binding a tensor where the shader expects another dtype's layout is caught by the op...
+    assert.throws(() => add(gpu, x, gpu.upload([1, 2, 3, 4], [4], 'f16')), (e: Error) => e instanceof ShapeError && /add: dtype mismatch: f32\[4\] vs f16\[4\]/.test(e.message));
+    assert.throws(() => add(gpu, x, gpu.upload([1, 2, 3], [3], 'f32')), /add: shapes differ: \[4\] vs \[3\]/);
+    // ...and a dispatch the device rejects surfaces as GpuValidationError.
+    gpu.dispatch({ shader: 'elementwise', entry: 'add', defs: { T: 'f32', U: 'f32', WG: 256 }, bindings: [x, x, x], workgroups: [1] });
+    await assert.rejects(gpu.sync(), GpuValidationError);
+  });
+
+  it('splits element-wise work over tensors larger than one storage binding (forced small limit)', async () => {
+    const gpu = await testGpu({ bindingLimit: 4096 });
+    const n = 10_000; // 40 KB of f32: ten bindings' worth
+    const a = Float32Array.from({ length: n }, (_, i) => i * 0.5);
+    const b = Float32Array.from({ length: n }, (_, i) => -i);
+    const out = await gpu.read(add(gpu, gpu.upload(a, [n], 'f32'), gpu.upload(b, [n], 'f32'), 2));
+    for (let i = 0; i < n; i += 997) assert.equal(out[i], a[i] + 2 * b[i]);
+    assert.equal(out[n - 1], a[n - 1] + 2 * b[n - 1]);
+    gpu.destroy();
+  });
+
+  it('handles a real tensor larger than maxStorageBufferBindingSize', async () => {
+    const gpu = await testGpu();
+    const limit = gpu.device.limits.maxStorageBufferBindingSize;
+    const n = limit / 4 + 4 * 1024 * 1024 + 3; // just over one binding of f32, odd length
+    const x = gpu.tensor([n], 'f32', 'activations', 'big');
+    const ones = new Float32Array(n).fill(1);
+    gpu.write(x, ones);
+    const h = cast(gpu, x, 'f16'); // f32 input spans two bindings, f16 output one
+    const y = add(gpu, x, x, 2); // every binding spans the limit
+    const yv = await gpu.read(y);
+    assert.equal(yv.length, n);
+    assert.equal(yv[0], 3);
+    assert.equal(yv[limit / 4 - 1], 3);
+    assert.equal(yv[limit / 4], 3);
+    assert.equal(yv[n - 1], 3);
+    const hv = await gpu.read(h);
+    assert.equal(hv[n - 1], 1);
+    gpu.free(x, h, y);
+  });
+
+  it('surfaces device loss to listeners and to every later call', async () => {
+    const gpu = await testGpu({ powerPreference: 'low-power' });
+    let seen: GpuDeviceLostError | null = null;
+    gpu.onLost((e) => (seen = e));
+    gpu.device.destroy();
+    await gpu.device.lost;
+    await new Promise((r) => setTimeout(r, 0));
+    assert.ok(seen instanceof GpuDeviceLostError);
+    assert.throws(() => gpu.tensor([4], 'f32', 'scratch'), GpuDeviceLostError);
+  });
+});
