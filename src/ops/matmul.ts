@@ -1,0 +1,590 @@
+// Matmul family: batched tiled matmul with transposes, bias epilogue and accumulation; its backward
+// through the transpose variants of the same kernel; nn.Linear on top. Each op has a plain-TS
+// reference (`*Ref`, float64 accumulation) beside it.
+//
+//   Y = op(A) · op(B) + bias        op(A): [M, K], op(B): [K, N], Y: [M, N] per batch
+//   dop(A) = dY · op(B)ᵀ            dop(B) = op(A)ᵀ · dY  (summed over the batch when B is broadcast)
+//   dbias = column sums of dY over every row of every batch
+import { Uniforms, type BufferWindow, type Gpu } from '../gpu/device.ts';
+import { fmtShape, ShapeError } from '../gpu/errors.ts';
+import type { Defs } from '../gpu/shaders.ts';
+import { BYTES, expectSameDType, expectShape, numel, Tensor, type DType } from '../gpu/tensor.ts';
+
+export interface MatmulOptions {
+  /** a is stored [..., K, M]. */
+  transA?: boolean;
+  /** b is stored [..., N, K]. */
+  transB?: boolean;
+  /** [N], added in the epilogue. */
+  bias?: Tensor;
+  /** Write into this tensor instead of a new one (input dtype, or f32 for f32 gradient buffers). */
+  out?: Tensor;
+  /** out += a·b (+ bias) instead of out = ... (needs `out`). */
+  accumulate?: boolean;
+  /** Force a workgroup tile (tests, benchmarks); by default picked from the problem size. */
+  tile?: Tile;
+}
+
+/** Workgroup tile: BM x BN outputs, BK-deep steps, TM x TN outputs per invocation (multiples of 4). */
+export interface Tile {
+  BM: number;
+  BN: number;
+  BK: number;
+  TM: number;
+  TN: number;
+}
+
+/** 256 invocations with 4x4 blocks; 8 KiB of shared tiles. For small or skinny problems. */
+export const TILE_64: Tile = { BM: 64, BN: 64, BK: 16, TM: 4, TN: 4 };
+/** 256 invocations with 8x8 blocks; 16 KiB of shared tiles (Chrome's default limit). */
+export const TILE_128: Tile = { BM: 128, BN: 128, BK: 16, TM: 8, TN: 8 };
+
+/** Shared-memory bytes a tile config needs (f32 tiles of A and B). */
+export function tileSharedBytes(t: Tile): number {
+  return 4 * (t.BM + t.BN) * t.BK;
+}
+
+function checkTile(gpu: Gpu, t: Tile): void {
+  const ok =
+    t.TM % 4 === 0 && t.TN % 4 === 0 && t.BM % t.TM === 0 && t.BN % t.TN === 0 && t.BM % 4 === 0 && t.BN % 4 === 0 &&
+    (t.BM / t.TM) * (t.BN / t.TN) <= gpu.device.limits.maxComputeInvocationsPerWorkgroup &&
+    tileSharedBytes(t) <= gpu.device.limits.maxComputeWorkgroupStorageSize;
+  if (!ok) throw new ShapeError('matmul', `invalid tile ${JSON.stringify(t)}`);
+}
+
+/** Big tiles once they still give the device enough workgroups to fill it. */
+export function pickTile(M: number, N: number, batch: number): Tile {
+  const bigTiles = Math.ceil(M / TILE_128.BM) * Math.ceil(N / TILE_128.BN) * batch;
+  return bigTiles >= 64 ? TILE_128 : TILE_64;
+}
+
+// ---- windows: element ranges of a tensor bound at an aligned offset ---------------------------
+
+export interface ElemWindow {
+  window: BufferWindow;
+  /** Element index, inside the window, of the range's first element. */
+  offset: number;
+}
+
+/**
+ * Binds elements [first, first + count) of `t`: the window starts at the aligned offset at or
+ * below the range, and `offset` says where the range begins inside it.
+ */
+export function elemWindow(gpu: Gpu, t: Tensor, first: number, count: number): ElemWindow {
+  const bytes = BYTES[t.dtype];
+  const align = gpu.device.limits.minStorageBufferOffsetAlignment;
+  const start = t.byteOffset + first * bytes;
+  const base = Math.floor(start / align) * align;
+  const end = Math.min(Math.ceil((start + Math.max(count, 1) * bytes) / 4) * 4, t.buffer.size);
+  return { window: { buffer: t.buffer, offset: base, size: end - base }, offset: (start - base) / bytes };
+}
+
+/** Bytes of the largest window a range of `count` elements can need (alignment slack included). */
+export function windowBytesBound(gpu: Gpu, count: number, bytes: number): number {
+  return count * bytes + gpu.device.limits.minStorageBufferOffsetAlignment + 4;
+}
+
+// ---- the GEMM driver ------------------------------------------------------------------------
+
+/** One batched GEMM over row-major operands with leading dimensions and batch strides. */
+interface Gemm {
+  op: string;
+  M: number;
+  N: number;
+  K: number;
+  batch: number;
+  a: Tensor;
+  b: Tensor;
+  c: Tensor;
+  bias: Tensor | null;
+  transA: boolean;
+  transB: boolean;
+  lda: number;
+  ldb: number;
+  ldc: number;
+  strideA: number;
+  strideB: number;
+  strideC: number;
+  accumulate: boolean;
+  tile?: Tile;
+}
+
+/** Element span [first, last] of rows [r0, r0+rc) x cols [c0, c0+cc) over batches [b0, b0+nb). */
+function span(ld: number, stride: number, b0: number, nb: number, r0: number, rc: number, c0: number, cc: number): [number, number] {
+  return [b0 * stride + r0 * ld + c0, (b0 + nb - 1) * stride + (r0 + rc - 1) * ld + c0 + cc - 1];
+}
+
+/** A sub-problem: batches [b0, b0+nb), output rows [m0, m0+mc), columns [n0, n0+nc), reduction [k0, k0+kc). */
+interface Block {
+  b0: number;
+  nb: number;
+  m0: number;
+  mc: number;
+  n0: number;
+  nc: number;
+  k0: number;
+  kc: number;
+}
+
+type Dim = 'm' | 'n' | 'k';
+
+/** Each operand's stored (row, column) dims and its element span for a block. */
+function operands(g: Gemm, k: Block): { name: string; rows: Dim; cols: Dim; span: [number, number] }[] {
+  const len = (d: Dim) => (d === 'm' ? [k.m0, k.mc] : d === 'n' ? [k.n0, k.nc] : [k.k0, k.kc]);
+  const op = (name: string, ld: number, stride: number, rows: Dim, cols: Dim) => {
+    const [r0, rc] = len(rows);
+    const [c0, cc] = len(cols);
+    return { name, rows, cols, span: span(ld, stride, k.b0, k.nb, r0, Math.max(rc, 1), c0, Math.max(cc, 1)) };
+  };
+  return [
+    g.transA ? op('a', g.lda, g.strideA, 'k', 'm') : op('a', g.lda, g.strideA, 'm', 'k'),
+    g.transB ? op('b', g.ldb, g.strideB, 'n', 'k') : op('b', g.ldb, g.strideB, 'k', 'n'),
+    op('c', g.ldc, g.strideC, 'm', 'n'),
+  ];
+}
+
+function spanFits(gpu: Gpu, s: [number, number], bytes: number): boolean {
+  return windowBytesBound(gpu, s[1] - s[0] + 1, bytes) <= gpu.maxBinding;
+}
+
+/** ceil(total / parts), rounded up to whole tiles while it is at least one tile. */
+function chunkLen(total: number, parts: number, tileLen: number): number {
+  const raw = Math.max(1, Math.ceil(total / parts));
+  return raw >= tileLen ? Math.min(total, Math.ceil(raw / tileLen) * tileLen) : raw;
+}
+
+/**
+ * Splits the GEMM into dispatches whose operand windows each fit one storage binding: whole batch
+ * groups when they fit, else one batch at a time in chunks of M, N and K. An operand that does not
+ * fit has its stored row dimension split (rows of a row-major matrix are contiguous), then its
+ * column dimension. K chunks after the first accumulate onto it.
+ */
+function planGemm(gpu: Gpu, g: Gemm, tile: Tile): Block[] {
+  const bytes = BYTES[g.a.dtype];
+  const whole = (b0: number, nb: number): Block => ({ b0, nb, m0: 0, mc: g.M, n0: 0, nc: g.N, k0: 0, kc: g.K });
+  const allFit = (k: Block) => operands(g, k).every((o) => spanFits(gpu, o.span, bytes));
+  const maxZ = gpu.device.limits.maxComputeWorkgroupsPerDimension;
+  let group = Math.min(g.batch, maxZ);
+  while (group > 1 && !allFit(whole(0, group))) group = Math.ceil(group / 2);
+  if (allFit(whole(0, group))) {
+    const blocks: Block[] = [];
+    for (let b0 = 0; b0 < g.batch; b0 += group) blocks.push(whole(b0, Math.min(group, g.batch - b0)));
+    return blocks;
+  }
+  // One batch at a time; grow the number of chunks per dimension until every window fits.
+  const parts: Record<Dim, number> = { m: 1, n: 1, k: 1 };
+  const total: Record<Dim, number> = { m: g.M, n: g.N, k: g.K };
+  const tileLen: Record<Dim, number> = { m: tile.BM, n: tile.BN, k: tile.BK };
+  for (;;) {
+    const c: Record<Dim, number> = { m: chunkLen(g.M, parts.m, tile.BM), n: chunkLen(g.N, parts.n, tile.BN), k: chunkLen(g.K, parts.k, tile.BK) };
+    const bad = operands(g, { b0: 0, nb: 1, m0: 0, mc: c.m, n0: 0, nc: c.n, k0: 0, kc: c.k }).filter((o) => !spanFits(gpu, o.span, bytes));
+    if (!bad.length) {
+      const blocks: Block[] = [];
+      for (let b0 = 0; b0 < g.batch; b0++)
+        for (let m0 = 0; m0 < g.M; m0 += c.m)
+          for (let n0 = 0; n0 < g.N; n0 += c.n)
+            for (let k0 = 0; k0 < Math.max(g.K, 1); k0 += Math.max(c.k, 1))
+              blocks.push({ b0, nb: 1, m0, mc: Math.min(c.m, g.M - m0), n0, nc: Math.min(c.n, g.N - n0), k0, kc: Math.min(c.k, g.K - k0) });
+      return blocks;
+    }
+    for (const o of bad) {
+      const d = c[o.rows] > 1 ? o.rows : c[o.cols] > 1 ? o.cols : null;
+      if (!d)
+        throw new ShapeError(
+          g.op,
+          `operands [${g.M}x${g.K}]${g.transA ? 'ᵀ' : ''} · [${g.K}x${g.N}]${g.transB ? 'ᵀ' : ''}: ${o.name} cannot be split into storage bindings of ${gpu.maxBinding} bytes`,
+        );
+      if (chunkLen(total[d], parts[d], tileLen[d]) === c[d]) parts[d] *= 2;
+    }
+  }
+}
+
+function gemmDefs(dtype: DType, outDType: DType, tile: Tile, transA: boolean, transB: boolean, hasBias: boolean, accumulate: boolean): Defs {
+  return { T: dtype, TC: outDType, ...tile, TRANS_A: transA, TRANS_B: transB, HAS_BIAS: hasBias, ACCUMULATE: accumulate };
+}
+
+function runGemm(gpu: Gpu, g: Gemm): void {
+  if (g.M === 0 || g.N === 0 || g.batch === 0) return;
+  const tile = g.tile ?? pickTile(g.M, g.N, g.batch);
+  checkTile(gpu, tile);
+  for (const k of planGemm(gpu, g, tile)) {
+    const [sa, sb, sc] = operands(g, k).map((o) => o.span);
+    const firstK = k.k0 === 0;
+    // K = 0 gives C = bias (or leaves C as is when accumulating): the kernel's K loop is empty.
+    const wa = elemWindow(gpu, g.a, sa[0], sa[1] - sa[0] + 1);
+    const wb = elemWindow(gpu, g.b, sb[0], sb[1] - sb[0] + 1);
+    const wc = elemWindow(gpu, g.c, sc[0], sc[1] - sc[0] + 1);
+    const hasBias = firstK && g.bias !== null;
+    // Without a bias the shader's bias binding still needs a read-only window: reuse a's.
+    const wbias = hasBias ? elemWindow(gpu, g.bias!, k.n0, k.nc) : wa;
+    const u = new Uniforms()
+      .u32(k.mc, k.nc, k.kc, g.lda, g.ldb, g.ldc, wa.offset, wb.offset, wc.offset, wbias.offset)
+      .u32(g.strideA, g.strideB, g.strideC, 0, 0);
+    gpu.dispatch({
+      shader: 'matmul',
+      entry: 'matmul',
+      defs: gemmDefs(g.a.dtype, g.c.dtype, tile, g.transA, g.transB, hasBias, g.accumulate || !firstK),
+      uniforms: u,
+      bindings: [wa.window, wb.window, wc.window, wbias.window],
+      workgroups: [Math.ceil(k.nc / tile.BN), Math.ceil(k.mc / tile.BM), k.nb],
+    });
+  }
+}
+
+/** An output is stored in the input dtype, or in f32 (f32 gradient buffers of f16 operands). */
+function expectOutDType(op: string, input: Tensor, out: Tensor): void {
+  if (out.dtype !== input.dtype && out.dtype !== 'f32')
+    throw new ShapeError(op, `out must be ${input.dtype} or f32, got ${out.dtype}${fmtShape(out.shape)} for ${input.dtype}${fmtShape(input.shape)} inputs`);
+}
+
+// ---- matmul ----------------------------------------------------------------------------------
+
+interface MatmulShape {
+  M: number;
+  N: number;
+  K: number;
+  batchShape: number[];
+  batch: number;
+  aBatched: boolean;
+  bBatched: boolean;
+}
+
+function matmulShape(op: string, a: Tensor, b: Tensor, transA: boolean, transB: boolean): MatmulShape {
+  const desc = () => `a ${fmtShape(a.shape)}${transA ? 'ᵀ' : ''} · b ${fmtShape(b.shape)}${transB ? 'ᵀ' : ''}`;
+  if (a.shape.length < 2 || b.shape.length < 2) throw new ShapeError(op, `operands must have at least 2 dims: ${desc()}`);
+  expectSameDType(op, a, b);
+  const [ar, ac] = a.shape.slice(-2);
+  const [br, bc] = b.shape.slice(-2);
+  const M = transA ? ac : ar;
+  const K = transA ? ar : ac;
+  const Kb = transB ? bc : br;
+  const N = transB ? br : bc;
+  if (K !== Kb) throw new ShapeError(op, `inner dimensions differ (${K} vs ${Kb}): ${desc()}`);
+  const aBatch = a.shape.slice(0, -2);
+  const bBatch = b.shape.slice(0, -2);
+  if (aBatch.length && bBatch.length && (aBatch.length !== bBatch.length || aBatch.some((d, i) => d !== bBatch[i])))
+    throw new ShapeError(op, `batch dimensions differ: ${desc()}`);
+  const batchShape = aBatch.length ? aBatch : bBatch;
+  return { M, N, K, batchShape, batch: numel(batchShape), aBatched: aBatch.length > 0, bBatched: bBatch.length > 0 };
+}
+
+/**
+ * Y = op(a) · op(b) (+ bias), batched over leading dims (either operand may be unbatched, i.e.
+ * broadcast). Output dtype = input dtype, f32 accumulation.
+ */
+export function matmul(gpu: Gpu, a: Tensor, b: Tensor, opts: MatmulOptions = {}): Tensor {
+  const op = 'matmul';
+  const transA = opts.transA ?? false;
+  const transB = opts.transB ?? false;
+  const s = matmulShape(op, a, b, transA, transB);
+  const outShape = [...s.batchShape, s.M, s.N];
+  if (opts.bias) {
+    expectShape(op, 'bias', opts.bias, [s.N]);
+    expectSameDType(op, a, opts.bias);
+  }
+  if (opts.accumulate && !opts.out) throw new ShapeError(op, 'accumulate needs an out tensor');
+  if (opts.out) {
+    expectShape(op, 'out', opts.out, outShape);
+    expectOutDType(op, a, opts.out);
+  }
+  const c = opts.out ?? gpu.tensor(outShape, a.dtype, 'activations', 'matmul');
+  const g: Gemm = {
+    op,
+    M: s.M,
+    N: s.N,
+    K: s.K,
+    batch: s.batch,
+    a,
+    b,
+    c,
+    bias: opts.bias ?? null,
+    transA,
+    transB,
+    lda: a.shape[a.shape.length - 1],
+    ldb: b.shape[b.shape.length - 1],
+    ldc: s.N,
+    strideA: s.aBatched ? s.M * s.K : 0,
+    strideB: s.bBatched ? s.K * s.N : 0,
+    strideC: s.M * s.N,
+    accumulate: opts.accumulate ?? false,
+    tile: opts.tile,
+  };
+  // A broadcast B over rows of A [M, K] is one big GEMM over batch * M rows.
+  if (!s.bBatched && s.aBatched && !transA) {
+    g.M *= g.batch;
+    g.batch = 1;
+  }
+  runGemm(gpu, g);
+  return c;
+}
+
+/**
+ * Σ_batch op(x_b) · op(y_b) into one [M, N] result (gradients of an operand that was broadcast over
+ * the batch). When the reduction runs along the stored rows of both (x transposed, y not) the
+ * batches are just more rows: one GEMM over batch * rows. Otherwise one accumulating GEMM per batch.
+ */
+function matmulSumBatch(
+  gpu: Gpu,
+  op: string,
+  x: Tensor,
+  y: Tensor,
+  transX: boolean,
+  transY: boolean,
+  out: Tensor | undefined,
+  accumulate: boolean,
+  tile: Tile | undefined,
+): Tensor {
+  const s = matmulShape(op, x, y, transX, transY);
+  const flat = (t: Tensor) => t.shape.slice(-2);
+  if (transX && !transY) {
+    const rows = x.numel / x.shape[x.shape.length - 1];
+    return matmul(gpu, x.reshape([rows, x.shape[x.shape.length - 1]]), y.reshape([rows, y.shape[y.shape.length - 1]]), {
+      transA: true,
+      out,
+      accumulate,
+      tile,
+    });
+  }
+  const c = out ?? gpu.tensor([s.M, s.N], x.dtype, 'gradients', `${op}-sum`);
+  const xs = flat(x);
+  const ys = flat(y);
+  for (let i = 0; i < s.batch; i++) {
+    const xv = new Tensor(x.alloc, xs, x.dtype, x.byteOffset + i * numel(xs) * BYTES[x.dtype], false);
+    const yv = new Tensor(y.alloc, ys, y.dtype, y.byteOffset + i * numel(ys) * BYTES[y.dtype], false);
+    matmul(gpu, xv, yv, { transA: transX, transB: transY, out: c, accumulate: accumulate || i > 0, tile });
+  }
+  return c;
+}
+
+export interface MatmulGrads {
+  da: Tensor;
+  db: Tensor;
+  dbias?: Tensor;
+}
+
+export interface MatmulBackwardOptions extends MatmulOptions {
+  /** Gradient tensors to write (or, with `accumulate`, add) into instead of new ones. */
+  into?: { da?: Tensor; db?: Tensor; dbias?: Tensor };
+}
+
+/**
+ * Gradients of Y = op(a) · op(b) + bias for upstream dY (same argument order as matmul; `bias`
+ * only says whether dbias is wanted). With `accumulate`, adds into `into.*`.
+ */
+export function matmulBackward(gpu: Gpu, a: Tensor, b: Tensor, dy: Tensor, opts: MatmulBackwardOptions = {}): MatmulGrads {
+  const op = 'matmulBackward';
+  const transA = opts.transA ?? false;
+  const transB = opts.transB ?? false;
+  const s = matmulShape(op, a, b, transA, transB);
+  expectShape(op, 'dy', dy, [...s.batchShape, s.M, s.N]);
+  expectSameDType(op, a, dy);
+  const acc = opts.accumulate ?? false;
+  const into = opts.into ?? {};
+  if (acc && (!into.da || !into.db || (opts.bias && !into.dbias))) throw new ShapeError(op, 'accumulate needs into.da, into.db (and into.dbias with a bias)');
+  const sumA = !s.aBatched && s.bBatched;
+  const sumB = !s.bBatched && s.aBatched;
+
+  const tile = opts.tile;
+  // dop(A) = dY · op(B)ᵀ. Stored A = op(A) (no transA) or op(A)ᵀ = op(B) · dYᵀ (transA).
+  let da: Tensor;
+  if (!transA)
+    da = sumA
+      ? matmulSumBatch(gpu, op, dy, b, false, !transB, into.da, acc, tile)
+      : matmul(gpu, dy, b, { transB: !transB, out: into.da, accumulate: acc, tile });
+  else
+    da = sumA
+      ? matmulSumBatch(gpu, op, b, dy, transB, true, into.da, acc, tile)
+      : matmul(gpu, b, dy, { transA: transB, transB: true, out: into.da, accumulate: acc, tile });
+
+  // dop(B) = op(A)ᵀ · dY. Stored B = op(B) (no transB) or op(B)ᵀ = dYᵀ · op(A) (transB).
+  let db: Tensor;
+  if (!transB)
+    db = sumB
+      ? matmulSumBatch(gpu, op, a, dy, !transA, false, into.db, acc, tile)
+      : matmul(gpu, a, dy, { transA: !transA, out: into.db, accumulate: acc, tile });
+  else
+    db = sumB
+      ? matmulSumBatch(gpu, op, dy, a, true, transA, into.db, acc, tile)
+      : matmul(gpu, dy, a, { transA: true, transB: transA, out: into.db, accumulate: acc, tile });
+
+  const grads: MatmulGrads = { da, db };
+  if (opts.bias) grads.dbias = colSum(gpu, dy.reshape([dy.numel / s.N, s.N]), into.dbias, acc);
+  return grads;
+}
+
+/** out[n] = Σ_r x[r, n] in f32 (two passes: per-256-row partial sums, then their sum). */
+export function colSum(gpu: Gpu, x: Tensor, out?: Tensor, accumulate = false): Tensor {
+  const op = 'colSum';
+  if (x.shape.length !== 2) throw new ShapeError(op, `x must be 2-D, got ${fmtShape(x.shape)}`);
+  const [rows, cols] = x.shape;
+  if (out) {
+    expectShape(op, 'out', out, [cols]);
+    expectOutDType(op, x, out);
+  }
+  if (accumulate && !out) throw new ShapeError(op, 'accumulate needs an out tensor');
+  const o = out ?? gpu.tensor([cols], x.dtype, 'gradients', 'colsum');
+  const bytes = BYTES[x.dtype];
+  const rowsPerWg = 256; // ROWS_PER_WG in the shader
+  // Row chunks of x that fit one binding; each chunk writes ceil(rows / 256) partial rows.
+  const chunkRows = Math.floor((gpu.maxBinding - windowBytesBound(gpu, 0, bytes)) / (cols * bytes));
+  if (chunkRows < 1 && rows > 0) throw new ShapeError(op, `${fmtShape(x.shape)}: one row does not fit a storage binding of ${gpu.maxBinding} bytes`);
+  const chunks: { r0: number; rc: number }[] = [];
+  for (let r0 = 0; r0 < rows; r0 += chunkRows) chunks.push({ r0, rc: Math.min(chunkRows, rows - r0) });
+  const parts = Math.max(1, chunks.reduce((n, c) => n + Math.ceil(c.rc / rowsPerWg), 0));
+  const partial = gpu.tensor([parts, cols], 'f32', 'scratch', 'colsum-partial');
+  const defs = (acc: boolean) => gemmDefs(x.dtype, o.dtype, TILE_64, false, false, false, acc);
+  const wo = elemWindow(gpu, o, 0, cols);
+  const wp = elemWindow(gpu, partial, 0, parts * cols);
+  let part = 0;
+  for (const { r0, rc } of chunks) {
+    const wx = elemWindow(gpu, x, r0 * cols, rc * cols);
+    const blocks = Math.ceil(rc / rowsPerWg);
+    gpu.dispatch({
+      shader: 'matmul',
+      entry: 'col_sum_partial',
+      defs: defs(false),
+      uniforms: new Uniforms().u32(rc, cols, 0, cols, 0, 0, wx.offset, 0, 0, 0, 0, 0, 0, part, 0),
+      bindings: [wx.window, null, null, null, wp.window],
+      workgroups: [Math.ceil(cols / 64), blocks],
+    });
+    part += blocks;
+  }
+  gpu.dispatch({
+    shader: 'matmul',
+    entry: 'col_sum_finish',
+    defs: defs(accumulate),
+    uniforms: new Uniforms().u32(0, cols, 0, 0, 0, 0, 0, 0, wo.offset, 0, 0, 0, 0, 0, part),
+    bindings: [null, null, wo.window, null, wp.window],
+    workgroups: [Math.ceil(cols / 64)],
+  });
+  // Submit before freeing: work already submitted still sees the buffer.
+  gpu.flush();
+  gpu.free(partial);
+  return o;
+}
+
+// ---- linear (PyTorch nn.Linear: weight [out, in]) ---------------------------------------------
+
+/** y = x · Wᵀ + b, x [..., in], weight [out, in], bias [out]. */
+export function linear(gpu: Gpu, x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor {
+  if (x.shape.length < 1 || weight.shape.length !== 2) throw new ShapeError('linear', `x ${fmtShape(x.shape)}, weight ${fmtShape(weight.shape)} (must be [out, in])`);
+  if (x.shape[x.shape.length - 1] !== weight.shape[1])
+    throw new ShapeError('linear', `x ${fmtShape(x.shape)} has ${x.shape[x.shape.length - 1]} features, weight ${fmtShape(weight.shape)} takes ${weight.shape[1]}`);
+  const x2 = x.shape.length === 1 ? x.reshape([1, x.shape[0]]) : x;
+  const y = matmul(gpu, x2, weight, { transB: true, bias: bias ?? undefined });
+  return x.shape.length === 1 ? y.reshape([weight.shape[0]]) : y;
+}
+
+export interface LinearGrads {
+  dx: Tensor;
+  dw: Tensor;
+  db?: Tensor;
+}
+
+/** Gradients of linear: dx = dy · W, dW = Σ dyᵀ · x, db = Σ dy (when a bias was used). */
+export function linearBackward(
+  gpu: Gpu,
+  x: Tensor,
+  weight: Tensor,
+  dy: Tensor,
+  bias?: Tensor | null,
+  into?: { dx?: Tensor; dw?: Tensor; db?: Tensor; accumulate?: boolean },
+): LinearGrads {
+  if (x.shape.length < 1 || weight.shape.length !== 2 || x.shape[x.shape.length - 1] !== weight.shape[1])
+    throw new ShapeError('linearBackward', `x ${fmtShape(x.shape)}, weight ${fmtShape(weight.shape)} (must be [out, in])`);
+  const rows = x.numel / weight.shape[1];
+  const x2 = x.reshape([rows, weight.shape[1]]);
+  expectShape('linearBackward', 'dy', dy, [...x.shape.slice(0, -1), weight.shape[0]]);
+  const dy2 = dy.reshape([rows, weight.shape[0]]);
+  const g = matmulBackward(gpu, x2, weight, dy2, {
+    transB: true,
+    bias: bias ?? undefined,
+    accumulate: into?.accumulate,
+    into: { da: into?.dx?.reshape([rows, weight.shape[1]]), db: into?.dw, dbias: into?.db },
+  });
+  const out: LinearGrads = { dx: into?.dx ?? g.da.reshape(x.shape), dw: g.db };
+  if (g.dbias) out.db = g.dbias;
+  return out;
+}
+
+// ---- plain-TS references (float64 accumulation) ---------------------------------------------
+
+export interface MatmulRefOptions {
+  transA?: boolean;
+  transB?: boolean;
+  bias?: ArrayLike<number>;
+}
+
+function refShape(aShape: readonly number[], bShape: readonly number[], transA: boolean, transB: boolean) {
+  const [ar, ac] = aShape.slice(-2);
+  const [br, bc] = bShape.slice(-2);
+  const M = transA ? ac : ar;
+  const K = transA ? ar : ac;
+  const N = transB ? br : bc;
+  const aB = numel(aShape.slice(0, -2));
+  const bB = numel(bShape.slice(0, -2));
+  const batch = Math.max(aShape.length > 2 ? aB : 1, bShape.length > 2 ? bB : 1);
+  return { M, N, K, batch, aStride: aShape.length > 2 ? M * K : 0, bStride: bShape.length > 2 ? K * N : 0 };
+}
+
+/** op(a) · op(b) (+ bias) over the batch; returns [batch * M * N]. */
+export function matmulRef(a: ArrayLike<number>, aShape: readonly number[], b: ArrayLike<number>, bShape: readonly number[], opts: MatmulRefOptions = {}): Float32Array {
+  const tA = opts.transA ?? false;
+  const tB = opts.transB ?? false;
+  const { M, N, K, batch, aStride, bStride } = refShape(aShape, bShape, tA, tB);
+  const out = new Float32Array(batch * M * N);
+  for (let z = 0; z < batch; z++)
+    for (let m = 0; m < M; m++)
+      for (let n = 0; n < N; n++) {
+        let s = opts.bias ? opts.bias[n] : 0;
+        for (let k = 0; k < K; k++) {
+          const av = a[z * aStride + (tA ? k * M + m : m * K + k)];
+          const bv = b[z * bStride + (tB ? n * K + k : k * N + n)];
+          s += av * bv;
+        }
+        out[(z * M + m) * N + n] = s;
+      }
+  return out;
+}
+
+/** Reference gradients of matmul (da/db in the stored layouts and batch shapes of a and b). */
+export function matmulBackwardRef(
+  a: ArrayLike<number>,
+  aShape: readonly number[],
+  b: ArrayLike<number>,
+  bShape: readonly number[],
+  dy: ArrayLike<number>,
+  opts: { transA?: boolean; transB?: boolean } = {},
+): { da: Float32Array; db: Float32Array; dbias: Float32Array } {
+  const tA = opts.transA ?? false;
+  const tB = opts.transB ?? false;
+  const { M, N, K, batch, aStride, bStride } = refShape(aShape, bShape, tA, tB);
+  const da = new Float64Array(numel(aShape));
+  const db = new Float64Array(numel(bShape));
+  const dbias = new Float64Array(N);
+  for (let z = 0; z < batch; z++)
+    for (let m = 0; m < M; m++)
+      for (let n = 0; n < N; n++) {
+        const g = dy[(z * M + m) * N + n];
+        dbias[n] += g;
+        for (let k = 0; k < K; k++) {
+          const ai = z * aStride + (tA ? k * M + m : m * K + k);
+          const bi = z * bStride + (tB ? n * K + k : k * N + n);
+          da[ai] += g * b[bi];
+          db[bi] += g * a[ai];
+        }
+      }
+  return { da: Float32Array.from(da), db: Float32Array.from(db), dbias: Float32Array.from(dbias) };
+}
+
+/** x [rows, in] · W [out, in]ᵀ + b. */
+export function linearRef(x: ArrayLike<number>, xShape: readonly number[], w: ArrayLike<number>, wShape: readonly number[], bias?: ArrayLike<number>): Float32Array {
+  const rows = numel(xShape) / wShape[1];
+  return matmulRef(x, [rows, wShape[1]], w, wShape, { transB: true, bias });
+}
+
+export function linearBackwardRef(x: ArrayLike<number>, xShape: readonly number[], w: ArrayLike<number>, wShape: readonly number[], dy: ArrayLike<number>): { dx: Float32Array; dw: Float32Array; db: Float32Array } {
+  const rows = numel(xShape) / wShape[1];
+  const g = matmulBackwardRef(x, [rows, wShape[1]], w, wShape, dy, { transB: true });
+  return { dx: g.da, dw: g.db, db: g.dbias };
+}

@@ -1,0 +1,118 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { ShapeError } from '../../src/gpu/errors.ts';
+import { roundToF16 } from '../../src/gpu/half.ts';
+import { linear, linearBackward, matmul, matmulBackward, matmulBackwardRef, matmulRef } from '../../src/ops/matmul.ts';
+import { compare, describeCheck, randomValues } from '../../src/selftest/check.ts';
+import { matmulTol } from '../../src/selftest/cases/matmul.ts';
+import { assertChecks, defineCaseTests, testGpu } from '../helpers.ts';
+
+defineCaseTests('matmul');
+
+const shapeError = (op: string, ...parts: string[]) => (e: unknown) =>
+  e instanceof ShapeError && e.message.startsWith(`${op}:`) && parts.every((p) => e.message.includes(p));
+
+describe('matmul bad input', () => {
+  it('K mismatch names the op and both shapes', async () => {
+    const gpu = await testGpu();
+    const a = gpu.zeros([4, 5], 'f32');
+    const b = gpu.zeros([6, 3], 'f32');
+    assert.throws(() => matmul(gpu, a, b), shapeError('matmul', '[4,5]', '[6,3]', 'inner'));
+    assert.throws(() => matmul(gpu, a, b, { transB: true }), shapeError('matmul', '[4,5]', '[6,3]'));
+    assert.throws(() => matmulBackward(gpu, a, b, gpu.zeros([4, 3], 'f32')), shapeError('matmulBackward', '[4,5]', '[6,3]'));
+    gpu.free(a, b);
+  });
+
+  it('batch, bias, out and dy shape mismatches', async () => {
+    const gpu = await testGpu();
+    const a = gpu.zeros([2, 4, 5], 'f32');
+    const b = gpu.zeros([3, 5, 6], 'f32');
+    assert.throws(() => matmul(gpu, a, b), shapeError('matmul', '[2,4,5]', '[3,5,6]', 'batch'));
+    const b2 = gpu.zeros([5, 6], 'f32');
+    assert.throws(() => matmul(gpu, a, b2, { bias: gpu.zeros([5], 'f32') }), shapeError('matmul', 'bias', '[6]', '[5]'));
+    assert.throws(() => matmul(gpu, a, b2, { out: gpu.zeros([4, 6], 'f32') }), shapeError('matmul', 'out', '[2,4,6]', '[4,6]'));
+    assert.throws(() => matmulBackward(gpu, a, b2, gpu.zeros([2, 4, 5], 'f32')), shapeError('matmulBackward', 'dy', '[2,4,6]', '[2,4,5]'));
+    assert.throws(() => matmul(gpu, gpu.zeros([5], 'f32'), b2), shapeError('matmul', '[5]'));
+  });
+
+  it('dtype mismatch', async () => {
+    const gpu = await testGpu();
+    const a = gpu.zeros([4, 5], 'f16');
+    const b = gpu.zeros([5, 3], 'f32');
+    assert.throws(() => matmul(gpu, a, b), shapeError('matmul', 'dtype', 'f16[4,5]', 'f32[5,3]'));
+    const b16 = gpu.zeros([5, 3], 'f16');
+    assert.throws(() => matmul(gpu, a, b16, { bias: gpu.zeros([3], 'f32') }), shapeError('matmul', 'dtype'));
+    assert.throws(() => linear(gpu, a, gpu.zeros([3, 5], 'f32')), shapeError('matmul', 'dtype'));
+  });
+
+  it('linear: wrong input features', async () => {
+    const gpu = await testGpu();
+    const x = gpu.zeros([2, 7], 'f32');
+    const w = gpu.zeros([3, 8], 'f32');
+    assert.throws(() => linear(gpu, x, w), shapeError('linear', '[2,7]', '[3,8]'));
+    assert.throws(() => linearBackward(gpu, x, w, gpu.zeros([2, 3], 'f32')), shapeError('linearBackward', '[2,7]', '[3,8]'));
+  });
+});
+
+describe('matmul larger than one storage binding (bindingLimit 4096 bytes)', () => {
+  for (const dtype of ['f32', 'f16'] as const)
+    it(`row-chunked forward, K-chunked and row-chunked backward [${dtype}]`, async (t) => {
+      const gpu = await testGpu({ bindingLimit: 4096 });
+      try {
+        const [B, M, K, N] = [3, 50, 40, 24];
+        // a: 6000 elements (24 KB f32) - far past one 4 KB binding; b and c too.
+        const a = roundToF16(randomValues(B * M * K, 1));
+        const w = roundToF16(randomValues(N * K, 2));
+        const bias = roundToF16(randomValues(N, 3));
+        const dy = roundToF16(randomValues(B * M * N, 4));
+        const ta = gpu.upload(a, [B, M, K], dtype);
+        const tw = gpu.upload(w, [N, K], dtype);
+        const tb = gpu.upload(bias, [N], dtype);
+        const tdy = gpu.upload(dy, [B, M, N], dtype);
+        assert.ok(ta.byteSize > 2 * gpu.maxBinding && tdy.byteSize > gpu.maxBinding, `a ${ta.byteSize} B, dy ${tdy.byteSize} B`);
+        const d0 = gpu.dispatchCount;
+        const y = linear(gpu, ta, tw, tb);
+        assert.ok(gpu.dispatchCount - d0 >= Math.ceil(ta.byteSize / gpu.maxBinding), `forward ran as ${gpu.dispatchCount - d0} dispatches`);
+        const gr = linearBackward(gpu, ta, tw, tdy, tb);
+        // Split-K chunks of dW add partial sums in the output dtype: f16 rounds each partial.
+        const tol = dtype === 'f32' ? matmulTol('f32') : { atol: 5e-2, rtol: 1e-2 };
+        const ref = matmulBackwardRef(a, [B * M, K], w, [N, K], dy, { transB: true });
+        const checks = [
+          compare('y', await gpu.read(y), matmulRef(a, [B * M, K], w, [N, K], { transB: true, bias }), tol),
+          compare('dx', await gpu.read(gr.dx), ref.da, tol),
+          compare('dw', await gpu.read(gr.dw), ref.db, tol),
+          compare('db', await gpu.read(gr.db!), ref.dbias, tol),
+        ];
+        // Batched b (not broadcast) and transposed a: per-batch dispatches, M / K chunks.
+        const b3 = roundToF16(randomValues(B * K * N, 5));
+        const tb3 = gpu.upload(b3, [B, K, N], dtype);
+        const at = gpu.upload(a, [B, K, M], dtype);
+        const y2 = matmul(gpu, at, tb3, { transA: true });
+        checks.push(compare('batched aᵀ·b', await gpu.read(y2), matmulRef(a, [B, K, M], b3, [B, K, N], { transA: true }), tol));
+        for (const c of checks) t.diagnostic(describeCheck(c));
+        assertChecks(checks);
+      } finally {
+        gpu.destroy();
+      }
+    });
+
+  it('rows wider than a binding split along K as well; a binding below one element is refused', async () => {
+    const gpu = await testGpu({ bindingLimit: 1024 });
+    try {
+      // Every row of a [2, 600] and of bᵀ [3, 600] is 2400 bytes: the GEMM is cut along K too.
+      const a = randomValues(2 * 600, 6);
+      const b = randomValues(3 * 600, 7);
+      const y = matmul(gpu, gpu.upload(a, [2, 600], 'f32'), gpu.upload(b, [3, 600], 'f32'), { transB: true });
+      assertChecks([compare('y', await gpu.read(y), matmulRef(a, [2, 600], b, [3, 600], { transB: true }), { atol: 1e-4, rtol: 1e-4 })]);
+    } finally {
+      gpu.destroy();
+    }
+    const tiny = await testGpu({ bindingLimit: 128 });
+    try {
+      const a = tiny.zeros([2, 600], 'f32');
+      assert.throws(() => matmul(tiny, a, tiny.zeros([600, 3], 'f32')), shapeError('matmul', 'storage bindings of 128 bytes'));
+    } finally {
+      tiny.destroy();
+    }
+  });
+});
