@@ -1,0 +1,259 @@
+// 2-D convolution, NCHW with PyTorch semantics, as implicit GEMM (shaders/conv2d.wgsl): forward,
+// grad input, grad weight and grad bias, each with a plain-TS reference (float64 accumulation).
+//
+//   y[n, co, oh, ow] = b[co] + Σ_{ci, kh, kw} w[co, ci, kh, kw] · x[n, ci, oh*S - P + kh, ow*S - P + kw]
+//   dx[n, ci, ih, iw] = Σ_{co, kh, kw : ih = oh*S - P + kh, iw = ow*S - P + kw} w[co, ci, kh, kw] · dy[n, co, oh, ow]
+//   dw[co, ci, kh, kw] = Σ_{n, oh, ow} dy[n, co, oh, ow] · x[n, ci, oh*S - P + kh, ow*S - P + kw]
+//   db[co] = Σ_{n, oh, ow} dy[n, co, oh, ow]
+import { Uniforms, type Gpu } from '../gpu/device.ts';
+import { fmtShape, ShapeError } from '../gpu/errors.ts';
+import { BYTES, expectSameDType, expectShape, type Tensor } from '../gpu/tensor.ts';
+import { elemWindow, pickTile, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
+
+export interface Conv2dOptions {
+  stride: number;
+  padding: number;
+  /** Force a workgroup tile (tests, benchmarks). */
+  tile?: Tile;
+}
+
+export interface Conv2dBackwardOptions extends Conv2dOptions {
+  /** Add into `into.*` instead of writing new tensors (gradient accumulation). */
+  accumulate?: boolean;
+  /** Gradient tensors to write or add into (input dtype, or f32). */
+  into?: { dx?: Tensor; dw?: Tensor; db?: Tensor };
+}
+
+export interface ConvShape {
+  N: number;
+  Ci: number;
+  H: number;
+  W: number;
+  Co: number;
+  KH: number;
+  KW: number;
+  Ho: number;
+  Wo: number;
+  stride: number;
+  pad: number;
+}
+
+/** Validates x [N, Ci, H, W], w [Co, Ci, KH, KW], stride 1|2, padding >= 0; returns the sizes. */
+export function convShape(op: string, xShape: readonly number[], wShape: readonly number[], opts: Conv2dOptions): ConvShape {
+  const desc = `x ${fmtShape(xShape)}, weight ${fmtShape(wShape)}, stride ${opts.stride}, padding ${opts.padding}`;
+  if (xShape.length !== 4 || wShape.length !== 4) throw new ShapeError(op, `x must be [N,Ci,H,W] and weight [Co,Ci,kh,kw]: ${desc}`);
+  const [N, Ci, H, W] = xShape;
+  const [Co, Cw, KH, KW] = wShape;
+  if (Cw !== Ci) throw new ShapeError(op, `weight expects ${Cw} input channels, x has ${Ci}: ${desc}`);
+  if (opts.stride !== 1 && opts.stride !== 2) throw new ShapeError(op, `stride must be 1 or 2: ${desc}`);
+  if (!Number.isInteger(opts.padding) || opts.padding < 0) throw new ShapeError(op, `padding must be a non-negative integer: ${desc}`);
+  const Ho = Math.floor((H + 2 * opts.padding - KH) / opts.stride) + 1;
+  const Wo = Math.floor((W + 2 * opts.padding - KW) / opts.stride) + 1;
+  if (KH < 1 || KW < 1 || Ho < 1 || Wo < 1) throw new ShapeError(op, `empty output: ${desc}`);
+  return { N, Ci, H, W, Co, KH, KW, Ho, Wo, stride: opts.stride, pad: opts.padding };
+}
+
+function expectOutDType(op: string, input: Tensor, out: Tensor): void {
+  if (out.dtype !== input.dtype && out.dtype !== 'f32')
+    throw new ShapeError(op, `out must be ${input.dtype} or f32, got ${out.dtype}${fmtShape(out.shape)}`);
+}
+
+/** MODE of shaders/conv2d.wgsl: which GEMM the implicit-GEMM kernel runs. */
+const Mode = { Forward: 0, GradInput: 1, GradWeight: 2 } as const;
+type Mode = (typeof Mode)[keyof typeof Mode];
+
+/** How many whole samples of these per-sample sizes (bytes) fit one binding; throws when none. */
+function samplesPerBinding(gpu: Gpu, op: string, s: ConvShape, perSampleBytes: number[]): number {
+  const per = Math.max(...perSampleBytes);
+  const n = Math.floor((gpu.maxBinding - windowBytesBound(gpu, 0, 1)) / per);
+  if (n < 1) throw new ShapeError(op, `one sample (${per} bytes) exceeds a storage binding of ${gpu.maxBinding} bytes (N=${s.N}, Ci=${s.Ci}, ${s.H}x${s.W})`);
+  return Math.min(n, s.N, gpu.device.limits.maxComputeWorkgroupsPerDimension);
+}
+
+function wholeFits(gpu: Gpu, op: string, t: Tensor, name: string): void {
+  if (windowBytesBound(gpu, t.numel, BYTES[t.dtype]) > gpu.maxBinding)
+    throw new ShapeError(op, `${name} ${fmtShape(t.shape)} exceeds a storage binding of ${gpu.maxBinding} bytes`);
+}
+
+/** Runs one implicit-GEMM mode over sample groups that fit the storage bindings. */
+function convGemm(
+  gpu: Gpu,
+  op: string,
+  mode: Mode,
+  s: ConvShape,
+  srcA: Tensor,
+  srcB: Tensor,
+  out: Tensor,
+  bias: Tensor | null,
+  accumulate: boolean,
+  forcedTile?: Tile,
+): void {
+  const KHW = s.KH * s.KW;
+  const xSample = s.Ci * s.H * s.W;
+  const ySample = s.Co * s.Ho * s.Wo;
+  const [GM, GN] = mode === Mode.Forward ? [s.Co, s.Ho * s.Wo] : mode === Mode.GradInput ? [s.Ci, s.H * s.W] : [s.Co, s.Ci * KHW];
+  // Per-sample element counts of the operands walked by sample: (src_a, src_b, out).
+  const perA = mode === Mode.GradWeight ? ySample : 0;
+  const perB = mode === Mode.GradInput ? ySample : xSample;
+  const perC = mode === Mode.Forward ? ySample : mode === Mode.GradInput ? xSample : 0;
+  if (mode !== Mode.GradWeight) wholeFits(gpu, op, srcA, 'weight');
+  else wholeFits(gpu, op, out, 'grad weight');
+  if (bias) wholeFits(gpu, op, bias, 'bias');
+  const group = samplesPerBinding(gpu, op, s, [perA * BYTES[srcA.dtype], perB * BYTES[srcB.dtype], perC * BYTES[out.dtype]]);
+  const tile = forcedTile ?? pickTile(GM, GN, mode === Mode.GradWeight ? 1 : group);
+  if (tileSharedBytes(tile) > gpu.device.limits.maxComputeWorkgroupStorageSize) throw new ShapeError(op, `tile ${JSON.stringify(tile)} needs too much workgroup memory`);
+  for (let n0 = 0; n0 < s.N; n0 += group) {
+    const nb = Math.min(group, s.N - n0);
+    const wa = mode === Mode.GradWeight ? elemWindow(gpu, srcA, n0 * perA, nb * perA) : elemWindow(gpu, srcA, 0, srcA.numel);
+    const wb = elemWindow(gpu, srcB, n0 * perB, nb * perB);
+    const wc = mode === Mode.GradWeight ? elemWindow(gpu, out, 0, out.numel) : elemWindow(gpu, out, n0 * perC, nb * perC);
+    const wbias = bias ? elemWindow(gpu, bias, 0, bias.numel) : wa;
+    const GK = mode === Mode.Forward ? s.Ci * KHW : mode === Mode.GradInput ? s.Co * KHW : nb * s.Ho * s.Wo;
+    const u = new Uniforms()
+      .u32(GM, GN, GK, s.Ci, s.H, s.W, s.Co, s.Ho, s.Wo, s.pad)
+      .u32(wa.offset, wb.offset, wc.offset, wbias.offset, perB, perC);
+    gpu.dispatch({
+      shader: 'conv2d',
+      entry: 'conv_gemm',
+      defs: {
+        T: srcA.dtype,
+        TC: out.dtype,
+        MODE: mode,
+        KH: s.KH,
+        KW: s.KW,
+        STRIDE: s.stride,
+        ...tile,
+        HAS_BIAS: bias !== null,
+        // Grad weight sums over samples: later sample groups add onto the first.
+        ACCUMULATE: accumulate || (mode === Mode.GradWeight && n0 > 0),
+      },
+      uniforms: u,
+      bindings: [wa.window, wb.window, wc.window, wbias.window],
+      workgroups: [Math.ceil(GN / tile.BN), Math.ceil(GM / tile.BM), mode === Mode.GradWeight ? 1 : nb],
+    });
+  }
+}
+
+/** y = conv2d(x, w) + bias, x [N, Ci, H, W], w [Co, Ci, KH, KW], bias [Co] or null. */
+export function conv2d(gpu: Gpu, x: Tensor, w: Tensor, bias: Tensor | null, opts: Conv2dOptions): Tensor {
+  const op = 'conv2d';
+  const s = convShape(op, x.shape, w.shape, opts);
+  expectSameDType(op, x, w, ...(bias ? [bias] : []));
+  if (bias) expectShape(op, 'bias', bias, [s.Co]);
+  const y = gpu.tensor([s.N, s.Co, s.Ho, s.Wo], x.dtype, 'activations', 'conv2d');
+  convGemm(gpu, op, Mode.Forward, s, w, x, y, bias, false, opts.tile);
+  return y;
+}
+
+export interface Conv2dGrads {
+  dx: Tensor;
+  dw: Tensor;
+  db: Tensor;
+}
+
+/** Gradients of conv2d for upstream dy [N, Co, Ho, Wo] (same argument order as the forward). */
+export function conv2dBackward(gpu: Gpu, x: Tensor, w: Tensor, dy: Tensor, opts: Conv2dBackwardOptions): Conv2dGrads {
+  const op = 'conv2dBackward';
+  const s = convShape(op, x.shape, w.shape, opts);
+  expectSameDType(op, x, w, dy);
+  expectShape(op, 'dy', dy, [s.N, s.Co, s.Ho, s.Wo]);
+  const acc = opts.accumulate ?? false;
+  const into = opts.into ?? {};
+  if (acc && (!into.dx || !into.dw || !into.db)) throw new ShapeError(op, 'accumulate needs into.dx, into.dw and into.db');
+  const grad = (name: 'dx' | 'dw' | 'db', shape: number[]): Tensor => {
+    const t = into[name];
+    if (!t) return gpu.tensor(shape, x.dtype, name === 'dx' ? 'activations' : 'gradients', `conv2d-${name}`);
+    expectShape(op, name, t, shape);
+    expectOutDType(op, x, t);
+    return t;
+  };
+  const dx = grad('dx', x.shape as number[]);
+  const dw = grad('dw', w.shape as number[]);
+  const db = grad('db', [s.Co]);
+  convGemm(gpu, op, Mode.GradInput, s, w, dy, dx, null, acc, opts.tile);
+  convGemm(gpu, op, Mode.GradWeight, s, dy, x, dw, null, acc, opts.tile);
+  biasGrad(gpu, op, s, dy, db, acc);
+  return { dx, dw, db };
+}
+
+/** db[co] = Σ_{n, pixels} dy[n, co, ·], one workgroup per channel, sample groups per binding. */
+function biasGrad(gpu: Gpu, op: string, s: ConvShape, dy: Tensor, db: Tensor, accumulate: boolean): void {
+  const hw = s.Ho * s.Wo;
+  const per = s.Co * hw;
+  const group = samplesPerBinding(gpu, op, s, [per * BYTES[dy.dtype]]);
+  const wc = elemWindow(gpu, db, 0, s.Co);
+  for (let n0 = 0; n0 < s.N; n0 += group) {
+    const nb = Math.min(group, s.N - n0);
+    const wa = elemWindow(gpu, dy, n0 * per, nb * per);
+    gpu.dispatch({
+      shader: 'conv2d',
+      entry: 'bias_grad',
+      defs: { T: dy.dtype, TC: db.dtype, MODE: 0, KH: 1, KW: 1, STRIDE: 1, BM: 64, BN: 64, BK: 16, TM: 4, TN: 4, HAS_BIAS: false, ACCUMULATE: accumulate || n0 > 0 },
+      uniforms: new Uniforms().u32(0, hw, nb, 0, 0, 0, s.Co, 0, 0, 0).u32(wa.offset, 0, wc.offset, 0, 0, 0),
+      bindings: [wa.window, null, wc.window, null],
+      workgroups: [s.Co],
+    });
+  }
+}
+
+// ---- plain-TS references (float64 accumulation) ---------------------------------------------
+
+function xIndex(s: ConvShape, n: number, ci: number, ih: number, iw: number): number {
+  return ((n * s.Ci + ci) * s.H + ih) * s.W + iw;
+}
+
+/** Visits every (n, co, oh, ow, ci, kh, kw) whose input tap lies inside x. */
+function forEachTap(s: ConvShape, f: (yi: number, wi: number, xi: number) => void): void {
+  for (let n = 0; n < s.N; n++)
+    for (let co = 0; co < s.Co; co++)
+      for (let oh = 0; oh < s.Ho; oh++)
+        for (let ow = 0; ow < s.Wo; ow++) {
+          const yi = ((n * s.Co + co) * s.Ho + oh) * s.Wo + ow;
+          for (let ci = 0; ci < s.Ci; ci++)
+            for (let kh = 0; kh < s.KH; kh++) {
+              const ih = oh * s.stride - s.pad + kh;
+              if (ih < 0 || ih >= s.H) continue;
+              for (let kw = 0; kw < s.KW; kw++) {
+                const iw = ow * s.stride - s.pad + kw;
+                if (iw < 0 || iw >= s.W) continue;
+                f(yi, ((co * s.Ci + ci) * s.KH + kh) * s.KW + kw, xIndex(s, n, ci, ih, iw));
+              }
+            }
+        }
+}
+
+export function conv2dRef(
+  x: ArrayLike<number>,
+  xShape: readonly number[],
+  w: ArrayLike<number>,
+  wShape: readonly number[],
+  bias: ArrayLike<number> | null,
+  opts: Conv2dOptions,
+): Float32Array {
+  const s = convShape('conv2dRef', xShape, wShape, opts);
+  const y = new Float64Array(s.N * s.Co * s.Ho * s.Wo);
+  if (bias) for (let i = 0; i < y.length; i++) y[i] = bias[Math.floor(i / (s.Ho * s.Wo)) % s.Co];
+  forEachTap(s, (yi, wi, xi) => (y[yi] += w[wi] * x[xi]));
+  return Float32Array.from(y);
+}
+
+export function conv2dBackwardRef(
+  x: ArrayLike<number>,
+  xShape: readonly number[],
+  w: ArrayLike<number>,
+  wShape: readonly number[],
+  dy: ArrayLike<number>,
+  opts: Conv2dOptions,
+): { dx: Float32Array; dw: Float32Array; db: Float32Array } {
+  const s = convShape('conv2dBackwardRef', xShape, wShape, opts);
+  const dx = new Float64Array(x.length);
+  const dw = new Float64Array(w.length);
+  const db = new Float64Array(s.Co);
+  for (let i = 0; i < dy.length; i++) db[Math.floor(i / (s.Ho * s.Wo)) % s.Co] += dy[i];
+  forEachTap(s, (yi, wi, xi) => {
+    dx[xi] += w[wi] * dy[yi];
+    dw[wi] += x[xi] * dy[yi];
+  });
+  return { dx: Float32Array.from(dx), dw: Float32Array.from(dw), db: Float32Array.from(db) };
+}
+

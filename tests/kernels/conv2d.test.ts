@@ -1,0 +1,96 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { ShapeError } from '../../src/gpu/errors.ts';
+import { roundToF16 } from '../../src/gpu/half.ts';
+import { conv2d, conv2dBackward, conv2dBackwardRef, conv2dRef } from '../../src/ops/conv2d.ts';
+import { compare, describeCheck, randomValues } from '../../src/selftest/check.ts';
+import { assertChecks, defineCaseTests, testGpu } from '../helpers.ts';
+
+defineCaseTests('conv2d');
+
+const shapeError = (op: string, ...parts: string[]) => (e: unknown) =>
+  e instanceof ShapeError && e.message.startsWith(`${op}:`) && parts.every((p) => e.message.includes(p));
+
+describe('conv2d bad input', () => {
+  it('wrong weight channels names the op and both shapes', async () => {
+    const gpu = await testGpu();
+    const x = gpu.zeros([1, 3, 5, 5], 'f32');
+    const w = gpu.zeros([4, 2, 3, 3], 'f32');
+    const opts = { stride: 1, padding: 1 };
+    assert.throws(() => conv2d(gpu, x, w, null, opts), shapeError('conv2d', '[1,3,5,5]', '[4,2,3,3]', 'input channels'));
+    assert.throws(() => conv2dBackward(gpu, x, w, gpu.zeros([1, 4, 5, 5], 'f32'), opts), shapeError('conv2dBackward', '[4,2,3,3]'));
+  });
+
+  it('bias, dy, rank, stride and padding mismatches', async () => {
+    const gpu = await testGpu();
+    const x = gpu.zeros([1, 3, 5, 5], 'f32');
+    const w = gpu.zeros([4, 3, 3, 3], 'f32');
+    const opts = { stride: 2, padding: 1 };
+    assert.throws(() => conv2d(gpu, x, w, gpu.zeros([3], 'f32'), opts), shapeError('conv2d', 'bias', '[4]', '[3]'));
+    // stride 2 of 5x5 with pad 1 gives 3x3, not 5x5
+    assert.throws(() => conv2dBackward(gpu, x, w, gpu.zeros([1, 4, 5, 5], 'f32'), opts), shapeError('conv2dBackward', 'dy', '[1,4,3,3]', '[1,4,5,5]'));
+    assert.throws(() => conv2d(gpu, gpu.zeros([3, 5, 5], 'f32'), w, null, opts), shapeError('conv2d', '[3,5,5]'));
+    assert.throws(() => conv2d(gpu, x, w, null, { stride: 3, padding: 1 }), shapeError('conv2d', 'stride'));
+    assert.throws(() => conv2d(gpu, x, w, null, { stride: 1, padding: -1 }), shapeError('conv2d', 'padding'));
+    assert.throws(() => conv2d(gpu, gpu.zeros([1, 3, 1, 1], 'f32'), w, null, { stride: 1, padding: 0 }), shapeError('conv2d', 'empty output'));
+  });
+
+  it('dtype mismatch', async () => {
+    const gpu = await testGpu();
+    const x = gpu.zeros([1, 3, 5, 5], 'f16');
+    const w = gpu.zeros([4, 3, 1, 1], 'f32');
+    assert.throws(() => conv2d(gpu, x, w, null, { stride: 1, padding: 0 }), shapeError('conv2d', 'dtype', 'f16[1,3,5,5]', 'f32[4,3,1,1]'));
+    const w16 = gpu.zeros([4, 3, 1, 1], 'f16');
+    assert.throws(() => conv2d(gpu, x, w16, gpu.zeros([4], 'f32'), { stride: 1, padding: 0 }), shapeError('conv2d', 'dtype'));
+    assert.throws(() => conv2dBackward(gpu, x, w16, gpu.zeros([1, 4, 5, 5], 'f32'), { stride: 1, padding: 0 }), shapeError('conv2dBackward', 'dtype'));
+  });
+});
+
+describe('conv2d larger than one storage binding (bindingLimit 1-2 KiB)', () => {
+  for (const dtype of ['f32', 'f16'] as const)
+    it(`sample-chunked forward, dx, dw, db [${dtype}]`, async (t) => {
+      // 2 f32 samples or 1 f16 sample of x [5,3,9,8] per binding.
+      const gpu = await testGpu({ bindingLimit: dtype === 'f32' ? 2048 : 1024 });
+      try {
+        const xShape = [5, 3, 9, 8];
+        const wShape = [4, 3, 3, 3];
+        const opts = { stride: 2, padding: 1 };
+        const x = roundToF16(randomValues(5 * 3 * 72, 1));
+        const w = roundToF16(randomValues(4 * 27, 2, 0.3));
+        const b = roundToF16(randomValues(4, 3));
+        const tx = gpu.upload(x, xShape, dtype);
+        const tw = gpu.upload(w, wShape, dtype);
+        const tb = gpu.upload(b, [4], dtype);
+        assert.ok(tx.byteSize > 2 * gpu.maxBinding, `x is ${tx.byteSize} bytes`);
+        const d0 = gpu.dispatchCount;
+        const y = conv2d(gpu, tx, tw, tb, opts);
+        assert.ok(gpu.dispatchCount - d0 >= Math.ceil(tx.byteSize / gpu.maxBinding), `forward ran as ${gpu.dispatchCount - d0} dispatches`);
+        const dy = roundToF16(randomValues(y.numel, 4));
+        const tdy = gpu.upload(dy, y.shape, dtype);
+        const gr = conv2dBackward(gpu, tx, tw, tdy, opts);
+        const ref = conv2dBackwardRef(x, xShape, w, wShape, dy, opts);
+        // dw / db add per-chunk partial sums in the output dtype: f16 rounds each partial.
+        const tol = dtype === 'f32' ? { atol: 1e-4, rtol: 1e-4 } : { atol: 3e-2, rtol: 1e-2 };
+        const checks = [
+          compare('y', await gpu.read(y), conv2dRef(x, xShape, w, wShape, b, opts), tol),
+          compare('dx', await gpu.read(gr.dx), ref.dx, tol),
+          compare('dw', await gpu.read(gr.dw), ref.dw, tol),
+          compare('db', await gpu.read(gr.db), ref.db, tol),
+        ];
+        for (const c of checks) t.diagnostic(describeCheck(c));
+        assertChecks(checks);
+      } finally {
+        gpu.destroy();
+      }
+    });
+
+  it('one sample larger than a binding is refused with ShapeError', async () => {
+    const gpu = await testGpu({ bindingLimit: 1024 });
+    try {
+      const x = gpu.zeros([2, 3, 12, 12], 'f32'); // 1728 bytes per sample
+      assert.throws(() => conv2d(gpu, x, gpu.zeros([2, 3, 1, 1], 'f32'), null, { stride: 1, padding: 0 }), shapeError('conv2d', 'one sample', '1024 bytes'));
+    } finally {
+      gpu.destroy();
+    }
+  });
+});
