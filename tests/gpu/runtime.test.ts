@@ -134,7 +134,7 @@ describe('gpu runtime', () => {
 
   it('surfaces device loss to listeners and to every later call', async () => {
     const gpu = await testGpu({ powerPreference: 'low-power' });
-    let seen: GpuDeviceLostError | null = null;
+    let seen = null as GpuDeviceLostError | null;
     gpu.onLost((e) => (seen = e));
     gpu.device.destroy();
     await gpu.device.lost;

@@ -1,0 +1,56 @@
+// Shared e2e plumbing: serve the built dist/ on 127.0.0.1 and launch Debian's headless Chromium
+// with WebGPU on SwiftShader (no shader-f16 there, so pages exercise the f32 path).
+import { createReadStream, existsSync, statSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
+import { extname, join, normalize } from 'node:path';
+import { chromium, type Browser } from 'playwright-core';
+
+export const ROOT = join(import.meta.dirname, '..');
+export const SCREENSHOTS = join(ROOT, 'e2e', 'screenshots');
+
+const TYPES: Record<string, string> = {
+  '.html': 'text/html',
+  '.js': 'text/javascript',
+  '.mjs': 'text/javascript',
+  '.css': 'text/css',
+  '.wasm': 'application/wasm',
+  '.json': 'application/json',
+  '.png': 'image/png',
+};
+
+/** Serves `dir` on a free loopback port. */
+export async function serve(dir = join(ROOT, 'dist')): Promise<{ url: string; close: () => Promise<void> }> {
+  if (!existsSync(join(dir, 'index.html'))) throw new Error(`${dir}/index.html is missing: run 'npx vite build' first (npm test does)`);
+  const server: Server = createServer((req, res) => {
+    const path = normalize(decodeURIComponent(new URL(req.url ?? '/', 'http://x').pathname)).replace(/^(\.\.[/\\])+/, '');
+    let file = join(dir, path);
+    if (!file.startsWith(dir) || !existsSync(file) || statSync(file).isDirectory()) file = join(dir, 'index.html');
+    res.writeHead(200, { 'content-type': TYPES[extname(file)] ?? 'application/octet-stream' });
+    createReadStream(file).pipe(res);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const addr = server.address();
+  const port = typeof addr === 'object' && addr ? addr.port : 0;
+  return { url: `http://127.0.0.1:${port}`, close: () => new Promise((r) => server.close(() => r())) };
+}
+
+export const CHROMIUM_FLAGS = [
+  '--no-sandbox',
+  '--disable-background-networking',
+  '--disable-component-update',
+  '--disable-sync',
+  '--no-first-run',
+  '--disable-quic',
+];
+
+export const WEBGPU_FLAGS = ['--enable-unsafe-webgpu', '--enable-unsafe-swiftshader', '--use-angle=swiftshader', '--enable-features=Vulkan'];
+
+export async function launch(webgpu = true): Promise<Browser> {
+  const exe = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
+  if (!existsSync(exe)) throw new Error(`${exe} not found: npm test installs Debian's chromium (scripts/ensure-deps.sh --browser)`);
+  return chromium.launch({
+    executablePath: exe,
+    headless: true,
+    args: [...CHROMIUM_FLAGS, ...(webgpu ? WEBGPU_FLAGS : ['--disable-webgpu'])]  // playwright gives each launch a fresh, temporary profile,
+  });
+}

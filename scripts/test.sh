@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# npm test: installs what is missing, typechecks, builds the page, then runs every test (Node suite on
+# Dawn + lavapipe for f16 and f32, and the browser tests in headless Chromium) in one node:test run.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+bash scripts/ensure-deps.sh --browser
+echo "[test] typecheck"
+npx tsc -p .
+if [ -f index.html ]; then
+  echo "[test] vite build"
+  npx vite build --logLevel warn
+fi
+mapfile -t files < <(find tests e2e -name '*.test.ts' 2>/dev/null | sort)
+echo "[test] ${#files[@]} test files"
+exec bash scripts/gpu-env.sh node --import tsx --test --test-concurrency=1 "${files[@]}"

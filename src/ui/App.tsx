@@ -1,0 +1,189 @@
+import { useEffect } from 'react';
+import { Gpu } from '../gpu/device.ts';
+import { GpuDeviceLostError, NoWebGpuError } from '../gpu/errors.ts';
+import { viteShaderSource } from '../gpu/shaders-vite.ts';
+import { describeCheck } from '../selftest/check.ts';
+import { ALL_CASES } from '../selftest/cases/index.ts';
+import { browserGolden } from '../selftest/browser.ts';
+import { dtypesFor, runCase, type CaseResult } from '../selftest/runner.ts';
+import { useStudio } from './store.ts';
+
+const SHOWN_LIMITS = [
+  'maxBufferSize',
+  'maxStorageBufferBindingSize',
+  'maxComputeWorkgroupStorageSize',
+  'maxComputeInvocationsPerWorkgroup',
+  'maxComputeWorkgroupsPerDimension',
+  'maxStorageBuffersPerShaderStage',
+];
+
+declare global {
+  interface Window {
+    __selftest?: { done: boolean; results: CaseResult[]; adapter?: unknown };
+  }
+}
+
+async function initGpu(): Promise<void> {
+  const { setGpu } = useStudio.getState();
+  try {
+    const gpu = await Gpu.create(navigator.gpu, { shaders: viteShaderSource() });
+    gpu.onLost((e: GpuDeviceLostError) => setGpu({ kind: 'error', title: 'The GPU device was lost', message: `${e.message}. Reload the page to start again.` }));
+    setGpu({ kind: 'ready', gpu, adapter: gpu.adapter });
+    window.__selftest = { done: false, results: [], adapter: gpu.adapter };
+    if (new URLSearchParams(location.search).has('autorun')) void runSelfTest();
+  } catch (e) {
+    const noWebGpu = e instanceof NoWebGpuError;
+    setGpu({
+      kind: 'error',
+      title: noWebGpu ? 'WebGPU is not available' : 'Could not start the GPU',
+      message: noWebGpu
+        ? `${(e as Error).message} DreamBooth Studio trains on your GPU through WebGPU: use Chrome or Edge 113 or newer with hardware acceleration turned on (chrome://settings/system).`
+        : String((e as Error).message ?? e),
+    });
+    window.__selftest = { done: true, results: [] };
+  }
+}
+
+export async function runSelfTest(): Promise<void> {
+  const st = useStudio.getState();
+  if (st.gpu.kind !== 'ready' || st.running) return;
+  const gpu = st.gpu.gpu;
+  st.startRun();
+  const results: CaseResult[] = [];
+  window.__selftest = { done: false, results, adapter: gpu.adapter };
+  for (const c of ALL_CASES) {
+    for (const dtype of dtypesFor(gpu, c)) {
+      const golden = await browserGolden(c.family).catch(() => null);
+      const r = golden ? await runCase(gpu, c, dtype, golden) : { family: c.family, name: c.name, dtype, pass: false, checks: [], error: 'golden fixture failed to load', ms: 0 };
+      results.push(r);
+      useStudio.getState().addResult(r);
+    }
+  }
+  useStudio.getState().finishRun();
+  window.__selftest = { done: true, results, adapter: gpu.adapter };
+}
+
+/** The check closest to (or furthest past) its tolerance, in one line. */
+function worstCheck(r: CaseResult): string {
+  const margin = (c: CaseResult['checks'][number]) => c.maxAbs / (c.tol.atol + c.tol.rtol + 1e-30);
+  const worst = r.checks.reduce((a, b) => (margin(b) > margin(a) ? b : a), r.checks[0]);
+  if (!worst) return 'no checks';
+  return `${r.checks.length} checks; worst ${worst.label}: ${worst.maxAbs.toExponential(1)} (atol ${worst.tol.atol}, rtol ${worst.tol.rtol})`;
+}
+
+function fmtBytes(n: number): string {
+  if (n >= 2 ** 30) return `${(n / 2 ** 30).toFixed(1)} GiB`;
+  if (n >= 2 ** 20) return `${(n / 2 ** 20).toFixed(0)} MiB`;
+  if (n >= 2 ** 10) return `${(n / 2 ** 10).toFixed(0)} KiB`;
+  return String(n);
+}
+
+function AdapterPanel() {
+  const g = useStudio((s) => s.gpu);
+  if (g.kind === 'loading') return <p role="status">Starting WebGPU…</p>;
+  if (g.kind === 'error')
+    return (
+      <section className="error" role="alert" aria-labelledby="err-title">
+        <h2 id="err-title">{g.title}</h2>
+        <p>{g.message}</p>
+      </section>
+    );
+  const a = g.adapter;
+  return (
+    <section aria-labelledby="adapter-title" data-testid="adapter">
+      <h2 id="adapter-title">Your GPU</h2>
+      {!g.gpu.hasF16 && (
+        <p className="notice" role="note" data-testid="no-f16">
+          This GPU does not offer <code>shader-f16</code>: the engine runs its f32 path, which is slower and needs twice the memory.
+        </p>
+      )}
+      <dl className="grid">
+        <dt>Vendor</dt>
+        <dd>{a.vendor || 'unknown'}</dd>
+        <dt>Architecture</dt>
+        <dd>{a.architecture || 'unknown'}</dd>
+        <dt>Description</dt>
+        <dd>{a.description || a.device || 'unknown'}</dd>
+        <dt>Compute precision</dt>
+        <dd>{g.gpu.hasF16 ? 'f16 storage, f32 accumulation' : 'f32'}</dd>
+      </dl>
+      <h3>Features</h3>
+      <ul className="features">
+        {a.features.map((f) => (
+          <li key={f}>{f}</li>
+        ))}
+      </ul>
+      <h3>Limits</h3>
+      <dl className="grid">
+        {SHOWN_LIMITS.map((k) => (
+          <div key={k} className="row">
+            <dt>{k}</dt>
+            <dd>{k.includes('Size') ? fmtBytes(a.limits[k] ?? 0) : String(a.limits[k] ?? '—')}</dd>
+          </div>
+        ))}
+      </dl>
+    </section>
+  );
+}
+
+function SelfTestPanel() {
+  const { gpu, results, running, done } = useStudio();
+  if (gpu.kind !== 'ready') return null;
+  const failed = results.filter((r) => !r.pass).length;
+  const total = ALL_CASES.reduce((n, c) => n + dtypesFor(gpu.gpu, c).length, 0);
+  return (
+    <section aria-labelledby="selftest-title">
+      <h2 id="selftest-title">Kernel self-test</h2>
+      <p>Runs every WGSL kernel on this GPU and compares it with PyTorch golden values and a reference implementation.</p>
+      <button type="button" onClick={() => void runSelfTest()} disabled={running} aria-describedby="selftest-status">
+        {running ? 'Running…' : 'Run kernel self-test'}
+      </button>
+      <p id="selftest-status" role="status" data-testid="selftest-status">
+        {running && `${results.length} / ${total} done`}
+        {done && (failed === 0 ? `All ${results.length} kernel checks passed.` : `${failed} of ${results.length} kernel checks failed.`)}
+      </p>
+      {results.length > 0 && (
+        <table>
+          <thead>
+            <tr>
+              <th scope="col">Result</th>
+              <th scope="col">Family</th>
+              <th scope="col">Kernel case</th>
+              <th scope="col">dtype</th>
+              <th scope="col">Worst error</th>
+              <th scope="col">ms</th>
+            </tr>
+          </thead>
+          <tbody>
+            {results.map((r, i) => (
+              <tr key={i} className={r.pass ? 'pass' : 'fail'}>
+                <td>{r.pass ? 'pass' : 'FAIL'}</td>
+                <td>{r.family}</td>
+                <td>{r.name}</td>
+                <td>{r.dtype}</td>
+                <td title={r.error ?? r.checks.map(describeCheck).join('\n')}>{r.error ? r.error.split('\n')[0] : worstCheck(r)}</td>
+                <td>{r.ms.toFixed(0)}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+    </section>
+  );
+}
+
+export function App() {
+  useEffect(() => {
+    void initGpu();
+  }, []);
+  return (
+    <main>
+      <header>
+        <h1>DreamBooth Studio</h1>
+        <p>Stable Diffusion fine-tuning on your own GPU, in this tab. Nothing leaves your machine.</p>
+      </header>
+      <AdapterPanel />
+      <SelfTestPanel />
+    </main>
+  );
+}
