@@ -24,6 +24,9 @@ const RAISED_LIMITS = [
   'maxBindingsPerBindGroup',
 ] as const;
 
+/** Alignment limits, where smaller is better: we take the adapter's. */
+const ALIGNMENT_LIMITS = ['minStorageBufferOffsetAlignment', 'minUniformBufferOffsetAlignment'] as const;
+
 const WANTED_FEATURES = ['shader-f16', 'subgroups', 'timestamp-query'] as const;
 
 export interface GpuOptions {
@@ -135,7 +138,7 @@ export class Gpu {
     const adapter = await gpu.requestAdapter({ powerPreference: opts.powerPreference ?? 'high-performance' });
     if (!adapter) throw new NoWebGpuError('WebGPU is available but no GPU adapter was found (is hardware acceleration off?).');
     const requiredLimits: Record<string, number> = {};
-    for (const name of RAISED_LIMITS) {
+    for (const name of [...RAISED_LIMITS, ...ALIGNMENT_LIMITS]) {
       const v = (adapter.limits as unknown as Record<string, number>)[name];
       if (typeof v === 'number') requiredLimits[name] = v;
     }

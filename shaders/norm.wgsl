@@ -1,0 +1,145 @@
+// GroupNorm and LayerNorm, forward and backward, as one "segment norm".
+//
+// Both normalise contiguous segments of L = CPG * INNER elements: GroupNorm on NCHW has segment
+// (n, g) = channels g*CPG .. g*CPG+CPG-1 of sample n, each INNER = H*W long; LayerNorm over the last
+// dim D is GROUPS = 1, CPG = D, INNER = 1. Element j of segment s belongs to affine channel
+//   c = (s % GROUPS) * CPG + j / INNER.
+// Forward: mean = sum(x)/L, var = sum((x-mean)^2)/L (two passes, f32), rstd = 1/sqrt(var+eps),
+//   y = (x-mean)*rstd*gamma[c] + beta[c]; mean and rstd are saved (f32) for the backward.
+// Backward with xhat = (x-mean)*rstd and g = dy*gamma[c]:
+//   dx = rstd * (g - mean_seg(g) - xhat * mean_seg(g*xhat));
+//   dgamma[c] = sum over all (n, spatial) of dy*xhat;  dbeta[c] = sum of dy.
+// Specialised by T (storage of x, y, dy, dx, gamma, beta) and WG. Parameter gradients are f32.
+
+struct Params {
+  seg_len: u32,      // L
+  cpg: u32,          // channels per group
+  inner: u32,        // elements per channel inside a segment (H*W, or 1)
+  groups: u32,       // segments per sample
+  seg_offset: u32,   // index of this dispatch's first segment (tensors bigger than one binding)
+  n_segs: u32,       // segments in this dispatch (param-grad kernel: segments to walk)
+  eps: f32,
+  accumulate: u32,   // param-grad kernel: add into dgamma/dbeta instead of overwriting
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<T>;
+@group(0) @binding(2) var<storage, read> gamma: array<T>;
+@group(0) @binding(3) var<storage, read> beta: array<T>;
+@group(0) @binding(4) var<storage, read_write> y: array<T>;
+@group(0) @binding(5) var<storage, read_write> mean: array<f32>;
+@group(0) @binding(6) var<storage, read_write> rstd: array<f32>;
+@group(0) @binding(7) var<storage, read> dy: array<T>;
+@group(0) @binding(8) var<storage, read_write> dx: array<T>;
+@group(0) @binding(9) var<storage, read_write> dgamma: array<f32>;
+@group(0) @binding(10) var<storage, read_write> dbeta: array<f32>;
+@group(0) @binding(11) var<storage, read> mean_in: array<f32>;
+@group(0) @binding(12) var<storage, read> rstd_in: array<f32>;
+
+var<workgroup> red_a: array<f32, WG>;
+var<workgroup> red_b: array<f32, WG>;
+
+// Tree sum of red_a (and red_b) across the workgroup; every invocation gets the totals.
+fn reduce2(lid: u32, a: f32, b: f32) -> vec2<f32> {
+  red_a[lid] = a;
+  red_b[lid] = b;
+  workgroupBarrier();
+  for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
+    if (lid < stride) {
+      red_a[lid] += red_a[lid + stride];
+      red_b[lid] += red_b[lid + stride];
+    }
+    workgroupBarrier();
+  }
+  let r = vec2<f32>(red_a[0], red_b[0]);
+  workgroupBarrier();
+  return r;
+}
+
+fn channel_of(seg: u32, j: u32) -> u32 {
+  return (seg % p.groups) * p.cpg + j / p.inner;
+}
+
+// One workgroup per segment (workgroup id.x + id.y * 65535 counts segments within the dispatch).
+@compute @workgroup_size(WG)
+fn norm_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let local_seg = wid.x + wid.y * nwg.x;
+  if (local_seg >= p.n_segs) { return; }
+  let seg = p.seg_offset + local_seg;
+  let base = local_seg * p.seg_len;
+  var s = 0.0;
+  for (var j = lid; j < p.seg_len; j += WG) { s += f32(x[base + j]); }
+  let mu = reduce2(lid, s, 0.0).x / f32(p.seg_len);
+  var ss = 0.0;
+  for (var j = lid; j < p.seg_len; j += WG) {
+    let d = f32(x[base + j]) - mu;
+    ss += d * d;
+  }
+  let r = inverseSqrt(reduce2(lid, ss, 0.0).x / f32(p.seg_len) + p.eps);
+  for (var j = lid; j < p.seg_len; j += WG) {
+    let c = channel_of(seg, j);
+    y[base + j] = T((f32(x[base + j]) - mu) * r * f32(gamma[c]) + f32(beta[c]));
+  }
+  if (lid == 0u) {
+    mean[seg] = mu;
+    rstd[seg] = r;
+  }
+}
+
+@compute @workgroup_size(WG)
+fn norm_bwd_input(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let local_seg = wid.x + wid.y * nwg.x;
+  if (local_seg >= p.n_segs) { return; }
+  let seg = p.seg_offset + local_seg;
+  let base = local_seg * p.seg_len;
+  let mu = mean_in[seg];
+  let r = rstd_in[seg];
+  var sg = 0.0;
+  var sgx = 0.0;
+  for (var j = lid; j < p.seg_len; j += WG) {
+    let g = f32(dy[base + j]) * f32(gamma[channel_of(seg, j)]);
+    sg += g;
+    sgx += g * (f32(x[base + j]) - mu) * r;
+  }
+  let sums = reduce2(lid, sg, sgx) / f32(p.seg_len);
+  for (var j = lid; j < p.seg_len; j += WG) {
+    let g = f32(dy[base + j]) * f32(gamma[channel_of(seg, j)]);
+    let xhat = (f32(x[base + j]) - mu) * r;
+    dx[base + j] = T(r * (g - sums.x - xhat * sums.y));
+  }
+}
+
+// One workgroup per affine channel c: walks every segment of this dispatch that holds channel c.
+@compute @workgroup_size(WG)
+fn norm_bwd_params(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let c = wid.x + wid.y * nwg.x;
+  let n_channels = p.groups * p.cpg;
+  if (c >= n_channels) { return; }
+  let g = c / p.cpg;
+  let within = (c % p.cpg) * p.inner;       // offset of channel c inside its segment
+  // Segments of this dispatch that belong to group g: local segment indices ls with (seg_offset+ls) % groups == g.
+  let first = (g + p.groups - (p.seg_offset % p.groups)) % p.groups;
+  let n_mine = select(0u, (p.n_segs - first + p.groups - 1u) / p.groups, first < p.n_segs);
+  let items = n_mine * p.inner;
+  var sdg = 0.0;
+  var sdb = 0.0;
+  for (var i = lid; i < items; i += WG) {
+    let ls = first + (i / p.inner) * p.groups;
+    let k = i % p.inner;
+    let seg = p.seg_offset + ls;
+    let idx = ls * p.seg_len + within + k;
+    let d = f32(dy[idx]);
+    sdg += d * (f32(x[idx]) - mean_in[seg]) * rstd_in[seg];
+    sdb += d;
+  }
+  let sums = reduce2(lid, sdg, sdb);
+  if (lid == 0u) {
+    if (p.accumulate != 0u) {
+      dgamma[c] += sums.x;
+      dbeta[c] += sums.y;
+    } else {
+      dgamma[c] = sums.x;
+      dbeta[c] = sums.y;
+    }
+  }
+}

@@ -1,0 +1,215 @@
+// GroupNorm and LayerNorm: forward saves mean/rstd (f32), backward gives dx and the f32 parameter
+// gradients. Both run the "segment norm" kernels of shaders/norm.wgsl (see the math there).
+import { Uniforms, type Gpu } from '../gpu/device.ts';
+import { fmtShape, ShapeError } from '../gpu/errors.ts';
+import { BYTES, expectSameDType, Tensor } from '../gpu/tensor.ts';
+
+const WG = 256;
+
+/** How a norm sees its input: segments of cpg*inner contiguous elements, `groups` per sample. */
+interface Layout {
+  segs: number;
+  cpg: number;
+  inner: number;
+  groups: number;
+  channels: number;
+}
+
+export interface NormSaved {
+  mean: Tensor;
+  rstd: Tensor;
+}
+
+export interface NormGrads {
+  dx: Tensor;
+  /** f32 [C] */
+  dgamma: Tensor;
+  /** f32 [C] */
+  dbeta: Tensor;
+}
+
+function groupLayout(op: string, x: Tensor, groups: number): Layout {
+  if (x.shape.length < 2) throw new ShapeError(op, `x must be [N,C,...], got ${fmtShape(x.shape)}`);
+  const [n, c] = x.shape;
+  if (c % groups !== 0) throw new ShapeError(op, `channels ${c} of x ${fmtShape(x.shape)} are not divisible by ${groups} groups`);
+  const inner = x.shape.slice(2).reduce((a, b) => a * b, 1);
+  return { segs: n * groups, cpg: c / groups, inner, groups, channels: c };
+}
+
+function layerLayout(op: string, x: Tensor): Layout {
+  if (x.shape.length < 1) throw new ShapeError(op, `x must have a last dim, got ${fmtShape(x.shape)}`);
+  const d = x.shape[x.shape.length - 1];
+  return { segs: x.numel / d, cpg: d, inner: 1, groups: 1, channels: d };
+}
+
+function checkAffine(op: string, x: Tensor, gamma: Tensor, beta: Tensor, channels: number): void {
+  expectSameDType(op, x, gamma, beta);
+  for (const [name, t] of [['gamma', gamma], ['beta', beta]] as const)
+    if (t.numel !== channels || t.shape.length !== 1)
+      throw new ShapeError(op, `${name} must be [${channels}] for x ${fmtShape(x.shape)}, got ${fmtShape(t.shape)}`);
+}
+
+function uniforms(l: Layout, segOffset: number, nSegs: number, eps: number, accumulate: boolean): Uniforms {
+  return new Uniforms().u32(l.cpg * l.inner, l.cpg, l.inner, l.groups, segOffset, nSegs).f32(eps).u32(accumulate ? 1 : 0);
+}
+
+function normForward(gpu: Gpu, op: string, x: Tensor, gamma: Tensor, beta: Tensor, eps: number, l: Layout): { y: Tensor } & NormSaved {
+  checkAffine(op, x, gamma, beta, l.channels);
+  const y = gpu.tensor(x.shape, x.dtype, 'activations', op);
+  const mean = gpu.tensor([l.segs], 'f32', 'activations', `${op}.mean`);
+  const rstd = gpu.tensor([l.segs], 'f32', 'activations', `${op}.rstd`);
+  const segBytes = l.cpg * l.inner * BYTES[x.dtype];
+  for (const { start, count } of gpu.chunks(l.segs, segBytes)) {
+    const xw = gpu.subWindow(x, start, count, segBytes);
+    gpu.dispatch({
+      shader: 'norm',
+      entry: 'norm_fwd',
+      defs: { T: x.dtype, WG },
+      uniforms: uniforms(l, start, count, eps, false),
+      bindings: [xw, gamma, beta, gpu.subWindow(y, start, count, segBytes), mean, rstd],
+      workgroups: gpu.grid(count),
+    });
+  }
+  return { y, mean, rstd };
+}
+
+function normBackward(gpu: Gpu, op: string, x: Tensor, gamma: Tensor, saved: NormSaved, dy: Tensor, l: Layout, accumulate: boolean, grads?: { dgamma: Tensor; dbeta: Tensor }): NormGrads {
+  expectSameDType(op, x, gamma, dy);
+  if (dy.numel !== x.numel) throw new ShapeError(op, `dy ${fmtShape(dy.shape)} does not match x ${fmtShape(x.shape)}`);
+  const dx = gpu.tensor(x.shape, x.dtype, 'gradients', `${op}.dx`);
+  const dgamma = grads?.dgamma ?? gpu.tensor([l.channels], 'f32', 'gradients', `${op}.dgamma`);
+  const dbeta = grads?.dbeta ?? gpu.tensor([l.channels], 'f32', 'gradients', `${op}.dbeta`);
+  const segBytes = l.cpg * l.inner * BYTES[x.dtype];
+  gpu.chunks(l.segs, segBytes).forEach(({ start, count }, i) => {
+    const win = (t: Tensor) => gpu.subWindow(t, start, count, segBytes);
+    gpu.dispatch({
+      shader: 'norm',
+      entry: 'norm_bwd_input',
+      defs: { T: x.dtype, WG },
+      uniforms: uniforms(l, start, count, 0, false),
+      bindings: [win(x), gamma, null, null, null, null, win(dy), win(dx), null, null, saved.mean, saved.rstd],
+      workgroups: gpu.grid(count),
+    });
+    gpu.dispatch({
+      shader: 'norm',
+      entry: 'norm_bwd_params',
+      defs: { T: x.dtype, WG },
+      uniforms: uniforms(l, start, count, 0, accumulate || i > 0),
+      bindings: [win(x), null, null, null, null, null, win(dy), null, dgamma, dbeta, saved.mean, saved.rstd],
+      workgroups: gpu.grid(l.channels),
+    });
+  });
+  return { dx, dgamma, dbeta };
+}
+
+/** GroupNorm over NCHW (or [N,C,...]) with `groups` groups, affine. */
+export function groupNorm(gpu: Gpu, x: Tensor, gamma: Tensor, beta: Tensor, groups = 32, eps = 1e-5): { y: Tensor } & NormSaved {
+  return normForward(gpu, 'groupNorm', x, gamma, beta, eps, groupLayout('groupNorm', x, groups));
+}
+
+/** Backward of groupNorm. `accumulate` adds into the given f32 dgamma/dbeta. */
+export function groupNormBackward(
+  gpu: Gpu, x: Tensor, gamma: Tensor, saved: NormSaved, dy: Tensor, groups = 32,
+  opts: { accumulate?: boolean; grads?: { dgamma: Tensor; dbeta: Tensor } } = {},
+): NormGrads {
+  return normBackward(gpu, 'groupNormBackward', x, gamma, saved, dy, groupLayout('groupNormBackward', x, groups), !!opts.accumulate, opts.grads);
+}
+
+/** LayerNorm over the last dim, affine. */
+export function layerNorm(gpu: Gpu, x: Tensor, gamma: Tensor, beta: Tensor, eps = 1e-5): { y: Tensor } & NormSaved {
+  return normForward(gpu, 'layerNorm', x, gamma, beta, eps, layerLayout('layerNorm', x));
+}
+
+export function layerNormBackward(
+  gpu: Gpu, x: Tensor, gamma: Tensor, saved: NormSaved, dy: Tensor,
+  opts: { accumulate?: boolean; grads?: { dgamma: Tensor; dbeta: Tensor } } = {},
+): NormGrads {
+  return normBackward(gpu, 'layerNormBackward', x, gamma, saved, dy, layerLayout('layerNormBackward', x), !!opts.accumulate, opts.grads);
+}
+
+// ---- plain-TS references (f64 accumulation) ----------------------------------------------------
+
+interface RefLayout {
+  segs: number;
+  segLen: number;
+  channelOf: (seg: number, j: number) => number;
+  channels: number;
+}
+
+function refGroup(shape: readonly number[], groups: number): RefLayout {
+  const [n, c] = shape;
+  const inner = shape.slice(2).reduce((a, b) => a * b, 1);
+  const cpg = c / groups;
+  return { segs: n * groups, segLen: cpg * inner, channelOf: (s, j) => (s % groups) * cpg + Math.floor(j / inner), channels: c };
+}
+
+function refLayer(shape: readonly number[]): RefLayout {
+  const d = shape[shape.length - 1];
+  return { segs: shape.reduce((a, b) => a * b, 1) / d, segLen: d, channelOf: (_s, j) => j, channels: d };
+}
+
+function normRef(x: ArrayLike<number>, gamma: ArrayLike<number>, beta: ArrayLike<number>, eps: number, l: RefLayout) {
+  const y = new Float32Array(x.length);
+  const mean = new Float32Array(l.segs);
+  const rstd = new Float32Array(l.segs);
+  for (let s = 0; s < l.segs; s++) {
+    const b = s * l.segLen;
+    let m = 0;
+    for (let j = 0; j < l.segLen; j++) m += x[b + j];
+    m /= l.segLen;
+    let v = 0;
+    for (let j = 0; j < l.segLen; j++) v += (x[b + j] - m) ** 2;
+    const r = 1 / Math.sqrt(v / l.segLen + eps);
+    for (let j = 0; j < l.segLen; j++) {
+      const c = l.channelOf(s, j);
+      y[b + j] = (x[b + j] - m) * r * gamma[c] + beta[c];
+    }
+    mean[s] = m;
+    rstd[s] = r;
+  }
+  return { y, mean, rstd };
+}
+
+function normBackwardRef(x: ArrayLike<number>, gamma: ArrayLike<number>, dy: ArrayLike<number>, eps: number, l: RefLayout) {
+  const { mean, rstd } = normRef(x, gamma, new Float32Array(l.channels), eps, l);
+  const dx = new Float32Array(x.length);
+  const dgamma = new Float64Array(l.channels);
+  const dbeta = new Float64Array(l.channels);
+  for (let s = 0; s < l.segs; s++) {
+    const b = s * l.segLen;
+    let sg = 0;
+    let sgx = 0;
+    for (let j = 0; j < l.segLen; j++) {
+      const c = l.channelOf(s, j);
+      const xhat = (x[b + j] - mean[s]) * rstd[s];
+      const g = dy[b + j] * gamma[c];
+      sg += g;
+      sgx += g * xhat;
+      dgamma[c] += dy[b + j] * xhat;
+      dbeta[c] += dy[b + j];
+    }
+    sg /= l.segLen;
+    sgx /= l.segLen;
+    for (let j = 0; j < l.segLen; j++) {
+      const xhat = (x[b + j] - mean[s]) * rstd[s];
+      dx[b + j] = rstd[s] * (dy[b + j] * gamma[l.channelOf(s, j)] - sg - xhat * sgx);
+    }
+  }
+  return { dx, dgamma: Float32Array.from(dgamma), dbeta: Float32Array.from(dbeta) };
+}
+
+export function groupNormRef(x: ArrayLike<number>, shape: readonly number[], gamma: ArrayLike<number>, beta: ArrayLike<number>, groups = 32, eps = 1e-5) {
+  return normRef(x, gamma, beta, eps, refGroup(shape, groups));
+}
+
+export function groupNormBackwardRef(x: ArrayLike<number>, shape: readonly number[], gamma: ArrayLike<number>, dy: ArrayLike<number>, groups = 32, eps = 1e-5) {
+  return normBackwardRef(x, gamma, dy, eps, refGroup(shape, groups));
+}
+
+export function layerNormRef(x: ArrayLike<number>, shape: readonly number[], gamma: ArrayLike<number>, beta: ArrayLike<number>, eps = 1e-5) {
+  return normRef(x, gamma, beta, eps, refLayer(shape));
+}
+
+export function layerNormBackwardRef(x: ArrayLike<number>, shape: readonly number[], gamma: ArrayLike<number>, dy: ArrayLike<number>, eps = 1e-5) {
+  return normBackwardRef(x, gamma, dy, eps, refLayer(shape));
+}
