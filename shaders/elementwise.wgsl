@@ -1,10 +1,12 @@
-// Element-wise ops. Specialised by: T (storage type of x/y), U (storage type of the output where it
-// differs, for casts), WG (workgroup size). Every entry walks a flat range of `n` elements; the
-// host splits tensors larger than one storage binding into ranges.
+// Element-wise ops. Specialised by: T (storage type of x/y/out), U (storage type of out_cast, for
+// casts), WG (workgroup size), ACT (activation: 0 SiLU, 1 GELU (erf), 2 quick-GELU). Flat entries
+// walk `n` elements; the host splits tensors larger than one storage binding into ranges.
 
 struct Params {
   n: u32,
   alpha: f32,
+  inner: u32,    // channel ops: elements per (n, c) plane; GEGLU: F; upsample: output width
+  offset: u32,   // channel ops: flat index of this range's first element; upsample: output height
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -12,11 +14,14 @@ struct Params {
 @group(0) @binding(2) var<storage, read> y: array<T>;
 @group(0) @binding(3) var<storage, read_write> out: array<T>;
 @group(0) @binding(4) var<storage, read_write> out_cast: array<U>;
+@group(0) @binding(5) var<storage, read> t32: array<f32>;
 
 // Flat element index over a 2D grid of workgroups (x up to 65535, then y).
 fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
   return gid.x + gid.y * nwg.x * WG;
 }
+
+// ---- arithmetic ------------------------------------------------------------------------------
 
 // out = x + alpha * y
 @compute @workgroup_size(WG)
@@ -26,10 +31,192 @@ fn add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n
   out[i] = T(f32(x[i]) + p.alpha * f32(y[i]));
 }
 
+// out = alpha * x * y   (mul's backward is mul again: dx = dout * y, dy = dout * x)
+@compute @workgroup_size(WG)
+fn mul(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= p.n) { return; }
+  out[i] = T(p.alpha * f32(x[i]) * f32(y[i]));
+}
+
+// out = alpha * x
+@compute @workgroup_size(WG)
+fn scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= p.n) { return; }
+  out[i] = T(p.alpha * f32(x[i]));
+}
+
 // out_cast = U(x): f16 <-> f32 conversion (f32 -> f16 rounds to nearest even, overflow gives inf).
 @compute @workgroup_size(WG)
 fn convert(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
   let i = flat(gid, nwg);
   if (i >= p.n) { return; }
   out_cast[i] = U(x[i]);
+}
+
+// x [N, C, H, W] + per-channel y [N, C]: out[i] = x[i] + y[(offset + i) / inner], inner = H*W.
+@compute @workgroup_size(WG)
+fn add_channel(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= p.n) { return; }
+  out[i] = T(f32(x[i]) + f32(y[(p.offset + i) / p.inner]));
+}
+
+var<workgroup> red: array<f32, WG>;
+
+// Backward of add_channel for the channel operand: out[nc] = sum over the plane nc of x (= dout).
+// One workgroup per plane.
+@compute @workgroup_size(WG)
+fn sum_planes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let plane = wid.x + wid.y * nwg.x;
+  if (plane >= p.n) { return; }
+  var s = 0.0;
+  for (var j = lid; j < p.inner; j += WG) { s += f32(x[plane * p.inner + j]); }
+  red[lid] = s;
+  workgroupBarrier();
+  for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
+    if (lid < stride) { red[lid] += red[lid + stride]; }
+    workgroupBarrier();
+  }
+  if (lid == 0u) { out[plane] = T(red[0]); }
+}
+
+// ---- activations ------------------------------------------------------------------------------
+
+// erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7).
+fn erf_approx(v: f32) -> f32 {
+  let a = abs(v);
+  let t = 1.0 / (1.0 + 0.3275911 * a);
+  let poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
+  return sign(v) * (1.0 - poly * exp(-a * a));
+}
+
+fn sigmoid(v: f32) -> f32 {
+  return 1.0 / (1.0 + exp(-v));
+}
+
+// f(v): SiLU v*sigmoid(v); GELU v*Phi(v) with Phi(v) = (1 + erf(v/sqrt2))/2; quick-GELU v*sigmoid(1.702 v).
+fn act(v: f32) -> f32 {
+  if (ACT == 0u) { return v * sigmoid(v); }
+  if (ACT == 1u) { return 0.5 * v * (1.0 + erf_approx(v * 0.70710678118654752)); }
+  return v * sigmoid(1.702 * v);
+}
+
+// f'(v): SiLU s + v s (1-s); GELU Phi(v) + v phi(v); quick-GELU s + 1.702 v s (1-s) with s = sigmoid(1.702 v).
+fn act_grad(v: f32) -> f32 {
+  if (ACT == 0u) {
+    let s = sigmoid(v);
+    return s + v * s * (1.0 - s);
+  }
+  if (ACT == 1u) {
+    let cdf = 0.5 * (1.0 + erf_approx(v * 0.70710678118654752));
+    let pdf = 0.39894228040143268 * exp(-0.5 * v * v);
+    return cdf + v * pdf;
+  }
+  let s = sigmoid(1.702 * v);
+  return s + 1.702 * v * s * (1.0 - s);
+}
+
+// out = f(x)
+@compute @workgroup_size(WG)
+fn act_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= p.n) { return; }
+  out[i] = T(act(f32(x[i])));
+}
+
+// dx = dy * f'(x); x = the forward input, y = dy.
+@compute @workgroup_size(WG)
+fn act_bwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= p.n) { return; }
+  out[i] = T(f32(y[i]) * act_grad(f32(x[i])));
+}
+
+// GEGLU: x [R, 2F] = [hidden | gate] along the last dim; out [R, F] = hidden * gelu(gate).
+// n = R*F output elements, inner = F.
+@compute @workgroup_size(WG)
+fn geglu_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= p.n) { return; }
+  let r = i / p.inner;
+  let j = i % p.inner;
+  let hidden = f32(x[r * 2u * p.inner + j]);
+  let gate = f32(x[r * 2u * p.inner + p.inner + j]);
+  out[i] = T(hidden * act(gate));
+}
+
+// dx [R, 2F]: d hidden = dy * gelu(gate); d gate = dy * hidden * gelu'(gate). n = R*2F, y = dy [R, F].
+@compute @workgroup_size(WG)
+fn geglu_bwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= p.n) { return; }
+  let f = p.inner;
+  let r = i / (2u * f);
+  let j = i % (2u * f);
+  let k = j % f;
+  let hidden = f32(x[r * 2u * f + k]);
+  let gate = f32(x[r * 2u * f + f + k]);
+  let d = f32(y[r * f + k]);
+  if (j < f) {
+    out[i] = T(d * act(gate));
+  } else {
+    out[i] = T(d * hidden * act_grad(gate));
+  }
+}
+
+// ---- resampling and embeddings ------------------------------------------------------------------
+
+// Nearest 2x upsample of NCHW planes: out [P, 2H, 2W] from x [P, H, W]. n = output elements,
+// inner = 2W (output width), offset = 2H (output height).
+@compute @workgroup_size(WG)
+fn upsample2x_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= p.n) { return; }
+  let ow = p.inner;
+  let oh = p.offset;
+  let plane = i / (ow * oh);
+  let oy = (i / ow) % oh;
+  let ox = i % ow;
+  out[i] = x[(plane * (oh / 2u) + oy / 2u) * (ow / 2u) + ox / 2u];
+}
+
+// Backward: each input pixel sums its 2x2 block of dout (x = dout here). n = input elements,
+// inner = W (input width), offset = H (input height).
+@compute @workgroup_size(WG)
+fn upsample2x_bwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= p.n) { return; }
+  let w = p.inner;
+  let h = p.offset;
+  let plane = i / (w * h);
+  let iy = (i / w) % h;
+  let ix = i % w;
+  let base = (plane * 2u * h + 2u * iy) * 2u * w + 2u * ix;
+  let s = f32(x[base]) + f32(x[base + 1u]) + f32(x[base + 2u * w]) + f32(x[base + 2u * w + 1u]);
+  out[i] = T(s);
+}
+
+// Sinusoidal timestep embedding (diffusers get_timestep_embedding, flip_sin_to_cos=True,
+// downscale_freq_shift=0, max_period 10000): for half = dim/2, freq_k = exp(-ln(10000) * k / half),
+// out[b] = [cos(t_b freq_0..), sin(t_b freq_0..)] (+ a zero column when dim is odd).
+// t32 = timesteps [B] (f32), n = B*dim, inner = dim.
+@compute @workgroup_size(WG)
+fn timestep_embedding(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= p.n) { return; }
+  let dim = p.inner;
+  let half = dim / 2u;
+  let b = i / dim;
+  let j = i % dim;
+  if (j >= 2u * half) {
+    out[i] = T(0.0);
+    return;
+  }
+  let k = j % half;
+  let raw = t32[b] * exp(-9.210340371976184 * f32(k) / f32(half));
+  // Reduce to [-pi, pi] first: WGSL only bounds sin/cos error there (2^-11 absolute).
+  let arg = raw - 6.283185307179586 * round(raw / 6.283185307179586);
+  out[i] = T(select(sin(arg), cos(arg), j < half));
 }

@@ -1,36 +1,40 @@
 // Element-wise ops: forward and backward side by side, each with a plain-TS reference.
+// Math is in shaders/elementwise.wgsl; all of it computes in f32 and stores T (f16 or f32).
 import { Uniforms, type Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
-import { BYTES, expectSameDType, type DType, Tensor } from '../gpu/tensor.ts';
+import { BYTES, expectDType, expectSameDType, type DType, Tensor } from '../gpu/tensor.ts';
 
 const WG = 256;
 
-function sameShape(op: string, a: Tensor, b: Tensor): void {
-  if (a.numel !== b.numel || a.shape.length !== b.shape.length || a.shape.some((d, i) => d !== b.shape[i]))
-    throw new ShapeError(op, `shapes differ: ${fmtShape(a.shape)} vs ${fmtShape(b.shape)}`);
+type Defs = Record<string, 'f16' | 'f32' | number | boolean>;
+
+function sameShape(op: string, a: Tensor, b: Tensor, names = ['a', 'b']): void {
+  if (a.shape.length !== b.shape.length || a.shape.some((d, i) => d !== b.shape[i]))
+    throw new ShapeError(op, `shapes differ: ${names[0]} ${fmtShape(a.shape)} vs ${names[1]} ${fmtShape(b.shape)}`);
 }
 
 /**
  * Runs a flat element-wise entry over `n` elements, splitting into binding-sized ranges.
  * `bound[i]` (binding i+1) are tensors walked in step; each gets a window over the same range.
+ * `extra(u, start)` appends the entry's further uniforms for the range starting at `start`.
  */
 export function flatDispatch(
   gpu: Gpu,
   entry: string,
-  defs: Record<string, 'f16' | 'f32' | number | boolean>,
+  defs: Defs,
   n: number,
   bound: (Tensor | null)[],
-  extra: (u: Uniforms) => void = () => {},
+  extra: (u: Uniforms, start: number) => void = () => {},
   shader = 'elementwise',
 ): void {
   const widest = Math.max(...bound.filter((t): t is Tensor => t !== null).map((t) => BYTES[t.dtype]));
   for (const { start, count } of gpu.chunks(n, widest)) {
     const u = new Uniforms().u32(count);
-    extra(u);
+    extra(u, start);
     gpu.dispatch({
       shader,
       entry,
-      defs: { WG, ...defs },
+      defs: { WG, ACT: 0, U: 'f32', ...defs },
       uniforms: u,
       bindings: bound.map((t) => (t ? gpu.subWindow(t, start, count, BYTES[t.dtype]) : null)),
       workgroups: gpu.grid(Math.ceil(count / WG)),
@@ -38,7 +42,16 @@ export function flatDispatch(
   }
 }
 
-/** out = a + alpha * b (same shapes). Backward: da = dout, db = alpha * dout (see scale). */
+/** One dispatch over `n` work items with whole-tensor bindings (ops whose operands differ in size). */
+function wholeDispatch(gpu: Gpu, op: string, entry: string, defs: Defs, n: number, bound: (Tensor | null)[], u: Uniforms, perWorkgroup = WG): void {
+  for (const t of bound)
+    if (t && !gpu.fitsBinding(t)) throw new ShapeError(op, `${t} is larger than one storage binding (${gpu.maxBinding} bytes); split the batch`);
+  gpu.dispatch({ shader: 'elementwise', entry, defs: { WG, ACT: 0, U: 'f32', ...defs }, uniforms: u, bindings: bound, workgroups: gpu.grid(Math.ceil(n / perWorkgroup)) });
+}
+
+// ---- add / mul / scale / cast ---------------------------------------------------------------------
+
+/** out = a + alpha * b (same shapes). */
 export function add(gpu: Gpu, a: Tensor, b: Tensor, alpha = 1, out?: Tensor): Tensor {
   sameShape('add', a, b);
   expectSameDType('add', a, b);
@@ -47,8 +60,39 @@ export function add(gpu: Gpu, a: Tensor, b: Tensor, alpha = 1, out?: Tensor): Te
   return o;
 }
 
+/** Backward of add: da = dout, db = alpha * dout. */
+export function addBackward(gpu: Gpu, dout: Tensor, alpha = 1): { da: Tensor; db: Tensor } {
+  return { da: dout, db: alpha === 1 ? dout : scale(gpu, dout, alpha) };
+}
+
 export function addRef(a: ArrayLike<number>, b: ArrayLike<number>, alpha = 1): Float32Array {
   return Float32Array.from(a, (v, i) => v + alpha * b[i]);
+}
+
+/** out = a * b element-wise (same shapes). */
+export function mul(gpu: Gpu, a: Tensor, b: Tensor, alpha = 1): Tensor {
+  sameShape('mul', a, b);
+  expectSameDType('mul', a, b);
+  const o = gpu.tensor(a.shape, a.dtype, 'activations', 'mul');
+  flatDispatch(gpu, 'mul', { T: a.dtype, U: a.dtype }, a.numel, [a, b, o], (u) => u.f32(alpha));
+  return o;
+}
+
+/** Backward of mul: da = dout * b, db = dout * a. */
+export function mulBackward(gpu: Gpu, a: Tensor, b: Tensor, dout: Tensor): { da: Tensor; db: Tensor } {
+  sameShape('mulBackward', a, dout, ['a', 'dout']);
+  return { da: mul(gpu, dout, b), db: mul(gpu, dout, a) };
+}
+
+export function mulRef(a: ArrayLike<number>, b: ArrayLike<number>): Float32Array {
+  return Float32Array.from(a, (v, i) => v * b[i]);
+}
+
+/** out = s * x. Its backward is scale(dout, s). */
+export function scale(gpu: Gpu, x: Tensor, s: number): Tensor {
+  const o = gpu.tensor(x.shape, x.dtype, 'activations', 'scale');
+  flatDispatch(gpu, 'scale', { T: x.dtype, U: x.dtype }, x.numel, [x, null, o], (u) => u.f32(s));
+  return o;
 }
 
 /** Converts between f16 and f32 storage. */
@@ -56,4 +100,215 @@ export function cast(gpu: Gpu, x: Tensor, to: DType, tag = x.tag): Tensor {
   const o = gpu.tensor(x.shape, to, tag, `cast-${to}`);
   flatDispatch(gpu, 'convert', { T: x.dtype, U: to }, x.numel, [x, null, null, o]);
   return o;
+}
+
+// ---- per-channel broadcast add (time embedding into ResNet feature maps) ---------------------------
+
+function checkChannel(op: string, x: Tensor, t: Tensor): number {
+  expectSameDType(op, x, t);
+  if (x.shape.length < 2 || t.numel !== x.shape[0] * x.shape[1] || t.shape.length !== 2 || t.shape[0] !== x.shape[0] || t.shape[1] !== x.shape[1])
+    throw new ShapeError(op, `t must be [N,C] = [${x.shape[0]},${x.shape[1]}] for x ${fmtShape(x.shape)}, got ${fmtShape(t.shape)}`);
+  return x.numel / t.numel;
+}
+
+/** out[n,c,...] = x[n,c,...] + t[n,c]. */
+export function addChannel(gpu: Gpu, x: Tensor, t: Tensor): Tensor {
+  const inner = checkChannel('addChannel', x, t);
+  if (!gpu.fitsBinding(t)) throw new ShapeError('addChannel', `${t} is larger than one storage binding`);
+  const o = gpu.tensor(x.shape, x.dtype, 'activations', 'addChannel');
+  const bytes = BYTES[x.dtype];
+  for (const { start, count } of gpu.chunks(x.numel, bytes))
+    gpu.dispatch({
+      shader: 'elementwise',
+      entry: 'add_channel',
+      defs: { WG, ACT: 0, T: x.dtype, U: x.dtype },
+      uniforms: new Uniforms().u32(count).f32(1).u32(inner, start),
+      bindings: [gpu.subWindow(x, start, count, bytes), t, gpu.subWindow(o, start, count, bytes)],
+      workgroups: gpu.grid(Math.ceil(count / WG)),
+    });
+  return o;
+}
+
+/** Backward of addChannel: dx = dout, dt[n,c] = sum over the plane of dout. */
+export function addChannelBackward(gpu: Gpu, x: Tensor, t: Tensor, dout: Tensor): { dx: Tensor; dt: Tensor } {
+  const inner = checkChannel('addChannelBackward', x, t);
+  sameShape('addChannelBackward', x, dout, ['x', 'dout']);
+  const dt = gpu.tensor(t.shape, t.dtype, 'gradients', 'addChannel.dt');
+  wholeDispatch(gpu, 'addChannelBackward', 'sum_planes', { T: x.dtype }, t.numel * WG, [dout, null, dt], new Uniforms().u32(t.numel).f32(1).u32(inner, 0));
+  return { dx: dout, dt };
+}
+
+export function addChannelRef(x: ArrayLike<number>, t: ArrayLike<number>): Float32Array {
+  const inner = x.length / t.length;
+  return Float32Array.from(x, (v, i) => v + t[Math.floor(i / inner)]);
+}
+
+export function addChannelBackwardRef(dout: ArrayLike<number>, planes: number): Float32Array {
+  const inner = dout.length / planes;
+  const dt = new Float32Array(planes);
+  for (let i = 0; i < dout.length; i++) dt[Math.floor(i / inner)] += dout[i];
+  return dt;
+}
+
+// ---- activations -------------------------------------------------------------------------------------
+
+export type Activation = 'silu' | 'gelu' | 'quickGelu';
+const ACT_ID: Record<Activation, number> = { silu: 0, gelu: 1, quickGelu: 2 };
+
+/** y = f(x) for SiLU, GELU (exact erf form) or quick-GELU. */
+export function activation(gpu: Gpu, kind: Activation, x: Tensor): Tensor {
+  const o = gpu.tensor(x.shape, x.dtype, 'activations', kind);
+  flatDispatch(gpu, 'act_fwd', { T: x.dtype, U: x.dtype, ACT: ACT_ID[kind] }, x.numel, [x, null, o]);
+  return o;
+}
+
+/** dx = dy * f'(x), from the forward input x. */
+export function activationBackward(gpu: Gpu, kind: Activation, x: Tensor, dy: Tensor): Tensor {
+  sameShape(`${kind}Backward`, x, dy, ['x', 'dy']);
+  expectSameDType(`${kind}Backward`, x, dy);
+  const dx = gpu.tensor(x.shape, x.dtype, 'gradients', `${kind}.dx`);
+  flatDispatch(gpu, 'act_bwd', { T: x.dtype, U: x.dtype, ACT: ACT_ID[kind] }, x.numel, [x, dy, dx]);
+  return dx;
+}
+
+export const silu = (gpu: Gpu, x: Tensor) => activation(gpu, 'silu', x);
+export const gelu = (gpu: Gpu, x: Tensor) => activation(gpu, 'gelu', x);
+export const quickGelu = (gpu: Gpu, x: Tensor) => activation(gpu, 'quickGelu', x);
+
+const sigmoid = (v: number) => 1 / (1 + Math.exp(-v));
+
+/** erf with |error| < 1.2e-7 (Numerical Recipes erfc, Chebyshev fit) for the references. */
+export function erfRef(v: number): number {
+  const z = Math.abs(v);
+  const t = 1 / (1 + 0.5 * z);
+  const r =
+    t *
+    Math.exp(
+      -z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))),
+    );
+  return v >= 0 ? 1 - r : r - 1;
+}
+
+export function activationRef(kind: Activation, v: number): number {
+  if (kind === 'silu') return v * sigmoid(v);
+  if (kind === 'gelu') return 0.5 * v * (1 + erfRef(v / Math.SQRT2));
+  return v * sigmoid(1.702 * v);
+}
+
+export function activationGradRef(kind: Activation, v: number): number {
+  if (kind === 'silu') {
+    const s = sigmoid(v);
+    return s + v * s * (1 - s);
+  }
+  if (kind === 'gelu') return 0.5 * (1 + erfRef(v / Math.SQRT2)) + (v * Math.exp(-0.5 * v * v)) / Math.sqrt(2 * Math.PI);
+  const s = sigmoid(1.702 * v);
+  return s + 1.702 * v * s * (1 - s);
+}
+
+// ---- GEGLU ---------------------------------------------------------------------------------------
+
+function gegluWidth(op: string, x: Tensor): number {
+  const last = x.shape[x.shape.length - 1];
+  if (x.shape.length < 1 || last % 2 !== 0) throw new ShapeError(op, `last dim of x ${fmtShape(x.shape)} must be even (hidden and gate halves)`);
+  return last / 2;
+}
+
+/** GEGLU: x [..., 2F] -> hidden * gelu(gate), [..., F] (diffusers' GEGLU after its projection). */
+export function geglu(gpu: Gpu, x: Tensor): Tensor {
+  const f = gegluWidth('geglu', x);
+  const o = gpu.tensor([...x.shape.slice(0, -1), f], x.dtype, 'activations', 'geglu');
+  wholeDispatch(gpu, 'geglu', 'geglu_fwd', { T: x.dtype, ACT: 1 }, o.numel, [x, null, o], new Uniforms().u32(o.numel).f32(1).u32(f, 0));
+  return o;
+}
+
+/** Backward of geglu: dx [..., 2F] from the forward input x and dy [..., F]. */
+export function gegluBackward(gpu: Gpu, x: Tensor, dy: Tensor): Tensor {
+  const f = gegluWidth('gegluBackward', x);
+  expectSameDType('gegluBackward', x, dy);
+  if (dy.numel * 2 !== x.numel || dy.shape[dy.shape.length - 1] !== f)
+    throw new ShapeError('gegluBackward', `dy must be [...,${f}] for x ${fmtShape(x.shape)}, got ${fmtShape(dy.shape)}`);
+  const dx = gpu.tensor(x.shape, x.dtype, 'gradients', 'geglu.dx');
+  wholeDispatch(gpu, 'gegluBackward', 'geglu_bwd', { T: x.dtype, ACT: 1 }, x.numel, [x, dy, dx], new Uniforms().u32(x.numel).f32(1).u32(f, 0));
+  return dx;
+}
+
+export function gegluRef(x: ArrayLike<number>, f: number): Float32Array {
+  const rows = x.length / (2 * f);
+  const out = new Float32Array(rows * f);
+  for (let r = 0; r < rows; r++) for (let j = 0; j < f; j++) out[r * f + j] = x[r * 2 * f + j] * activationRef('gelu', x[r * 2 * f + f + j]);
+  return out;
+}
+
+export function gegluBackwardRef(x: ArrayLike<number>, dy: ArrayLike<number>, f: number): Float32Array {
+  const rows = x.length / (2 * f);
+  const dx = new Float32Array(x.length);
+  for (let r = 0; r < rows; r++)
+    for (let j = 0; j < f; j++) {
+      const h = x[r * 2 * f + j];
+      const g = x[r * 2 * f + f + j];
+      dx[r * 2 * f + j] = dy[r * f + j] * activationRef('gelu', g);
+      dx[r * 2 * f + f + j] = dy[r * f + j] * h * activationGradRef('gelu', g);
+    }
+  return dx;
+}
+
+// ---- nearest 2x upsample --------------------------------------------------------------------------
+
+/** Nearest-neighbour 2x upsample of x [N, C, H, W] -> [N, C, 2H, 2W]. */
+export function upsample2x(gpu: Gpu, x: Tensor): Tensor {
+  if (x.shape.length !== 4) throw new ShapeError('upsample2x', `x must be [N,C,H,W], got ${fmtShape(x.shape)}`);
+  const [n, c, h, w] = x.shape;
+  const o = gpu.tensor([n, c, 2 * h, 2 * w], x.dtype, 'activations', 'upsample2x');
+  wholeDispatch(gpu, 'upsample2x', 'upsample2x_fwd', { T: x.dtype }, o.numel, [x, null, o], new Uniforms().u32(o.numel).f32(1).u32(2 * w, 2 * h));
+  return o;
+}
+
+/** Backward of upsample2x: dx [N, C, H, W] sums each 2x2 block of dout. */
+export function upsample2xBackward(gpu: Gpu, x: Tensor, dout: Tensor): Tensor {
+  const [n, c, h, w] = x.shape;
+  if (dout.shape.length !== 4 || dout.shape[0] !== n || dout.shape[1] !== c || dout.shape[2] !== 2 * h || dout.shape[3] !== 2 * w)
+    throw new ShapeError('upsample2xBackward', `dout must be [${n},${c},${2 * h},${2 * w}] for x ${fmtShape(x.shape)}, got ${fmtShape(dout.shape)}`);
+  expectSameDType('upsample2xBackward', x, dout);
+  const dx = gpu.tensor(x.shape, x.dtype, 'gradients', 'upsample2x.dx');
+  wholeDispatch(gpu, 'upsample2xBackward', 'upsample2x_bwd', { T: x.dtype }, dx.numel, [dout, null, dx], new Uniforms().u32(dx.numel).f32(1).u32(w, h));
+  return dx;
+}
+
+export function upsample2xRef(x: ArrayLike<number>, shape: readonly number[]): Float32Array {
+  const [n, c, h, w] = shape;
+  const out = new Float32Array(n * c * 4 * h * w);
+  for (let p = 0; p < n * c; p++)
+    for (let y = 0; y < 2 * h; y++) for (let xx = 0; xx < 2 * w; xx++) out[(p * 2 * h + y) * 2 * w + xx] = x[(p * h + (y >> 1)) * w + (xx >> 1)];
+  return out;
+}
+
+export function upsample2xBackwardRef(dout: ArrayLike<number>, shape: readonly number[]): Float32Array {
+  const [n, c, h, w] = shape;
+  const dx = new Float32Array(n * c * h * w);
+  for (let p = 0; p < n * c; p++)
+    for (let y = 0; y < 2 * h; y++) for (let xx = 0; xx < 2 * w; xx++) dx[(p * h + (y >> 1)) * w + (xx >> 1)] += dout[(p * 2 * h + y) * 2 * w + xx];
+  return dx;
+}
+
+// ---- timestep embedding -----------------------------------------------------------------------------
+
+/** Sinusoidal embedding of timesteps t [B] (f32) -> [B, dim] in `dtype` (SD UNet's time_proj). */
+export function timestepEmbedding(gpu: Gpu, t: Tensor, dim: number, dtype: DType): Tensor {
+  expectDType('timestepEmbedding', t, 'f32', 'timesteps');
+  if (t.shape.length !== 1) throw new ShapeError('timestepEmbedding', `timesteps must be [B], got ${fmtShape(t.shape)}`);
+  const o = gpu.tensor([t.shape[0], dim], dtype, 'activations', 'timestepEmbedding');
+  wholeDispatch(gpu, 'timestepEmbedding', 'timestep_embedding', { T: dtype }, o.numel, [null, null, o, null, t], new Uniforms().u32(o.numel).f32(1).u32(dim, 0));
+  return o;
+}
+
+export function timestepEmbeddingRef(t: ArrayLike<number>, dim: number): Float32Array {
+  const half = Math.floor(dim / 2);
+  const out = new Float32Array(t.length * dim);
+  for (let b = 0; b < t.length; b++)
+    for (let k = 0; k < half; k++) {
+      const arg = t[b] * Math.exp((-Math.log(10000) * k) / half);
+      out[b * dim + k] = Math.cos(arg);
+      out[b * dim + half + k] = Math.sin(arg);
+    }
+  return out;
 }
