@@ -72,11 +72,11 @@ describe('gpu runtime', () => {
 
   it('caches pipelines by shader, entry and defs', async () => {
     const gpu = await testGpu();
-    const p1 = gpu.pipeline('elementwise', 'add', { T: 'f32', U: 'f32', WG: 256 });
+    const p1 = gpu.pipeline('elementwise', 'add', { T: 'f32', U: 'f32', WG: 256, ACT: 0 });
     const n = gpu.pipelineCount;
-    assert.equal(gpu.pipeline('elementwise', 'add', { WG: 256, U: 'f32', T: 'f32' }), p1);
+    assert.equal(gpu.pipeline('elementwise', 'add', { ACT: 0, WG: 256, U: 'f32', T: 'f32' }), p1);
     assert.equal(gpu.pipelineCount, n);
-    assert.notEqual(gpu.pipeline('elementwise', 'add', { T: 'f16', U: 'f16', WG: 256 }), p1);
+    assert.notEqual(gpu.pipeline('elementwise', 'add', { T: 'f16', U: 'f16', WG: 256, ACT: 0 }), p1);
   });
 
   it('specialises WGSL by dtype and constants, without copying the source', () => {
@@ -95,9 +95,9 @@ describe('gpu runtime', () => {
     const x = gpu.upload([1, 2, 3, 4], [4], 'f32');
     // Binding a tensor where the shader expects another dtype's layout is caught by the op...
     assert.throws(() => add(gpu, x, gpu.upload([1, 2, 3, 4], [4], 'f16')), (e: Error) => e instanceof ShapeError && /add: dtype mismatch: f32\[4\] vs f16\[4\]/.test(e.message));
-    assert.throws(() => add(gpu, x, gpu.upload([1, 2, 3], [3], 'f32')), /add: shapes differ: \[4\] vs \[3\]/);
+    assert.throws(() => add(gpu, x, gpu.upload([1, 2, 3], [3], 'f32')), /add: shapes differ: a \[4\] vs b \[3\]/);
     // ...and a dispatch the device rejects surfaces as GpuValidationError.
-    gpu.dispatch({ shader: 'elementwise', entry: 'add', defs: { T: 'f32', U: 'f32', WG: 256 }, bindings: [x, x, x], workgroups: [1] });
+    gpu.dispatch({ shader: 'elementwise', entry: 'add', defs: { T: 'f32', U: 'f32', WG: 256, ACT: 0 }, bindings: [x, x, x], workgroups: [1] });
     await assert.rejects(gpu.sync(), GpuValidationError);
   });
 
