@@ -70,10 +70,16 @@ export class Allocator {
     return this.record(buffer, size, tag, label);
   }
 
-  free(a: Allocation): void {
+  /**
+   * Releases an allocation from the accounting. The buffer is destroyed now, or handed to `defer`
+   * when commands that use it are recorded but not yet submitted (destroying it then would
+   * invalidate the submission; destroying after submit is fine).
+   */
+  free(a: Allocation, defer?: (b: GPUBuffer) => void): void {
     if (a.freed) return;
     a.freed = true;
-    a.buffer.destroy();
+    if (defer) defer(a.buffer);
+    else a.buffer.destroy();
     this.current -= a.bytes;
     this.live--;
     this.tagCurrent.set(a.tag, this.tagCurrent.get(a.tag)! - a.bytes);

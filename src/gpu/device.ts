@@ -108,6 +108,8 @@ export class Gpu {
   private encoder: GPUCommandEncoder | null = null;
   private pass: GPUComputePassEncoder | null = null;
   private pendingUniforms: GPUBuffer[] = [];
+  /** Buffers freed while recorded commands still used them: destroyed once submitted. */
+  private afterSubmit: GPUBuffer[] = [];
   private validationErrors: string[] = [];
   private lost: GpuDeviceLostError | null = null;
   private readonly lostListeners: ((e: GpuDeviceLostError) => void)[] = [];
@@ -226,8 +228,10 @@ export class Gpu {
     return out;
   }
 
+  /** Frees tensors; safe while commands using them are still recorded (destroyed after submit). */
   free(...ts: (Tensor | null | undefined)[]): void {
-    for (const t of ts) if (t && t.owner) this.allocator.free(t.alloc);
+    const defer = this.encoder ? (b: GPUBuffer) => this.afterSubmit.push(b) : undefined;
+    for (const t of ts) if (t && t.owner) this.allocator.free(t.alloc, defer);
   }
 
   // ---- dispatch ------------------------------------------------------------------------------
@@ -297,11 +301,14 @@ export class Gpu {
    * Splits `count` items of `bytesPerItem` into ranges that each fit one storage binding with an
    * aligned start, for kernels that walk huge tensors piecewise. `count` = rows, elements, ...
    */
-  chunks(count: number, bytesPerItem: number): { start: number; count: number }[] {
+  chunks(count: number, bytesPerItem: number, narrowestBytes = bytesPerItem): { start: number; count: number }[] {
     const align = this.device.limits.minStorageBufferOffsetAlignment;
     let per = Math.floor(this.maxBinding / bytesPerItem);
-    // Chunk starts must land on aligned byte offsets.
-    const itemsPerAlign = align / gcd(align, bytesPerItem);
+    // Chunk starts must land on aligned byte offsets in every tensor walked in step (the widest
+    // and the narrowest item sizes).
+    const a = align / gcd(align, bytesPerItem);
+    const b = align / gcd(align, narrowestBytes);
+    const itemsPerAlign = (a * b) / gcd(a, b);
     per = Math.floor(per / itemsPerAlign) * itemsPerAlign;
     if (per <= 0) throw new ShapeError('chunks', `one item of ${bytesPerItem} bytes does not fit a storage binding of ${this.maxBinding}`);
     const out: { start: number; count: number }[] = [];
@@ -326,6 +333,7 @@ export class Gpu {
     const cmd = this.encoder.finish();
     this.encoder = null;
     this.device.queue.submit([cmd]);
+    for (const b of this.afterSubmit.splice(0)) b.destroy();
     const uniforms = this.pendingUniforms;
     this.pendingUniforms = [];
     if (uniforms.length) this.device.queue.onSubmittedWorkDone().then(() => uniforms.forEach((u) => u.destroy()));

@@ -27,8 +27,8 @@ export function flatDispatch(
   extra: (u: Uniforms, start: number) => void = () => {},
   shader = 'elementwise',
 ): void {
-  const widest = Math.max(...bound.filter((t): t is Tensor => t !== null).map((t) => BYTES[t.dtype]));
-  for (const { start, count } of gpu.chunks(n, widest)) {
+  const sizes = bound.filter((t): t is Tensor => t !== null).map((t) => BYTES[t.dtype]);
+  for (const { start, count } of gpu.chunks(n, Math.max(...sizes), Math.min(...sizes))) {
     const u = new Uniforms().u32(count);
     extra(u, start);
     gpu.dispatch({
