@@ -1,3 +1,134 @@
-import type { KernelCase } from '../check.ts';
+// Flash attention forward (out, LSE) and backward (dq, dk, dv) for head dims 40/64/80/160, self-
+// and cross-attention (77 keys), both layouts, against PyTorch (float64 goldens) and the TS
+// reference; naive attention likewise; finite differences of the GPU op in f32.
+import { roundToF16 } from '../../gpu/half.ts';
+import type { DType } from '../../gpu/tensor.ts';
+import { attentionRef, flashAttention, flashAttentionBackward, naiveAttention, naiveAttentionBackward, type AttentionLayout } from '../../ops/attention.ts';
+import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
+import { finiteDiff, sampleIndices } from './matmul.ts';
 
-export const cases: KernelCase[] = [];
+/**
+ * f32: dot products of D <= 160 and softmax sums of <= 77 terms in f32, vs float64.
+ * f16: outputs and gradients rounded to f16 (4.9e-4 relative) of values up to ~3, and the f16
+ * rounding of `out` feeding Delta in the backward.
+ */
+function tol(dtype: DType): Tolerance {
+  return dtype === 'f32' ? { atol: 2e-5, rtol: 2e-4 } : { atol: 4e-3, rtol: 1e-2 };
+}
+
+interface GoldenAttn {
+  name: string;
+  B: number;
+  H: number;
+  N: number;
+  M: number;
+  D: number;
+  layout: AttentionLayout;
+}
+
+const GOLDEN: GoldenAttn[] = [
+  { name: 'self40', B: 1, H: 2, N: 37, M: 37, D: 40, layout: 'bhnd' },
+  { name: 'cross40', B: 2, H: 1, N: 19, M: 77, D: 40, layout: 'bhnd' },
+  { name: 'self64', B: 1, H: 2, N: 45, M: 45, D: 64, layout: 'bnhd' },
+  { name: 'cross80', B: 1, H: 1, N: 21, M: 77, D: 80, layout: 'bnhd' },
+  { name: 'self160', B: 1, H: 1, N: 33, M: 33, D: 160, layout: 'bhnd' },
+  { name: 'cross160', B: 1, H: 1, N: 9, M: 77, D: 160, layout: 'bnhd' },
+];
+
+function flashCase(c: GoldenAttn): KernelCase {
+  const kind = c.N === c.M ? 'self' : 'cross';
+  return {
+    family: 'attention',
+    name: `flash ${kind} B${c.B} H${c.H} N${c.N} M${c.M} D${c.D} ${c.layout}: out, lse, dq, dk, dv (golden)`,
+    async run({ gpu, dtype, golden }) {
+      const g = (k: string) => golden.get(`${c.name}.${k}`);
+      const [q, k, v, dout] = ['q', 'k', 'v', 'dout'].map(g);
+      const up = (t: typeof q) => gpu.upload(t.data, t.shape, dtype);
+      const [tq, tk, tv, tdo] = [q, k, v, dout].map(up);
+      const opts = { layout: c.layout };
+      const f = flashAttention(gpu, tq, tk, tv, opts);
+      const gr = flashAttentionBackward(gpu, tq, tk, tv, f.out, f.lse, tdo, opts);
+      const ref = attentionRef(q.data, k.data, v.data, dout.data, { ...c });
+      const t = tol(dtype);
+      const out = await gpu.read(f.out);
+      const lse = await gpu.read(f.lse);
+      const dq = await gpu.read(gr.dq);
+      const dk = await gpu.read(gr.dk);
+      const dv = await gpu.read(gr.dv);
+      const checks: Check[] = [
+        compare('out vs torch', out, g('out').data, t),
+        compare('out vs ts ref', out, ref.out, t),
+        compare('lse vs torch', lse, g('lse').data, { atol: 1e-5, rtol: 1e-5 }),
+        compare('dq vs torch', dq, g('dq').data, t),
+        compare('dq vs ts ref', dq, ref.dq, t),
+        compare('dk vs torch', dk, g('dk').data, t),
+        compare('dk vs ts ref', dk, ref.dk, t),
+        compare('dv vs torch', dv, g('dv').data, t),
+        compare('dv vs ts ref', dv, ref.dv, t),
+      ];
+      gpu.free(tq, tk, tv, tdo, f.out, f.lse, gr.dq, gr.dk, gr.dv);
+      return checks;
+    },
+  };
+}
+
+export const cases: KernelCase[] = [
+  ...GOLDEN.map(flashCase),
+  {
+    family: 'attention',
+    name: 'naive (materialised) attention self D40 and cross D80: out, dq, dk, dv (golden)',
+    async run({ gpu, dtype, golden }) {
+      const checks: Check[] = [];
+      for (const name of ['self40', 'cross40']) {
+        const g = (k: string) => golden.get(`${name}.${k}`);
+        const [tq, tk, tv, tdo] = ['q', 'k', 'v', 'dout'].map((k) => gpu.upload(g(k).data, g(k).shape, dtype));
+        const f = naiveAttention(gpu, tq, tk, tv);
+        const gr = naiveAttentionBackward(gpu, tq, tk, tv, f.probs, tdo);
+        const t = tol(dtype);
+        checks.push(
+          compare(`${name} out vs torch`, await gpu.read(f.out), g('out').data, t),
+          compare(`${name} dq vs torch`, await gpu.read(gr.dq), g('dq').data, t),
+          compare(`${name} dk vs torch`, await gpu.read(gr.dk), g('dk').data, t),
+          compare(`${name} dv vs torch`, await gpu.read(gr.dv), g('dv').data, t),
+        );
+        gpu.free(tq, tk, tv, tdo, f.out, f.probs, gr.dq, gr.dk, gr.dv);
+      }
+      return checks;
+    },
+  },
+  {
+    family: 'attention',
+    name: 'finite differences of sum(out*r) vs flash dq/dk/dv, B1 H2 N11 M13 D40 bnhd (f32)',
+    dtypes: ['f32'],
+    async run({ gpu }) {
+      const [B, H, N, M, D] = [1, 2, 11, 13, 40];
+      const opts = { layout: 'bnhd' as const };
+      const q = roundToF16(randomValues(B * N * H * D, 1));
+      const k = roundToF16(randomValues(B * M * H * D, 2));
+      const v = roundToF16(randomValues(B * M * H * D, 3));
+      const r = roundToF16(randomValues(B * N * H * D, 4));
+      const tq = gpu.upload(q, [B, N, H, D], 'f32');
+      const tk = gpu.upload(k, [B, M, H, D], 'f32');
+      const tv = gpu.upload(v, [B, M, H, D], 'f32');
+      const tr = gpu.upload(r, [B, N, H, D], 'f32');
+      const f = flashAttention(gpu, tq, tk, tv, opts);
+      const gr = flashAttentionBackward(gpu, tq, tk, tv, f.out, f.lse, tr, opts);
+      const loss = async () => {
+        const o = flashAttention(gpu, tq, tk, tv, opts);
+        const y = await gpu.read(o.out);
+        gpu.free(o.out, o.lse);
+        return y.reduce((s, x, i) => s + x * r[i], 0);
+      };
+      // Central differences, h = 1e-2: truncation O(h^2) plus f32 rounding of a ~10-term loss / h.
+      const fdTol = { atol: 2e-3, rtol: 2e-2 };
+      const checks: Check[] = [];
+      for (const [name, t, vals, grad] of [['dq', tq, q, gr.dq], ['dk', tk, k, gr.dk], ['dv', tv, v, gr.dv]] as const) {
+        const analytic = await gpu.read(grad);
+        const idx = sampleIndices(vals.length, 5, name.length * 7);
+        checks.push(compare(`${name} vs central difference`, idx.map((i) => analytic[i]), await finiteDiff(gpu, t, vals, idx, 1e-2, loss), fdTol));
+      }
+      gpu.free(tq, tk, tv, tr, f.out, f.lse, gr.dq, gr.dk, gr.dv);
+      return checks;
+    },
+  },
+];

@@ -1,0 +1,229 @@
+// Attention: flash attention forward/backward (shaders/attention.wgsl: online softmax, LSE saved,
+// backward recomputes P tile by tile; the N x M score matrix never exists), and naive attention
+// built from batched matmul + softmax, which materialises it (the benchmark baseline).
+import { Uniforms, type Gpu } from '../gpu/device.ts';
+import { fmtShape, ShapeError } from '../gpu/errors.ts';
+import { expectSameDType, Tensor } from '../gpu/tensor.ts';
+import { scale as scaleOp } from './elementwise.ts';
+import { matmul } from './matmul.ts';
+import { softmax, softmaxBackward } from './softmax.ts';
+
+export type AttentionLayout = 'bhnd' | 'bnhd';
+
+export interface AttentionOptions {
+  /** Defaults to 1/sqrt(D). */
+  scale?: number;
+  /** 'bhnd': q [B,H,N,D], k/v [B,H,M,D] (default). 'bnhd': q [B,N,H,D], k/v [B,M,H,D]. */
+  layout?: AttentionLayout;
+}
+
+/** Largest head dim: each invocation keeps a few D-vectors in registers. */
+export const MAX_HEAD_DIM = 256;
+const BR = 64;
+
+interface Dims {
+  B: number;
+  H: number;
+  N: number;
+  M: number;
+  D: number;
+  scale: number;
+  layout: AttentionLayout;
+}
+
+function dims(op: string, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions): Dims {
+  const layout = opts.layout ?? 'bhnd';
+  for (const [name, t] of [['q', q], ['k', k], ['v', v]] as const)
+    if (t.shape.length !== 4) throw new ShapeError(op, `${name} must be rank 4 (${layout === 'bhnd' ? '[B,H,N,D]' : '[B,N,H,D]'}), got ${fmtShape(t.shape)}`);
+  expectSameDType(op, q, k, v);
+  const [B, a, b, D] = q.shape;
+  const [N, H] = layout === 'bhnd' ? [b, a] : [a, b];
+  const M = layout === 'bhnd' ? k.shape[2] : k.shape[1];
+  const kh = layout === 'bhnd' ? k.shape[1] : k.shape[2];
+  const all = `q ${fmtShape(q.shape)}, k ${fmtShape(k.shape)}, v ${fmtShape(v.shape)}`;
+  if (k.shape[0] !== B || kh !== H || k.shape[3] !== D) throw new ShapeError(op, `k does not match q in batch, heads or head dim (layout ${layout}): ${all}`);
+  if (v.shape.some((d, i) => d !== k.shape[i])) throw new ShapeError(op, `v must have k's shape: ${all}`);
+  if (D < 1 || D > MAX_HEAD_DIM) throw new ShapeError(op, `head dim ${D} is not supported (1..${MAX_HEAD_DIM}): ${all}`);
+  if (N === 0 || M === 0) throw new ShapeError(op, `empty attention: ${all}`);
+  return { B, H, N, M, D, scale: opts.scale ?? 1 / Math.sqrt(D), layout };
+}
+
+/** Key/value rows staged per tile: as many as fit 16 KiB of workgroup memory (f32), power of two, <= 32. */
+function tileRows(D: number): number {
+  const fit = Math.floor(16384 / (8 * D + 8));
+  let bc = 1;
+  while (bc * 2 <= Math.min(fit, 32)) bc *= 2;
+  return bc;
+}
+
+function uniforms(d: Dims): Uniforms {
+  const { B, H, N, M, D } = d;
+  void B;
+  const [qsb, qsh, qsn] = d.layout === 'bhnd' ? [H * N * D, N * D, D] : [N * H * D, D, H * D];
+  const [ksb, ksh, ksn] = d.layout === 'bhnd' ? [H * M * D, M * D, D] : [M * H * D, D, H * D];
+  return new Uniforms().u32(H, N, M).f32(d.scale).u32(qsb, qsh, qsn, ksb, ksh, ksn);
+}
+
+function run(gpu: Gpu, op: string, entry: string, d: Dims, dtype: Tensor['dtype'], rows: number, bindings: (Tensor | null)[]): void {
+  for (const t of bindings)
+    if (t && !gpu.fitsBinding(t)) throw new ShapeError(op, `${t} is larger than one storage binding (${gpu.maxBinding} bytes); split the batch`);
+  gpu.dispatch({
+    shader: 'attention',
+    entry,
+    defs: { T: dtype, D: d.D, BR, BC: tileRows(d.D) },
+    uniforms: uniforms(d),
+    bindings,
+    workgroups: [Math.ceil(rows / BR), d.B * d.H],
+  });
+}
+
+export interface FlashResult {
+  out: Tensor;
+  /** f32 [B, H, N]: log-sum-exp of each query row's scaled scores. */
+  lse: Tensor;
+}
+
+/** softmax(scale q k^T) v without materialising the scores; saves LSE for the backward. */
+export function flashAttention(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions = {}): FlashResult {
+  const d = dims('flashAttention', q, k, v, opts);
+  const out = gpu.tensor(q.shape, q.dtype, 'activations', 'attention.out');
+  const lse = gpu.tensor([d.B, d.H, d.N], 'f32', 'activations', 'attention.lse');
+  run(gpu, 'flashAttention', 'attn_fwd', d, q.dtype, d.N, [q, k, v, out, lse]);
+  return { out, lse };
+}
+
+export interface AttentionGrads {
+  dq: Tensor;
+  dk: Tensor;
+  dv: Tensor;
+}
+
+/** Gradients of flash attention from the saved out and LSE; recomputes P tile by tile. */
+export function flashAttentionBackward(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, opts: AttentionOptions = {}): AttentionGrads {
+  const op = 'flashAttentionBackward';
+  const d = dims(op, q, k, v, opts);
+  expectSameDType(op, q, out, dout);
+  for (const [name, t] of [['out', out], ['dout', dout]] as const)
+    if (t.shape.some((x, i) => x !== q.shape[i]) || t.shape.length !== 4) throw new ShapeError(op, `${name} ${fmtShape(t.shape)} must have q's shape ${fmtShape(q.shape)}`);
+  if (lse.numel !== d.B * d.H * d.N || lse.dtype !== 'f32') throw new ShapeError(op, `lse must be f32 [${d.B},${d.H},${d.N}], got ${lse.dtype} ${fmtShape(lse.shape)}`);
+  const delta = gpu.tensor([d.B, d.H, d.N], 'f32', 'scratch', 'attention.delta');
+  run(gpu, op, 'attn_bwd_delta', d, q.dtype, d.N, [null, null, null, null, null, out, dout, null, delta]);
+  const dq = gpu.tensor(q.shape, q.dtype, 'gradients', 'attention.dq');
+  const dk = gpu.tensor(k.shape, k.dtype, 'gradients', 'attention.dk');
+  const dv = gpu.tensor(v.shape, v.dtype, 'gradients', 'attention.dv');
+  run(gpu, op, 'attn_bwd_dq', d, q.dtype, d.N, [q, k, v, null, null, null, dout, lse, null, delta, dq]);
+  run(gpu, op, 'attn_bwd_dkv', d, q.dtype, d.M, [q, k, v, null, null, null, dout, lse, null, delta, null, dk, dv]);
+  gpu.free(delta);
+  return { dq, dk, dv };
+}
+
+// ---- naive attention (materialised scores) --------------------------------------------------------
+
+export interface NaiveResult {
+  out: Tensor;
+  /** [B*H, N, M] softmax probabilities. */
+  probs: Tensor;
+}
+
+function naiveDims(op: string, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions): Dims {
+  const d = dims(op, q, k, v, opts);
+  if (d.layout !== 'bhnd') throw new ShapeError(op, `naive attention takes layout 'bhnd' only, got '${d.layout}' for q ${fmtShape(q.shape)}`);
+  return d;
+}
+
+/** P = softmax(scale q k^T) as a full [B*H, N, M] tensor, out = P v. */
+export function naiveAttention(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions = {}): NaiveResult {
+  const d = naiveDims('naiveAttention', q, k, v, opts);
+  const q3 = q.reshape([d.B * d.H, d.N, d.D]);
+  const k3 = k.reshape([d.B * d.H, d.M, d.D]);
+  const v3 = v.reshape([d.B * d.H, d.M, d.D]);
+  const raw = matmul(gpu, q3, k3, { transB: true });
+  const scores = scaleOp(gpu, raw, d.scale);
+  gpu.free(raw);
+  const probs = softmax(gpu, scores);
+  gpu.free(scores);
+  const out = matmul(gpu, probs, v3).reshape(q.shape);
+  return { out, probs };
+}
+
+/** Gradients of naive attention from the saved probabilities. */
+export function naiveAttentionBackward(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor, probs: Tensor, dout: Tensor, opts: AttentionOptions = {}): AttentionGrads {
+  const op = 'naiveAttentionBackward';
+  const d = naiveDims(op, q, k, v, opts);
+  const q3 = q.reshape([d.B * d.H, d.N, d.D]);
+  const k3 = k.reshape([d.B * d.H, d.M, d.D]);
+  const v3 = v.reshape([d.B * d.H, d.M, d.D]);
+  const do3 = dout.reshape([d.B * d.H, d.N, d.D]);
+  const dv = matmul(gpu, probs, do3, { transA: true }); // P^T dO
+  const dp = matmul(gpu, do3, v3, { transB: true }); // dO V^T
+  const dsRaw = softmaxBackward(gpu, probs, dp);
+  gpu.free(dp);
+  const ds = scaleOp(gpu, dsRaw, d.scale);
+  gpu.free(dsRaw);
+  const dq = matmul(gpu, ds, k3); // scale dS K
+  const dk = matmul(gpu, ds, q3, { transA: true }); // scale dS^T Q
+  gpu.free(ds);
+  return { dq: dq.reshape(q.shape), dk: dk.reshape(k.shape), dv: dv.reshape(v.shape) };
+}
+
+// ---- plain-TS reference (float64) -------------------------------------------------------------------
+
+export interface AttentionRefResult {
+  out: Float32Array;
+  lse: Float32Array;
+  dq: Float32Array;
+  dk: Float32Array;
+  dv: Float32Array;
+}
+
+/** Forward and (given dout) backward of attention in float64, any layout. */
+export function attentionRef(
+  q: ArrayLike<number>, k: ArrayLike<number>, v: ArrayLike<number>, dout: ArrayLike<number> | null,
+  s: { B: number; H: number; N: number; M: number; D: number; scale?: number; layout?: AttentionLayout },
+): AttentionRefResult {
+  const { B, H, N, M, D } = s;
+  const scale = s.scale ?? 1 / Math.sqrt(D);
+  const bhnd = (s.layout ?? 'bhnd') === 'bhnd';
+  const qi = (b: number, h: number, n: number) => (bhnd ? ((b * H + h) * N + n) * D : ((b * N + n) * H + h) * D);
+  const ki = (b: number, h: number, m: number) => (bhnd ? ((b * H + h) * M + m) * D : ((b * M + m) * H + h) * D);
+  const out = new Float32Array(B * H * N * D);
+  const lse = new Float32Array(B * H * N);
+  const dq = new Float32Array(out.length);
+  const dk = new Float32Array(B * H * M * D);
+  const dv = new Float32Array(dk.length);
+  const p = new Float64Array(M);
+  for (let b = 0; b < B; b++)
+    for (let h = 0; h < H; h++)
+      for (let n = 0; n < N; n++) {
+        let mx = -Infinity;
+        for (let m = 0; m < M; m++) {
+          let acc = 0;
+          for (let x = 0; x < D; x++) acc += q[qi(b, h, n) + x] * k[ki(b, h, m) + x];
+          p[m] = acc * scale;
+          mx = Math.max(mx, p[m]);
+        }
+        let sum = 0;
+        for (let m = 0; m < M; m++) sum += Math.exp(p[m] - mx);
+        lse[(b * H + h) * N + n] = mx + Math.log(sum);
+        for (let m = 0; m < M; m++) p[m] = Math.exp(p[m] - mx) / sum;
+        for (let x = 0; x < D; x++) {
+          let acc = 0;
+          for (let m = 0; m < M; m++) acc += p[m] * v[ki(b, h, m) + x];
+          out[qi(b, h, n) + x] = acc;
+        }
+        if (!dout) continue;
+        let delta = 0;
+        for (let x = 0; x < D; x++) delta += dout[qi(b, h, n) + x] * out[qi(b, h, n) + x];
+        for (let m = 0; m < M; m++) {
+          let dp = 0;
+          for (let x = 0; x < D; x++) dp += dout[qi(b, h, n) + x] * v[ki(b, h, m) + x];
+          const ds = p[m] * (dp - delta) * scale;
+          for (let x = 0; x < D; x++) {
+            dq[qi(b, h, n) + x] += ds * k[ki(b, h, m) + x];
+            dk[ki(b, h, m) + x] += ds * q[qi(b, h, n) + x];
+            dv[ki(b, h, m) + x] += p[m] * dout[qi(b, h, n) + x];
+          }
+        }
+      }
+  return { out, lse, dq, dk, dv };
+}
