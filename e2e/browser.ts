@@ -19,12 +19,12 @@ const TYPES: Record<string, string> = {
 };
 
 /** Serves `dir` on a free loopback port. */
-export async function serve(dir = join(ROOT, 'dist')): Promise<{ url: string; close: () => Promise<void> }> {
-  if (!existsSync(join(dir, 'index.html'))) throw new Error(`${dir}/index.html is missing: run 'npx vite build' first (npm test does)`);
+export async function serve(dir = join(ROOT, 'dist'), entry = 'index.html'): Promise<{ url: string; close: () => Promise<void> }> {
+  if (!existsSync(join(dir, entry))) throw new Error(`${dir}/${entry} is missing: run 'npx vite build' first (npm test does)`);
   const server: Server = createServer((req, res) => {
     const path = normalize(decodeURIComponent(new URL(req.url ?? '/', 'http://x').pathname)).replace(/^(\.\.[/\\])+/, '');
     let file = join(dir, path);
-    if (!file.startsWith(dir) || !existsSync(file) || statSync(file).isDirectory()) file = join(dir, 'index.html');
+    if (!file.startsWith(dir) || !existsSync(file) || statSync(file).isDirectory()) file = join(dir, entry);
     res.writeHead(200, { 'content-type': TYPES[extname(file)] ?? 'application/octet-stream' });
     createReadStream(file).pipe(res);
   });

@@ -1,0 +1,162 @@
+// Shared benchmark code: runs our kernels on the SD1.5 shapes of bench/shapes.json and measures
+// median wall time (submit -> onSubmittedWorkDone) and the peak bytes allocated above the inputs.
+// Used by the Chromium page (against onnxruntime-web and tfjs in the same page) and by Node.
+import type { Gpu } from '../src/gpu/device.ts';
+import type { DType, Tensor } from '../src/gpu/tensor.ts';
+import { flashAttention, flashAttentionBackward, naiveAttention, naiveAttentionBackward } from '../src/ops/attention.ts';
+import { conv2d } from '../src/ops/conv2d.ts';
+import { matmul } from '../src/ops/matmul.ts';
+import { randomValues } from '../src/selftest/check.ts';
+
+export interface ShapeCase {
+  id: string;
+  op: 'matmul' | 'conv' | 'attention';
+  label: string;
+  M?: number;
+  K?: number;
+  N?: number;
+  C?: number;
+  H?: number;
+  W?: number;
+  D?: number;
+}
+
+export interface Measurement {
+  id: string;
+  label: string;
+  impl: string;
+  dtype: string;
+  /** Median milliseconds over `reps` timed runs after one warm-up. */
+  ms: number;
+  all: number[];
+  gflops: number;
+  /** Peak bytes allocated above the inputs during one run (ours only). */
+  peakBytes?: number;
+  note?: string;
+}
+
+export function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+}
+
+/** Useful FLOPs of one run (the same for every implementation). */
+export function flops(c: ShapeCase, pass: 'fwd' | 'fwdbwd' = 'fwd'): number {
+  if (c.op === 'matmul') return 2 * c.M! * c.K! * c.N!;
+  if (c.op === 'conv') return 2 * c.H! * c.W! * c.C! * c.C! * 9;
+  const fwd = 4 * c.H! * c.N! * c.M! * c.D!;
+  return pass === 'fwd' ? fwd : 3 * fwd; // backward: dV, dP, dQ, dK = 2x the forward's two products
+}
+
+/**
+ * Times `fn` as the GPU sees it without per-submit latency: a warm-up run, one run that measures
+ * the peak bytes allocated above the inputs, then `reps` batches of `inner` back-to-back runs in
+ * one submission each; a run's time is the batch's wall time / inner. `inner` is picked so that a
+ * batch lasts about 50 ms. Frees what each run returns.
+ */
+export async function timeOurs(gpu: Gpu, fn: () => Tensor[], reps: number, deadline: number): Promise<{ all: number[]; peak: number; inner: number }> {
+  gpu.free(...fn()); // warm-up: pipeline compilation
+  await gpu.sync();
+  const base = gpu.allocator.report().current;
+  gpu.allocator.resetPeak();
+  const t0 = performance.now();
+  gpu.free(...fn());
+  await gpu.sync();
+  const single = performance.now() - t0;
+  const peak = gpu.allocator.report().peak - base;
+  const inner = Math.max(1, Math.min(50, Math.floor(50 / Math.max(single, 0.01))));
+  const all: number[] = [];
+  for (let r = 0; r < reps && (r === 0 || performance.now() < deadline); r++) {
+    const t1 = performance.now();
+    for (let i = 0; i < inner; i++) gpu.free(...fn());
+    await gpu.sync();
+    all.push((performance.now() - t1) / inner);
+  }
+  return { all, peak, inner };
+}
+
+function rand(gpu: Gpu, shape: number[], dtype: DType, seed: number): Tensor {
+  const n = shape.reduce((a, b) => a * b, 1);
+  return gpu.upload(randomValues(n, seed, 0.5), shape, dtype, 'weights', 'bench-input');
+}
+
+/** Our measurements for one shape: the op's forward, plus flash vs naive fwd+bwd for attention. */
+export async function benchOurs(gpu: Gpu, c: ShapeCase, reps: number, budgetMs = 120_000): Promise<Measurement[]> {
+  const dtype = gpu.computeDType;
+  const deadline = performance.now() + budgetMs;
+  const out: Measurement[] = [];
+  const record = (impl: string, r: { all: number[]; peak: number; inner: number }, pass: 'fwd' | 'fwdbwd', note?: string) => {
+    const ms = median(r.all);
+    const batching = r.inner > 1 ? `batches of ${r.inner} per submit` : '';
+    out.push({ id: c.id, label: c.label, impl, dtype, ms, all: r.all, gflops: flops(c, pass) / ms / 1e6, peakBytes: r.peak, note: [note, batching].filter(Boolean).join('; ') || undefined });
+  };
+  if (c.op === 'matmul') {
+    const a = rand(gpu, [c.M!, c.K!], dtype, 1);
+    const b = rand(gpu, [c.K!, c.N!], dtype, 2);
+    record('ours', await timeOurs(gpu, () => [matmul(gpu, a, b)], reps, deadline), 'fwd');
+    gpu.free(a, b);
+  } else if (c.op === 'conv') {
+    const x = rand(gpu, [1, c.C!, c.H!, c.W!], dtype, 1);
+    const w = rand(gpu, [c.C!, c.C!, 3, 3], dtype, 2);
+    const bias = rand(gpu, [c.C!], dtype, 3);
+    record('ours', await timeOurs(gpu, () => [conv2d(gpu, x, w, bias, { stride: 1, padding: 1 })], reps, deadline), 'fwd');
+    gpu.free(x, w, bias);
+  } else {
+    const q = rand(gpu, [1, c.H!, c.N!, c.D!], dtype, 1);
+    const k = rand(gpu, [1, c.H!, c.M!, c.D!], dtype, 2);
+    const v = rand(gpu, [1, c.H!, c.M!, c.D!], dtype, 3);
+    const dout = rand(gpu, [1, c.H!, c.N!, c.D!], dtype, 4);
+    record('ours (flash)', await timeOurs(gpu, () => { const f = flashAttention(gpu, q, k, v); return [f.out, f.lse]; }, reps, deadline), 'fwd');
+    record('ours (flash) fwd+bwd', await timeOurs(gpu, () => {
+      const f = flashAttention(gpu, q, k, v);
+      const g = flashAttentionBackward(gpu, q, k, v, f.out, f.lse, dout);
+      return [f.out, f.lse, g.dq, g.dk, g.dv];
+    }, reps, deadline), 'fwdbwd');
+    const scoreBytes = c.H! * c.N! * c.M! * (dtype === 'f16' ? 2 : 4);
+    if (scoreBytes * 3 <= gpu.device.limits.maxBufferSize && scoreBytes <= gpu.maxBinding * 4) {
+      try {
+        record('naive fwd+bwd', await timeOurs(gpu, () => {
+          const f = naiveAttention(gpu, q, k, v);
+          const g = naiveAttentionBackward(gpu, q, k, v, f.probs, dout);
+          return [f.out, f.probs, g.dq, g.dk, g.dv];
+        }, reps, deadline), 'fwdbwd', 'materialises the [H,N,M] scores');
+      } catch (e) {
+        out.push({ id: c.id, label: c.label, impl: 'naive fwd+bwd', dtype, ms: NaN, all: [], gflops: NaN, note: `failed: ${(e as Error).message}` });
+      }
+    } else out.push({ id: c.id, label: c.label, impl: 'naive fwd+bwd', dtype, ms: NaN, all: [], gflops: NaN, note: `scores of ${scoreBytes} bytes exceed this device's buffer limits` });
+    gpu.free(q, k, v, dout);
+  }
+  return out;
+}
+
+/** Ratios the issue asks for, computed from one set of measurements. */
+export function summarise(ms: Measurement[]): Record<string, number | string> {
+  const get = (id: string, impl: string) => ms.find((m) => m.id === id && m.impl === impl);
+  const s: Record<string, number | string> = {};
+  for (const id of ['self', 'cross']) {
+    const flash = get(id, 'ours (flash) fwd+bwd');
+    const naive = get(id, 'naive fwd+bwd');
+    if (flash && naive && Number.isFinite(naive.ms)) {
+      s[`${id}: naive/flash time (target >= 2)`] = naive.ms / flash.ms;
+      s[`${id}: naive/flash peak bytes (target >= 10)`] = naive.peakBytes! / flash.peakBytes!;
+    }
+  }
+  for (const id of new Set(ms.map((m) => m.id))) {
+    const ours = ms.find((m) => m.id === id && (m.impl === 'ours' || m.impl === 'ours (flash)'));
+    const peers = ms.filter((m) => m.id === id && !m.impl.startsWith('ours') && !m.impl.startsWith('naive') && Number.isFinite(m.ms));
+    if (ours && peers.length) {
+      const best = peers.reduce((a, b) => (a.ms < b.ms ? a : b));
+      s[`${id}: fastest peer (${best.impl}) / ours time (target >= 1.5)`] = best.ms / ours.ms;
+    }
+  }
+  return s;
+}
+
+export function table(ms: Measurement[]): string {
+  const rows = ms.map((m) => [m.label, m.impl, m.dtype, Number.isFinite(m.ms) ? m.ms.toFixed(2) : '-', Number.isFinite(m.gflops) ? m.gflops.toFixed(1) : '-', m.peakBytes !== undefined ? (m.peakBytes / 2 ** 20).toFixed(1) : '', m.note ?? '']);
+  const head = ['shape', 'impl', 'dtype', 'median ms', 'GFLOP/s', 'peak MiB', 'note'];
+  const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
+  const line = (r: string[]) => r.map((c, i) => c.padEnd(w[i])).join('  ');
+  return [line(head), line(w.map((x) => '-'.repeat(x))), ...rows.map(line)].join('\n');
+}
