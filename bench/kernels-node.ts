@@ -23,7 +23,7 @@ const results: Measurement[] = [];
 for (const c of shapes) {
   const ms = await benchOurs(gpu, c, reps);
   results.push(...ms);
-  for (const m of ms) console.log(`  ${m.label} ${m.impl}: ${m.ms.toFixed(2)} ms`);
+  for (const m of ms) console.log(`  ${m.label} ${m.impl}: ${m.ms.toFixed(2)} ms wall, ${m.gpuMs?.toFixed(3) ?? '-'} ms GPU`);
 }
 
 let torchInfo: unknown = null;
@@ -35,14 +35,14 @@ try {
   for (const r of parsed.results ?? []) {
     const c = shapes.find((s) => s.id === r.id)!;
     const pass = r.impl.includes('fwd+bwd') ? 'fwdbwd' : 'fwd';
-    results.push({ id: r.id, label: c.label, impl: r.impl, dtype: r.impl.endsWith('f16') ? 'f16' : 'f32', ms: r.ms, all: [r.ms], gflops: flops(c, pass) / r.ms / 1e6 });
+    results.push({ id: r.id, label: c.label, impl: r.impl, dtype: r.impl.endsWith('f16') ? 'f16' : 'f32', ms: r.ms, gpuMs: r.ms, all: [r.ms], gflops: flops(c, pass) / r.ms / 1e6, note: 'CUDA event time' });
   }
 } catch (e) {
   torchInfo = { error: `PyTorch peer not run: ${(e as Error).message.split('\n')[0]}` };
 }
 
 console.log(`\n${table(results)}\n`);
-const summary = summarise(results);
+const summary = summarise(results, true);
 for (const [k, v] of Object.entries(summary)) console.log(`${k}: ${typeof v === 'number' ? v.toFixed(2) : v}`);
 mkdirSync(dirname(outFile), { recursive: true });
 writeFileSync(outFile, JSON.stringify({ date: new Date().toISOString(), host: 'node (Dawn)', adapter, features: gpu.adapter.features, computeDType: gpu.computeDType, shapes: size, reps, torch: torchInfo, results, summary }, null, 2));

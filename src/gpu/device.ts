@@ -110,6 +110,9 @@ export class Gpu {
   private pendingUniforms: GPUBuffer[] = [];
   /** Buffers freed while recorded commands still used them: destroyed once submitted. */
   private afterSubmit: GPUBuffer[] = [];
+  /** Set while gpuTime() records: the next compute pass writes its begin/end timestamps here. */
+  private passTimestamps: GPUComputePassTimestampWrites | null = null;
+  private timedPasses = 0;
   private validationErrors: string[] = [];
   private lost: GpuDeviceLostError | null = null;
   private readonly lostListeners: ((e: GpuDeviceLostError) => void)[] = [];
@@ -326,6 +329,32 @@ export class Gpu {
     return t.byteSize <= this.maxBinding;
   }
 
+  /**
+   * GPU time in milliseconds of the dispatches `record` issues, from timestamp queries around the one
+   * compute pass they are recorded into (no submit or completion latency). `record` must only
+   * dispatch (no reads or writes, which would split the pass). Needs the timestamp-query feature.
+   */
+  async gpuTime(record: () => void): Promise<number> {
+    if (!this.hasTimestamps) throw new Error('gpuTime needs the timestamp-query feature');
+    this.flush();
+    const querySet = this.device.createQuerySet({ type: 'timestamp', count: 2 });
+    this.passTimestamps = { querySet, beginningOfPassWriteIndex: 0, endOfPassWriteIndex: 1 };
+    this.timedPasses = 0;
+    try {
+      record();
+    } finally {
+      this.endPass();
+      this.passTimestamps = null;
+    }
+    if (this.timedPasses !== 1) throw new Error(`gpuTime: the recorded work spanned ${this.timedPasses} compute passes, expected 1`);
+    const resolved = this.device.createBuffer({ size: 16, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC });
+    this.getEncoder().resolveQuerySet(querySet, 0, 2, resolved, 0);
+    const [t0, t1] = new BigUint64Array(await this.readBytes(resolved, 0, 16));
+    resolved.destroy();
+    querySet.destroy();
+    return Number(t1 - t0) / 1e6;
+  }
+
   /** Submits everything recorded so far. */
   flush(): void {
     this.endPass();
@@ -363,7 +392,10 @@ export class Gpu {
   }
 
   private getPass(): GPUComputePassEncoder {
-    if (!this.pass) this.pass = this.getEncoder().beginComputePass();
+    if (!this.pass) {
+      this.pass = this.getEncoder().beginComputePass(this.passTimestamps ? { timestampWrites: this.passTimestamps } : undefined);
+      if (this.passTimestamps) this.timedPasses++;
+    }
     return this.pass;
   }
 
