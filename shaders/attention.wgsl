@@ -23,6 +23,7 @@ struct Params {
   scale: f32,
   q_sb: u32, q_sh: u32, q_sn: u32,     // strides of q, out, dout, dq
   k_sb: u32, k_sh: u32, k_sn: u32,     // strides of k, v, dk, dv
+  q_split: u32,      // attn_bwd_dkv_split: query rows per split (a multiple of BC)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -39,6 +40,12 @@ struct Params {
 @group(0) @binding(11) var<storage, read_write> dq: array<T>;
 @group(0) @binding(12) var<storage, read_write> dk: array<T>;
 @group(0) @binding(13) var<storage, read_write> dv: array<T>;
+// Few keys (e.g. 77 for cross-attention): each split of the query rows writes f32 partial
+// dK/dV, dense [split][b][h][key][d], and attn_bwd_dkv_reduce sums the splits.
+@group(0) @binding(14) var<storage, read_write> dk_part: array<f32>;
+@group(0) @binding(15) var<storage, read_write> dv_part: array<f32>;
+@group(0) @binding(16) var<storage, read> dk_part_in: array<f32>;
+@group(0) @binding(17) var<storage, read> dv_part_in: array<f32>;
 
 var<workgroup> tile_a: array<f32, BC * D>;   // K (forward, dQ) or Q (dK/dV)
 var<workgroup> tile_b: array<f32, BC * D>;   // V (forward, dQ) or dO (dK/dV)
@@ -197,29 +204,30 @@ fn stage_q(b: u32, h: u32, r0: u32, lid: u32) {
   }
 }
 
-@compute @workgroup_size(BR)
-fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let t = task(wid);
-  let row = t.row0 + lid;  // key row
-  let live = row < p.m;
+// dK/dV accumulators of one key row over query rows [q_begin, q_end) (before the final scale of dK).
+struct DkvSums {
+  dk: array<f32, D>,
+  dv: array<f32, D>,
+}
+
+fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32) -> DkvSums {
   var kr: array<f32, D>;
   var vr: array<f32, D>;
-  var dka: array<f32, D>;
-  var dva: array<f32, D>;
+  var acc: DkvSums;
   if (live) {
     let kb = k_base(t.b, t.h, row);
     for (var d = 0u; d < D; d++) {
       kr[d] = f32(k[kb + d]) * p.scale;
       vr[d] = f32(v[kb + d]);
-      dka[d] = 0.0;
-      dva[d] = 0.0;
+      acc.dk[d] = 0.0;
+      acc.dv[d] = 0.0;
     }
   }
-  for (var qt = 0u; qt < p.n; qt += BC) {
+  for (var qt = q_begin; qt < q_end; qt += BC) {
     stage_q(t.b, t.h, qt, lid);
     workgroupBarrier();
     if (live) {
-      let rows = min(BC, p.n - qt);
+      let rows = min(BC, q_end - qt);
       for (var i = 0u; i < rows; i++) {
         var si = 0.0;
         var dpi = 0.0;
@@ -230,18 +238,65 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         let pij = exp(si - tile_r[2u * i]);
         let ds = pij * (dpi - tile_r[2u * i + 1u]);
         for (var d = 0u; d < D; d++) {
-          dva[d] += pij * tile_b[i * D + d];
-          dka[d] += ds * tile_a[i * D + d];
+          acc.dv[d] += pij * tile_b[i * D + d];
+          acc.dk[d] += ds * tile_a[i * D + d];
         }
       }
     }
     workgroupBarrier();
   }
-  if (live) {
-    let kb = k_base(t.b, t.h, row);
-    for (var d = 0u; d < D; d++) {
-      dk[kb + d] = T(dka[d] * p.scale);
-      dv[kb + d] = T(dva[d]);
-    }
+  return acc;
+}
+
+// One invocation per key row over all query rows; writes dK, dV in T.
+@compute @workgroup_size(BR)
+fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let t = task(wid);
+  let row = t.row0 + lid;
+  let live = row < p.m;
+  let acc = dkv_sums(t, row, live, lid, 0u, p.n);
+  if (!live) { return; }
+  let kb = k_base(t.b, t.h, row);
+  for (var d = 0u; d < D; d++) {
+    dk[kb + d] = T(acc.dk[d] * p.scale);
+    dv[kb + d] = T(acc.dv[d]);
   }
+}
+
+// Few keys: split z of the query rows writes f32 partials, summed by attn_bwd_dkv_reduce.
+@compute @workgroup_size(BR)
+fn attn_bwd_dkv_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let t = task(wid);
+  let row = t.row0 + lid;
+  let live = row < p.m;
+  let q_begin = wid.z * p.q_split;
+  let acc = dkv_sums(t, row, live, lid, q_begin, min(p.n, q_begin + p.q_split));
+  if (!live) { return; }
+  let base = ((wid.z * nwg.y + wid.y) * p.m + row) * D;
+  for (var d = 0u; d < D; d++) {
+    dk_part[base + d] = acc.dk[d] * p.scale;
+    dv_part[base + d] = acc.dv[d];
+  }
+}
+
+// Sums the split partials: one invocation per (b, h, key, d); splits = num query splits.
+@compute @workgroup_size(BR)
+fn attn_bwd_dkv_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let per_split = nwg.y * p.m * D;   // nwg.y = B * heads
+  let i = gid.x;
+  if (i >= p.m * D) { return; }
+  let bh = gid.y;
+  let row = i / D;
+  let d = i % D;
+  var sk = 0.0;
+  var sv = 0.0;
+  let splits = (p.n + p.q_split - 1u) / p.q_split;
+  for (var sp = 0u; sp < splits; sp++) {
+    let idx = sp * per_split + bh * p.m * D + i;
+    sk += dk_part_in[idx];
+    sv += dv_part_in[idx];
+  }
+  let kb = k_base(bh / p.heads, bh % p.heads, row) + d;
+  dk[kb] = T(sk);
+  dv[kb] = T(sv);
 }

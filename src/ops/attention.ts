@@ -61,10 +61,23 @@ function uniforms(d: Dims): Uniforms {
   void B;
   const [qsb, qsh, qsn] = d.layout === 'bhnd' ? [H * N * D, N * D, D] : [N * H * D, D, H * D];
   const [ksb, ksh, ksn] = d.layout === 'bhnd' ? [H * M * D, M * D, D] : [M * H * D, D, H * D];
-  return new Uniforms().u32(H, N, M).f32(d.scale).u32(qsb, qsh, qsn, ksb, ksh, ksn);
+  return new Uniforms().u32(H, N, M).f32(d.scale).u32(qsb, qsh, qsn, ksb, ksh, ksn, querySplit(d));
 }
 
-function run(gpu: Gpu, op: string, entry: string, d: Dims, dtype: Tensor['dtype'], rows: number, bindings: (Tensor | null)[]): void {
+/**
+ * Query rows per split of the dK/dV kernel. With few keys (cross-attention to 77 tokens) one
+ * workgroup per 64 keys leaves the GPU idle, so the query rows are split and partial sums reduced;
+ * with many keys (self-attention) there is one split.
+ */
+function querySplit(d: Dims): number {
+  const workgroups = Math.ceil(d.M / BR) * d.B * d.H;
+  const want = Math.ceil(256 / workgroups);
+  const bc = tileRows(d.D);
+  const splits = Math.max(1, Math.min(want, Math.ceil(d.N / (4 * bc))));
+  return Math.ceil(Math.ceil(d.N / splits) / bc) * bc;
+}
+
+function run(gpu: Gpu, op: string, entry: string, d: Dims, dtype: Tensor['dtype'], rows: number, bindings: (Tensor | null)[], splits = 1): void {
   for (const t of bindings)
     if (t && !gpu.fitsBinding(t)) throw new ShapeError(op, `${t} is larger than one storage binding (${gpu.maxBinding} bytes); split the batch`);
   gpu.dispatch({
@@ -73,7 +86,7 @@ function run(gpu: Gpu, op: string, entry: string, d: Dims, dtype: Tensor['dtype'
     defs: { T: dtype, D: d.D, BR, BC: tileRows(d.D) },
     uniforms: uniforms(d),
     bindings,
-    workgroups: [Math.ceil(rows / BR), d.B * d.H],
+    workgroups: [Math.ceil(rows / BR), d.B * d.H, splits],
   });
 }
 
@@ -112,7 +125,25 @@ export function flashAttentionBackward(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor
   const dk = gpu.tensor(k.shape, k.dtype, 'gradients', 'attention.dk');
   const dv = gpu.tensor(v.shape, v.dtype, 'gradients', 'attention.dv');
   run(gpu, op, 'attn_bwd_dq', d, q.dtype, d.N, [q, k, v, null, null, null, dout, lse, null, delta, dq]);
-  run(gpu, op, 'attn_bwd_dkv', d, q.dtype, d.M, [q, k, v, null, null, null, dout, lse, null, delta, null, dk, dv]);
+  const splits = Math.ceil(d.N / querySplit(d));
+  if (splits === 1) run(gpu, op, 'attn_bwd_dkv', d, q.dtype, d.M, [q, k, v, null, null, null, dout, lse, null, delta, null, dk, dv]);
+  else {
+    const part = [splits * d.B * d.H * d.M * d.D];
+    const dkPart = gpu.tensor(part, 'f32', 'scratch', 'attention.dk-partials');
+    const dvPart = gpu.tensor(part, 'f32', 'scratch', 'attention.dv-partials');
+    run(gpu, op, 'attn_bwd_dkv_split', d, q.dtype, d.M, [q, k, v, null, null, null, dout, lse, null, delta, null, null, null, dkPart, dvPart], splits);
+    const bound = [null, null, null, null, null, null, null, null, null, null, null, dk, dv, null, null, dkPart, dvPart];
+    for (const t of bound) if (t && !gpu.fitsBinding(t)) throw new ShapeError(op, `${t} is larger than one storage binding`);
+    gpu.dispatch({
+      shader: 'attention',
+      entry: 'attn_bwd_dkv_reduce',
+      defs: { T: q.dtype, D: d.D, BR, BC: tileRows(d.D) },
+      uniforms: uniforms(d),
+      bindings: bound,
+      workgroups: [Math.ceil((d.M * d.D) / BR), d.B * d.H],
+    });
+    gpu.free(dkPart, dvPart);
+  }
   gpu.free(delta);
   return { dq, dk, dv };
 }
