@@ -171,6 +171,11 @@ export function summarise(ms: Measurement[], gpuTimes = false): Record<string, n
     if (ours && peers.length) {
       const best = peers.reduce((a, b) => (time(a) < time(b) ? a : b));
       s[`${id}: fastest peer (${best.impl}) time / ours (target >= 1.5)`] = time(best) / time(ours);
+      const same = peers.filter((m) => m.dtype === ours.dtype);
+      if (same.length && !same.includes(best)) {
+        const b = same.reduce((x, y) => (time(x) < time(y) ? x : y));
+        s[`${id}: fastest ${ours.dtype} peer (${b.impl}) time / ours`] = time(b) / time(ours);
+      }
     }
   }
   return s;
