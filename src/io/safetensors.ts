@@ -4,6 +4,7 @@
 // the header as strictly as the streamed reader that loads real checkpoints.
 
 import { f16BitsToF32, toF16Bits } from '../gpu/half.ts';
+import type { ByteSource } from './source.ts';
 
 export type StDType = 'F32' | 'F16' | 'BF16';
 const DTYPE_BYTES: Record<StDType, number> = { F32: 4, F16: 2, BF16: 2 };
@@ -127,4 +128,156 @@ export function writeSafetensors(
     p += b.length;
   }
   return out;
+}
+
+// ---- streamed reading and writing (multi-GB checkpoints) ------------------------------------------
+
+
+/** A PyTorch pickle checkpoint (.ckpt/.pt/.bin): a zip archive or a raw pickle stream. */
+function sniffPickle(head: Uint8Array): boolean {
+  const zip = head[0] === 0x50 && head[1] === 0x4b && head[2] === 0x03 && head[3] === 0x04;
+  const pickle = head[0] === 0x80 && head[1] >= 2 && head[1] <= 5;
+  return zip || pickle;
+}
+
+/** A safetensors file read lazily from a ByteSource: the header at open, tensors on demand. */
+export class SafetensorsFile {
+  private constructor(
+    readonly source: ByteSource,
+    readonly header: StHeader,
+  ) {}
+
+  static async open(source: ByteSource): Promise<SafetensorsFile> {
+    if (source.size < 8) throw new SafetensorsError(`${source.name}: not a safetensors file (${source.size} bytes, shorter than the 8-byte header length)`);
+    const head = await source.read(0, Math.min(source.size, 16));
+    if (sniffPickle(head))
+      throw new SafetensorsError(
+        `${source.name}: this is a PyTorch pickle checkpoint (.ckpt/.pt/.bin). Pickles can run code when loaded, so they are never opened here: convert it to .safetensors first (for example with the diffusers or safetensors "convert" scripts).`,
+      );
+    const len = Number(new DataView(head.buffer, head.byteOffset, 8).getBigUint64(0, true));
+    if (len < 2 || len > MAX_HEADER) throw new SafetensorsError(`${source.name}: not a safetensors file (header length ${len} is out of bounds 2..${MAX_HEADER})`);
+    if (8 + len > source.size) throw new SafetensorsError(`${source.name}: truncated: the header says ${len} bytes but only ${source.size - 8} follow (an incomplete download?)`);
+    const prefix = await source.read(0, 8 + len);
+    if (prefix[8] !== 0x7b /* { */) throw new SafetensorsError(`${source.name}: not a safetensors file (the header is not a JSON object)`);
+    let header: StHeader;
+    try {
+      header = parseHeader(prefix, source.size);
+    } catch (e) {
+      const msg = (e as Error).message;
+      throw new SafetensorsError(/outside the .*data section/.test(msg) ? `${source.name}: truncated or corrupt: ${msg}` : `${source.name}: ${msg}`);
+    }
+    return new SafetensorsFile(source, header);
+  }
+
+  get names(): string[] {
+    return [...this.header.entries.keys()];
+  }
+
+  get metadata(): Record<string, string> {
+    return this.header.metadata;
+  }
+
+  entry(name: string): StEntry {
+    const e = this.header.entries.get(name);
+    if (!e) throw new SafetensorsError(`${this.source.name}: no tensor '${name}'`);
+    return e;
+  }
+
+  /** The tensor's raw little-endian bytes. */
+  async readRaw(name: string): Promise<Uint8Array> {
+    const e = this.entry(name);
+    return this.source.read(this.header.dataStart + e.begin, e.end - e.begin);
+  }
+
+  /** Rows [start, start + count) along dim 0, raw bytes (slices of huge tensors). */
+  async readRows(name: string, start: number, count: number): Promise<Uint8Array> {
+    const e = this.entry(name);
+    const rows = e.shape[0] ?? 1;
+    if (start < 0 || count < 0 || start + count > rows) throw new SafetensorsError(`${this.source.name}: rows [${start}, ${start + count}) of '${name}' ${JSON.stringify(e.shape)} are out of range`);
+    const rowBytes = (e.end - e.begin) / Math.max(1, rows);
+    return this.source.read(this.header.dataStart + e.begin + start * rowBytes, count * rowBytes);
+  }
+
+  /** The tensor decoded to f32. */
+  async read(name: string): Promise<NamedTensor> {
+    const e = this.entry(name);
+    return { shape: e.shape, data: decode(e, await this.readRaw(name)) };
+  }
+}
+
+/** Where a streamed writer puts its bytes. */
+export interface ByteSink {
+  write(chunk: Uint8Array): Promise<void>;
+  close(): Promise<void>;
+}
+
+/** A WHATWG WritableStream (e.g. the browser's FileSystemWritableFileStream) as a sink. */
+export function writableSink(stream: WritableStream<Uint8Array>): ByteSink {
+  const w = stream.getWriter();
+  return { write: (c) => w.write(c), close: () => w.close() };
+}
+
+export interface TensorSpec {
+  name: string;
+  dtype: 'F32' | 'F16';
+  shape: number[];
+}
+
+/**
+ * Writes a safetensors file tensor by tensor: the header (from the specs, in order) first, then each
+ * tensor's bytes as it is given. Never holds more than the tensor being written.
+ */
+export class SafetensorsWriter {
+  private next = 0;
+  private started = false;
+
+  constructor(
+    private readonly sink: ByteSink,
+    private readonly specs: TensorSpec[],
+    private readonly metadata: Record<string, string> = {},
+  ) {}
+
+  private headerBytes(): Uint8Array {
+    const header: Record<string, unknown> = {};
+    if (Object.keys(this.metadata).length) header.__metadata__ = this.metadata;
+    let offset = 0;
+    for (const s of this.specs) {
+      const bytes = s.shape.reduce((a, b) => a * b, 1) * DTYPE_BYTES[s.dtype];
+      header[s.name] = { dtype: s.dtype, shape: s.shape, data_offsets: [offset, offset + bytes] };
+      offset += bytes;
+    }
+    let json = JSON.stringify(header);
+    while ((8 + json.length) % 8) json += ' ';
+    const jsonBytes = new TextEncoder().encode(json);
+    const out = new Uint8Array(8 + jsonBytes.length);
+    new DataView(out.buffer).setBigUint64(0, BigInt(jsonBytes.length), true);
+    out.set(jsonBytes, 8);
+    return out;
+  }
+
+  /** Writes the next tensor (in spec order): f32 values (converted to F16 where the spec says) or raw bytes. */
+  async write(name: string, data: Float32Array | Uint8Array): Promise<void> {
+    const spec = this.specs[this.next];
+    if (!spec || spec.name !== name) throw new SafetensorsError(`writer expected tensor '${spec?.name ?? '(none: all written)'}', got '${name}'`);
+    if (!this.started) {
+      await this.sink.write(this.headerBytes());
+      this.started = true;
+    }
+    const n = spec.shape.reduce((a, b) => a * b, 1);
+    let bytes: Uint8Array;
+    if (data instanceof Uint8Array) bytes = data;
+    else {
+      if (data.length !== n) throw new SafetensorsError(`tensor '${name}': ${data.length} values for shape [${spec.shape}]`);
+      bytes = spec.dtype === 'F16' ? new Uint8Array(toF16Bits(data).buffer) : new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+    }
+    if (bytes.length !== n * DTYPE_BYTES[spec.dtype]) throw new SafetensorsError(`tensor '${name}': ${bytes.length} bytes for ${spec.dtype} [${spec.shape}]`);
+    await this.sink.write(bytes);
+    this.next++;
+  }
+
+  async finish(): Promise<void> {
+    if (this.next !== this.specs.length) throw new SafetensorsError(`writer finished after ${this.next} of ${this.specs.length} tensors`);
+    if (!this.started) await this.sink.write(this.headerBytes());
+    await this.sink.close();
+  }
 }
