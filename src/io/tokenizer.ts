@@ -1,0 +1,101 @@
+// CLIP tokenizer for Stable Diffusion prompts, on @huggingface/tokenizers. A model folder gives
+// either tokenizer.json (used as is) or CLIPTokenizer's vocab.json + merges.txt, from which we build
+// the equivalent tokenizer.json: NFC, whitespace runs -> one space, lowercase; CLIP's split regex;
+// byte-level BPE with the "</w>" end-of-word suffix; <|startoftext|> ... <|endoftext|> around the ids.
+// SD feeds the text encoder exactly 77 ids: bos, up to 75 prompt ids (truncated), eos, then padding
+// (eos for SD1's CLIPTokenizer, "!" = id 0 for SD2's OpenCLIP tokenizer config).
+import { Tokenizer } from '@huggingface/tokenizers';
+
+export const CLIP_MAX_LENGTH = 77;
+const BOS = '<|startoftext|>';
+const EOS = '<|endoftext|>';
+
+export interface ClipTokenizerFiles {
+  /** tokenizer.json, when the folder has one. */
+  tokenizerJson?: Record<string, unknown>;
+  /** vocab.json (token -> id). */
+  vocab?: Record<string, number>;
+  /** merges.txt contents (first line "#version..." allowed). */
+  merges?: string;
+  /** tokenizer_config.json / special_tokens_map.json (pad_token, model_max_length). */
+  config?: Record<string, unknown>;
+}
+
+export class TokenizerError extends Error {
+  override name = 'TokenizerError';
+}
+
+/** tokenizer.json equivalent to HF's CLIPTokenizerFast for a CLIP vocab and merges. */
+export function clipTokenizerJson(vocab: Record<string, number>, merges: string[]): Record<string, unknown> {
+  const special = (content: string) => ({ id: vocab[content], content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true });
+  for (const t of [BOS, EOS]) if (vocab[t] === undefined) throw new TokenizerError(`vocab.json has no ${t} token: not a CLIP tokenizer`);
+  return {
+    version: '1.0',
+    added_tokens: [special(BOS), special(EOS)],
+    normalizer: {
+      type: 'Sequence',
+      normalizers: [{ type: 'NFC' }, { type: 'Replace', pattern: { Regex: '\\s+' }, content: ' ' }, { type: 'Lowercase' }],
+    },
+    pre_tokenizer: {
+      type: 'Sequence',
+      pretokenizers: [
+        {
+          type: 'Split',
+          pattern: { Regex: "<\\|startoftext\\|>|<\\|endoftext\\|>|'s|'t|'re|'ve|'m|'ll|'d|[\\p{L}]+|[\\p{N}]|[^\\s\\p{L}\\p{N}]+" },
+          behavior: 'Removed',
+          invert: true,
+        },
+        { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: false },
+      ],
+    },
+    post_processor: { type: 'RobertaProcessing', sep: [EOS, vocab[EOS]], cls: [BOS, vocab[BOS]], trim_offsets: false, add_prefix_space: false },
+    decoder: { type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: true },
+    model: { type: 'BPE', dropout: null, unk_token: EOS, continuing_subword_prefix: '', end_of_word_suffix: '</w>', fuse_unk: false, vocab, merges },
+  };
+}
+
+export class ClipTokenizer {
+  private constructor(
+    private readonly tok: Tokenizer,
+    readonly bosId: number,
+    readonly eosId: number,
+    readonly padId: number,
+  ) {}
+
+  static fromFiles(files: ClipTokenizerFiles): ClipTokenizer {
+    let json = files.tokenizerJson;
+    if (!json) {
+      if (!files.vocab || files.merges === undefined) throw new TokenizerError('the tokenizer needs tokenizer.json, or vocab.json and merges.txt');
+      const merges = files.merges.split('\n').filter((l) => l.length > 0 && !l.startsWith('#version'));
+      json = clipTokenizerJson(files.vocab, merges);
+    }
+    const tok = new Tokenizer(json, files.config ?? {});
+    const id = (t: string) => {
+      const v = tok.token_to_id(t);
+      if (v === undefined) throw new TokenizerError(`tokenizer has no ${t} token: not a CLIP tokenizer`);
+      return v;
+    };
+    const pad = files.config?.pad_token;
+    const padToken = typeof pad === 'string' ? pad : typeof pad === 'object' && pad && 'content' in pad ? String((pad as { content: unknown }).content) : EOS;
+    return new ClipTokenizer(tok, id(BOS), id(EOS), id(padToken));
+  }
+
+  /** Prompt ids without bos/eos. */
+  encode(text: string): number[] {
+    return this.tok.encode(text, { add_special_tokens: false }).ids;
+  }
+
+  /** SD's text-encoder input: bos, ids truncated to 75, eos, padding to 77. */
+  encodePadded(text: string, maxLength = CLIP_MAX_LENGTH): Int32Array {
+    const ids = this.encode(text).slice(0, maxLength - 2);
+    const out = new Int32Array(maxLength).fill(this.padId);
+    out[0] = this.bosId;
+    out.set(ids, 1);
+    out[ids.length + 1] = this.eosId;
+    return out;
+  }
+
+  decode(ids: number[]): string {
+    return this.tok.decode(ids, { skip_special_tokens: true });
+  }
+}
