@@ -1,0 +1,45 @@
+// Command line on the same engine (Node + Dawn): `npm run cli -- <command> ...`.
+//   inspect <model.safetensors | diffusers folder> [--config scheduler_config.json]
+import { existsSync, readFileSync, statSync } from 'node:fs';
+import { join, basename } from 'node:path';
+import { NodeFileSource } from '../io/source-node.ts';
+import { inspectDiffusers, inspectSingleFile, type FolderReader } from '../models/inspect.ts';
+
+function folder(dir: string): FolderReader {
+  return {
+    name: basename(dir),
+    exists: async (p) => existsSync(join(dir, p)),
+    readJson: async (p) => JSON.parse(readFileSync(join(dir, p), 'utf8')),
+    open: (p) => NodeFileSource.open(join(dir, p)),
+  };
+}
+
+async function inspect(args: string[]): Promise<void> {
+  const path = args[0];
+  if (!path) throw new Error('usage: inspect <model.safetensors | diffusers folder> [--config config.json]');
+  if (!existsSync(path)) throw new Error(`${path}: no such file or folder`);
+  const cfgPath = args.includes('--config') ? args[args.indexOf('--config') + 1] : undefined;
+  const config = cfgPath ? JSON.parse(readFileSync(cfgPath, 'utf8')) : undefined;
+  let r;
+  if (statSync(path).isDirectory()) r = await inspectDiffusers(folder(path));
+  else {
+    const src = await NodeFileSource.open(path);
+    try {
+      r = await inspectSingleFile(src, config);
+    } finally {
+      await src.close();
+    }
+  }
+  const parameters = Object.fromEntries(Object.entries(r.components).map(([k, v]) => [k, v.parameters]));
+  console.log(JSON.stringify({ architecture: r.family, predictionType: r.prediction, predictionSource: r.predictionSource, layout: r.layout, contextDim: r.contextDim, tensorCount: r.tensorCount, parameters, ignored: r.ignored, files: r.files }, null, 2));
+}
+
+const [command, ...rest] = process.argv.slice(2);
+const commands: Record<string, (a: string[]) => Promise<void>> = { inspect };
+try {
+  if (!command || !commands[command]) throw new Error(`usage: npm run cli -- <${Object.keys(commands).join('|')}> ...`);
+  await commands[command](rest);
+} catch (e) {
+  console.error(`error: ${(e as Error).message}`);
+  process.exitCode = 1;
+}
