@@ -11,7 +11,8 @@
 //   dK_j = scale sum_i dS_ij q_i,  dV_j = sum_i P_ij dO_i
 //                                     (attn_bwd_dkv: one invocation per key row, loops over query tiles)
 // so no atomics are needed. Specialised by T (storage), D (head dim), BR (rows per workgroup =
-// invocations) and BC (tile rows staged in workgroup memory, as f32).
+// invocations), BC (tile rows staged in workgroup memory, as f32) and CAUSAL (query i attends to keys
+// j <= i only; self-attention).
 //
 // Layouts are given by strides: element (b, h, row, d) of a tensor lives at
 // b*s_b + h*s_h + row*s_row + d, which covers [B,H,N,D] and [B,N,H,D] alike.
@@ -60,6 +61,15 @@ fn task(wid: vec3<u32>) -> Task {
   return Task(wid.y / p.heads, wid.y % p.heads, wid.x * BR);
 }
 
+// Keys of the tile starting at kt that query `row` attends to: all of them, or with CAUSAL (a
+// decoder-style mask, CLIP's text encoder) only keys kt + j <= row.
+fn visible_keys(row: u32, kt: u32) -> u32 {
+  let cols = min(BC, p.m - kt);
+  if (!CAUSAL) { return cols; }
+  if (row < kt) { return 0u; }
+  return min(cols, row + 1u - kt);
+}
+
 // Stages key rows [r0, r0+BC) of k into tile_a and of v into tile_b (zeros past m).
 fn stage_kv(b: u32, h: u32, r0: u32, lid: u32) {
   for (var e = lid; e < BC * D; e += BR) {
@@ -95,7 +105,7 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     stage_kv(t.b, t.h, kt, lid);
     workgroupBarrier();
     if (live) {
-      let cols = min(BC, p.m - kt);
+      let cols = visible_keys(row, kt);
       var m_tile = m_run;
       for (var j = 0u; j < cols; j++) {
         var acc = 0.0;
@@ -156,7 +166,7 @@ fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     stage_kv(t.b, t.h, kt, lid);
     workgroupBarrier();
     if (live) {
-      let cols = min(BC, p.m - kt);
+      let cols = visible_keys(row, kt);
       for (var j = 0u; j < cols; j++) {
         var sj = 0.0;
         var dpj = 0.0;
@@ -228,7 +238,10 @@ fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32) -
     workgroupBarrier();
     if (live) {
       let rows = min(BC, q_end - qt);
-      for (var i = 0u; i < rows; i++) {
+      // Causal: query i sees key `row` only when qt + i >= row.
+      var first = 0u;
+      if (CAUSAL && row > qt) { first = row - qt; }
+      for (var i = first; i < rows; i++) {
         var si = 0.0;
         var dpi = 0.0;
         for (var d = 0u; d < D; d++) {

@@ -15,6 +15,8 @@ export interface AttentionOptions {
   scale?: number;
   /** 'bhnd': q [B,H,N,D], k/v [B,H,M,D] (default). 'bnhd': q [B,N,H,D], k/v [B,M,H,D]. */
   layout?: AttentionLayout;
+  /** Query i attends to keys j <= i only (CLIP's text encoder). Needs M = N. */
+  causal?: boolean;
 }
 
 /** Largest head dim: each invocation keeps a few D-vectors in registers. */
@@ -29,6 +31,7 @@ interface Dims {
   D: number;
   scale: number;
   layout: AttentionLayout;
+  causal: boolean;
 }
 
 function dims(op: string, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions): Dims {
@@ -45,7 +48,9 @@ function dims(op: string, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOption
   if (v.shape.some((d, i) => d !== k.shape[i])) throw new ShapeError(op, `v must have k's shape: ${all}`);
   if (D < 1 || D > MAX_HEAD_DIM) throw new ShapeError(op, `head dim ${D} is not supported (1..${MAX_HEAD_DIM}): ${all}`);
   if (N === 0 || M === 0) throw new ShapeError(op, `empty attention: ${all}`);
-  return { B, H, N, M, D, scale: opts.scale ?? 1 / Math.sqrt(D), layout };
+  const causal = opts.causal ?? false;
+  if (causal && M !== N) throw new ShapeError(op, `causal attention needs as many keys as queries: ${all}`);
+  return { B, H, N, M, D, scale: opts.scale ?? 1 / Math.sqrt(D), layout, causal };
 }
 
 /** Key/value rows staged per tile: as many as fit 16 KiB of workgroup memory (f32), power of two, <= 32. */
@@ -83,7 +88,7 @@ function run(gpu: Gpu, op: string, entry: string, d: Dims, dtype: Tensor['dtype'
   gpu.dispatch({
     shader: 'attention',
     entry,
-    defs: { T: dtype, D: d.D, BR, BC: tileRows(d.D) },
+    defs: { T: dtype, D: d.D, BR, BC: tileRows(d.D), CAUSAL: d.causal },
     uniforms: uniforms(d),
     bindings,
     workgroups: [Math.ceil(rows / BR), d.B * d.H, splits],
@@ -137,7 +142,7 @@ export function flashAttentionBackward(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor
     gpu.dispatch({
       shader: 'attention',
       entry: 'attn_bwd_dkv_reduce',
-      defs: { T: q.dtype, D: d.D, BR, BC: tileRows(d.D) },
+      defs: { T: q.dtype, D: d.D, BR, BC: tileRows(d.D), CAUSAL: d.causal },
       uniforms: uniforms(d),
       bindings: bound,
       workgroups: [Math.ceil((d.M * d.D) / BR), d.B * d.H],
@@ -159,6 +164,7 @@ export interface NaiveResult {
 function naiveDims(op: string, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions): Dims {
   const d = dims(op, q, k, v, opts);
   if (d.layout !== 'bhnd') throw new ShapeError(op, `naive attention takes layout 'bhnd' only, got '${d.layout}' for q ${fmtShape(q.shape)}`);
+  if (d.causal) throw new ShapeError(op, 'naive attention (the benchmark baseline) has no causal mask');
   return d;
 }
 
@@ -210,7 +216,7 @@ export interface AttentionRefResult {
 /** Forward and (given dout) backward of attention in float64, any layout. */
 export function attentionRef(
   q: ArrayLike<number>, k: ArrayLike<number>, v: ArrayLike<number>, dout: ArrayLike<number> | null,
-  s: { B: number; H: number; N: number; M: number; D: number; scale?: number; layout?: AttentionLayout },
+  s: { B: number; H: number; N: number; M: number; D: number; scale?: number; layout?: AttentionLayout; causal?: boolean },
 ): AttentionRefResult {
   const { B, H, N, M, D } = s;
   const scale = s.scale ?? 1 / Math.sqrt(D);
@@ -230,7 +236,7 @@ export function attentionRef(
         for (let m = 0; m < M; m++) {
           let acc = 0;
           for (let x = 0; x < D; x++) acc += q[qi(b, h, n) + x] * k[ki(b, h, m) + x];
-          p[m] = acc * scale;
+          p[m] = s.causal && m > n ? -Infinity : acc * scale;
           mx = Math.max(mx, p[m]);
         }
         let sum = 0;

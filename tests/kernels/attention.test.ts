@@ -19,5 +19,6 @@ describe('attention bad input', () => {
     assert.throws(() => flashAttention(gpu, z([1, 1, 4, 300]), z([1, 1, 4, 300]), z([1, 1, 4, 300])), shapeError('flashAttention', 'head dim 300 is not supported'));
     assert.throws(() => flashAttention(gpu, z([1, 1, 4, 40], 'f16'), z([1, 1, 4, 40]), z([1, 1, 4, 40])), shapeError('flashAttention', 'dtype', 'f16[1,1,4,40]'));
     assert.throws(() => naiveAttention(gpu, z([1, 4, 2, 40]), z([1, 4, 2, 40]), z([1, 4, 2, 40]), { layout: 'bnhd' }), shapeError('naiveAttention', "layout 'bhnd' only"));
+    assert.throws(() => flashAttention(gpu, z([1, 1, 4, 40]), z([1, 1, 5, 40]), z([1, 1, 5, 40]), { causal: true }), shapeError('flashAttention', 'causal attention needs as many keys as queries'));
   });
 });

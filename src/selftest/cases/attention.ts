@@ -24,6 +24,7 @@ interface GoldenAttn {
   M: number;
   D: number;
   layout: AttentionLayout;
+  causal?: boolean;
 }
 
 const GOLDEN: GoldenAttn[] = [
@@ -33,10 +34,11 @@ const GOLDEN: GoldenAttn[] = [
   { name: 'cross80', B: 1, H: 1, N: 21, M: 77, D: 80, layout: 'bnhd' },
   { name: 'self160', B: 1, H: 1, N: 33, M: 33, D: 160, layout: 'bhnd' },
   { name: 'cross160', B: 1, H: 1, N: 9, M: 77, D: 160, layout: 'bnhd' },
+  { name: 'causal64', B: 1, H: 2, N: 77, M: 77, D: 64, layout: 'bnhd', causal: true },
 ];
 
 function flashCase(c: GoldenAttn): KernelCase {
-  const kind = c.N === c.M ? 'self' : 'cross';
+  const kind = c.causal ? 'causal self' : c.N === c.M ? 'self' : 'cross';
   return {
     family: 'attention',
     name: `flash ${kind} B${c.B} H${c.H} N${c.N} M${c.M} D${c.D} ${c.layout}: out, lse, dq, dk, dv (golden)`,
@@ -45,7 +47,7 @@ function flashCase(c: GoldenAttn): KernelCase {
       const [q, k, v, dout] = ['q', 'k', 'v', 'dout'].map(g);
       const up = (t: typeof q) => gpu.upload(t.data, t.shape, dtype);
       const [tq, tk, tv, tdo] = [q, k, v, dout].map(up);
-      const opts = { layout: c.layout };
+      const opts = { layout: c.layout, causal: c.causal };
       const f = flashAttention(gpu, tq, tk, tv, opts);
       const gr = flashAttentionBackward(gpu, tq, tk, tv, f.out, f.lse, tdo, opts);
       const ref = attentionRef(q.data, k.data, v.data, dout.data, { ...c });
