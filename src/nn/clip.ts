@@ -1,0 +1,79 @@
+// CLIP text encoder (the text half of CLIP ViT-L for SD1, OpenCLIP ViT-H for SD2) on the engine,
+// forward: token + position embeddings, `layers` pre-LayerNorm transformer blocks with causal
+// self-attention and a quick-GELU (SD1) or GELU (SD2) MLP, then the final LayerNorm. Weights are
+// looked up by diffusers' CLIPTextModel names. SD2 uses the penultimate block of OpenCLIP's 24: its
+// diffusers config has 23 layers, and a single-file loader drops the 24th.
+import type { Gpu } from '../gpu/device.ts';
+import { ShapeError } from '../gpu/errors.ts';
+import type { Tensor } from '../gpu/tensor.ts';
+import { flashAttention } from '../ops/attention.ts';
+import { activation, add } from '../ops/elementwise.ts';
+import { embedding } from '../ops/embedding.ts';
+import { linear } from '../ops/matmul.ts';
+import { layerNorm } from '../ops/norm.ts';
+
+export interface ClipTextConfig {
+  vocabSize: number;
+  hiddenSize: number;
+  layers: number;
+  heads: number;
+  intermediateSize: number;
+  maxPositions: number;
+  act: 'quick_gelu' | 'gelu';
+  eps: number;
+}
+
+/** From a diffusers/transformers text_encoder/config.json. */
+export function clipConfigFromJson(j: Record<string, unknown>): ClipTextConfig {
+  const num = (k: string) => {
+    const v = j[k];
+    if (typeof v !== 'number') throw new ShapeError('clipConfig', `config.json has no numeric ${k}`);
+    return v;
+  };
+  const act = j.hidden_act === 'gelu' ? 'gelu' : 'quick_gelu';
+  return {
+    vocabSize: num('vocab_size'),
+    hiddenSize: num('hidden_size'),
+    layers: num('num_hidden_layers'),
+    heads: num('num_attention_heads'),
+    intermediateSize: num('intermediate_size'),
+    maxPositions: num('max_position_embeddings'),
+    act,
+    eps: typeof j.layer_norm_eps === 'number' ? j.layer_norm_eps : 1e-5,
+  };
+}
+
+export type Weights = Map<string, Tensor>;
+
+function w(weights: Weights, name: string): Tensor {
+  const t = weights.get(name);
+  if (!t) throw new ShapeError('clipTextEncoder', `missing tensor ${name}`);
+  return t;
+}
+
+/** last_hidden_state [B, L, hidden] for token ids [B * L] (L <= maxPositions, usually 77). */
+export function clipTextForward(gpu: Gpu, cfg: ClipTextConfig, weights: Weights, ids: ArrayLike<number>, batch: number): Tensor {
+  const p = 'text_model.';
+  let x = embedding(gpu, ids, batch, w(weights, `${p}embeddings.token_embedding.weight`), w(weights, `${p}embeddings.position_embedding.weight`));
+  const L = ids.length / batch;
+  const headDim = cfg.hiddenSize / cfg.heads;
+  for (let l = 0; l < cfg.layers; l++) {
+    const b = `${p}encoder.layers.${l}.`;
+    const ln1 = layerNorm(gpu, x, w(weights, `${b}layer_norm1.weight`), w(weights, `${b}layer_norm1.bias`), cfg.eps);
+    const proj = (n: string) => linear(gpu, ln1.y, w(weights, `${b}self_attn.${n}.weight`), w(weights, `${b}self_attn.${n}.bias`)).reshape([batch, L, cfg.heads, headDim]);
+    const [q, k, v] = [proj('q_proj'), proj('k_proj'), proj('v_proj')];
+    const att = flashAttention(gpu, q, k, v, { layout: 'bnhd', causal: true });
+    const o = linear(gpu, att.out.reshape([batch, L, cfg.hiddenSize]), w(weights, `${b}self_attn.out_proj.weight`), w(weights, `${b}self_attn.out_proj.bias`));
+    const x1 = add(gpu, x, o);
+    gpu.free(ln1.y, ln1.mean, ln1.rstd, q, k, v, att.out, att.lse, o, x);
+    const ln2 = layerNorm(gpu, x1, w(weights, `${b}layer_norm2.weight`), w(weights, `${b}layer_norm2.bias`), cfg.eps);
+    const h = linear(gpu, ln2.y, w(weights, `${b}mlp.fc1.weight`), w(weights, `${b}mlp.fc1.bias`));
+    const a = activation(gpu, cfg.act === 'gelu' ? 'gelu' : 'quickGelu', h);
+    const f = linear(gpu, a, w(weights, `${b}mlp.fc2.weight`), w(weights, `${b}mlp.fc2.bias`));
+    x = add(gpu, x1, f);
+    gpu.free(ln2.y, ln2.mean, ln2.rstd, h, a, f, x1);
+  }
+  const out = layerNorm(gpu, x, w(weights, `${p}final_layer_norm.weight`), w(weights, `${p}final_layer_norm.bias`), cfg.eps);
+  gpu.free(x, out.mean, out.rstd);
+  return out.y;
+}

@@ -1,0 +1,41 @@
+// Token + position embeddings (CLIP's text embeddings), forward; plain-TS reference beside it.
+import { Uniforms, type Gpu } from '../gpu/device.ts';
+import { fmtShape, ShapeError } from '../gpu/errors.ts';
+import { expectSameDType, Tensor } from '../gpu/tensor.ts';
+
+const WG = 256;
+
+/** out [B, L, D] = table[ids] + pos[0..L). ids: B*L token ids; table [V, D]; pos [P >= L, D]. */
+export function embedding(gpu: Gpu, ids: ArrayLike<number>, batch: number, table: Tensor, pos: Tensor): Tensor {
+  const op = 'embedding';
+  expectSameDType(op, table, pos);
+  if (table.shape.length !== 2 || pos.shape.length !== 2 || pos.shape[1] !== table.shape[1])
+    throw new ShapeError(op, `table [V,D] and pos [P,D] must share D: table ${fmtShape(table.shape)}, pos ${fmtShape(pos.shape)}`);
+  const [vocab, dim] = table.shape;
+  if (ids.length % batch !== 0) throw new ShapeError(op, `${ids.length} ids do not split into ${batch} sequences`);
+  const len = ids.length / batch;
+  if (len > pos.shape[0]) throw new ShapeError(op, `${len} tokens per sequence but only ${pos.shape[0]} positions`);
+  for (let i = 0; i < ids.length; i++)
+    if (!Number.isInteger(ids[i]) || ids[i] < 0 || ids[i] >= vocab) throw new ShapeError(op, `token id ${ids[i]} at ${i} is outside the vocabulary of ${vocab}`);
+  const idBuf = gpu.tensor([ids.length], 'f32', 'scratch', 'embedding.ids'); // 4-byte slots holding u32 ids
+  gpu.device.queue.writeBuffer(idBuf.buffer, idBuf.byteOffset, Uint32Array.from(ids));
+  const out = gpu.tensor([batch, len, dim], table.dtype, 'activations', 'embedding');
+  const n = out.numel;
+  gpu.dispatch({
+    shader: 'embedding',
+    entry: 'embed',
+    defs: { T: table.dtype, WG },
+    uniforms: new Uniforms().u32(n, dim, len, vocab),
+    bindings: [idBuf, table, pos, out],
+    workgroups: gpu.grid(Math.ceil(n / WG)),
+  });
+  gpu.free(idBuf);
+  return out;
+}
+
+export function embeddingRef(ids: ArrayLike<number>, batch: number, table: ArrayLike<number>, dim: number, pos: ArrayLike<number>): Float32Array {
+  const len = ids.length / batch;
+  const out = new Float32Array(ids.length * dim);
+  for (let bt = 0; bt < ids.length; bt++) for (let d = 0; d < dim; d++) out[bt * dim + d] = table[ids[bt] * dim + d] + pos[(bt % len) * dim + d];
+  return out;
+}
