@@ -220,3 +220,42 @@ fn timestep_embedding(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
   let arg = raw - 6.283185307179586 * round(raw / 6.283185307179586);
   out[i] = T(select(sin(arg), cos(arg), j < half));
 }
+
+// Zero padding of NCHW planes: out [P, OH, OW] from x [P, H, W] with the interior at (top, left).
+// The pad entries take their own uniform struct at binding 0 (WGSL allows this: no entry point uses both).
+struct PadParams {
+  n: u32,      // elements walked: output (pad2d) or input (pad2d_crop)
+  h: u32,
+  w: u32,
+  oh: u32,
+  ow: u32,
+  top: u32,
+  left: u32,
+}
+
+@group(0) @binding(0) var<uniform> pp: PadParams;
+
+@compute @workgroup_size(WG)
+fn pad2d(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= pp.n) { return; }
+  let plane = i / (pp.ow * pp.oh);
+  let oy = (i / pp.ow) % pp.oh;
+  let ox = i % pp.ow;
+  var v = 0.0;
+  if (oy >= pp.top && oy < pp.top + pp.h && ox >= pp.left && ox < pp.left + pp.w) {
+    v = f32(x[(plane * pp.h + oy - pp.top) * pp.w + ox - pp.left]);
+  }
+  out[i] = T(v);
+}
+
+// Backward of pad2d: dx [P, H, W] = the interior of dout (bound as x).
+@compute @workgroup_size(WG)
+fn pad2d_crop(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= pp.n) { return; }
+  let plane = i / (pp.w * pp.h);
+  let y = (i / pp.w) % pp.h;
+  let xx = i % pp.w;
+  out[i] = x[(plane * pp.oh + y + pp.top) * pp.ow + xx + pp.left];
+}

@@ -290,6 +290,47 @@ export function upsample2xBackwardRef(dout: ArrayLike<number>, shape: readonly n
   return dx;
 }
 
+// ---- zero padding ---------------------------------------------------------------------------------
+
+export interface Pad2d {
+  top: number;
+  bottom: number;
+  left: number;
+  right: number;
+}
+
+function padUniforms(n: number, h: number, w: number, pad: Pad2d): Uniforms {
+  return new Uniforms().u32(n, h, w, h + pad.top + pad.bottom, w + pad.left + pad.right, pad.top, pad.left);
+}
+
+/** Zero-pads the H and W of x [N, C, H, W] (e.g. (0, 1, 0, 1) before the VAE's stride-2 conv). */
+export function pad2d(gpu: Gpu, x: Tensor, pad: Pad2d): Tensor {
+  if (x.shape.length !== 4) throw new ShapeError('pad2d', `x must be [N,C,H,W], got ${fmtShape(x.shape)}`);
+  const [n, c, h, w] = x.shape;
+  const o = gpu.tensor([n, c, h + pad.top + pad.bottom, w + pad.left + pad.right], x.dtype, 'activations', 'pad2d');
+  wholeDispatch(gpu, 'pad2d', 'pad2d', { T: x.dtype }, o.numel, [x, null, o], padUniforms(o.numel, h, w, pad));
+  return o;
+}
+
+/** Backward of pad2d: dx = the interior of dout. */
+export function pad2dBackward(gpu: Gpu, x: Tensor, dout: Tensor, pad: Pad2d): Tensor {
+  const [n, c, h, w] = x.shape;
+  const want = [n, c, h + pad.top + pad.bottom, w + pad.left + pad.right];
+  if (dout.shape.length !== 4 || dout.shape.some((d, i) => d !== want[i])) throw new ShapeError('pad2dBackward', `dout must be ${fmtShape(want)}, got ${fmtShape(dout.shape)}`);
+  const dx = gpu.tensor(x.shape, x.dtype, 'gradients', 'pad2d.dx');
+  wholeDispatch(gpu, 'pad2dBackward', 'pad2d_crop', { T: x.dtype }, dx.numel, [dout, null, dx], padUniforms(dx.numel, h, w, pad));
+  return dx;
+}
+
+export function pad2dRef(x: ArrayLike<number>, shape: readonly number[], pad: Pad2d): Float32Array {
+  const [n, c, h, w] = shape;
+  const oh = h + pad.top + pad.bottom;
+  const ow = w + pad.left + pad.right;
+  const out = new Float32Array(n * c * oh * ow);
+  for (let p = 0; p < n * c; p++) for (let y = 0; y < h; y++) for (let xx = 0; xx < w; xx++) out[(p * oh + y + pad.top) * ow + xx + pad.left] = x[(p * h + y) * w + xx];
+  return out;
+}
+
 // ---- timestep embedding -----------------------------------------------------------------------------
 
 /** Sinusoidal embedding of timesteps t [B] (f32) -> [B, dim] in `dtype` (SD UNet's time_proj). */

@@ -234,6 +234,24 @@ export const cases: KernelCase[] = [
   },
   {
     family: 'elementwise',
+    name: 'zero pad (0,1,0,1) and (2,1,3,0) of [2,3,5,4], and its backward (ts ref, exact)',
+    async run({ gpu, dtype }) {
+      const checks: Check[] = [];
+      const shape = [2, 3, 5, 4];
+      const x = rand(120, 31);
+      for (const pad of [{ top: 0, bottom: 1, left: 0, right: 1 }, { top: 2, bottom: 1, left: 3, right: 0 }]) {
+        const tx = gpu.upload(x, shape, dtype);
+        const y = pad2d(gpu, tx, pad);
+        const padded = pad2dRef(x, shape, pad);
+        const back = await gpu.read(pad2dBackward(gpu, tx, gpu.upload(padded, y.shape, dtype), pad));
+        const label = `${pad.top},${pad.bottom},${pad.left},${pad.right}`;
+        checks.push(compare(`pad ${label}`, await gpu.read(y), padded, { atol: 0, rtol: 0 }), compare(`crop ${label} = x`, back, x, { atol: 0, rtol: 0 }));
+      }
+      return checks;
+    },
+  },
+  {
+    family: 'elementwise',
     name: 'cast f32 -> f16 -> f32 rounds to nearest even',
     dtypes: ['f16'],
     async run({ gpu }) {
