@@ -5,6 +5,7 @@ import type { Gpu } from '../../gpu/device.ts';
 import { roundToF16 } from '../../gpu/half.ts';
 import type { DType, Tensor } from '../../gpu/tensor.ts';
 import {
+  pad2d, pad2dBackward, pad2dRef,
   activation, activationBackward, activationGradRef, activationRef, add, addChannel, addChannelBackward, addChannelBackwardRef,
   addChannelRef, addRef, cast, geglu, gegluBackward, gegluBackwardRef, gegluRef, mul, mulBackward, mulRef, timestepEmbedding,
   timestepEmbeddingRef, upsample2x, upsample2xBackward, upsample2xBackwardRef, upsample2xRef, type Activation,
