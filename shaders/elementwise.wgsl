@@ -63,6 +63,14 @@ fn add_channel(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
   out[i] = T(f32(x[i]) + f32(y[(p.offset + i) / p.inner]));
 }
 
+// out[i] = x[i % inner]: x repeated (a bias broadcast to one row per sample).
+@compute @workgroup_size(WG)
+fn repeat(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= p.n) { return; }
+  out[i] = x[i % p.inner];
+}
+
 var<workgroup> red: array<f32, WG>;
 
 // Backward of add_channel for the channel operand: out[nc] = sum over the plane nc of x (= dout).

@@ -102,6 +102,13 @@ export function cast(gpu: Gpu, x: Tensor, to: DType, tag = x.tag): Tensor {
   return o;
 }
 
+/** [times, ...x.shape]: x repeated `times` times. Its backward sums the copies (sumColumns). */
+export function repeat(gpu: Gpu, x: Tensor, times: number): Tensor {
+  const o = gpu.tensor([times, ...x.shape], x.dtype, 'activations', 'repeat');
+  wholeDispatch(gpu, 'repeat', 'repeat', { T: x.dtype }, o.numel, [x, null, o], new Uniforms().u32(o.numel).f32(1).u32(x.numel, 0));
+  return o;
+}
+
 // ---- per-channel broadcast add (time embedding into ResNet feature maps) ---------------------------
 
 function checkChannel(op: string, x: Tensor, t: Tensor): number {

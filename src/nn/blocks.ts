@@ -1,0 +1,97 @@
+// Building blocks shared by the VAE and the UNet, forward: the ResNet block and the single-head
+// channel-first spatial self-attention of the VAE's mid block. Weights by diffusers names.
+import type { Gpu } from '../gpu/device.ts';
+import { ShapeError } from '../gpu/errors.ts';
+import type { Tensor } from '../gpu/tensor.ts';
+import { conv2d } from '../ops/conv2d.ts';
+import { activation, add, addChannel, repeat, scale } from '../ops/elementwise.ts';
+import { matmul } from '../ops/matmul.ts';
+import { groupNorm } from '../ops/norm.ts';
+import { softmax } from '../ops/softmax.ts';
+
+export type Weights = Map<string, Tensor>;
+
+export function weight(weights: Weights, name: string): Tensor {
+  const t = weights.get(name);
+  if (!t) throw new ShapeError('weights', `missing tensor ${name}`);
+  return t;
+}
+
+/** GroupNorm then SiLU. */
+export function normSilu(gpu: Gpu, x: Tensor, weights: Weights, prefix: string, groups: number, eps: number): Tensor {
+  const n = groupNorm(gpu, x, weight(weights, `${prefix}.weight`), weight(weights, `${prefix}.bias`), groups, eps);
+  const y = activation(gpu, 'silu', n.y);
+  gpu.free(n.y, n.mean, n.rstd);
+  return y;
+}
+
+export function conv(gpu: Gpu, x: Tensor, weights: Weights, prefix: string, stride: 1 | 2 = 1): Tensor {
+  const w = weight(weights, `${prefix}.weight`);
+  return conv2d(gpu, x, w, weights.get(`${prefix}.bias`) ?? null, { stride, padding: w.shape[2] === 3 && stride === 1 ? 1 : 0 });
+}
+
+/**
+ * diffusers ResnetBlock2D: h = conv1(silu(norm1(x))) (+ time_emb_proj(silu(temb)) per channel),
+ * h = conv2(silu(norm2(h))), out = shortcut(x) + h (shortcut = 1x1 conv_shortcut when channels change).
+ * `tembProj` is the already projected [N, C_out] time embedding, or null (VAE).
+ */
+export function resnetForward(gpu: Gpu, x: Tensor, weights: Weights, prefix: string, groups: number, eps: number, tembProj: Tensor | null = null): Tensor {
+  const a = normSilu(gpu, x, weights, `${prefix}.norm1`, groups, eps);
+  let h = conv(gpu, a, weights, `${prefix}.conv1`);
+  gpu.free(a);
+  if (tembProj) {
+    const ht = addChannel(gpu, h, tembProj);
+    gpu.free(h);
+    h = ht;
+  }
+  const b = normSilu(gpu, h, weights, `${prefix}.norm2`, groups, eps);
+  gpu.free(h);
+  const h2 = conv(gpu, b, weights, `${prefix}.conv2`);
+  gpu.free(b);
+  const short = weights.has(`${prefix}.conv_shortcut.weight`) ? conv(gpu, x, weights, `${prefix}.conv_shortcut`) : x;
+  const out = add(gpu, short, h2);
+  gpu.free(h2);
+  if (short !== x) gpu.free(short);
+  return out;
+}
+
+/** W [C, C] applied to channel-first x [N, C, P] plus a per-channel bias: [N, C, P]. */
+function channelLinear(gpu: Gpu, x: Tensor, w: Tensor, b: Tensor, n: number, p: number): Tensor {
+  const c = w.shape[0];
+  const y = matmul(gpu, w.reshape([c, w.numel / c]), x);
+  const bias = biasPerSample(gpu, b, n);
+  const out = addChannel(gpu, y.reshape([n, c, p]), bias);
+  gpu.free(y, bias);
+  return out;
+}
+
+/** [C] -> [N, C] (the channel-broadcast add takes one row per sample). */
+function biasPerSample(gpu: Gpu, b: Tensor, n: number): Tensor {
+  return repeat(gpu, b, n);
+}
+
+/**
+ * The VAE's mid-block attention (one head over all channels): out = x + to_out(softmax(q^T k / sqrt(C)) v)
+ * with q, k, v = 1x1 projections of group_norm(x), computed channel-first so no transpose is needed:
+ * S = q^T k [N, P, P], O^T = v P^T [N, C, P]. Materialises S (C = 512 is past the flash kernel's head
+ * dims; the VAE runs once per image, not in the training loop).
+ */
+export function vaeAttentionForward(gpu: Gpu, x: Tensor, weights: Weights, prefix: string, groups: number, eps: number): Tensor {
+  const [n, c, h, w] = x.shape;
+  const p = h * w;
+  const g = groupNorm(gpu, x, weight(weights, `${prefix}.group_norm.weight`), weight(weights, `${prefix}.group_norm.bias`), groups, eps);
+  const xn = g.y.reshape([n, c, p]);
+  const proj = (name: string) => channelLinear(gpu, xn, weight(weights, `${prefix}.${name}.weight`), weight(weights, `${prefix}.${name}.bias`), n, p);
+  const [q, k, v] = [proj('to_q'), proj('to_k'), proj('to_v')];
+  gpu.free(g.y, g.mean, g.rstd);
+  const sRaw = matmul(gpu, q, k, { transA: true }); // [N, P, P]
+  const s = scale(gpu, sRaw, 1 / Math.sqrt(c));
+  const probs = softmax(gpu, s);
+  const oT = matmul(gpu, v, probs, { transB: true }); // [N, C, P]
+  gpu.free(q, k, v, sRaw, s, probs);
+  const o = channelLinear(gpu, oT, weight(weights, `${prefix}.to_out.0.weight`), weight(weights, `${prefix}.to_out.0.bias`), n, p);
+  gpu.free(oT);
+  const out = add(gpu, x, o.reshape(x.shape));
+  gpu.free(o);
+  return out;
+}
