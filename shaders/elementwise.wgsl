@@ -267,3 +267,55 @@ fn pad2d_crop(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
   let xx = i % pp.w;
   out[i] = x[(plane * pp.oh + y + pp.top) * pp.ow + xx + pp.left];
 }
+
+// Layout moves for NCHW <-> token-major tensors and skip connections. Own uniform struct, like the pads.
+struct MoveParams {
+  n: u32,      // output elements
+  a: u32,      // transpose: R of each [R, C] matrix; concat: channels of x; split: first channel
+  b: u32,      // transpose: C; concat: channels of y; split: channels taken
+  inner: u32,  // concat / split: elements per channel plane (H*W)
+  total: u32,  // split: channels of the input
+}
+
+@group(0) @binding(0) var<uniform> mp: MoveParams;
+
+// out[b, c, r] = x[b, r, c]: the last two dims swapped (e.g. [N, C, HW] -> [N, HW, C]).
+// Its backward is the same transpose with the two dims exchanged.
+@compute @workgroup_size(WG)
+fn transpose2d(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= mp.n) { return; }
+  let per = mp.a * mp.b;
+  let m = i / per;
+  let c = (i % per) / mp.a;
+  let r = i % mp.a;
+  out[i] = x[m * per + r * mp.b + c];
+}
+
+// Channel concatenation of NCHW tensors: out [N, Cx + Cy, H, W] = [x | y] (the UNet's skip connections).
+@compute @workgroup_size(WG)
+fn concat_channels(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= mp.n) { return; }
+  let ct = mp.a + mp.b;
+  let n = i / (ct * mp.inner);
+  let c = (i / mp.inner) % ct;
+  let k = i % mp.inner;
+  if (c < mp.a) {
+    out[i] = x[(n * mp.a + c) * mp.inner + k];
+  } else {
+    out[i] = y[(n * mp.b + c - mp.a) * mp.inner + k];
+  }
+}
+
+// Backward of concat_channels, one side at a time: out [N, b, H, W] = channels [a, a + b) of
+// x [N, total, H, W].
+@compute @workgroup_size(WG)
+fn split_channels(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= mp.n) { return; }
+  let n = i / (mp.b * mp.inner);
+  let c = (i / mp.inner) % mp.b;
+  let k = i % mp.inner;
+  out[i] = x[(n * mp.total + mp.a + c) * mp.inner + k];
+}

@@ -338,6 +338,38 @@ export function pad2dRef(x: ArrayLike<number>, shape: readonly number[], pad: Pa
   return out;
 }
 
+// ---- layout moves: transpose and channel concat/split ------------------------------------------------
+
+/** Swaps the last two dims: x [..., R, C] -> [..., C, R] (e.g. NCHW viewed [N, C, HW] -> tokens [N, HW, C]). */
+export function transpose2d(gpu: Gpu, x: Tensor): Tensor {
+  if (x.shape.length < 2) throw new ShapeError('transpose2d', `x needs two dims to swap, got ${fmtShape(x.shape)}`);
+  const [r, c] = x.shape.slice(-2);
+  const o = gpu.tensor([...x.shape.slice(0, -2), c, r], x.dtype, 'activations', 'transpose2d');
+  wholeDispatch(gpu, 'transpose2d', 'transpose2d', { T: x.dtype }, o.numel, [x, null, o], new Uniforms().u32(o.numel, r, c, 0, 0));
+  return o;
+}
+
+/** out [N, Cx + Cy, ...] = x and y stacked along channels. Backward: splitChannels of dout. */
+export function concatChannels(gpu: Gpu, x: Tensor, y: Tensor): Tensor {
+  expectSameDType('concatChannels', x, y);
+  if (x.shape.length < 2 || y.shape.length !== x.shape.length || x.shape[0] !== y.shape[0] || x.shape.slice(2).some((d, i) => d !== y.shape[i + 2]))
+    throw new ShapeError('concatChannels', `x ${fmtShape(x.shape)} and y ${fmtShape(y.shape)} differ outside the channel dim`);
+  const inner = x.shape.slice(2).reduce((a, b) => a * b, 1);
+  const o = gpu.tensor([x.shape[0], x.shape[1] + y.shape[1], ...x.shape.slice(2)], x.dtype, 'activations', 'concat');
+  wholeDispatch(gpu, 'concatChannels', 'concat_channels', { T: x.dtype }, o.numel, [x, y, o], new Uniforms().u32(o.numel, x.shape[1], y.shape[1], inner, 0));
+  return o;
+}
+
+/** Channels [first, first + count) of x [N, C, ...]. */
+export function splitChannels(gpu: Gpu, x: Tensor, first: number, count: number): Tensor {
+  if (x.shape.length < 2 || first < 0 || count < 1 || first + count > x.shape[1])
+    throw new ShapeError('splitChannels', `channels [${first}, ${first + count}) are not inside x ${fmtShape(x.shape)}`);
+  const inner = x.shape.slice(2).reduce((a, b) => a * b, 1);
+  const o = gpu.tensor([x.shape[0], count, ...x.shape.slice(2)], x.dtype, 'activations', 'split');
+  wholeDispatch(gpu, 'splitChannels', 'split_channels', { T: x.dtype }, o.numel, [x, null, o], new Uniforms().u32(o.numel, first, count, inner, x.shape[1]));
+  return o;
+}
+
 // ---- timestep embedding -----------------------------------------------------------------------------
 
 /** Sinusoidal embedding of timesteps t [B] (f32) -> [B, dim] in `dtype` (SD UNet's time_proj). */

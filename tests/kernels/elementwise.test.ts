@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { ShapeError } from '../../src/gpu/errors.ts';
-import { activation, activationBackward, activationRef, addChannel, geglu, gegluBackward, mul, timestepEmbedding, upsample2xBackward } from '../../src/ops/elementwise.ts';
+import { activation, activationBackward, activationRef, addChannel, concatChannels, geglu, gegluBackward, mul, splitChannels, timestepEmbedding, transpose2d, upsample2xBackward } from '../../src/ops/elementwise.ts';
 import { softmax, softmaxBackward, softmaxRef } from '../../src/ops/softmax.ts';
 import { compare, randomValues } from '../../src/selftest/check.ts';
 import { assertChecks, defineCaseTests, testGpu } from '../helpers.ts';
@@ -23,6 +23,9 @@ describe('element-wise bad input', () => {
     assert.throws(() => upsample2xBackward(gpu, z([1, 2, 3, 3]), z([1, 2, 6, 5])), shapeError('upsample2xBackward', '[1,2,6,6]', '[1,2,6,5]'));
     assert.throws(() => activationBackward(gpu, 'silu', z([4]), z([5])), shapeError('siluBackward', '[4]', '[5]'));
     assert.throws(() => softmaxBackward(gpu, z([2, 5]), z([2, 4])), shapeError('softmaxBackward', '[2,4]', '[2,5]'));
+    assert.throws(() => concatChannels(gpu, z([2, 3, 4, 4]), z([2, 2, 4, 5])), shapeError('concatChannels', '[2,3,4,4]', '[2,2,4,5]'));
+    assert.throws(() => splitChannels(gpu, z([2, 3, 4, 4]), 2, 2), shapeError('splitChannels', 'channels [2, 4)', '[2,3,4,4]'));
+    assert.throws(() => transpose2d(gpu, z([5])), shapeError('transpose2d', '[5]'));
     assert.throws(() => timestepEmbedding(gpu, z([3], 'f16'), 8, 'f32'), shapeError('timestepEmbedding', 'timesteps must be f32', 'f16 [3]'));
   });
 });

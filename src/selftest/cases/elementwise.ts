@@ -5,7 +5,7 @@ import type { Gpu } from '../../gpu/device.ts';
 import { roundToF16 } from '../../gpu/half.ts';
 import type { DType, Tensor } from '../../gpu/tensor.ts';
 import {
-  pad2d, pad2dBackward, pad2dRef,
+  concatChannels, pad2d, pad2dBackward, pad2dRef, splitChannels, transpose2d,
   activation, activationBackward, activationGradRef, activationRef, add, addChannel, addChannelBackward, addChannelBackwardRef,
   addChannelRef, addRef, cast, geglu, gegluBackward, gegluBackwardRef, gegluRef, mul, mulBackward, mulRef, timestepEmbedding,
   timestepEmbeddingRef, upsample2x, upsample2xBackward, upsample2xBackwardRef, upsample2xRef, type Activation,
@@ -249,6 +249,35 @@ export const cases: KernelCase[] = [
         checks.push(compare(`pad ${label}`, await gpu.read(y), padded, { atol: 0, rtol: 0 }), compare(`crop ${label} = x`, back, x, { atol: 0, rtol: 0 }));
       }
       return checks;
+    },
+  },
+  {
+    family: 'elementwise',
+    name: 'transpose [2,3,5,7] last dims and back; channel concat [2,3,4,5]+[2,2,4,5] and split back (exact)',
+    async run({ gpu, dtype }) {
+      const exact = { atol: 0, rtol: 0 };
+      const x = rand(210, 41);
+      const tx = gpu.upload(x, [2, 3, 5, 7], dtype);
+      const t = transpose2d(gpu, tx);
+      const want = new Float32Array(210);
+      for (let m = 0; m < 6; m++) for (let r = 0; r < 5; r++) for (let c = 0; c < 7; c++) want[m * 35 + c * 5 + r] = x[m * 35 + r * 7 + c];
+      const a = rand(120, 42);
+      const b = rand(80, 43);
+      const ta = gpu.upload(a, [2, 3, 4, 5], dtype);
+      const tb = gpu.upload(b, [2, 2, 4, 5], dtype);
+      const cat = concatChannels(gpu, ta, tb);
+      const catWant = new Float32Array(200);
+      for (let n = 0; n < 2; n++) {
+        catWant.set(a.subarray(n * 60, n * 60 + 60), n * 100);
+        catWant.set(b.subarray(n * 40, n * 40 + 40), n * 100 + 60);
+      }
+      return [
+        compare('transpose', await gpu.read(t), want, exact),
+        compare('transpose back', await gpu.read(transpose2d(gpu, t)), x, exact),
+        compare('concat', await gpu.read(cat), catWant, exact),
+        compare('split first 3 channels = x', await gpu.read(splitChannels(gpu, cat, 0, 3)), a, exact),
+        compare('split last 2 channels = y', await gpu.read(splitChannels(gpu, cat, 3, 2)), b, exact),
+      ];
     },
   },
   {
