@@ -25,9 +25,10 @@ export function normSilu(gpu: Gpu, x: Tensor, weights: Weights, prefix: string, 
   return y;
 }
 
-export function conv(gpu: Gpu, x: Tensor, weights: Weights, prefix: string, stride: 1 | 2 = 1): Tensor {
+/** Conv by weight name; padding defaults to 1 for 3x3 stride-1 convs and 0 otherwise (the VAE pads itself). */
+export function conv(gpu: Gpu, x: Tensor, weights: Weights, prefix: string, stride: 1 | 2 = 1, padding?: number): Tensor {
   const w = weight(weights, `${prefix}.weight`);
-  return conv2d(gpu, x, w, weights.get(`${prefix}.bias`) ?? null, { stride, padding: w.shape[2] === 3 && stride === 1 ? 1 : 0 });
+  return conv2d(gpu, x, w, weights.get(`${prefix}.bias`) ?? null, { stride, padding: padding ?? (w.shape[2] === 3 && stride === 1 ? 1 : 0) });
 }
 
 /**
