@@ -127,6 +127,23 @@ export function vaeToDiffusers(name: string, blocks = 4): string {
   return out.replace('.nin_shortcut.', '.conv_shortcut.');
 }
 
+/** A diffusers VAE tensor name in single-file naming (without first_stage_model.); inverse of vaeToDiffusers. */
+export function vaeFromDiffusers(name: string, blocks = 4): string {
+  let m: RegExpExecArray | null;
+  let out = name.replace('.conv_shortcut.', '.nin_shortcut.');
+  if ((m = /^encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.(.*)$/.exec(out))) out = `encoder.down.${m[1]}.block.${m[2]}.${m[3]}`;
+  else if ((m = /^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.(.*)$/.exec(out))) out = `encoder.down.${m[1]}.downsample.${m[2]}`;
+  else if ((m = /^decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.(.*)$/.exec(out))) out = `decoder.up.${blocks - 1 - Number(m[1])}.block.${m[2]}.${m[3]}`;
+  else if ((m = /^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.(.*)$/.exec(out))) out = `decoder.up.${blocks - 1 - Number(m[1])}.upsample.${m[2]}`;
+  else if ((m = /^(encoder|decoder)\.mid_block\.resnets\.(\d+)\.(.*)$/.exec(out))) out = `${m[1]}.mid.block_${Number(m[2]) + 1}.${m[3]}`;
+  else if ((m = /^(encoder|decoder)\.mid_block\.attentions\.0\.(.*)$/.exec(out))) {
+    let rest = m[2];
+    for (const [a, b] of VAE_ATTN) if (rest.startsWith(b)) rest = a + rest.slice(b.length);
+    out = `${m[1]}.mid.attn_1.${rest}`;
+  } else if ((m = /^(encoder|decoder)\.conv_norm_out\.(.*)$/.exec(out))) out = `${m[1]}.norm_out.${m[2]}`;
+  return out;
+}
+
 /** True for the VAE attention projections stored as 1x1 convs in the single file (linears in diffusers). */
 export function isVaeAttentionProjection(diffusersName: string): boolean {
   return /mid_block\.attentions\.0\.(to_q|to_k|to_v|to_out\.0)\.weight$/.test(diffusersName);

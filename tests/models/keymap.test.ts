@@ -2,7 +2,7 @@
 // conversions (the pairs diffusers' conversion scripts produce), in both directions.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { clipToDiffusers, isVaeAttentionProjection, openClipToDiffusers, SD_UNET, unetFromDiffusers, unetToDiffusers, vaeToDiffusers } from '../../src/models/keymap.ts';
+import { clipToDiffusers, isVaeAttentionProjection, openClipToDiffusers, SD_UNET, unetFromDiffusers, unetToDiffusers, vaeFromDiffusers, vaeToDiffusers } from '../../src/models/keymap.ts';
 
 const UNET_PAIRS: [string, string][] = [
   ['time_embed.0.weight', 'time_embedding.linear_1.weight'],
@@ -76,7 +76,10 @@ describe('single-file <-> diffusers names', () => {
   });
 
   it('VAE, including the 1x1-conv attention projections', () => {
-    for (const [orig, diff] of VAE_PAIRS) assert.equal(vaeToDiffusers(orig), diff, orig);
+    for (const [orig, diff] of VAE_PAIRS) {
+      assert.equal(vaeToDiffusers(orig), diff, orig);
+      assert.equal(vaeFromDiffusers(diff), orig, diff);
+    }
     assert.ok(isVaeAttentionProjection('decoder.mid_block.attentions.0.to_out.0.weight'));
     assert.ok(!isVaeAttentionProjection('decoder.mid_block.attentions.0.to_out.0.bias'));
     assert.equal(SD_UNET.blocks, 4);
