@@ -1,5 +1,7 @@
 // Command line on the same engine (Node + Dawn): `npm run cli -- <command> ...`.
 //   inspect <model.safetensors | diffusers folder> [--config scheduler_config.json]
+//   run <unet|text-encoder|vae-encode|vae-decode> --model <path> --in <in.safetensors> --out <out.safetensors>
+//       [--config <config.json>] [--dtype f32|f16]
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join, basename } from 'node:path';
 import { NodeFileSource } from '../io/source-node.ts';
@@ -34,8 +36,19 @@ async function inspect(args: string[]): Promise<void> {
   console.log(JSON.stringify({ architecture: r.family, predictionType: r.prediction, predictionSource: r.predictionSource, layout: r.layout, contextDim: r.contextDim, tensorCount: r.tensorCount, parameters, ignored: r.ignored, files: r.files }, null, 2));
 }
 
+async function run(args: string[]): Promise<void> {
+  const { nodeGpu } = await import('../gpu/node.ts');
+  const { runCommand } = await import('./run.ts');
+  const gpu = await nodeGpu();
+  try {
+    await runCommand(gpu, args);
+  } finally {
+    gpu.destroy();
+  }
+}
+
 const [command, ...rest] = process.argv.slice(2);
-const commands: Record<string, (a: string[]) => Promise<void>> = { inspect };
+const commands: Record<string, (a: string[]) => Promise<void>> = { inspect, run };
 try {
   if (!command || !commands[command]) throw new Error(`usage: npm run cli -- <${Object.keys(commands).join('|')}> ...`);
   await commands[command](rest);
@@ -43,3 +56,5 @@ try {
   console.error(`error: ${(e as Error).message}`);
   process.exitCode = 1;
 }
+// Dawn keeps the event loop alive: leave once the command is done.
+process.exit(process.exitCode ?? 0);

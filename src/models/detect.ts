@@ -84,9 +84,13 @@ export function detectSingleFile(shapes: ShapeMap, what = 'this file', config?: 
   const sd2Text = names.some((n) => n.startsWith('cond_stage_model.model.'));
   const sd1Text = names.some((n) => n.startsWith('cond_stage_model.transformer.'));
   let family: Family;
-  if (contextDim === 768) family = 'sd1';
-  else if (contextDim === 1024) family = 'sd2';
-  else throw new ModelError(`${what}: cross-attention width ${contextDim} is neither SD1's 768 nor SD2's 1024: unknown architecture`);
+  if (contextDim === 768 && !sd2Text) family = 'sd1';
+  else if (contextDim === 1024 && !sd1Text) family = 'sd2';
+  // Other widths (small test or custom models): the text encoder's key family decides.
+  else if (contextDim !== 768 && contextDim !== 1024 && (sd1Text || sd2Text)) family = sd1Text ? 'sd1' : 'sd2';
+  else if (contextDim !== 768 && contextDim !== 1024)
+    throw new ModelError(`${what}: cross-attention width ${contextDim} is neither SD1's 768 nor SD2's 1024, and no text encoder says which family it is: unknown architecture`);
+  else family = contextDim === 768 ? 'sd1' : 'sd2';
   if ((family === 'sd1' && sd2Text) || (family === 'sd2' && sd1Text))
     throw new ModelError(`${what}: the UNet expects ${contextDim}-wide text embeddings but the text encoder is ${sd2Text ? "SD2's OpenCLIP" : "SD1's CLIP"}: mixed or corrupt checkpoint`);
   const { prediction, source } = predictionFor(family, config);

@@ -1,0 +1,104 @@
+// `cli run <unet|text-encoder|vae-encode|vae-decode> --model <file|folder> --in <in.safetensors>
+//  --out <out.safetensors> [--config <config.json>] [--dtype f32|f16]`: one component forward on the
+// engine, tensors in and out by the contract's names; outputs f32, inputs any float dtype.
+import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { basename, join } from 'node:path';
+import type { Gpu } from '../gpu/device.ts';
+import type { DType } from '../gpu/tensor.ts';
+import { readSafetensors, SafetensorsFile, writeSafetensors, type NamedTensor } from '../io/safetensors.ts';
+import { NodeFileSource } from '../io/source-node.ts';
+import type { FolderReader } from '../models/inspect.ts';
+import { loadDiffusers, loadSingleFile, type LoadedModel, type LoadOptions } from '../models/load.ts';
+import { clipTextForward } from '../nn/clip.ts';
+import { unetForward } from '../nn/unet.ts';
+import { vaeDecode, vaeEncode } from '../nn/vae.ts';
+
+export function nodeFolder(dir: string): FolderReader {
+  return {
+    name: basename(dir),
+    exists: async (p) => existsSync(join(dir, p)),
+    readJson: async (p) => JSON.parse(readFileSync(join(dir, p), 'utf8')),
+    open: (p) => NodeFileSource.open(join(dir, p)),
+  };
+}
+
+const COMPONENT = { unet: 'unet', 'text-encoder': 'text_encoder', 'vae-encode': 'vae', 'vae-decode': 'vae' } as const;
+export type RunTarget = keyof typeof COMPONENT;
+
+/** --config: per-component overrides ({unet: {...}, vae: {...}, ...}) or one component's config.json. */
+export function configOverrides(path: string | undefined, target: RunTarget): LoadOptions['overrides'] {
+  if (!path) return undefined;
+  const j = JSON.parse(readFileSync(path, 'utf8')) as Record<string, unknown>;
+  const keys = ['unet', 'vae', 'text_encoder', 'scheduler'];
+  if (Object.keys(j).some((k) => keys.includes(k))) return j as LoadOptions['overrides'];
+  return { [COMPONENT[target]]: j };
+}
+
+export async function loadModel(gpu: Gpu, path: string, o: LoadOptions): Promise<LoadedModel> {
+  if (!existsSync(path)) throw new Error(`${path}: no such file or folder`);
+  if (statSync(path).isDirectory()) return loadDiffusers(gpu, nodeFolder(path), o);
+  const file = await SafetensorsFile.open(await NodeFileSource.open(path));
+  try {
+    return await loadSingleFile(gpu, file, o);
+  } finally {
+    await file.source.close?.();
+  }
+}
+
+function need(inputs: Map<string, NamedTensor>, name: string, rank: number, file: string): NamedTensor {
+  const t = inputs.get(name);
+  if (!t) throw new Error(`${file} has no tensor '${name}' (has: ${[...inputs.keys()].join(', ') || 'none'})`);
+  if (t.shape.length !== rank) throw new Error(`${file}: '${name}' must have rank ${rank}, got [${t.shape}]`);
+  return t;
+}
+
+export async function runComponent(gpu: Gpu, target: RunTarget, model: LoadedModel, inPath: string, dtype: DType): Promise<Map<string, NamedTensor>> {
+  const inputs = readSafetensors(new Uint8Array(readFileSync(inPath))).tensors;
+  const up = (t: NamedTensor, d: DType = dtype) => gpu.upload(t.data, t.shape, d, 'activations');
+  const outputs = new Map<string, NamedTensor>();
+  const read = async (name: string, t: Awaited<ReturnType<typeof up>>) => outputs.set(name, { shape: [...t.shape], data: await gpu.read(t) });
+  if (target === 'unet') {
+    const sample = need(inputs, 'sample', 4, inPath);
+    const timestep = need(inputs, 'timestep', 1, inPath);
+    const ctx = need(inputs, 'encoder_hidden_states', 3, inPath);
+    await read('out', unetForward(gpu, model.unet.config, model.unet.weights, up(sample), up(timestep, 'f32'), up(ctx)));
+  } else if (target === 'text-encoder') {
+    const ids = need(inputs, 'input_ids', 2, inPath);
+    await read('last_hidden_state', clipTextForward(gpu, model.textEncoder.config, model.textEncoder.weights, Array.from(ids.data, Math.round), ids.shape[0]));
+  } else if (target === 'vae-encode') {
+    const image = need(inputs, 'image', 4, inPath);
+    const moments = await gpu.read(vaeEncode(gpu, model.vae.config, model.vae.weights, up(image)));
+    const [n, , h, w] = image.shape;
+    const f = 2 ** (model.vae.config.blockOutChannels.length - 1);
+    const z = model.vae.config.latentChannels;
+    const plane = (h / f) * (w / f);
+    const mean = new Float32Array(n * z * plane);
+    const logvar = new Float32Array(n * z * plane);
+    for (let b = 0; b < n; b++) {
+      mean.set(moments.subarray(b * 2 * z * plane, b * 2 * z * plane + z * plane), b * z * plane);
+      logvar.set(moments.subarray(b * 2 * z * plane + z * plane, (b + 1) * 2 * z * plane), b * z * plane);
+    }
+    outputs.set('mean', { shape: [n, z, h / f, w / f], data: mean });
+    outputs.set('logvar', { shape: [n, z, h / f, w / f], data: logvar });
+  } else {
+    const latents = need(inputs, 'latents', 4, inPath);
+    await read('image', vaeDecode(gpu, model.vae.config, model.vae.weights, up(latents)));
+  }
+  return outputs;
+}
+
+export async function runCommand(gpu: Gpu, args: string[]): Promise<void> {
+  const target = args[0] as RunTarget;
+  const arg = (k: string) => (args.includes(k) ? args[args.indexOf(k) + 1] : undefined);
+  if (!(target in COMPONENT)) throw new Error(`usage: run <unet|text-encoder|vae-encode|vae-decode> --model <path> --in <in.safetensors> --out <out.safetensors> [--config <json>] [--dtype f32|f16]`);
+  const modelPath = arg('--model');
+  const inPath = arg('--in');
+  const outPath = arg('--out');
+  if (!modelPath || !inPath || !outPath) throw new Error('run needs --model, --in and --out');
+  const dtype = (arg('--dtype') ?? 'f32') as DType;
+  if (dtype !== 'f32' && dtype !== 'f16') throw new Error(`--dtype must be f32 or f16, got ${dtype}`);
+  if (dtype === 'f16' && !gpu.hasF16) throw new Error('--dtype f16 needs a GPU with shader-f16; this one has none (use f32)');
+  const model = await loadModel(gpu, modelPath, { dtype, overrides: configOverrides(arg('--config'), target) });
+  const outputs = await runComponent(gpu, target, model, inPath, dtype);
+  writeFileSync(outPath, writeSafetensors(outputs));
+}
