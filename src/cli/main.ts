@@ -2,6 +2,7 @@
 //   inspect <model.safetensors | diffusers folder> [--config scheduler_config.json]
 //   run <unet|text-encoder|vae-encode|vae-decode> --model <path> --in <in.safetensors> --out <out.safetensors>
 //       [--config <config.json>] [--dtype f32|f16]
+//   sample --model <path> --prompt "..." --out image.png [--steps --seed --guidance --negative --sampler ...]
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join, basename } from 'node:path';
 import { NodeFileSource } from '../io/source-node.ts';
@@ -36,19 +37,23 @@ async function inspect(args: string[]): Promise<void> {
   console.log(JSON.stringify({ architecture: r.family, predictionType: r.prediction, predictionSource: r.predictionSource, layout: r.layout, contextDim: r.contextDim, tensorCount: r.tensorCount, parameters, ignored: r.ignored, files: r.files }, null, 2));
 }
 
-async function run(args: string[]): Promise<void> {
+/** Runs a GPU command on Dawn, closing the device afterwards. */
+async function withGpu(load: () => Promise<(gpu: import('../gpu/device.ts').Gpu, args: string[]) => Promise<void>>, args: string[]): Promise<void> {
   const { nodeGpu } = await import('../gpu/node.ts');
-  const { runCommand } = await import('./run.ts');
+  const command = await load();
   const gpu = await nodeGpu();
   try {
-    await runCommand(gpu, args);
+    await command(gpu, args);
   } finally {
     gpu.destroy();
   }
 }
 
+const run = (args: string[]) => withGpu(async () => (await import('./run.ts')).runCommand, args);
+const sample = (args: string[]) => withGpu(async () => (await import('./sample.ts')).sampleCommand, args);
+
 const [command, ...rest] = process.argv.slice(2);
-const commands: Record<string, (a: string[]) => Promise<void>> = { inspect, run };
+const commands: Record<string, (a: string[]) => Promise<void>> = { inspect, run, sample };
 try {
   if (!command || !commands[command]) throw new Error(`usage: npm run cli -- <${Object.keys(commands).join('|')}> ...`);
   await commands[command](rest);
