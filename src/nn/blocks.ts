@@ -3,8 +3,8 @@
 import type { Gpu } from '../gpu/device.ts';
 import { ShapeError } from '../gpu/errors.ts';
 import type { Tensor } from '../gpu/tensor.ts';
-import { conv2d } from '../ops/conv2d.ts';
-import { activation, add, addChannel, repeat, scale } from '../ops/elementwise.ts';
+import { add, addChannel, repeat, scale } from '../ops/elementwise.ts';
+import type { Ops } from './ops.ts';
 import { matmul } from '../ops/matmul.ts';
 import { groupNorm } from '../ops/norm.ts';
 import { softmax } from '../ops/softmax.ts';
@@ -18,17 +18,17 @@ export function weight(weights: Weights, name: string): Tensor {
 }
 
 /** GroupNorm then SiLU. */
-export function normSilu(gpu: Gpu, x: Tensor, weights: Weights, prefix: string, groups: number, eps: number): Tensor {
-  const n = groupNorm(gpu, x, weight(weights, `${prefix}.weight`), weight(weights, `${prefix}.bias`), groups, eps);
-  const y = activation(gpu, 'silu', n.y);
-  gpu.free(n.y, n.mean, n.rstd);
+export function normSilu(F: Ops, x: Tensor, weights: Weights, prefix: string, groups: number, eps: number): Tensor {
+  const n = F.groupNorm(x, weight(weights, `${prefix}.weight`), weight(weights, `${prefix}.bias`), groups, eps);
+  const y = F.act('silu', n);
+  F.release(n);
   return y;
 }
 
 /** Conv by weight name; padding defaults to 1 for 3x3 stride-1 convs and 0 otherwise (the VAE pads itself). */
-export function conv(gpu: Gpu, x: Tensor, weights: Weights, prefix: string, stride: 1 | 2 = 1, padding?: number): Tensor {
+export function conv(F: Ops, x: Tensor, weights: Weights, prefix: string, stride: 1 | 2 = 1, padding?: number): Tensor {
   const w = weight(weights, `${prefix}.weight`);
-  return conv2d(gpu, x, w, weights.get(`${prefix}.bias`) ?? null, { stride, padding: padding ?? (w.shape[2] === 3 && stride === 1 ? 1 : 0) });
+  return F.conv(x, w, weights.get(`${prefix}.bias`) ?? null, { stride, padding: padding ?? (w.shape[2] === 3 && stride === 1 ? 1 : 0) });
 }
 
 /**
@@ -36,23 +36,23 @@ export function conv(gpu: Gpu, x: Tensor, weights: Weights, prefix: string, stri
  * h = conv2(silu(norm2(h))), out = shortcut(x) + h (shortcut = 1x1 conv_shortcut when channels change).
  * `tembProj` is the already projected [N, C_out] time embedding, or null (VAE).
  */
-export function resnetForward(gpu: Gpu, x: Tensor, weights: Weights, prefix: string, groups: number, eps: number, tembProj: Tensor | null = null): Tensor {
-  const a = normSilu(gpu, x, weights, `${prefix}.norm1`, groups, eps);
-  let h = conv(gpu, a, weights, `${prefix}.conv1`);
-  gpu.free(a);
+export function resnetForward(F: Ops, x: Tensor, weights: Weights, prefix: string, groups: number, eps: number, tembProj: Tensor | null = null): Tensor {
+  const a = normSilu(F, x, weights, `${prefix}.norm1`, groups, eps);
+  let h = conv(F, a, weights, `${prefix}.conv1`);
+  F.release(a);
   if (tembProj) {
-    const ht = addChannel(gpu, h, tembProj);
-    gpu.free(h);
+    const ht = F.addChannel(h, tembProj);
+    F.release(h);
     h = ht;
   }
-  const b = normSilu(gpu, h, weights, `${prefix}.norm2`, groups, eps);
-  gpu.free(h);
-  const h2 = conv(gpu, b, weights, `${prefix}.conv2`);
-  gpu.free(b);
-  const short = weights.has(`${prefix}.conv_shortcut.weight`) ? conv(gpu, x, weights, `${prefix}.conv_shortcut`) : x;
-  const out = add(gpu, short, h2);
-  gpu.free(h2);
-  if (short !== x) gpu.free(short);
+  const b = normSilu(F, h, weights, `${prefix}.norm2`, groups, eps);
+  F.release(h);
+  const h2 = conv(F, b, weights, `${prefix}.conv2`);
+  F.release(b);
+  const short = weights.has(`${prefix}.conv_shortcut.weight`) ? conv(F, x, weights, `${prefix}.conv_shortcut`) : x;
+  const out = F.add(short, h2);
+  F.release(h2);
+  if (short !== x) F.release(short);
   return out;
 }
 

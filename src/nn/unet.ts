@@ -8,11 +8,9 @@
 import type { Gpu } from '../gpu/device.ts';
 import { ShapeError } from '../gpu/errors.ts';
 import type { Tensor } from '../gpu/tensor.ts';
-import { flashAttention } from '../ops/attention.ts';
-import { activation, add, concatChannels, geglu, timestepEmbedding, transpose2d, upsample2x } from '../ops/elementwise.ts';
-import { linear } from '../ops/matmul.ts';
-import { groupNorm, layerNorm } from '../ops/norm.ts';
+import { timestepEmbedding } from '../ops/elementwise.ts';
 import { conv, normSilu, resnetForward, weight, type Weights } from './blocks.ts';
+import { Ops, type Tape } from './ops.ts';
 
 export interface UnetConfig {
   blockOutChannels: number[];
@@ -53,77 +51,78 @@ const RES_EPS = 1e-5;
 const TRANSFORMER_NORM_EPS = 1e-6;
 const LN_EPS = 1e-5;
 
-function attention(gpu: Gpu, x: Tensor, context: Tensor, w: Weights, p: string, heads: number): Tensor {
+function attention(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, heads: number): Tensor {
   const [b, n, c] = x.shape;
   const m = context.shape[1];
   const dh = c / heads;
-  const q = linear(gpu, x, weight(w, `${p}.to_q.weight`)).reshape([b, n, heads, dh]);
-  const k = linear(gpu, context, weight(w, `${p}.to_k.weight`)).reshape([b, m, heads, dh]);
-  const v = linear(gpu, context, weight(w, `${p}.to_v.weight`)).reshape([b, m, heads, dh]);
-  const a = flashAttention(gpu, q, k, v, { layout: 'bnhd' });
-  const o = linear(gpu, a.out.reshape([b, n, c]), weight(w, `${p}.to_out.0.weight`), weight(w, `${p}.to_out.0.bias`));
-  gpu.free(q, k, v, a.out, a.lse);
+  const q = F.reshape(F.linear(x, weight(w, `${p}.to_q.weight`)), [b, n, heads, dh]);
+  const k = F.reshape(F.linear(context, weight(w, `${p}.to_k.weight`)), [b, m, heads, dh]);
+  const v = F.reshape(F.linear(context, weight(w, `${p}.to_v.weight`)), [b, m, heads, dh]);
+  const a = F.attention(q, k, v, { layout: 'bnhd' });
+  const o = F.linear(F.reshape(a, [b, n, c]), weight(w, `${p}.to_out.0.weight`), weight(w, `${p}.to_out.0.bias`));
+  F.release(q, k, v, a);
   return o;
 }
 
-function residual(gpu: Gpu, x: Tensor, delta: Tensor): Tensor {
-  const y = add(gpu, x, delta);
-  gpu.free(x, delta);
+function residual(F: Ops, x: Tensor, delta: Tensor): Tensor {
+  const y = F.add(x, delta);
+  F.release(x, delta);
   return y;
 }
 
-function ln(gpu: Gpu, x: Tensor, w: Weights, p: string): Tensor {
-  const r = layerNorm(gpu, x, weight(w, `${p}.weight`), weight(w, `${p}.bias`), LN_EPS);
-  gpu.free(r.mean, r.rstd);
-  return r.y;
+function ln(F: Ops, x: Tensor, w: Weights, p: string): Tensor {
+  return F.layerNorm(x, weight(w, `${p}.weight`), weight(w, `${p}.bias`), LN_EPS);
 }
 
-function transformer(gpu: Gpu, x: Tensor, context: Tensor, w: Weights, p: string, heads: number, cfg: UnetConfig): Tensor {
+function transformer(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, heads: number, cfg: UnetConfig): Tensor {
   const [b, c, hh, ww] = x.shape;
-  const g = groupNorm(gpu, x, weight(w, `${p}.norm.weight`), weight(w, `${p}.norm.bias`), cfg.groups, TRANSFORMER_NORM_EPS);
-  gpu.free(g.mean, g.rstd);
+  const g = F.groupNorm(x, weight(w, `${p}.norm.weight`), weight(w, `${p}.norm.bias`), cfg.groups, TRANSFORMER_NORM_EPS);
   let h: Tensor;
   if (cfg.linearProjection) {
-    const t = transpose2d(gpu, g.y.reshape([b, c, hh * ww]));
-    h = linear(gpu, t, weight(w, `${p}.proj_in.weight`), weight(w, `${p}.proj_in.bias`));
-    gpu.free(t);
+    const t = F.transpose(F.reshape(g, [b, c, hh * ww]));
+    h = F.linear(t, weight(w, `${p}.proj_in.weight`), weight(w, `${p}.proj_in.bias`));
+    F.release(t);
   } else {
-    const pc = conv(gpu, g.y, w, `${p}.proj_in`);
-    h = transpose2d(gpu, pc.reshape([b, c, hh * ww]));
-    gpu.free(pc);
+    const pc = conv(F, g, w, `${p}.proj_in`);
+    h = F.transpose(F.reshape(pc, [b, c, hh * ww]));
+    F.release(pc);
   }
-  gpu.free(g.y);
+  F.release(g);
   const tb = `${p}.transformer_blocks.0`;
-  let n = ln(gpu, h, w, `${tb}.norm1`);
-  h = residual(gpu, h, attention(gpu, n, n, w, `${tb}.attn1`, heads));
-  gpu.free(n);
-  n = ln(gpu, h, w, `${tb}.norm2`);
-  h = residual(gpu, h, attention(gpu, n, context, w, `${tb}.attn2`, heads));
-  gpu.free(n);
-  n = ln(gpu, h, w, `${tb}.norm3`);
-  const proj = linear(gpu, n, weight(w, `${tb}.ff.net.0.proj.weight`), weight(w, `${tb}.ff.net.0.proj.bias`));
-  const gg = geglu(gpu, proj);
-  const ff = linear(gpu, gg, weight(w, `${tb}.ff.net.2.weight`), weight(w, `${tb}.ff.net.2.bias`));
-  gpu.free(n, proj, gg);
-  h = residual(gpu, h, ff);
+  let n = ln(F, h, w, `${tb}.norm1`);
+  h = residual(F, h, attention(F, n, n, w, `${tb}.attn1`, heads));
+  F.release(n);
+  n = ln(F, h, w, `${tb}.norm2`);
+  h = residual(F, h, attention(F, n, context, w, `${tb}.attn2`, heads));
+  F.release(n);
+  n = ln(F, h, w, `${tb}.norm3`);
+  const proj = F.linear(n, weight(w, `${tb}.ff.net.0.proj.weight`), weight(w, `${tb}.ff.net.0.proj.bias`));
+  const gg = F.geglu(proj);
+  const ff = F.linear(gg, weight(w, `${tb}.ff.net.2.weight`), weight(w, `${tb}.ff.net.2.bias`));
+  F.release(n, proj, gg);
+  h = residual(F, h, ff);
   let out: Tensor;
   if (cfg.linearProjection) {
-    const po = linear(gpu, h, weight(w, `${p}.proj_out.weight`), weight(w, `${p}.proj_out.bias`));
-    out = transpose2d(gpu, po).reshape([b, c, hh, ww]);
-    gpu.free(po);
+    const po = F.linear(h, weight(w, `${p}.proj_out.weight`), weight(w, `${p}.proj_out.bias`));
+    out = F.reshape(F.transpose(po), [b, c, hh, ww]);
+    F.release(po);
   } else {
-    const t = transpose2d(gpu, h).reshape([b, c, hh, ww]);
-    out = conv(gpu, t, w, `${p}.proj_out`);
-    gpu.free(t);
+    const t = F.reshape(F.transpose(h), [b, c, hh, ww]);
+    out = conv(F, t, w, `${p}.proj_out`);
+    F.release(t);
   }
-  gpu.free(h);
-  const y = add(gpu, out, x);
-  gpu.free(out);
+  F.release(h);
+  const y = F.add(out, x);
+  F.release(out);
   return y;
 }
 
-/** noise (or v) prediction [B, out, h, w] for sample [B, in, h, w], timesteps [B] (f32), context [B, L, D]. */
-export function unetForward(gpu: Gpu, cfg: UnetConfig, w: Weights, sample: Tensor, timesteps: Tensor, context: Tensor): Tensor {
+/**
+ * noise (or v) prediction [B, out, h, w] for sample [B, in, h, w], timesteps [B] (f32), context [B, L, D].
+ * With a tape, every op records its backward (Tape.backward then yields parameter gradients).
+ */
+export function unetForward(gpu: Gpu, cfg: UnetConfig, w: Weights, sample: Tensor, timesteps: Tensor, context: Tensor, tape: Tape | null = null): Tensor {
+  const F = new Ops(gpu, tape);
   const B = sample.shape[0];
   if (sample.shape.length !== 4 || sample.shape[1] !== cfg.inChannels) throw new ShapeError('unet', `sample must be [B,${cfg.inChannels},h,w], got [${sample.shape}]`);
   if (context.shape.length !== 3 || context.shape[0] !== B || context.shape[2] !== cfg.crossAttentionDim)
@@ -133,65 +132,65 @@ export function unetForward(gpu: Gpu, cfg: UnetConfig, w: Weights, sample: Tenso
   if (sample.shape[2] % f || sample.shape[3] % f) throw new ShapeError('unet', `latent size ${sample.shape[2]}x${sample.shape[3]} must be a multiple of ${f}`);
   // Time embedding: sinusoidal (flip_sin_to_cos, shift 0) -> linear -> SiLU -> linear; ResNets take SiLU of it.
   const tEmb = timestepEmbedding(gpu, timesteps, cfg.blockOutChannels[0], sample.dtype);
-  const l1 = linear(gpu, tEmb, weight(w, 'time_embedding.linear_1.weight'), weight(w, 'time_embedding.linear_1.bias'));
-  const s1 = activation(gpu, 'silu', l1);
-  const emb = linear(gpu, s1, weight(w, 'time_embedding.linear_2.weight'), weight(w, 'time_embedding.linear_2.bias'));
-  const embAct = activation(gpu, 'silu', emb);
-  gpu.free(tEmb, l1, s1, emb);
+  const l1 = F.linear(tEmb, weight(w, 'time_embedding.linear_1.weight'), weight(w, 'time_embedding.linear_1.bias'));
+  const s1 = F.act('silu', l1);
+  const emb = F.linear(s1, weight(w, 'time_embedding.linear_2.weight'), weight(w, 'time_embedding.linear_2.bias'));
+  const embAct = F.act('silu', emb);
+  F.release(tEmb, l1, s1, emb);
   const resnet = (x: Tensor, p: string) => {
-    const tp = linear(gpu, embAct, weight(w, `${p}.time_emb_proj.weight`), weight(w, `${p}.time_emb_proj.bias`));
-    const y = resnetForward(gpu, x, w, p, cfg.groups, RES_EPS, tp);
-    gpu.free(tp);
+    const tp = F.linear(embAct, weight(w, `${p}.time_emb_proj.weight`), weight(w, `${p}.time_emb_proj.bias`));
+    const y = resnetForward(F, x, w, p, cfg.groups, RES_EPS, tp);
+    F.release(tp);
     return y;
   };
-  let x = conv(gpu, sample, w, 'conv_in');
+  let x = conv(F, sample, w, 'conv_in');
   const skips: Tensor[] = [x];
   const blocks = cfg.blockOutChannels.length;
   for (let i = 0; i < blocks; i++) {
     for (let j = 0; j < cfg.layersPerBlock; j++) {
       x = resnet(x, `down_blocks.${i}.resnets.${j}`);
       if (cfg.downAttention[i]) {
-        const y = transformer(gpu, x, context, w, `down_blocks.${i}.attentions.${j}`, cfg.heads[i], cfg);
-        gpu.free(x);
+        const y = transformer(F, x, context, w, `down_blocks.${i}.attentions.${j}`, cfg.heads[i], cfg);
+        F.release(x);
         x = y;
       }
       skips.push(x);
     }
     if (i < blocks - 1) {
-      x = conv(gpu, x, w, `down_blocks.${i}.downsamplers.0.conv`, 2, 1);
+      x = conv(F, x, w, `down_blocks.${i}.downsamplers.0.conv`, 2, 1);
       skips.push(x);
     }
   }
   let m = resnet(x, 'mid_block.resnets.0');
-  const mt = transformer(gpu, m, context, w, 'mid_block.attentions.0', cfg.heads[blocks - 1], cfg);
-  gpu.free(m);
+  const mt = transformer(F, m, context, w, 'mid_block.attentions.0', cfg.heads[blocks - 1], cfg);
+  F.release(m);
   m = resnet(mt, 'mid_block.resnets.1');
-  gpu.free(mt);
+  F.release(mt);
   x = m;
   for (let i = 0; i < blocks; i++) {
     const headIdx = blocks - 1 - i;
     for (let j = 0; j < cfg.layersPerBlock + 1; j++) {
       const skip = skips.pop()!;
-      const cat = concatChannels(gpu, x, skip);
-      gpu.free(x, skip);
+      const cat = F.concat(x, skip);
+      F.release(x, skip);
       x = resnet(cat, `up_blocks.${i}.resnets.${j}`);
-      gpu.free(cat);
+      F.release(cat);
       if (cfg.upAttention[i]) {
-        const y = transformer(gpu, x, context, w, `up_blocks.${i}.attentions.${j}`, cfg.heads[headIdx], cfg);
-        gpu.free(x);
+        const y = transformer(F, x, context, w, `up_blocks.${i}.attentions.${j}`, cfg.heads[headIdx], cfg);
+        F.release(x);
         x = y;
       }
     }
     if (i < blocks - 1) {
-      const up = upsample2x(gpu, x);
-      gpu.free(x);
-      x = conv(gpu, up, w, `up_blocks.${i}.upsamplers.0.conv`);
-      gpu.free(up);
+      const up = F.upsample(x);
+      F.release(x);
+      x = conv(F, up, w, `up_blocks.${i}.upsamplers.0.conv`);
+      F.release(up);
     }
   }
-  const a = normSilu(gpu, x, w, 'conv_norm_out', cfg.groups, RES_EPS);
-  gpu.free(x, embAct);
-  const out = conv(gpu, a, w, 'conv_out');
-  gpu.free(a);
+  const a = normSilu(F, x, w, 'conv_norm_out', cfg.groups, RES_EPS);
+  F.release(x, embAct);
+  const out = conv(F, a, w, 'conv_out');
+  F.release(a);
   return out;
 }

@@ -11,6 +11,7 @@ import { ShapeError } from '../gpu/errors.ts';
 import type { Tensor } from '../gpu/tensor.ts';
 import { pad2d, upsample2x } from '../ops/elementwise.ts';
 import { conv, normSilu, resnetForward, vaeAttentionForward, type Weights } from './blocks.ts';
+import { Ops } from './ops.ts';
 
 export interface VaeConfig {
   blockOutChannels: number[];
@@ -34,10 +35,11 @@ export function vaeConfigFromJson(j: Record<string, unknown>): VaeConfig {
 const EPS = 1e-6;
 
 function mid(gpu: Gpu, x: Tensor, weights: Weights, p: string, cfg: VaeConfig): Tensor {
-  const a = resnetForward(gpu, x, weights, `${p}.mid_block.resnets.0`, cfg.groups, EPS);
+  const F = new Ops(gpu);
+  const a = resnetForward(F, x, weights, `${p}.mid_block.resnets.0`, cfg.groups, EPS);
   const b = vaeAttentionForward(gpu, a, weights, `${p}.mid_block.attentions.0`, cfg.groups, EPS);
   gpu.free(a);
-  const c = resnetForward(gpu, b, weights, `${p}.mid_block.resnets.1`, cfg.groups, EPS);
+  const c = resnetForward(F, b, weights, `${p}.mid_block.resnets.1`, cfg.groups, EPS);
   gpu.free(b);
   return c;
 }
@@ -47,27 +49,28 @@ export function vaeEncode(gpu: Gpu, cfg: VaeConfig, weights: Weights, image: Ten
   if (image.shape.length !== 4 || image.shape[1] !== 3) throw new ShapeError('vaeEncode', `image must be [N,3,H,W], got [${image.shape}]`);
   const f = 2 ** (cfg.blockOutChannels.length - 1);
   if (image.shape[2] % f || image.shape[3] % f) throw new ShapeError('vaeEncode', `image size ${image.shape[2]}x${image.shape[3]} must be a multiple of ${f}`);
-  let x = conv(gpu, image, weights, 'encoder.conv_in');
+  const F = new Ops(gpu);
+  let x = conv(F, image, weights, 'encoder.conv_in');
   for (let i = 0; i < cfg.blockOutChannels.length; i++) {
     for (let j = 0; j < cfg.layersPerBlock; j++) {
-      const y = resnetForward(gpu, x, weights, `encoder.down_blocks.${i}.resnets.${j}`, cfg.groups, EPS);
+      const y = resnetForward(F, x, weights, `encoder.down_blocks.${i}.resnets.${j}`, cfg.groups, EPS);
       gpu.free(x);
       x = y;
     }
     if (i < cfg.blockOutChannels.length - 1) {
       const padded = pad2d(gpu, x, { top: 0, bottom: 1, left: 0, right: 1 });
       gpu.free(x);
-      x = conv(gpu, padded, weights, `encoder.down_blocks.${i}.downsamplers.0.conv`, 2);
+      x = conv(F, padded, weights, `encoder.down_blocks.${i}.downsamplers.0.conv`, 2);
       gpu.free(padded);
     }
   }
   const m = mid(gpu, x, weights, 'encoder', cfg);
   gpu.free(x);
-  const a = normSilu(gpu, m, weights, 'encoder.conv_norm_out', cfg.groups, EPS);
+  const a = normSilu(F, m, weights, 'encoder.conv_norm_out', cfg.groups, EPS);
   gpu.free(m);
-  const h = conv(gpu, a, weights, 'encoder.conv_out');
+  const h = conv(F, a, weights, 'encoder.conv_out');
   gpu.free(a);
-  const moments = conv(gpu, h, weights, 'quant_conv');
+  const moments = conv(F, h, weights, 'quant_conv');
   gpu.free(h);
   return moments;
 }
@@ -76,8 +79,9 @@ export function vaeEncode(gpu: Gpu, cfg: VaeConfig, weights: Weights, image: Ten
 export function vaeDecode(gpu: Gpu, cfg: VaeConfig, weights: Weights, latents: Tensor): Tensor {
   if (latents.shape.length !== 4 || latents.shape[1] !== cfg.latentChannels)
     throw new ShapeError('vaeDecode', `latents must be [N,${cfg.latentChannels},h,w], got [${latents.shape}]`);
-  const z = conv(gpu, latents, weights, 'post_quant_conv');
-  let x = conv(gpu, z, weights, 'decoder.conv_in');
+  const F = new Ops(gpu);
+  const z = conv(F, latents, weights, 'post_quant_conv');
+  let x = conv(F, z, weights, 'decoder.conv_in');
   gpu.free(z);
   const m = mid(gpu, x, weights, 'decoder', cfg);
   gpu.free(x);
@@ -85,20 +89,20 @@ export function vaeDecode(gpu: Gpu, cfg: VaeConfig, weights: Weights, latents: T
   const blocks = cfg.blockOutChannels.length;
   for (let i = 0; i < blocks; i++) {
     for (let j = 0; j < cfg.layersPerBlock + 1; j++) {
-      const y = resnetForward(gpu, x, weights, `decoder.up_blocks.${i}.resnets.${j}`, cfg.groups, EPS);
+      const y = resnetForward(F, x, weights, `decoder.up_blocks.${i}.resnets.${j}`, cfg.groups, EPS);
       gpu.free(x);
       x = y;
     }
     if (i < blocks - 1) {
       const up = upsample2x(gpu, x);
       gpu.free(x);
-      x = conv(gpu, up, weights, `decoder.up_blocks.${i}.upsamplers.0.conv`);
+      x = conv(F, up, weights, `decoder.up_blocks.${i}.upsamplers.0.conv`);
       gpu.free(up);
     }
   }
-  const a = normSilu(gpu, x, weights, 'decoder.conv_norm_out', cfg.groups, EPS);
+  const a = normSilu(F, x, weights, 'decoder.conv_norm_out', cfg.groups, EPS);
   gpu.free(x);
-  const img = conv(gpu, a, weights, 'decoder.conv_out');
+  const img = conv(F, a, weights, 'decoder.conv_out');
   gpu.free(a);
   return img;
 }

@@ -1,0 +1,243 @@
+// Module-level operations with optional reverse-mode recording. Modules call these instead of the raw
+// ops: without a tape they run the op and `release` frees temporaries at once (inference); with a tape
+// each op also records its backward (a closure over exactly what that backward needs: the llm.c
+// habit, one level up), `release` keeps everything, and `Tape.backward` replays the records in reverse,
+// accumulating gradients per tensor, weights included.
+import type { Gpu } from '../gpu/device.ts';
+import { Tensor } from '../gpu/tensor.ts';
+import { flashAttention, flashAttentionBackward, type AttentionOptions } from '../ops/attention.ts';
+import { conv2d, conv2dBackward, type Conv2dOptions } from '../ops/conv2d.ts';
+import {
+  activation, activationBackward, add, addChannel, addChannelBackward, cast, concatChannels, geglu, gegluBackward, scale, splitChannels,
+  transpose2d, upsample2x, upsample2xBackward, type Activation,
+} from '../ops/elementwise.ts';
+import { linear, linearBackward } from '../ops/matmul.ts';
+import { groupNorm, groupNormBackward, layerNorm, layerNormBackward } from '../ops/norm.ts';
+
+export class Tape {
+  private readonly records: (() => void)[] = [];
+  /** Gradient of each tensor that received one (activations are freed as they are consumed). */
+  readonly grads = new Map<Tensor, Tensor>();
+
+  constructor(private readonly gpu: Gpu) {}
+
+  record(backward: () => void): void {
+    this.records.push(backward);
+  }
+
+  /** Adds g into the gradient of t (taking ownership of g). */
+  acc(t: Tensor, g: Tensor): void {
+    const prev = this.grads.get(t);
+    if (!prev) {
+      this.grads.set(t, g);
+      return;
+    }
+    this.grads.set(t, add(this.gpu, prev, g));
+    this.gpu.free(prev, g);
+  }
+
+  /** The gradient of t, removed from the map (null if nothing flowed into t). */
+  take(t: Tensor): Tensor | null {
+    const g = this.grads.get(t) ?? null;
+    this.grads.delete(t);
+    return g;
+  }
+
+  /** Runs every recorded backward in reverse, starting from dy for the output y. */
+  backward(y: Tensor, dy: Tensor): void {
+    this.grads.set(y, dy);
+    for (let i = this.records.length - 1; i >= 0; i--) this.records[i]();
+    this.records.length = 0;
+  }
+}
+
+export class Ops {
+  constructor(
+    readonly gpu: Gpu,
+    readonly tape: Tape | null = null,
+  ) {}
+
+  /** Frees temporaries when not recording (a tape keeps what the backward needs). */
+  release(...ts: (Tensor | null | undefined)[]): void {
+    if (!this.tape) this.gpu.free(...ts);
+  }
+
+  private rec(fn: () => void): void {
+    this.tape?.record(fn);
+  }
+
+  linear(x: Tensor, w: Tensor, b?: Tensor | null): Tensor {
+    const y = linear(this.gpu, x, w, b);
+    this.rec(() => {
+      const dy = this.tape!.take(y);
+      if (!dy) return;
+      const g = linearBackward(this.gpu, x, w, dy, b);
+      this.tape!.acc(x, g.dx);
+      this.tape!.acc(w, g.dw);
+      if (b && g.db) this.tape!.acc(b, g.db);
+      this.gpu.free(dy);
+    });
+    return y;
+  }
+
+  conv(x: Tensor, w: Tensor, b: Tensor | null, opts: Conv2dOptions): Tensor {
+    const y = conv2d(this.gpu, x, w, b, opts);
+    this.rec(() => {
+      const dy = this.tape!.take(y);
+      if (!dy) return;
+      const g = conv2dBackward(this.gpu, x, w, dy, opts);
+      this.tape!.acc(x, g.dx);
+      this.tape!.acc(w, g.dw);
+      if (b) this.tape!.acc(b, g.db);
+      else this.gpu.free(g.db);
+      this.gpu.free(dy);
+    });
+    return y;
+  }
+
+  groupNorm(x: Tensor, gamma: Tensor, beta: Tensor, groups: number, eps: number): Tensor {
+    const r = groupNorm(this.gpu, x, gamma, beta, groups, eps);
+    if (!this.tape) this.gpu.free(r.mean, r.rstd);
+    this.rec(() => {
+      const dy = this.tape!.take(r.y);
+      if (!dy) return;
+      const g = groupNormBackward(this.gpu, x, gamma, r, dy, groups);
+      this.acc32(gamma, g.dgamma);
+      this.acc32(beta, g.dbeta);
+      this.tape!.acc(x, g.dx);
+      this.gpu.free(dy, r.mean, r.rstd);
+    });
+    return r.y;
+  }
+
+  layerNorm(x: Tensor, gamma: Tensor, beta: Tensor, eps: number): Tensor {
+    const r = layerNorm(this.gpu, x, gamma, beta, eps);
+    if (!this.tape) this.gpu.free(r.mean, r.rstd);
+    this.rec(() => {
+      const dy = this.tape!.take(r.y);
+      if (!dy) return;
+      const g = layerNormBackward(this.gpu, x, gamma, r, dy);
+      this.acc32(gamma, g.dgamma);
+      this.acc32(beta, g.dbeta);
+      this.tape!.acc(x, g.dx);
+      this.gpu.free(dy, r.mean, r.rstd);
+    });
+    return r.y;
+  }
+
+  /** Norm parameter gradients come out f32; keep them in the parameter's dtype like the others. */
+  private acc32(p: Tensor, g: Tensor): void {
+    if (p.dtype === 'f32') {
+      this.tape!.acc(p, g);
+      return;
+    }
+    this.tape!.acc(p, cast(this.gpu, g, p.dtype, 'gradients'));
+    this.gpu.free(g);
+  }
+
+  act(kind: Activation, x: Tensor): Tensor {
+    const y = activation(this.gpu, kind, x);
+    this.rec(() => {
+      const dy = this.tape!.take(y);
+      if (!dy) return;
+      this.tape!.acc(x, activationBackward(this.gpu, kind, x, dy));
+      this.gpu.free(dy);
+    });
+    return y;
+  }
+
+  add(a: Tensor, b: Tensor): Tensor {
+    const y = add(this.gpu, a, b);
+    this.rec(() => {
+      const dy = this.tape!.take(y);
+      if (!dy) return;
+      // Both operands receive dy: give the second its own copy.
+      this.tape!.acc(b, scale(this.gpu, dy, 1));
+      this.tape!.acc(a, dy);
+    });
+    return y;
+  }
+
+  addChannel(x: Tensor, t: Tensor): Tensor {
+    const y = addChannel(this.gpu, x, t);
+    this.rec(() => {
+      const dy = this.tape!.take(y);
+      if (!dy) return;
+      const g = addChannelBackward(this.gpu, x, t, dy);
+      this.tape!.acc(t, g.dt);
+      this.tape!.acc(x, dy);
+    });
+    return y;
+  }
+
+  geglu(x: Tensor): Tensor {
+    const y = geglu(this.gpu, x);
+    this.rec(() => {
+      const dy = this.tape!.take(y);
+      if (!dy) return;
+      this.tape!.acc(x, gegluBackward(this.gpu, x, dy));
+      this.gpu.free(dy);
+    });
+    return y;
+  }
+
+  transpose(x: Tensor): Tensor {
+    const y = transpose2d(this.gpu, x);
+    this.rec(() => {
+      const dy = this.tape!.take(y);
+      if (!dy) return;
+      this.tape!.acc(x, transpose2d(this.gpu, dy));
+      this.gpu.free(dy);
+    });
+    return y;
+  }
+
+  concat(x: Tensor, s: Tensor): Tensor {
+    const y = concatChannels(this.gpu, x, s);
+    this.rec(() => {
+      const dy = this.tape!.take(y);
+      if (!dy) return;
+      this.tape!.acc(x, splitChannels(this.gpu, dy, 0, x.shape[1]));
+      this.tape!.acc(s, splitChannels(this.gpu, dy, x.shape[1], s.shape[1]));
+      this.gpu.free(dy);
+    });
+    return y;
+  }
+
+  upsample(x: Tensor): Tensor {
+    const y = upsample2x(this.gpu, x);
+    this.rec(() => {
+      const dy = this.tape!.take(y);
+      if (!dy) return;
+      this.tape!.acc(x, upsample2xBackward(this.gpu, x, dy));
+      this.gpu.free(dy);
+    });
+    return y;
+  }
+
+  /** A view with another shape; its gradient flows back to x. */
+  reshape(x: Tensor, shape: readonly number[]): Tensor {
+    const y = x.reshape(shape);
+    this.rec(() => {
+      const dy = this.tape!.take(y);
+      // The gradient buffer changes hands with its shape (ownership moves to x's gradient).
+      if (dy) this.tape!.acc(x, new Tensor(dy.alloc, x.shape, dy.dtype, dy.byteOffset, dy.owner));
+    });
+    return y;
+  }
+
+  attention(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions): Tensor {
+    const r = flashAttention(this.gpu, q, k, v, opts);
+    if (!this.tape) this.gpu.free(r.lse);
+    this.rec(() => {
+      const dy = this.tape!.take(r.out);
+      if (!dy) return;
+      const g = flashAttentionBackward(this.gpu, q, k, v, r.out, r.lse, dy, opts);
+      this.tape!.acc(q, g.dq);
+      this.tape!.acc(k, g.dk);
+      this.tape!.acc(v, g.dv);
+      this.gpu.free(dy, r.lse);
+    });
+    return r.out;
+  }
+}
