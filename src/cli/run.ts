@@ -12,6 +12,8 @@ import { loadDiffusers, loadSingleFile, type LoadedModel, type LoadOptions } fro
 import { clipTextForward } from '../nn/clip.ts';
 import { unetForward } from '../nn/unet.ts';
 import { vaeDecode, vaeEncode } from '../nn/vae.ts';
+import { Tape } from '../nn/ops.ts';
+import { mseLoss, mseLossBackward } from '../ops/reduce.ts';
 
 export function nodeFolder(dir: string): FolderReader {
   return {
@@ -101,4 +103,39 @@ export async function runCommand(gpu: Gpu, args: string[]): Promise<void> {
   const model = await loadModel(gpu, modelPath, { dtype, overrides: configOverrides(arg('--config'), target) });
   const outputs = await runComponent(gpu, target, model, inPath, dtype);
   writeFileSync(outPath, writeSafetensors(outputs));
+}
+
+/**
+ * `grad unet --model <path> [--config <json>] --in <in.safetensors> --out <grads.safetensors> [--dtype]`:
+ * loss = mean((unet(sample, timestep, encoder_hidden_states) - target)^2); writes `loss` and the gradient
+ * of every UNet parameter under its diffusers name (f32).
+ */
+export async function gradCommand(gpu: Gpu, args: string[]): Promise<void> {
+  const arg = (k: string) => (args.includes(k) ? args[args.indexOf(k) + 1] : undefined);
+  if (args[0] !== 'unet') throw new Error('usage: grad unet --model <path> --in <in.safetensors> --out <grads.safetensors> [--config <json>] [--dtype f32|f16]');
+  const modelPath = arg('--model');
+  const inPath = arg('--in');
+  const outPath = arg('--out');
+  if (!modelPath || !inPath || !outPath) throw new Error('grad needs --model, --in and --out');
+  const dtype = (arg('--dtype') ?? 'f32') as DType;
+  if (dtype !== 'f32' && dtype !== 'f16') throw new Error(`--dtype must be f32 or f16, got ${dtype}`);
+  const model = await loadModel(gpu, modelPath, { dtype, overrides: configOverrides(arg('--config'), 'unet') });
+  const inputs = readSafetensors(new Uint8Array(readFileSync(inPath))).tensors;
+  const up = (t: NamedTensor, d: DType = dtype) => gpu.upload(t.data, t.shape, d, 'activations');
+  const sample = need(inputs, 'sample', 4, inPath);
+  const timestep = need(inputs, 'timestep', 1, inPath);
+  const ctx = need(inputs, 'encoder_hidden_states', 3, inPath);
+  const target = need(inputs, 'target', 4, inPath);
+  const tape = new Tape(gpu);
+  const out = unetForward(gpu, model.unet.config, model.unet.weights, up(sample), up(timestep, 'f32'), up(ctx), tape);
+  const tTarget = up(target);
+  const loss = await gpu.read(mseLoss(gpu, out, tTarget));
+  tape.backward(out, mseLossBackward(gpu, out, tTarget));
+  const result = new Map<string, NamedTensor>([['loss', { shape: [1], data: loss }]]);
+  for (const [name, w] of model.unet.weights) {
+    const g = tape.grads.get(w);
+    if (!g) throw new Error(`no gradient reached ${name}`);
+    result.set(name, { shape: [...w.shape], data: await gpu.read(g) });
+  }
+  writeFileSync(outPath, writeSafetensors(result));
 }

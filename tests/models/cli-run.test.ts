@@ -83,6 +83,24 @@ describe('cli run', () => {
     assert.deepEqual(e.get('mean')!.shape, [2, 4, 8, 8]);
   });
 
+  it('grad unet: loss and every parameter gradient under diffusers names match PyTorch autograd', () => {
+    const grads = readSafetensors(new Uint8Array(readFileSync(join(FIXTURES, 'modules', 'unet_sd1_grads.safetensors')))).tensors;
+    const gin = writeIn('grad', [['sample', u.get('sample')!, 'F16'], ['timestep', u.get('timestep')!, 'F32'], ['encoder_hidden_states', u.get('encoder_hidden_states')!, 'F16'], ['target', grads.get('target')!, 'F16']]);
+    const out = join(dir, 'grads.out.safetensors');
+    const r = cli('grad', 'unet', '--model', tiny.singleFile, '--config', configPath, '--in', gin, '--out', out);
+    assert.equal(r.code, 0, r.err);
+    const got = readOut(out);
+    const names = [...grads.keys()].filter((k) => k.startsWith('grad.'));
+    assert.equal(got.size, names.length + 1, 'loss + one gradient per parameter');
+    const checks = [compare('loss', got.get('loss')!.data, grads.get('loss')!.data, { atol: 1e-6, rtol: 1e-4 })];
+    for (const n of names) {
+      const want = grads.get(n)!.data;
+      const scale = want.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+      checks.push(compare(n, got.get(n.slice(5))!.data, want, { atol: 1e-4 * scale + 1e-12, rtol: 1e-4 }));
+    }
+    assertChecks(checks);
+  });
+
   it('bad input: a missing input tensor, an unknown target, a pickle model', () => {
     const noCtx = writeIn('bad', [['sample', u.get('sample')!, 'F32']]);
     const r = cli('run', 'unet', '--model', tiny.folder, '--in', noCtx, '--out', join(dir, 'x.safetensors'));
