@@ -41,11 +41,20 @@ export class Allocator {
   private readonly tagPeak = new Map<Tag, number>(TAGS.map((t) => [t, 0]));
   private pendingOom: Promise<GpuOutOfMemoryError | null>[] = [];
 
-  constructor(private readonly device: GPUDevice, private readonly maxBufferSize: number) {}
+  /**
+   * `dryRun`: account every byte but back each allocation with a 4-byte buffer (memory planning: the
+   * real code paths run, allocate and free as they would, and no memory is used).
+   */
+  constructor(
+    private readonly device: GPUDevice,
+    private readonly maxBufferSize: number,
+    readonly dryRun = false,
+  ) {}
 
   /** Storage buffer of `bytes` (rounded up to 4). OOM is reported at the next takeOomErrors(). */
   alloc(bytes: number, tag: Tag, label: string, usage = STORAGE_USAGE): Allocation {
     const size = this.checkSize(bytes, tag, label);
+    if (this.dryRun) return this.record(this.device.createBuffer({ size: 4, usage, label }), size, tag, label);
     if (size >= OOM_SCOPE_BYTES) {
       this.device.pushErrorScope('out-of-memory');
       const buffer = this.device.createBuffer({ size, usage, label });

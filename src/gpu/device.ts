@@ -36,6 +36,11 @@ export interface GpuOptions {
   disableF16?: boolean;
   /** Pretend the largest storage binding is this many bytes (tests exercise the chunked paths with it). */
   bindingLimit?: number;
+  /**
+   * Memory planning: allocations are accounted but not backed, dispatches, writes and reads do nothing
+   * (reads return zeros), so the real code measures its own peak bytes for any model size in moments.
+   */
+  dryRun?: boolean;
 }
 
 export interface AdapterSummary {
@@ -104,6 +109,7 @@ export class Gpu {
   readonly hasTimestamps: boolean;
   /** Largest byte range one storage binding may cover (the device limit, or a lower test override). */
   readonly maxBinding: number;
+  readonly dryRun: boolean;
   private readonly pipelines = new Map<string, GPUComputePipeline>();
   private encoder: GPUCommandEncoder | null = null;
   private pass: GPUComputePassEncoder | null = null;
@@ -128,7 +134,8 @@ export class Gpu {
     this.hasSubgroups = device.features.has('subgroups');
     this.hasTimestamps = device.features.has('timestamp-query');
     this.maxBinding = Math.min(opts.bindingLimit ?? Infinity, device.limits.maxStorageBufferBindingSize);
-    this.allocator = new Allocator(device, device.limits.maxBufferSize);
+    this.dryRun = opts.dryRun ?? false;
+    this.allocator = new Allocator(device, device.limits.maxBufferSize, this.dryRun);
     device.lost.then((info) => {
       this.lost = new GpuDeviceLostError(info.reason ?? 'unknown', info.message || 'no message');
       for (const l of this.lostListeners) l(this.lost);
@@ -200,6 +207,7 @@ export class Gpu {
 
   write(t: Tensor, data: ArrayLike<number>): void {
     if (data.length !== t.numel) throw new ShapeError('write', `${data.length} values for ${t}`);
+    if (this.dryRun) return;
     const bytes = t.dtype === 'f16' ? toF16Bits(data) : data instanceof Float32Array ? data : Float32Array.from(data);
     // writeBuffer needs a multiple of 4 bytes: pad an odd-length f16 array.
     const padded = bytes.byteLength % 4 === 0 ? bytes : padTo4(bytes as Uint16Array);
@@ -213,6 +221,7 @@ export class Gpu {
 
   /** Reads a tensor back as f32 values. */
   async read(t: Tensor): Promise<Float32Array> {
+    if (this.dryRun) return new Float32Array(t.numel);
     const raw = await this.readBytes(t.buffer, t.byteOffset, t.byteSize);
     return t.dtype === 'f16' ? fromF16Bits(new Uint16Array(raw, 0, t.numel)) : new Float32Array(raw, 0, t.numel);
   }
@@ -257,6 +266,7 @@ export class Gpu {
 
   dispatch(spec: DispatchSpec): void {
     this.checkAlive();
+    if (this.dryRun) return;
     const pipeline = this.pipeline(spec.shader, spec.entry, spec.defs);
     const entries: GPUBindGroupEntry[] = [];
     if (spec.uniforms) {

@@ -31,3 +31,31 @@ describe('UNet (tiny) vs PyTorch', () => {
         gpu.free(out, ...weights.values());
       });
 });
+
+describe('dry-run memory planning', () => {
+  it('plans exactly the peak bytes a real UNet forward allocates, computing nothing', async () => {
+    const { readFileSync: read } = await import('node:fs');
+    const { unetParams } = await import('../../src/models/shapes.ts');
+    const assert = (await import('node:assert/strict')).default;
+    const { tensors, metadata } = readSafetensors(new Uint8Array(read(join(FIXTURES, 'modules', 'unet_sd1.safetensors'))));
+    const cfg = unetConfigFromJson(JSON.parse(metadata.config));
+    const peak = async (dryRun: boolean) => {
+      const gpu = await testGpu({ dryRun });
+      const w = new Map([...unetParams(cfg)].map(([n, s]) => [n, gpu.upload(tensors.get(n)!.data, s, 'f32', 'weights', n)]));
+      const up = (n: string) => gpu.upload(tensors.get(n)!.data, tensors.get(n)!.shape, 'f32');
+      const [s, t, c] = [up('sample'), up('timestep'), up('encoder_hidden_states')];
+      await gpu.sync();
+      const before = gpu.allocator.report().current;
+      gpu.allocator.resetPeak();
+      const out = await gpu.read(unetForward(gpu, cfg, w, s, t, c));
+      const p = gpu.allocator.report().peak - before;
+      gpu.destroy();
+      return { p, out };
+    };
+    const real = await peak(false);
+    const plan = await peak(true);
+    assert.ok(real.p > 0);
+    assert.equal(plan.p, real.p);
+    assert.ok(plan.out.every((v) => v === 0), 'a dry run computes nothing');
+  });
+});

@@ -1,0 +1,116 @@
+// npm run bench:memory — peak GPU bytes per component at SD 1.5 shapes (512 px: 64x64 latents, 77 tokens),
+// planned by running the real module code on a dry-run Gpu (every allocation accounted, nothing backed or
+// computed), next to the peak measured on a real run of the tiny model, whose dry-run plan must agree.
+// Writes bench/results/memory.json.
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { Gpu } from '../src/gpu/device.ts';
+import { nodeGpu } from '../src/gpu/node.ts';
+import type { DType } from '../src/gpu/tensor.ts';
+import { readSafetensors } from '../src/io/safetensors.ts';
+import { clipParams, SD15, unetParams, vaeParams, type ParamShapes } from '../src/models/shapes.ts';
+import { clipTextForward } from '../src/nn/clip.ts';
+import { Tape } from '../src/nn/ops.ts';
+import { unetConfigFromJson, unetForward, type UnetConfig } from '../src/nn/unet.ts';
+import { vaeDecode, vaeEncode } from '../src/nn/vae.ts';
+import { mseLossBackward } from '../src/ops/reduce.ts';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const MiB = 2 ** 20;
+
+function weights(gpu: Gpu, shapes: ParamShapes, dtype: DType, data?: Map<string, { data: Float32Array }>) {
+  const m = new Map();
+  for (const [n, s] of shapes) m.set(n, data ? gpu.upload(data.get(n)!.data, s, dtype, 'weights', n) : gpu.tensor(s, dtype, 'weights', n));
+  return m;
+}
+
+/** Peak bytes of `fn` above what was allocated before it (weights included in `before`). */
+async function peakOf(gpu: Gpu, fn: () => Promise<unknown> | unknown): Promise<number> {
+  await gpu.sync();
+  const before = gpu.allocator.report().current;
+  gpu.allocator.resetPeak();
+  await fn();
+  await gpu.sync();
+  return gpu.allocator.report().peak - before;
+}
+
+interface Row {
+  component: string;
+  weightsMiB: number;
+  activationsPeakMiB: number;
+  totalPeakMiB: number;
+  error?: string;
+}
+
+async function sd15(dtype: DType): Promise<Row[]> {
+  const gpu = await nodeGpu({ dryRun: true });
+  const rows: Row[] = [];
+  const add = async (component: string, w: number, peak: () => Promise<number>) => {
+    try {
+      const p = await peak();
+      rows.push({ component, weightsMiB: w / MiB, activationsPeakMiB: p / MiB, totalPeakMiB: (w + p) / MiB });
+    } catch (e) {
+      rows.push({ component, weightsMiB: w / MiB, activationsPeakMiB: NaN, totalPeakMiB: NaN, error: (e as Error).message });
+    }
+  };
+  const wb = () => gpu.allocator.report().byTag.weights.current;
+
+  const te = weights(gpu, clipParams(SD15.textEncoder), dtype);
+  await add('text encoder (2 x 77 tokens)', wb(), () => peakOf(gpu, () => gpu.free(clipTextForward(gpu, SD15.textEncoder, te, new Array(154).fill(0), 2))));
+  gpu.free(...te.values());
+
+  const vae = weights(gpu, vaeParams(SD15.vae), dtype);
+  const img = gpu.tensor([1, 3, 512, 512], dtype, 'activations');
+  await add('VAE encode 512x512', wb(), () => peakOf(gpu, () => gpu.free(vaeEncode(gpu, SD15.vae, vae, img))));
+  const lat = gpu.tensor([1, 4, 64, 64], dtype, 'activations');
+  await add('VAE decode 64x64 latents', wb(), () => peakOf(gpu, () => gpu.free(vaeDecode(gpu, SD15.vae, vae, lat))));
+  gpu.free(...vae.values(), img, lat);
+
+  const unet = weights(gpu, unetParams(SD15.unet), dtype);
+  const sample = gpu.tensor([2, 4, 64, 64], dtype, 'activations');
+  const t = gpu.tensor([2], 'f32', 'activations');
+  const ctx = gpu.tensor([2, 77, 768], dtype, 'activations');
+  await add('UNet forward (batch 2: CFG)', wb(), () => peakOf(gpu, () => gpu.free(unetForward(gpu, SD15.unet, unet, sample, t, ctx))));
+  const s1 = gpu.tensor([1, 4, 64, 64], dtype, 'activations');
+  const c1 = gpu.tensor([1, 77, 768], dtype, 'activations');
+  const t1 = gpu.tensor([1], 'f32', 'activations');
+  await add('UNet forward + backward, batch 1, all activations kept', wb(), () => peakOf(gpu, () => {
+    const tape = new Tape(gpu);
+    const out = unetForward(gpu, SD15.unet, unet, s1, t1, c1, tape);
+    tape.backward(out, mseLossBackward(gpu, out, s1));
+    gpu.free(...tape.grads.values());
+  }));
+  gpu.destroy();
+  return rows;
+}
+
+async function tiny(dryRun: boolean): Promise<number> {
+  const gpu = await nodeGpu({ dryRun });
+  const f = readSafetensors(new Uint8Array(readFileSync(join(here, '..', 'tests', 'fixtures', 'modules', 'unet_sd1.safetensors'))));
+  const cfg: UnetConfig = unetConfigFromJson(JSON.parse(f.metadata.config));
+  const w = weights(gpu, unetParams(cfg), 'f32', f.tensors);
+  const up = (n: string, d: DType = 'f32') => gpu.upload(f.tensors.get(n)!.data, f.tensors.get(n)!.shape, d, 'activations');
+  const [s, t, c] = [up('sample'), up('timestep'), up('encoder_hidden_states')];
+  const peak = await peakOf(gpu, async () => gpu.free(unetForward(gpu, cfg, w, s, t, c)));
+  gpu.destroy();
+  return peak;
+}
+
+const dtype = (process.argv.includes('--f32') ? 'f32' : 'f16') as DType;
+const rows = await sd15(dtype);
+const measured = await tiny(false);
+const planned = await tiny(true);
+console.log(`SD 1.5 at 512 px, ${dtype} weights and activations (planned by a dry run of the real code):`);
+for (const r of rows)
+  console.log(
+    r.error
+      ? `  ${r.component.padEnd(56)} not runnable on this adapter: ${r.error}`
+      : `  ${r.component.padEnd(56)} weights ${r.weightsMiB.toFixed(0).padStart(6)} MiB  activations peak ${r.activationsPeakMiB.toFixed(0).padStart(6)} MiB  total ${r.totalPeakMiB.toFixed(0).padStart(6)} MiB`,
+  );
+console.log(`tiny UNet forward (f32): measured peak ${measured} bytes, dry-run plan ${planned} bytes (${measured === planned ? 'equal' : 'DIFFER'})`);
+const out = join(here, 'results', `memory-${dtype}.json`);
+mkdirSync(dirname(out), { recursive: true });
+writeFileSync(out, JSON.stringify({ date: new Date().toISOString(), dtype, sd15: rows, tiny: { measuredPeakBytes: measured, plannedPeakBytes: planned } }, null, 2));
+console.log(`wrote ${out}`);
+process.exit(0);
