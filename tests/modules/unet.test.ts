@@ -1,6 +1,7 @@
 // The UNet module (forward) against a PyTorch forward of the same tiny UNet2DConditionModel, with
 // SD1-style conv projections and SD2-style linear projections, f32 and f16. Tolerances: f32 5e-4
 // absolute + 2e-4 relative (some 60 ops deep vs float64), f16 5e-2 + 2e-2 (f16 activations).
+import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
@@ -36,7 +37,6 @@ describe('dry-run memory planning', () => {
   it('plans exactly the peak bytes a real UNet forward allocates, computing nothing', async () => {
     const { readFileSync: read } = await import('node:fs');
     const { unetParams } = await import('../../src/models/shapes.ts');
-    const assert = (await import('node:assert/strict')).default;
     const { tensors, metadata } = readSafetensors(new Uint8Array(read(join(FIXTURES, 'modules', 'unet_sd1.safetensors'))));
     const cfg = unetConfigFromJson(JSON.parse(metadata.config));
     const peak = async (dryRun: boolean) => {
