@@ -40,16 +40,20 @@ interface Row {
   weightsMiB: number;
   activationsPeakMiB: number;
   totalPeakMiB: number;
+  /** Wall time of the real run (with --real; includes the first run's pipeline compilation). */
+  ms?: number;
   error?: string;
 }
 
-async function sd15(dtype: DType): Promise<Row[]> {
-  const gpu = await nodeGpu({ dryRun: true });
+async function sd15(dtype: DType, dryRun: boolean): Promise<Row[]> {
+  const gpu = await nodeGpu({ dryRun });
   const rows: Row[] = [];
   const add = async (component: string, w: number, peak: () => Promise<number>) => {
     try {
+      const t0 = performance.now();
       const p = await peak();
-      rows.push({ component, weightsMiB: w / MiB, activationsPeakMiB: p / MiB, totalPeakMiB: (w + p) / MiB });
+      const ms = performance.now() - t0;
+      rows.push({ component, weightsMiB: w / MiB, activationsPeakMiB: p / MiB, totalPeakMiB: (w + p) / MiB, ...(dryRun ? {} : { ms }) });
     } catch (e) {
       rows.push({ component, weightsMiB: w / MiB, activationsPeakMiB: NaN, totalPeakMiB: NaN, error: (e as Error).message });
     }
@@ -98,19 +102,21 @@ async function tiny(dryRun: boolean): Promise<number> {
 }
 
 const dtype = (process.argv.includes('--f32') ? 'f32' : 'f16') as DType;
-const rows = await sd15(dtype);
+// --real: run SD 1.5 sizes for real (random weights; a GPU with a few GiB) and time them too.
+const real = process.argv.includes('--real');
+const rows = await sd15(dtype, !real);
 const measured = await tiny(false);
 const planned = await tiny(true);
-console.log(`SD 1.5 at 512 px, ${dtype} weights and activations (planned by a dry run of the real code):`);
+console.log(`SD 1.5 at 512 px, ${dtype} weights and activations (${real ? 'measured on a real run' : 'planned by a dry run of the real code'}):`);
 for (const r of rows)
   console.log(
     r.error
       ? `  ${r.component.padEnd(56)} not runnable on this adapter: ${r.error}`
-      : `  ${r.component.padEnd(56)} weights ${r.weightsMiB.toFixed(0).padStart(6)} MiB  activations peak ${r.activationsPeakMiB.toFixed(0).padStart(6)} MiB  total ${r.totalPeakMiB.toFixed(0).padStart(6)} MiB`,
+      : `  ${r.component.padEnd(56)} weights ${r.weightsMiB.toFixed(0).padStart(6)} MiB  activations peak ${r.activationsPeakMiB.toFixed(0).padStart(6)} MiB  total ${r.totalPeakMiB.toFixed(0).padStart(6)} MiB${r.ms !== undefined ? `  ${r.ms.toFixed(0)} ms` : ''}`,
   );
 console.log(`tiny UNet forward (f32): measured peak ${measured} bytes, dry-run plan ${planned} bytes (${measured === planned ? 'equal' : 'DIFFER'})`);
-const out = join(here, 'results', `memory-${dtype}.json`);
+const out = process.env.DBS_OUT ? join(process.env.DBS_OUT, `memory-${dtype}${real ? '-real' : ''}.json`) : join(here, 'results', `memory-${dtype}${real ? '-real' : ''}.json`);
 mkdirSync(dirname(out), { recursive: true });
-writeFileSync(out, JSON.stringify({ date: new Date().toISOString(), dtype, sd15: rows, tiny: { measuredPeakBytes: measured, plannedPeakBytes: planned } }, null, 2));
+writeFileSync(out, JSON.stringify({ date: new Date().toISOString(), dtype, real, sd15: rows, tiny: { measuredPeakBytes: measured, plannedPeakBytes: planned } }, null, 2));
 console.log(`wrote ${out}`);
 process.exit(0);
