@@ -6,11 +6,8 @@
 import type { Gpu } from '../gpu/device.ts';
 import { ShapeError } from '../gpu/errors.ts';
 import type { Tensor } from '../gpu/tensor.ts';
-import { flashAttention } from '../ops/attention.ts';
-import { activation, add } from '../ops/elementwise.ts';
 import { embedding } from '../ops/embedding.ts';
-import { linear } from '../ops/matmul.ts';
-import { layerNorm } from '../ops/norm.ts';
+import { Ops, type Tape } from './ops.ts';
 
 export interface ClipTextConfig {
   vocabSize: number;
@@ -51,29 +48,34 @@ function w(weights: Weights, name: string): Tensor {
   return t;
 }
 
-/** last_hidden_state [B, L, hidden] for token ids [B * L] (L <= maxPositions, usually 77). */
-export function clipTextForward(gpu: Gpu, cfg: ClipTextConfig, weights: Weights, ids: ArrayLike<number>, batch: number): Tensor {
+/**
+ * last_hidden_state [B, L, hidden] for token ids [B * L] (L <= maxPositions, usually 77). With a tape,
+ * every op records its backward (gradients for all weights but the embedding tables, which only
+ * textual inversion would train).
+ */
+export function clipTextForward(gpu: Gpu, cfg: ClipTextConfig, weights: Weights, ids: ArrayLike<number>, batch: number, tape: Tape | null = null): Tensor {
+  const F = new Ops(gpu, tape);
   const p = 'text_model.';
   let x = embedding(gpu, ids, batch, w(weights, `${p}embeddings.token_embedding.weight`), w(weights, `${p}embeddings.position_embedding.weight`));
   const L = ids.length / batch;
   const headDim = cfg.hiddenSize / cfg.heads;
   for (let l = 0; l < cfg.layers; l++) {
     const b = `${p}encoder.layers.${l}.`;
-    const ln1 = layerNorm(gpu, x, w(weights, `${b}layer_norm1.weight`), w(weights, `${b}layer_norm1.bias`), cfg.eps);
-    const proj = (n: string) => linear(gpu, ln1.y, w(weights, `${b}self_attn.${n}.weight`), w(weights, `${b}self_attn.${n}.bias`)).reshape([batch, L, cfg.heads, headDim]);
+    const ln1 = F.layerNorm(x, w(weights, `${b}layer_norm1.weight`), w(weights, `${b}layer_norm1.bias`), cfg.eps);
+    const proj = (n: string) => F.reshape(F.linear(ln1, w(weights, `${b}self_attn.${n}.weight`), w(weights, `${b}self_attn.${n}.bias`)), [batch, L, cfg.heads, headDim]);
     const [q, k, v] = [proj('q_proj'), proj('k_proj'), proj('v_proj')];
-    const att = flashAttention(gpu, q, k, v, { layout: 'bnhd', causal: true });
-    const o = linear(gpu, att.out.reshape([batch, L, cfg.hiddenSize]), w(weights, `${b}self_attn.out_proj.weight`), w(weights, `${b}self_attn.out_proj.bias`));
-    const x1 = add(gpu, x, o);
-    gpu.free(ln1.y, ln1.mean, ln1.rstd, q, k, v, att.out, att.lse, o, x);
-    const ln2 = layerNorm(gpu, x1, w(weights, `${b}layer_norm2.weight`), w(weights, `${b}layer_norm2.bias`), cfg.eps);
-    const h = linear(gpu, ln2.y, w(weights, `${b}mlp.fc1.weight`), w(weights, `${b}mlp.fc1.bias`));
-    const a = activation(gpu, cfg.act === 'gelu' ? 'gelu' : 'quickGelu', h);
-    const f = linear(gpu, a, w(weights, `${b}mlp.fc2.weight`), w(weights, `${b}mlp.fc2.bias`));
-    x = add(gpu, x1, f);
-    gpu.free(ln2.y, ln2.mean, ln2.rstd, h, a, f, x1);
+    const att = F.attention(q, k, v, { layout: 'bnhd', causal: true });
+    const o = F.linear(F.reshape(att, [batch, L, cfg.hiddenSize]), w(weights, `${b}self_attn.out_proj.weight`), w(weights, `${b}self_attn.out_proj.bias`));
+    const x1 = F.add(x, o);
+    F.release(ln1, q, k, v, att, o, x);
+    const ln2 = F.layerNorm(x1, w(weights, `${b}layer_norm2.weight`), w(weights, `${b}layer_norm2.bias`), cfg.eps);
+    const h = F.linear(ln2, w(weights, `${b}mlp.fc1.weight`), w(weights, `${b}mlp.fc1.bias`));
+    const a = F.act(cfg.act === 'gelu' ? 'gelu' : 'quickGelu', h);
+    const f = F.linear(a, w(weights, `${b}mlp.fc2.weight`), w(weights, `${b}mlp.fc2.bias`));
+    x = F.add(x1, f);
+    F.release(ln2, h, a, f, x1);
   }
-  const out = layerNorm(gpu, x, w(weights, `${p}final_layer_norm.weight`), w(weights, `${p}final_layer_norm.bias`), cfg.eps);
-  gpu.free(x, out.mean, out.rstd);
-  return out.y;
+  const out = F.layerNorm(x, w(weights, `${p}final_layer_norm.weight`), w(weights, `${p}final_layer_norm.bias`), cfg.eps);
+  F.release(x);
+  return out;
 }
