@@ -12,6 +12,7 @@ import { vaeConfigFromJson, type VaeConfig } from '../nn/vae.ts';
 import { detectSingleFile, ModelError, type Family, type Prediction } from './detect.ts';
 import type { FolderReader } from './inspect.ts';
 import { clipToDiffusers, isVaeAttentionProjection, openClipToDiffusers, unetToDiffusers, vaeToDiffusers, type UnetLayout } from './keymap.ts';
+import { clipParams, unetParams, vaeParams, type ParamShapes } from './shapes.ts';
 
 export interface LoadedModel {
   family: Family;
@@ -170,7 +171,32 @@ export async function loadSingleFile(gpu: Gpu, file: SafetensorsFile, o: LoadOpt
       );
     }
   }
-  return { family, prediction, unet: { config: unetConfig, weights: unet }, vae: { config: vaeConfig, weights: vae }, textEncoder: { config: teConfig, weights: te } };
+  return validate(file.source.name, { family, prediction, unet: { config: unetConfig, weights: unet }, vae: { config: vaeConfig, weights: vae }, textEncoder: { config: teConfig, weights: te } });
+}
+
+/**
+ * Every tensor the component's config needs is present with its shape, and nothing unknown is left
+ * over: otherwise a ModelError names the component, the tensor and both shapes.
+ */
+export function validateComponent(what: string, component: string, expected: ParamShapes, weights: Weights): void {
+  const missing: string[] = [];
+  for (const [name, shape] of expected) {
+    const t = weights.get(name);
+    if (!t) missing.push(name);
+    else if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i]))
+      throw new ModelError(`${what}: ${component} tensor ${name} is [${t.shape}] but its config needs [${shape}]`);
+  }
+  if (missing.length)
+    throw new ModelError(`${what}: ${component} is missing ${missing.length} tensor(s), e.g. ${missing.slice(0, 3).join(', ')}`);
+  const extra = [...weights.keys()].filter((n) => !expected.has(n));
+  if (extra.length) throw new ModelError(`${what}: ${component} has ${extra.length} tensor(s) its config does not use, e.g. ${extra.slice(0, 3).join(', ')}`);
+}
+
+function validate(what: string, m: LoadedModel): LoadedModel {
+  validateComponent(what, 'unet', unetParams(m.unet.config), m.unet.weights);
+  validateComponent(what, 'vae', vaeParams(m.vae.config), m.vae.weights);
+  validateComponent(what, 'text encoder', clipParams(m.textEncoder.config), m.textEncoder.weights);
+  return m;
 }
 
 async function loadComponent(gpu: Gpu, dir: FolderReader, candidates: string[], dtype: DType): Promise<Weights> {
@@ -193,11 +219,11 @@ export async function loadDiffusers(gpu: Gpu, dir: FolderReader, o: LoadOptions)
   const sched = (await dir.exists('scheduler/scheduler_config.json')) ? await dir.readJson('scheduler/scheduler_config.json') : {};
   const family: Family = o.family ?? (unetJson.cross_attention_dim === 1024 ? 'sd2' : 'sd1');
   const p = (o.overrides?.scheduler?.prediction_type ?? sched.prediction_type) as Prediction | undefined;
-  return {
+  return validate(dir.name, {
     family,
     prediction: p ?? (family === 'sd1' ? 'epsilon' : 'v_prediction'),
     unet: { config: unetConfigFromJson(unetJson), weights: await loadComponent(gpu, dir, ['unet/diffusion_pytorch_model.safetensors', 'unet/diffusion_pytorch_model.fp16.safetensors'], o.dtype) },
     vae: { config: vaeConfigFromJson(vaeJson), weights: await loadComponent(gpu, dir, ['vae/diffusion_pytorch_model.safetensors', 'vae/diffusion_pytorch_model.fp16.safetensors'], o.dtype) },
     textEncoder: { config: clipConfigFromJson(teJson), weights: await loadComponent(gpu, dir, ['text_encoder/model.safetensors', 'text_encoder/model.fp16.safetensors'], o.dtype) },
-  };
+  });
 }

@@ -9,6 +9,9 @@ import { describe, it } from 'node:test';
 import { readSafetensors, SafetensorsFile } from '../../src/io/safetensors.ts';
 import { NodeFileSource } from '../../src/io/source-node.ts';
 import { loadDiffusers, loadSingleFile, type LoadedModel } from '../../src/models/load.ts';
+import { ModelError } from '../../src/models/detect.ts';
+import { writeSafetensors } from '../../src/io/safetensors.ts';
+import { writeFileSync } from 'node:fs';
 import type { FolderReader } from '../../src/models/inspect.ts';
 import { clipTextForward } from '../../src/nn/clip.ts';
 import { unetForward } from '../../src/nn/unet.ts';
@@ -62,5 +65,26 @@ describe('loading both layouts of a tiny SD1 model', () => {
       compare('vae decode vs torch', a.image, a.golden.image, { atol: 2e-4, rtol: 1e-4 }),
       compare('text encoder vs torch', a.text, a.golden.text, { atol: 1e-4, rtol: 1e-4 }),
     ]);
+  });
+});
+
+describe('loading refuses missing and misshaped tensors, naming them', () => {
+  const rewrite = (drop: string | null, reshape: [string, number[]] | null) => {
+    const f = readSafetensors(new Uint8Array(readFileSync(tiny.singleFile)));
+    const m = new Map([...f.tensors].filter(([n]) => n !== drop).map(([n, t]) => [n, reshape && n === reshape[0] ? { shape: reshape[1], data: t.data.subarray(0, reshape[1].reduce((a, b) => a * b, 1)) } : t]));
+    const p = join(dir, `bad-${drop ? 'missing' : 'shape'}.safetensors`);
+    writeFileSync(p, writeSafetensors(m));
+    return p;
+  };
+  const load = async (p: string) => loadSingleFile(await testGpu(), await SafetensorsFile.open(await NodeFileSource.open(p)), { dtype: 'f32', family: 'sd1', overrides: tiny.overrides });
+
+  it('a missing tensor', async () => {
+    const p = rewrite('model.diffusion_model.middle_block.1.proj_out.weight', null);
+    await assert.rejects(load(p), (e: Error) => e instanceof ModelError && /bad-missing\.safetensors: unet is missing 1 tensor\(s\), e\.g\. mid_block\.attentions\.0\.proj_out\.weight/.test(e.message));
+  });
+
+  it('a misshaped tensor', async () => {
+    const p = rewrite(null, ['first_stage_model.decoder.conv_out.bias', [2]]);
+    await assert.rejects(load(p), (e: Error) => e instanceof ModelError && /vae tensor decoder\.conv_out\.bias is \[2\] but its config needs \[3\]/.test(e.message));
   });
 });
