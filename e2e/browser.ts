@@ -24,7 +24,14 @@ export async function serve(dir = join(ROOT, 'dist'), entry = 'index.html'): Pro
   const server: Server = createServer((req, res) => {
     const path = normalize(decodeURIComponent(new URL(req.url ?? '/', 'http://x').pathname)).replace(/^(\.\.[/\\])+/, '');
     let file = join(dir, path);
-    if (!file.startsWith(dir) || !existsSync(file) || statSync(file).isDirectory()) file = join(dir, entry);
+    if (!file.startsWith(dir) || !existsSync(file) || statSync(file).isDirectory()) {
+      // Page routes fall back to the entry page; a missing file (anything with an extension) is a 404.
+      if (extname(path)) {
+        res.writeHead(404).end();
+        return;
+      }
+      file = join(dir, entry);
+    }
     res.writeHead(200, { 'content-type': TYPES[extname(file)] ?? 'application/octet-stream' });
     createReadStream(file).pipe(res);
   });
