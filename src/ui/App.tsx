@@ -6,6 +6,7 @@ import { describeCheck } from '../selftest/check.ts';
 import { ALL_CASES } from '../selftest/cases/index.ts';
 import { browserGolden } from '../selftest/browser.ts';
 import { dtypesFor, runCase, type CaseResult } from '../selftest/runner.ts';
+import { Generate } from './Generate.tsx';
 import { useStudio } from './store.ts';
 
 const SHOWN_LIMITS = [
@@ -172,6 +173,11 @@ function SelfTestPanel() {
   );
 }
 
+function GeneratePanel() {
+  const g = useStudio((s) => s.gpu);
+  return g.kind === 'ready' ? <Generate gpu={g.gpu} /> : null;
+}
+
 export function App() {
   useEffect(() => {
     void initGpu();
@@ -184,6 +190,7 @@ export function App() {
       </header>
       <AdapterPanel />
       <SelfTestPanel />
+      <GeneratePanel />
     </main>
   );
 }

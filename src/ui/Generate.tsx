@@ -1,0 +1,132 @@
+// Text to image in the page: a diffusers-layout model from a hub (downloaded once, cached in IndexedDB),
+// the engine's CLIP, UNet and VAE on this GPU, DDIM or DPM-Solver++ with classifier-free guidance.
+import { encode } from 'fast-png';
+import { useState } from 'react';
+import type { Gpu } from '../gpu/device.ts';
+import { idbDownloadCache } from '../io/cache-idb.ts';
+import { downloadDiffusersModel } from '../io/hub.ts';
+import type { ByteSource } from '../io/source.ts';
+import { ClipTokenizer } from '../io/tokenizer.ts';
+import type { FolderReader } from '../models/inspect.ts';
+import { loadDiffusers } from '../models/load.ts';
+import { scheduleFromJson, SD_SCHEDULE } from '../sample/schedulers.ts';
+import { txt2img } from '../sample/txt2img.ts';
+
+async function text(src: ByteSource): Promise<string> {
+  return new TextDecoder().decode(await src.read(0, src.size));
+}
+
+function reader(name: string, files: Map<string, ByteSource>): FolderReader {
+  return {
+    name,
+    exists: async (p) => files.has(p),
+    readJson: async (p) => JSON.parse(await text(files.get(p)!)),
+    open: async (p) => files.get(p)!,
+  };
+}
+
+export function Generate({ gpu }: { gpu: Gpu }) {
+  const [endpoint, setEndpoint] = useState('https://huggingface.co');
+  const [repo, setRepo] = useState('stable-diffusion-v1-5/stable-diffusion-v1-5');
+  const [prompt, setPrompt] = useState('a photo of a dog in the snow');
+  const [negative, setNegative] = useState('');
+  const [steps, setSteps] = useState(25);
+  const [seed, setSeed] = useState(1);
+  const [size, setSize] = useState(512);
+  const [sampler, setSampler] = useState<'dpm++2m' | 'ddim'>('dpm++2m');
+  const [status, setStatus] = useState('');
+  const [busy, setBusy] = useState(false);
+  const [image, setImage] = useState<string | null>(null);
+
+  async function run() {
+    setBusy(true);
+    setImage(null);
+    try {
+      setStatus('Downloading the model (cached after the first time)…');
+      const m = await downloadDiffusersModel(repo, {
+        endpoint,
+        cache: idbDownloadCache(),
+        onProgress: (p) => setStatus(`Downloading ${p.path}: ${(p.loaded / 2 ** 20).toFixed(1)}${p.total ? ` / ${(p.total / 2 ** 20).toFixed(1)}` : ''} MiB`),
+      });
+      setStatus('Loading the model onto the GPU…');
+      const files = reader(repo, m.files);
+      const model = await loadDiffusers(gpu, files, { dtype: gpu.computeDType });
+      const tokFiles = m.files.has('tokenizer/tokenizer.json')
+        ? { tokenizerJson: await files.readJson('tokenizer/tokenizer.json') }
+        : { vocab: (await files.readJson('tokenizer/vocab.json')) as Record<string, number>, merges: await text(m.files.get('tokenizer/merges.txt')!) };
+      const config = m.files.has('tokenizer/tokenizer_config.json') ? await files.readJson('tokenizer/tokenizer_config.json') : {};
+      const tokenizer = ClipTokenizer.fromFiles({ ...tokFiles, config });
+      const sched = m.files.has('scheduler/scheduler_config.json') ? await files.readJson('scheduler/scheduler_config.json') : {};
+      const t0 = performance.now();
+      const img = await txt2img(gpu, model, tokenizer, {
+        prompt,
+        negativePrompt: negative,
+        steps,
+        guidance: 7.5,
+        seed,
+        width: size,
+        height: size,
+        sampler,
+        schedule: { ...SD_SCHEDULE, ...scheduleFromJson(sched, model.prediction) },
+        onStep: (i, n) => setStatus(`Step ${i} / ${n} (${((performance.now() - t0) / 1000).toFixed(1)} s)`),
+      });
+      for (const part of [model.unet.weights, model.vae.weights, model.textEncoder.weights]) gpu.free(...part.values());
+      const png = encode({ width: img.width, height: img.height, data: img.rgb, channels: 3, depth: 8 });
+      setImage(URL.createObjectURL(new Blob([new Uint8Array(png)], { type: 'image/png' })));
+      setStatus(`Done in ${((performance.now() - t0) / 1000).toFixed(1)} s (${img.width}x${img.height}).`);
+    } catch (e) {
+      setStatus(`Could not generate: ${(e as Error).message}`);
+    } finally {
+      setBusy(false);
+    }
+  }
+
+  return (
+    <section aria-labelledby="gen-title">
+      <h2 id="gen-title">Generate an image</h2>
+      <form
+        className="form"
+        onSubmit={(e) => {
+          e.preventDefault();
+          void run();
+        }}
+      >
+        <label>
+          Model hub <input name="endpoint" value={endpoint} onChange={(e) => setEndpoint(e.target.value)} />
+        </label>
+        <label>
+          Model (diffusers layout) <input name="repo" value={repo} onChange={(e) => setRepo(e.target.value)} />
+        </label>
+        <label>
+          Prompt <input name="prompt" value={prompt} onChange={(e) => setPrompt(e.target.value)} />
+        </label>
+        <label>
+          Negative prompt <input name="negative" value={negative} onChange={(e) => setNegative(e.target.value)} />
+        </label>
+        <label>
+          Steps <input name="steps" type="number" min={1} max={150} value={steps} onChange={(e) => setSteps(Number(e.target.value))} />
+        </label>
+        <label>
+          Seed <input name="seed" type="number" value={seed} onChange={(e) => setSeed(Number(e.target.value))} />
+        </label>
+        <label>
+          Size (px) <input name="size" type="number" min={8} step={8} value={size} onChange={(e) => setSize(Number(e.target.value))} />
+        </label>
+        <label>
+          Sampler
+          <select name="sampler" value={sampler} onChange={(e) => setSampler(e.target.value as 'dpm++2m' | 'ddim')}>
+            <option value="dpm++2m">DPM-Solver++ 2M</option>
+            <option value="ddim">DDIM</option>
+          </select>
+        </label>
+        <button type="submit" disabled={busy}>
+          {busy ? 'Generating…' : 'Generate'}
+        </button>
+      </form>
+      <p role="status" data-testid="gen-status">
+        {status}
+      </p>
+      {image && <img src={image} alt={`Generated: ${prompt}`} data-testid="gen-image" className="generated" />}
+    </section>
+  );
+}
