@@ -3,11 +3,7 @@
 import type { Gpu } from '../gpu/device.ts';
 import { ShapeError } from '../gpu/errors.ts';
 import type { Tensor } from '../gpu/tensor.ts';
-import { add, addChannel, repeat, scale } from '../ops/elementwise.ts';
 import type { Ops } from './ops.ts';
-import { matmul } from '../ops/matmul.ts';
-import { groupNorm } from '../ops/norm.ts';
-import { softmax } from '../ops/softmax.ts';
 
 export type Weights = Map<string, Tensor>;
 
@@ -56,19 +52,14 @@ export function resnetForward(F: Ops, x: Tensor, weights: Weights, prefix: strin
   return out;
 }
 
-/** W [C, C] applied to channel-first x [N, C, P] plus a per-channel bias: [N, C, P]. */
-function channelLinear(gpu: Gpu, x: Tensor, w: Tensor, b: Tensor, n: number, p: number): Tensor {
+/** W [C, C] applied to channel-first x [N, C, P] plus a per-channel bias (one row per sample): [N, C, P]. */
+function channelLinear(F: Ops, x: Tensor, w: Tensor, b: Tensor, n: number, p: number): Tensor {
   const c = w.shape[0];
-  const y = matmul(gpu, w.reshape([c, w.numel / c]), x);
-  const bias = biasPerSample(gpu, b, n);
-  const out = addChannel(gpu, y.reshape([n, c, p]), bias);
-  gpu.free(y, bias);
+  const y = F.matmul(F.reshape(w, [c, w.numel / c]), x);
+  const bias = F.repeat(b, n);
+  const out = F.addChannel(F.reshape(y, [n, c, p]), bias);
+  F.release(y, bias);
   return out;
-}
-
-/** [C] -> [N, C] (the channel-broadcast add takes one row per sample). */
-function biasPerSample(gpu: Gpu, b: Tensor, n: number): Tensor {
-  return repeat(gpu, b, n);
 }
 
 /**
@@ -77,22 +68,22 @@ function biasPerSample(gpu: Gpu, b: Tensor, n: number): Tensor {
  * S = q^T k [N, P, P], O^T = v P^T [N, C, P]. Materialises S (C = 512 is past the flash kernel's head
  * dims; the VAE runs once per image, not in the training loop).
  */
-export function vaeAttentionForward(gpu: Gpu, x: Tensor, weights: Weights, prefix: string, groups: number, eps: number): Tensor {
+export function vaeAttentionForward(F: Ops, x: Tensor, weights: Weights, prefix: string, groups: number, eps: number): Tensor {
   const [n, c, h, w] = x.shape;
   const p = h * w;
-  const g = groupNorm(gpu, x, weight(weights, `${prefix}.group_norm.weight`), weight(weights, `${prefix}.group_norm.bias`), groups, eps);
-  const xn = g.y.reshape([n, c, p]);
-  const proj = (name: string) => channelLinear(gpu, xn, weight(weights, `${prefix}.${name}.weight`), weight(weights, `${prefix}.${name}.bias`), n, p);
+  const g = F.groupNorm(x, weight(weights, `${prefix}.group_norm.weight`), weight(weights, `${prefix}.group_norm.bias`), groups, eps);
+  const xn = F.reshape(g, [n, c, p]);
+  const proj = (name: string) => channelLinear(F, xn, weight(weights, `${prefix}.${name}.weight`), weight(weights, `${prefix}.${name}.bias`), n, p);
   const [q, k, v] = [proj('to_q'), proj('to_k'), proj('to_v')];
-  gpu.free(g.y, g.mean, g.rstd);
-  const sRaw = matmul(gpu, q, k, { transA: true }); // [N, P, P]
-  const s = scale(gpu, sRaw, 1 / Math.sqrt(c));
-  const probs = softmax(gpu, s);
-  const oT = matmul(gpu, v, probs, { transB: true }); // [N, C, P]
-  gpu.free(q, k, v, sRaw, s, probs);
-  const o = channelLinear(gpu, oT, weight(weights, `${prefix}.to_out.0.weight`), weight(weights, `${prefix}.to_out.0.bias`), n, p);
-  gpu.free(oT);
-  const out = add(gpu, x, o.reshape(x.shape));
-  gpu.free(o);
+  F.release(g);
+  const sRaw = F.matmul(q, k, { transA: true }); // [N, P, P]
+  const s = F.scale(sRaw, 1 / Math.sqrt(c));
+  const probs = F.softmax(s);
+  const oT = F.matmul(v, probs, { transB: true }); // [N, C, P]
+  F.release(q, k, v, sRaw, s, probs);
+  const o = channelLinear(F, oT, weight(weights, `${prefix}.to_out.0.weight`), weight(weights, `${prefix}.to_out.0.bias`), n, p);
+  F.release(oT);
+  const out = F.add(x, F.reshape(o, x.shape));
+  F.release(o);
   return out;
 }

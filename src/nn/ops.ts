@@ -11,7 +11,9 @@ import {
   activation, activationBackward, add, addChannel, addChannelBackward, cast, concatChannels, geglu, gegluBackward, scale, splitChannels,
   transpose2d, upsample2x, upsample2xBackward, type Activation,
 } from '../ops/elementwise.ts';
-import { linear, linearBackward } from '../ops/matmul.ts';
+import { colSum, linear, linearBackward, matmul, matmulBackward, type MatmulOptions } from '../ops/matmul.ts';
+import { softmax, softmaxBackward } from '../ops/softmax.ts';
+import { pad2d, pad2dBackward, repeat, type Pad2d } from '../ops/elementwise.ts';
 import { groupNorm, groupNormBackward, layerNorm, layerNormBackward } from '../ops/norm.ts';
 
 export class Tape {
@@ -210,6 +212,65 @@ export class Ops {
       const dy = this.tape!.take(y);
       if (!dy) return;
       this.tape!.acc(x, upsample2xBackward(this.gpu, x, dy));
+      this.gpu.free(dy);
+    });
+    return y;
+  }
+
+  matmul(a: Tensor, b: Tensor, opts: Pick<MatmulOptions, 'transA' | 'transB'> = {}): Tensor {
+    const y = matmul(this.gpu, a, b, opts);
+    this.rec(() => {
+      const dy = this.tape!.take(y);
+      if (!dy) return;
+      const g = matmulBackward(this.gpu, a, b, dy, opts);
+      this.tape!.acc(a, g.da);
+      this.tape!.acc(b, g.db);
+      this.gpu.free(dy);
+    });
+    return y;
+  }
+
+  softmax(x: Tensor): Tensor {
+    const y = softmax(this.gpu, x);
+    this.rec(() => {
+      const dy = this.tape!.take(y);
+      if (!dy) return;
+      this.tape!.acc(x, softmaxBackward(this.gpu, y, dy));
+      this.gpu.free(dy);
+    });
+    return y;
+  }
+
+  scale(x: Tensor, s: number): Tensor {
+    const y = scale(this.gpu, x, s);
+    this.rec(() => {
+      const dy = this.tape!.take(y);
+      if (!dy) return;
+      this.tape!.acc(x, scale(this.gpu, dy, s));
+      this.gpu.free(dy);
+    });
+    return y;
+  }
+
+  pad(x: Tensor, p: Pad2d): Tensor {
+    const y = pad2d(this.gpu, x, p);
+    this.rec(() => {
+      const dy = this.tape!.take(y);
+      if (!dy) return;
+      this.tape!.acc(x, pad2dBackward(this.gpu, x, dy, p));
+      this.gpu.free(dy);
+    });
+    return y;
+  }
+
+  /** [times, ...x.shape]; the backward sums the copies. */
+  repeat(x: Tensor, times: number): Tensor {
+    const y = repeat(this.gpu, x, times);
+    this.rec(() => {
+      const dy = this.tape!.take(y);
+      if (!dy) return;
+      const summed = colSum(this.gpu, dy.reshape([times, x.numel]));
+      this.tape!.acc(x, new Tensor(summed.alloc, x.shape, summed.dtype, summed.byteOffset, summed.owner));
       this.gpu.free(dy);
     });
     return y;

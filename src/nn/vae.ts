@@ -6,12 +6,12 @@
 //   decoder: post_quant_conv, conv_in, mid, per block (channels reversed) `layers + 1` ResNets (+ nearest
 //   2x upsample and conv, except the last), GroupNorm + SiLU, conv_out -> 3 channels.
 // Latents here are unscaled (multiply by the config's scaling_factor, 0.18215 for SD, before the UNet).
+// With a tape both directions record their backward (every VAE parameter gets its gradient).
 import type { Gpu } from '../gpu/device.ts';
 import { ShapeError } from '../gpu/errors.ts';
 import type { Tensor } from '../gpu/tensor.ts';
-import { pad2d, upsample2x } from '../ops/elementwise.ts';
 import { conv, normSilu, resnetForward, vaeAttentionForward, type Weights } from './blocks.ts';
-import { Ops } from './ops.ts';
+import { Ops, type Tape } from './ops.ts';
 
 export interface VaeConfig {
   blockOutChannels: number[];
@@ -34,75 +34,74 @@ export function vaeConfigFromJson(j: Record<string, unknown>): VaeConfig {
 
 const EPS = 1e-6;
 
-function mid(gpu: Gpu, x: Tensor, weights: Weights, p: string, cfg: VaeConfig): Tensor {
-  const F = new Ops(gpu);
+function mid(F: Ops, x: Tensor, weights: Weights, p: string, cfg: VaeConfig): Tensor {
   const a = resnetForward(F, x, weights, `${p}.mid_block.resnets.0`, cfg.groups, EPS);
-  const b = vaeAttentionForward(gpu, a, weights, `${p}.mid_block.attentions.0`, cfg.groups, EPS);
-  gpu.free(a);
+  const b = vaeAttentionForward(F, a, weights, `${p}.mid_block.attentions.0`, cfg.groups, EPS);
+  F.release(a);
   const c = resnetForward(F, b, weights, `${p}.mid_block.resnets.1`, cfg.groups, EPS);
-  gpu.free(b);
+  F.release(b);
   return c;
 }
 
 /** image [N, 3, H, W] in [-1, 1] -> moments [N, 2 * latent, H/f, W/f]: mean then log-variance channels. */
-export function vaeEncode(gpu: Gpu, cfg: VaeConfig, weights: Weights, image: Tensor): Tensor {
+export function vaeEncode(gpu: Gpu, cfg: VaeConfig, weights: Weights, image: Tensor, tape: Tape | null = null): Tensor {
   if (image.shape.length !== 4 || image.shape[1] !== 3) throw new ShapeError('vaeEncode', `image must be [N,3,H,W], got [${image.shape}]`);
   const f = 2 ** (cfg.blockOutChannels.length - 1);
   if (image.shape[2] % f || image.shape[3] % f) throw new ShapeError('vaeEncode', `image size ${image.shape[2]}x${image.shape[3]} must be a multiple of ${f}`);
-  const F = new Ops(gpu);
+  const F = new Ops(gpu, tape);
   let x = conv(F, image, weights, 'encoder.conv_in');
   for (let i = 0; i < cfg.blockOutChannels.length; i++) {
     for (let j = 0; j < cfg.layersPerBlock; j++) {
       const y = resnetForward(F, x, weights, `encoder.down_blocks.${i}.resnets.${j}`, cfg.groups, EPS);
-      gpu.free(x);
+      F.release(x);
       x = y;
     }
     if (i < cfg.blockOutChannels.length - 1) {
-      const padded = pad2d(gpu, x, { top: 0, bottom: 1, left: 0, right: 1 });
-      gpu.free(x);
+      const padded = F.pad(x, { top: 0, bottom: 1, left: 0, right: 1 });
+      F.release(x);
       x = conv(F, padded, weights, `encoder.down_blocks.${i}.downsamplers.0.conv`, 2);
-      gpu.free(padded);
+      F.release(padded);
     }
   }
-  const m = mid(gpu, x, weights, 'encoder', cfg);
-  gpu.free(x);
+  const m = mid(F, x, weights, 'encoder', cfg);
+  F.release(x);
   const a = normSilu(F, m, weights, 'encoder.conv_norm_out', cfg.groups, EPS);
-  gpu.free(m);
+  F.release(m);
   const h = conv(F, a, weights, 'encoder.conv_out');
-  gpu.free(a);
+  F.release(a);
   const moments = conv(F, h, weights, 'quant_conv');
-  gpu.free(h);
+  F.release(h);
   return moments;
 }
 
 /** latents [N, latent, h, w] (unscaled) -> image [N, 3, h*f, w*f], roughly in [-1, 1]. */
-export function vaeDecode(gpu: Gpu, cfg: VaeConfig, weights: Weights, latents: Tensor): Tensor {
+export function vaeDecode(gpu: Gpu, cfg: VaeConfig, weights: Weights, latents: Tensor, tape: Tape | null = null): Tensor {
   if (latents.shape.length !== 4 || latents.shape[1] !== cfg.latentChannels)
     throw new ShapeError('vaeDecode', `latents must be [N,${cfg.latentChannels},h,w], got [${latents.shape}]`);
-  const F = new Ops(gpu);
+  const F = new Ops(gpu, tape);
   const z = conv(F, latents, weights, 'post_quant_conv');
   let x = conv(F, z, weights, 'decoder.conv_in');
-  gpu.free(z);
-  const m = mid(gpu, x, weights, 'decoder', cfg);
-  gpu.free(x);
+  F.release(z);
+  const m = mid(F, x, weights, 'decoder', cfg);
+  F.release(x);
   x = m;
   const blocks = cfg.blockOutChannels.length;
   for (let i = 0; i < blocks; i++) {
     for (let j = 0; j < cfg.layersPerBlock + 1; j++) {
       const y = resnetForward(F, x, weights, `decoder.up_blocks.${i}.resnets.${j}`, cfg.groups, EPS);
-      gpu.free(x);
+      F.release(x);
       x = y;
     }
     if (i < blocks - 1) {
-      const up = upsample2x(gpu, x);
-      gpu.free(x);
+      const up = F.upsample(x);
+      F.release(x);
       x = conv(F, up, weights, `decoder.up_blocks.${i}.upsamplers.0.conv`);
-      gpu.free(up);
+      F.release(up);
     }
   }
   const a = normSilu(F, x, weights, 'decoder.conv_norm_out', cfg.groups, EPS);
-  gpu.free(x);
+  F.release(x);
   const img = conv(F, a, weights, 'decoder.conv_out');
-  gpu.free(a);
+  F.release(a);
   return img;
 }
