@@ -10,8 +10,9 @@ import { launch, ROOT, SCREENSHOTS, serve } from './browser.ts';
 
 describe('generate an image from the page (Chromium)', () => {
   let server: Awaited<ReturnType<typeof serve>>;
+  let tiny: ReturnType<typeof writeTinyModel>;
   before(async () => {
-    const tiny = writeTinyModel(mkdtempSync(join(tmpdir(), 'dbs-gen-e2e-')));
+    tiny = writeTinyModel(mkdtempSync(join(tmpdir(), 'dbs-gen-e2e-')));
     rmSync(join(ROOT, 'dist', 'hub'), { recursive: true, force: true });
     const hubDir = join(ROOT, 'dist', 'hub', 'org', 'tiny-sd', 'resolve', 'main');
     mkdirSync(hubDir, { recursive: true });
@@ -43,6 +44,24 @@ describe('generate an image from the page (Chromium)', () => {
       await page.getByRole('heading', { name: 'Generate an image' }).scrollIntoViewIfNeeded();
       mkdirSync(SCREENSHOTS, { recursive: true });
       await page.screenshot({ path: join(SCREENSHOTS, 'generate.png') });
+    } finally {
+      await browser.close();
+    }
+  });
+
+  it('a diffusers folder chosen from disk, DDIM: an image appears', { timeout: 600_000 }, async () => {
+    const browser = await launch(true);
+    try {
+      const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+      await page.goto(server.url);
+      await page.getByRole('heading', { name: 'Generate an image' }).waitFor({ timeout: 60_000 });
+      await page.getByLabel('Or a diffusers folder on this computer').setInputFiles(tiny.folder);
+      await page.getByLabel('Steps').fill('3');
+      await page.getByLabel('Size (px)').fill('16');
+      await page.getByLabel('Sampler').selectOption('ddim');
+      await page.getByRole('button', { name: 'Generate' }).click();
+      await page.getByTestId('gen-image').waitFor({ timeout: 540_000 });
+      assert.match((await page.getByTestId('gen-status').textContent()) ?? '', /Done in .* \(16x16\)/);
     } finally {
       await browser.close();
     }

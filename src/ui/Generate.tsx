@@ -5,7 +5,7 @@ import { useState } from 'react';
 import type { Gpu } from '../gpu/device.ts';
 import { idbDownloadCache } from '../io/cache-idb.ts';
 import { downloadDiffusersModel } from '../io/hub.ts';
-import type { ByteSource } from '../io/source.ts';
+import { BlobSource, type ByteSource } from '../io/source.ts';
 import { ClipTokenizer } from '../io/tokenizer.ts';
 import type { FolderReader } from '../models/inspect.ts';
 import { loadDiffusers } from '../models/load.ts';
@@ -25,7 +25,21 @@ function reader(name: string, files: Map<string, ByteSource>): FolderReader {
   };
 }
 
+/** A dropped or chosen diffusers folder: paths relative to its top folder -> files, read by slices. */
+export function folderFromFiles(list: FileList | File[]): { name: string; files: Map<string, ByteSource> } {
+  const files = new Map<string, ByteSource>();
+  let name = 'folder';
+  for (const f of Array.from(list)) {
+    const rel = (f as File & { webkitRelativePath?: string }).webkitRelativePath || f.name;
+    const parts = rel.split('/');
+    if (parts.length > 1) name = parts[0];
+    files.set(parts.length > 1 ? parts.slice(1).join('/') : rel, new BlobSource(f, f.name));
+  }
+  return { name, files };
+}
+
 export function Generate({ gpu }: { gpu: Gpu }) {
+  const [folder, setFolder] = useState<{ name: string; files: Map<string, ByteSource> } | null>(null);
   const [endpoint, setEndpoint] = useState('https://huggingface.co');
   const [repo, setRepo] = useState('stable-diffusion-v1-5/stable-diffusion-v1-5');
   const [prompt, setPrompt] = useState('a photo of a dog in the snow');
@@ -42,14 +56,18 @@ export function Generate({ gpu }: { gpu: Gpu }) {
     setBusy(true);
     setImage(null);
     try {
-      setStatus('Downloading the model (cached after the first time)…');
-      const m = await downloadDiffusersModel(repo, {
-        endpoint,
-        cache: idbDownloadCache(),
-        onProgress: (p) => setStatus(`Downloading ${p.path}: ${(p.loaded / 2 ** 20).toFixed(1)}${p.total ? ` / ${(p.total / 2 ** 20).toFixed(1)}` : ''} MiB`),
-      });
+      let m: { files: Map<string, ByteSource> };
+      if (folder) m = folder;
+      else {
+        setStatus('Downloading the model (cached after the first time)…');
+        m = await downloadDiffusersModel(repo, {
+          endpoint,
+          cache: idbDownloadCache(),
+          onProgress: (p) => setStatus(`Downloading ${p.path}: ${(p.loaded / 2 ** 20).toFixed(1)}${p.total ? ` / ${(p.total / 2 ** 20).toFixed(1)}` : ''} MiB`),
+        });
+      }
       setStatus('Loading the model onto the GPU…');
-      const files = reader(repo, m.files);
+      const files = reader(folder?.name ?? repo, m.files);
       const model = await loadDiffusers(gpu, files, { dtype: gpu.computeDType });
       const tokFiles = m.files.has('tokenizer/tokenizer.json')
         ? { tokenizerJson: await files.readJson('tokenizer/tokenizer.json') }
@@ -96,6 +114,16 @@ export function Generate({ gpu }: { gpu: Gpu }) {
         </label>
         <label>
           Model (diffusers layout) <input name="repo" value={repo} onChange={(e) => setRepo(e.target.value)} />
+        </label>
+        <label>
+          Or a diffusers folder on this computer
+          <input
+            name="folder"
+            type="file"
+            // @ts-expect-error non-standard but supported by Chrome: choose a whole folder
+            webkitdirectory=""
+            onChange={(e) => setFolder(e.target.files && e.target.files.length ? folderFromFiles(e.target.files) : null)}
+          />
         </label>
         <label>
           Prompt <input name="prompt" value={prompt} onChange={(e) => setPrompt(e.target.value)} />
