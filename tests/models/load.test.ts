@@ -88,3 +88,32 @@ describe('loading refuses missing and misshaped tensors, naming them', () => {
     await assert.rejects(load(p), (e: Error) => e instanceof ModelError && /vae tensor decoder\.conv_out\.bias is \[2\] but its config needs \[3\]/.test(e.message));
   });
 });
+
+describe('loading both layouts of a tiny SD2 model (OpenCLIP text encoder, linear projections)', () => {
+  it('single file (fused q/k/v, an unused last block) and diffusers folder agree, and match PyTorch', async () => {
+    const gpu = await testGpu();
+    const t2 = writeTinyModel(mkdtempSync(join(tmpdir(), 'dbs-tiny2-')), 'sd2');
+    const fromFolder = await loadDiffusers(gpu, folder(t2.folder), { dtype: 'f32' });
+    const file = await SafetensorsFile.open(await NodeFileSource.open(t2.singleFile));
+    const fromSingle = await loadSingleFile(gpu, file, { dtype: 'f32', overrides: t2.overrides });
+    assert.equal(fromSingle.family, 'sd2', 'detected from the OpenCLIP keys');
+    assert.equal(fromSingle.prediction, 'v_prediction');
+    assert.equal(fromSingle.textEncoder.config.layers, fromFolder.textEncoder.config.layers, 'the extra OpenCLIP block is dropped');
+    assert.equal(fromSingle.textEncoder.config.act, 'gelu');
+    assert.ok(fromSingle.unet.config.linearProjection);
+    const c = fixture('clip_sd2');
+    const ids = c.get('input_ids')!;
+    const a = await gpu.read(clipTextForward(gpu, fromFolder.textEncoder.config, fromFolder.textEncoder.weights, ids.data, ids.shape[0]));
+    const b = await gpu.read(clipTextForward(gpu, fromSingle.textEncoder.config, fromSingle.textEncoder.weights, ids.data, ids.shape[0]));
+    const u = fixture('unet_sd2');
+    const up = (t: { data: Float32Array; shape: number[] }) => gpu.upload(t.data, t.shape, 'f32');
+    const ua = await gpu.read(unetForward(gpu, fromFolder.unet.config, fromFolder.unet.weights, up(u.get('sample')!), up(u.get('timestep')!), up(u.get('encoder_hidden_states')!)));
+    const ub = await gpu.read(unetForward(gpu, fromSingle.unet.config, fromSingle.unet.weights, up(u.get('sample')!), up(u.get('timestep')!), up(u.get('encoder_hidden_states')!)));
+    assertChecks([
+      compare('text encoder: single file = folder', b, a, { atol: 0, rtol: 0 }),
+      compare('text encoder vs torch', a, c.get('last_hidden_state')!.data, { atol: 1e-4, rtol: 1e-4 }),
+      compare('unet: single file = folder', ub, ua, { atol: 0, rtol: 0 }),
+      compare('unet vs torch', ua, u.get('out')!.data, { atol: 5e-4, rtol: 2e-4 }),
+    ]);
+  });
+});
