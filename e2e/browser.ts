@@ -61,3 +61,28 @@ export async function launch(webgpu = true): Promise<Browser> {
     args: [...CHROMIUM_FLAGS, ...(webgpu ? WEBGPU_FLAGS : ['--disable-webgpu'])]  // playwright gives each launch a fresh, temporary profile,
   });
 }
+
+/**
+ * Serves dist/ with the tiny test model published as a hub repo at /hub/org/tiny-sd (diffusers layout,
+ * the HF resolve URL scheme), for page tests that download a model. `close` removes it again.
+ */
+export async function serveWithTinyHub(): Promise<{ url: string; close: () => Promise<void>; folder: string }> {
+  const { cpSync, mkdirSync, mkdtempSync, rmSync } = await import('node:fs');
+  const { tmpdir } = await import('node:os');
+  const { writeTinyModel } = await import('../tests/fixtures/models/make-tiny.ts');
+  const tiny = writeTinyModel(mkdtempSync(join(tmpdir(), 'dbs-hub-e2e-')));
+  const hub = join(ROOT, 'dist', 'hub');
+  rmSync(hub, { recursive: true, force: true });
+  const repo = join(hub, 'org', 'tiny-sd', 'resolve', 'main');
+  mkdirSync(repo, { recursive: true });
+  cpSync(tiny.folder, repo, { recursive: true });
+  const server = await serve();
+  return {
+    url: server.url,
+    folder: tiny.folder,
+    close: async () => {
+      await server.close();
+      rmSync(hub, { recursive: true, force: true });
+    },
+  };
+}

@@ -1,28 +1,15 @@
 // Text to image from the page in headless Chromium (WebGPU on SwiftShader, f32): the tiny model is
 // fetched from a hub served next to the page, loaded onto the GPU, sampled, and shown as an image.
 import assert from 'node:assert/strict';
-import { cpSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { writeTinyModel } from '../tests/fixtures/models/make-tiny.ts';
-import { launch, ROOT, SCREENSHOTS, serve } from './browser.ts';
+import { launch, SCREENSHOTS, serveWithTinyHub } from './browser.ts';
 
 describe('generate an image from the page (Chromium)', () => {
-  let server: Awaited<ReturnType<typeof serve>>;
-  let tiny: ReturnType<typeof writeTinyModel>;
-  before(async () => {
-    tiny = writeTinyModel(mkdtempSync(join(tmpdir(), 'dbs-gen-e2e-')));
-    rmSync(join(ROOT, 'dist', 'hub'), { recursive: true, force: true });
-    const hubDir = join(ROOT, 'dist', 'hub', 'org', 'tiny-sd', 'resolve', 'main');
-    mkdirSync(hubDir, { recursive: true });
-    cpSync(tiny.folder, hubDir, { recursive: true });
-    server = await serve();
-  });
-  after(async () => {
-    await server?.close();
-    rmSync(join(ROOT, 'dist', 'hub'), { recursive: true, force: true });
-  });
+  let server: Awaited<ReturnType<typeof serveWithTinyHub>>;
+  before(async () => (server = await serveWithTinyHub()));
+  after(async () => server?.close());
 
   it('tiny model, 4 DPM-Solver++ steps, 16x16: an image appears', { timeout: 600_000 }, async () => {
     const browser = await launch(true);
@@ -55,7 +42,7 @@ describe('generate an image from the page (Chromium)', () => {
       const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
       await page.goto(server.url);
       await page.getByRole('heading', { name: 'Generate an image' }).waitFor({ timeout: 60_000 });
-      await page.getByLabel('Or a diffusers folder on this computer').setInputFiles(tiny.folder);
+      await page.getByLabel('Or a diffusers folder on this computer').setInputFiles(server.folder);
       await page.getByLabel('Steps').fill('3');
       await page.getByLabel('Size (px)').fill('16');
       await page.getByLabel('Sampler').selectOption('ddim');

@@ -7,16 +7,8 @@
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join, basename } from 'node:path';
 import { NodeFileSource } from '../io/source-node.ts';
-import { inspectDiffusers, inspectSingleFile, type FolderReader } from '../models/inspect.ts';
-
-function folder(dir: string): FolderReader {
-  return {
-    name: basename(dir),
-    exists: async (p) => existsSync(join(dir, p)),
-    readJson: async (p) => JSON.parse(readFileSync(join(dir, p), 'utf8')),
-    open: (p) => NodeFileSource.open(join(dir, p)),
-  };
-}
+import { nodeFolder } from '../models/folder-node.ts';
+import { inspectDiffusers, inspectSingleFile } from '../models/inspect.ts';
 
 async function inspect(args: string[]): Promise<void> {
   const path = args[0];
@@ -25,7 +17,7 @@ async function inspect(args: string[]): Promise<void> {
   const cfgPath = args.includes('--config') ? args[args.indexOf('--config') + 1] : undefined;
   const config = cfgPath ? JSON.parse(readFileSync(cfgPath, 'utf8')) : undefined;
   let r;
-  if (statSync(path).isDirectory()) r = await inspectDiffusers(folder(path));
+  if (statSync(path).isDirectory()) r = await inspectDiffusers(nodeFolder(path));
   else {
     const src = await NodeFileSource.open(path);
     try {

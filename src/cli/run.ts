@@ -2,27 +2,17 @@
 //  --out <out.safetensors> [--config <config.json>] [--dtype f32|f16]`: one component forward on the
 // engine, tensors in and out by the contract's names; outputs f32, inputs any float dtype.
 import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
-import { basename, join } from 'node:path';
 import type { Gpu } from '../gpu/device.ts';
 import type { DType } from '../gpu/tensor.ts';
 import { readSafetensors, SafetensorsFile, writeSafetensors, type NamedTensor } from '../io/safetensors.ts';
 import { NodeFileSource } from '../io/source-node.ts';
-import type { FolderReader } from '../models/inspect.ts';
+import { nodeFolder } from '../models/folder-node.ts';
 import { loadDiffusers, loadSingleFile, type LoadedModel, type LoadOptions } from '../models/load.ts';
 import { clipTextForward } from '../nn/clip.ts';
 import { unetForward } from '../nn/unet.ts';
 import { vaeDecode, vaeEncode } from '../nn/vae.ts';
 import { Tape } from '../nn/ops.ts';
 import { mseLoss, mseLossBackward } from '../ops/reduce.ts';
-
-export function nodeFolder(dir: string): FolderReader {
-  return {
-    name: basename(dir),
-    exists: async (p) => existsSync(join(dir, p)),
-    readJson: async (p) => JSON.parse(readFileSync(join(dir, p), 'utf8')),
-    open: (p) => NodeFileSource.open(join(dir, p)),
-  };
-}
 
 const COMPONENT = { unet: 'unet', 'text-encoder': 'text_encoder', 'vae-encode': 'vae', 'vae-decode': 'vae' } as const;
 export type RunTarget = keyof typeof COMPONENT;

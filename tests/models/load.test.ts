@@ -12,7 +12,7 @@ import { loadDiffusers, loadSingleFile, type LoadedModel } from '../../src/model
 import { ModelError } from '../../src/models/detect.ts';
 import { writeSafetensors } from '../../src/io/safetensors.ts';
 import { writeFileSync } from 'node:fs';
-import type { FolderReader } from '../../src/models/inspect.ts';
+import { nodeFolder } from '../../src/models/folder-node.ts';
 import { clipTextForward } from '../../src/nn/clip.ts';
 import { unetForward } from '../../src/nn/unet.ts';
 import { vaeDecode } from '../../src/nn/vae.ts';
@@ -22,12 +22,7 @@ import { assertChecks, FIXTURES, testGpu } from '../helpers.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'dbs-tiny-'));
 const tiny = writeTinyModel(dir);
-const folder = (d: string): FolderReader => ({
-  name: basename(d),
-  exists: async (p) => existsSync(join(d, p)),
-  readJson: async (p) => JSON.parse(readFileSync(join(d, p), 'utf8')),
-  open: (p) => NodeFileSource.open(join(d, p)),
-});
+const folder = nodeFolder;
 const fixture = (n: string) => readSafetensors(new Uint8Array(readFileSync(join(FIXTURES, 'modules', `${n}.safetensors`)))).tensors;
 
 async function outputs(model: LoadedModel) {
