@@ -1,0 +1,93 @@
+// DreamBooth's denoising objective (diffusers' train_dreambooth semantics): noise the latents at
+// per-sample timesteps, the epsilon or v target, per-sample loss weights (min-SNR-gamma, prior
+// preservation), and the weighted MSE with its gradient. Noise with an offset is formed on the host.
+import { Uniforms, type Gpu } from '../gpu/device.ts';
+import { fmtShape, ShapeError } from '../gpu/errors.ts';
+import { expectSameDType, Tensor } from '../gpu/tensor.ts';
+import { mseLoss } from '../ops/reduce.ts';
+
+const WG = 256;
+
+function perSample(op: string, a: Tensor, b: Tensor): { batch: number; per: number } {
+  expectSameDType(op, a, b);
+  if (a.shape.length < 2 || a.shape.length !== b.shape.length || a.shape.some((d, i) => d !== b.shape[i]))
+    throw new ShapeError(op, `${fmtShape(a.shape)} and ${fmtShape(b.shape)} must be the same batched shape`);
+  return { batch: a.shape[0], per: a.numel / a.shape[0] };
+}
+
+function mix(gpu: Gpu, op: string, x: Tensor, y: Tensor, coef: number[][]): Tensor {
+  const { batch, per } = perSample(op, x, y);
+  if (coef.length !== batch) throw new ShapeError(op, `${coef.length} coefficient pairs for a batch of ${batch}`);
+  const c = gpu.upload(coef.flat(), [batch, 2], 'f32', 'scratch', `${op}.coef`);
+  const out = gpu.tensor(x.shape, x.dtype, 'activations', op);
+  gpu.dispatch({
+    shader: 'objective',
+    entry: 'mix',
+    defs: { T: x.dtype, WG },
+    uniforms: new Uniforms().u32(x.numel, per).f32(0),
+    bindings: [x, y, c, out],
+    workgroups: gpu.grid(Math.ceil(x.numel / WG)),
+  });
+  gpu.free(c);
+  return out;
+}
+
+/** x_t = sqrt(ā_t) x0 + sqrt(1 - ā_t) eps, one timestep per sample (DDPMScheduler.add_noise). */
+export function addNoise(gpu: Gpu, x0: Tensor, eps: Tensor, timesteps: number[], acp: Float64Array): Tensor {
+  return mix(gpu, 'addNoise', x0, eps, timesteps.map((t) => [Math.sqrt(acp[t]), Math.sqrt(1 - acp[t])]));
+}
+
+/** The training target: eps, or v = sqrt(ā_t) eps - sqrt(1 - ā_t) x0 (DDPMScheduler.get_velocity). */
+export function velocity(gpu: Gpu, x0: Tensor, eps: Tensor, timesteps: number[], acp: Float64Array): Tensor {
+  return mix(gpu, 'velocity', x0, eps, timesteps.map((t) => [-Math.sqrt(1 - acp[t]), Math.sqrt(acp[t])]));
+}
+
+/**
+ * Per-sample loss weights: min-SNR-gamma (Hang et al.; SNR = ā / (1 - ā): min(SNR, γ) / SNR for epsilon,
+ * min(SNR, γ) / (SNR + 1) for v-prediction) times a class weight (prior_loss_weight for class images).
+ */
+export function lossWeights(timesteps: number[], acp: Float64Array, o: { prediction: 'epsilon' | 'v_prediction'; minSnrGamma?: number; classWeights?: number[] }): number[] {
+  return timesteps.map((t, i) => {
+    let w = 1;
+    if (o.minSnrGamma !== undefined) {
+      const snr = acp[t] / (1 - acp[t]);
+      w = Math.min(snr, o.minSnrGamma) / (o.prediction === 'epsilon' ? snr : snr + 1);
+    }
+    return w * (o.classWeights?.[i] ?? 1);
+  });
+}
+
+/** sum_b w_b mean_b((pred - target)^2) / B, read back as a number (one small read per sample). */
+export async function weightedMse(gpu: Gpu, pred: Tensor, target: Tensor, weights: number[]): Promise<number> {
+  const { batch, per } = perSample('weightedMse', pred, target);
+  const bytes = (per * pred.byteSize) / pred.numel;
+  const align = gpu.device.limits.minStorageBufferOffsetAlignment;
+  if (batch > 1 && bytes % align !== 0)
+    throw new ShapeError('weightedMse', `one sample of ${fmtShape(pred.shape)} is ${bytes} bytes, not a multiple of the ${align}-byte binding alignment`);
+  let loss = 0;
+  for (let b = 0; b < batch; b++) {
+    const view = (t: Tensor) => new Tensor(t.alloc, t.shape.slice(1), t.dtype, t.byteOffset + b * bytes, false);
+    const l = mseLoss(gpu, view(pred), view(target));
+    loss += weights[b] * (await gpu.read(l))[0];
+    gpu.free(l);
+  }
+  return loss / batch;
+}
+
+/** Gradient of weightedMse with respect to pred, times the loss scale, in pred's dtype. */
+export function weightedMseBackward(gpu: Gpu, pred: Tensor, target: Tensor, weights: number[], lossScale = 1): Tensor {
+  const { batch, per } = perSample('weightedMseBackward', pred, target);
+  if (weights.length !== batch) throw new ShapeError('weightedMseBackward', `${weights.length} weights for a batch of ${batch}`);
+  const w = gpu.upload(weights, [batch], 'f32', 'scratch', 'loss-weights');
+  const out = gpu.tensor(pred.shape, pred.dtype, 'gradients', 'dpred');
+  gpu.dispatch({
+    shader: 'objective',
+    entry: 'wmse_grad',
+    defs: { T: pred.dtype, WG },
+    uniforms: new Uniforms().u32(pred.numel, per).f32((2 * lossScale) / (per * batch)),
+    bindings: [pred, target, null, out, w],
+    workgroups: gpu.grid(Math.ceil(pred.numel / WG)),
+  });
+  gpu.free(w);
+  return out;
+}
