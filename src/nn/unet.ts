@@ -51,15 +51,31 @@ const RES_EPS = 1e-5;
 const TRANSFORMER_NORM_EPS = 1e-6;
 const LN_EPS = 1e-5;
 
-function attention(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, heads: number): Tensor {
+/**
+ * A linear layer with an optional LoRA adapter (PEFT naming: `<layer>.lora_A.weight` [r, in] and
+ * `<layer>.lora_B.weight` [out, r] beside `<layer>.weight`): y = x W^T (+ b) + (alpha / r) (x A^T) B^T.
+ */
+export function loraLinear(F: Ops, x: Tensor, w: Weights, layer: string, loraScale: number, withBias = false): Tensor {
+  const y = F.linear(x, weight(w, `${layer}.weight`), withBias ? weight(w, `${layer}.bias`) : null);
+  const a = w.get(`${layer}.lora_A.weight`);
+  if (!a) return y;
+  const down = F.linear(x, a);
+  const up = F.linear(down, weight(w, `${layer}.lora_B.weight`));
+  const scaled = F.scale(up, loraScale);
+  const out = F.add(y, scaled);
+  F.release(y, down, up, scaled);
+  return out;
+}
+
+function attention(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, heads: number, loraScale: number): Tensor {
   const [b, n, c] = x.shape;
   const m = context.shape[1];
   const dh = c / heads;
-  const q = F.reshape(F.linear(x, weight(w, `${p}.to_q.weight`)), [b, n, heads, dh]);
-  const k = F.reshape(F.linear(context, weight(w, `${p}.to_k.weight`)), [b, m, heads, dh]);
-  const v = F.reshape(F.linear(context, weight(w, `${p}.to_v.weight`)), [b, m, heads, dh]);
+  const q = F.reshape(loraLinear(F, x, w, `${p}.to_q`, loraScale), [b, n, heads, dh]);
+  const k = F.reshape(loraLinear(F, context, w, `${p}.to_k`, loraScale), [b, m, heads, dh]);
+  const v = F.reshape(loraLinear(F, context, w, `${p}.to_v`, loraScale), [b, m, heads, dh]);
   const a = F.attention(q, k, v, { layout: 'bnhd' });
-  const o = F.linear(F.reshape(a, [b, n, c]), weight(w, `${p}.to_out.0.weight`), weight(w, `${p}.to_out.0.bias`));
+  const o = loraLinear(F, F.reshape(a, [b, n, c]), w, `${p}.to_out.0`, loraScale, true);
   F.release(q, k, v, a);
   return o;
 }
@@ -74,7 +90,7 @@ function ln(F: Ops, x: Tensor, w: Weights, p: string): Tensor {
   return F.layerNorm(x, weight(w, `${p}.weight`), weight(w, `${p}.bias`), LN_EPS);
 }
 
-function transformer(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, heads: number, cfg: UnetConfig): Tensor {
+function transformer(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, heads: number, cfg: UnetConfig, loraScale: number): Tensor {
   const [b, c, hh, ww] = x.shape;
   const g = F.groupNorm(x, weight(w, `${p}.norm.weight`), weight(w, `${p}.norm.bias`), cfg.groups, TRANSFORMER_NORM_EPS);
   let h: Tensor;
@@ -90,10 +106,10 @@ function transformer(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, 
   F.release(g);
   const tb = `${p}.transformer_blocks.0`;
   let n = ln(F, h, w, `${tb}.norm1`);
-  h = residual(F, h, attention(F, n, n, w, `${tb}.attn1`, heads));
+  h = residual(F, h, attention(F, n, n, w, `${tb}.attn1`, heads, loraScale));
   F.release(n);
   n = ln(F, h, w, `${tb}.norm2`);
-  h = residual(F, h, attention(F, n, context, w, `${tb}.attn2`, heads));
+  h = residual(F, h, attention(F, n, context, w, `${tb}.attn2`, heads, loraScale));
   F.release(n);
   n = ln(F, h, w, `${tb}.norm3`);
   const proj = F.linear(n, weight(w, `${tb}.ff.net.0.proj.weight`), weight(w, `${tb}.ff.net.0.proj.bias`));
@@ -119,9 +135,14 @@ function transformer(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, 
 
 /**
  * noise (or v) prediction [B, out, h, w] for sample [B, in, h, w], timesteps [B] (f32), context [B, L, D].
- * With a tape, every op records its backward (Tape.backward then yields parameter gradients).
+ * With a tape, every op records its backward (Tape.backward then yields parameter gradients). LoRA
+ * adapters in `w` on the attention projections (to_q, to_k, to_v, to_out.0) are applied with `loraScale`.
  */
-export function unetForward(gpu: Gpu, cfg: UnetConfig, w: Weights, sample: Tensor, timesteps: Tensor, context: Tensor, tape: Tape | null = null): Tensor {
+export function unetForward(
+  gpu: Gpu, cfg: UnetConfig, w: Weights, sample: Tensor, timesteps: Tensor, context: Tensor, tape: Tape | null = null,
+  /** alpha / rank of the LoRA adapters present in `w` (see loraLinear). */
+  loraScale = 1,
+): Tensor {
   const F = new Ops(gpu, tape);
   const B = sample.shape[0];
   if (sample.shape.length !== 4 || sample.shape[1] !== cfg.inChannels) throw new ShapeError('unet', `sample must be [B,${cfg.inChannels},h,w], got [${sample.shape}]`);
@@ -150,7 +171,7 @@ export function unetForward(gpu: Gpu, cfg: UnetConfig, w: Weights, sample: Tenso
     for (let j = 0; j < cfg.layersPerBlock; j++) {
       x = resnet(x, `down_blocks.${i}.resnets.${j}`);
       if (cfg.downAttention[i]) {
-        const y = transformer(F, x, context, w, `down_blocks.${i}.attentions.${j}`, cfg.heads[i], cfg);
+        const y = transformer(F, x, context, w, `down_blocks.${i}.attentions.${j}`, cfg.heads[i], cfg, loraScale);
         F.release(x);
         x = y;
       }
@@ -162,7 +183,7 @@ export function unetForward(gpu: Gpu, cfg: UnetConfig, w: Weights, sample: Tenso
     }
   }
   let m = resnet(x, 'mid_block.resnets.0');
-  const mt = transformer(F, m, context, w, 'mid_block.attentions.0', cfg.heads[blocks - 1], cfg);
+  const mt = transformer(F, m, context, w, 'mid_block.attentions.0', cfg.heads[blocks - 1], cfg, loraScale);
   F.release(m);
   m = resnet(mt, 'mid_block.resnets.1');
   F.release(mt);
@@ -176,7 +197,7 @@ export function unetForward(gpu: Gpu, cfg: UnetConfig, w: Weights, sample: Tenso
       x = resnet(cat, `up_blocks.${i}.resnets.${j}`);
       F.release(cat);
       if (cfg.upAttention[i]) {
-        const y = transformer(F, x, context, w, `up_blocks.${i}.attentions.${j}`, cfg.heads[headIdx], cfg);
+        const y = transformer(F, x, context, w, `up_blocks.${i}.attentions.${j}`, cfg.heads[headIdx], cfg, loraScale);
         F.release(x);
         x = y;
       }
