@@ -6,11 +6,21 @@
 import { f16BitsToF32, toF16Bits } from '../gpu/half.ts';
 import type { ByteSource } from './source.ts';
 
+/** Float dtypes that decode to f32 weights. */
 export type StDType = 'F32' | 'F16' | 'BF16';
-const DTYPE_BYTES: Record<StDType, number> = { F32: 4, F16: 2, BF16: 2 };
+/**
+ * Every dtype the safetensors format defines with a whole number of bytes. Real SD checkpoints hold a
+ * few integer tensors beside the float weights (CLIP's I64 position_ids, EMA's num_updates): the header
+ * accepts them with their sizes checked; only reading one as a float tensor is refused.
+ */
+const DTYPE_BYTES: Record<string, number> = {
+  BOOL: 1, U8: 1, I8: 1, F8_E5M2: 1, F8_E4M3: 1, I16: 2, U16: 2, F16: 2, BF16: 2, I32: 4, U32: 4, F32: 4, I64: 8, U64: 8, F64: 8,
+};
+const FLOAT_DTYPES = new Set(['F32', 'F16', 'BF16', 'F64']);
 
 export interface StEntry {
-  dtype: StDType;
+  /** A safetensors dtype name (see DTYPE_BYTES); F32/F16/BF16/F64 decode to f32. */
+  dtype: string;
   shape: number[];
   begin: number;
   end: number;
@@ -48,13 +58,15 @@ export function parseHeader(prefix: Uint8Array, fileSize: number): StHeader {
   let metadata: Record<string, string> = {};
   for (const [name, raw] of Object.entries(json as Record<string, unknown>)) {
     if (name === '__metadata__') {
+      if (typeof raw !== 'object' || raw === null || Array.isArray(raw) || Object.values(raw).some((v) => typeof v !== 'string'))
+        throw new SafetensorsError(`__metadata__ must map names to strings, got ${JSON.stringify(raw).slice(0, 80)}`);
       metadata = raw as Record<string, string>;
       continue;
     }
     const r = raw as { dtype?: unknown; shape?: unknown; data_offsets?: unknown };
     if (typeof r !== 'object' || r === null) throw new SafetensorsError(`tensor '${name}': entry is not an object`);
-    if (r.dtype !== 'F32' && r.dtype !== 'F16' && r.dtype !== 'BF16')
-      throw new SafetensorsError(`tensor '${name}': unsupported dtype ${JSON.stringify(r.dtype)} (F32, F16 and BF16 are supported)`);
+    if (typeof r.dtype !== 'string' || !(r.dtype in DTYPE_BYTES))
+      throw new SafetensorsError(`tensor '${name}': unknown dtype ${JSON.stringify(r.dtype)} (safetensors defines ${Object.keys(DTYPE_BYTES).join(', ')})`);
     if (!Array.isArray(r.shape) || r.shape.some((d) => !Number.isInteger(d) || d < 0))
       throw new SafetensorsError(`tensor '${name}': shape ${JSON.stringify(r.shape)} is not a list of non-negative integers`);
     const off = r.data_offsets;
@@ -66,10 +78,14 @@ export function parseHeader(prefix: Uint8Array, fileSize: number): StHeader {
     if (off[1] > dataSize) throw new SafetensorsError(`tensor '${name}': range [${off[0]}, ${off[1]}) lies outside the ${dataSize}-byte data section`);
     entries.set(name, { dtype: r.dtype, shape: r.shape as number[], begin: off[0], end: off[1] });
   }
-  const sorted = [...entries.entries()].sort((a, b) => a[1].begin - b[1].begin);
-  for (let i = 1; i < sorted.length; i++)
-    if (sorted[i][1].begin < sorted[i - 1][1].end && sorted[i][1].end > sorted[i][1].begin)
-      throw new SafetensorsError(`tensors '${sorted[i - 1][0]}' and '${sorted[i][0]}' overlap`);
+  // No two non-empty ranges may share a byte: in begin order, each must start at or after the furthest
+  // end seen so far (comparing neighbours alone misses a long range that spans several later ones).
+  const sorted = [...entries.entries()].filter(([, e]) => e.end > e.begin).sort((a, b) => a[1].begin - b[1].begin);
+  let reach = { name: '', end: 0 };
+  for (const [name, e] of sorted) {
+    if (e.begin < reach.end) throw new SafetensorsError(`tensors '${reach.name}' and '${name}' overlap (bytes [${e.begin}, ${Math.min(e.end, reach.end)}) of the data section)`);
+    if (e.end > reach.end) reach = { name, end: e.end };
+  }
   return { entries, metadata, dataStart };
 }
 
@@ -78,11 +94,14 @@ export interface NamedTensor {
   data: Float32Array;
 }
 
-/** Decodes an entry's bytes to f32. */
-export function decode(entry: StEntry, bytes: Uint8Array): Float32Array {
+/** Decodes a float entry's bytes (F32, F16, BF16 or F64) to f32; `name` is for the message. */
+export function decode(entry: StEntry, bytes: Uint8Array, name = 'tensor'): Float32Array {
+  if (!FLOAT_DTYPES.has(entry.dtype))
+    throw new SafetensorsError(`tensor '${name}' is ${entry.dtype}, not a float tensor (weights must be F32, F16 or BF16)`);
   const n = entry.shape.reduce((a, b) => a * b, 1);
   const copy = bytes.slice(0, entry.end - entry.begin); // aligned copy
   if (entry.dtype === 'F32') return new Float32Array(copy.buffer, 0, n);
+  if (entry.dtype === 'F64') return Float32Array.from(new Float64Array(copy.buffer, 0, n));
   const u16 = new Uint16Array(copy.buffer, 0, n);
   const out = new Float32Array(n);
   if (entry.dtype === 'F16') for (let i = 0; i < n; i++) out[i] = f16BitsToF32(u16[i]);
@@ -97,7 +116,7 @@ export function readSafetensors(file: Uint8Array): { tensors: Map<string, NamedT
   const h = parseHeader(file, file.length);
   const tensors = new Map<string, NamedTensor>();
   for (const [name, e] of h.entries)
-    tensors.set(name, { shape: e.shape, data: decode(e, file.subarray(h.dataStart + e.begin, h.dataStart + e.end)) });
+    tensors.set(name, { shape: e.shape, data: decode(e, file.subarray(h.dataStart + e.begin, h.dataStart + e.end), name) });
   return { tensors, metadata: h.metadata };
 }
 
@@ -198,10 +217,18 @@ export class SafetensorsFile {
     return this.source.read(this.header.dataStart + e.begin + start * rowBytes, count * rowBytes);
   }
 
+  /** Rows [start, start + count) along dim 0 decoded to f32 (e.g. one of q/k/v in a fused projection). */
+  async readSlice(name: string, start: number, count: number): Promise<NamedTensor> {
+    const e = this.entry(name);
+    const shape = [count, ...e.shape.slice(1)];
+    const bytes = await this.readRows(name, start, count);
+    return { shape, data: decode({ dtype: e.dtype, shape, begin: 0, end: bytes.length }, bytes, name) };
+  }
+
   /** The tensor decoded to f32. */
   async read(name: string): Promise<NamedTensor> {
     const e = this.entry(name);
-    return { shape: e.shape, data: decode(e, await this.readRaw(name)) };
+    return { shape: e.shape, data: decode(e, await this.readRaw(name), name) };
   }
 }
 

@@ -47,6 +47,10 @@ describe('streamed safetensors', () => {
     assert.deepEqual([...(await f.read('b.weight')).data], [...b]);
     const rows = await f.readRows('b.weight', 1, 2); // rows 1..2 of [4, 7] F16
     assert.equal(rows.length, 2 * 7 * 2);
+    const slice = await f.readSlice('b.weight', 1, 2);
+    assert.deepEqual(slice.shape, [2, 7]);
+    assert.deepEqual([...slice.data], [...b.subarray(7, 21)]);
+    await assert.rejects(f.readSlice('b.weight', 3, 2), /rows \[3, 5\) of 'b\.weight' \[4,7\] are out of range/);
     await src.close();
     const viaBlob = await SafetensorsFile.open(new BlobSource(new Blob([readFileSync(path)]), 'rt.safetensors'));
     assert.deepEqual([...(await viaBlob.read('b.weight')).data], [...b]);
@@ -71,6 +75,22 @@ describe('streamed safetensors', () => {
     assert.equal(largest, 1 << 20, 'no chunk larger than one tensor');
     assert.ok(total > 24 << 20);
     await assert.rejects(new SafetensorsWriter(sink, specs).write('t1', new Float32Array(4)), /expected tensor 't0', got 't1'/);
+  });
+
+  it('decodes BF16 (upper half of the f32 bits) and F64 to f32', async () => {
+    const values = [1.5, -2.25, 3e-3, 65504];
+    const f32 = new Float32Array(values);
+    const bf16 = new Uint16Array(new Uint32Array(f32.buffer).map((u) => u >>> 16));
+    const f64 = new Float64Array(values);
+    const f = rawFile({ b: { dtype: 'BF16', shape: [4], data_offsets: [0, 8] }, d: { dtype: 'F64', shape: [2, 2], data_offsets: [8, 40] } }, 40);
+    const dataStart = f.length - 40;
+    f.set(new Uint8Array(bf16.buffer), dataStart);
+    f.set(new Uint8Array(f64.buffer), dataStart + 8);
+    const st = await openBytes(f);
+    // bf16 keeps 8 mantissa bits: 1.5, -2.25 and 65504 -> 65280 truncate exactly as the bit shift says.
+    assert.deepEqual([...(await st.read('b')).data], [...new Float32Array(new Uint32Array(bf16).map((u) => u << 16).buffer)]);
+    assert.deepEqual([...(await st.read('b')).data].slice(0, 2), [1.5, -2.25]);
+    assert.deepEqual([...(await st.read('d')).data], [...f32]);
   });
 
   it('matches the in-memory writer byte for byte', async () => {
@@ -109,9 +129,36 @@ describe('bad safetensors files each get their own message', () => {
     await assert.rejects(openBytes(f), /range \[0, 16\) lies outside the 8-byte data section/);
   });
 
+  it('a range spanning several later ones overlaps even when its neighbour is empty', async () => {
+    const f = rawFile({
+      big: { dtype: 'F32', shape: [25], data_offsets: [0, 100] },
+      empty: { dtype: 'F32', shape: [0], data_offsets: [10, 10] },
+      inside: { dtype: 'F32', shape: [4], data_offsets: [50, 66] },
+    }, 100);
+    await assert.rejects(openBytes(f), /tensors 'big' and 'inside' overlap \(bytes \[50, 66\)/);
+  });
+
   it('an unknown dtype', async () => {
-    const f = rawFile({ a: { dtype: 'I64', shape: [1], data_offsets: [0, 8] } }, 8);
-    await assert.rejects(openBytes(f), /tensor 'a': unsupported dtype "I64"/);
+    const f = rawFile({ a: { dtype: 'Q4_K', shape: [1], data_offsets: [0, 8] } }, 8);
+    await assert.rejects(openBytes(f), /tensor 'a': unknown dtype "Q4_K" \(safetensors defines BOOL, U8/);
+  });
+
+  it('integer tensors (CLIP position_ids, EMA num_updates) open, but are refused as float weights', async () => {
+    const f = rawFile({
+      'text_model.embeddings.position_ids': { dtype: 'I64', shape: [1, 3], data_offsets: [0, 24] },
+      'model_ema.num_updates': { dtype: 'I32', shape: [], data_offsets: [24, 28] },
+    }, 28);
+    const st = await openBytes(f);
+    assert.deepEqual(st.names, ['text_model.embeddings.position_ids', 'model_ema.num_updates']);
+    assert.equal(st.entry('model_ema.num_updates').dtype, 'I32');
+    await assert.rejects(st.read('text_model.embeddings.position_ids'), /tensor 'text_model\.embeddings\.position_ids' is I64, not a float tensor/);
+    const bad = rawFile({ a: { dtype: 'I64', shape: [2], data_offsets: [0, 8] } }, 8);
+    await assert.rejects(openBytes(bad), /shape \[2\] x I64 is 16 bytes but its range holds 8/);
+  });
+
+  it('metadata that is not a map of strings', async () => {
+    const f = rawFile({ __metadata__: { format: 1 }, a: { dtype: 'F32', shape: [1], data_offsets: [0, 4] } }, 4);
+    await assert.rejects(openBytes(f), /__metadata__ must map names to strings/);
   });
 
   it('shape x dtype size not matching the byte range', async () => {
