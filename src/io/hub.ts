@@ -60,24 +60,39 @@ export async function downloadFile(repo: string, path: string, o: HubOptions): P
     return downloadFile(repo, path, o);
   }
   if (res.status !== 200 && res.status !== 206) throw new HubError(`${repo}: downloading ${path} failed with HTTP ${res.status}`, res.status);
-  if (res.status === 200 && have > 0) {
-    await o.cache.dropPartial(key); // the server ignored the range: take the whole file
+  // A server may ignore the range (200), or answer a range we did not ask for: then take the whole file.
+  const range = res.headers.get('content-range');
+  const rangeStart = range ? Number(/^bytes (\d+)-/.exec(range)?.[1]) : NaN;
+  if (have > 0 && (res.status === 200 || rangeStart !== have)) {
+    await o.cache.dropPartial(key);
+    if (res.status === 206) {
+      await res.body?.cancel();
+      return downloadFile(repo, path, o);
+    }
     have = 0;
   }
+  // With a content encoding (gzip'd JSON from some servers) fetch hands us decoded bytes while
+  // Content-Length counts encoded ones: the total is unknown then, and partial bytes cannot be resumed.
+  const encoded = !!res.headers.get('content-encoding') && res.headers.get('content-encoding') !== 'identity';
   let total: number | null = null;
-  const range = res.headers.get('content-range');
   if (res.status === 206 && range) total = Number(range.split('/')[1]) || null;
-  else if (res.headers.get('content-length')) total = have + Number(res.headers.get('content-length'));
+  else if (res.headers.get('content-length') && !encoded) total = have + Number(res.headers.get('content-length'));
   if (!res.body) throw new HubError(`${repo}: ${path}: empty response`);
   const reader = res.body.getReader();
   let loaded = have;
   o.onProgress?.({ path, loaded, total });
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    await o.cache.appendPartial(key, value);
-    loaded += value.length;
-    o.onProgress?.({ path, loaded, total });
+  try {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      await o.cache.appendPartial(key, value);
+      loaded += value.length;
+      o.onProgress?.({ path, loaded, total });
+    }
+  } catch (e) {
+    if (encoded) await o.cache.dropPartial(key);
+    if (o.signal?.aborted) throw e;
+    throw new HubError(`${repo}: ${path}: the download broke off at ${loaded}${total ? ` of ${total}` : ''} bytes (${(e as Error).message}); ${encoded ? 'it starts again' : 'it resumes from there'} next time`);
   }
   if (total !== null && loaded !== total) throw new HubError(`${repo}: ${path}: download ended at ${loaded} of ${total} bytes; it resumes from there next time`);
   await o.cache.commit(key);

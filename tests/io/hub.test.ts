@@ -6,6 +6,7 @@ import { mkdtempSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { gzipSync } from 'node:zlib';
 import { after, before, describe, it } from 'node:test';
 import { nodeDownloadCache } from '../../src/io/cache-node.ts';
 import { downloadDiffusersModel, downloadFile, HubError } from '../../src/io/hub.ts';
@@ -25,7 +26,11 @@ const repoFiles: Record<string, Uint8Array> = {
   'tokenizer/merges.txt': new TextEncoder().encode('#version: 0.2\n'),
 };
 
+repoFiles['config.gz.json'] = new TextEncoder().encode(JSON.stringify({ note: 'served gzip-encoded', pad: 'x'.repeat(4000) }));
+
 let requests: string[] = [];
+/** How the server answers a Range request for a path: honour it (default), ignore it (200), or start elsewhere. */
+const rangeMode = new Map<string, 'ignore' | 'wrong-start'>();
 /** Cut the next response for this path after this many bytes (a dropped connection). */
 const cutAfter = new Map<string, number>();
 
@@ -39,9 +44,15 @@ function startServer(): Promise<{ server: Server; endpoint: string }> {
       res.writeHead(404).end();
       return;
     }
+    if (path === 'config.gz.json') {
+      const gz = gzipSync(body);
+      res.writeHead(200, { 'content-encoding': 'gzip', 'content-length': gz.length, 'content-type': 'application/json' }).end(gz);
+      return;
+    }
     let start = 0;
-    const r = /^bytes=(\d+)-$/.exec(req.headers.range ?? '');
-    if (r) start = Number(r[1]);
+    let r = /^bytes=(\d+)-$/.exec(req.headers.range ?? '');
+    if (r && rangeMode.get(path) === 'ignore') r = null;
+    if (r) start = rangeMode.get(path) === 'wrong-start' ? 0 : Number(r[1]);
     const slice = body.subarray(start);
     const headers: Record<string, string | number> = { 'content-length': slice.length, 'accept-ranges': 'bytes' };
     if (r) headers['content-range'] = `bytes ${start}-${body.length - 1}/${body.length}`;
@@ -92,6 +103,32 @@ describe('hub download', () => {
     const f = await downloadFile('org/tiny-sd', path, { endpoint: srv.endpoint, cache });
     assert.equal(requests.at(-1), `${path} bytes=${partial}-`);
     assert.deepEqual(await f.read(0, f.size), big);
+  });
+
+  it('a server that ignores the Range (200) or answers another range: the partial copy is dropped, the file is whole', async () => {
+    const path = 'text_encoder/model.fp16.safetensors';
+    for (const mode of ['ignore', 'wrong-start'] as const) {
+      const cache = nodeDownloadCache(mkdtempSync(join(tmpdir(), 'dbs-hub-')));
+      cutAfter.set(path, 70_000);
+      await assert.rejects(downloadFile('org/tiny-sd', path, { endpoint: srv.endpoint, cache }), /broke off at \d+ of \d+ bytes .*it resumes from there next time/);
+      const partial = await cache.partialSize(`org/tiny-sd@main/${path}`);
+      assert.ok(partial > 0, mode);
+      rangeMode.set(path, mode);
+      requests = [];
+      const f = await downloadFile('org/tiny-sd', path, { endpoint: srv.endpoint, cache });
+      rangeMode.delete(path);
+      assert.equal(requests[0], `${path} bytes=${partial}-`, mode);
+      assert.equal(requests.length, mode === 'ignore' ? 1 : 2, `${mode}: ${requests}`);
+      assert.deepEqual(await f.read(0, f.size), big, mode);
+    }
+  });
+
+  it('a gzip-encoded response: decoded bytes, no length check against the encoded Content-Length', async () => {
+    const cache = nodeDownloadCache(mkdtempSync(join(tmpdir(), 'dbs-hub-')));
+    const totals: (number | null)[] = [];
+    const f = await downloadFile('org/tiny-sd', 'config.gz.json', { endpoint: srv.endpoint, cache, onProgress: (p) => totals.push(p.total) });
+    assert.deepEqual(await f.read(0, f.size), repoFiles['config.gz.json']);
+    assert.ok(totals.every((t) => t === null), 'total unknown');
   });
 
   it('a missing repo file is a clear 404', async () => {
