@@ -17,7 +17,7 @@ async function inspect(args: string[]): Promise<void> {
   const cfgPath = args.includes('--config') ? args[args.indexOf('--config') + 1] : undefined;
   const config = cfgPath ? JSON.parse(readFileSync(cfgPath, 'utf8')) : undefined;
   let r;
-  if (statSync(path).isDirectory()) r = await inspectDiffusers(nodeFolder(path));
+  if (statSync(path).isDirectory()) r = await inspectDiffusers(nodeFolder(path), config);
   else {
     const src = await NodeFileSource.open(path);
     try {

@@ -246,7 +246,8 @@ export function writableSink(stream: WritableStream<Uint8Array>): ByteSink {
 
 export interface TensorSpec {
   name: string;
-  dtype: 'F32' | 'F16';
+  /** F32 or F16 for f32 values; any safetensors dtype (I64, BF16, ...) when written as raw bytes. */
+  dtype: string;
   shape: number[];
 }
 
@@ -262,7 +263,9 @@ export class SafetensorsWriter {
     private readonly sink: ByteSink,
     private readonly specs: TensorSpec[],
     private readonly metadata: Record<string, string> = {},
-  ) {}
+  ) {
+    for (const sp of specs) if (!(sp.dtype in DTYPE_BYTES)) throw new SafetensorsError(`tensor '${sp.name}': unknown dtype ${JSON.stringify(sp.dtype)}`);
+  }
 
   private headerBytes(): Uint8Array {
     const header: Record<string, unknown> = {};
@@ -294,6 +297,7 @@ export class SafetensorsWriter {
     let bytes: Uint8Array;
     if (data instanceof Uint8Array) bytes = data;
     else {
+      if (spec.dtype !== 'F32' && spec.dtype !== 'F16') throw new SafetensorsError(`tensor '${name}': f32 values can be written as F32 or F16, not ${spec.dtype} (pass raw bytes)`);
       if (data.length !== n) throw new SafetensorsError(`tensor '${name}': ${data.length} values for shape [${spec.shape}]`);
       bytes = spec.dtype === 'F16' ? new Uint8Array(toF16Bits(data).buffer) : new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
     }

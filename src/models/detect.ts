@@ -65,7 +65,7 @@ export function detectSingleFile(shapes: ShapeMap, what = 'this file', config?: 
       continue;
     }
     const c = componentOf(n);
-    if (!c) {
+    if (!c || n.endsWith('position_ids')) {
       ignored.other++;
       continue;
     }
@@ -97,7 +97,7 @@ export function detectSingleFile(shapes: ShapeMap, what = 'this file', config?: 
   return { family, prediction, predictionSource: source, layout: 'single-file', contextDim, components, ignored };
 }
 
-function predictionFor(family: Family, config?: { prediction_type?: string }): { prediction: Prediction; source: string } {
+export function predictionFor(family: Family, config?: { prediction_type?: string }): { prediction: Prediction; source: string } {
   const p = config?.prediction_type;
   if (p === 'epsilon' || p === 'v_prediction') return { prediction: p, source: 'scheduler config' };
   if (p !== undefined) throw new ModelError(`prediction_type '${p}' is not supported (epsilon or v_prediction)`);
@@ -106,21 +106,37 @@ function predictionFor(family: Family, config?: { prediction_type?: string }): {
     : { prediction: 'v_prediction', source: 'SD2 default (768-v models); pass a scheduler config for SD2 512-base epsilon models' };
 }
 
-/** Detects a diffusers folder from its configs (model_index.json, unet/config.json, scheduler). */
+/**
+ * Detects a diffusers folder from its configs (model_index.json, unet/config.json, the scheduler's and
+ * the text encoder's). Cross-attention width 768 is SD1, 1024 is SD2; other widths (small test or
+ * custom models) take the family from the text encoder: OpenCLIP (SD2) converts with hidden_act
+ * "gelu", CLIP ViT-L (SD1) has "quick_gelu".
+ */
 export function detectDiffusers(
-  configs: { modelIndex?: Record<string, unknown>; unet?: Record<string, unknown>; scheduler?: Record<string, unknown> },
+  configs: { modelIndex?: Record<string, unknown>; unet?: Record<string, unknown>; scheduler?: Record<string, unknown>; textEncoder?: Record<string, unknown> },
   counts: Record<Component, { tensors: number; parameters: number }>,
   what = 'this folder',
 ): Detected {
   if (!configs.unet) throw new ModelError(`${what} is not a diffusers Stable Diffusion folder: unet/config.json is missing`);
   const cls = configs.modelIndex?._class_name;
-  if (typeof cls === 'string' && /XL|StableDiffusion3|Flux/i.test(cls)) throw new ModelError(`${what} is a ${cls} model: not supported yet (SD 1.x and 2.x are)`);
+  if (typeof cls === 'string' && /XL|StableDiffusion3|Flux|Kandinsky|Wuerstchen|StableCascade|PixArt|Sana|Lumina|HunyuanDiT|AuraFlow/i.test(cls))
+    throw new ModelError(`${what} is a ${cls} model: not supported yet (SD 1.x and 2.x are)`);
   if (configs.unet.addition_embed_type === 'text_time') throw new ModelError(`${what} is an SDXL model (its UNet takes text_time embeddings): not supported yet`);
-  const cross = configs.unet.cross_attention_dim;
-  if (cross !== 768 && cross !== 1024) throw new ModelError(`${what}: unet cross_attention_dim ${JSON.stringify(cross)} is neither SD1's 768 nor SD2's 1024`);
+  const unetCls = configs.unet._class_name;
+  if (typeof unetCls === 'string' && unetCls !== 'UNet2DConditionModel') throw new ModelError(`${what}: its unet is a ${unetCls}, not an SD 1.x/2.x UNet2DConditionModel: not supported yet`);
   if (configs.unet.in_channels !== undefined && configs.unet.in_channels !== 4)
     throw new ModelError(`${what}: unet in_channels ${configs.unet.in_channels} (inpainting or depth models are not supported yet)`);
-  const family: Family = cross === 768 ? 'sd1' : 'sd2';
+  const cross = configs.unet.cross_attention_dim;
+  const te = configs.textEncoder;
+  const teWidth = te?.hidden_size;
+  if (typeof cross !== 'number') throw new ModelError(`${what}: unet/config.json has no numeric cross_attention_dim: not an SD 1.x/2.x UNet`);
+  if (typeof teWidth === 'number' && teWidth !== cross)
+    throw new ModelError(`${what}: the UNet expects ${cross}-wide text embeddings but the text encoder is ${teWidth} wide: mixed or corrupt model`);
+  let family: Family;
+  if (cross === 768) family = 'sd1';
+  else if (cross === 1024) family = 'sd2';
+  else if (te?.hidden_act === 'gelu' || te?.hidden_act === 'quick_gelu') family = te.hidden_act === 'gelu' ? 'sd2' : 'sd1';
+  else throw new ModelError(`${what}: unet cross_attention_dim ${cross} is neither SD1's 768 nor SD2's 1024, and the text encoder config does not say which family it is: unknown architecture`);
   const { prediction, source } = predictionFor(family, configs.scheduler as { prediction_type?: string } | undefined);
   return { family, prediction, predictionSource: source, layout: 'diffusers', contextDim: cross, components: counts, ignored: { ema: 0, other: 0 } };
 }

@@ -53,6 +53,10 @@ describe('cli inspect', () => {
     writeFileSync(join(d, 'model_index.json'), JSON.stringify({ _class_name: 'StableDiffusionPipeline' }));
     writeFileSync(join(d, 'unet', 'config.json'), JSON.stringify({ cross_attention_dim: 1024, in_channels: 4 }));
     writeFileSync(join(d, 'scheduler', 'scheduler_config.json'), JSON.stringify({ prediction_type: 'epsilon' }));
+    mkdirSync(join(d, 'vae'), { recursive: true });
+    mkdirSync(join(d, 'text_encoder'), { recursive: true });
+    writeFileSync(join(d, 'vae', 'config.json'), JSON.stringify({ block_out_channels: [4] }));
+    writeFileSync(join(d, 'text_encoder', 'config.json'), JSON.stringify({ hidden_size: 1024, hidden_act: 'gelu' }));
     st(join(d, 'unet', 'diffusion_pytorch_model.fp16.safetensors'), [['conv_in.weight', [8, 4, 3, 3]]]);
     st(join(d, 'vae', 'diffusion_pytorch_model.safetensors'), [['encoder.conv_in.weight', [4, 3, 3, 3]]]);
     st(join(d, 'text_encoder', 'model.safetensors'), [['text_model.embeddings.token_embedding.weight', [10, 1024]]]);

@@ -44,6 +44,7 @@ describe('loading both layouts of a tiny SD1 model', () => {
     const fromFolder = await loadDiffusers(gpu, folder(tiny.folder), { dtype: 'f32' });
     const file = await SafetensorsFile.open(await NodeFileSource.open(tiny.singleFile));
     const fromSingle = await loadSingleFile(gpu, file, { dtype: 'f32', family: 'sd1', overrides: tiny.overrides });
+    await file.source.close?.();
     assert.equal(fromSingle.unet.weights.size, fromFolder.unet.weights.size, 'same UNet tensor set');
     assert.equal(fromSingle.vae.weights.size, fromFolder.vae.weights.size, 'same VAE tensor set');
     assert.equal(fromSingle.textEncoder.weights.size, fromFolder.textEncoder.weights.size, 'same text-encoder tensor set');
@@ -71,7 +72,14 @@ describe('loading refuses missing and misshaped tensors, naming them', () => {
     writeFileSync(p, writeSafetensors(m));
     return p;
   };
-  const load = async (p: string) => loadSingleFile(await testGpu(), await SafetensorsFile.open(await NodeFileSource.open(p)), { dtype: 'f32', family: 'sd1', overrides: tiny.overrides });
+  const load = async (p: string) => {
+    const file = await SafetensorsFile.open(await NodeFileSource.open(p));
+    try {
+      return await loadSingleFile(await testGpu(), file, { dtype: 'f32', family: 'sd1', overrides: tiny.overrides });
+    } finally {
+      await file.source.close?.();
+    }
+  };
 
   it('a missing tensor', async () => {
     const p = rewrite('model.diffusion_model.middle_block.1.proj_out.weight', null);
@@ -91,6 +99,7 @@ describe('loading both layouts of a tiny SD2 model (OpenCLIP text encoder, linea
     const fromFolder = await loadDiffusers(gpu, folder(t2.folder), { dtype: 'f32' });
     const file = await SafetensorsFile.open(await NodeFileSource.open(t2.singleFile));
     const fromSingle = await loadSingleFile(gpu, file, { dtype: 'f32', overrides: t2.overrides });
+    await file.source.close?.();
     assert.equal(fromSingle.family, 'sd2', 'detected from the OpenCLIP keys');
     assert.equal(fromSingle.prediction, 'v_prediction');
     assert.equal(fromSingle.textEncoder.config.layers, fromFolder.textEncoder.config.layers, 'the extra OpenCLIP block is dropped');
