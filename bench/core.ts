@@ -34,6 +34,8 @@ export interface Measurement {
   gflops: number;
   /** Peak bytes allocated above the inputs during one run (ours only). */
   peakBytes?: number;
+  /** The same peak as planned by a dry run of the same code (ours only; also where no real run was made). */
+  plannedPeakBytes?: number;
   note?: string;
 }
 
@@ -64,7 +66,9 @@ export interface Timing {
  * Times `fn` as the GPU sees it without per-submit latency: a warm-up run, one run that measures
  * the peak bytes allocated above the inputs, then `reps` batches of `inner` back-to-back runs in
  * one submission each; a run's time is the batch's wall time / inner. `inner` is picked so that a
- * batch lasts about 50 ms. Frees what each run returns.
+ * batch lasts about 50 ms. When one run alone is that long (inner = 1), the peak-measuring run is
+ * timed exactly like a batch and counts as the first rep (on SwiftShader one SD-sized run can take
+ * minutes). Frees what each run returns.
  */
 export async function timeOurs(gpu: Gpu, fn: () => Tensor[], reps: number, deadline: number): Promise<Timing> {
   gpu.free(...fn()); // warm-up: pipeline compilation
@@ -77,75 +81,138 @@ export async function timeOurs(gpu: Gpu, fn: () => Tensor[], reps: number, deadl
   const single = performance.now() - t0;
   const peak = gpu.allocator.report().peak - base;
   const inner = Math.max(1, Math.min(50, Math.floor(50 / Math.max(single, 0.01))));
-  const all: number[] = [];
+  const all: number[] = inner === 1 ? [single] : [];
   const gpuMs: number[] = [];
-  for (let r = 0; r < reps && (r === 0 || performance.now() < deadline); r++) {
+  const gpuTime = async () => {
+    let outs: Tensor[] = [];
+    gpuMs.push(await gpu.gpuTime(() => (outs = fn())));
+    gpu.free(...outs);
+  };
+  // Timestamp queries cost one more run per rep: skipped for runs over 5 s, where wall time is GPU time.
+  const timestamps = gpu.hasTimestamps && single < 5000;
+  if (inner === 1 && timestamps) await gpuTime();
+  while (all.length < reps && (all.length === 0 || performance.now() < deadline)) {
     const t1 = performance.now();
     for (let i = 0; i < inner; i++) gpu.free(...fn());
     await gpu.sync();
     all.push((performance.now() - t1) / inner);
-    if (gpu.hasTimestamps) {
-      let outs: Tensor[] = [];
-      gpuMs.push(await gpu.gpuTime(() => (outs = fn())));
-      gpu.free(...outs);
-    }
+    if (timestamps) await gpuTime();
   }
   return { all, peak, inner, gpuMs };
 }
 
 function rand(gpu: Gpu, shape: number[], dtype: DType, seed: number): Tensor {
+  if (gpu.dryRun) return gpu.zeros(shape, dtype, 'weights', 'bench-input');
   const n = shape.reduce((a, b) => a * b, 1);
   return gpu.upload(randomValues(n, seed, 0.5), shape, dtype, 'weights', 'bench-input');
 }
 
-/** Our measurements for one shape: the op's forward, plus flash vs naive fwd+bwd for attention. */
-export async function benchOurs(gpu: Gpu, c: ShapeCase, reps: number, budgetMs = 120_000): Promise<Measurement[]> {
+/** One thing we time for a shape: what it runs and which FLOP count applies. */
+interface Variant {
+  impl: string;
+  pass: 'fwd' | 'fwdbwd';
+  run: () => Tensor[];
+  note?: string;
+}
+
+/** Inputs on `gpu` for shape `c` and the variants that run on them (ours: the op's forward; attention also flash and naive fwd+bwd). */
+function variants(gpu: Gpu, c: ShapeCase): { inputs: Tensor[]; list: Variant[] } {
   const dtype = gpu.computeDType;
-  const deadline = performance.now() + budgetMs;
-  const out: Measurement[] = [];
-  const record = (impl: string, r: Timing, pass: 'fwd' | 'fwdbwd', note?: string) => {
-    const ms = median(r.all);
-    const batching = r.inner > 1 ? `batches of ${r.inner} per submit` : '';
-    const gpuMs = r.gpuMs.length ? median(r.gpuMs) : undefined;
-    out.push({ id: c.id, label: c.label, impl, dtype, ms, gpuMs, all: r.all, gflops: flops(c, pass) / (gpuMs ?? ms) / 1e6, peakBytes: r.peak, note: [note, batching].filter(Boolean).join('; ') || undefined });
-  };
   if (c.op === 'matmul') {
     const a = rand(gpu, [c.M!, c.K!], dtype, 1);
     const b = rand(gpu, [c.K!, c.N!], dtype, 2);
-    record('ours', await timeOurs(gpu, () => [matmul(gpu, a, b)], reps, deadline), 'fwd');
-    gpu.free(a, b);
-  } else if (c.op === 'conv') {
+    return { inputs: [a, b], list: [{ impl: 'ours', pass: 'fwd', run: () => [matmul(gpu, a, b)] }] };
+  }
+  if (c.op === 'conv') {
     const x = rand(gpu, [1, c.C!, c.H!, c.W!], dtype, 1);
     const w = rand(gpu, [c.C!, c.C!, 3, 3], dtype, 2);
     const bias = rand(gpu, [c.C!], dtype, 3);
-    record('ours', await timeOurs(gpu, () => [conv2d(gpu, x, w, bias, { stride: 1, padding: 1 })], reps, deadline), 'fwd');
-    gpu.free(x, w, bias);
-  } else {
-    const q = rand(gpu, [1, c.H!, c.N!, c.D!], dtype, 1);
-    const k = rand(gpu, [1, c.H!, c.M!, c.D!], dtype, 2);
-    const v = rand(gpu, [1, c.H!, c.M!, c.D!], dtype, 3);
-    const dout = rand(gpu, [1, c.H!, c.N!, c.D!], dtype, 4);
-    record('ours (flash)', await timeOurs(gpu, () => { const f = flashAttention(gpu, q, k, v); return [f.out, f.lse]; }, reps, deadline), 'fwd');
-    record('ours (flash) fwd+bwd', await timeOurs(gpu, () => {
-      const f = flashAttention(gpu, q, k, v);
-      const g = flashAttentionBackward(gpu, q, k, v, f.out, f.lse, dout);
-      return [f.out, f.lse, g.dq, g.dk, g.dv];
-    }, reps, deadline), 'fwdbwd');
-    const scoreBytes = c.H! * c.N! * c.M! * (dtype === 'f16' ? 2 : 4);
-    if (scoreBytes * 3 <= gpu.device.limits.maxBufferSize && scoreBytes <= gpu.maxBinding * 4) {
-      try {
-        record('naive fwd+bwd', await timeOurs(gpu, () => {
-          const f = naiveAttention(gpu, q, k, v);
-          const g = naiveAttentionBackward(gpu, q, k, v, f.probs, dout);
-          return [f.out, f.probs, g.dq, g.dk, g.dv];
-        }, reps, deadline), 'fwdbwd', 'materialises the [H,N,M] scores');
-      } catch (e) {
-        out.push({ id: c.id, label: c.label, impl: 'naive fwd+bwd', dtype, ms: NaN, all: [], gflops: NaN, note: `failed: ${(e as Error).message}` });
-      }
-    } else out.push({ id: c.id, label: c.label, impl: 'naive fwd+bwd', dtype, ms: NaN, all: [], gflops: NaN, note: `scores of ${scoreBytes} bytes exceed this device's buffer limits` });
-    gpu.free(q, k, v, dout);
+    return { inputs: [x, w, bias], list: [{ impl: 'ours', pass: 'fwd', run: () => [conv2d(gpu, x, w, bias, { stride: 1, padding: 1 })] }] };
   }
+  const q = rand(gpu, [1, c.H!, c.N!, c.D!], dtype, 1);
+  const k = rand(gpu, [1, c.H!, c.M!, c.D!], dtype, 2);
+  const v = rand(gpu, [1, c.H!, c.M!, c.D!], dtype, 3);
+  const dout = rand(gpu, [1, c.H!, c.N!, c.D!], dtype, 4);
+  return {
+    inputs: [q, k, v, dout],
+    list: [
+      { impl: 'ours (flash)', pass: 'fwd', run: () => { const f = flashAttention(gpu, q, k, v); return [f.out, f.lse]; } },
+      { impl: 'ours (flash) fwd+bwd', pass: 'fwdbwd', run: () => {
+        const f = flashAttention(gpu, q, k, v);
+        const g = flashAttentionBackward(gpu, q, k, v, f.out, f.lse, dout);
+        return [f.out, f.lse, g.dq, g.dk, g.dv];
+      } },
+      { impl: 'naive fwd+bwd', pass: 'fwdbwd', note: 'materialises the [H,N,M] scores', run: () => {
+        const f = naiveAttention(gpu, q, k, v);
+        const g = naiveAttentionBackward(gpu, q, k, v, f.probs, dout);
+        return [f.out, f.probs, g.dq, g.dk, g.dv];
+      } },
+    ],
+  };
+}
+
+/**
+ * Peak bytes above the inputs of each variant, planned by a dry-run Gpu (allocations accounted, no
+ * work done) running the same code: exact, and possible where a real run is too slow or too big.
+ */
+export function planPeaks(planner: Gpu, c: ShapeCase): Map<string, number> {
+  const { inputs, list } = variants(planner, c);
+  const peaks = new Map<string, number>();
+  for (const v of list) {
+    const base = planner.allocator.report().current;
+    planner.allocator.resetPeak();
+    planner.free(...v.run());
+    peaks.set(v.impl, planner.allocator.report().peak - base);
+  }
+  planner.free(...inputs);
+  return peaks;
+}
+
+export interface BenchOptions {
+  reps: number;
+  /** Time budget per shape (ms): after the first rep, no further reps start past it. */
+  budgetMs?: number;
+  /** A dry-run Gpu of the same kind: every measurement also gets its planned peak bytes. */
+  planner?: Gpu;
+  /** Naive attention is not run when one [H,N,M] score buffer exceeds this (its peak is still planned). */
+  naiveMaxScoreBytes?: number;
+}
+
+/** Our measurements for one shape: the op's forward, plus flash vs naive fwd+bwd for attention. */
+export async function benchOurs(gpu: Gpu, c: ShapeCase, opts: BenchOptions): Promise<Measurement[]> {
+  const dtype = gpu.computeDType;
+  const deadline = performance.now() + (opts.budgetMs ?? 120_000);
+  const planned = opts.planner ? planPeaks(opts.planner, c) : new Map<string, number>();
+  const out: Measurement[] = [];
+  const { inputs, list } = variants(gpu, c);
+  for (const v of list) {
+    const base = { id: c.id, label: c.label, impl: v.impl, dtype, plannedPeakBytes: planned.get(v.impl) };
+    const skip = v.impl.startsWith('naive') ? naiveSkipReason(gpu, c, opts.naiveMaxScoreBytes ?? Infinity) : undefined;
+    if (skip) {
+      out.push({ ...base, ms: NaN, all: [], gflops: NaN, note: `not run: ${skip}` });
+      continue;
+    }
+    try {
+      const r = await timeOurs(gpu, v.run, opts.reps, deadline);
+      const ms = median(r.all);
+      const gpuMs = r.gpuMs.length ? median(r.gpuMs) : undefined;
+      const batching = r.inner > 1 ? `batches of ${r.inner} per submit` : '';
+      out.push({ ...base, ms, gpuMs, all: r.all, gflops: flops(c, v.pass) / (gpuMs ?? ms) / 1e6, peakBytes: r.peak, note: [v.note, batching].filter(Boolean).join('; ') || undefined });
+    } catch (e) {
+      out.push({ ...base, ms: NaN, all: [], gflops: NaN, note: `failed: ${(e as Error).message}` });
+    }
+  }
+  gpu.free(...inputs);
   return out;
+}
+
+/** Why naive attention is not run on this shape (undefined: it is). */
+function naiveSkipReason(gpu: Gpu, c: ShapeCase, maxScoreBytes: number): string | undefined {
+  const scoreBytes = c.H! * c.N! * c.M! * (gpu.computeDType === 'f16' ? 2 : 4);
+  const mib = (b: number) => `${(b / 2 ** 20).toFixed(0)} MiB`;
+  if (scoreBytes > gpu.device.limits.maxBufferSize) return `scores of ${mib(scoreBytes)} exceed maxBufferSize ${mib(gpu.device.limits.maxBufferSize)}`;
+  if (scoreBytes > maxScoreBytes) return `scores of ${mib(scoreBytes)} exceed --naive-max-mib ${mib(maxScoreBytes)} (too slow to time here)`;
+  return undefined;
 }
 
 /**
@@ -160,9 +227,12 @@ export function summarise(ms: Measurement[], gpuTimes = false): Record<string, n
   for (const id of ['self', 'cross']) {
     const flash = get(id, 'ours (flash) fwd+bwd');
     const naive = get(id, 'naive fwd+bwd');
-    if (flash && naive && Number.isFinite(naive.ms)) {
-      s[`${id}: naive/flash time (target >= 2)`] = time(naive) / time(flash);
-      s[`${id}: naive/flash peak bytes (target >= 10)`] = naive.peakBytes! / flash.peakBytes!;
+    if (!flash || !naive) continue;
+    if (Number.isFinite(naive.ms)) s[`${id}: naive/flash time (target >= 2)`] = time(naive) / time(flash);
+    else s[`${id}: naive/flash time (target >= 2)`] = `not measured (${naive.note ?? 'naive not run'})`;
+    if (naive.peakBytes !== undefined && flash.peakBytes !== undefined) s[`${id}: naive/flash peak bytes (target >= 10)`] = naive.peakBytes / flash.peakBytes;
+    else if (naive.plannedPeakBytes !== undefined && flash.plannedPeakBytes !== undefined) {
+      s[`${id}: naive/flash peak bytes, planned by a dry run (target >= 10)`] = naive.plannedPeakBytes / flash.plannedPeakBytes;
     }
   }
   for (const id of new Set(ms.map((m) => m.id))) {
@@ -181,9 +251,16 @@ export function summarise(ms: Measurement[], gpuTimes = false): Record<string, n
   return s;
 }
 
+/** The adapter limits that bound what the benchmark can run. */
+export function pickLimits(limits: Record<string, number>): Record<string, number> {
+  const names = ['maxBufferSize', 'maxStorageBufferBindingSize', 'maxComputeWorkgroupStorageSize', 'maxComputeInvocationsPerWorkgroup'];
+  return Object.fromEntries(names.filter((n) => n in limits).map((n) => [n, limits[n]]));
+}
+
 export function table(ms: Measurement[]): string {
-  const rows = ms.map((m) => [m.label, m.impl, m.dtype, Number.isFinite(m.ms) ? m.ms.toFixed(2) : '-', m.gpuMs !== undefined ? m.gpuMs.toFixed(3) : '', Number.isFinite(m.gflops) ? m.gflops.toFixed(1) : '-', m.peakBytes !== undefined ? (m.peakBytes / 2 ** 20).toFixed(1) : '', m.note ?? '']);
-  const head = ['shape', 'impl', 'dtype', 'wall ms', 'GPU ms', 'GFLOP/s', 'peak MiB', 'note'];
+  const mib = (b?: number) => (b !== undefined ? (b / 2 ** 20).toFixed(1) : '');
+  const rows = ms.map((m) => [m.label, m.impl, m.dtype, Number.isFinite(m.ms) ? m.ms.toFixed(2) : '-', m.gpuMs !== undefined ? m.gpuMs.toFixed(3) : '', Number.isFinite(m.gflops) ? m.gflops.toFixed(1) : '-', `${m.all.length || ''}`, mib(m.peakBytes), mib(m.plannedPeakBytes), m.note ?? '']);
+  const head = ['shape', 'impl', 'dtype', 'wall ms', 'GPU ms', 'GFLOP/s', 'reps', 'peak MiB', 'planned MiB', 'note'];
   const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
   const line = (r: string[]) => r.map((c, i) => c.padEnd(w[i])).join('  ');
   return [line(head), line(w.map((x) => '-'.repeat(x))), ...rows.map(line)].join('\n');

@@ -15,7 +15,7 @@ const log = (s: string) => {
   document.getElementById('log')!.textContent += `${s}\n`;
 };
 
-/** Times `run` (which enqueues one op and returns what to dispose) in batches, like timeOurs. */
+/** Times `run` (which enqueues one op and returns what to dispose) in batches, exactly like timeOurs. */
 async function timePeer(run: () => Promise<() => void> | (() => void), done: () => Promise<void>, reps: number, deadline: number): Promise<number[]> {
   (await run())();
   await done();
@@ -24,8 +24,8 @@ async function timePeer(run: () => Promise<() => void> | (() => void), done: () 
   await done();
   const single = performance.now() - t0;
   const inner = Math.max(1, Math.min(50, Math.floor(50 / Math.max(single, 0.01))));
-  const all: number[] = [];
-  for (let r = 0; r < reps && (r === 0 || performance.now() < deadline); r++) {
+  const all: number[] = inner === 1 ? [single] : []; // a run that long was timed like a batch of one
+  while (all.length < reps && (all.length === 0 || performance.now() < deadline)) {
     const t1 = performance.now();
     const disposers: (() => void)[] = [];
     for (let i = 0; i < inner; i++) disposers.push(await run());
@@ -120,8 +120,9 @@ async function benchTf(c: ShapeCase, reps: number, deadline: number): Promise<Me
   return { id: c.id, label: c.label, impl: 'tfjs-webgpu', dtype: 'f32', ms, all, gflops: flops(c) / ms / 1e6 };
 }
 
-async function run(opts: { size: 'full' | 'quick'; reps: number; budgetMs: number; only?: string[] }) {
+async function run(opts: { size: 'full' | 'quick'; reps: number; budgetMs: number; naiveMaxScoreBytes: number; only?: string[] }) {
   const gpu = await Gpu.create(navigator.gpu, { shaders: viteShaderSource() });
+  const planner = await Gpu.create(navigator.gpu, { shaders: viteShaderSource(), dryRun: true });
   ort.env.wasm.wasmPaths = '/ort/';
   ort.env.wasm.numThreads = 1;
   await tf.setBackend('webgpu');
@@ -132,20 +133,21 @@ async function run(opts: { size: 'full' | 'quick'; reps: number; budgetMs: numbe
     if (opts.only && !opts.only.includes(c.id)) continue;
     const deadline = () => performance.now() + opts.budgetMs;
     for (const [name, f] of [
-      ['ours', () => benchOurs(gpu, c, opts.reps, opts.budgetMs)],
+      ['ours', () => benchOurs(gpu, c, { reps: opts.reps, budgetMs: opts.budgetMs, planner, naiveMaxScoreBytes: opts.naiveMaxScoreBytes })],
       ['ort', async () => [await benchOrt(c, opts.size, opts.reps, deadline())]],
       ['tfjs', async () => [await benchTf(c, opts.reps, deadline())]],
     ] as const) {
       try {
         const ms = await f();
         results.push(...ms);
-        for (const m of ms) log(`${m.label} | ${m.impl}: ${m.ms.toFixed(2)} ms`);
+        for (const m of ms) log(`${m.label} | ${m.impl}: ${m.ms.toFixed(2)} ms${m.note ? ` (${m.note})` : ''}`);
       } catch (e) {
         errors.push(`${c.id} ${name}: ${(e as Error).message}`);
         log(`${c.id} ${name} failed: ${(e as Error).message}`);
       }
     }
   }
+  planner.destroy();
   return { adapter: gpu.adapter, computeDType: gpu.computeDType, results, errors };
 }
 

@@ -1,13 +1,14 @@
 // npm run bench:kernels — builds bench/kernels.html, opens it in headless Chromium (WebGPU on this
 // machine's adapter: SwiftShader here), runs ours, onnxruntime-web (WebGPU EP) and tfjs-webgpu on the
 // SD1.5 shapes in the same page, prints the table and the target ratios, and writes
-// bench/results/kernels.json. Flags: --quick, --reps N, --budget SECONDS (per case), --only id,id.
+// bench/results/kernels.json (kernels-quick.json with --quick). Flags: --quick, --reps N,
+// --budget SECONDS (per case and implementation), --naive-max-mib MIB, --only id,id, --out FILE.
 import { execFileSync } from 'node:child_process';
 import { cpSync, mkdirSync, readdirSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { launch, serve } from '../e2e/browser.ts';
-import { summarise, table, type Measurement } from './core.ts';
+import { pickLimits, summarise, table, type Measurement } from './core.ts';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, '..');
@@ -16,6 +17,9 @@ const arg = (name: string) => (args.includes(name) ? args[args.indexOf(name) + 1
 const quick = args.includes('--quick');
 const reps = Number(arg('--reps')) || 3;
 const budgetMs = (Number(arg('--budget')) || 300) * 1000;
+// Naive attention at 8x4096x4096 holds 512 MiB of f32 scores and would take ~20 min a run on
+// SwiftShader: by default it is not timed past 256 MiB of scores (its peak is still planned).
+const naiveMaxScoreBytes = (Number(arg('--naive-max-mib')) || 256) * 2 ** 20;
 const only = arg('--only')?.split(',');
 
 execFileSync('npx', ['vite', 'build', '-c', join(here, 'vite.config.ts'), '--logLevel', 'warn'], { cwd: root, stdio: 'inherit' });
@@ -32,8 +36,8 @@ try {
   await page.waitForFunction(() => (window as unknown as { __bench?: unknown }).__bench !== undefined, null, { timeout: 60_000 });
   const res = (await page.evaluate(
     (o) => (window as unknown as { __bench: { run: (x: unknown) => Promise<unknown> } }).__bench.run(o),
-    { size: quick ? 'quick' : 'full', reps, budgetMs, only },
-  )) as { adapter: { vendor: string; architecture: string; description: string; features: string[] }; computeDType: string; results: Measurement[]; errors: string[] };
+    { size: quick ? 'quick' : 'full', reps, budgetMs, naiveMaxScoreBytes, only },
+  )) as { adapter: { vendor: string; architecture: string; description: string; features: string[]; limits: Record<string, number> }; computeDType: string; results: Measurement[]; errors: string[] };
   const adapter = `${res.adapter.vendor} ${res.adapter.architecture} ${res.adapter.description}`.trim();
   console.log(`\nadapter: ${adapter} (Chromium ${browser.version()}); ours in ${res.computeDType}, peers in f32\n`);
   console.log(table(res.results));
@@ -41,9 +45,9 @@ try {
   console.log('');
   for (const [k, v] of Object.entries(summary)) console.log(`${k}: ${typeof v === 'number' ? v.toFixed(2) : v}`);
   for (const e of res.errors) console.log(`error: ${e}`);
-  const out = join(here, 'results', quick ? 'kernels-quick.json' : 'kernels.json');
+  const out = arg('--out') ?? join(here, 'results', quick ? 'kernels-quick.json' : 'kernels.json');
   mkdirSync(dirname(out), { recursive: true });
-  writeFileSync(out, JSON.stringify({ date: new Date().toISOString(), host: `chromium ${browser.version()}`, adapter, features: res.adapter.features, computeDType: res.computeDType, shapes: quick ? 'quick' : 'full', reps, results: res.results, summary, errors: res.errors }, null, 2));
+  writeFileSync(out, JSON.stringify({ date: new Date().toISOString(), host: `chromium ${browser.version()}`, adapter, features: res.adapter.features, limits: pickLimits(res.adapter.limits), computeDType: res.computeDType, shapes: quick ? 'quick' : 'full', reps, results: res.results, summary, errors: res.errors }, null, 2));
   console.log(`wrote ${out}`);
 } finally {
   await browser.close();

@@ -50,7 +50,11 @@ export const CHROMIUM_FLAGS = [
   '--disable-quic',
 ];
 
-export const WEBGPU_FLAGS = ['--enable-unsafe-webgpu', '--enable-unsafe-swiftshader', '--use-angle=swiftshader', '--enable-features=Vulkan'];
+// Measured with Debian's Chromium 156 headless on a machine with no GPU: --enable-unsafe-webgpu alone gives
+// the SwiftShader adapter (google/swiftshader, no shader-f16, 1 GiB buffers); without it requestAdapter()
+// returns null. --enable-unsafe-swiftshader keeps the software fallback allowed in Chromium versions that
+// gate it, and --use-angle=swiftshader keeps the page's WebGL/compositing off any host GPU driver.
+export const WEBGPU_FLAGS = ['--enable-unsafe-webgpu', '--enable-unsafe-swiftshader', '--use-angle=swiftshader'];
 
 export async function launch(webgpu = true): Promise<Browser> {
   const exe = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
@@ -58,7 +62,8 @@ export async function launch(webgpu = true): Promise<Browser> {
   return chromium.launch({
     executablePath: exe,
     headless: true,
-    args: [...CHROMIUM_FLAGS, ...(webgpu ? WEBGPU_FLAGS : ['--disable-webgpu'])]  // playwright gives each launch a fresh, temporary profile,
+    // playwright-core gives each launch a fresh, temporary user-data-dir (removed at close).
+    args: [...CHROMIUM_FLAGS, ...(webgpu ? WEBGPU_FLAGS : ['--disable-webgpu'])],
   });
 }
 

@@ -4,11 +4,20 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# node_modules is current when its stamp holds the hash of the lock file (of package.json when there is no lock).
 stamp=node_modules/.deps-stamp
-want=$(sha256sum package-lock.json | cut -d' ' -f1)
+if [ -f package-lock.json ]; then lock=package-lock.json; else lock=package.json; fi
+want=$(sha256sum "$lock" | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "[deps] npm ci"
-  npm ci --no-audit --no-fund --loglevel=error
+  if [ "$lock" = package-lock.json ]; then
+    echo "[deps] npm ci"
+    npm ci --no-audit --no-fund --loglevel=error
+  else
+    echo "[deps] npm install (no package-lock.json)"
+    npm install --no-audit --no-fund --loglevel=error
+    lock=package-lock.json
+    want=$(sha256sum "$lock" | cut -d' ' -f1)
+  fi
   echo "$want" > "$stamp"
 fi
 bash scripts/setup-lavapipe.sh

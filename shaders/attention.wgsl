@@ -10,9 +10,9 @@
 //   dQ_i = scale sum_j dS_ij k_j      (attn_bwd_dq: one invocation per query row, loops over key tiles)
 //   dK_j = scale sum_i dS_ij q_i,  dV_j = sum_i P_ij dO_i
 //                                     (attn_bwd_dkv: one invocation per key row, loops over query tiles)
-// so no atomics are needed. Specialised by T (storage), D (head dim), BR (rows per workgroup =
-// invocations), BC (tile rows staged in workgroup memory, as f32) and CAUSAL (query i attends to keys
-// j <= i only; self-attention).
+// so no atomics are needed. Specialised by T (storage), D (head dim), D4 = ceil(D/4) (vec4 chunks
+// per row), BR (rows per workgroup = invocations), BC (tile rows staged in workgroup memory, as f32,
+// a multiple of 4) and CAUSAL (query i attends to keys j <= i only; self-attention).
 //
 // Layouts are given by strides: element (b, h, row, d) of a tensor lives at
 // b*s_b + h*s_h + row*s_row + d, which covers [B,H,N,D] and [B,N,H,D] alike.
@@ -48,12 +48,41 @@ struct Params {
 @group(0) @binding(16) var<storage, read> dk_part_in: array<f32>;
 @group(0) @binding(17) var<storage, read> dv_part_in: array<f32>;
 
-var<workgroup> tile_a: array<f32, BC * D>;   // K (forward, dQ) or Q (dK/dV)
-var<workgroup> tile_b: array<f32, BC * D>;   // V (forward, dQ) or dO (dK/dV)
-var<workgroup> tile_r: array<f32, BC * 2u>;  // dK/dV: LSE and Delta of the staged query rows
+// Tiles hold rows of D4 = ceil(D/4) vec4 chunks (zero past D), so every dot product and
+// accumulation runs 4 lanes wide and each workgroup-memory read feeds 4 FMAs.
+var<workgroup> tile_a: array<vec4<f32>, BC * D4>;   // K (forward, dQ) or Q (dK/dV)
+var<workgroup> tile_b: array<vec4<f32>, BC * D4>;   // V (forward, dQ) or dO (dK/dV)
+var<workgroup> tile_r: array<vec2<f32>, BC>;        // dK/dV: (LSE, Delta) of the staged query rows
+
+const NEG_BIG = -3.0e38;        // "minus infinity" for masked scores: exp(NEG_BIG - m) = 0
+const D_EXACT = (D % 4u) == 0u;  // no zero padding in the last chunk
 
 fn q_base(b: u32, h: u32, row: u32) -> u32 { return b * p.q_sb + h * p.q_sh + row * p.q_sn; }
 fn k_base(b: u32, h: u32, row: u32) -> u32 { return b * p.k_sb + h * p.k_sh + row * p.k_sn; }
+
+// Chunk c (elements 4c..4c+3, zero past D) of the row starting at `base` of each input.
+fn q_chunk(base: u32, c: u32) -> vec4<f32> {
+  var r = vec4<f32>(0.0);
+  for (var e = 0u; e < 4u; e++) { if (D_EXACT || 4u * c + e < D) { r[e] = f32(q[base + 4u * c + e]); } }
+  return r;
+}
+fn k_chunk(base: u32, c: u32) -> vec4<f32> {
+  var r = vec4<f32>(0.0);
+  for (var e = 0u; e < 4u; e++) { if (D_EXACT || 4u * c + e < D) { r[e] = f32(k[base + 4u * c + e]); } }
+  return r;
+}
+fn v_chunk(base: u32, c: u32) -> vec4<f32> {
+  var r = vec4<f32>(0.0);
+  for (var e = 0u; e < 4u; e++) { if (D_EXACT || 4u * c + e < D) { r[e] = f32(v[base + 4u * c + e]); } }
+  return r;
+}
+fn do_chunk(base: u32, c: u32) -> vec4<f32> {
+  var r = vec4<f32>(0.0);
+  for (var e = 0u; e < 4u; e++) { if (D_EXACT || 4u * c + e < D) { r[e] = f32(dout[base + 4u * c + e]); } }
+  return r;
+}
+
+fn hsum(x: vec4<f32>) -> f32 { return (x.x + x.y) + (x.z + x.w); }
 
 // Workgroup id -> (b, h, first row): x walks row tiles, y walks b*heads.
 struct Task { b: u32, h: u32, row0: u32 }
@@ -72,63 +101,64 @@ fn visible_keys(row: u32, kt: u32) -> u32 {
 
 // Stages key rows [r0, r0+BC) of k into tile_a and of v into tile_b (zeros past m).
 fn stage_kv(b: u32, h: u32, r0: u32, lid: u32) {
-  for (var e = lid; e < BC * D; e += BR) {
-    let r = e / D;
-    let d = e % D;
-    var kv = 0.0;
-    var vv = 0.0;
+  for (var e = lid; e < BC * D4; e += BR) {
+    let r = e / D4;
+    let c = e % D4;
+    var kv = vec4<f32>(0.0);
+    var vv = vec4<f32>(0.0);
     if (r0 + r < p.m) {
-      let i = k_base(b, h, r0 + r) + d;
-      kv = f32(k[i]);
-      vv = f32(v[i]);
+      let base = k_base(b, h, r0 + r);
+      kv = k_chunk(base, c);
+      vv = v_chunk(base, c);
     }
     tile_a[e] = kv;
     tile_b[e] = vv;
   }
 }
 
+// Each tile is processed in two sweeps over its visible rows: first all the dot products
+// (independent of each other, so they overlap), then the accumulation. (Loops run to the visible
+// count, not the constant BC: fully unrolled BC x D4 bodies make Mesa's f16 compile take minutes.)
 @compute @workgroup_size(BR)
 fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let t = task(wid);
   let row = t.row0 + lid;
   let live = row < p.n;
-  var qr: array<f32, D>;
-  var o: array<f32, D>;
-  if (live) {
-    let qb = q_base(t.b, t.h, row);
-    for (var d = 0u; d < D; d++) { qr[d] = f32(q[qb + d]) * p.scale; o[d] = 0.0; }
-  }
-  var m_run = -3.0e38;
+  let qb = q_base(t.b, t.h, min(row, p.n - 1u));
+  var qr: array<vec4<f32>, D4>;
+  var o: array<vec4<f32>, D4>;
+  for (var c = 0u; c < D4; c++) { qr[c] = q_chunk(qb, c) * p.scale; o[c] = vec4<f32>(0.0); }
+  var m_run = NEG_BIG;
   var l_run = 0.0;
   var s: array<f32, BC>;
   for (var kt = 0u; kt < p.m; kt += BC) {
     stage_kv(t.b, t.h, kt, lid);
     workgroupBarrier();
-    if (live) {
-      let cols = visible_keys(row, kt);
+    let cols = visible_keys(row, kt);
+    if (live && cols > 0u) {
       var m_tile = m_run;
       for (var j = 0u; j < cols; j++) {
-        var acc = 0.0;
-        for (var d = 0u; d < D; d++) { acc += qr[d] * tile_a[j * D + d]; }
-        s[j] = acc;
-        m_tile = max(m_tile, acc);
+        var acc = vec4<f32>(0.0);
+        for (var c = 0u; c < D4; c++) { acc = fma(qr[c], tile_a[j * D4 + c], acc); }
+        s[j] = hsum(acc);
+        m_tile = max(m_tile, s[j]);
       }
+      // Rescale what was accumulated under the old running max.
       let corr = exp(m_run - m_tile);
       l_run *= corr;
-      for (var d = 0u; d < D; d++) { o[d] *= corr; }
+      for (var c = 0u; c < D4; c++) { o[c] *= corr; }
       for (var j = 0u; j < cols; j++) {
         let pj = exp(s[j] - m_tile);
         l_run += pj;
-        for (var d = 0u; d < D; d++) { o[d] += pj * tile_b[j * D + d]; }
+        for (var c = 0u; c < D4; c++) { o[c] = fma(vec4<f32>(pj), tile_b[j * D4 + c], o[c]); }
       }
       m_run = m_tile;
     }
     workgroupBarrier();
   }
   if (live) {
-    let ob = q_base(t.b, t.h, row);
     let inv = 1.0 / l_run;
-    for (var d = 0u; d < D; d++) { out[ob + d] = T(o[d] * inv); }
+    for (var d = 0u; d < D; d++) { out[qb + d] = T(o[d / 4u][d % 4u] * inv); }
     lse[(t.b * p.heads + t.h) * p.n + row] = m_run + log(l_run);
   }
 }
@@ -150,109 +180,107 @@ fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
   let t = task(wid);
   let row = t.row0 + lid;
   let live = row < p.n;
-  var qr: array<f32, D>;
-  var dor: array<f32, D>;
-  var acc: array<f32, D>;
-  var lse_i = 0.0;
-  var delta_i = 0.0;
-  if (live) {
-    let qb = q_base(t.b, t.h, row);
-    for (var d = 0u; d < D; d++) { qr[d] = f32(q[qb + d]) * p.scale; dor[d] = f32(dout[qb + d]); acc[d] = 0.0; }
-    let r = (t.b * p.heads + t.h) * p.n + row;
-    lse_i = lse_in[r];
-    delta_i = delta_in[r];
-  }
+  let qb = q_base(t.b, t.h, min(row, p.n - 1u));
+  var qr: array<vec4<f32>, D4>;
+  var dor: array<vec4<f32>, D4>;
+  var acc: array<vec4<f32>, D4>;
+  for (var c = 0u; c < D4; c++) { qr[c] = q_chunk(qb, c) * p.scale; dor[c] = do_chunk(qb, c); acc[c] = vec4<f32>(0.0); }
+  let r = (t.b * p.heads + t.h) * p.n + min(row, p.n - 1u);
+  let lse_i = lse_in[r];
+  let delta_i = delta_in[r];
+  var ds: array<f32, BC>;
   for (var kt = 0u; kt < p.m; kt += BC) {
     stage_kv(t.b, t.h, kt, lid);
     workgroupBarrier();
-    if (live) {
-      let cols = visible_keys(row, kt);
+    let cols = visible_keys(row, kt);
+    if (live && cols > 0u) {
+      // dS_ij = P_ij (dO_i . v_j - Delta_i), P_ij = exp(S_ij - LSE_i)
       for (var j = 0u; j < cols; j++) {
-        var sj = 0.0;
-        var dpj = 0.0;
-        for (var d = 0u; d < D; d++) {
-          sj += qr[d] * tile_a[j * D + d];
-          dpj += dor[d] * tile_b[j * D + d];
+        var sa = vec4<f32>(0.0);
+        var da = vec4<f32>(0.0);
+        for (var c = 0u; c < D4; c++) {
+          sa = fma(qr[c], tile_a[j * D4 + c], sa);
+          da = fma(dor[c], tile_b[j * D4 + c], da);
         }
-        let ds = exp(sj - lse_i) * (dpj - delta_i);
-        for (var d = 0u; d < D; d++) { acc[d] += ds * tile_a[j * D + d]; }
+        ds[j] = exp(hsum(sa) - lse_i) * (hsum(da) - delta_i);
+      }
+      for (var j = 0u; j < cols; j++) {
+        for (var c = 0u; c < D4; c++) { acc[c] = fma(vec4<f32>(ds[j]), tile_a[j * D4 + c], acc[c]); }
       }
     }
     workgroupBarrier();
   }
   if (live) {
-    let qb = q_base(t.b, t.h, row);
-    for (var d = 0u; d < D; d++) { dq[qb + d] = T(acc[d] * p.scale); }
+    for (var d = 0u; d < D; d++) { dq[qb + d] = T(acc[d / 4u][d % 4u] * p.scale); }
   }
 }
 
 // Stages query rows [r0, r0+BC) of q and dO (and their LSE, Delta) for the dK/dV kernel.
 fn stage_q(b: u32, h: u32, r0: u32, lid: u32) {
-  for (var e = lid; e < BC * D; e += BR) {
-    let r = e / D;
-    let d = e % D;
-    var qv = 0.0;
-    var dov = 0.0;
+  for (var e = lid; e < BC * D4; e += BR) {
+    let r = e / D4;
+    let c = e % D4;
+    var qv = vec4<f32>(0.0);
+    var dov = vec4<f32>(0.0);
     if (r0 + r < p.n) {
-      let i = q_base(b, h, r0 + r) + d;
-      qv = f32(q[i]);
-      dov = f32(dout[i]);
+      let base = q_base(b, h, r0 + r);
+      qv = q_chunk(base, c);
+      dov = do_chunk(base, c);
     }
     tile_a[e] = qv;
     tile_b[e] = dov;
   }
   for (var r = lid; r < BC; r += BR) {
-    var l = 0.0;
-    var dl = 0.0;
+    var ld = vec2<f32>(0.0);
     if (r0 + r < p.n) {
       let idx = (b * p.heads + h) * p.n + r0 + r;
-      l = lse_in[idx];
-      dl = delta_in[idx];
+      ld = vec2<f32>(lse_in[idx], delta_in[idx]);
     }
-    tile_r[2u * r] = l;
-    tile_r[2u * r + 1u] = dl;
+    tile_r[r] = ld;
   }
 }
 
 // dK/dV accumulators of one key row over query rows [q_begin, q_end) (before the final scale of dK).
 struct DkvSums {
-  dk: array<f32, D>,
-  dv: array<f32, D>,
+  dk: array<vec4<f32>, D4>,
+  dv: array<vec4<f32>, D4>,
 }
 
 fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32) -> DkvSums {
-  var kr: array<f32, D>;
-  var vr: array<f32, D>;
+  var kr: array<vec4<f32>, D4>;
+  var vr: array<vec4<f32>, D4>;
   var acc: DkvSums;
-  if (live) {
-    let kb = k_base(t.b, t.h, row);
-    for (var d = 0u; d < D; d++) {
-      kr[d] = f32(k[kb + d]) * p.scale;
-      vr[d] = f32(v[kb + d]);
-      acc.dk[d] = 0.0;
-      acc.dv[d] = 0.0;
-    }
+  let kb = k_base(t.b, t.h, min(row, p.m - 1u));
+  for (var c = 0u; c < D4; c++) {
+    kr[c] = k_chunk(kb, c) * p.scale;
+    vr[c] = v_chunk(kb, c);
+    acc.dk[c] = vec4<f32>(0.0);
+    acc.dv[c] = vec4<f32>(0.0);
   }
+  var pw: array<f32, BC>;
+  var ds: array<f32, BC>;
   for (var qt = q_begin; qt < q_end; qt += BC) {
     stage_q(t.b, t.h, qt, lid);
     workgroupBarrier();
-    if (live) {
-      let rows = min(BC, q_end - qt);
-      // Causal: query i sees key `row` only when qt + i >= row.
-      var first = 0u;
-      if (CAUSAL && row > qt) { first = row - qt; }
+    let rows = min(BC, q_end - qt);
+    // Causal: query qt + i sees key `row` only when qt + i >= row.
+    var first = 0u;
+    if (CAUSAL && row > qt) { first = row - qt; }
+    if (live && first < rows) {
       for (var i = first; i < rows; i++) {
-        var si = 0.0;
-        var dpi = 0.0;
-        for (var d = 0u; d < D; d++) {
-          si += kr[d] * tile_a[i * D + d];
-          dpi += vr[d] * tile_b[i * D + d];
+        var sa = vec4<f32>(0.0);
+        var da = vec4<f32>(0.0);
+        for (var c = 0u; c < D4; c++) {
+          sa = fma(kr[c], tile_a[i * D4 + c], sa);
+          da = fma(vr[c], tile_b[i * D4 + c], da);
         }
-        let pij = exp(si - tile_r[2u * i]);
-        let ds = pij * (dpi - tile_r[2u * i + 1u]);
-        for (var d = 0u; d < D; d++) {
-          acc.dv[d] += pij * tile_b[i * D + d];
-          acc.dk[d] += ds * tile_a[i * D + d];
+        pw[i] = exp(hsum(sa) - tile_r[i].x);
+        ds[i] = pw[i] * (hsum(da) - tile_r[i].y);
+      }
+      for (var i = first; i < rows; i++) {
+        for (var c = 0u; c < D4; c++) {
+          acc.dv[c] = fma(vec4<f32>(pw[i]), tile_b[i * D4 + c], acc.dv[c]);
+          acc.dk[c] = fma(vec4<f32>(ds[i]), tile_a[i * D4 + c], acc.dk[c]);
         }
       }
     }
@@ -271,8 +299,8 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
   if (!live) { return; }
   let kb = k_base(t.b, t.h, row);
   for (var d = 0u; d < D; d++) {
-    dk[kb + d] = T(acc.dk[d] * p.scale);
-    dv[kb + d] = T(acc.dv[d]);
+    dk[kb + d] = T(acc.dk[d / 4u][d % 4u] * p.scale);
+    dv[kb + d] = T(acc.dv[d / 4u][d % 4u]);
   }
 }
 
@@ -287,8 +315,8 @@ fn attn_bwd_dkv_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
   if (!live) { return; }
   let base = ((wid.z * nwg.y + wid.y) * p.m + row) * D;
   for (var d = 0u; d < D; d++) {
-    dk_part[base + d] = acc.dk[d] * p.scale;
-    dv_part[base + d] = acc.dv[d];
+    dk_part[base + d] = acc.dk[d / 4u][d % 4u] * p.scale;
+    dv_part[base + d] = acc.dv[d / 4u][d % 4u];
   }
 }
 

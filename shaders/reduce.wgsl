@@ -1,90 +1,168 @@
-// Reductions: sums to partials and scalars, sums of squares (gradient norms, MSE), row sums,
-// the MSE gradient, and a non-finite check. Everything accumulates in f32.
-// Specialised by T (storage of the input), WG, ITEMS (elements per invocation per pass) and
-// MODE for the partial-sum entry: 0 sum x, 1 sum x^2, 2 sum (x - y)^2.
+// Reductions: sums (all / rows / columns), MSE loss and its gradient, the sum of squares behind the
+// global gradient norm, and the non-finite check. Specialised by:
+//   T  storage type of the inputs x, y (f16 | f32)
+//   O  storage type of the output (f32 for partial sums; f16 | f32 for final row/column sums, dpred)
+//   WG workgroup size
+//   IS_F16 whether the non-finite check reads f16 or f32 bit patterns (defined for every entry)
+// Every sum accumulates in f32. A tensor is reduced in passes: each pass turns segments of at most
+// `seg` elements into one f32 partial each, until one value per output remains; the last pass applies
+// `scale` (and a square root for norms) and stores O. The host binds windows of tensors larger than
+// one storage binding: `elem0` is the first element a dispatch covers and `*_skip` its index inside
+// each bound window (windows start at aligned byte offsets, so the first element may sit further in).
 
 struct Params {
-  n: u32,             // elements in this range
-  out_offset: u32,    // partial sums: index of this range's first partial
-  alpha: f32,         // finalize / mse gradient: scale
-  flags: u32,         // finalize: 1 = take the square root
+  cols: u32,     // row kernels: elements per row; column kernels: columns
+  segs: u32,     // row kernels: segments per row;  column kernels: (unused)
+  seg: u32,      // row kernels: elements per segment; column kernels: rows per segment
+  unit0: u32,    // first unit of this dispatch (row kernels: row * segs + segment; columns: row segment)
+  units: u32,    // units in this dispatch
+  elem0: u32,    // global element index where this dispatch starts (row kernels) / its first row's index
+  rows: u32,     // column kernels: total rows
+  x_skip: u32,
+  y_skip: u32,
+  out_skip: u32,
+  scale: f32,    // applied to the finished sum: 1 for sums, 1/n for means, 1/loss_scale for norms
+  finish: u32,   // 0: out = scale * sum; 1: out = scale * sqrt(sum)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<T>;
 @group(0) @binding(2) var<storage, read> y: array<T>;
-@group(0) @binding(3) var<storage, read_write> partial: array<f32>;
-@group(0) @binding(4) var<storage, read_write> out: array<T>;
-@group(0) @binding(5) var<storage, read_write> flag: array<atomic<u32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<O>;
 
-var<workgroup> red: array<f32, WG>;
+var<workgroup> scratch: array<f32, WG>;
 
-fn term(i: u32) -> f32 {
-  let v = f32(x[i]);
-  if (MODE == 0u) { return v; }
-  if (MODE == 1u) { return v * v; }
-  let d = v - f32(y[i]);
-  return d * d;
+fn finish(s: f32) -> f32 {
+  if (p.finish == 1u) { return p.scale * sqrt(s); }
+  return p.scale * s;
 }
 
-// Each workgroup sums WG*ITEMS consecutive terms into partial[out_offset + workgroup].
-@compute @workgroup_size(WG)
-fn partial_sum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let g = wid.x + wid.y * nwg.x;
-  let base = g * WG * ITEMS;
-  var s = 0.0;
-  for (var k = 0u; k < ITEMS; k++) {
-    let i = base + k * WG + lid;
-    if (i < p.n) { s += term(i); }
-  }
-  red[lid] = s;
+// Unit handled by this workgroup (workgroups laid out on a 2D grid past 65535).
+fn unit_index(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+  return wid.x + wid.y * nwg.x;
+}
+
+// Global element range [begin, end) of unit u: segment u % segs of row u / segs.
+fn unit_begin(u: u32) -> u32 {
+  return (u / p.segs) * p.cols + (u % p.segs) * p.seg;
+}
+fn unit_end(u: u32) -> u32 {
+  let s = u % p.segs;
+  return (u / p.segs) * p.cols + min(s * p.seg + p.seg, p.cols);
+}
+
+// Tree reduction of each thread's partial over the workgroup; thread 0 stores the unit's result.
+fn store_unit(lid: u32, u: u32, acc: f32) {
+  scratch[lid] = acc;
   workgroupBarrier();
   for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-    if (lid < stride) { red[lid] += red[lid + stride]; }
+    if (lid < stride) { scratch[lid] = scratch[lid] + scratch[lid + stride]; }
     workgroupBarrier();
   }
-  if (lid == 0u && base < p.n) { partial[p.out_offset + g] = red[0]; }
+  if (lid == 0u) { out[u - p.unit0 + p.out_skip] = O(finish(scratch[0])); }
 }
 
-// out[0] = alpha * (sqrt if flags&1)(x[0]) — turns a reduced sum into a mean, a norm, ...
-@compute @workgroup_size(1)
-fn finalize() {
-  var v = f32(x[0]);
-  if ((p.flags & 1u) != 0u) { v = sqrt(v); }
-  out[0] = T(p.alpha * v);
-}
-
-// Row sums of x [rows, n] into f32: partial[row] = sum_j x[row, j]. One workgroup per row; the row
-// count travels in out_offset.
+// out[u] = sum of x over unit u.
 @compute @workgroup_size(WG)
-fn row_sum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let row = wid.x + wid.y * nwg.x;
-  if (row >= p.out_offset) { return; }   // out_offset carries the row count here
-  var s = 0.0;
-  for (var j = lid; j < p.n; j += WG) { s += f32(x[row * p.n + j]); }
-  red[lid] = s;
-  workgroupBarrier();
-  for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-    if (lid < stride) { red[lid] += red[lid + stride]; }
-    workgroupBarrier();
+fn sum_rows(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let w = unit_index(wid, nwg);
+  if (w >= p.units) { return; }   // whole workgroups leave together: barriers stay uniform
+  let u = p.unit0 + w;
+  let base = p.x_skip - p.elem0;   // u32 wrap-around: i + base is i's index in the window
+  var acc = 0.0;
+  for (var i = unit_begin(u) + lid; i < unit_end(u); i += WG) { acc += f32(x[i + base]); }
+  store_unit(lid, u, acc);
+}
+
+// out[u] = sum of x^2 over unit u (the global gradient norm's first pass).
+@compute @workgroup_size(WG)
+fn sumsq_rows(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let w = unit_index(wid, nwg);
+  if (w >= p.units) { return; }   // whole workgroups leave together: barriers stay uniform
+  let u = p.unit0 + w;
+  let base = p.x_skip - p.elem0;   // u32 wrap-around: i + base is i's index in the window
+  var acc = 0.0;
+  for (var i = unit_begin(u) + lid; i < unit_end(u); i += WG) {
+    let v = f32(x[i + base]);
+    acc += v * v;
   }
-  if (lid == 0u) { partial[row] = red[0]; }
+  store_unit(lid, u, acc);
 }
 
-// d mean((pred - target)^2) / d pred = 2 (pred - target) / N, times the loss scale: alpha = 2*scale/N.
+// out[u] = sum of (x - y)^2 over unit u (the MSE loss's first pass).
 @compute @workgroup_size(WG)
-fn mse_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * WG;
-  if (i >= p.n) { return; }
-  out[i] = T(p.alpha * (f32(x[i]) - f32(y[i])));
+fn sqdiff_rows(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let w = unit_index(wid, nwg);
+  if (w >= p.units) { return; }   // whole workgroups leave together: barriers stay uniform
+  let u = p.unit0 + w;
+  let xb = p.x_skip - p.elem0;
+  let yb = p.y_skip - p.elem0;
+  var acc = 0.0;
+  for (var i = unit_begin(u) + lid; i < unit_end(u); i += WG) {
+    let d = f32(x[i + xb]) - f32(y[i + yb]);
+    acc += d * d;
+  }
+  store_unit(lid, u, acc);
 }
 
-// Sets flag[0] = 1 if any element is inf or NaN. Tested on the f32 bit pattern (exponent all ones),
-// which f16 -> f32 conversion preserves, so fast-math cannot optimise the test away.
+// Column sums of x viewed as [rows, cols]: out[s, c] = sum of x[r, c] over the rows r of row segment s
+// (`seg` rows each). One thread per column, so neighbouring threads read neighbouring elements.
+// Workgroups: (ceil(cols / WG), units). `elem0` here is the first row of this dispatch.
+@compute @workgroup_size(WG)
+fn sum_cols(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let c = gid.x;
+  if (c >= p.cols) { return; }
+  let s = p.unit0 + wid.y;
+  let r_begin = s * p.seg;
+  let r_end = min(r_begin + p.seg, p.rows);
+  var acc = 0.0;
+  for (var r = r_begin; r < r_end; r++) { acc += f32(x[(r - p.elem0) * p.cols + c + p.x_skip]); }
+  out[wid.y * p.cols + c + p.out_skip] = O(finish(acc));
+}
+
+// ---- element-wise: MSE gradient ------------------------------------------------------------------
+
+struct FlatParams {
+  n: u32,
+  x_skip: u32,
+  y_skip: u32,
+  out_skip: u32,
+  coef: f32,
+}
+
+@group(0) @binding(0) var<uniform> q: FlatParams;
+
+fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+  return gid.x + gid.y * nwg.x * WG;
+}
+
+// d loss / d pred for loss = mean((pred - target)^2), times the loss scale: coef = 2 * scale / n.
+@compute @workgroup_size(WG)
+fn mse_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = flat(gid, nwg);
+  if (i >= q.n) { return; }
+  out[i + q.out_skip] = O(q.coef * (f32(x[i + q.x_skip]) - f32(y[i + q.y_skip])));
+}
+
+// ---- non-finite check ----------------------------------------------------------------------------
+// Tests the exponent bits instead of isinf/isnan, which fast-math compilers may fold to false.
+// x is read as raw 32-bit words (two f16 per word when IS_F16). The flag is an f32 [1] tensor; any
+// thread that sees inf or NaN stores 1.0 (bits 0x3f800000) into it. Nothing ever clears it here.
+
+@group(0) @binding(1) var<storage, read> bits: array<u32>;
+@group(0) @binding(2) var<storage, read_write> flag: array<atomic<u32>>;
+
 @compute @workgroup_size(WG)
 fn nonfinite(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * WG;
-  if (i >= p.n) { return; }
-  let bits = bitcast<u32>(f32(x[i]));
-  if ((bits & 0x7f800000u) == 0x7f800000u) { atomicStore(&flag[0], 1u); }
+  let i = flat(gid, nwg);
+  if (i >= q.n) { return; }
+  let e = i + q.x_skip;
+  var bad: bool;
+  if (IS_F16) {
+    let h = (bits[e >> 1u] >> ((e & 1u) * 16u)) & 0xffffu;
+    bad = (h & 0x7c00u) == 0x7c00u;
+  } else {
+    bad = (bits[e] & 0x7f800000u) == 0x7f800000u;
+  }
+  if (bad) { atomicStore(&flag[0], 0x3f800000u); }
 }

@@ -53,12 +53,18 @@ function dims(op: string, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOption
   return { B, H, N, M, D, scale: opts.scale ?? 1 / Math.sqrt(D), layout, causal };
 }
 
-/** Key/value rows staged per tile: as many as fit 16 KiB of workgroup memory (f32), power of two, <= 32. */
+/**
+ * Rows staged per tile (keys in the forward and dQ, queries in dK/dV): two tiles of D4 vec4<f32>
+ * per row plus (LSE, Delta) must fit Chrome's default 16 KiB of workgroup memory; a multiple of 4,
+ * at most 32 (each invocation keeps BC scores in registers). D40: 32, D64: 28, D80: 24, D160: 12.
+ */
 function tileRows(D: number): number {
-  const fit = Math.floor(16384 / (8 * D + 8));
-  let bc = 1;
-  while (bc * 2 <= Math.min(fit, 32)) bc *= 2;
-  return bc;
+  const fit = Math.floor(16384 / (2 * 16 * Math.ceil(D / 4) + 8));
+  const bc = Math.max(4, Math.min(32, fit - (fit % 4))); return Number(globalThis.process?.env?.ATTN_BC ?? bc);
+}
+
+function shaderDefs(d: Dims, dtype: Tensor['dtype']) {
+  return { T: dtype, D: d.D, D4: Math.ceil(d.D / 4), BR, BC: tileRows(d.D), CAUSAL: d.causal };
 }
 
 function uniforms(d: Dims): Uniforms {
@@ -88,7 +94,7 @@ function run(gpu: Gpu, op: string, entry: string, d: Dims, dtype: Tensor['dtype'
   gpu.dispatch({
     shader: 'attention',
     entry,
-    defs: { T: dtype, D: d.D, BR, BC: tileRows(d.D), CAUSAL: d.causal },
+    defs: shaderDefs(d, dtype),
     uniforms: uniforms(d),
     bindings,
     workgroups: [Math.ceil(rows / BR), d.B * d.H, splits],
@@ -142,7 +148,7 @@ export function flashAttentionBackward(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor
     gpu.dispatch({
       shader: 'attention',
       entry: 'attn_bwd_dkv_reduce',
-      defs: { T: q.dtype, D: d.D, BR, BC: tileRows(d.D), CAUSAL: d.causal },
+      defs: shaderDefs(d, q.dtype),
       uniforms: uniforms(d),
       bindings: bound,
       workgroups: [Math.ceil((d.M * d.D) / BR), d.B * d.H],

@@ -42,11 +42,42 @@ export function flatDispatch(
   }
 }
 
-/** One dispatch over `n` work items with whole-tensor bindings (ops whose operands differ in size). */
-function wholeDispatch(gpu: Gpu, op: string, entry: string, defs: Defs, n: number, bound: (Tensor | null)[], u: Uniforms, perWorkgroup = WG): void {
-  for (const t of bound)
-    if (t && !gpu.fitsBinding(t)) throw new ShapeError(op, `${t} is larger than one storage binding (${gpu.maxBinding} bytes); split the batch`);
-  gpu.dispatch({ shader: 'elementwise', entry, defs: { WG, ACT: 0, U: 'f32', ...defs }, uniforms: u, bindings: bound, workgroups: gpu.grid(Math.ceil(n / perWorkgroup)) });
+/** One operand of itemDispatch: a tensor split into `perItem`-element items, a tensor bound whole, or none. */
+type ItemOperand = { items: Tensor; perItem: number } | { whole: Tensor } | null;
+
+const gcd = (a: number, b: number): number => (b === 0 ? a : gcd(b, a % b));
+
+/**
+ * Runs `entry` over `items` independent items (rows, planes, samples, matrices) in ranges that fit
+ * one storage binding, for ops whose operands differ in size. Operand i is bound at binding i+1:
+ * item operands get a window over the range's items, whole operands the whole tensor. The shader
+ * indexes relative to the range's first item; `work(count)` gives the invocation count and the
+ * uniforms of a range of `count` items. A single item larger than one binding is refused.
+ */
+function itemDispatch(
+  gpu: Gpu, op: string, entry: string, defs: Defs, items: number, bound: ItemOperand[],
+  work: (count: number) => { invocations: number; uniforms: Uniforms }, perWorkgroup = WG,
+): void {
+  const itemBytes: number[] = [];
+  for (const b of bound) {
+    if (b && 'whole' in b && !gpu.fitsBinding(b.whole))
+      throw new ShapeError(op, `${b.whole} is larger than one storage binding (${gpu.maxBinding} bytes)`);
+    if (b && 'items' in b) itemBytes.push(b.perItem * BYTES[b.items.dtype]);
+  }
+  const widest = Math.max(...itemBytes);
+  if (widest > gpu.maxBinding) throw new ShapeError(op, `one item of ${widest} bytes is larger than one storage binding (${gpu.maxBinding} bytes)`);
+  // Range starts must be aligned in every windowed operand: align to the gcd of their item sizes.
+  for (const { start, count } of gpu.chunks(items, widest, itemBytes.reduce(gcd))) {
+    const { invocations, uniforms } = work(count);
+    gpu.dispatch({
+      shader: 'elementwise',
+      entry,
+      defs: { WG, ACT: 0, U: 'f32', ...defs },
+      uniforms,
+      bindings: bound.map((b) => (b === null ? null : 'whole' in b ? b.whole : gpu.subWindow(b.items, start * b.perItem, count * b.perItem, BYTES[b.items.dtype]))),
+      workgroups: gpu.grid(Math.ceil(invocations / perWorkgroup)),
+    });
+  }
 }
 
 // ---- add / mul / scale / cast ---------------------------------------------------------------------
@@ -105,7 +136,10 @@ export function cast(gpu: Gpu, x: Tensor, to: DType, tag = x.tag): Tensor {
 /** [times, ...x.shape]: x repeated `times` times. Its backward sums the copies (sumColumns). */
 export function repeat(gpu: Gpu, x: Tensor, times: number): Tensor {
   const o = gpu.tensor([times, ...x.shape], x.dtype, 'activations', 'repeat');
-  wholeDispatch(gpu, 'repeat', 'repeat', { T: x.dtype }, o.numel, [x, null, o], new Uniforms().u32(o.numel).f32(1).u32(x.numel, 0));
+  itemDispatch(gpu, 'repeat', 'repeat', { T: x.dtype }, times, [{ whole: x }, null, { items: o, perItem: x.numel }], (count) => ({
+    invocations: count * x.numel,
+    uniforms: new Uniforms().u32(count * x.numel).f32(1).u32(x.numel, 0),
+  }));
   return o;
 }
 
@@ -141,7 +175,11 @@ export function addChannelBackward(gpu: Gpu, x: Tensor, t: Tensor, dout: Tensor)
   const inner = checkChannel('addChannelBackward', x, t);
   sameShape('addChannelBackward', x, dout, ['x', 'dout']);
   const dt = gpu.tensor(t.shape, t.dtype, 'gradients', 'addChannel.dt');
-  wholeDispatch(gpu, 'addChannelBackward', 'sum_planes', { T: x.dtype }, t.numel * WG, [dout, null, dt], new Uniforms().u32(t.numel).f32(1).u32(inner, 0));
+  const planes = [{ items: dout, perItem: inner }, null, { items: dt, perItem: 1 }];
+  itemDispatch(gpu, 'addChannelBackward', 'sum_planes', { T: x.dtype }, t.numel, planes, (count) => ({
+    invocations: count * WG, // one workgroup per plane
+    uniforms: new Uniforms().u32(count).f32(1).u32(inner, 0),
+  }));
   return { dx: dout, dt };
 }
 
@@ -184,21 +222,36 @@ export const quickGelu = (gpu: Gpu, x: Tensor) => activation(gpu, 'quickGelu', x
 
 const sigmoid = (v: number) => 1 / (1 + Math.exp(-v));
 
-/** erf with |error| < 1.2e-7 (Numerical Recipes erfc, Chebyshev fit) for the references. */
-export function erfRef(v: number): number {
-  const z = Math.abs(v);
-  const t = 1 / (1 + 0.5 * z);
-  const r =
-    t *
-    Math.exp(
-      -z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))),
-    );
-  return v >= 0 ? 1 - r : r - 1;
+/**
+ * erfc(a) for a >= 0 in float64, independent of the shader's fit: below 2.5 as 1 - erf from the
+ * all-positive series erf(a) = 2/sqrt(pi) e^(-a^2) sum_n (2a^2)^n a / (1*3*...*(2n+1)); from 2.5 on
+ * by the continued fraction erfc(a) = e^(-a^2)/sqrt(pi) / (a + (1/2)/(a + 1/(a + (3/2)/(a + ...)))).
+ * Relative error ~1e-13 or better everywhere.
+ */
+export function erfcRef(a: number): number {
+  if (a < 2.5) {
+    let term = a;
+    let sum = a;
+    for (let n = 1; term > 1e-17 * sum; n++) {
+      term *= (2 * a * a) / (2 * n + 1);
+      sum += term;
+    }
+    return 1 - (2 / Math.sqrt(Math.PI)) * Math.exp(-a * a) * sum;
+  }
+  let frac = a;
+  for (let k = 80; k >= 1; k--) frac = a + k / 2 / frac;
+  return Math.exp(-a * a) / Math.sqrt(Math.PI) / frac;
+}
+
+/** Standard normal CDF Phi(v), with relative precision in the negative tail. */
+export function normalCdfRef(v: number): number {
+  const tail = 0.5 * erfcRef(Math.abs(v) / Math.SQRT2);
+  return v < 0 ? tail : 1 - tail;
 }
 
 export function activationRef(kind: Activation, v: number): number {
   if (kind === 'silu') return v * sigmoid(v);
-  if (kind === 'gelu') return 0.5 * v * (1 + erfRef(v / Math.SQRT2));
+  if (kind === 'gelu') return v * normalCdfRef(v);
   return v * sigmoid(1.702 * v);
 }
 
@@ -207,7 +260,7 @@ export function activationGradRef(kind: Activation, v: number): number {
     const s = sigmoid(v);
     return s + v * s * (1 - s);
   }
-  if (kind === 'gelu') return 0.5 * (1 + erfRef(v / Math.SQRT2)) + (v * Math.exp(-0.5 * v * v)) / Math.sqrt(2 * Math.PI);
+  if (kind === 'gelu') return normalCdfRef(v) + (v * Math.exp(-0.5 * v * v)) / Math.sqrt(2 * Math.PI);
   const s = sigmoid(1.702 * v);
   return s + 1.702 * v * s * (1 - s);
 }
@@ -224,7 +277,10 @@ function gegluWidth(op: string, x: Tensor): number {
 export function geglu(gpu: Gpu, x: Tensor): Tensor {
   const f = gegluWidth('geglu', x);
   const o = gpu.tensor([...x.shape.slice(0, -1), f], x.dtype, 'activations', 'geglu');
-  wholeDispatch(gpu, 'geglu', 'geglu_fwd', { T: x.dtype, ACT: 1 }, o.numel, [x, null, o], new Uniforms().u32(o.numel).f32(1).u32(f, 0));
+  itemDispatch(gpu, 'geglu', 'geglu_fwd', { T: x.dtype, ACT: 1 }, o.numel / f, [{ items: x, perItem: 2 * f }, null, { items: o, perItem: f }], (rows) => ({
+    invocations: rows * f,
+    uniforms: new Uniforms().u32(rows * f).f32(1).u32(f, 0),
+  }));
   return o;
 }
 
@@ -235,7 +291,11 @@ export function gegluBackward(gpu: Gpu, x: Tensor, dy: Tensor): Tensor {
   if (dy.numel * 2 !== x.numel || dy.shape[dy.shape.length - 1] !== f)
     throw new ShapeError('gegluBackward', `dy must be [...,${f}] for x ${fmtShape(x.shape)}, got ${fmtShape(dy.shape)}`);
   const dx = gpu.tensor(x.shape, x.dtype, 'gradients', 'geglu.dx');
-  wholeDispatch(gpu, 'gegluBackward', 'geglu_bwd', { T: x.dtype, ACT: 1 }, x.numel, [x, dy, dx], new Uniforms().u32(x.numel).f32(1).u32(f, 0));
+  const rowsOf = (t: Tensor, perItem: number) => ({ items: t, perItem });
+  itemDispatch(gpu, 'gegluBackward', 'geglu_bwd', { T: x.dtype, ACT: 1 }, dy.numel / f, [rowsOf(x, 2 * f), rowsOf(dy, f), rowsOf(dx, 2 * f)], (rows) => ({
+    invocations: rows * 2 * f,
+    uniforms: new Uniforms().u32(rows * 2 * f).f32(1).u32(f, 0),
+  }));
   return dx;
 }
 
@@ -266,7 +326,10 @@ export function upsample2x(gpu: Gpu, x: Tensor): Tensor {
   if (x.shape.length !== 4) throw new ShapeError('upsample2x', `x must be [N,C,H,W], got ${fmtShape(x.shape)}`);
   const [n, c, h, w] = x.shape;
   const o = gpu.tensor([n, c, 2 * h, 2 * w], x.dtype, 'activations', 'upsample2x');
-  wholeDispatch(gpu, 'upsample2x', 'upsample2x_fwd', { T: x.dtype }, o.numel, [x, null, o], new Uniforms().u32(o.numel).f32(1).u32(2 * w, 2 * h));
+  itemDispatch(gpu, 'upsample2x', 'upsample2x_fwd', { T: x.dtype }, n * c, [{ items: x, perItem: h * w }, null, { items: o, perItem: 4 * h * w }], (planes) => ({
+    invocations: planes * 4 * h * w,
+    uniforms: new Uniforms().u32(planes * 4 * h * w).f32(1).u32(2 * w, 2 * h),
+  }));
   return o;
 }
 
@@ -277,7 +340,10 @@ export function upsample2xBackward(gpu: Gpu, x: Tensor, dout: Tensor): Tensor {
     throw new ShapeError('upsample2xBackward', `dout must be [${n},${c},${2 * h},${2 * w}] for x ${fmtShape(x.shape)}, got ${fmtShape(dout.shape)}`);
   expectSameDType('upsample2xBackward', x, dout);
   const dx = gpu.tensor(x.shape, x.dtype, 'gradients', 'upsample2x.dx');
-  wholeDispatch(gpu, 'upsample2xBackward', 'upsample2x_bwd', { T: x.dtype }, dx.numel, [dout, null, dx], new Uniforms().u32(dx.numel).f32(1).u32(w, h));
+  itemDispatch(gpu, 'upsample2xBackward', 'upsample2x_bwd', { T: x.dtype }, n * c, [{ items: dout, perItem: 4 * h * w }, null, { items: dx, perItem: h * w }], (planes) => ({
+    invocations: planes * h * w,
+    uniforms: new Uniforms().u32(planes * h * w).f32(1).u32(w, h),
+  }));
   return dx;
 }
 
@@ -315,7 +381,11 @@ export function pad2d(gpu: Gpu, x: Tensor, pad: Pad2d): Tensor {
   if (x.shape.length !== 4) throw new ShapeError('pad2d', `x must be [N,C,H,W], got ${fmtShape(x.shape)}`);
   const [n, c, h, w] = x.shape;
   const o = gpu.tensor([n, c, h + pad.top + pad.bottom, w + pad.left + pad.right], x.dtype, 'activations', 'pad2d');
-  wholeDispatch(gpu, 'pad2d', 'pad2d', { T: x.dtype }, o.numel, [x, null, o], padUniforms(o.numel, h, w, pad));
+  const outPlane = o.shape[2] * o.shape[3];
+  itemDispatch(gpu, 'pad2d', 'pad2d', { T: x.dtype }, n * c, [{ items: x, perItem: h * w }, null, { items: o, perItem: outPlane }], (planes) => ({
+    invocations: planes * outPlane,
+    uniforms: padUniforms(planes * outPlane, h, w, pad),
+  }));
   return o;
 }
 
@@ -325,7 +395,10 @@ export function pad2dBackward(gpu: Gpu, x: Tensor, dout: Tensor, pad: Pad2d): Te
   const want = [n, c, h + pad.top + pad.bottom, w + pad.left + pad.right];
   if (dout.shape.length !== 4 || dout.shape.some((d, i) => d !== want[i])) throw new ShapeError('pad2dBackward', `dout must be ${fmtShape(want)}, got ${fmtShape(dout.shape)}`);
   const dx = gpu.tensor(x.shape, x.dtype, 'gradients', 'pad2d.dx');
-  wholeDispatch(gpu, 'pad2dBackward', 'pad2d_crop', { T: x.dtype }, dx.numel, [dout, null, dx], padUniforms(dx.numel, h, w, pad));
+  itemDispatch(gpu, 'pad2dBackward', 'pad2d_crop', { T: x.dtype }, n * c, [{ items: dout, perItem: want[2] * want[3] }, null, { items: dx, perItem: h * w }], (planes) => ({
+    invocations: planes * h * w,
+    uniforms: padUniforms(planes * h * w, h, w, pad),
+  }));
   return dx;
 }
 
@@ -345,7 +418,10 @@ export function transpose2d(gpu: Gpu, x: Tensor): Tensor {
   if (x.shape.length < 2) throw new ShapeError('transpose2d', `x needs two dims to swap, got ${fmtShape(x.shape)}`);
   const [r, c] = x.shape.slice(-2);
   const o = gpu.tensor([...x.shape.slice(0, -2), c, r], x.dtype, 'activations', 'transpose2d');
-  wholeDispatch(gpu, 'transpose2d', 'transpose2d', { T: x.dtype }, o.numel, [x, null, o], new Uniforms().u32(o.numel, r, c, 0, 0));
+  itemDispatch(gpu, 'transpose2d', 'transpose2d', { T: x.dtype }, x.numel / (r * c), [{ items: x, perItem: r * c }, null, { items: o, perItem: r * c }], (mats) => ({
+    invocations: mats * r * c,
+    uniforms: new Uniforms().u32(mats * r * c, r, c, 0, 0),
+  }));
   return o;
 }
 
@@ -356,7 +432,12 @@ export function concatChannels(gpu: Gpu, x: Tensor, y: Tensor): Tensor {
     throw new ShapeError('concatChannels', `x ${fmtShape(x.shape)} and y ${fmtShape(y.shape)} differ outside the channel dim`);
   const inner = x.shape.slice(2).reduce((a, b) => a * b, 1);
   const o = gpu.tensor([x.shape[0], x.shape[1] + y.shape[1], ...x.shape.slice(2)], x.dtype, 'activations', 'concat');
-  wholeDispatch(gpu, 'concatChannels', 'concat_channels', { T: x.dtype }, o.numel, [x, y, o], new Uniforms().u32(o.numel, x.shape[1], y.shape[1], inner, 0));
+  const [cx, cy] = [x.shape[1], y.shape[1]];
+  const samples = [{ items: x, perItem: cx * inner }, { items: y, perItem: cy * inner }, { items: o, perItem: (cx + cy) * inner }];
+  itemDispatch(gpu, 'concatChannels', 'concat_channels', { T: x.dtype }, x.shape[0], samples, (count) => ({
+    invocations: count * (cx + cy) * inner,
+    uniforms: new Uniforms().u32(count * (cx + cy) * inner, cx, cy, inner, 0),
+  }));
   return o;
 }
 
@@ -366,7 +447,11 @@ export function splitChannels(gpu: Gpu, x: Tensor, first: number, count: number)
     throw new ShapeError('splitChannels', `channels [${first}, ${first + count}) are not inside x ${fmtShape(x.shape)}`);
   const inner = x.shape.slice(2).reduce((a, b) => a * b, 1);
   const o = gpu.tensor([x.shape[0], count, ...x.shape.slice(2)], x.dtype, 'activations', 'split');
-  wholeDispatch(gpu, 'splitChannels', 'split_channels', { T: x.dtype }, o.numel, [x, null, o], new Uniforms().u32(o.numel, first, count, inner, x.shape[1]));
+  const c = x.shape[1];
+  itemDispatch(gpu, 'splitChannels', 'split_channels', { T: x.dtype }, x.shape[0], [{ items: x, perItem: c * inner }, null, { items: o, perItem: count * inner }], (samples) => ({
+    invocations: samples * count * inner,
+    uniforms: new Uniforms().u32(samples * count * inner, first, count, inner, c),
+  }));
   return o;
 }
 
@@ -377,7 +462,10 @@ export function timestepEmbedding(gpu: Gpu, t: Tensor, dim: number, dtype: DType
   expectDType('timestepEmbedding', t, 'f32', 'timesteps');
   if (t.shape.length !== 1) throw new ShapeError('timestepEmbedding', `timesteps must be [B], got ${fmtShape(t.shape)}`);
   const o = gpu.tensor([t.shape[0], dim], dtype, 'activations', 'timestepEmbedding');
-  wholeDispatch(gpu, 'timestepEmbedding', 'timestep_embedding', { T: dtype }, o.numel, [null, null, o, null, t], new Uniforms().u32(o.numel).f32(1).u32(dim, 0));
+  itemDispatch(gpu, 'timestepEmbedding', 'timestep_embedding', { T: dtype }, t.shape[0], [null, null, { items: o, perItem: dim }, null, { items: t, perItem: 1 }], (rows) => ({
+    invocations: rows * dim,
+    uniforms: new Uniforms().u32(rows * dim).f32(1).u32(dim, 0),
+  }));
   return o;
 }
 

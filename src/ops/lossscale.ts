@@ -1,6 +1,12 @@
 // Dynamic loss scaling (torch.cuda.amp.GradScaler's policy): gradients are computed from
 // loss * scale so small f16 gradients do not flush to zero; a step whose gradients hold an inf or
 // NaN is skipped and the scale halves; after `growthInterval` good steps in a row it doubles.
+// Unlike GradScaler the scale is kept within [minScale, maxScale] (f32 uniforms stay finite).
+// The skip itself happens on the GPU (adamw reads the non-finite flag); the host learns of it by
+// reading the flag once per step (updateFromFlag) before it picks the next step's scale.
+import type { Gpu } from '../gpu/device.ts';
+import type { Tensor } from '../gpu/tensor.ts';
+import { readFlag } from './reduce.ts';
 
 export interface LossScalerOptions {
   initScale: number;
@@ -44,6 +50,11 @@ export class DynamicLossScaler {
       this.goodSteps = 0;
     }
     return true;
+  }
+
+  /** Reads the step's non-finite flag (4 bytes) and records the outcome; true when the step applied. */
+  async updateFromFlag(gpu: Gpu, flag: Tensor): Promise<boolean> {
+    return this.update(await readFlag(gpu, flag));
   }
 
   state(): { scale: number; goodSteps: number; skipped: number } {

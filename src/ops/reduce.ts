@@ -1,108 +1,134 @@
-// Reductions (f32 accumulation): total sums, sums of squares, row sums, MSE loss and its gradient,
-// the non-finite flag and the global gradient norm. Multi-pass tree reductions: each pass turns
-// WG*ITEMS elements into one f32 partial, until one value is left; inputs larger than one storage
-// binding are walked in binding-sized ranges whose partials land side by side.
-import { Uniforms, type Gpu } from '../gpu/device.ts';
+// Reductions, all accumulating in f32: the sum of all elements, row sums (over the last dim),
+// column sums (over the leading dims: bias gradients), the MSE loss and its gradient, the
+// non-finite flag and the global gradient norm. The kernels are in shaders/reduce.wgsl.
+//
+// Multi-pass tree reduction: a pass splits every row into segments of at most SEG elements and
+// turns each segment into one f32 partial (workgroup tree sum); the partials form a shorter row and
+// the next pass reduces them again, until one value per row is left. The last pass applies the
+// finishing scale (1/n for a mean, sqrt and 1/loss_scale for a norm) and stores the output dtype.
+//
+// Tensors larger than one storage binding: a dispatch binds windows that start at the aligned byte
+// offset at or below its first element, and is told that element's index inside the window (the
+// "skip"), so any element range of any tensor, views at odd offsets included, can be bound.
+import { Uniforms, type BufferWindow, type Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, type DType, Tensor } from '../gpu/tensor.ts';
-import { colSum } from './matmul.ts';
 
 const WG = 256;
-const ITEMS = 8;
-const PER_WG = WG * ITEMS;
+/** Elements one workgroup sums per row pass (8 per invocation). */
+const SEG = WG * 8;
+/** Rows one invocation sums per column pass. */
+const ROW_SEG = 64;
+const MAX_WORKGROUPS_Y = 65535;
 
-/** Sum mode of the partial-sum kernel. */
-const enum Mode {
-  Sum = 0,
-  SumSquares = 1,
-  SumSquaredDiff = 2,
+type RowEntry = 'sum_rows' | 'sumsq_rows' | 'sqdiff_rows';
+
+function defs(t: DType, o: DType, isF16 = false) {
+  return { T: t, O: o, WG, IS_F16: isF16 };
 }
 
-function defs(dtype: DType, mode: Mode) {
-  return { T: dtype, WG, ITEMS, MODE: mode };
+// ---- windows --------------------------------------------------------------------------------------
+
+/** A binding over some elements of a tensor, and the index of the first of them inside it. */
+export interface ElementWindow {
+  window: BufferWindow;
+  skip: number;
 }
 
-/** Writes the partial sums of `x` (and `y`) into `partial` starting at `offset`; returns the count. */
-function partials(gpu: Gpu, x: Tensor, y: Tensor | null, mode: Mode, partial: Tensor, offset: number): number {
-  let written = 0;
-  const bytes = BYTES[x.dtype];
-  // Ranges are whole multiples of PER_WG so each range's partials are complete.
-  for (const { start, count } of rangeChunks(gpu, x.numel, bytes)) {
-    const groups = Math.ceil(count / PER_WG);
+/** Binds elements [start, start + count) of `t` from the aligned byte offset at or below `start`. */
+export function elementWindow(gpu: Gpu, t: Tensor, start: number, count: number): ElementWindow {
+  const bytes = BYTES[t.dtype];
+  const align = gpu.device.limits.minStorageBufferOffsetAlignment;
+  const first = t.byteOffset + start * bytes;
+  const offset = first - (first % align);
+  const skipBytes = first - offset;
+  if (skipBytes % bytes !== 0) throw new ShapeError('elementWindow', `${t} starts at byte ${t.byteOffset}, not a multiple of its ${bytes}-byte elements`);
+  return { window: { buffer: t.buffer, offset, size: Math.ceil((skipBytes + count * bytes) / 4) * 4 }, skip: skipBytes / bytes };
+}
+
+/** The most elements of `dtype` one elementWindow may cover, whatever its skip. */
+export function windowCapacity(gpu: Gpu, dtype: DType): number {
+  const align = gpu.device.limits.minStorageBufferOffsetAlignment;
+  const cap = Math.floor((gpu.maxBinding - align) / BYTES[dtype]);
+  if (cap < 2) throw new ShapeError('windowCapacity', `a storage binding of ${gpu.maxBinding} bytes holds no useful window`);
+  return Math.min(cap, 2 ** 31);
+}
+
+function checkIndexable(op: string, t: Tensor): void {
+  if (t.numel >= 2 ** 32) throw new ShapeError(op, `${t} has ${t.numel} elements; kernels index up to 2^32`);
+}
+
+// ---- row passes (sum of all, row sums, sums of squares, squared differences) -----------------------
+
+/** Elements per segment for a row pass over `x` (and `y`): SEG, or less where a binding is small. */
+function segmentLength(gpu: Gpu, x: Tensor, y: Tensor | null): number {
+  return Math.min(SEG, windowCapacity(gpu, x.dtype), y ? windowCapacity(gpu, y.dtype) : Infinity);
+}
+
+/**
+ * One pass over x viewed as [rows, cols]: unit u = row * segs + segment gets the (finished) sum of
+ * its segment, stored at out[outStart + u]. Dispatches cover runs of units whose windows fit.
+ */
+function rowPass(
+  gpu: Gpu, entry: RowEntry, x: Tensor, y: Tensor | null, rows: number, cols: number, seg: number,
+  out: Tensor, outStart: number, scale = 1, sqrt = false,
+): void {
+  const segs = Math.ceil(cols / seg);
+  const units = rows * segs;
+  const span = segs === 1 ? cols : seg; // elements one unit covers at most
+  const cap = Math.min(windowCapacity(gpu, x.dtype), y ? windowCapacity(gpu, y.dtype) : Infinity);
+  const perDispatch = Math.max(1, Math.min(Math.floor(cap / span), windowCapacity(gpu, out.dtype)));
+  const begin = (u: number) => Math.floor(u / segs) * cols + (u % segs) * seg;
+  const end = (u: number) => Math.floor(u / segs) * cols + Math.min((u % segs) * seg + seg, cols);
+  for (let u0 = 0; u0 < units; u0 += perDispatch) {
+    const n = Math.min(perDispatch, units - u0);
+    const e0 = begin(u0);
+    const count = end(u0 + n - 1) - e0;
+    const xw = elementWindow(gpu, x, e0, count);
+    const yw = y ? elementWindow(gpu, y, e0, count) : null;
+    const ow = elementWindow(gpu, out, outStart + u0, n);
     gpu.dispatch({
       shader: 'reduce',
-      entry: 'partial_sum',
-      defs: defs(x.dtype, mode),
-      uniforms: new Uniforms().u32(count, offset + written).f32(0).u32(0),
-      // `y` is in every partial_sum layout (MODE picks whether it is read): x stands in for it.
-      bindings: [gpu.subWindow(x, start, count, bytes), gpu.subWindow(y ?? x, start, count, bytes), partial],
-      workgroups: gpu.grid(groups),
+      entry,
+      defs: defs(x.dtype, out.dtype),
+      uniforms: new Uniforms().u32(cols, segs, seg, u0, n, e0, rows, xw.skip, yw?.skip ?? 0, ow.skip).f32(scale).u32(sqrt ? 1 : 0),
+      bindings: [xw.window, yw?.window ?? null, ow.window],
+      workgroups: gpu.grid(n),
     });
-    written += groups;
   }
-  return written;
 }
 
-/** Binding-sized ranges of elements, each a whole number of PER_WG blocks (except the last). */
-function rangeChunks(gpu: Gpu, n: number, bytes: number): { start: number; count: number }[] {
-  return gpu.chunks(Math.ceil(n / PER_WG), bytes * PER_WG).map(({ start, count }) => ({
-    start: start * PER_WG,
-    count: Math.min(count * PER_WG, n - start * PER_WG),
-  }));
-}
-
-/** Reduces an f32 vector of `n` partials pass by pass; returns the tensor whose element 0 is the sum. */
-function collapse(gpu: Gpu, buf: Tensor, n: number): Tensor {
-  while (n > 1) {
-    const groups = Math.ceil(n / PER_WG);
-    const next = gpu.tensor([groups], 'f32', 'scratch', 'reduce.partials');
-    gpu.dispatch({
-      shader: 'reduce',
-      entry: 'partial_sum',
-      defs: defs('f32', Mode.Sum),
-      uniforms: new Uniforms().u32(n, 0).f32(0).u32(0),
-      bindings: [gpu.subWindow(buf, 0, n, 4), gpu.subWindow(buf, 0, n, 4), next],
-      workgroups: gpu.grid(groups),
-    });
-    gpu.free(buf);
-    buf = next;
-    n = groups;
+/** Reduces each row of x [rows, cols] to one value, pass after pass, into out[outStart + row]. */
+function reduceRows(
+  gpu: Gpu, entry: RowEntry, x: Tensor, y: Tensor | null, rows: number, cols: number,
+  out: Tensor, outStart: number, scale = 1, sqrt = false,
+): void {
+  const partials: Tensor[] = [];
+  let src = x;
+  let srcY = y;
+  let e = entry;
+  let c = cols;
+  for (;;) {
+    const seg = segmentLength(gpu, src, srcY);
+    if (c <= seg) {
+      rowPass(gpu, e, src, srcY, rows, c, seg, out, outStart, scale, sqrt);
+      break;
+    }
+    const segs = Math.ceil(c / seg);
+    const partial = gpu.tensor([rows * segs], 'f32', 'scratch', 'reduce.partials');
+    rowPass(gpu, e, src, srcY, rows, c, seg, partial, 0);
+    partials.push(partial);
+    [src, srcY, e, c] = [partial, null, 'sum_rows', segs];
   }
-  return buf;
+  gpu.free(...partials); // destroyed once the recorded passes are submitted
 }
 
-/** out[0] = alpha * (sqrt?)(src[0]) as an f32 [1] tensor. */
-function finalize(gpu: Gpu, src: Tensor, alpha: number, sqrt: boolean, label: string): Tensor {
-  const out = gpu.tensor([1], 'f32', 'scratch', label);
-  gpu.dispatch({
-    shader: 'reduce',
-    entry: 'finalize',
-    defs: defs('f32', Mode.Sum),
-    uniforms: new Uniforms().u32(1, 0).f32(alpha).u32(sqrt ? 1 : 0),
-    bindings: [src, null, null, out],
-    workgroups: [1],
-  });
-  return out;
-}
-
-function partialCount(gpu: Gpu, t: Tensor): number {
-  return rangeChunks(gpu, t.numel, BYTES[t.dtype]).reduce((s, c) => s + Math.ceil(c.count / PER_WG), 0);
-}
-
-function reduceTensors(gpu: Gpu, items: { x: Tensor; y: Tensor | null }[], mode: Mode, alpha: number, sqrt: boolean, label: string): Tensor {
-  const total = items.reduce((s, it) => s + partialCount(gpu, it.x), 0);
-  const buf = gpu.tensor([Math.max(1, total)], 'f32', 'scratch', `${label}.partials`);
-  let offset = 0;
-  for (const it of items) offset += partials(gpu, it.x, it.y, mode, buf, offset);
-  const sum = collapse(gpu, buf, total);
-  const out = finalize(gpu, sum, alpha, sqrt, label);
-  gpu.free(sum);
-  return out;
-}
-
-/** sum of all elements -> f32 [1]. */
+/** Sum of all elements -> f32 [1]. */
 export function sumAll(gpu: Gpu, x: Tensor): Tensor {
-  return reduceTensors(gpu, [{ x, y: null }], Mode.Sum, 1, false, 'sumAll');
+  checkIndexable('sumAll', x);
+  const out = gpu.tensor([1], 'f32', 'scratch', 'sumAll');
+  reduceRows(gpu, 'sum_rows', x, null, 1, x.numel, out, 0);
+  return out;
 }
 
 export function sumAllRef(x: ArrayLike<number>): number {
@@ -111,31 +137,87 @@ export function sumAllRef(x: ArrayLike<number>): number {
   return s;
 }
 
-/** Sums over the last dim: x [..., C] -> f32 [...]. */
-export function sumRows(gpu: Gpu, x: Tensor): Tensor {
-  const cols = x.shape[x.shape.length - 1];
-  const rows = x.numel / cols;
-  if (!gpu.fitsBinding(x)) throw new ShapeError('sumRows', `${x} is larger than one storage binding; split the rows`);
-  const out = gpu.tensor(x.shape.slice(0, -1).length ? x.shape.slice(0, -1) : [1], 'f32', 'scratch', 'sumRows');
-  gpu.dispatch({
-    shader: 'reduce',
-    entry: 'row_sum',
-    defs: defs(x.dtype, Mode.Sum),
-    uniforms: new Uniforms().u32(cols, rows).f32(0).u32(0),
-    bindings: [x, null, out],
-    workgroups: gpu.grid(rows),
-  });
+function lastDim(op: string, x: Tensor): number {
+  if (x.shape.length === 0 || x.numel === 0) throw new ShapeError(op, `needs a non-empty tensor with a last dim, got ${fmtShape(x.shape)}`);
+  return x.shape[x.shape.length - 1];
+}
+
+/** Sums over the last dim: x [..., C] -> [...] ([1] for a 1-D x), stored as `dtype`. */
+export function sumRows(gpu: Gpu, x: Tensor, dtype: DType = 'f32'): Tensor {
+  const cols = lastDim('sumRows', x);
+  checkIndexable('sumRows', x);
+  const lead = x.shape.slice(0, -1);
+  const out = gpu.tensor(lead.length ? lead : [1], dtype, 'scratch', 'sumRows');
+  reduceRows(gpu, 'sum_rows', x, null, x.numel / cols, cols, out, 0);
   return out;
 }
 
 export function sumRowsRef(x: ArrayLike<number>, cols: number): Float32Array {
-  const out = new Float32Array(x.length / cols);
+  const out = new Float64Array(x.length / cols);
   for (let i = 0; i < x.length; i++) out[Math.floor(i / cols)] += x[i];
+  return Float32Array.from(out);
+}
+
+// ---- column passes (sums over the leading dims) ---------------------------------------------------
+
+/** out[s, c] = sum of x[r, c] over row segment s (rowSeg rows), for x viewed as [rows, cols]. */
+function colPass(gpu: Gpu, x: Tensor, rows: number, cols: number, rowSeg: number, out: Tensor): void {
+  const segs = Math.ceil(rows / rowSeg);
+  const perDispatch = Math.min(
+    Math.floor(windowCapacity(gpu, x.dtype) / (rowSeg * cols)),
+    Math.floor(windowCapacity(gpu, out.dtype) / cols),
+    MAX_WORKGROUPS_Y,
+  );
+  if (perDispatch < 1) throw new ShapeError('sumColumns', `rows of ${cols} elements are too long for a ${gpu.maxBinding}-byte storage binding`);
+  for (let s0 = 0; s0 < segs; s0 += perDispatch) {
+    const n = Math.min(perDispatch, segs - s0);
+    const r0 = s0 * rowSeg;
+    const r1 = Math.min(rows, (s0 + n) * rowSeg);
+    const xw = elementWindow(gpu, x, r0 * cols, (r1 - r0) * cols);
+    const ow = elementWindow(gpu, out, s0 * cols, n * cols);
+    gpu.dispatch({
+      shader: 'reduce',
+      entry: 'sum_cols',
+      defs: defs(x.dtype, out.dtype),
+      uniforms: new Uniforms().u32(cols, segs, rowSeg, s0, n, r0, rows, xw.skip, 0, ow.skip).f32(1).u32(0),
+      bindings: [xw.window, null, ow.window],
+      workgroups: [Math.ceil(cols / WG), n],
+    });
+  }
+}
+
+/** Sums over every leading dim: x [..., C] -> [C] stored as `dtype` (bias gradients). */
+export function sumColumns(gpu: Gpu, x: Tensor, dtype: DType = 'f32'): Tensor {
+  const cols = lastDim('sumColumns', x);
+  checkIndexable('sumColumns', x);
+  const out = gpu.tensor([cols], dtype, 'scratch', 'sumColumns');
+  const partials: Tensor[] = [];
+  let src = x;
+  let rows = x.numel / cols;
+  for (;;) {
+    const fit = Math.floor(windowCapacity(gpu, src.dtype) / cols);
+    if (rows > 1 && fit < 2)
+      throw new ShapeError('sumColumns', `${fmtShape(x.shape)}: two rows of ${cols} ${src.dtype} must fit one ${gpu.maxBinding}-byte storage binding`);
+    const rowSeg = Math.min(ROW_SEG, fit);
+    if (rows <= rowSeg) {
+      colPass(gpu, src, rows, cols, rows, out);
+      break;
+    }
+    const partial = gpu.tensor([Math.ceil(rows / rowSeg), cols], 'f32', 'scratch', 'reduce.partials');
+    colPass(gpu, src, rows, cols, rowSeg, partial);
+    partials.push(partial);
+    src = partial;
+    rows = partial.shape[0];
+  }
+  gpu.free(...partials);
   return out;
 }
 
-/** Sums over every leading dim: x [..., C] -> [C] (bias gradients). The matmul family's column sum. */
-export const sumColumns = colSum;
+export function sumColumnsRef(x: ArrayLike<number>, cols: number): Float32Array {
+  const out = new Float64Array(cols);
+  for (let i = 0; i < x.length; i++) out[i % cols] += x[i];
+  return Float32Array.from(out);
+}
 
 // ---- MSE loss ------------------------------------------------------------------------------------
 
@@ -143,28 +225,39 @@ function checkPair(op: string, pred: Tensor, target: Tensor): void {
   expectSameDType(op, pred, target);
   if (pred.shape.length !== target.shape.length || pred.shape.some((d, i) => d !== target.shape[i]))
     throw new ShapeError(op, `pred ${fmtShape(pred.shape)} and target ${fmtShape(target.shape)} differ`);
+  if (pred.numel === 0) throw new ShapeError(op, `empty pred ${fmtShape(pred.shape)}`);
+  checkIndexable(op, pred);
 }
 
-/** mean((pred - target)^2) -> f32 [1]. */
+/** mean((pred - target)^2) over all elements -> f32 [1]. */
 export function mseLoss(gpu: Gpu, pred: Tensor, target: Tensor): Tensor {
   checkPair('mseLoss', pred, target);
-  return reduceTensors(gpu, [{ x: pred, y: target }], Mode.SumSquaredDiff, 1 / pred.numel, false, 'mseLoss');
+  const out = gpu.tensor([1], 'f32', 'scratch', 'mseLoss');
+  reduceRows(gpu, 'sqdiff_rows', pred, target, 1, pred.numel, out, 0, 1 / pred.numel);
+  return out;
 }
 
-/** d loss / d pred = 2 (pred - target) / N, multiplied by the loss scale, in pred's dtype. */
-export function mseLossBackward(gpu: Gpu, pred: Tensor, target: Tensor, lossScale = 1): Tensor {
+/**
+ * d loss / d pred = 2 (pred - target) / n, times `lossScale` (the dynamic loss scale), stored as
+ * `dtype` (pred's by default; f16 gradients are why the loss is scaled).
+ */
+export function mseLossBackward(gpu: Gpu, pred: Tensor, target: Tensor, lossScale = 1, dtype: DType = pred.dtype): Tensor {
   checkPair('mseLossBackward', pred, target);
-  const d = gpu.tensor(pred.shape, pred.dtype, 'gradients', 'mse.dpred');
-  const bytes = BYTES[pred.dtype];
-  for (const { start, count } of gpu.chunks(pred.numel, bytes))
+  const d = gpu.tensor(pred.shape, dtype, 'gradients', 'mse.dpred');
+  const coef = (2 * lossScale) / pred.numel;
+  const per = Math.min(windowCapacity(gpu, pred.dtype), windowCapacity(gpu, dtype));
+  for (let start = 0; start < pred.numel; start += per) {
+    const n = Math.min(per, pred.numel - start);
+    const [pw, tw, dw] = [pred, target, d].map((t) => elementWindow(gpu, t, start, n));
     gpu.dispatch({
       shader: 'reduce',
-      entry: 'mse_grad',
-      defs: defs(pred.dtype, Mode.Sum),
-      uniforms: new Uniforms().u32(count, 0).f32((2 * lossScale) / pred.numel).u32(0),
-      bindings: [gpu.subWindow(pred, start, count, bytes), gpu.subWindow(target, start, count, bytes), null, gpu.subWindow(d, start, count, bytes)],
-      workgroups: gpu.grid(Math.ceil(count / WG)),
+      entry: 'mse_backward',
+      defs: defs(pred.dtype, dtype),
+      uniforms: new Uniforms().u32(n, pw.skip, tw.skip, dw.skip).f32(coef),
+      bindings: [pw.window, tw.window, dw.window],
+      workgroups: gpu.grid(Math.ceil(n / WG)),
     });
+  }
   return d;
 }
 
@@ -180,9 +273,9 @@ export function mseLossBackwardRef(pred: ArrayLike<number>, target: ArrayLike<nu
 
 // ---- overflow check and gradient norm -------------------------------------------------------------
 
-/** A u32 [1] flag buffer for checkFinite / the optimizer. */
+/** A zeroed f32 [1] non-finite flag for checkFinite and the optimizer (0 = clean, 1 = inf/NaN seen). */
 export function newFlag(gpu: Gpu): Tensor {
-  return gpu.tensor([1], 'f32', 'scratch', 'nonfinite-flag'); // 4 bytes read as u32 by the kernels
+  return gpu.tensor([1], 'f32', 'scratch', 'nonfinite-flag');
 }
 
 /** Clears the flag (before a step's checks). */
@@ -190,33 +283,70 @@ export function clearFlag(gpu: Gpu, flag: Tensor): void {
   gpu.write(flag, [0]);
 }
 
-/** Sets flag to non-zero if any element of any tensor is inf or NaN; no read-back. */
+function checkFlag(op: string, flag: Tensor): void {
+  if (flag.dtype !== 'f32' || flag.numel !== 1) throw new ShapeError(op, `flag must be f32 [1], got ${flag.dtype}${fmtShape(flag.shape)}`);
+}
+
+/**
+ * Sets flag to 1.0 if any element of any tensor is inf or NaN (f16 or f32, tested on the exponent
+ * bits); leaves it as it was otherwise. No read-back: the optimizer reads the flag on the GPU.
+ */
 export function checkFinite(gpu: Gpu, tensors: Tensor[], flag: Tensor): void {
+  checkFlag('checkFinite', flag);
+  const fw = elementWindow(gpu, flag, 0, 1);
+  if (fw.skip !== 0) throw new ShapeError('checkFinite', `flag ${flag} must start at an aligned offset (it is bound as atomic words)`);
   for (const t of tensors) {
-    const bytes = BYTES[t.dtype];
-    for (const { start, count } of gpu.chunks(t.numel, bytes))
+    checkIndexable('checkFinite', t);
+    const per = windowCapacity(gpu, t.dtype);
+    for (let start = 0; start < t.numel; start += per) {
+      const n = Math.min(per, t.numel - start);
+      const xw = elementWindow(gpu, t, start, n);
       gpu.dispatch({
         shader: 'reduce',
         entry: 'nonfinite',
-        defs: defs(t.dtype, Mode.Sum),
-        uniforms: new Uniforms().u32(count, 0).f32(0).u32(0),
-        bindings: [gpu.subWindow(t, start, count, bytes), null, null, null, flag],
-        workgroups: gpu.grid(Math.ceil(count / WG)),
+        defs: defs('f32', 'f32', t.dtype === 'f16'),
+        uniforms: new Uniforms().u32(n, xw.skip, 0, 0).f32(0),
+        bindings: [xw.window, fw.window],
+        workgroups: gpu.grid(Math.ceil(n / WG)),
       });
+    }
   }
+}
+
+export function checkFiniteRef(tensors: ArrayLike<number>[]): boolean {
+  return tensors.some((t) => Array.prototype.some.call(t, (v: number) => !Number.isFinite(v)));
 }
 
 /** Reads the flag (one 4-byte read-back): true when a non-finite value was seen. */
 export async function readFlag(gpu: Gpu, flag: Tensor): Promise<boolean> {
-  const bytes = await gpu.readBytes(flag.buffer, flag.byteOffset, 4);
-  return new Uint32Array(bytes)[0] !== 0;
+  checkFlag('readFlag', flag);
+  return (await gpu.read(flag))[0] !== 0;
 }
 
-/** sqrt(sum of squares over all tensors) / lossScale -> f32 [1] (what clip_grad_norm_ measures). */
+/**
+ * sqrt(sum of squares over every element of every tensor) / lossScale -> f32 [1]: the norm
+ * clip_grad_norm_ measures, of gradients that carry the loss scale. Each tensor's first pass writes
+ * its partial sums of squares side by side into one buffer; one multi-pass reduction finishes it.
+ */
 export function globalNorm(gpu: Gpu, tensors: Tensor[], lossScale = 1): Tensor {
   if (tensors.length === 0) throw new ShapeError('globalNorm', 'no tensors given');
-  // sqrt(S)/scale = sqrt(S / scale^2): finalize applies alpha after the root.
-  return reduceTensors(gpu, tensors.map((x) => ({ x, y: null })), Mode.SumSquares, 1 / lossScale, true, 'globalNorm');
+  if (!(lossScale > 0)) throw new ShapeError('globalNorm', `loss scale must be > 0, got ${lossScale}`);
+  const plan = tensors.map((t) => {
+    checkIndexable('globalNorm', t);
+    const seg = segmentLength(gpu, t, null);
+    return { t, seg, segs: Math.ceil(t.numel / seg) };
+  });
+  const total = plan.reduce((s, p) => s + p.segs, 0);
+  const partials = gpu.tensor([Math.max(1, total)], 'f32', 'scratch', 'globalNorm.partials');
+  let offset = 0;
+  for (const { t, seg, segs } of plan) {
+    if (t.numel > 0) rowPass(gpu, 'sumsq_rows', t, null, 1, t.numel, seg, partials, offset);
+    offset += segs;
+  }
+  const out = gpu.tensor([1], 'f32', 'scratch', 'globalNorm');
+  reduceRows(gpu, 'sum_rows', partials, null, 1, partials.numel, out, 0, 1 / lossScale, true);
+  gpu.free(partials);
+  return out;
 }
 
 export function globalNormRef(tensors: ArrayLike<number>[], lossScale = 1): number {

@@ -34,7 +34,7 @@ describe('GroupNorm larger than one storage binding (bindingLimit 2 KiB: one sam
         const shape = [5, 8, 6, 7]; // one sample = 336 elements: 1344 B (f32) / 672 B (f16)
         const n = 5 * 8 * 42;
         const x = roundToF16(randomValues(n, 1, 2));
-        const gamma = roundToF16(randomValues(8, 2)).map((v) => v + 1);
+        const gamma = roundToF16(randomValues(8, 2).map((v) => v + 1));
         const beta = roundToF16(randomValues(8, 3));
         const dy = roundToF16(randomValues(n, 4));
         const tx = gpu.upload(x, shape, dtype);

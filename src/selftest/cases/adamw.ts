@@ -1,84 +1,180 @@
-// AdamW against torch.optim.AdamW over 4 steps (the last two clipped by clip_grad_norm_), with
-// loss-scaled gradients in f16 or f32; skip-on-overflow leaves every buffer bit-identical.
+// AdamW against torch.optim.AdamW over 5 steps on two parameters (clip_grad_norm_ over both on
+// steps 3-5), with loss-scaled gradients in f16 or f32; skip-on-overflow leaves every buffer
+// bit-identical and the loss scaler halves; the master-only path (no weight copy).
+import type { Gpu } from '../../gpu/device.ts';
 import { roundToF16 } from '../../gpu/half.ts';
-import { adamw, adamwParam, adamwRef, type AdamWConfig } from '../../ops/adamw.ts';
-import { checkFinite, clearFlag, globalNorm, newFlag, readFlag } from '../../ops/reduce.ts';
+import type { Tensor } from '../../gpu/tensor.ts';
+import { adamw, adamwAll, adamwParam, adamwRef, clipFactorRef, type AdamWConfig, type AdamWParam } from '../../ops/adamw.ts';
+import { DynamicLossScaler } from '../../ops/lossscale.ts';
+import { checkFinite, clearFlag, globalNormRef, newFlag, readFlag } from '../../ops/reduce.ts';
 import { compare, randomValues, type Check, type KernelCase } from '../check.ts';
+
+const EXACT = { atol: 0, rtol: 0 };
+
+/** Raw bits of a tensor, for bit-exact comparisons (compare() treats 0 and -0 as equal). */
+async function bits(gpu: Gpu, t: Tensor): Promise<Uint32Array> {
+  const raw = await gpu.readBytes(t.buffer, t.byteOffset, Math.ceil(t.byteSize / 4) * 4);
+  return new Uint32Array(raw);
+}
+
+function bitsCheck(label: string, after: Uint32Array, before: Uint32Array): Check {
+  return compare(label, Float64Array.from(after), Float64Array.from(before), EXACT);
+}
+
+interface RefState {
+  master: Float32Array;
+  m: Float32Array;
+  v: Float32Array;
+}
+
+function refState(init: ArrayLike<number>): RefState {
+  return { master: Float32Array.from(init), m: new Float32Array(init.length), v: new Float32Array(init.length) };
+}
 
 export const cases: KernelCase[] = [
   {
     family: 'adamw',
-    name: 'AdamW 4 steps vs torch.optim.AdamW (steps 3-4 clipped to norm 0.5), grads x 1024 (golden)',
+    name: 'AdamW 5 steps, 2 params vs torch.optim.AdamW, clip_grad_norm_ on steps 3-5, grads x 1024 (golden)',
     async run({ gpu, dtype, golden }) {
-      const [lr, beta1, beta2, eps, weightDecay, scale, maxNorm] = golden.get('config').data;
+      const [lr, beta1, beta2, eps, weightDecay, scale] = golden.get('config').data;
+      const maxNorms = golden.get('max_norm').data;
       const cfg: AdamWConfig = { lr, beta1, beta2, eps, weightDecay };
-      const p0 = golden.get('p0').data;
-      const weight = gpu.upload(p0, [300], dtype, 'weights');
-      const param = adamwParam(gpu, weight, p0);
+      const names = ['p0', 'p1'];
+      const init = names.map((k) => golden.get(`${k}.0`));
+      const weights = init.map((p) => gpu.upload(p.data, p.shape, dtype, 'weights'));
+      const params: AdamWParam[] = init.map((p, i) => adamwParam(gpu, weights[i], p.data));
+      const refs = init.map((p) => refState(p.data));
       const flag = newFlag(gpu);
-      const ref = { master: Float32Array.from(p0), m: new Float32Array(300), v: new Float32Array(300) };
       const checks: Check[] = [];
-      // Master weights, m, v are f32 in both variants; differences are f32 rounding of ~10 ops per step.
-      const t = { atol: 1e-6, rtol: 1e-5 };
-      for (let step = 1; step <= 4; step++) {
-        const gData = golden.get(`grad${step}`).data;
-        const grad = gpu.upload(gData, [300], dtype, 'gradients');
-        clearFlag(gpu, flag);
-        checkFinite(gpu, [grad], flag);
-        const norm = step >= 3 ? globalNorm(gpu, [grad], scale) : null;
-        adamw(gpu, param, grad, cfg, { step, lossScale: scale, flag, clip: norm ? { norm, maxNorm } : undefined });
-        let clipFactor = 1;
+      // master and the moments are f32 in both variants (f16 and f32 gradients hold the same
+      // f16-exact values): differences are f32 rounding of ~10 operations per step, against float64
+      // torch. Magnitudes: master ~1, m ~1e-2, v ~1e-4.
+      const tMaster = { atol: 1e-6, rtol: 1e-5 };
+      const tM = { atol: 1e-8, rtol: 1e-5 };
+      const tV = { atol: 1e-10, rtol: 1e-5 };
+      for (let step = 1; step <= 5; step++) {
+        const gData = names.map((k) => golden.get(`${k}.grad${step}`));
+        const grads = gData.map((g) => gpu.upload(g.data, g.shape, dtype, 'gradients'));
+        const maxNorm = maxNorms[step - 1] || undefined;
+        const norm = adamwAll(gpu, params, grads, cfg, { step, lossScale: scale, flag, maxNorm });
+        checks.push(compare(`step ${step} flag clear`, [(await readFlag(gpu, flag)) ? 1 : 0], [0], EXACT));
+        let clip = 1;
         if (norm) {
-          const n = (await gpu.read(norm))[0];
-          checks.push(compare(`step ${step} norm vs torch`, [n], golden.get(`norm${step}`).data, { atol: 1e-6, rtol: 1e-5 }));
-          clipFactor = Math.min(1, maxNorm / (golden.get(`norm${step}`).data[0] + 1e-6));
+          const n = await gpu.read(norm);
+          // sqrt of an f32 sum of 377 squares, divided by the scale.
+          checks.push(compare(`step ${step} norm vs torch`, n, golden.get(`norm${step}`).data, { atol: 1e-7, rtol: 1e-5 }));
+          checks.push(compare(`step ${step} norm vs ts ref`, n, [globalNormRef(gData.map((g) => g.data), scale)], { atol: 1e-7, rtol: 1e-5 }));
+          clip = clipFactorRef(globalNormRef(gData.map((g) => g.data), scale), maxNorm!);
         }
-        adamwRef(ref.master, ref.m, ref.v, gData, cfg, step, scale, clipFactor);
-        const master = await gpu.read(param.master);
-        checks.push(
-          compare(`step ${step} master vs torch`, master, golden.get(`p${step}`).data, t),
-          compare(`step ${step} master vs ts ref`, master, ref.master, t),
-          compare(`step ${step} exp_avg vs torch`, await gpu.read(param.m), golden.get(`m${step}`).data, t),
-          compare(`step ${step} exp_avg_sq vs torch`, await gpu.read(param.v), golden.get(`v${step}`).data, { atol: 1e-9, rtol: 1e-5 }),
-          compare(`step ${step} ${dtype} weight = round(master)`, await gpu.read(weight), dtype === 'f16' ? roundToF16(master) : master, { atol: 0, rtol: 0 }),
-        );
-        gpu.free(grad, norm);
+        for (let k = 0; k < names.length; k++) {
+          const key = names[k];
+          adamwRef(refs[k].master, refs[k].m, refs[k].v, gData[k].data, cfg, step, scale, clip);
+          const master = await gpu.read(params[k].master);
+          const m = await gpu.read(params[k].m);
+          const v = await gpu.read(params[k].v);
+          checks.push(
+            compare(`step ${step} ${key} master vs torch`, master, golden.get(`${key}.${step}`).data, tMaster),
+            compare(`step ${step} ${key} master vs ts ref`, master, refs[k].master, tMaster),
+            compare(`step ${step} ${key} exp_avg vs torch`, m, golden.get(`${key}.m${step}`).data, tM),
+            compare(`step ${step} ${key} exp_avg vs ts ref`, m, refs[k].m, tM),
+            compare(`step ${step} ${key} exp_avg_sq vs torch`, v, golden.get(`${key}.v${step}`).data, tV),
+            compare(`step ${step} ${key} exp_avg_sq vs ts ref`, v, refs[k].v, tV),
+            compare(`step ${step} ${key} ${dtype} weight = ${dtype === 'f16' ? 'round-to-f16(master)' : 'master'}`, await gpu.read(weights[k]), dtype === 'f16' ? roundToF16(master) : master, EXACT),
+          );
+        }
+        gpu.free(...grads, norm);
       }
+      gpu.free(flag, ...weights, ...params.flatMap((p) => [p.master, p.m, p.v]));
       return checks;
     },
   },
   {
     family: 'adamw',
-    name: 'overflow: an inf gradient sets the flag and the step is skipped bit-exactly',
+    name: 'overflow: an inf / NaN gradient sets the flag, the step is skipped bit-exactly, the scaler halves, the retry matches the reference',
     async run({ gpu, dtype }) {
       const n = 1000;
-      const init = roundToF16(randomValues(n, 1));
-      const weight = gpu.upload(init, [n], dtype, 'weights');
-      const param = adamwParam(gpu, weight, init);
+      const cfg: AdamWConfig = { lr: 1e-2, beta1: 0.85, beta2: 0.99, eps: 1e-7, weightDecay: 0.1 };
+      const init = [roundToF16(randomValues(n, 1)), roundToF16(randomValues(37, 2))];
+      const weights = init.map((v) => gpu.upload(v, [v.length], dtype, 'weights'));
+      const params = init.map((v, i) => adamwParam(gpu, weights[i], v));
+      const refs = init.map(refState);
       const flag = newFlag(gpu);
-      const cfg: AdamWConfig = { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, weightDecay: 0.01 };
-      // A first clean step so m and v are non-zero.
-      const g1 = gpu.upload(randomValues(n, 2, 100), [n], dtype, 'gradients');
+      const scaler = new DynamicLossScaler({ initScale: 256 });
+      const grad = (seed: number, len: number) => roundToF16(randomValues(len, seed, 0.05 * scaler.scale));
+      const checks: Check[] = [];
+      // Step 1: clean, so m and v are non-zero.
+      const g1 = [grad(3, n), grad(4, 37)];
+      let tg = g1.map((g) => gpu.upload(g, [g.length], dtype, 'gradients'));
+      adamwAll(gpu, params, tg, cfg, { step: 1, lossScale: scaler.scale, flag, maxNorm: 1 });
+      let clip = clipFactorRef(globalNormRef(g1, scaler.scale), 1);
+      g1.forEach((g, k) => adamwRef(refs[k].master, refs[k].m, refs[k].v, g, cfg, 1, scaler.scale, clip));
+      checks.push(compare('step 1 applied', [(await scaler.updateFromFlag(gpu, flag)) ? 1 : 0], [1], EXACT));
+      gpu.free(...tg);
+      const state = params.flatMap((p, k) => [p.master, p.m, p.v, weights[k]]);
+      const before = await Promise.all(state.map((t) => bits(gpu, t)));
+      // Step 2: an inf in the first gradient and a NaN in the second.
+      const bad = [grad(5, n), grad(6, 37)];
+      bad[0][777] = Infinity;
+      bad[1][3] = NaN;
+      tg = bad.map((g) => gpu.upload(g, [g.length], dtype, 'gradients'));
+      adamwAll(gpu, params, tg, cfg, { step: 2, lossScale: scaler.scale, flag, maxNorm: 1 });
+      checks.push(compare('flag set (1.0)', await gpu.read(flag), [1], EXACT));
+      const applied = await scaler.updateFromFlag(gpu, flag);
+      checks.push(compare('scaler: step not applied', [applied ? 1 : 0], [0], EXACT));
+      checks.push(compare('scaler: scale halved 256 -> 128', [scaler.scale], [128], EXACT));
+      const after = await Promise.all(state.map((t) => bits(gpu, t)));
+      const what = ['master', 'm', 'v', 'weight'];
+      after.forEach((a, i) => checks.push(bitsCheck(`param ${i >> 2} ${what[i & 3]} bit-identical after the skipped step`, a, before[i])));
+      gpu.free(...tg);
+      // Step 2 again (t stays 2: the skipped step did not count) with clean gradients at the new scale.
+      const g2 = [grad(7, n), grad(8, 37)];
+      tg = g2.map((g) => gpu.upload(g, [g.length], dtype, 'gradients'));
+      adamwAll(gpu, params, tg, cfg, { step: 2, lossScale: scaler.scale, flag, maxNorm: 1 });
+      clip = clipFactorRef(globalNormRef(g2, scaler.scale), 1);
+      g2.forEach((g, k) => adamwRef(refs[k].master, refs[k].m, refs[k].v, g, cfg, 2, scaler.scale, clip));
+      checks.push(compare('retried step applied', [(await scaler.updateFromFlag(gpu, flag)) ? 1 : 0], [1], EXACT));
+      for (let k = 0; k < 2; k++) {
+        const master = await gpu.read(params[k].master);
+        checks.push(
+          compare(`param ${k} master after the retry vs ts ref`, master, refs[k].master, { atol: 1e-6, rtol: 1e-5 }),
+          compare(`param ${k} m vs ts ref`, await gpu.read(params[k].m), refs[k].m, { atol: 1e-8, rtol: 1e-5 }),
+          compare(`param ${k} v vs ts ref`, await gpu.read(params[k].v), refs[k].v, { atol: 1e-10, rtol: 1e-5 }),
+          compare(`param ${k} weight = ${dtype}(master)`, await gpu.read(weights[k]), dtype === 'f16' ? roundToF16(master) : master, EXACT),
+        );
+      }
+      gpu.free(flag, ...tg, ...state);
+      return checks;
+    },
+  },
+  {
+    family: 'adamw',
+    name: 'master-only update (no weight copy, or the weight is the master) and no clipping',
+    dtypes: ['f32'],
+    async run({ gpu }) {
+      const n = 300;
+      const cfg: AdamWConfig = { lr: 5e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weightDecay: 0.01 };
+      const init = roundToF16(randomValues(n, 21));
+      const g = roundToF16(randomValues(n, 22, 8));
+      const a = adamwParam(gpu, gpu.zeros([n], 'f32'), init);
+      delete a.weight;
+      const b = adamwParam(gpu, gpu.zeros([n], 'f32'), init);
+      b.weight = b.master;
+      const flag = newFlag(gpu);
+      const tg = gpu.upload(g, [n], 'f32');
       clearFlag(gpu, flag);
-      checkFinite(gpu, [g1], flag);
-      adamw(gpu, param, g1, cfg, { step: 1, lossScale: 128, flag });
-      const before = await Promise.all([param.master, param.m, param.v, weight].map((t) => gpu.read(t)));
-      const bad = randomValues(n, 3, 100);
-      bad[777] = Infinity;
-      const g2 = gpu.upload(bad, [n], dtype, 'gradients');
-      clearFlag(gpu, flag);
-      checkFinite(gpu, [g2], flag);
-      adamw(gpu, param, g2, cfg, { step: 2, lossScale: 128, flag });
-      const after = await Promise.all([param.master, param.m, param.v, weight].map((t) => gpu.read(t)));
-      const exact = { atol: 0, rtol: 0 };
-      return [
-        compare('flag set', [(await readFlag(gpu, flag)) ? 1 : 0], [1], exact),
-        compare('master untouched', after[0], before[0], exact),
-        compare('m untouched', after[1], before[1], exact),
-        compare('v untouched', after[2], before[2], exact),
-        compare('weight untouched', after[3], before[3], exact),
-        compare('first step did move the weights', [before[0].some((v, i) => v !== init[i]) ? 1 : 0], [1], exact),
-      ];
+      checkFinite(gpu, [tg], flag);
+      const ref = refState(init);
+      const checks: Check[] = [];
+      for (let step = 1; step <= 3; step++) {
+        for (const p of [a, b]) adamw(gpu, p, tg, cfg, { step, lossScale: 8, flag });
+        adamwRef(ref.master, ref.m, ref.v, g, cfg, step, 8);
+        checks.push(
+          compare(`step ${step} no copy: master vs ts ref`, await gpu.read(a.master), ref.master, { atol: 1e-6, rtol: 1e-5 }),
+          compare(`step ${step} weight is master: master vs ts ref`, await gpu.read(b.master), ref.master, { atol: 1e-6, rtol: 1e-5 }),
+        );
+      }
+      gpu.free(flag, tg, a.master, a.m, a.v, b.master, b.m, b.v);
+      return checks;
     },
   },
 ];

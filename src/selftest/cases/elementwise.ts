@@ -7,7 +7,7 @@ import type { DType, Tensor } from '../../gpu/tensor.ts';
 import {
   concatChannels, pad2d, pad2dBackward, pad2dRef, splitChannels, transpose2d,
   activation, activationBackward, activationGradRef, activationRef, add, addChannel, addChannelBackward, addChannelBackwardRef,
-  addChannelRef, addRef, cast, geglu, gegluBackward, gegluBackwardRef, gegluRef, mul, mulBackward, mulRef, timestepEmbedding,
+  addBackward, addChannelRef, addRef, cast, scale, geglu, gegluBackward, gegluBackwardRef, gegluRef, mul, mulBackward, mulRef, timestepEmbedding,
   timestepEmbeddingRef, upsample2x, upsample2xBackward, upsample2xBackwardRef, upsample2xRef, type Activation,
 } from '../../ops/elementwise.ts';
 import { softmax, softmaxBackward, softmaxBackwardRef, softmaxRef } from '../../ops/softmax.ts';
@@ -22,8 +22,10 @@ function tol(dtype: DType): Tolerance {
   return dtype === 'f32' ? { atol: 1e-5, rtol: 1e-5 } : { atol: 2e-3, rtol: 2e-3 };
 }
 
+/** Reads a tensor back and frees it. */
 async function readFree(gpu: Gpu, t: Tensor): Promise<Float32Array> {
   const v = await gpu.read(t);
+  gpu.free(t);
   return v;
 }
 
@@ -58,13 +60,25 @@ const rand = (n: number, seed: number, s = 1) => roundToF16(randomValues(n, seed
 export const cases: KernelCase[] = [
   {
     family: 'elementwise',
-    name: 'add alpha=-0.5 (golden)',
+    name: 'add alpha=-0.5 (golden) and its backward; scale by -0.5',
     async run({ gpu, dtype, golden }) {
       const a = golden.get('add.a');
       const b = golden.get('add.b');
-      const out = await gpu.read(add(gpu, up(gpu, golden, 'add.a', dtype), up(gpu, golden, 'add.b', dtype), -0.5));
+      const tb = up(gpu, golden, 'add.b', dtype);
+      const out = await readFree(gpu, add(gpu, up(gpu, golden, 'add.a', dtype), tb, -0.5));
+      // One rounding of a - 0.5 b (|values| < 5) to the storage type.
       const t = dtype === 'f32' ? { atol: 1e-6, rtol: 1e-6 } : { atol: 1e-3, rtol: 1e-3 };
-      return [compare('vs torch', out, golden.get('add.out').data, t), compare('vs ts ref', out, addRef(a.data, b.data, -0.5), t)];
+      // add's backward with dout = b: da = b, db = -0.5 b; scale(b, -0.5) is exact (power of two).
+      const g = addBackward(gpu, tb, -0.5);
+      const halfB = b.data.map((v) => -0.5 * v);
+      return [
+        compare('vs torch', out, golden.get('add.out').data, t),
+        compare('vs ts ref', out, addRef(a.data, b.data, -0.5), t),
+        compare('backward da = dout', await gpu.read(g.da), b.data, { atol: 0, rtol: 0 }),
+        compare('backward db = -0.5 dout', await gpu.read(g.db), halfB, { atol: 0, rtol: 0 }),
+        compare('scale -0.5', await readFree(gpu, scale(gpu, tb, -0.5)), halfB, { atol: 0, rtol: 0 }),
+        compare('scale 1/3', await readFree(gpu, scale(gpu, tb, 1 / 3)), b.data.map((v) => v / 3), t),
+      ];
     },
   },
   {
@@ -91,6 +105,31 @@ export const cases: KernelCase[] = [
   activationCase('silu', 'silu'),
   activationCase('gelu', 'gelu'),
   activationCase('quickGelu', 'quick_gelu'),
+  {
+    family: 'elementwise',
+    name: 'GELU erf accuracy: negative tail x in [-10,-1] (golden) and a sweep of [-9, 9] (ts ref, f32)',
+    dtypes: ['f32'],
+    async run({ gpu, golden }) {
+      const x = golden.get('gelu_tail.in0');
+      const tx = up(gpu, golden, 'gelu_tail.in0', 'f32');
+      const y = await readFree(gpu, activation(gpu, 'gelu', tx));
+      const dx = await readFree(gpu, activationBackward(gpu, 'gelu', tx, up(gpu, golden, 'gelu_tail.dy', 'f32')));
+      const sweep = Float32Array.from({ length: 1801 }, (_, i) => -9 + i * 0.01);
+      const ys = await readFree(gpu, activation(gpu, 'gelu', gpu.upload(sweep, [sweep.length], 'f32')));
+      // Phi(x) = erfc(|x|/sqrt2)/2 in the tail: the fit's 1.2e-7 relative error plus f32 rounding of
+      // the exp argument -x^2/2 (~1e-7 relative of up to 50) and of exp itself: ~1e-5 relative at x = -10.
+      // No atol: values go down to 1e-22, so this is a relative test.
+      const tail = { atol: 0, rtol: 2e-5 };
+      // Sweep: erf within ~1.2e-7 absolute, times |x| <= 9, plus f32 rounding of y.
+      const sweepTol = { atol: 2e-6, rtol: 2e-6 };
+      return [
+        compare('tail y vs torch', y, golden.get('gelu_tail.out').data, tail),
+        compare('tail dx vs torch', dx, golden.get('gelu_tail.din0').data, tail),
+        compare('tail y vs ts ref', y, x.data.map((v) => activationRef('gelu', v)), tail),
+        compare('sweep y vs ts ref (float64 erfc)', ys, sweep.map((v) => activationRef('gelu', v)), sweepTol),
+      ];
+    },
+  },
   {
     family: 'elementwise',
     name: 'GEGLU [2,3,38] -> [2,3,19] fwd + dx (golden)',
@@ -180,6 +219,7 @@ export const cases: KernelCase[] = [
         compare('dim 320 vs torch', e320, golden.get('temb.out320').data, et),
         compare('dim 320 vs ts ref', e320, timestepEmbeddingRef(t.data, 320), et),
         compare('dim 33 vs torch', e33, golden.get('temb.out33').data, et),
+        compare('dim 33 vs ts ref', e33, timestepEmbeddingRef(t.data, 33), et),
       ];
     },
   },
