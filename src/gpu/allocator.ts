@@ -40,6 +40,8 @@ export class Allocator {
   private readonly tagCurrent = new Map<Tag, number>(TAGS.map((t) => [t, 0]));
   private readonly tagPeak = new Map<Tag, number>(TAGS.map((t) => [t, 0]));
   private pendingOom: Promise<GpuOutOfMemoryError | null>[] = [];
+  /** Every allocation not yet freed (leak checks name them by label). */
+  private readonly liveSet = new Set<Allocation>();
 
   /**
    * `dryRun`: account every byte but back each allocation with a 4-byte buffer (memory planning: the
@@ -87,6 +89,7 @@ export class Allocator {
   free(a: Allocation, defer?: (b: GPUBuffer) => void): void {
     if (a.freed) return;
     a.freed = true;
+    this.liveSet.delete(a);
     if (defer) defer(a.buffer);
     else a.buffer.destroy();
     this.current -= a.bytes;
@@ -125,6 +128,13 @@ export class Allocator {
     const t = this.tagCurrent.get(tag)! + bytes;
     this.tagCurrent.set(tag, t);
     if (t > this.tagPeak.get(tag)!) this.tagPeak.set(tag, t);
-    return { buffer, bytes, tag, label, freed: false };
+    const a: Allocation = { buffer, bytes, tag, label, freed: false };
+    this.liveSet.add(a);
+    return a;
+  }
+
+  /** The allocations alive now (a snapshot), for leak checks: diff two snapshots to name what stayed. */
+  liveAllocations(): Allocation[] {
+    return [...this.liveSet];
   }
 }

@@ -6,7 +6,7 @@
 import type { Gpu } from '../gpu/device.ts';
 import { Tensor } from '../gpu/tensor.ts';
 import { flashAttention, flashAttentionBackward, type AttentionOptions } from '../ops/attention.ts';
-import { conv2d, conv2dBackward, type Conv2dOptions } from '../ops/conv2d.ts';
+import { conv2d, conv2dBackward, conv2dBackwardInput, type Conv2dOptions } from '../ops/conv2d.ts';
 import {
   activation, activationBackward, add, addChannel, addChannelBackward, cast, concatChannels, geglu, gegluBackward, scale, splitChannels,
   transpose2d, upsample2x, upsample2xBackward, type Activation,
@@ -18,17 +18,41 @@ import { groupNorm, groupNormBackward, layerNorm, layerNormBackward } from '../o
 
 export class Tape {
   private readonly records: (() => void)[] = [];
+  /** Tensors made outside a recorded op that the backward still reads (freed when it ends). */
+  private readonly kept: Tensor[] = [];
   /** Gradient of each tensor that received one (activations are freed as they are consumed). */
   readonly grads = new Map<Tensor, Tensor>();
 
-  constructor(private readonly gpu: Gpu) {}
+  /**
+   * `trainable`: the weights that get gradients. Other tensors tagged 'weights' are frozen: the ops
+   * skip their weight-gradient kernels (LoRA trains adapters only; the base UNet's dW is never formed).
+   * Null: every tensor gets its gradient.
+   */
+  constructor(
+    private readonly gpu: Gpu,
+    readonly trainable: ReadonlySet<Tensor> | null = null,
+  ) {}
+
+  /** False for a frozen weight: nothing should compute or keep its gradient. */
+  wants(t: Tensor): boolean {
+    return !this.trainable || t.tag !== 'weights' || this.trainable.has(t);
+  }
 
   record(backward: () => void): void {
     this.records.push(backward);
   }
 
-  /** Adds g into the gradient of t (taking ownership of g). */
+  /** Keeps t alive until the backward has run, then frees it. */
+  keep(...ts: Tensor[]): void {
+    this.kept.push(...ts);
+  }
+
+  /** Adds g into the gradient of t (taking ownership of g); frozen weights drop it. */
   acc(t: Tensor, g: Tensor): void {
+    if (!this.wants(t)) {
+      this.gpu.free(g);
+      return;
+    }
     const prev = this.grads.get(t);
     if (!prev) {
       this.grads.set(t, g);
@@ -45,11 +69,26 @@ export class Tape {
     return g;
   }
 
-  /** Runs every recorded backward in reverse, starting from dy for the output y. */
+  /**
+   * Runs every recorded backward in reverse, starting from dy for the output y. Each op frees its
+   * output and saved statistics once its own backward has run (everything that read them ran
+   * before it), so the forward's activations are released as the backward walks past them.
+   */
   backward(y: Tensor, dy: Tensor): void {
     this.grads.set(y, dy);
     for (let i = this.records.length - 1; i >= 0; i--) this.records[i]();
     this.records.length = 0;
+    this.gpu.free(...this.kept);
+    this.kept.length = 0;
+  }
+
+  /** Frees the gradients of every tensor not in `keep` (call after taking what the caller needs). */
+  dropGrads(keep: ReadonlySet<Tensor> = new Set()): void {
+    for (const [t, g] of this.grads)
+      if (!keep.has(t)) {
+        this.gpu.free(g);
+        this.grads.delete(t);
+      }
   }
 }
 
@@ -64,19 +103,69 @@ export class Ops {
     if (!this.tape) this.gpu.free(...ts);
   }
 
-  private rec(fn: () => void): void {
-    this.tape?.record(fn);
+  /**
+   * Records the backward of an op whose output is y: `fn(dy)` runs when a gradient reached y; y and
+   * the `saved` tensors are freed after it either way.
+   */
+  private rec(y: Tensor, saved: Tensor[], fn: (dy: Tensor) => void): void {
+    const tape = this.tape;
+    if (!tape) return;
+    tape.record(() => {
+      const dy = tape.take(y);
+      if (dy) fn(dy);
+      this.gpu.free(y, ...saved);
+    });
+  }
+
+  /** Gradient wanted for this tensor (false for frozen weights under a tape with a trainable set). */
+  private wants(t: Tensor): boolean {
+    return this.tape!.wants(t);
+  }
+
+  /**
+   * Activation checkpointing: runs `fn` without recording (its temporaries are freed at once) and
+   * keeps only its inputs; the backward re-runs `fn` on the same inputs under a fresh tape and
+   * backpropagates through that, handing the inputs' and weights' gradients to the outer tape.
+   * Trades one extra forward of the segment for its activations. `fn` must not free its inputs.
+   */
+  checkpoint(fn: (F: Ops) => Tensor): Tensor {
+    const tape = this.tape;
+    if (!tape) return fn(this);
+    const y = fn(new Ops(this.gpu, null));
+    tape.record(() => {
+      const dy = tape.take(y);
+      this.gpu.free(y);
+      if (!dy) return;
+      const sub = new Tape(this.gpu, tape.trainable);
+      const y2 = fn(new Ops(this.gpu, sub));
+      sub.backward(y2, dy);
+      for (const [t, g] of sub.grads) tape.acc(t, g);
+      sub.grads.clear();
+    });
+    return y;
+  }
+
+  /** A tensor made by a raw op (not through Ops) that the backward reads: freed after the backward. */
+  keep(t: Tensor): Tensor {
+    this.tape?.keep(t);
+    return t;
   }
 
   linear(x: Tensor, w: Tensor, b?: Tensor | null): Tensor {
     const y = linear(this.gpu, x, w, b);
-    this.rec(() => {
-      const dy = this.tape!.take(y);
-      if (!dy) return;
-      const g = linearBackward(this.gpu, x, w, dy, b);
-      this.tape!.acc(x, g.dx);
-      this.tape!.acc(w, g.dw);
-      if (b && g.db) this.tape!.acc(b, g.db);
+    this.rec(y, [], (dy) => {
+      const tape = this.tape!;
+      if (this.wants(w) || (b && this.wants(b))) {
+        const g = linearBackward(this.gpu, x, w, dy, b);
+        tape.acc(x, g.dx);
+        tape.acc(w, g.dw);
+        if (b && g.db) tape.acc(b, g.db);
+      } else {
+        // Frozen weight: only dx = dy W (no dW, no db kernels).
+        const rows = dy.numel / w.shape[0];
+        const dx = matmul(this.gpu, dy.reshape([rows, w.shape[0]]), w);
+        tape.acc(x, new Tensor(dx.alloc, x.shape, dx.dtype, dx.byteOffset, dx.owner));
+      }
       this.gpu.free(dy);
     });
     return y;
@@ -84,14 +173,15 @@ export class Ops {
 
   conv(x: Tensor, w: Tensor, b: Tensor | null, opts: Conv2dOptions): Tensor {
     const y = conv2d(this.gpu, x, w, b, opts);
-    this.rec(() => {
-      const dy = this.tape!.take(y);
-      if (!dy) return;
-      const g = conv2dBackward(this.gpu, x, w, dy, opts);
-      this.tape!.acc(x, g.dx);
-      this.tape!.acc(w, g.dw);
-      if (b) this.tape!.acc(b, g.db);
-      else this.gpu.free(g.db);
+    this.rec(y, [], (dy) => {
+      const tape = this.tape!;
+      if (this.wants(w) || (b && this.wants(b))) {
+        const g = conv2dBackward(this.gpu, x, w, dy, opts);
+        tape.acc(x, g.dx);
+        tape.acc(w, g.dw);
+        if (b) tape.acc(b, g.db);
+        else this.gpu.free(g.db);
+      } else tape.acc(x, conv2dBackwardInput(this.gpu, x, w, dy, opts));
       this.gpu.free(dy);
     });
     return y;
@@ -100,14 +190,12 @@ export class Ops {
   groupNorm(x: Tensor, gamma: Tensor, beta: Tensor, groups: number, eps: number): Tensor {
     const r = groupNorm(this.gpu, x, gamma, beta, groups, eps);
     if (!this.tape) this.gpu.free(r.mean, r.rstd);
-    this.rec(() => {
-      const dy = this.tape!.take(r.y);
-      if (!dy) return;
+    this.rec(r.y, [r.mean, r.rstd], (dy) => {
       const g = groupNormBackward(this.gpu, x, gamma, r, dy, groups);
       this.acc32(gamma, g.dgamma);
       this.acc32(beta, g.dbeta);
       this.tape!.acc(x, g.dx);
-      this.gpu.free(dy, r.mean, r.rstd);
+      this.gpu.free(dy);
     });
     return r.y;
   }
@@ -115,21 +203,19 @@ export class Ops {
   layerNorm(x: Tensor, gamma: Tensor, beta: Tensor, eps: number): Tensor {
     const r = layerNorm(this.gpu, x, gamma, beta, eps);
     if (!this.tape) this.gpu.free(r.mean, r.rstd);
-    this.rec(() => {
-      const dy = this.tape!.take(r.y);
-      if (!dy) return;
+    this.rec(r.y, [r.mean, r.rstd], (dy) => {
       const g = layerNormBackward(this.gpu, x, gamma, r, dy);
       this.acc32(gamma, g.dgamma);
       this.acc32(beta, g.dbeta);
       this.tape!.acc(x, g.dx);
-      this.gpu.free(dy, r.mean, r.rstd);
+      this.gpu.free(dy);
     });
     return r.y;
   }
 
   /** Norm parameter gradients come out f32; keep them in the parameter's dtype like the others. */
   private acc32(p: Tensor, g: Tensor): void {
-    if (p.dtype === 'f32') {
+    if (p.dtype === 'f32' || !this.wants(p)) {
       this.tape!.acc(p, g);
       return;
     }
@@ -139,9 +225,7 @@ export class Ops {
 
   act(kind: Activation, x: Tensor): Tensor {
     const y = activation(this.gpu, kind, x);
-    this.rec(() => {
-      const dy = this.tape!.take(y);
-      if (!dy) return;
+    this.rec(y, [], (dy) => {
       this.tape!.acc(x, activationBackward(this.gpu, kind, x, dy));
       this.gpu.free(dy);
     });
@@ -150,9 +234,7 @@ export class Ops {
 
   add(a: Tensor, b: Tensor): Tensor {
     const y = add(this.gpu, a, b);
-    this.rec(() => {
-      const dy = this.tape!.take(y);
-      if (!dy) return;
+    this.rec(y, [], (dy) => {
       // Both operands receive dy: give the second its own copy.
       this.tape!.acc(b, scale(this.gpu, dy, 1));
       this.tape!.acc(a, dy);
@@ -162,9 +244,7 @@ export class Ops {
 
   addChannel(x: Tensor, t: Tensor): Tensor {
     const y = addChannel(this.gpu, x, t);
-    this.rec(() => {
-      const dy = this.tape!.take(y);
-      if (!dy) return;
+    this.rec(y, [], (dy) => {
       const g = addChannelBackward(this.gpu, x, t, dy);
       this.tape!.acc(t, g.dt);
       this.tape!.acc(x, dy);
@@ -174,9 +254,7 @@ export class Ops {
 
   geglu(x: Tensor): Tensor {
     const y = geglu(this.gpu, x);
-    this.rec(() => {
-      const dy = this.tape!.take(y);
-      if (!dy) return;
+    this.rec(y, [], (dy) => {
       this.tape!.acc(x, gegluBackward(this.gpu, x, dy));
       this.gpu.free(dy);
     });
@@ -185,9 +263,7 @@ export class Ops {
 
   transpose(x: Tensor): Tensor {
     const y = transpose2d(this.gpu, x);
-    this.rec(() => {
-      const dy = this.tape!.take(y);
-      if (!dy) return;
+    this.rec(y, [], (dy) => {
       this.tape!.acc(x, transpose2d(this.gpu, dy));
       this.gpu.free(dy);
     });
@@ -196,9 +272,7 @@ export class Ops {
 
   concat(x: Tensor, s: Tensor): Tensor {
     const y = concatChannels(this.gpu, x, s);
-    this.rec(() => {
-      const dy = this.tape!.take(y);
-      if (!dy) return;
+    this.rec(y, [], (dy) => {
       this.tape!.acc(x, splitChannels(this.gpu, dy, 0, x.shape[1]));
       this.tape!.acc(s, splitChannels(this.gpu, dy, x.shape[1], s.shape[1]));
       this.gpu.free(dy);
@@ -208,9 +282,7 @@ export class Ops {
 
   upsample(x: Tensor): Tensor {
     const y = upsample2x(this.gpu, x);
-    this.rec(() => {
-      const dy = this.tape!.take(y);
-      if (!dy) return;
+    this.rec(y, [], (dy) => {
       this.tape!.acc(x, upsample2xBackward(this.gpu, x, dy));
       this.gpu.free(dy);
     });
@@ -219,9 +291,7 @@ export class Ops {
 
   matmul(a: Tensor, b: Tensor, opts: Pick<MatmulOptions, 'transA' | 'transB'> = {}): Tensor {
     const y = matmul(this.gpu, a, b, opts);
-    this.rec(() => {
-      const dy = this.tape!.take(y);
-      if (!dy) return;
+    this.rec(y, [], (dy) => {
       const g = matmulBackward(this.gpu, a, b, dy, opts);
       this.tape!.acc(a, g.da);
       this.tape!.acc(b, g.db);
@@ -232,9 +302,7 @@ export class Ops {
 
   softmax(x: Tensor): Tensor {
     const y = softmax(this.gpu, x);
-    this.rec(() => {
-      const dy = this.tape!.take(y);
-      if (!dy) return;
+    this.rec(y, [], (dy) => {
       this.tape!.acc(x, softmaxBackward(this.gpu, y, dy));
       this.gpu.free(dy);
     });
@@ -243,9 +311,7 @@ export class Ops {
 
   scale(x: Tensor, s: number): Tensor {
     const y = scale(this.gpu, x, s);
-    this.rec(() => {
-      const dy = this.tape!.take(y);
-      if (!dy) return;
+    this.rec(y, [], (dy) => {
       this.tape!.acc(x, scale(this.gpu, dy, s));
       this.gpu.free(dy);
     });
@@ -254,9 +320,7 @@ export class Ops {
 
   pad(x: Tensor, p: Pad2d): Tensor {
     const y = pad2d(this.gpu, x, p);
-    this.rec(() => {
-      const dy = this.tape!.take(y);
-      if (!dy) return;
+    this.rec(y, [], (dy) => {
       this.tape!.acc(x, pad2dBackward(this.gpu, x, dy, p));
       this.gpu.free(dy);
     });
@@ -266,9 +330,7 @@ export class Ops {
   /** [times, ...x.shape]; the backward sums the copies. */
   repeat(x: Tensor, times: number): Tensor {
     const y = repeat(this.gpu, x, times);
-    this.rec(() => {
-      const dy = this.tape!.take(y);
-      if (!dy) return;
+    this.rec(y, [], (dy) => {
       const summed = colSum(this.gpu, dy.reshape([times, x.numel]));
       this.tape!.acc(x, new Tensor(summed.alloc, x.shape, summed.dtype, summed.byteOffset, summed.owner));
       this.gpu.free(dy);
@@ -279,25 +341,20 @@ export class Ops {
   /** A view with another shape; its gradient flows back to x. */
   reshape(x: Tensor, shape: readonly number[]): Tensor {
     const y = x.reshape(shape);
-    this.rec(() => {
-      const dy = this.tape!.take(y);
-      // The gradient buffer changes hands with its shape (ownership moves to x's gradient).
-      if (dy) this.tape!.acc(x, new Tensor(dy.alloc, x.shape, dy.dtype, dy.byteOffset, dy.owner));
-    });
+    // y is a view (freeing it is a no-op); the gradient buffer changes hands with its shape.
+    this.rec(y, [], (dy) => this.tape!.acc(x, new Tensor(dy.alloc, x.shape, dy.dtype, dy.byteOffset, dy.owner)));
     return y;
   }
 
   attention(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions): Tensor {
     const r = flashAttention(this.gpu, q, k, v, opts);
     if (!this.tape) this.gpu.free(r.lse);
-    this.rec(() => {
-      const dy = this.tape!.take(r.out);
-      if (!dy) return;
+    this.rec(r.out, [r.lse], (dy) => {
       const g = flashAttentionBackward(this.gpu, q, k, v, r.out, r.lse, dy, opts);
       this.tape!.acc(q, g.dq);
       this.tape!.acc(k, g.dk);
       this.tape!.acc(v, g.dv);
-      this.gpu.free(dy, r.lse);
+      this.gpu.free(dy);
     });
     return r.out;
   }

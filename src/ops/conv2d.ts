@@ -176,6 +176,17 @@ export function conv2dBackward(gpu: Gpu, x: Tensor, w: Tensor, dy: Tensor, opts:
   return { dx, dw, db };
 }
 
+/** Only dx of conv2dBackward (a frozen weight: no grad-weight or bias kernels). */
+export function conv2dBackwardInput(gpu: Gpu, x: Tensor, w: Tensor, dy: Tensor, opts: Conv2dOptions): Tensor {
+  const op = 'conv2dBackwardInput';
+  const s = convShape(op, x.shape, w.shape, opts);
+  expectSameDType(op, x, w, dy);
+  expectShape(op, 'dy', dy, [s.N, s.Co, s.Ho, s.Wo]);
+  const dx = gpu.tensor(x.shape, x.dtype, 'activations', 'conv2d-dx');
+  convGemm(gpu, op, Mode.GradInput, s, w, dy, dx, null, false, opts.tile);
+  return dx;
+}
+
 /** db[co] = Σ_{n, pixels} dy[n, co, ·], one workgroup per channel, sample groups per binding. */
 function biasGrad(gpu: Gpu, op: string, s: ConvShape, dy: Tensor, db: Tensor, accumulate: boolean): void {
   const hw = s.Ho * s.Wo;

@@ -472,7 +472,8 @@ export function linear(gpu: Gpu, x: Tensor, weight: Tensor, bias?: Tensor | null
     throw new ShapeError('linear', `x ${fmtShape(x.shape)} has ${x.shape[x.shape.length - 1]} features, weight ${fmtShape(weight.shape)} takes ${weight.shape[1]}`);
   const x2 = x.shape.length === 1 ? x.reshape([1, x.shape[0]]) : x;
   const y = matmul(gpu, x2, weight, { transB: true, bias: bias ?? undefined });
-  return x.shape.length === 1 ? y.reshape([weight.shape[0]]) : y;
+  // An owning tensor of the output's shape (a view would never free the buffer).
+  return x.shape.length === 1 ? new Tensor(y.alloc, [weight.shape[0]], y.dtype, y.byteOffset, y.owner) : y;
 }
 
 export interface LinearGrads {
@@ -502,7 +503,8 @@ export function linearBackward(
     accumulate: into?.accumulate,
     into: { da: into?.dx?.reshape([rows, weight.shape[1]]), db: into?.dw, dbias: into?.db },
   });
-  const out: LinearGrads = { dx: into?.dx ?? g.da.reshape(x.shape), dw: g.db };
+  // dx owns its buffer in x's shape (a reshape view would leave the buffer unfreeable).
+  const out: LinearGrads = { dx: into?.dx ?? new Tensor(g.da.alloc, x.shape, g.da.dtype, g.da.byteOffset, g.da.owner), dw: g.db };
   if (g.dbias) out.db = g.dbias;
   return out;
 }
