@@ -3,10 +3,13 @@
 // self-attention and a quick-GELU (SD1) or GELU (SD2) MLP, then the final LayerNorm. Weights are
 // looked up by diffusers' CLIPTextModel names. SD2 uses the penultimate block of OpenCLIP's 24: its
 // diffusers config has 23 layers, and a single-file loader drops the 24th.
+// Optional LoRA adapters (src/nn/lora.ts) on the self-attention projections q_proj, k_proj, v_proj and
+// out_proj, for DreamBooth with a trained text encoder.
 import type { Gpu } from '../gpu/device.ts';
 import { ShapeError } from '../gpu/errors.ts';
 import type { Tensor } from '../gpu/tensor.ts';
 import { embedding } from '../ops/embedding.ts';
+import { loraLinear } from './lora.ts';
 import { Ops, type Tape } from './ops.ts';
 
 export interface ClipTextConfig {
@@ -51,21 +54,32 @@ function w(weights: Weights, name: string): Tensor {
 /**
  * last_hidden_state [B, L, hidden] for token ids [B * L] (L <= maxPositions, usually 77). With a tape,
  * every op records its backward (gradients for all weights but the embedding tables, which only
- * textual inversion would train).
+ * textual inversion would train; for LoRA training pass a Tape whose trainable set is the adapters, and
+ * the frozen base weights' dW/db are never formed).
+ * LoRA adapters in `weights` (`text_model.encoder.layers.N.self_attn.{q,k,v,out}_proj.lora_{A,B}.weight`,
+ * PEFT layout) are added with `loraScale`; without adapters the result is exactly the plain encoder's.
  */
-export function clipTextForward(gpu: Gpu, cfg: ClipTextConfig, weights: Weights, ids: ArrayLike<number>, batch: number, tape: Tape | null = null): Tensor {
+export function clipTextForward(
+  gpu: Gpu, cfg: ClipTextConfig, weights: Weights, ids: ArrayLike<number>, batch: number, tape: Tape | null = null,
+  /** alpha / rank of the LoRA adapters present in `weights` (see loraLinear). */
+  loraScale = 1,
+): Tensor {
   const F = new Ops(gpu, tape);
   const p = 'text_model.';
-  let x = embedding(gpu, ids, batch, w(weights, `${p}embeddings.token_embedding.weight`), w(weights, `${p}embeddings.position_embedding.weight`));
+  // The embedding is a raw op (no gradient: the tables stay frozen); under a tape it is kept until the
+  // backward has read it, then freed.
+  let x = F.keep(embedding(gpu, ids, batch, w(weights, `${p}embeddings.token_embedding.weight`), w(weights, `${p}embeddings.position_embedding.weight`)));
   const L = ids.length / batch;
   const headDim = cfg.hiddenSize / cfg.heads;
   for (let l = 0; l < cfg.layers; l++) {
     const b = `${p}encoder.layers.${l}.`;
     const ln1 = F.layerNorm(x, w(weights, `${b}layer_norm1.weight`), w(weights, `${b}layer_norm1.bias`), cfg.eps);
-    const proj = (n: string) => F.reshape(F.linear(ln1, w(weights, `${b}self_attn.${n}.weight`), w(weights, `${b}self_attn.${n}.bias`)), [batch, L, cfg.heads, headDim]);
-    const [q, k, v] = [proj('q_proj'), proj('k_proj'), proj('v_proj')];
-    const att = F.attention(q, k, v, { layout: 'bnhd', causal: true });
-    const o = F.linear(F.reshape(att, [batch, L, cfg.hiddenSize]), w(weights, `${b}self_attn.out_proj.weight`), w(weights, `${b}self_attn.out_proj.bias`));
+    // q/k/v/out projections (with bias), each x W^T + b + loraScale (x A^T) B^T where adapters are present.
+    // q, k, v [B, L, hidden] are viewed as [B, L, heads, headDim]; the owning tensors are the ones released.
+    const [q, k, v] = ['q_proj', 'k_proj', 'v_proj'].map((n) => loraLinear(F, ln1, weights, `${b}self_attn.${n}`, loraScale, true));
+    const heads = (t: Tensor) => F.reshape(t, [batch, L, cfg.heads, headDim]);
+    const att = F.attention(heads(q), heads(k), heads(v), { layout: 'bnhd', causal: true });
+    const o = loraLinear(F, F.reshape(att, [batch, L, cfg.hiddenSize]), weights, `${b}self_attn.out_proj`, loraScale, true);
     const x1 = F.add(x, o);
     F.release(ln1, q, k, v, att, o, x);
     const ln2 = F.layerNorm(x1, w(weights, `${b}layer_norm2.weight`), w(weights, `${b}layer_norm2.bias`), cfg.eps);

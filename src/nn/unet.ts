@@ -10,6 +10,7 @@ import { ShapeError } from '../gpu/errors.ts';
 import type { Tensor } from '../gpu/tensor.ts';
 import { timestepEmbedding } from '../ops/elementwise.ts';
 import { conv, normSilu, resnetForward, weight, type Weights } from './blocks.ts';
+import { loraLinear } from './lora.ts';
 import { Ops, type Tape } from './ops.ts';
 
 export interface UnetConfig {
@@ -50,22 +51,6 @@ export function unetConfigFromJson(j: Record<string, unknown>): UnetConfig {
 const RES_EPS = 1e-5;
 const TRANSFORMER_NORM_EPS = 1e-6;
 const LN_EPS = 1e-5;
-
-/**
- * A linear layer with an optional LoRA adapter (PEFT naming: `<layer>.lora_A.weight` [r, in] and
- * `<layer>.lora_B.weight` [out, r] beside `<layer>.weight`): y = x W^T (+ b) + (alpha / r) (x A^T) B^T.
- */
-export function loraLinear(F: Ops, x: Tensor, w: Weights, layer: string, loraScale: number, withBias = false): Tensor {
-  const y = F.linear(x, weight(w, `${layer}.weight`), withBias ? weight(w, `${layer}.bias`) : null);
-  const a = w.get(`${layer}.lora_A.weight`);
-  if (!a) return y;
-  const down = F.linear(x, a);
-  const up = F.linear(down, weight(w, `${layer}.lora_B.weight`));
-  const scaled = F.scale(up, loraScale);
-  const out = F.add(y, scaled);
-  F.release(y, down, up, scaled);
-  return out;
-}
 
 function attention(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, heads: number, loraScale: number): Tensor {
   const [b, n, c] = x.shape;

@@ -1,0 +1,95 @@
+// LoRA adapters (PEFT layout) shared by the UNet and the CLIP text encoder. A base linear layer
+// y = x W^T + b (W [out, in]) gets a rank-r update ΔW = (alpha / r) B A with A [r, in] and B [out, r]:
+//   y = x W^T + b + (alpha / r) (x A^T) B^T,
+// computed as two thin matmuls (x A^T is [.., r]) rather than forming ΔW. Only A and B train; the
+// base weights stay frozen. Tensor names follow PEFT/diffusers: `<layer>.lora_A.weight` and
+// `<layer>.lora_B.weight` beside `<layer>.weight`.
+import { ShapeError } from '../gpu/errors.ts';
+import type { Tensor } from '../gpu/tensor.ts';
+import { weight, type Weights } from './blocks.ts';
+import type { Ops } from './ops.ts';
+
+/**
+ * A linear layer with an optional LoRA adapter: y = x W^T (+ b) + loraScale (x A^T) B^T, where
+ * loraScale = alpha / r. Without `<layer>.lora_A.weight` in `w` it is exactly F.linear. Under a tape the
+ * two adapter matmuls record their backward like any other op, so the adapters receive
+ *   dB = loraScale dy^T (x A^T)   and   dA = loraScale (dy B)^T x
+ * (summed over tokens) and x receives the adapter's share loraScale (dy B) A on top of dy W.
+ */
+export function loraLinear(F: Ops, x: Tensor, w: Weights, layer: string, loraScale: number, withBias = false): Tensor {
+  const y = F.linear(x, weight(w, `${layer}.weight`), withBias ? weight(w, `${layer}.bias`) : null);
+  const a = w.get(`${layer}.lora_A.weight`);
+  if (!a) {
+    if (w.has(`${layer}.lora_B.weight`)) throw new ShapeError('lora', `${layer} has lora_B but no lora_A`);
+    return y;
+  }
+  const down = F.linear(x, a);
+  const up = F.linear(down, weight(w, `${layer}.lora_B.weight`));
+  const scaled = F.scale(up, loraScale);
+  const out = F.add(y, scaled);
+  F.release(y, down, up, scaled);
+  return out;
+}
+
+// The layers that get adapters, by the name of their `.weight`:
+//   UNet: the four projections of both attentions (self attn1, cross attn2) of every transformer block,
+//     as diffusers' train_dreambooth_lora.py (to_q, to_k, to_v, to_out.0; to_out.1 is dropout).
+//   Text encoder: the four self-attention projections of every CLIP layer, as diffusers'
+//     train_dreambooth_lora.py text-encoder LoraConfig (q_proj, k_proj, v_proj, out_proj). SD2's OpenCLIP
+//     fuses q/k/v into one in_proj; the loader (src/models/keymap.ts) splits it into these diffusers
+//     names, so the adapters sit on the split projections and are saved under diffusers names.
+const TARGETS: Record<'unet' | 'text_encoder', RegExp> = {
+  unet: /^(.*\.transformer_blocks\.\d+\.attn[12]\.(?:to_q|to_k|to_v|to_out\.0))\.weight$/,
+  text_encoder: /^(text_model\.encoder\.layers\.\d+\.self_attn\.(?:q_proj|k_proj|v_proj|out_proj))\.weight$/,
+};
+
+/** Layer prefixes (without `.weight`) that get adapters, in the order of `paramNames`. */
+export function loraTargets(kind: 'unet' | 'text_encoder', paramNames: Iterable<string>): string[] {
+  const re = TARGETS[kind];
+  const out = new Set<string>();
+  for (const n of paramNames) {
+    const m = re.exec(n);
+    if (m) out.add(m[1]);
+  }
+  return [...out];
+}
+
+/** Shapes of the adapter tensors for `layers`: A [rank, in], B [out, rank], from each base `<layer>.weight` [out, in]. */
+export function loraShapes(layers: Iterable<string>, shapes: ReadonlyMap<string, readonly number[]>, rank: number): Map<string, number[]> {
+  if (!Number.isInteger(rank) || rank < 1) throw new ShapeError('lora', `rank must be a positive integer, got ${rank}`);
+  const m = new Map<string, number[]>();
+  for (const layer of layers) {
+    const s = shapes.get(`${layer}.weight`);
+    if (!s || s.length !== 2) throw new ShapeError('lora', `${layer}.weight must be a linear weight [out, in], got ${s ? `[${s}]` : 'none'}`);
+    const [o, i] = s;
+    m.set(`${layer}.lora_A.weight`, [rank, i]);
+    m.set(`${layer}.lora_B.weight`, [o, rank]);
+  }
+  return m;
+}
+
+/** A seeded source of uniform numbers in [0, 1) (the caller's PRNG; none is defined here). */
+export interface UniformRng {
+  next(): number;
+}
+
+/**
+ * PEFT's default initialisation (init_lora_weights=True): A ~ kaiming_uniform_(a = sqrt(5)) and B = 0,
+ * so the adapted layer starts as the base layer exactly and only B moves on the first step (dA = 0
+ * while B = 0). kaiming_uniform with negative slope a has gain sqrt(2 / (1 + a^2)) = sqrt(1/3) and bound
+ * gain sqrt(3 / fan_in) = 1 / sqrt(fan_in), fan_in = in (A's second dimension): A ~ U(-1/sqrt(in),
+ * 1/sqrt(in)), drawn row-major as bound (2u - 1). Returns `<layer>.lora_A.weight` and
+ * `<layer>.lora_B.weight` per layer (shapes as loraShapes).
+ */
+export function initLora(layers: Iterable<string>, shapes: ReadonlyMap<string, readonly number[]>, rank: number, rng: UniformRng): Map<string, Float32Array> {
+  const out = new Map<string, Float32Array>();
+  for (const [name, s] of loraShapes(layers, shapes, rank)) {
+    const t = new Float32Array(s[0] * s[1]);
+    if (name.endsWith('.lora_A.weight')) {
+      const bound = 1 / Math.sqrt(s[1]);
+      for (let i = 0; i < t.length; i++) t[i] = bound * (2 * rng.next() - 1);
+    }
+    out.set(name, t);
+  }
+  return out;
+}
