@@ -56,10 +56,11 @@ function attention(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, he
   const [b, n, c] = x.shape;
   const m = context.shape[1];
   const dh = c / heads;
-  const q = F.reshape(loraLinear(F, x, w, `${p}.to_q`, loraScale), [b, n, heads, dh]);
-  const k = F.reshape(loraLinear(F, context, w, `${p}.to_k`, loraScale), [b, m, heads, dh]);
-  const v = F.reshape(loraLinear(F, context, w, `${p}.to_v`, loraScale), [b, m, heads, dh]);
-  const a = F.attention(q, k, v, { layout: 'bnhd' });
+  // Projections [b, tokens, c] are viewed as [b, tokens, heads, dh]; the owning tensors are released.
+  const q = loraLinear(F, x, w, `${p}.to_q`, loraScale);
+  const k = loraLinear(F, context, w, `${p}.to_k`, loraScale);
+  const v = loraLinear(F, context, w, `${p}.to_v`, loraScale);
+  const a = F.attention(F.reshape(q, [b, n, heads, dh]), F.reshape(k, [b, m, heads, dh]), F.reshape(v, [b, m, heads, dh]), { layout: 'bnhd' });
   const o = loraLinear(F, F.reshape(a, [b, n, c]), w, `${p}.to_out.0`, loraScale, true);
   F.release(q, k, v, a);
   return o;
@@ -102,18 +103,19 @@ function transformer(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, 
   const ff = F.linear(gg, weight(w, `${tb}.ff.net.2.weight`), weight(w, `${tb}.ff.net.2.bias`));
   F.release(n, proj, gg);
   h = residual(F, h, ff);
+  // Back to channel-first [b, c, h, w] (the transposed buffer is released, not its reshape view).
   let out: Tensor;
   if (cfg.linearProjection) {
     const po = F.linear(h, weight(w, `${p}.proj_out.weight`), weight(w, `${p}.proj_out.bias`));
-    out = F.reshape(F.transpose(po), [b, c, hh, ww]);
+    out = F.transpose(po);
     F.release(po);
   } else {
-    const t = F.reshape(F.transpose(h), [b, c, hh, ww]);
-    out = conv(F, t, w, `${p}.proj_out`);
-    F.release(t);
+    const ht = F.transpose(h);
+    out = conv(F, F.reshape(ht, [b, c, hh, ww]), w, `${p}.proj_out`);
+    F.release(ht);
   }
   F.release(h);
-  const y = F.add(out, x);
+  const y = F.add(F.reshape(out, [b, c, hh, ww]), x);
   F.release(out);
   return y;
 }
@@ -127,6 +129,12 @@ export function unetForward(
   gpu: Gpu, cfg: UnetConfig, w: Weights, sample: Tensor, timesteps: Tensor, context: Tensor, tape: Tape | null = null,
   /** alpha / rank of the LoRA adapters present in `w` (see loraLinear). */
   loraScale = 1,
+  /**
+   * Activation checkpointing (with a tape): each ResNet and each transformer keeps only its inputs and
+   * re-runs its forward inside the backward, so the activations held at once are those of one block
+   * plus the block boundaries (skips), at the price of about one more forward.
+   */
+  checkpointing = false,
 ): Tensor {
   const F = new Ops(gpu, tape);
   const B = sample.shape[0];
@@ -137,18 +145,21 @@ export function unetForward(
   const f = 2 ** (cfg.blockOutChannels.length - 1);
   if (sample.shape[2] % f || sample.shape[3] % f) throw new ShapeError('unet', `latent size ${sample.shape[2]}x${sample.shape[3]} must be a multiple of ${f}`);
   // Time embedding: sinusoidal (flip_sin_to_cos, shift 0) -> linear -> SiLU -> linear; ResNets take SiLU of it.
-  const tEmb = timestepEmbedding(gpu, timesteps, cfg.blockOutChannels[0], sample.dtype);
+  const tEmb = F.keep(timestepEmbedding(gpu, timesteps, cfg.blockOutChannels[0], sample.dtype));
   const l1 = F.linear(tEmb, weight(w, 'time_embedding.linear_1.weight'), weight(w, 'time_embedding.linear_1.bias'));
   const s1 = F.act('silu', l1);
   const emb = F.linear(s1, weight(w, 'time_embedding.linear_2.weight'), weight(w, 'time_embedding.linear_2.bias'));
   const embAct = F.act('silu', emb);
   F.release(tEmb, l1, s1, emb);
-  const resnet = (x: Tensor, p: string) => {
-    const tp = F.linear(embAct, weight(w, `${p}.time_emb_proj.weight`), weight(w, `${p}.time_emb_proj.bias`));
-    const y = resnetForward(F, x, w, p, cfg.groups, RES_EPS, tp);
-    F.release(tp);
-    return y;
-  };
+  const segment = (fn: (G: Ops) => Tensor): Tensor => (checkpointing ? F.checkpoint(fn) : fn(F));
+  const resnet = (x: Tensor, p: string) =>
+    segment((G) => {
+      const tp = G.linear(embAct, weight(w, `${p}.time_emb_proj.weight`), weight(w, `${p}.time_emb_proj.bias`));
+      const y = resnetForward(G, x, w, p, cfg.groups, RES_EPS, tp);
+      G.release(tp);
+      return y;
+    });
+  const attn = (x: Tensor, p: string, heads: number) => segment((G) => transformer(G, x, context, w, p, heads, cfg, loraScale));
   let x = conv(F, sample, w, 'conv_in');
   const skips: Tensor[] = [x];
   const blocks = cfg.blockOutChannels.length;
@@ -156,7 +167,7 @@ export function unetForward(
     for (let j = 0; j < cfg.layersPerBlock; j++) {
       x = resnet(x, `down_blocks.${i}.resnets.${j}`);
       if (cfg.downAttention[i]) {
-        const y = transformer(F, x, context, w, `down_blocks.${i}.attentions.${j}`, cfg.heads[i], cfg, loraScale);
+        const y = attn(x, `down_blocks.${i}.attentions.${j}`, cfg.heads[i]);
         F.release(x);
         x = y;
       }
@@ -168,7 +179,7 @@ export function unetForward(
     }
   }
   let m = resnet(x, 'mid_block.resnets.0');
-  const mt = transformer(F, m, context, w, 'mid_block.attentions.0', cfg.heads[blocks - 1], cfg, loraScale);
+  const mt = attn(m, 'mid_block.attentions.0', cfg.heads[blocks - 1]);
   F.release(m);
   m = resnet(mt, 'mid_block.resnets.1');
   F.release(mt);
@@ -182,7 +193,7 @@ export function unetForward(
       x = resnet(cat, `up_blocks.${i}.resnets.${j}`);
       F.release(cat);
       if (cfg.upAttention[i]) {
-        const y = transformer(F, x, context, w, `up_blocks.${i}.attentions.${j}`, cfg.heads[headIdx], cfg, loraScale);
+        const y = attn(x, `up_blocks.${i}.attentions.${j}`, cfg.heads[headIdx]);
         F.release(x);
         x = y;
       }

@@ -1,0 +1,294 @@
+// AdamW over the trainable parameters with their fp32 state (master weights, first and second moments)
+// grouped into equal-size chunks in execution order: Colossal-AI Gemini's layout, with the chunk store
+// (IndexedDB in the browser, files in Node) where Gemini has CPU memory. A chunk is either resident on
+// the GPU (three f32 buffers of `chunkElems`) or stored; the budget decides how many stay resident. A
+// stored chunk streams through one GPU staging set per step: the next chunk's bytes are read from the
+// store while this one updates (one-ahead prefetch), and the updated state is written back while the
+// following one updates (write-behind). Every store write is a new version key, so the versions a
+// checkpoint names stay readable until a newer checkpoint commits (crash-safe resume).
+//
+// The step never lets a non-finite value reach the weights: the gradients' inf/NaN flag is raised on the
+// GPU and read once (4 bytes); a flagged step updates nothing (and moves no chunk through the store).
+import type { Gpu } from '../gpu/device.ts';
+import { Tensor } from '../gpu/tensor.ts';
+import { adamw, type AdamWConfig, type AdamWParam } from '../ops/adamw.ts';
+import { checkFinite, clearFlag, globalNorm, newFlag, readFlag } from '../ops/reduce.ts';
+import type { ChunkStore } from '../store/chunkstore.ts';
+
+export interface ParamSlot {
+  name: string;
+  shape: number[];
+  numel: number;
+  /** Element offset inside its chunk. */
+  offset: number;
+}
+
+export interface Chunk {
+  index: number;
+  params: ParamSlot[];
+  /** Elements used (<= chunkElems). */
+  elems: number;
+  /** GPU state [master | m | v] as three f32 tensors of `elems`, or null when the chunk lives in the store. */
+  resident: { master: Tensor; m: Tensor; v: Tensor } | null;
+  /** Store version of a stored chunk (the step that wrote it). */
+  version: number;
+}
+
+/** Packs parameters (in order) into chunks of at most `chunkElems` elements (a bigger tensor gets its own). */
+export function planChunks(params: { name: string; shape: number[] }[], chunkElems: number): Omit<Chunk, 'resident' | 'version'>[] {
+  const chunks: Omit<Chunk, 'resident' | 'version'>[] = [];
+  let cur: ParamSlot[] = [];
+  let used = 0;
+  const close = () => {
+    if (cur.length) chunks.push({ index: chunks.length, params: cur, elems: used });
+    cur = [];
+    used = 0;
+  };
+  for (const p of params) {
+    const numel = p.shape.reduce((a, b) => a * b, 1);
+    if (used > 0 && used + numel > chunkElems) close();
+    cur.push({ name: p.name, shape: p.shape, numel, offset: used });
+    used += numel;
+  }
+  close();
+  return chunks;
+}
+
+export interface ChunkedAdamWOptions {
+  cfg: AdamWConfig;
+  chunkElems: number;
+  /** How many chunks (from the first) stay on the GPU; the rest stream through the store. */
+  residentChunks: number;
+  store: ChunkStore;
+  /** Store key prefix of this run's optimizer chunks. */
+  prefix: string;
+  maxGradNorm?: number;
+}
+
+export interface OptimizerStepResult {
+  applied: boolean;
+  /** Global norm of the unscaled gradients (when clipping), else NaN. */
+  gradNorm: number;
+}
+
+const f32Bytes = (a: Float32Array) => new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
+
+export class ChunkedAdamW {
+  readonly chunks: Chunk[];
+  private staging: { master: Tensor; m: Tensor; v: Tensor } | null = null;
+  private readonly flag: Tensor;
+  /** Step count of applied updates (AdamW's t). */
+  applied = 0;
+  /** Versions that the latest committed checkpoint names (not deleted when superseded). */
+  private pinned = new Map<number, number>();
+
+  private constructor(
+    private readonly gpu: Gpu,
+    private readonly o: ChunkedAdamWOptions,
+    chunks: Omit<Chunk, 'resident' | 'version'>[],
+    /** The compute-dtype weight each parameter's update writes (f16(master) or the f32 master copy). */
+    private readonly weights: Map<string, Tensor>,
+  ) {
+    this.chunks = chunks.map((c) => ({ ...c, resident: null, version: 0 }));
+    this.flag = newFlag(gpu);
+  }
+
+  /**
+   * Places the state: resident chunks get GPU buffers; stored chunks are written to the store (version 0).
+   * `initial(name)` gives a parameter's starting fp32 values.
+   */
+  static async create(
+    gpu: Gpu, params: { name: string; shape: number[] }[], weights: Map<string, Tensor>, initial: (name: string) => Promise<Float32Array>, o: ChunkedAdamWOptions,
+  ): Promise<ChunkedAdamW> {
+    const opt = new ChunkedAdamW(gpu, o, planChunks(params, o.chunkElems), weights);
+    for (const c of opt.chunks) {
+      const master = new Float32Array(c.elems);
+      for (const p of c.params) master.set(await initial(p.name), p.offset);
+      if (c.index < o.residentChunks) {
+        c.resident = {
+          master: gpu.upload(master, [c.elems], 'f32', 'optimizer', `opt${c.index}.master`),
+          m: gpu.zeros([c.elems], 'f32', 'optimizer', `opt${c.index}.m`),
+          v: gpu.zeros([c.elems], 'f32', 'optimizer', `opt${c.index}.v`),
+        };
+      } else {
+        const packed = new Float32Array(3 * c.elems);
+        packed.set(master);
+        await o.store.write(opt.key(c.index, 0), f32Bytes(packed));
+      }
+    }
+    return opt;
+  }
+
+  get storedChunks(): number {
+    return this.chunks.filter((c) => !c.resident).length;
+  }
+
+  private key(index: number, version: number): string {
+    return `${this.o.prefix}/c${String(index).padStart(5, '0')}-v${version}`;
+  }
+
+  private ensureStaging(): { master: Tensor; m: Tensor; v: Tensor } {
+    if (!this.staging) {
+      const n = this.o.chunkElems;
+      this.staging = {
+        master: this.gpu.tensor([n], 'f32', 'optimizer', 'opt.staging.master'),
+        m: this.gpu.tensor([n], 'f32', 'optimizer', 'opt.staging.m'),
+        v: this.gpu.tensor([n], 'f32', 'optimizer', 'opt.staging.v'),
+      };
+    }
+    return this.staging;
+  }
+
+  /** The first `elems` of each staging buffer. */
+  private chunkViews(st: { master: Tensor; m: Tensor; v: Tensor }, elems: number): { master: Tensor; m: Tensor; v: Tensor } {
+    const view = (t: Tensor) => new Tensor(t.alloc, [elems], 'f32', t.byteOffset, false);
+    return { master: view(st.master), m: view(st.m), v: view(st.v) };
+  }
+
+  /** Views of one parameter inside a chunk's three state buffers. */
+  private paramState(state: { master: Tensor; m: Tensor; v: Tensor }, p: ParamSlot): AdamWParam {
+    const view = (t: Tensor) => new Tensor(t.alloc, p.shape, 'f32', t.byteOffset + 4 * p.offset, false);
+    return { master: view(state.master), m: view(state.m), v: view(state.v), weight: this.weights.get(p.name) };
+  }
+
+  /**
+   * One update from loss-scaled gradients (compute dtype, by parameter name). Reads the overflow flag
+   * first; a flagged step changes nothing and returns applied: false.
+   */
+  async step(grads: Map<string, Tensor>, lossScale: number): Promise<OptimizerStepResult> {
+    const gpu = this.gpu;
+    const all = this.chunks.flatMap((c) => c.params.map((p) => grads.get(p.name) ?? fail(p.name)));
+    clearFlag(gpu, this.flag);
+    checkFinite(gpu, all, this.flag);
+    const normT = this.o.maxGradNorm !== undefined ? globalNorm(gpu, all, lossScale) : null;
+    const overflow = await readFlag(gpu, this.flag);
+    let gradNorm = NaN;
+    if (normT) {
+      gradNorm = overflow ? NaN : (await gpu.read(normT))[0];
+    }
+    if (overflow) {
+      gpu.free(normT);
+      return { applied: false, gradNorm };
+    }
+    const t = this.applied + 1;
+    const clip = normT ? { norm: normT, maxNorm: this.o.maxGradNorm! } : undefined;
+    const update = (state: { master: Tensor; m: Tensor; v: Tensor }, c: Chunk) => {
+      for (const p of c.params) adamw(gpu, this.paramState(state, p), grads.get(p.name)!, this.o.cfg, { step: t, lossScale, flag: this.flag, clip });
+    };
+    const stored = this.chunks.filter((c) => !c.resident);
+    for (const c of this.chunks) if (c.resident) update(c.resident, c);
+    // Stream the stored chunks: prefetch i+1 while i updates; write i back while i+1 updates.
+    let next = stored.length ? this.readChunk(stored[0]) : null;
+    let writing: Promise<void> | null = null;
+    for (let i = 0; i < stored.length; i++) {
+      const c = stored[i];
+      const bytes = await next!;
+      next = i + 1 < stored.length ? this.readChunk(stored[i + 1]) : null;
+      const st = this.chunkViews(this.ensureStaging(), c.elems);
+      this.gpu.write(st.master, bytes.subarray(0, c.elems));
+      this.gpu.write(st.m, bytes.subarray(c.elems, 2 * c.elems));
+      this.gpu.write(st.v, bytes.subarray(2 * c.elems, 3 * c.elems));
+      update(st, c);
+      const packed = new Float32Array(3 * c.elems);
+      packed.set(await gpu.read(st.master), 0);
+      packed.set(await gpu.read(st.m), c.elems);
+      packed.set(await gpu.read(st.v), 2 * c.elems);
+      if (writing) await writing;
+      writing = this.writeChunk(c, t, packed);
+    }
+    if (writing) await writing;
+    gpu.free(normT);
+    this.applied = t;
+    return { applied: true, gradNorm };
+  }
+
+  private async readChunk(c: Chunk): Promise<Float32Array> {
+    const b = await this.o.store.read(this.key(c.index, c.version));
+    if (!b) throw new Error(`optimizer chunk ${c.index} (version ${c.version}) is missing from the ${this.o.store.kind} store`);
+    return new Float32Array(b.buffer, b.byteOffset, b.byteLength / 4);
+  }
+
+  /** New version first, then the superseded one goes (unless a checkpoint still names it). */
+  private async writeChunk(c: Chunk, version: number, packed: Float32Array): Promise<void> {
+    await this.o.store.write(this.key(c.index, version), f32Bytes(packed));
+    const old = c.version;
+    c.version = version;
+    if (this.pinned.get(c.index) !== old) await this.o.store.delete(this.key(c.index, old));
+  }
+
+  /** fp32 master values of one parameter (from the GPU or the store). */
+  async master(name: string): Promise<Float32Array> {
+    for (const c of this.chunks) {
+      const p = c.params.find((q) => q.name === name);
+      if (!p) continue;
+      const src = c.resident ? await this.gpu.read(c.resident.master) : await this.readChunk(c);
+      return src.slice(p.offset, p.offset + p.numel);
+    }
+    throw new Error(`no trainable parameter ${name}`);
+  }
+
+  /**
+   * What a checkpoint holds: resident chunks' bytes (read back) as files, stored chunks by version
+   * (their version keys stay until a later checkpoint commits: call `pin` once it has).
+   */
+  async checkpointState(): Promise<{ files: Map<string, Uint8Array>; versions: Record<number, number>; applied: number }> {
+    const files = new Map<string, Uint8Array>();
+    const versions: Record<number, number> = {};
+    for (const c of this.chunks) {
+      if (c.resident) {
+        const packed = new Float32Array(3 * c.elems);
+        packed.set(await this.gpu.read(c.resident.master), 0);
+        packed.set(await this.gpu.read(c.resident.m), c.elems);
+        packed.set(await this.gpu.read(c.resident.v), 2 * c.elems);
+        files.set(`opt-c${c.index}`, f32Bytes(packed));
+      } else versions[c.index] = c.version;
+    }
+    return { files, versions, applied: this.applied };
+  }
+
+  /** After a checkpoint committed: its versions stay; versions only the previous one named can go. */
+  async pin(versions: Record<number, number>): Promise<void> {
+    const before = this.pinned;
+    this.pinned = new Map(Object.entries(versions).map(([k, v]) => [Number(k), v]));
+    for (const [i, v] of before) if (this.chunks[i].version !== v && this.pinned.get(i) !== v) await this.o.store.delete(this.key(i, v));
+  }
+
+  /**
+   * Restores a checkpoint: resident chunks from its files, stored chunks at its versions (newer versions
+   * written after it, by a run that then crashed, are deleted), and the weights recomputed from the masters.
+   */
+  async restore(read: (name: string) => Promise<Uint8Array>, versions: Record<number, number>, applied: number): Promise<void> {
+    for (const c of this.chunks) {
+      let packed: Float32Array;
+      if (c.resident) {
+        const b = await read(`opt-c${c.index}`);
+        packed = new Float32Array(b.buffer, b.byteOffset, b.byteLength / 4);
+        this.gpu.write(c.resident.master, packed.subarray(0, c.elems));
+        this.gpu.write(c.resident.m, packed.subarray(c.elems, 2 * c.elems));
+        this.gpu.write(c.resident.v, packed.subarray(2 * c.elems));
+      } else {
+        c.version = versions[c.index];
+        if (c.version === undefined) throw new Error(`checkpoint names no version for optimizer chunk ${c.index}`);
+        packed = await this.readChunk(c);
+      }
+      for (const p of c.params) {
+        const w = this.weights.get(p.name);
+        if (w) this.gpu.write(w, packed.subarray(p.offset, p.offset + p.numel));
+      }
+    }
+    this.pinned = new Map(Object.entries(versions).map(([k, v]) => [Number(k), v]));
+    const keep = new Set(this.chunks.filter((c) => !c.resident).map((c) => this.key(c.index, c.version)));
+    for (const k of await this.o.store.keys(`${this.o.prefix}/`)) if (!keep.has(k)) await this.o.store.delete(k);
+    this.applied = applied;
+  }
+
+  destroy(): void {
+    for (const c of this.chunks) if (c.resident) this.gpu.free(c.resident.master, c.resident.m, c.resident.v);
+    if (this.staging) this.gpu.free(this.staging.master, this.staging.m, this.staging.v);
+    this.gpu.free(this.flag);
+  }
+}
+
+function fail(name: string): never {
+  throw new Error(`no gradient reached trainable parameter ${name}`);
+}

@@ -1,0 +1,324 @@
+// The DreamBooth training loop on the engine: cached latents and text embeddings in, UNet (LoRA adapters
+// or every weight) trained with AdamW on fp32 masters, fp16 compute with a dynamic loss scale, the
+// optimizer state chunked through the store under the GPU budget, checkpoints that resume bit-identically.
+//
+// One step (diffusers' train_dreambooth semantics):
+//   batch = [instance image i] (+ [class image j] with prior preservation), i = step mod #instances
+//   eps ~ N(0, I) (+ offset * N(0, 1) per sample and channel: offset noise), t ~ U{0..T-1} per sample
+//   x_t = sqrt(ā_t) x0 + sqrt(1 - ā_t) eps;  target = eps, or v = sqrt(ā_t) eps - sqrt(1 - ā_t) x0
+//   loss = mse(pred_inst, target_inst) + prior_weight * mse(pred_class, target_class), each sample's term
+//          times its min-SNR-gamma weight when set
+//   grads = d(loss * scale)/dθ;  overflow -> skip the update, halve the scale;  else AdamW with clipping
+import type { Gpu } from '../gpu/device.ts';
+import type { DType, Tensor } from '../gpu/tensor.ts';
+import type { Weights } from '../nn/blocks.ts';
+import { initLora, loraShapes, loraTargets } from '../nn/lora.ts';
+import { Tape } from '../nn/ops.ts';
+import { unetForward, type UnetConfig } from '../nn/unet.ts';
+import { ADAMW_DEFAULTS } from '../ops/adamw.ts';
+import { DynamicLossScaler } from '../ops/lossscale.ts';
+import { unetParams } from '../models/shapes.ts';
+import { alphasCumprod, type ScheduleConfig } from '../sample/schedulers.ts';
+import type { ChunkStore } from '../store/chunkstore.ts';
+import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
+import { addNoise, lossWeights, velocity, weightedMse, weightedMseBackward } from './objective.ts';
+import { ChunkedAdamW } from './optimizer.ts';
+import { Rng } from './rng.ts';
+
+export type TrainMode = 'lora' | 'full';
+
+export interface TrainSettings {
+  mode: TrainMode;
+  steps: number;
+  lr: number;
+  /** LoRA rank and alpha (scale alpha / rank). */
+  rank: number;
+  alpha: number;
+  seed: number;
+  priorLossWeight: number;
+  /** Offset noise strength (0: off). */
+  offsetNoise: number;
+  /** min-SNR-gamma (null: off). */
+  minSnrGamma: number | null;
+  maxGradNorm: number;
+  weightDecay: number;
+  /** Checkpoint every N steps (0: only when asked). */
+  checkpointEvery: number;
+  /** Activation checkpointing in the UNet (the planner picks it when the budget needs it). */
+  activationCheckpointing: boolean;
+  /** fp32 optimizer elements per chunk (the store's unit of transfer). */
+  chunkElems: number;
+  /** Chunks of optimizer state kept on the GPU (the rest stream through the store); Infinity: all. */
+  residentChunks: number;
+}
+
+export const TRAIN_DEFAULTS: Record<TrainMode, TrainSettings> = {
+  lora: {
+    mode: 'lora', steps: 400, lr: 1e-4, rank: 8, alpha: 8, seed: 0, priorLossWeight: 1, offsetNoise: 0, minSnrGamma: null,
+    maxGradNorm: 1, weightDecay: 1e-2, checkpointEvery: 50, activationCheckpointing: false, chunkElems: 1 << 22, residentChunks: Infinity,
+  },
+  full: {
+    mode: 'full', steps: 800, lr: 5e-6, rank: 0, alpha: 0, seed: 0, priorLossWeight: 1, offsetNoise: 0, minSnrGamma: null,
+    maxGradNorm: 1, weightDecay: 1e-2, checkpointEvery: 100, activationCheckpointing: false, chunkElems: 1 << 24, residentChunks: Infinity,
+  },
+};
+
+/** Latents (already times the VAE scaling factor) and text embeddings, computed once before training. */
+export interface TrainData {
+  latentShape: [number, number, number];
+  contextShape: [number, number];
+  instance: { latent: Float32Array; context: Float32Array }[];
+  /** Class (prior preservation) images; empty: no prior loss. */
+  classes: { latent: Float32Array; context: Float32Array }[];
+}
+
+/** Everything random about one step (drawn from the run's Rng, or injected by a test). */
+export interface StepInputs {
+  /** Which instance / class sample (indices into TrainData). */
+  instance: number;
+  classIndex: number | null;
+  /** Noise for the batch [B, C, h, w] (offset noise already added). */
+  noise: Float32Array;
+  timesteps: number[];
+}
+
+export interface StepReport {
+  step: number;
+  loss: number;
+  applied: boolean;
+  /** Why a step was skipped (a non-finite loss or gradient), for the progress line and the UI. */
+  skipped?: string;
+  lossScale: number;
+  gradNorm: number;
+  seconds: number;
+  gpuBytes: number;
+  gpuPeakBytes: number;
+}
+
+export interface TrainerModel {
+  config: UnetConfig;
+  /** UNet weights in the compute dtype (diffusers names); LoRA adapters are added to this map. */
+  weights: Weights;
+  schedule: ScheduleConfig;
+}
+
+interface CheckpointMeta {
+  step: number;
+  rng: number;
+  scaler: { scale: number; goodSteps: number; skipped: number };
+  versions: Record<number, number>;
+  applied: number;
+  losses: number[];
+  settings: TrainSettings;
+}
+
+export class DreamBoothTrainer {
+  /** Steps done (applied or skipped). */
+  step = 0;
+  readonly losses: number[] = [];
+  readonly rng: Rng;
+  readonly scaler: DynamicLossScaler;
+  private readonly acp: Float64Array;
+  private readonly dtype: DType;
+
+  private constructor(
+    readonly gpu: Gpu,
+    readonly model: TrainerModel,
+    readonly data: TrainData,
+    readonly settings: TrainSettings,
+    readonly store: ChunkStore,
+    readonly runId: string,
+    /** Trainable parameter names in execution order, and their compute-dtype tensors. */
+    readonly trainable: Map<string, Tensor>,
+    readonly optimizer: ChunkedAdamW,
+    rng: Rng,
+  ) {
+    this.rng = rng;
+    this.acp = alphasCumprod(model.schedule);
+    this.dtype = [...model.weights.values()][0].dtype;
+    // f32 compute needs no loss scale (nothing underflows): 1 keeps it exact.
+    this.scaler = new DynamicLossScaler(this.dtype === 'f16' ? {} : { initScale: 1, growthInterval: Number.MAX_SAFE_INTEGER });
+  }
+
+  /** LoRA scale alpha / rank (1 in full mode). */
+  get loraScale(): number {
+    return this.settings.mode === 'lora' ? this.settings.alpha / this.settings.rank : 1;
+  }
+
+  static async create(
+    gpu: Gpu, model: TrainerModel, data: TrainData, settings: TrainSettings, store: ChunkStore, runId: string,
+    /** LoRA: starting adapters (PEFT names), e.g. a test's; default PEFT's init from the run's seed. */
+    loraInit?: Map<string, Float32Array>,
+  ): Promise<DreamBoothTrainer> {
+    validate(data, settings);
+    const rng = new Rng(settings.seed);
+    const dtype = [...model.weights.values()][0].dtype;
+    const trainable = new Map<string, Tensor>();
+    let initial: (name: string) => Promise<Float32Array>;
+    if (settings.mode === 'lora') {
+      const shapes = new Map([...model.weights].map(([n, t]) => [n, t.shape]));
+      const layers = loraTargets('unet', unetParams(model.config).keys());
+      const init = loraInit ?? initLora(layers, shapes, settings.rank, { next: () => rng.uniform() });
+      for (const [name, shape] of loraShapes(layers, shapes, settings.rank)) {
+        const v = init.get(name);
+        if (!v) throw new Error(`LoRA init has no ${name}`);
+        const t = gpu.upload(v, shape, dtype, 'weights', name);
+        model.weights.set(name, t);
+        trainable.set(name, t);
+      }
+      initial = async (n) => init.get(n)!;
+    } else {
+      for (const name of unetParams(model.config).keys()) trainable.set(name, model.weights.get(name)!);
+      // Masters start from the weights as loaded (f16 values are exact in f32).
+      initial = (n) => gpu.read(trainable.get(n)!);
+    }
+    const params = [...trainable].map(([name, t]) => ({ name, shape: [...t.shape] }));
+    const optimizer = await ChunkedAdamW.create(gpu, params, trainable, initial, {
+      cfg: { ...ADAMW_DEFAULTS, lr: settings.lr, weightDecay: settings.weightDecay },
+      chunkElems: settings.chunkElems,
+      residentChunks: settings.residentChunks,
+      store,
+      prefix: `${runId}/opt`,
+      maxGradNorm: settings.maxGradNorm > 0 ? settings.maxGradNorm : undefined,
+    });
+    return new DreamBoothTrainer(gpu, model, data, settings, store, runId, trainable, optimizer, rng);
+  }
+
+  /** Draws the next step's sample indices, noise and timesteps from the run's Rng. */
+  drawInputs(): StepInputs {
+    const [c, h, w] = this.data.latentShape;
+    const hasClass = this.data.classes.length > 0;
+    const B = hasClass ? 2 : 1;
+    const noise = this.rng.normals(B * c * h * w);
+    if (this.settings.offsetNoise > 0) {
+      // Offset noise (Guttenberg): one extra normal per sample and channel shifts the whole plane, so the
+      // model can learn to change an image's mean brightness.
+      const off = this.rng.normals(B * c);
+      for (let p = 0; p < B * c; p++) for (let i = 0; i < h * w; i++) noise[p * h * w + i] += this.settings.offsetNoise * off[p];
+    }
+    const T = this.model.schedule.numTrainTimesteps;
+    const timesteps = Array.from({ length: B }, () => this.rng.int(T));
+    return {
+      instance: this.step % this.data.instance.length,
+      classIndex: hasClass ? this.step % this.data.classes.length : null,
+      noise,
+      timesteps,
+    };
+  }
+
+  /** One training step (inputs drawn from the Rng unless given). */
+  async trainStep(inputs: StepInputs = this.drawInputs()): Promise<StepReport> {
+    const gpu = this.gpu;
+    const t0 = performance.now();
+    gpu.allocator.resetPeak();
+    const { latentShape: [c, h, w], contextShape: [L, D] } = this.data;
+    const samples = [this.data.instance[inputs.instance], ...(inputs.classIndex !== null ? [this.data.classes[inputs.classIndex]] : [])];
+    const B = samples.length;
+    const cat = (f: (s: (typeof samples)[0]) => Float32Array) => {
+      const out = new Float32Array(samples.reduce((n, s) => n + f(s).length, 0));
+      samples.forEach((s, i) => out.set(f(s), i * f(s).length));
+      return out;
+    };
+    const x0 = gpu.upload(cat((s) => s.latent), [B, c, h, w], this.dtype, 'activations', 'x0');
+    const eps = gpu.upload(inputs.noise, [B, c, h, w], this.dtype, 'activations', 'noise');
+    const ctx = gpu.upload(cat((s) => s.context), [B, L, D], this.dtype, 'activations', 'context');
+    const tT = gpu.upload(inputs.timesteps, [B], 'f32', 'activations', 'timesteps');
+    const xt = addNoise(gpu, x0, eps, inputs.timesteps, this.acp);
+    const prediction = this.model.schedule.prediction;
+    const target = prediction === 'epsilon' ? eps : velocity(gpu, x0, eps, inputs.timesteps, this.acp);
+    // diffusers adds the prior term to the instance mean: per-sample weights times B undo weightedMse's 1/B.
+    const classWeights = samples.map((_, i) => (i === 0 ? 1 : this.settings.priorLossWeight) * B);
+    const weights = lossWeights(inputs.timesteps, this.acp, { prediction, minSnrGamma: this.settings.minSnrGamma ?? undefined, classWeights });
+
+    const tape = new Tape(gpu, new Set(this.trainable.values()));
+    const pred = unetForward(gpu, this.model.config, this.model.weights, xt, tT, ctx, tape, this.loraScale, this.settings.activationCheckpointing);
+    const loss = await weightedMse(gpu, pred, target, weights);
+    const scale = this.scaler.scale;
+    tape.backward(pred, weightedMseBackward(gpu, pred, target, weights, scale));
+    const grads = new Map<string, Tensor>();
+    for (const [name, t] of this.trainable) {
+      const g = tape.take(t);
+      if (g) grads.set(name, g);
+    }
+    tape.dropGrads();
+    gpu.free(x0, eps, ctx, tT, xt, ...(target !== eps ? [target] : []));
+    let applied = false;
+    let gradNorm = NaN;
+    let skipped: string | undefined;
+    if (!Number.isFinite(loss)) {
+      // A non-finite loss: nothing is applied (the gradients are not even looked at); lower the scale.
+      this.scaler.update(true);
+      skipped = `non-finite loss (${loss}) at step ${this.step + 1}: step skipped, loss scale lowered to ${this.scaler.scale}`;
+    } else {
+      const r = await this.optimizer.step(grads, scale);
+      applied = this.scaler.update(!r.applied);
+      gradNorm = r.gradNorm;
+      if (!applied) skipped = `inf/NaN in the gradients at loss scale ${scale}: step skipped, scale lowered to ${this.scaler.scale}`;
+    }
+    for (const g of grads.values()) gpu.free(g);
+    await gpu.sync();
+    this.step++;
+    this.losses.push(loss);
+    const mem = gpu.allocator.report();
+    const report: StepReport = {
+      step: this.step, loss, applied, lossScale: this.scaler.scale, gradNorm, seconds: (performance.now() - t0) / 1000, gpuBytes: mem.current, gpuPeakBytes: mem.peak,
+    };
+    if (skipped) report.skipped = skipped;
+    if (this.settings.checkpointEvery > 0 && this.step % this.settings.checkpointEvery === 0) await this.checkpoint();
+    return report;
+  }
+
+  private get ckptPrefix(): string {
+    return `${this.runId}/ckpt`;
+  }
+
+  /** Commits a checkpoint: trainable state, optimizer, step, Rng, loss scale, settings. */
+  async checkpoint(): Promise<void> {
+    const st = await this.optimizer.checkpointState();
+    const meta: CheckpointMeta = {
+      step: this.step, rng: this.rng.state(), scaler: this.scaler.state(), versions: st.versions, applied: st.applied, losses: this.losses, settings: this.settings,
+    };
+    await commitSnapshot(this.store, this.ckptPrefix, st.files, meta);
+    await this.optimizer.pin(st.versions);
+  }
+
+  /**
+   * Continues from the store's last checkpoint of this run (false when there is none). The trainer must
+   * have been created with the same model, data and settings (the checkpoint's are compared).
+   */
+  async resume(): Promise<boolean> {
+    const snap = await openSnapshot<CheckpointMeta>(this.store, this.ckptPrefix);
+    if (!snap) return false;
+    const m = snap.meta;
+    for (const k of ['mode', 'rank', 'alpha', 'lr', 'seed', 'chunkElems'] as const)
+      if (m.settings[k] !== this.settings[k]) throw new Error(`this run's checkpoint was made with ${k} = ${m.settings[k]}, not ${this.settings[k]}: resume with the run's own settings`);
+    await this.optimizer.restore((n) => snap.read(n), m.versions, m.applied);
+    this.step = m.step;
+    this.rng.restore(m.rng);
+    this.scaler.restore(m.scaler);
+    this.losses.length = 0;
+    this.losses.push(...m.losses);
+    await this.gpu.sync();
+    return true;
+  }
+
+  /** The trained values (fp32 masters) of every trainable parameter, by name. */
+  async trainedValues(): Promise<Map<string, Float32Array>> {
+    const out = new Map<string, Float32Array>();
+    for (const name of this.trainable.keys()) out.set(name, await this.optimizer.master(name));
+    return out;
+  }
+
+  destroy(): void {
+    this.optimizer.destroy();
+  }
+}
+
+function validate(data: TrainData, s: TrainSettings): void {
+  if (data.instance.length === 0) throw new Error('no instance images: add at least one photo of the subject');
+  if (!(s.lr > 0)) throw new Error(`learning rate must be > 0, got ${s.lr}`);
+  if (!Number.isInteger(s.steps) || s.steps < 1) throw new Error(`steps must be a positive integer, got ${s.steps}`);
+  if (s.mode === 'lora' && (!Number.isInteger(s.rank) || s.rank < 1)) throw new Error(`LoRA rank must be a positive integer, got ${s.rank}`);
+  const [c, h, w] = data.latentShape;
+  for (const [i, x] of data.instance.entries()) if (x.latent.length !== c * h * w) throw new Error(`instance latent ${i} has ${x.latent.length} values, expected ${c}x${h}x${w}`);
+}
