@@ -129,7 +129,8 @@ export class ChunkedAdamW {
 
   private ensureStaging(): { master: Tensor; m: Tensor; v: Tensor } {
     if (!this.staging) {
-      const n = this.o.chunkElems;
+      // A tensor larger than chunkElems has a chunk of its own: size the staging for the largest stored chunk.
+      const n = Math.max(...this.chunks.filter((c) => !c.resident).map((c) => c.elems));
       this.staging = {
         master: this.gpu.tensor([n], 'f32', 'optimizer', 'opt.staging.master'),
         m: this.gpu.tensor([n], 'f32', 'optimizer', 'opt.staging.m'),
