@@ -3,6 +3,7 @@
 //   run <unet|text-encoder|vae-encode|vae-decode> --model <path> --in <in.safetensors> --out <out.safetensors>
 //       [--config <config.json>] [--dtype f32|f16]
 //   grad unet --model <path> --in <in.safetensors> --out <grads.safetensors> [--config <json>] [--dtype f32|f16]
+//   train --model <path> --images <dir> --prompt "..." --mode lora|full --steps N --out <dir> (see train.ts) | train --resume <dir>
 //   sample --model <path> --prompt "..." --out image.png [--steps --seed --guidance --negative --sampler ...]
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join, basename } from 'node:path';
@@ -45,9 +46,10 @@ async function withGpu(load: () => Promise<(gpu: import('../gpu/device.ts').Gpu,
 const run = (args: string[]) => withGpu(async () => (await import('./run.ts')).runCommand, args);
 const sample = (args: string[]) => withGpu(async () => (await import('./sample.ts')).sampleCommand, args);
 const grad = (args: string[]) => withGpu(async () => (await import('./run.ts')).gradCommand, args);
+const train = (args: string[]) => withGpu(async () => (await import('./train.ts')).trainCommand, args);
 
 const [command, ...rest] = process.argv.slice(2);
-const commands: Record<string, (a: string[]) => Promise<void>> = { inspect, run, grad, sample };
+const commands: Record<string, (a: string[]) => Promise<void>> = { inspect, run, grad, sample, train };
 try {
   if (!command || !commands[command]) throw new Error(`usage: npm run cli -- <${Object.keys(commands).join('|')}> ...`);
   await commands[command](rest);

@@ -1,0 +1,113 @@
+// Before training: every image through the VAE encoder once and every prompt through the text encoder
+// once (the offline-preprocessing lesson of large SD trainers); the results go to the chunk store, and the
+// VAE and text encoder leave the GPU before the UNet trains. Host-neutral: images arrive prepared
+// ([3, R, R] in [-1, 1], io/image.ts), the model already loaded (models/load.ts).
+import type { Gpu } from '../gpu/device.ts';
+import type { ClipTokenizer } from '../io/tokenizer.ts';
+import type { LoadedModel } from '../models/load.ts';
+import { clipTextForward } from '../nn/clip.ts';
+import { vaeEncode } from '../nn/vae.ts';
+import type { ChunkStore } from '../store/chunkstore.ts';
+import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
+import type { TrainData } from './trainer.ts';
+
+/** One image's latent: the mean of the VAE posterior times the scaling factor (kohya's cached latents). */
+export async function encodeImage(gpu: Gpu, vae: LoadedModel['vae'], image: Float32Array, resolution: number): Promise<Float32Array> {
+  const x = gpu.upload(image, [1, 3, resolution, resolution], gpu.computeDType, 'activations', 'image');
+  const moments = vaeEncode(gpu, vae.config, vae.weights, x);
+  const all = await gpu.read(moments);
+  gpu.free(x, moments);
+  const latent = all.slice(0, all.length / 2); // mean channels first, log-variance after
+  for (let i = 0; i < latent.length; i++) latent[i] *= vae.config.scalingFactor;
+  return latent;
+}
+
+/** The text encoder's last hidden state [77, D] for a prompt. */
+export async function encodePrompt(gpu: Gpu, te: LoadedModel['textEncoder'], tokenizer: ClipTokenizer, prompt: string): Promise<Float32Array> {
+  const ctx = clipTextForward(gpu, te.config, te.weights, tokenizer.encodePadded(prompt), 1);
+  const out = await gpu.read(ctx);
+  gpu.free(ctx);
+  return out;
+}
+
+export interface PreparedSet {
+  /** [3, R, R] in [-1, 1] per image. */
+  images: Float32Array[];
+  /** Per image: its caption, or the set's prompt. */
+  prompts: string[];
+}
+
+/** Encodes instance and class sets into TrainData (prompts shared by several images are encoded once). */
+export async function encodeTrainData(
+  gpu: Gpu, model: LoadedModel, tokenizer: ClipTokenizer, resolution: number, instance: PreparedSet, classes: PreparedSet | null,
+  onProgress?: (done: number, total: number) => void,
+): Promise<TrainData> {
+  const total = instance.images.length + (classes?.images.length ?? 0);
+  let done = 0;
+  const contexts = new Map<string, Float32Array>();
+  const context = async (p: string) => {
+    if (!contexts.has(p)) contexts.set(p, await encodePrompt(gpu, model.textEncoder, tokenizer, p));
+    return contexts.get(p)!;
+  };
+  const encodeSet = async (set: PreparedSet) => {
+    const out: TrainData['instance'] = [];
+    for (let i = 0; i < set.images.length; i++) {
+      out.push({ latent: await encodeImage(gpu, model.vae, set.images[i], resolution), context: await context(set.prompts[i]) });
+      onProgress?.(++done, total);
+    }
+    return out;
+  };
+  const f = 2 ** (model.vae.config.blockOutChannels.length - 1);
+  const h = resolution / f;
+  const D = model.textEncoder.config.hiddenSize;
+  const inst = await encodeSet(instance);
+  const cls = classes ? await encodeSet(classes) : [];
+  return { latentShape: [model.vae.config.latentChannels, h, h], contextShape: [inst[0].context.length / D, D], instance: inst, classes: cls };
+}
+
+/** Frees the VAE and text-encoder weights (the UNet trains alone from here). */
+export function releaseEncoders(gpu: Gpu, model: LoadedModel): void {
+  for (const w of model.vae.weights.values()) gpu.free(w);
+  for (const w of model.textEncoder.weights.values()) gpu.free(w);
+  model.vae.weights.clear();
+  model.textEncoder.weights.clear();
+}
+
+const f32 = (a: Float32Array) => new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
+const asF32 = (b: Uint8Array) => new Float32Array(b.buffer, b.byteOffset, b.byteLength / 4);
+
+interface CacheMeta {
+  latentShape: [number, number, number];
+  contextShape: [number, number];
+  instance: number;
+  classes: number;
+}
+
+/** Stores the encoded data under `${runId}/cache` (one snapshot: all of it or nothing). */
+export async function saveTrainData(store: ChunkStore, runId: string, d: TrainData): Promise<void> {
+  const files = new Map<string, Uint8Array>();
+  d.instance.forEach((x, i) => {
+    files.set(`i${i}-latent`, f32(x.latent));
+    files.set(`i${i}-context`, f32(x.context));
+  });
+  d.classes.forEach((x, i) => {
+    files.set(`c${i}-latent`, f32(x.latent));
+    files.set(`c${i}-context`, f32(x.context));
+  });
+  const meta: CacheMeta = { latentShape: d.latentShape, contextShape: d.contextShape, instance: d.instance.length, classes: d.classes.length };
+  await commitSnapshot(store, `${runId}/cache`, files, meta);
+}
+
+/** The cached data of a run, or null when it was never (completely) stored. */
+export async function loadTrainData(store: ChunkStore, runId: string): Promise<TrainData | null> {
+  const snap = await openSnapshot<CacheMeta>(store, `${runId}/cache`);
+  if (!snap) return null;
+  const m = snap.meta;
+  const read = async (k: string) => asF32(await snap.read(k));
+  const set = async (p: string, n: number) => {
+    const out: TrainData['instance'] = [];
+    for (let i = 0; i < n; i++) out.push({ latent: await read(`${p}${i}-latent`), context: await read(`${p}${i}-context`) });
+    return out;
+  };
+  return { latentShape: m.latentShape, contextShape: m.contextShape, instance: await set('i', m.instance), classes: await set('c', m.classes) };
+}

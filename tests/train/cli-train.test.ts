@@ -1,0 +1,108 @@
+// `npm run cli -- train` on the tiny model: LoRA with engine-generated class images (prior preservation) and
+// exports whose headers are checked; a run killed mid-way and continued with --resume ends with exactly the
+// uninterrupted run's LoRA; full DreamBooth from the single file exports the base's key set, which loads
+// back; bad input exits 1 with a specific message.
+import assert from 'node:assert/strict';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { describe, it } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { readSafetensors } from '../../src/io/safetensors.ts';
+import { writeTinyModel } from '../fixtures/models/make-tiny.ts';
+import { FIXTURES } from '../helpers.ts';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const dir = mkdtempSync(join(tmpdir(), 'dbs-train-'));
+const tiny = writeTinyModel(dir);
+const configPath = join(dir, 'overrides.json');
+writeFileSync(configPath, JSON.stringify(tiny.overrides));
+const images = join(dir, 'images');
+mkdirSync(images);
+for (const f of ['quadrants.png', 'quadrants-o6.jpg', 'rgba.png']) copyFileSync(join(FIXTURES, 'images', f), join(images, f));
+const cliArgs = (...a: string[]) => ['--import', 'tsx', join(root, 'src/cli/main.ts'), ...a];
+
+function cli(...args: string[]): { code: number; out: string; err: string } {
+  const r = spawnSync(process.execPath, cliArgs(...args), { stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8' });
+  return { code: r.status ?? -1, out: r.stdout, err: r.stderr };
+}
+
+const loraArgs = (out: string) => [
+  'train', '--model', tiny.folder, '--images', images, '--prompt', 'a photo of sks dog', '--class-prompt', 'a photo of a dog', '--class-images', '2',
+  '--class-steps', '2', '--mode', 'lora', '--rank', '4', '--steps', '6', '--seed', '3', '--resolution', '32', '--checkpoint-every', '2', '--lr', '1e-3', '--out', out,
+];
+const tensorsOf = (p: string) => readSafetensors(new Uint8Array(readFileSync(p)));
+
+describe('cli train', () => {
+  it('LoRA with generated class images: a progress line per step, kohya and PEFT exports', () => {
+    const out = join(dir, 'lora');
+    const r = cli(...loraArgs(out));
+    assert.equal(r.code, 0, r.err);
+    const steps = r.out.split('\n').filter((l) => l.startsWith('step '));
+    assert.equal(steps.length, 6);
+    assert.match(steps[5], /^step 6\/6 loss \d+\.\d+ \d+\.\d+ s\/step ETA \d+:\d\d:\d\d gpu [\d.]+ MiB \(peak [\d.]+ MiB\) storage [\d.]+ MiB/);
+    const kohya = tensorsOf(join(out, 'lora-kohya.safetensors'));
+    assert.ok([...kohya.tensors.keys()].some((k) => /^lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q\.lora_down\.weight$/.test(k)));
+    assert.equal(kohya.metadata.ss_network_dim, '4');
+    assert.equal(kohya.metadata.ss_max_train_steps ?? kohya.metadata.ss_steps, '6');
+    const peft = tensorsOf(join(out, 'lora-peft.safetensors'));
+    assert.ok([...peft.tensors.keys()].every((k) => k.startsWith('unet.') && /lora_[AB]\.weight$/.test(k)));
+    // Training moved the up-projections away from PEFT's zero init.
+    const ups = [...kohya.tensors].filter(([k]) => k.endsWith('.lora_up.weight'));
+    assert.ok(ups.some(([, t]) => t.data.some((v) => v !== 0)), 'lora_up trained');
+  });
+
+  it('a run killed after a checkpoint and resumed ends with the uninterrupted run\'s LoRA, bit for bit', async () => {
+    const out = join(dir, 'lora-resumed');
+    // Kill the process as soon as step 3 is printed (checkpoint at step 2, step 3 is lost).
+    await new Promise<void>((resolve, reject) => {
+      const p = spawn(process.execPath, cliArgs(...loraArgs(out)), { stdio: ['ignore', 'pipe', 'pipe'] });
+      let buf = '';
+      p.stdout.on('data', (d) => {
+        buf += d;
+        if (buf.includes('step 3/6')) p.kill('SIGKILL');
+      });
+      p.on('exit', (code, sig) => (sig === 'SIGKILL' ? resolve() : reject(new Error(`exited ${code} before the kill: ${buf}`))));
+    });
+    const r = cli('train', '--resume', out);
+    assert.equal(r.code, 0, r.err);
+    assert.match(r.err, /resumed at step 2/);
+    assert.equal(r.out.split('\n').filter((l) => l.startsWith('step ')).length, 4, 'steps 3..6 run again');
+    const want = tensorsOf(join(dir, 'lora', 'lora-kohya.safetensors')).tensors;
+    const got = tensorsOf(join(out, 'lora-kohya.safetensors')).tensors;
+    assert.deepEqual([...got.keys()], [...want.keys()]);
+    for (const [k, t] of want) assert.deepEqual(got.get(k)!.data, t.data, `${k} differs after resume`);
+  });
+
+  it('full DreamBooth from a single file: model.safetensors has the base key set and loads back', () => {
+    const out = join(dir, 'full');
+    const r = cli('train', '--model', tiny.singleFile, '--config', configPath, '--tokenizer', join(tiny.folder, 'tokenizer'), '--images', images,
+      '--prompt', 'a photo of sks dog', '--mode', 'full', '--steps', '2', '--seed', '1', '--resolution', '32', '--out', out);
+    assert.equal(r.code, 0, r.err);
+    const base = tensorsOf(tiny.singleFile);
+    const exported = tensorsOf(join(out, 'model.safetensors'));
+    assert.deepEqual([...exported.tensors.keys()].sort(), [...base.tensors.keys()].sort());
+    const res = JSON.parse(r.out.trim().split('\n').at(-1)!);
+    assert.ok(res.exports['model-diffusers.zip'] > 0);
+    // The exported file is a model the engine loads (inspect reads it as SD1).
+    const inspect = execFileSync(process.execPath, cliArgs('inspect', join(out, 'model.safetensors')), { encoding: 'utf8' });
+    assert.equal(JSON.parse(inspect).architecture, 'sd1');
+  });
+
+  it('bad input: a folder with no images, a missing folder, a wrong mode', () => {
+    const empty = join(dir, 'empty');
+    mkdirSync(empty);
+    writeFileSync(join(empty, 'notes.jpg'), 'this is text, not a photo');
+    let r = cli('train', '--model', tiny.folder, '--images', empty, '--prompt', 'x', '--steps', '1', '--resolution', '32', '--out', join(dir, 'bad1'));
+    assert.equal(r.code, 1);
+    assert.match(r.err, /notes\.jpg/);
+    assert.match(r.err, /add at least one image/);
+    r = cli('train', '--model', tiny.folder, '--images', join(dir, 'nope'), '--prompt', 'x', '--out', join(dir, 'bad2'));
+    assert.equal(r.code, 1);
+    assert.match(r.err, /not a folder of images/);
+    r = cli('train', '--model', tiny.folder, '--images', images, '--prompt', 'x', '--mode', 'dora', '--out', join(dir, 'bad3'));
+    assert.equal(r.code, 1);
+    assert.match(r.err, /--mode must be lora or full/);
+  });
+});
