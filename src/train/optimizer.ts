@@ -185,6 +185,7 @@ export class ChunkedAdamW {
       const c = stored[i];
       const bytes = await next!;
       next = i + 1 < stored.length ? this.readChunk(stored[i + 1]) : null;
+      next?.catch(() => {}); // awaited on the next turn
       const st = this.chunkViews(this.ensureStaging(), c.elems);
       this.gpu.write(st.master, bytes.subarray(0, c.elems));
       this.gpu.write(st.m, bytes.subarray(c.elems, 2 * c.elems));
@@ -196,6 +197,8 @@ export class ChunkedAdamW {
       packed.set(await gpu.read(st.v), 2 * c.elems);
       if (writing) await writing;
       writing = this.writeChunk(c, t, packed);
+      writing.catch(() => {}); // awaited below; marked handled so a failure while we work on is not "unhandled"
+
     }
     if (writing) await writing;
     gpu.free(normT);
