@@ -2,7 +2,7 @@
 //   train --model <path> --images <dir> --prompt "a photo of sks dog" [--class-prompt "a photo of a dog"
 //         --class-images <dir | count>] --mode lora|full --steps N [--lr x] [--rank r] [--alpha a] --seed S
 //         [--budget 4GiB] [--resolution R] [--flip] [--prior-weight w] [--offset-noise x] [--min-snr g]
-//         [--checkpoint-every N] [--tokenizer <dir>] [--config <json>] --out <dir>
+//         [--train-text-encoder] [--checkpoint-every N] [--tokenizer <dir>] [--config <json>] --out <dir>
 //   train --resume <dir>       continues an interrupted run (its settings are in <dir>/run.json)
 // Writes <out>/run.json (the run's arguments), <out>/store (chunk store: cached latents and embeddings,
 // optimizer chunks, checkpoints), a progress line per step, and the exports at the end.
@@ -31,7 +31,7 @@ import { loadTokenizer } from './sample.ts';
 const USAGE =
   'usage: train --model <path> --images <dir> --prompt "a photo of sks dog" [--class-prompt "a photo of a dog" --class-images <dir|count>] ' +
   '--mode lora|full --steps N [--lr x] [--rank r] [--alpha a] --seed S [--budget 4GiB] [--resolution 512] [--flip] [--prior-weight 1] ' +
-  '[--offset-noise 0] [--min-snr gamma] [--checkpoint-every N] [--tokenizer dir] [--config json] --out <dir>   |   train --resume <dir>';
+  '[--offset-noise 0] [--min-snr gamma] [--train-text-encoder] [--checkpoint-every N] [--tokenizer dir] [--config json] --out <dir>   |   train --resume <dir>';
 
 type Args = Record<string, string | true>;
 
@@ -75,6 +75,7 @@ function str(a: Args, k: string): string | undefined {
 
 function settingsFrom(a: Args, mode: TrainMode): TrainSettings {
   const d = TRAIN_DEFAULTS[mode];
+  if (a['train-text-encoder'] === true && mode !== 'lora') throw new Error('--train-text-encoder trains text-encoder LoRA adapters: use it with --mode lora');
   const minSnr = str(a, 'min-snr');
   return {
     ...d,
@@ -87,6 +88,7 @@ function settingsFrom(a: Args, mode: TrainMode): TrainSettings {
     offsetNoise: num(a, 'offset-noise', d.offsetNoise),
     minSnrGamma: minSnr === undefined ? null : num(a, 'min-snr', 5),
     checkpointEvery: num(a, 'checkpoint-every', d.checkpointEvery),
+    textEncoderLora: a['train-text-encoder'] === true,
   };
 }
 
@@ -178,9 +180,9 @@ export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
     data = await encodeTrainData(gpu, model, tokenizer, resolution, instance, classes, (d, n) => console.error(`encoded ${d}/${n} images`));
     await saveTrainData(store, runId, data);
   }
-  releaseEncoders(gpu, model);
+  releaseEncoders(gpu, model, settings.textEncoderLora);
 
-  const trainer = await DreamBoothTrainer.create(gpu, { config: model.unet.config, weights: model.unet.weights, schedule }, data, settings, store, runId);
+  const trainer = await DreamBoothTrainer.create(gpu, { config: model.unet.config, weights: model.unet.weights, schedule, textEncoder: model.textEncoder }, data, settings, store, runId);
   if (await trainer.resume()) console.error(`resumed at step ${trainer.step} from the last checkpoint`);
   console.error(`training ${mode} for ${settings.steps} steps (budget ${formatBytes(budget)}, ${trainer.optimizer.chunks.length} optimizer chunks, ${trainer.optimizer.storedChunks} streamed through the store)`);
   const times: number[] = [];
@@ -229,7 +231,9 @@ async function exportRun(
       family: o.family, prediction: o.prediction, resolution: o.resolution, steps: trainer.step, lr: s.lr, instancePrompt: o.prompt, classPrompt: o.classPrompt,
       numImages: trainer.data.instance.length, numClassImages: trainer.data.classes.length, baseModelName: basename(modelPath), title, date: new Date(), seed: s.seed,
     };
-    const adapters = { rank: s.rank, alpha: s.alpha, unet: trainedProvider(trainer, values) };
+    const part = (te: boolean) => new Map([...values].filter(([n]) => n.startsWith('text_model.') === te));
+    const teValues = part(true);
+    const adapters = { rank: s.rank, alpha: s.alpha, unet: trainedProvider(trainer, part(false)), ...(teValues.size ? { textEncoder: trainedProvider(trainer, teValues) } : {}) };
     for (const [file, write] of [['lora-kohya.safetensors', writeKohyaLora], ['lora-peft.safetensors', writePeftLora]] as const) {
       await write(await nodeFileSink(join(out, file)), adapters, info);
       files.push(file);

@@ -9,7 +9,7 @@ import { clipTextForward } from '../nn/clip.ts';
 import { vaeEncode } from '../nn/vae.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
-import type { TrainData } from './trainer.ts';
+import type { TrainData, TrainSample } from './trainer.ts';
 
 /** One image's latent: the mean of the VAE posterior times the scaling factor (kohya's cached latents). */
 export async function encodeImage(gpu: Gpu, vae: LoadedModel['vae'], image: Float32Array, resolution: number): Promise<Float32Array> {
@@ -52,7 +52,7 @@ export async function encodeTrainData(
   const encodeSet = async (set: PreparedSet) => {
     const out: TrainData['instance'] = [];
     for (let i = 0; i < set.images.length; i++) {
-      out.push({ latent: await encodeImage(gpu, model.vae, set.images[i], resolution), context: await context(set.prompts[i]) });
+      out.push({ latent: await encodeImage(gpu, model.vae, set.images[i], resolution), context: await context(set.prompts[i]), ids: tokenizer.encodePadded(set.prompts[i]) });
       onProgress?.(++done, total);
     }
     return out;
@@ -65,12 +65,13 @@ export async function encodeTrainData(
   return { latentShape: [model.vae.config.latentChannels, h, h], contextShape: [inst[0].context.length / D, D], instance: inst, classes: cls };
 }
 
-/** Frees the VAE and text-encoder weights (the UNet trains alone from here). */
-export function releaseEncoders(gpu: Gpu, model: LoadedModel): void {
-  for (const w of model.vae.weights.values()) gpu.free(w);
-  for (const w of model.textEncoder.weights.values()) gpu.free(w);
-  model.vae.weights.clear();
-  model.textEncoder.weights.clear();
+/** Frees the VAE and (unless it trains) the text-encoder weights: the UNet trains alone from here. */
+export function releaseEncoders(gpu: Gpu, model: LoadedModel, keepTextEncoder = false): void {
+  const parts = keepTextEncoder ? [model.vae.weights] : [model.vae.weights, model.textEncoder.weights];
+  for (const ws of parts) {
+    for (const w of ws.values()) gpu.free(w);
+    ws.clear();
+  }
 }
 
 const f32 = (a: Float32Array) => new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
@@ -86,14 +87,13 @@ interface CacheMeta {
 /** Stores the encoded data under `${runId}/cache` (one snapshot: all of it or nothing). */
 export async function saveTrainData(store: ChunkStore, runId: string, d: TrainData): Promise<void> {
   const files = new Map<string, Uint8Array>();
-  d.instance.forEach((x, i) => {
-    files.set(`i${i}-latent`, f32(x.latent));
-    files.set(`i${i}-context`, f32(x.context));
-  });
-  d.classes.forEach((x, i) => {
-    files.set(`c${i}-latent`, f32(x.latent));
-    files.set(`c${i}-context`, f32(x.context));
-  });
+  const put = (p: string) => (x: TrainSample, i: number) => {
+    files.set(`${p}${i}-latent`, f32(x.latent));
+    files.set(`${p}${i}-context`, f32(x.context));
+    if (x.ids) files.set(`${p}${i}-ids`, new Uint8Array(x.ids.buffer, x.ids.byteOffset, x.ids.byteLength));
+  };
+  d.instance.forEach(put('i'));
+  d.classes.forEach(put('c'));
   const meta: CacheMeta = { latentShape: d.latentShape, contextShape: d.contextShape, instance: d.instance.length, classes: d.classes.length };
   await commitSnapshot(store, `${runId}/cache`, files, meta);
 }
@@ -105,8 +105,11 @@ export async function loadTrainData(store: ChunkStore, runId: string): Promise<T
   const m = snap.meta;
   const read = async (k: string) => asF32(await snap.read(k));
   const set = async (p: string, n: number) => {
-    const out: TrainData['instance'] = [];
-    for (let i = 0; i < n; i++) out.push({ latent: await read(`${p}${i}-latent`), context: await read(`${p}${i}-context`) });
+    const out: TrainSample[] = [];
+    for (let i = 0; i < n; i++) {
+      const ids = snap.names.includes(`${p}${i}-ids`) ? await snap.read(`${p}${i}-ids`) : null;
+      out.push({ latent: await read(`${p}${i}-latent`), context: await read(`${p}${i}-context`), ...(ids ? { ids: new Int32Array(ids.buffer, ids.byteOffset, ids.byteLength / 4) } : {}) });
+    }
     return out;
   };
   return { latentShape: m.latentShape, contextShape: m.contextShape, instance: await set('i', m.instance), classes: await set('c', m.classes) };

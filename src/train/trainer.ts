@@ -12,12 +12,13 @@
 import type { Gpu } from '../gpu/device.ts';
 import type { DType, Tensor } from '../gpu/tensor.ts';
 import type { Weights } from '../nn/blocks.ts';
+import { clipTextForward, type ClipTextConfig } from '../nn/clip.ts';
 import { initLora, loraShapes, loraTargets } from '../nn/lora.ts';
 import { Tape } from '../nn/ops.ts';
 import { unetForward, type UnetConfig } from '../nn/unet.ts';
 import { ADAMW_DEFAULTS } from '../ops/adamw.ts';
 import { DynamicLossScaler } from '../ops/lossscale.ts';
-import { unetParams } from '../models/shapes.ts';
+import { clipParams, unetParams } from '../models/shapes.ts';
 import { alphasCumprod, type ScheduleConfig } from '../sample/schedulers.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
@@ -42,6 +43,8 @@ export interface TrainSettings {
   minSnrGamma: number | null;
   maxGradNorm: number;
   weightDecay: number;
+  /** LoRA also on the text encoder's attention projections (it then stays on the GPU and runs every step). */
+  textEncoderLora: boolean;
   /** Checkpoint every N steps (0: only when asked). */
   checkpointEvery: number;
   /** Activation checkpointing in the UNet (the planner picks it when the budget needs it). */
@@ -54,11 +57,11 @@ export interface TrainSettings {
 
 export const TRAIN_DEFAULTS: Record<TrainMode, TrainSettings> = {
   lora: {
-    mode: 'lora', steps: 400, lr: 1e-4, rank: 8, alpha: 8, seed: 0, priorLossWeight: 1, offsetNoise: 0, minSnrGamma: null,
+    mode: 'lora', steps: 400, lr: 1e-4, rank: 8, alpha: 8, seed: 0, priorLossWeight: 1, offsetNoise: 0, minSnrGamma: null, textEncoderLora: false,
     maxGradNorm: 1, weightDecay: 1e-2, checkpointEvery: 50, activationCheckpointing: false, chunkElems: 1 << 22, residentChunks: Infinity,
   },
   full: {
-    mode: 'full', steps: 800, lr: 5e-6, rank: 0, alpha: 0, seed: 0, priorLossWeight: 1, offsetNoise: 0, minSnrGamma: null,
+    mode: 'full', steps: 800, lr: 5e-6, rank: 0, alpha: 0, seed: 0, priorLossWeight: 1, offsetNoise: 0, minSnrGamma: null, textEncoderLora: false,
     maxGradNorm: 1, weightDecay: 1e-2, checkpointEvery: 100, activationCheckpointing: false, chunkElems: 1 << 24, residentChunks: Infinity,
   },
 };
@@ -67,9 +70,17 @@ export const TRAIN_DEFAULTS: Record<TrainMode, TrainSettings> = {
 export interface TrainData {
   latentShape: [number, number, number];
   contextShape: [number, number];
-  instance: { latent: Float32Array; context: Float32Array }[];
+  instance: TrainSample[];
   /** Class (prior preservation) images; empty: no prior loss. */
-  classes: { latent: Float32Array; context: Float32Array }[];
+  classes: TrainSample[];
+}
+
+export interface TrainSample {
+  latent: Float32Array;
+  /** The prompt's text-encoder output [L, D]. */
+  context: Float32Array;
+  /** The prompt's token ids [L] (the text encoder runs on them when it trains). */
+  ids?: Int32Array;
 }
 
 /** Everything random about one step (drawn from the run's Rng, or injected by a test). */
@@ -100,6 +111,8 @@ export interface TrainerModel {
   /** UNet weights in the compute dtype (diffusers names); LoRA adapters are added to this map. */
   weights: Weights;
   schedule: ScheduleConfig;
+  /** The text encoder (CLIP weights in the compute dtype), needed only with textEncoderLora. */
+  textEncoder?: { config: ClipTextConfig; weights: Weights };
 }
 
 interface CheckpointMeta {
@@ -156,15 +169,24 @@ export class DreamBoothTrainer {
     const trainable = new Map<string, Tensor>();
     let initial: (name: string) => Promise<Float32Array>;
     if (settings.mode === 'lora') {
-      const shapes = new Map([...model.weights].map(([n, t]) => [n, t.shape]));
-      const layers = loraTargets('unet', unetParams(model.config).keys());
-      const init = loraInit ?? initLora(layers, shapes, settings.rank, { next: () => rng.uniform() });
-      for (const [name, shape] of loraShapes(layers, shapes, settings.rank)) {
-        const v = init.get(name);
-        if (!v) throw new Error(`LoRA init has no ${name}`);
-        const t = gpu.upload(v, shape, dtype, 'weights', name);
-        model.weights.set(name, t);
-        trainable.set(name, t);
+      const init = loraInit ?? new Map<string, Float32Array>();
+      const addAdapters = (weights: Weights, layers: string[]) => {
+        const shapes = new Map([...weights].map(([n, t]) => [n, t.shape]));
+        if (!loraInit) for (const [n, v] of initLora(layers, shapes, settings.rank, { next: () => rng.uniform() })) init.set(n, v);
+        for (const [name, shape] of loraShapes(layers, shapes, settings.rank)) {
+          const v = init.get(name);
+          if (!v) throw new Error(`LoRA init has no ${name}`);
+          const t = gpu.upload(v, shape, dtype, 'weights', name);
+          weights.set(name, t);
+          trainable.set(name, t);
+        }
+      };
+      addAdapters(model.weights, loraTargets('unet', unetParams(model.config).keys()));
+      if (settings.textEncoderLora) {
+        const te = model.textEncoder;
+        if (!te) throw new Error('text-encoder LoRA needs the text encoder (it stays on the GPU)');
+        if (!data.instance.every((s) => s.ids) || !data.classes.every((s) => s.ids)) throw new Error('text-encoder LoRA needs the prompts\' token ids in the training data');
+        addAdapters(te.weights, loraTargets('text_encoder', clipParams(te.config).keys()));
       }
       initial = async (n) => init.get(n)!;
     } else {
@@ -221,7 +243,12 @@ export class DreamBoothTrainer {
     };
     const x0 = gpu.upload(cat((s) => s.latent), [B, c, h, w], this.dtype, 'activations', 'x0');
     const eps = gpu.upload(inputs.noise, [B, c, h, w], this.dtype, 'activations', 'noise');
-    const ctx = gpu.upload(cat((s) => s.context), [B, L, D], this.dtype, 'activations', 'context');
+    const tape = new Tape(gpu, new Set(this.trainable.values()));
+    const te = this.settings.textEncoderLora ? this.model.textEncoder! : null;
+    // A trained text encoder runs on the tape (its output is freed by it); else the cached embeddings.
+    const ctx = te
+      ? clipTextForward(gpu, te.config, te.weights, cat((s) => Float32Array.from(s.ids!)), B, tape, this.loraScale)
+      : gpu.upload(cat((s) => s.context), [B, L, D], this.dtype, 'activations', 'context');
     const tT = gpu.upload(inputs.timesteps, [B], 'f32', 'activations', 'timesteps');
     const xt = addNoise(gpu, x0, eps, inputs.timesteps, this.acp);
     const prediction = this.model.schedule.prediction;
@@ -230,7 +257,6 @@ export class DreamBoothTrainer {
     const classWeights = samples.map((_, i) => (i === 0 ? 1 : this.settings.priorLossWeight) * B);
     const weights = lossWeights(inputs.timesteps, this.acp, { prediction, minSnrGamma: this.settings.minSnrGamma ?? undefined, classWeights });
 
-    const tape = new Tape(gpu, new Set(this.trainable.values()));
     const pred = unetForward(gpu, this.model.config, this.model.weights, xt, tT, ctx, tape, this.loraScale, this.settings.activationCheckpointing);
     const loss = await weightedMse(gpu, pred, target, weights);
     const scale = this.scaler.scale;
@@ -241,7 +267,7 @@ export class DreamBoothTrainer {
       if (g) grads.set(name, g);
     }
     tape.dropGrads();
-    gpu.free(x0, eps, ctx, tT, xt, ...(target !== eps ? [target] : []));
+    gpu.free(x0, eps, tT, xt, ...(target !== eps ? [target] : []), ...(te ? [] : [ctx]));
     let applied = false;
     let gradNorm = NaN;
     let skipped: string | undefined;
@@ -290,7 +316,7 @@ export class DreamBoothTrainer {
     const snap = await openSnapshot<CheckpointMeta>(this.store, this.ckptPrefix);
     if (!snap) return false;
     const m = snap.meta;
-    for (const k of ['mode', 'rank', 'alpha', 'lr', 'seed', 'chunkElems'] as const)
+    for (const k of ['mode', 'rank', 'alpha', 'lr', 'seed', 'chunkElems', 'textEncoderLora'] as const)
       if (m.settings[k] !== this.settings[k]) throw new Error(`this run's checkpoint was made with ${k} = ${m.settings[k]}, not ${this.settings[k]}: resume with the run's own settings`);
     await this.optimizer.restore((n) => snap.read(n), m.versions, m.applied);
     this.step = m.step;

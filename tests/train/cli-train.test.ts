@@ -75,6 +75,17 @@ describe('cli train', () => {
     for (const [k, t] of want) assert.deepEqual(got.get(k)!.data, t.data, `${k} differs after resume`);
   });
 
+  it('LoRA on the text encoder too: lora_te_* adapters trained and exported', () => {
+    const out = join(dir, 'lora-te');
+    const r = cli('train', '--model', tiny.folder, '--images', images, '--prompt', 'a photo of sks dog', '--mode', 'lora', '--rank', '4', '--steps', '3',
+      '--seed', '2', '--resolution', '32', '--lr', '1e-2', '--train-text-encoder', '--out', out);
+    assert.equal(r.code, 0, r.err);
+    const kohya = tensorsOf(join(out, 'lora-kohya.safetensors')).tensors;
+    const teUps = [...kohya].filter(([k]) => k.startsWith('lora_te_text_model_encoder_layers_') && k.endsWith('.lora_up.weight'));
+    assert.ok(teUps.length > 0, 'text-encoder adapters exported');
+    assert.ok(teUps.some(([, t]) => t.data.some((v) => v !== 0)), 'text-encoder lora_up trained');
+  });
+
   it('full DreamBooth from a single file: model.safetensors has the base key set and loads back', () => {
     const out = join(dir, 'full');
     const r = cli('train', '--model', tiny.singleFile, '--config', configPath, '--tokenizer', join(tiny.folder, 'tokenizer'), '--images', images,

@@ -1,0 +1,279 @@
+// Placement of a DreamBooth run under a GPU memory budget, chosen automatically.
+//
+// Two knobs trade speed for GPU memory:
+//   activation checkpointing   each UNet block keeps only its inputs and re-runs its forward in the backward
+//                              (about one more forward per step, much smaller activation peak);
+//   resident optimizer chunks  fp32 master + AdamW moments (12 bytes per trainable element) stay on the GPU
+//                              for the first `residentChunks` chunks; the rest stream through the chunk store
+//                              (IndexedDB / files) every step via one staging set.
+// The planner does not estimate: it builds the real trainer on a dry-run Gpu (every allocation accounted,
+// nothing backed, no dispatch) and runs real train steps, so the peak it reports is the allocator's peak of
+// the actual code path: weights, gradients, activations, optimizer chunks, staging, scratch.
+//
+// Policy (fastest first): no checkpointing before checkpointing (no recompute), and for each, as many
+// resident chunks as fit (least store traffic). The peak grows with the resident count (each resident
+// chunk adds its state; streaming adds one staging set the size of the largest streamed chunk), so the
+// most resident chunks that fit are found by binary search: at most 2 + log2(chunks) dry runs per setting.
+import type { Gpu } from '../gpu/device.ts';
+import type { DType } from '../gpu/tensor.ts';
+import { loraShapes, loraTargets } from '../nn/lora.ts';
+import type { UnetConfig } from '../nn/unet.ts';
+import { unetParams } from '../models/shapes.ts';
+import { SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
+import { checkQuota, sortedKeys, validateKey, validatePrefix, ChunkStoreError, type ChunkStore } from '../store/chunkstore.ts';
+import { planChunks } from './optimizer.ts';
+import { DreamBoothTrainer, type TrainData, type TrainSettings } from './trainer.ts';
+
+const GiB = 2 ** 30;
+
+export interface PlanModel {
+  config: UnetConfig;
+  /** Weight and activation dtype of the run (the Gpu's computeDType in practice). */
+  dtype: DType;
+  /** The noise schedule; its prediction type matters (v-prediction allocates the v target). Default SD's epsilon. */
+  schedule?: ScheduleConfig;
+  /** For messages, e.g. "SD 1.5". */
+  name?: string;
+}
+
+export interface PlanDataShape {
+  /** One latent [C, h, w] (512 px: [4, 64, 64]). */
+  latentShape: [number, number, number];
+  /** One text embedding [tokens, width] (SD 1.5: [77, 768]). */
+  contextShape: [number, number];
+  /** Prior preservation: every step's batch is an instance and a class sample (batch 2). */
+  withClass: boolean;
+}
+
+/** One configuration that was dry-run. */
+export interface PlanTrial {
+  activationCheckpointing: boolean;
+  residentChunks: number;
+  peakBytes: number;
+}
+
+export interface Plan extends PlanTrial {
+  /** peakBytes <= budget. */
+  fits: boolean;
+  budgetBytes: number;
+  /** Optimizer chunks in all (residentChunks of them on the GPU). */
+  chunks: number;
+  /** Bytes the optimizer reads from and writes to the store per applied step with this placement. */
+  storeReadBytesPerStep: number;
+  storeWriteBytesPerStep: number;
+  /** The chosen placement's peak by allocator tag (weights, activations, gradients, optimizer, scratch). */
+  peakByTag: Record<string, number>;
+  /** Every configuration dry-run, in the order tried. */
+  tried: PlanTrial[];
+  /** Why nothing fits, and the least memory the run needs. */
+  message?: string;
+}
+
+/** What one dry run measured. */
+export interface DryRunResult extends PlanTrial {
+  chunks: number;
+  storeReadBytesPerStep: number;
+  storeWriteBytesPerStep: number;
+  peakByTag: Record<string, number>;
+}
+
+// ---------------------------------------------------------------------------------------------- store
+
+/**
+ * The planner's accounting store: a ChunkStore that keeps only each chunk's size. Writes record the length,
+ * reads return a zero-filled array of that length (what a dry run's optimizer would have written: the dry
+ * Gpu reads back zeros), and the bytes moved are counted. A MemoryChunkStore would hold every streamed
+ * chunk for real: about 10 GB of JS memory for SD 1.5's full fine-tune, for values nobody looks at.
+ * The same key rules apply as in the real stores, so a key that works here works on disk and in IndexedDB.
+ */
+export class DryRunChunkStore implements ChunkStore {
+  readonly kind = 'memory' as const;
+  private readonly sizes = new Map<string, number>();
+  private used = 0;
+  private closed = false;
+  /** Bytes handed out by read() / taken by write() since the last resetCounters(). */
+  bytesRead = 0;
+  bytesWritten = 0;
+
+  constructor(
+    readonly name = 'dry-run',
+    private readonly opts: { quotaBytes?: number } = {},
+  ) {}
+
+  async write(key: string, data: Uint8Array): Promise<void> {
+    this.ensureOpen();
+    validateKey(key);
+    const old = this.sizes.get(key) ?? 0;
+    checkQuota(key, data.length, this.opts.quotaBytes, this.used, old);
+    this.sizes.set(key, data.length);
+    this.used += data.length - old;
+    this.bytesWritten += data.length;
+  }
+
+  async read(key: string): Promise<Uint8Array | null> {
+    this.ensureOpen();
+    validateKey(key);
+    const n = this.sizes.get(key);
+    if (n === undefined) return null;
+    this.bytesRead += n;
+    return new Uint8Array(n);
+  }
+
+  async delete(key: string): Promise<void> {
+    this.ensureOpen();
+    validateKey(key);
+    const n = this.sizes.get(key);
+    if (n === undefined) return;
+    this.sizes.delete(key);
+    this.used -= n;
+  }
+
+  async keys(prefix = ''): Promise<string[]> {
+    this.ensureOpen();
+    validatePrefix(prefix);
+    return sortedKeys(this.sizes.keys(), prefix);
+  }
+
+  async bytesUsed(): Promise<number> {
+    this.ensureOpen();
+    return this.used;
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+  }
+
+  resetCounters(): void {
+    this.bytesRead = 0;
+    this.bytesWritten = 0;
+  }
+
+  private ensureOpen(): void {
+    if (this.closed) throw new ChunkStoreError(`dry-run chunk store "${this.name}" is closed`);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- dry run
+
+/** Trainable parameter shapes in execution order, as the trainer lays them out (to count chunks). */
+export function trainableShapes(config: UnetConfig, settings: Pick<TrainSettings, 'mode' | 'rank'>): { name: string; shape: number[] }[] {
+  const base = unetParams(config);
+  const shapes = settings.mode === 'lora' ? loraShapes(loraTargets('unet', base.keys()), base, settings.rank) : base;
+  return [...shapes].map(([name, shape]) => ({ name, shape: [...shape] }));
+}
+
+/** Number of optimizer chunks the trainer will make for these settings. */
+export function optimizerChunkCount(config: UnetConfig, settings: Pick<TrainSettings, 'mode' | 'rank' | 'chunkElems'>): number {
+  return planChunks(trainableShapes(config, settings), settings.chunkElems).length;
+}
+
+/** Zero latents and embeddings of the run's shapes: one instance sample (+ one class sample). */
+function dryData(d: PlanDataShape): TrainData {
+  const [c, h, w] = d.latentShape;
+  const [l, e] = d.contextShape;
+  const sample = () => ({ latent: new Float32Array(c * h * w), context: new Float32Array(l * e) });
+  return { latentShape: d.latentShape, contextShape: d.contextShape, instance: [sample()], classes: d.withClass ? [sample()] : [] };
+}
+
+/**
+ * Peak GPU bytes of training with `settings` (its activationCheckpointing and residentChunks), measured by
+ * building the real trainer on a fresh dry-run Gpu from `makeGpu` and running real steps. The optimizer's
+ * staging set is made lazily by the first step that streams, so with streamed chunks a second step is run:
+ * the peak is the larger of the two (the steady state).
+ */
+export async function dryRunPeak(makeGpu: () => Promise<Gpu>, model: PlanModel, dataShape: PlanDataShape, settings: TrainSettings): Promise<DryRunResult> {
+  const gpu = await makeGpu();
+  try {
+    if (!gpu.dryRun) throw new Error('the training planner needs a dry-run Gpu (e.g. nodeGpu({ dryRun: true }) or Gpu.create(..., { dryRun: true }))');
+    const weights = new Map();
+    for (const [name, shape] of unetParams(model.config)) weights.set(name, gpu.tensor(shape, model.dtype, 'weights', name));
+    const store = new DryRunChunkStore();
+    const s: TrainSettings = { ...settings, checkpointEvery: 0 };
+    const trainer = await DreamBoothTrainer.create(gpu, { config: model.config, weights, schedule: model.schedule ?? SD_SCHEDULE }, dryData(dataShape), s, store, 'plan');
+    const steps = trainer.optimizer.storedChunks > 0 ? 2 : 1;
+    let peak = 0;
+    const byTag: Record<string, number> = {};
+    for (let i = 0; i < steps; i++) {
+      store.resetCounters();
+      const r = await trainer.trainStep();
+      if (!r.applied) throw new Error(`dry-run step ${i + 1} was not applied (${r.skipped ?? 'no reason given'}): the plan would miss the optimizer's memory`);
+      if (r.gpuPeakBytes >= peak) {
+        peak = r.gpuPeakBytes;
+        for (const [t, v] of Object.entries(gpu.allocator.report().byTag)) byTag[t] = v.peak;
+      }
+    }
+    const result: DryRunResult = {
+      activationCheckpointing: settings.activationCheckpointing,
+      residentChunks: Math.min(settings.residentChunks, trainer.optimizer.chunks.length),
+      peakBytes: peak,
+      chunks: trainer.optimizer.chunks.length,
+      storeReadBytesPerStep: store.bytesRead,
+      storeWriteBytesPerStep: store.bytesWritten,
+      peakByTag: byTag,
+    };
+    trainer.destroy();
+    return result;
+  } finally {
+    gpu.destroy();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- policy
+
+const gib = (n: number) => `${(n / GiB).toFixed(2)} GiB`;
+
+function describeRun(model: PlanModel, s: TrainSettings): string {
+  const kind = s.mode === 'full' ? 'full DreamBooth' : `LoRA DreamBooth (rank ${s.rank})`;
+  return `${model.name ? `${model.name} ` : ''}${kind}`;
+}
+
+/**
+ * Picks the fastest placement whose peak fits `budgetBytes` (see the file comment for the order), by dry
+ * runs of the real trainer. `settings`' own activationCheckpointing and residentChunks are ignored: they are
+ * what is being chosen. When nothing fits, `fits` is false, the plan is the smallest one tried, and
+ * `message` says how much memory the run needs.
+ */
+export async function planTraining(
+  makeGpu: () => Promise<Gpu>, model: PlanModel, dataShape: PlanDataShape, settings: TrainSettings, budgetBytes: number,
+): Promise<Plan> {
+  const chunks = optimizerChunkCount(model.config, settings);
+  const tried: DryRunResult[] = [];
+  const measure = async (activationCheckpointing: boolean, residentChunks: number) => {
+    const r = await dryRunPeak(makeGpu, model, dataShape, { ...settings, activationCheckpointing, residentChunks });
+    tried.push(r);
+    return r;
+  };
+  const plan = (r: DryRunResult, fits: boolean, message?: string): Plan => ({
+    activationCheckpointing: r.activationCheckpointing, residentChunks: r.residentChunks, peakBytes: r.peakBytes, fits, budgetBytes, chunks: r.chunks,
+    storeReadBytesPerStep: r.storeReadBytesPerStep, storeWriteBytesPerStep: r.storeWriteBytesPerStep, peakByTag: r.peakByTag,
+    tried: tried.map(({ activationCheckpointing, residentChunks, peakBytes }) => ({ activationCheckpointing, residentChunks, peakBytes })),
+    ...(message ? { message } : {}),
+  });
+
+  for (const ckpt of [false, true]) {
+    const all = await measure(ckpt, chunks);
+    if (all.peakBytes <= budgetBytes) return plan(all, true);
+    const none = await measure(ckpt, 0);
+    if (none.peakBytes > budgetBytes) continue;
+    // Invariant: `lo` resident chunks fit, `hi` do not.
+    let best = none;
+    let lo = 0;
+    let hi = chunks;
+    while (hi - lo > 1) {
+      const mid = (lo + hi) >> 1;
+      const r = await measure(ckpt, mid);
+      if (r.peakBytes <= budgetBytes) {
+        lo = mid;
+        best = r;
+      } else hi = mid;
+    }
+    return plan(best, true);
+  }
+  // Nothing fits: report the smallest configuration (checkpointing, everything streamed).
+  const least = tried.reduce((a, b) => (b.peakBytes < a.peakBytes ? b : a));
+  const px = dataShape.latentShape[1] * 8;
+  const message =
+    `${describeRun(model, settings)} needs at least ${gib(least.peakBytes)} of GPU memory at ${px} px; the budget is ${gib(budgetBytes)} ` +
+    `(${model.dtype}, batch ${dataShape.withClass ? 2 : 1}, even with activation checkpointing and every optimizer chunk streamed through storage)`;
+  return plan(least, false, message);
+}
