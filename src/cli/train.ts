@@ -9,6 +9,7 @@
 import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import type { Gpu } from '../gpu/device.ts';
+import { nodeGpu } from '../gpu/node.ts';
 import { checkImageSet, prepareImage, type RgbaImage } from '../io/image.ts';
 import { loadImageDir } from '../io/image-node.ts';
 import { SafetensorsFile } from '../io/safetensors.ts';
@@ -24,6 +25,7 @@ import { scheduleFromJson, SD_SCHEDULE } from '../sample/schedulers.ts';
 import { StorageFullError, formatBytes } from '../store/chunkstore.ts';
 import { FsChunkStore } from '../store/fs-store.ts';
 import { encodeTrainData, loadTrainData, releaseEncoders, saveTrainData, type PreparedSet } from '../train/preprocess.ts';
+import { planTraining } from '../train/plan.ts';
 import { DreamBoothTrainer, TRAIN_DEFAULTS, type TrainMode, type TrainSettings } from '../train/trainer.ts';
 import { configOverrides, loadModel } from './run.ts';
 import { loadTokenizer } from './sample.ts';
@@ -182,9 +184,22 @@ export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
   }
   releaseEncoders(gpu, model, settings.textEncoderLora);
 
+  // Placement under the budget: the planner dry-runs the real step (no GPU memory used) and picks activation
+  // checkpointing and how many optimizer chunks stay resident.
+  const plan = await planTraining(
+    () => nodeGpu({ dryRun: true }),
+    { config: model.unet.config, dtype: gpu.computeDType, schedule, textEncoder: settings.textEncoderLora ? model.textEncoder.config : undefined },
+    { latentShape: data.latentShape, contextShape: data.contextShape, withClass: data.classes.length > 0 },
+    settings,
+    budget,
+  );
+  if (!plan.fits) throw new Error(plan.message ?? `the run does not fit the ${formatBytes(budget)} budget`);
+  settings.activationCheckpointing = plan.activationCheckpointing;
+  settings.residentChunks = plan.residentChunks;
+  console.error(`plan: peak ${mib(plan.peakBytes)} of the ${mib(budget)} budget, activation checkpointing ${plan.activationCheckpointing ? 'on' : 'off'}, ${plan.residentChunks}/${plan.chunks} optimizer chunks resident`);
   const trainer = await DreamBoothTrainer.create(gpu, { config: model.unet.config, weights: model.unet.weights, schedule, textEncoder: model.textEncoder }, data, settings, store, runId);
   if (await trainer.resume()) console.error(`resumed at step ${trainer.step} from the last checkpoint`);
-  console.error(`training ${mode} for ${settings.steps} steps (budget ${formatBytes(budget)}, ${trainer.optimizer.chunks.length} optimizer chunks, ${trainer.optimizer.storedChunks} streamed through the store)`);
+  console.error(`training ${mode} for ${settings.steps} steps (${trainer.optimizer.storedChunks} optimizer chunks streamed through the store)`);
   const times: number[] = [];
   try {
     while (trainer.step < settings.steps) {

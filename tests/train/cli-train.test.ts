@@ -115,5 +115,10 @@ describe('cli train', () => {
     r = cli('train', '--model', tiny.folder, '--images', images, '--prompt', 'x', '--mode', 'dora', '--out', join(dir, 'bad3'));
     assert.equal(r.code, 1);
     assert.match(r.err, /--mode must be lora or full/);
+    // A GPU budget the run cannot fit is refused before any training step, saying what it needs.
+    r = cli('train', '--model', tiny.folder, '--images', images, '--prompt', 'x', '--mode', 'full', '--steps', '1', '--resolution', '32', '--budget', '64KiB', '--out', join(dir, 'bad4'));
+    assert.equal(r.code, 1);
+    assert.match(r.err, /budget/i);
+    assert.doesNotMatch(r.out, /^step /m);
   });
 });
