@@ -13,12 +13,16 @@
 // Policy (fastest first): no checkpointing before checkpointing (no recompute), and for each, as many
 // resident chunks as fit (least store traffic). The peak grows with the resident count (each resident
 // chunk adds its state; streaming adds one staging set the size of the largest streamed chunk), so the
-// most resident chunks that fit are found by binary search: at most 2 + log2(chunks) dry runs per setting.
+// most resident chunks that fit are found by a search over the count: all resident, none resident, then
+// a first probe where the chunk layout predicts the limit (and the count after it), then bisection. Every
+// answer is a measured dry run; the prediction only orders the probes. Typically 4 dry runs per setting,
+// at most 4 + log2(chunks).
 import type { Gpu } from '../gpu/device.ts';
 import type { DType } from '../gpu/tensor.ts';
+import type { ClipTextConfig } from '../nn/clip.ts';
 import { loraShapes, loraTargets } from '../nn/lora.ts';
 import type { UnetConfig } from '../nn/unet.ts';
-import { unetParams } from '../models/shapes.ts';
+import { clipParams, unetParams } from '../models/shapes.ts';
 import { SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
 import { checkQuota, sortedKeys, validateKey, validatePrefix, ChunkStoreError, type ChunkStore } from '../store/chunkstore.ts';
 import { planChunks } from './optimizer.ts';
@@ -34,6 +38,8 @@ export interface PlanModel {
   schedule?: ScheduleConfig;
   /** For messages, e.g. "SD 1.5". */
   name?: string;
+  /** The text encoder's config: needed with textEncoderLora (it then stays on the GPU and runs every step). */
+  textEncoder?: ClipTextConfig;
 }
 
 export interface PlanDataShape {
@@ -61,7 +67,10 @@ export interface Plan extends PlanTrial {
   /** Bytes the optimizer reads from and writes to the store per applied step with this placement. */
   storeReadBytesPerStep: number;
   storeWriteBytesPerStep: number;
-  /** The chosen placement's peak by allocator tag (weights, activations, gradients, optimizer, scratch). */
+  /**
+   * The chosen placement's peak per allocator tag (weights, activations, gradients, optimizer, scratch): each
+   * tag's own highest point in the step, not necessarily at the moment of the total peak.
+   */
   peakByTag: Record<string, number>;
   /** Every configuration dry-run, in the order tried. */
   tried: PlanTrial[];
@@ -155,23 +164,37 @@ export class DryRunChunkStore implements ChunkStore {
 
 // ---------------------------------------------------------------------------------------------- dry run
 
-/** Trainable parameter shapes in execution order, as the trainer lays them out (to count chunks). */
-export function trainableShapes(config: UnetConfig, settings: Pick<TrainSettings, 'mode' | 'rank'>): { name: string; shape: number[] }[] {
-  const base = unetParams(config);
-  const shapes = settings.mode === 'lora' ? loraShapes(loraTargets('unet', base.keys()), base, settings.rank) : base;
-  return [...shapes].map(([name, shape]) => ({ name, shape: [...shape] }));
+type ChunkSettings = Pick<TrainSettings, 'mode' | 'rank' | 'chunkElems' | 'textEncoderLora'>;
+
+/**
+ * Trainable parameter shapes in the trainer's order (UNet adapters, then the text encoder's; or every UNet
+ * weight in full mode): the optimizer packs its chunks in this order.
+ */
+export function trainableShapes(model: Pick<PlanModel, 'config' | 'textEncoder'>, settings: Omit<ChunkSettings, 'chunkElems'>): { name: string; shape: number[] }[] {
+  const unet = unetParams(model.config);
+  const shapes = [...(settings.mode === 'lora' ? loraShapes(loraTargets('unet', unet.keys()), unet, settings.rank) : unet)];
+  if (settings.mode === 'lora' && settings.textEncoderLora) {
+    const te = clipParams(textEncoderOf(model));
+    shapes.push(...loraShapes(loraTargets('text_encoder', te.keys()), te, settings.rank));
+  }
+  return shapes.map(([name, shape]) => ({ name, shape: [...shape] }));
 }
 
 /** Number of optimizer chunks the trainer will make for these settings. */
-export function optimizerChunkCount(config: UnetConfig, settings: Pick<TrainSettings, 'mode' | 'rank' | 'chunkElems'>): number {
-  return planChunks(trainableShapes(config, settings), settings.chunkElems).length;
+export function optimizerChunkCount(model: Pick<PlanModel, 'config' | 'textEncoder'>, settings: ChunkSettings): number {
+  return planChunks(trainableShapes(model, settings), settings.chunkElems).length;
 }
 
-/** Zero latents and embeddings of the run's shapes: one instance sample (+ one class sample). */
+function textEncoderOf(model: Pick<PlanModel, 'textEncoder'>): ClipTextConfig {
+  if (!model.textEncoder) throw new Error('planning text-encoder LoRA needs the text encoder\'s config (PlanModel.textEncoder)');
+  return model.textEncoder;
+}
+
+/** Zero latents, embeddings and token ids of the run's shapes: one instance sample (+ one class sample). */
 function dryData(d: PlanDataShape): TrainData {
   const [c, h, w] = d.latentShape;
   const [l, e] = d.contextShape;
-  const sample = () => ({ latent: new Float32Array(c * h * w), context: new Float32Array(l * e) });
+  const sample = () => ({ latent: new Float32Array(c * h * w), context: new Float32Array(l * e), ids: new Int32Array(l) });
   return { latentShape: d.latentShape, contextShape: d.contextShape, instance: [sample()], classes: d.withClass ? [sample()] : [] };
 }
 
@@ -185,11 +208,15 @@ export async function dryRunPeak(makeGpu: () => Promise<Gpu>, model: PlanModel, 
   const gpu = await makeGpu();
   try {
     if (!gpu.dryRun) throw new Error('the training planner needs a dry-run Gpu (e.g. nodeGpu({ dryRun: true }) or Gpu.create(..., { dryRun: true }))');
-    const weights = new Map();
-    for (const [name, shape] of unetParams(model.config)) weights.set(name, gpu.tensor(shape, model.dtype, 'weights', name));
+    // Unbacked weights of every tensor the run keeps on the GPU: the UNet, and the text encoder when it trains.
+    const unbacked = (shapes: Map<string, number[]>) => new Map([...shapes].map(([name, shape]) => [name, gpu.tensor(shape, model.dtype, 'weights', name)]));
+    const weights = unbacked(unetParams(model.config));
+    const withTe = settings.mode === 'lora' && settings.textEncoderLora;
+    const te = withTe ? { config: textEncoderOf(model), weights: unbacked(clipParams(textEncoderOf(model))) } : undefined;
     const store = new DryRunChunkStore();
     const s: TrainSettings = { ...settings, checkpointEvery: 0 };
-    const trainer = await DreamBoothTrainer.create(gpu, { config: model.config, weights, schedule: model.schedule ?? SD_SCHEDULE }, dryData(dataShape), s, store, 'plan');
+    const trainerModel = { config: model.config, weights, schedule: model.schedule ?? SD_SCHEDULE, ...(te ? { textEncoder: te } : {}) };
+    const trainer = await DreamBoothTrainer.create(gpu, trainerModel, dryData(dataShape), s, store, 'plan');
     const steps = trainer.optimizer.storedChunks > 0 ? 2 : 1;
     let peak = 0;
     const byTag: Record<string, number> = {};
@@ -220,11 +247,32 @@ export async function dryRunPeak(makeGpu: () => Promise<Gpu>, model: PlanModel, 
 
 // ---------------------------------------------------------------------------------------------- policy
 
-const gib = (n: number) => `${(n / GiB).toFixed(2)} GiB`;
+/** "3.75 GiB"; MiB below a tenth of a GiB (tiny test models), so the figure never reads 0.00. */
+const gib = (n: number) => (n >= GiB / 10 ? `${(n / GiB).toFixed(2)} GiB` : `${(n / 2 ** 20).toFixed(2)} MiB`);
 
 function describeRun(model: PlanModel, s: TrainSettings): string {
-  const kind = s.mode === 'full' ? 'full DreamBooth' : `LoRA DreamBooth (rank ${s.rank})`;
+  const kind = s.mode === 'full' ? 'full DreamBooth' : `LoRA DreamBooth (rank ${s.rank}${s.textEncoderLora ? ', text encoder too' : ''})`;
   return `${model.name ? `${model.name} ` : ''}${kind}`;
+}
+
+/** Bytes of one chunk's fp32 state on the GPU: master, first and second moments. */
+const STATE_BYTES_PER_ELEM = 12;
+
+/**
+ * The largest resident count whose peak the chunk layout predicts to fit, from the measured all-streamed
+ * peak: each resident chunk adds its state, and the staging set shrinks to the largest chunk still streamed.
+ * Only a starting point for the search (the answer is always measured).
+ */
+export function predictResident(chunkElems: number[], streamedPeak: number, budgetBytes: number): number {
+  const maxFrom = (r: number) => Math.max(0, ...chunkElems.slice(r));
+  let best = 0;
+  let resident = 0;
+  for (let r = 1; r < chunkElems.length; r++) {
+    resident += chunkElems[r - 1];
+    const peak = streamedPeak + STATE_BYTES_PER_ELEM * (resident + maxFrom(r) - maxFrom(0));
+    if (peak <= budgetBytes) best = r;
+  }
+  return best;
 }
 
 /**
@@ -236,7 +284,8 @@ function describeRun(model: PlanModel, s: TrainSettings): string {
 export async function planTraining(
   makeGpu: () => Promise<Gpu>, model: PlanModel, dataShape: PlanDataShape, settings: TrainSettings, budgetBytes: number,
 ): Promise<Plan> {
-  const chunks = optimizerChunkCount(model.config, settings);
+  const layout = planChunks(trainableShapes(model, settings), settings.chunkElems).map((c) => c.elems);
+  const chunks = layout.length;
   const tried: DryRunResult[] = [];
   const measure = async (activationCheckpointing: boolean, residentChunks: number) => {
     const r = await dryRunPeak(makeGpu, model, dataShape, { ...settings, activationCheckpointing, residentChunks });
@@ -259,14 +308,16 @@ export async function planTraining(
     let best = none;
     let lo = 0;
     let hi = chunks;
-    while (hi - lo > 1) {
-      const mid = (lo + hi) >> 1;
-      const r = await measure(ckpt, mid);
+    const probe = async (n: number) => {
+      const r = await measure(ckpt, n);
       if (r.peakBytes <= budgetBytes) {
-        lo = mid;
+        lo = n;
         best = r;
-      } else hi = mid;
-    }
+      } else hi = n;
+    };
+    const guess = predictResident(layout, none.peakBytes, budgetBytes);
+    for (const n of [guess, guess + 1]) if (n > lo && n < hi) await probe(n);
+    while (hi - lo > 1) await probe((lo + hi) >> 1);
     return plan(best, true);
   }
   // Nothing fits: report the smallest configuration (checkpointing, everything streamed).

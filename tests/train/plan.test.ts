@@ -1,0 +1,184 @@
+// The training planner on the tiny SD1-style UNet: the peak a dry run plans equals, to the byte, the peak a
+// real run of the same configuration measures on lavapipe; a generous budget keeps everything on the GPU
+// without recompute; a tight one gets the fastest placement that fits; an impossible one says how much
+// memory the run needs. Plus the planner's accounting store.
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { describe, it } from 'node:test';
+import { nodeGpu } from '../../src/gpu/node.ts';
+import type { DType } from '../../src/gpu/tensor.ts';
+import { readSafetensors } from '../../src/io/safetensors.ts';
+import { clipParams, unetParams } from '../../src/models/shapes.ts';
+import { clipConfigFromJson } from '../../src/nn/clip.ts';
+import { unetConfigFromJson } from '../../src/nn/unet.ts';
+import { SD_SCHEDULE } from '../../src/sample/schedulers.ts';
+import { MemoryChunkStore } from '../../src/store/chunkstore.ts';
+import { dryRunPeak, DryRunChunkStore, optimizerChunkCount, planTraining, trainableShapes, type Plan, type PlanDataShape, type PlanModel } from '../../src/train/plan.ts';
+import { DreamBoothTrainer, type TrainSettings } from '../../src/train/trainer.ts';
+import { FIXTURES } from '../helpers.ts';
+import { base, fixture, makeTrainer } from './tiny-trainer.ts';
+
+type Mode = 'lora' | 'full';
+const cfg = unetConfigFromJson(JSON.parse(base.metadata.config));
+const dataShape: PlanDataShape = { latentShape: [4, 8, 8], contextShape: [7, 32], withClass: true };
+const dryGpu = () => nodeGpu({ dryRun: true });
+const model = (mode: Mode, dtype: DType): PlanModel => ({ config: cfg, dtype, schedule: { ...SD_SCHEDULE, prediction: fixture(mode).prediction }, name: 'tiny' });
+const settingsOf = (mode: Mode, over: Partial<TrainSettings> = {}): TrainSettings => ({ ...fixture(mode).settings, ...over });
+
+/** Peak GPU bytes of two real steps (the first makes the streaming staging set) on a fresh lavapipe device. */
+async function realPeak(mode: Mode, dtype: DType, over: Partial<TrainSettings>): Promise<number> {
+  const gpu = await nodeGpu();
+  try {
+    const { trainer, fx, free } = await makeTrainer(gpu, dtype, mode, new MemoryChunkStore(), over);
+    let peak = 0;
+    for (const inputs of fx.inputs.slice(0, 2)) {
+      const r = await trainer.trainStep(inputs);
+      assert.ok(r.applied, `real step applied (${r.skipped ?? ''})`);
+      peak = Math.max(peak, r.gpuPeakBytes);
+    }
+    free();
+    return peak;
+  } finally {
+    gpu.destroy();
+  }
+}
+
+/** The same with text-encoder LoRA: the tiny CLIP (tests/fixtures/modules/clip_sd1) stays on the GPU and trains. */
+async function realPeakWithTextEncoder(over: Partial<TrainSettings>): Promise<number> {
+  const clip = readSafetensors(new Uint8Array(readFileSync(join(FIXTURES, 'modules', 'clip_sd1.safetensors'))));
+  const gpu = await nodeGpu();
+  try {
+    const fx = fixture('lora');
+    const upload = (names: Iterable<string>, from: typeof base) => new Map([...names].map((n) => [n, gpu.upload(from.tensors.get(n)!.data, from.tensors.get(n)!.shape, 'f32', 'weights', n)]));
+    const te = { config: clipConfigFromJson(JSON.parse(clip.metadata.config)), weights: upload(clipParams(clipConfigFromJson(JSON.parse(clip.metadata.config))).keys(), clip) };
+    const ids = Int32Array.from({ length: 7 }, (_, i) => (i * 37) % 1000);
+    const data = { ...fx.data, instance: fx.data.instance.map((x) => ({ ...x, ids })), classes: fx.data.classes.map((x) => ({ ...x, ids })) };
+    const model = { config: cfg, weights: upload(unetParams(cfg).keys(), base), schedule: { ...SD_SCHEDULE, prediction: fx.prediction }, textEncoder: te };
+    const trainer = await DreamBoothTrainer.create(gpu, model, data, { ...fx.settings, textEncoderLora: true, ...over }, new MemoryChunkStore(), 'run');
+    let peak = 0;
+    for (const inputs of fx.inputs.slice(0, 2)) peak = Math.max(peak, (await trainer.trainStep(inputs)).gpuPeakBytes);
+    trainer.destroy();
+    return peak;
+  } finally {
+    gpu.destroy();
+  }
+}
+
+async function plannedPeak(mode: Mode, dtype: DType, over: Partial<TrainSettings>): Promise<number> {
+  return (await dryRunPeak(dryGpu, model(mode, dtype), dataShape, settingsOf(mode, over))).peakBytes;
+}
+
+/** Asserts that `plan` is the first fitting placement in the policy's order (the next faster one does not fit). */
+async function assertFastestFitting(mode: Mode, plan: Plan, budget: number): Promise<void> {
+  const m = model(mode, 'f32');
+  if (plan.residentChunks < plan.chunks) {
+    const more = await plannedPeak(mode, 'f32', { activationCheckpointing: plan.activationCheckpointing, residentChunks: plan.residentChunks + 1 });
+    assert.ok(more > budget, `one more resident chunk (${more} bytes) would not fit either`);
+  }
+  if (plan.activationCheckpointing) {
+    const fastest = await dryRunPeak(dryGpu, m, dataShape, settingsOf(mode, { activationCheckpointing: false, residentChunks: 0 }));
+    assert.ok(fastest.peakBytes > budget, 'without checkpointing nothing fits');
+  }
+}
+
+describe('training planner (tiny UNet)', () => {
+  for (const [mode, dtype, over] of [
+    ['full', 'f32', { activationCheckpointing: false, residentChunks: Infinity }],
+    ['full', 'f32', { activationCheckpointing: true, residentChunks: 3 }],
+    ['full', 'f16', { activationCheckpointing: true, residentChunks: 0 }],
+    ['lora', 'f32', { activationCheckpointing: false, residentChunks: 0 }],
+    ['lora', 'f16', { activationCheckpointing: true, residentChunks: Infinity }],
+  ] as const)
+    it(`dry-run peak = real peak, to the byte: ${mode} ${dtype}, checkpointing ${over.activationCheckpointing}, ${over.residentChunks} resident`, async () => {
+      const planned = await plannedPeak(mode, dtype, over);
+      const measured = await realPeak(mode, dtype, over);
+      assert.equal(planned, measured);
+    });
+
+  it('dry-run peak = real peak with text-encoder LoRA (the text encoder on the GPU, its adapters in the optimizer)', async () => {
+    const clip = readSafetensors(new Uint8Array(readFileSync(join(FIXTURES, 'modules', 'clip_sd1.safetensors'))));
+    const m = { ...model('lora', 'f32'), textEncoder: clipConfigFromJson(JSON.parse(clip.metadata.config)) };
+    const over = { textEncoderLora: true, activationCheckpointing: true, residentChunks: 1 };
+    const planned = await dryRunPeak(dryGpu, m, dataShape, settingsOf('lora', over));
+    assert.equal(planned.chunks, optimizerChunkCount(m, settingsOf('lora', over)));
+    const teAdapters = trainableShapes(m, settingsOf('lora', over)).filter((p) => p.name.startsWith('text_model.'));
+    assert.equal(teAdapters.length, 2 * 4 * 2, 'lora_A and lora_B on q/k/v/out_proj of both CLIP layers');
+    assert.equal(planned.peakBytes, await realPeakWithTextEncoder(over));
+    await assert.rejects(dryRunPeak(dryGpu, model('lora', 'f32'), dataShape, settingsOf('lora', over)), /needs the text encoder's config/);
+  });
+
+  it('a generous budget: no checkpointing, every chunk resident, one dry run; its peak is the real one', async () => {
+    const plan = await planTraining(dryGpu, model('full', 'f32'), dataShape, settingsOf('full'), 1 << 30);
+    assert.equal(plan.fits, true);
+    assert.equal(plan.activationCheckpointing, false);
+    assert.equal(plan.residentChunks, plan.chunks);
+    assert.equal(plan.chunks, optimizerChunkCount({ config: cfg }, settingsOf('full')));
+    assert.equal(plan.tried.length, 1);
+    assert.equal(plan.storeReadBytesPerStep, 0);
+    assert.equal(plan.message, undefined);
+    assert.equal(plan.peakBytes, await realPeak('full', 'f32', { activationCheckpointing: false, residentChunks: plan.residentChunks }));
+  });
+
+  for (const mode of ['full', 'lora'] as const)
+    it(`${mode}: a budget between the checkpointed and the non-checkpointed peaks gets the fastest placement that fits`, async (t) => {
+      const m = model(mode, 'f32');
+      const s = settingsOf(mode);
+      const least = await dryRunPeak(dryGpu, m, dataShape, { ...s, activationCheckpointing: true, residentChunks: 0 });
+      const most = await dryRunPeak(dryGpu, m, dataShape, { ...s, activationCheckpointing: false, residentChunks: Infinity });
+      assert.ok(least.peakBytes < most.peakBytes, `checkpointing and streaming save memory (${least.peakBytes} < ${most.peakBytes})`);
+      const budget = Math.floor((least.peakBytes + most.peakBytes) / 2);
+      const plan = await planTraining(dryGpu, m, dataShape, s, budget);
+      t.diagnostic(`budget ${budget}: checkpointing ${plan.activationCheckpointing}, ${plan.residentChunks}/${plan.chunks} resident, peak ${plan.peakBytes} (${plan.tried.length} dry runs)`);
+      assert.equal(plan.fits, true);
+      assert.ok(plan.peakBytes <= budget, `${plan.peakBytes} <= ${budget}`);
+      assert.ok(plan.peakBytes < most.peakBytes);
+      // Few dry runs: per checkpointing setting all / none resident, a predicted probe and the count after it,
+      // then bisection over the resident count.
+      assert.ok(plan.tried.length <= 2 * (4 + Math.ceil(Math.log2(plan.chunks + 1))), `${plan.tried.length} dry runs`);
+      await assertFastestFitting(mode, plan, budget);
+      // Streaming moves each streamed chunk's [master | m | v] in and out once per step.
+      const streamed = plan.chunks - plan.residentChunks;
+      assert.equal(plan.storeReadBytesPerStep > 0, streamed > 0);
+      assert.equal(plan.storeReadBytesPerStep, plan.storeWriteBytesPerStep);
+      const real = await realPeak(mode, 'f32', { activationCheckpointing: plan.activationCheckpointing, residentChunks: plan.residentChunks });
+      assert.equal(plan.peakBytes, real, 'the chosen placement peaks where it was planned');
+    });
+
+  it('an impossible budget: fits false, the smallest placement, and how much memory is needed', async () => {
+    const plan = await planTraining(dryGpu, model('full', 'f32'), dataShape, settingsOf('full'), 100_000);
+    assert.equal(plan.fits, false);
+    assert.equal(plan.activationCheckpointing, true);
+    assert.equal(plan.residentChunks, 0);
+    assert.equal(plan.peakBytes, Math.min(...plan.tried.map((t) => t.peakBytes)));
+    const mib = (plan.peakBytes / 2 ** 20).toFixed(2);
+    assert.match(plan.message ?? '', new RegExp(`^tiny full DreamBooth needs at least ${mib} MiB of GPU memory at 64 px; the budget is 0\\.10 MiB`));
+  });
+
+  it('refuses a Gpu that is not a dry run', async () => {
+    await assert.rejects(dryRunPeak(() => nodeGpu(), model('lora', 'f32'), dataShape, settingsOf('lora')), /needs a dry-run Gpu/);
+  });
+});
+
+describe('DryRunChunkStore (the planner accounting store)', () => {
+  it('keeps sizes only, reads zeros of the written length, counts bytes, follows the key rules', async () => {
+    const s = new DryRunChunkStore();
+    await s.write('run/opt/c00001-v0', new Uint8Array(12).fill(7));
+    await s.write('run/opt/c00000-v0', new Uint8Array(4));
+    await s.write('run/opt/c00001-v0', new Uint8Array(24).fill(9)); // replace
+    assert.deepEqual(await s.read('run/opt/c00001-v0'), new Uint8Array(24));
+    assert.equal(await s.read('run/opt/none'), null);
+    assert.deepEqual(await s.keys('run/opt/'), ['run/opt/c00000-v0', 'run/opt/c00001-v0']);
+    assert.equal(await s.bytesUsed(), 28);
+    assert.equal(s.bytesWritten, 40);
+    assert.equal(s.bytesRead, 24);
+    await s.delete('run/opt/c00000-v0');
+    await s.delete('run/opt/c00000-v0');
+    assert.equal(await s.bytesUsed(), 24);
+    await assert.rejects(s.write('a/../b', new Uint8Array(1)), /'\.\.' segments are not allowed/);
+    const q = new DryRunChunkStore('q', { quotaBytes: 10 });
+    await assert.rejects(q.write('k', new Uint8Array(11)), { name: 'StorageFullError' });
+    await s.close();
+    await assert.rejects(s.read('run/opt/c00001-v0'), /closed/);
+  });
+});
