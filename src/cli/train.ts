@@ -18,8 +18,9 @@ import { NodeFileSource } from '../io/source-node.ts';
 import { nodeFolder } from '../models/folder-node.ts';
 import { openDiffusers, openSingleFile } from '../models/source.ts';
 import { writeKohyaLora, writePeftLora, type LoraInfo } from '../export/lora.ts';
-import { writeSingleFile, zipDiffusers } from '../export/full.ts';
+import { TOKENIZER_FILES, writeSingleFile, zipDiffusers } from '../export/full.ts';
 import type { TensorProvider } from '../export/provider.ts';
+import { pipeToSink } from '../export/stream.ts';
 import { txt2img } from '../sample/txt2img.ts';
 import { scheduleFromJson, SD_SCHEDULE } from '../sample/schedulers.ts';
 import { StorageFullError, formatBytes } from '../store/chunkstore.ts';
@@ -220,7 +221,7 @@ export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
     }
     throw e;
   }
-  await exportRun(trainer, modelPath, out, { mode, prompt, classPrompt: str(a, 'class-prompt'), resolution, family: model.family, prediction: model.prediction, overrides });
+  await exportRun(trainer, modelPath, out, { mode, prompt, classPrompt: str(a, 'class-prompt'), resolution, family: model.family, prediction: model.prediction, overrides, tokenizerDir: str(a, 'tokenizer') });
   trainer.destroy();
   await store.close();
 }
@@ -235,7 +236,7 @@ function trainedProvider(trainer: DreamBoothTrainer, values: Map<string, Float32
 
 async function exportRun(
   trainer: DreamBoothTrainer, modelPath: string, out: string,
-  o: { mode: TrainMode; prompt: string; classPrompt?: string; resolution: number; family: LoraInfo['family']; prediction: LoraInfo['prediction']; overrides: ReturnType<typeof configOverrides> },
+  o: { mode: TrainMode; prompt: string; classPrompt?: string; resolution: number; family: LoraInfo['family']; prediction: LoraInfo['prediction']; overrides: ReturnType<typeof configOverrides>; tokenizerDir?: string },
 ): Promise<void> {
   const values = await trainer.trainedValues();
   const files: string[] = [];
@@ -261,15 +262,7 @@ async function exportRun(
       const folder = nodeFolder(modelPath);
       const src = await openDiffusers(folder, {});
       await writeSingleFile(await nodeFileSink(join(out, 'model.safetensors')), src, trained, opts);
-      const zip = zipDiffusers(src, trained, { ...opts, folder });
-      const sink = await nodeFileSink(join(out, 'model-diffusers.zip'));
-      const reader = zip.getReader();
-      for (;;) {
-        const { done, value } = await reader.read();
-        if (done) break;
-        await sink.write(value);
-      }
-      await sink.close();
+      await pipeToSink(zipDiffusers(src, trained, { ...opts, folder }), await nodeFileSink(join(out, 'model-diffusers.zip')));
       await src.close();
       files.push('model.safetensors', 'model-diffusers.zip');
     } else {
@@ -277,14 +270,10 @@ async function exportRun(
       try {
         await writeSingleFile(await nodeFileSink(join(out, 'model.safetensors')), file, trained, opts);
         const src = await openSingleFile(file, { overrides: o.overrides });
-        const zipSink = await nodeFileSink(join(out, 'model-diffusers.zip'));
-        const reader = zipDiffusers(src, trained, opts).getReader();
-        for (;;) {
-          const { done, value } = await reader.read();
-          if (done) break;
-          await zipSink.write(value);
-        }
-        await zipSink.close();
+        // A single file has no tokenizer: the zip gets the one training used (--tokenizer), so diffusers loads it.
+        const tokenizer = new Map<string, Uint8Array>();
+        if (o.tokenizerDir) for (const f of TOKENIZER_FILES) if (existsSync(join(o.tokenizerDir, f))) tokenizer.set(f, readFileSync(join(o.tokenizerDir, f)));
+        await pipeToSink(zipDiffusers(src, trained, { ...opts, tokenizer }), await nodeFileSink(join(out, 'model-diffusers.zip')));
       } finally {
         await file.source.close?.();
       }

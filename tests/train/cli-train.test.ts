@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
+import { unzipSync } from 'fflate';
 import { readSafetensors } from '../../src/io/safetensors.ts';
 import { writeTinyModel } from '../fixtures/models/make-tiny.ts';
 import { FIXTURES } from '../helpers.ts';
@@ -96,6 +97,8 @@ describe('cli train', () => {
     assert.deepEqual([...exported.tensors.keys()].sort(), [...base.tensors.keys()].sort());
     const res = JSON.parse(r.out.trim().split('\n').at(-1)!);
     assert.ok(res.exports['model-diffusers.zip'] > 0);
+    const zipped = Object.keys(unzipSync(new Uint8Array(readFileSync(join(out, 'model-diffusers.zip')))));
+    for (const f of ['model_index.json', 'unet/diffusion_pytorch_model.safetensors', 'tokenizer/vocab.json']) assert.ok(zipped.includes(f), `zip has ${f}: ${zipped}`);
     // The exported file is a model the engine loads (inspect reads it as SD1).
     const inspect = execFileSync(process.execPath, cliArgs('inspect', join(out, 'model.safetensors')), { encoding: 'utf8' });
     assert.equal(JSON.parse(inspect).architecture, 'sd1');
