@@ -190,7 +190,7 @@ export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
   const plan = await planTraining(
     () => nodeGpu({ dryRun: true }),
     { config: model.unet.config, dtype: gpu.computeDType, schedule, textEncoder: settings.textEncoderLora ? model.textEncoder.config : undefined },
-    { latentShape: data.latentShape, contextShape: data.contextShape, withClass: data.classes.length > 0 },
+    { latentShape: data.latentShape, contextShape: data.contextShape, withClass: data.classes.length > 0, vaeFactor: resolution / data.latentShape[1] },
     settings,
     budget,
   );

@@ -49,6 +49,8 @@ export interface PlanDataShape {
   contextShape: [number, number];
   /** Prior preservation: every step's batch is an instance and a class sample (batch 2). */
   withClass: boolean;
+  /** Image pixels per latent pixel, for messages (the VAE's factor: 8 for SD). */
+  vaeFactor?: number;
 }
 
 /** One configuration that was dry-run. */
@@ -322,7 +324,7 @@ export async function planTraining(
   }
   // Nothing fits: report the smallest configuration (checkpointing, everything streamed).
   const least = tried.reduce((a, b) => (b.peakBytes < a.peakBytes ? b : a));
-  const px = dataShape.latentShape[1] * 8;
+  const px = dataShape.latentShape[1] * (dataShape.vaeFactor ?? 8);
   const message =
     `${describeRun(model, settings)} needs at least ${gib(least.peakBytes)} of GPU memory at ${px} px; the budget is ${gib(budgetBytes)} ` +
     `(${model.dtype}, batch ${dataShape.withClass ? 2 : 1}, even with activation checkpointing and every optimizer chunk streamed through storage)`;
