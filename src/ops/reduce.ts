@@ -13,6 +13,7 @@
 import { Uniforms, type BufferWindow, type Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, type DType, Tensor } from '../gpu/tensor.ts';
+import { elemWindow } from './matmul.ts';
 
 const WG = 256;
 /** Elements one workgroup sums per row pass (8 per invocation). */
@@ -35,15 +36,11 @@ export interface ElementWindow {
   skip: number;
 }
 
-/** Binds elements [start, start + count) of `t` from the aligned byte offset at or below `start`. */
+/** Binds elements [start, start + count) of `t` from the aligned byte offset at or below `start` (matmul's elemWindow). */
 export function elementWindow(gpu: Gpu, t: Tensor, start: number, count: number): ElementWindow {
-  const bytes = BYTES[t.dtype];
-  const align = gpu.device.limits.minStorageBufferOffsetAlignment;
-  const first = t.byteOffset + start * bytes;
-  const offset = first - (first % align);
-  const skipBytes = first - offset;
-  if (skipBytes % bytes !== 0) throw new ShapeError('elementWindow', `${t} starts at byte ${t.byteOffset}, not a multiple of its ${bytes}-byte elements`);
-  return { window: { buffer: t.buffer, offset, size: Math.ceil((skipBytes + count * bytes) / 4) * 4 }, skip: skipBytes / bytes };
+  if (t.byteOffset % BYTES[t.dtype] !== 0) throw new ShapeError('elementWindow', `${t} starts at byte ${t.byteOffset}, not a multiple of its ${BYTES[t.dtype]}-byte elements`);
+  const w = elemWindow(gpu, t, start, count);
+  return { window: w.window, skip: w.offset };
 }
 
 /** The most elements of `dtype` one elementWindow may cover, whatever its skip. */
