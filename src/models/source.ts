@@ -11,6 +11,7 @@
 // Nothing here touches a GPU: loaders (load.ts), inspection and exports all build on this.
 import { SafetensorsFile, type NamedTensor } from '../io/safetensors.ts';
 import type { ByteSource } from '../io/source.ts';
+import type { ClipTokenizerFiles } from '../io/tokenizer.ts';
 import { detectDiffusers, detectSingleFile, ModelError, predictionFor, type Component, type Family, type Prediction } from './detect.ts';
 import { clipToDiffusers, isVaeAttentionProjection, openClipToDiffusers, unetToDiffusers, vaeToDiffusers, type UnetLayout } from './keymap.ts';
 
@@ -362,4 +363,19 @@ export async function openDiffusers(dir: FolderReader, o: SourceOptions = {}): P
       for (const c of COMPONENTS) await f.files[c].source.close?.();
     },
   };
+}
+
+/**
+ * The CLIP tokenizer files in a folder reader (`prefix` 'tokenizer/' for a diffusers model folder, '' for a
+ * tokenizer folder of its own): tokenizer.json, or vocab.json + merges.txt, with tokenizer_config.json and
+ * special_tokens_map.json when present. Null when the folder has no tokenizer.
+ */
+export async function tokenizerFilesFrom(dir: FolderReader, prefix = 'tokenizer/'): Promise<ClipTokenizerFiles | null> {
+  const p = (f: string) => `${prefix}${f}`;
+  const optional = async (f: string) => ((await dir.exists(p(f))) ? await dir.readJson(p(f)) : {});
+  const config = { ...(await optional('special_tokens_map.json')), ...(await optional('tokenizer_config.json')) };
+  if (await dir.exists(p('tokenizer.json'))) return { tokenizerJson: await dir.readJson(p('tokenizer.json')), config };
+  if (!(await dir.exists(p('vocab.json'))) || !(await dir.exists(p('merges.txt')))) return null;
+  const merges = await dir.open(p('merges.txt'));
+  return { vocab: (await dir.readJson(p('vocab.json'))) as Record<string, number>, merges: new TextDecoder().decode(await merges.read(0, merges.size)), config };
 }

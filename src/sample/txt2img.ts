@@ -20,13 +20,15 @@ export interface Txt2ImgOptions {
   sampler: 'ddim' | 'dpm++2m';
   schedule: ScheduleConfig;
   onStep?: (i: number, total: number) => void;
+  /** alpha / rank of LoRA adapters present in the UNet and text-encoder weights (a run's samples while it trains). */
+  loraScale?: number;
 }
 
 /** Returns an RGB image [H, W, 3] as bytes. */
 export async function txt2img(gpu: Gpu, model: LoadedModel, tokenizer: ClipTokenizer, o: Txt2ImgOptions): Promise<{ rgb: Uint8Array; width: number; height: number }> {
   const dtype = gpu.computeDType;
   const ids = [...tokenizer.encodePadded(o.negativePrompt ?? ''), ...tokenizer.encodePadded(o.prompt)];
-  const context = clipTextForward(gpu, model.textEncoder.config, model.textEncoder.weights, ids, 2);
+  const context = clipTextForward(gpu, model.textEncoder.config, model.textEncoder.weights, ids, 2, null, o.loraScale ?? 1);
   const f = 2 ** (model.vae.config.blockOutChannels.length - 1);
   const [h, w] = [Math.floor(o.height / f), Math.floor(o.width / f)];
   const zc = model.unet.config.inChannels;
@@ -40,7 +42,7 @@ export async function txt2img(gpu: Gpu, model: LoadedModel, tokenizer: ClipToken
     both.set(x, n);
     const latents = gpu.upload(both, [2, zc, h, w], dtype);
     const tt = gpu.upload([t, t], [2], 'f32');
-    const out = await gpu.read(unetForward(gpu, model.unet.config, model.unet.weights, latents, tt, context));
+    const out = await gpu.read(unetForward(gpu, model.unet.config, model.unet.weights, latents, tt, context, null, o.loraScale ?? 1));
     gpu.free(latents, tt);
     const guided = new Float32Array(n);
     for (let k = 0; k < n; k++) guided[k] = out[k] + o.guidance * (out[n + k] - out[k]);

@@ -1,0 +1,210 @@
+// The studio's run, in Node on Dawn/lavapipe (f16 and f32), on the project's own demo model: the same
+// session the browser worker drives. Prepare (decode, crop, cache, plan), train with samples, pause and
+// resume bit-identically, export every format and read the files back, refuse bad input clearly.
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { encode } from 'fast-png';
+import { unzipSync } from 'fflate';
+import type { Gpu } from '../../src/gpu/device.ts';
+import { nodeGpu } from '../../src/gpu/node.ts';
+import { decodeImageNode } from '../../src/io/image-node.ts';
+import { parseHeader, readSafetensors } from '../../src/io/safetensors.ts';
+import { blobSink } from '../../src/io/sink-blob.ts';
+import { BytesSource } from '../../src/io/source.ts';
+import { demoModelFiles, DEMO_RESOLUTION } from '../../src/models/demo.ts';
+import { detectDiffusers } from '../../src/models/detect.ts';
+import { folderFromSources, openDiffusers, tokenizerFilesFrom } from '../../src/models/source.ts';
+import { MemoryChunkStore, type ChunkStore } from '../../src/store/chunkstore.ts';
+import { DEFAULT_SETTINGS, StudioError, StudioSession, type ExportFormat, type OpenedModel, type RunInput, type StudioEvent, type StudioSettings } from '../../src/studio/session.ts';
+import { testGpu } from '../helpers.ts';
+
+async function demoModel(seed = 1): Promise<OpenedModel> {
+  const files = new Map([...demoModelFiles(seed)].map(([p, b]) => [p, new BytesSource(b, p)]));
+  const reader = folderFromSources('demo', files);
+  const tokenizer = await tokenizerFilesFrom(reader);
+  assert.ok(tokenizer);
+  return { kind: 'diffusers', name: 'demo', reader, tokenizer };
+}
+
+/** A w x h PNG with a smooth colour pattern (different per `k`). */
+function png(w: number, h: number, k: number): Blob {
+  const data = new Uint8Array(w * h * 3);
+  for (let y = 0; y < h; y++)
+    for (let x = 0; x < w; x++) {
+      const p = 3 * (y * w + x);
+      data[p] = (x * 255) / w;
+      data[p + 1] = (y * 255) / h;
+      data[p + 2] = (k * 80) % 256;
+    }
+  return new Blob([new Uint8Array(encode({ width: w, height: h, data, channels: 3, depth: 8 }))], { type: 'image/png' });
+}
+
+function host(gpu: Gpu, store: ChunkStore, events: StudioEvent[], onEvent?: (e: StudioEvent) => void) {
+  return {
+    gpu,
+    dryRunGpu: () => nodeGpu({ dryRun: true, disableF16: !gpu.hasF16 }),
+    store,
+    decode: async (blob: Blob, name: string) => decodeImageNode(new Uint8Array(await blob.arrayBuffer()), name),
+    emit: (e: StudioEvent) => {
+      events.push(e);
+      onEvent?.(e);
+    },
+    encodePng: (rgb: Uint8Array, width: number, height: number) => encode({ width, height, data: rgb, channels: 3, depth: 8 }),
+  };
+}
+
+function run(settings: Partial<StudioSettings> = {}, runId = 'r1'): RunInput {
+  return {
+    runId,
+    prompt: 'a photo of sks toy',
+    images: [
+      { id: 'a', name: 'a.png', blob: png(40, 32, 1) },
+      { id: 'b', name: 'b.png', blob: png(32, 48, 2), crop: { x: 0, y: 16, size: 32 }, caption: 'a photo of sks toy on a table' },
+      { id: 'c', name: 'c.png', blob: png(32, 32, 3) },
+    ],
+    classImages: [],
+    settings: { ...DEFAULT_SETTINGS, resolution: DEMO_RESOLUTION, steps: 4, sampleEvery: 2, sampleSteps: 2, samplePrompt: 'a photo of sks toy', checkpointEvery: 0, budgetBytes: 2 ** 30, ...settings },
+  };
+}
+
+async function sinkBytes(session: StudioSession, f: ExportFormat): Promise<Uint8Array> {
+  const sink = blobSink();
+  await session.exportTo(f, sink);
+  return new Uint8Array(await sink.blob().arrayBuffer());
+}
+
+describe('demo model', () => {
+  it('is the same bytes for the same seed, different for another; a valid SD1 diffusers folder', async () => {
+    const a = demoModelFiles(1);
+    const b = demoModelFiles(1);
+    const c = demoModelFiles(2);
+    for (const [p, bytes] of a) assert.deepEqual(bytes, b.get(p), p);
+    assert.notDeepEqual(a.get('unet/diffusion_pytorch_model.safetensors'), c.get('unet/diffusion_pytorch_model.safetensors'));
+    const m = await demoModel();
+    assert.equal(m.kind, 'diffusers');
+    const src = await openDiffusers((m as Extract<OpenedModel, { kind: 'diffusers' }>).reader, {});
+    assert.equal(src.family, 'sd1');
+    assert.equal(src.prediction, 'epsilon');
+    const shapes = new Map([...src.shapes('unet')].map(([n, s]) => [`unet/${n}`, s]));
+    assert.ok(shapes.size > 100);
+    await src.close();
+    void detectDiffusers;
+  });
+});
+
+for (const dtype of ['f32', 'f16'] as const) {
+  describe(`studio session on the demo model (${dtype})`, () => {
+    let gpuP: Promise<Gpu> | null = null;
+    const getGpu = () => (gpuP ??= dtype === 'f16' ? testGpu() : testGpu({ disableF16: true }));
+
+    it('trains with samples, pauses, resumes bit-identically, and exports all four formats', { timeout: 300_000 }, async () => {
+      const gpu = await getGpu();
+      if (dtype === 'f16') assert.ok(gpu.hasF16, 'lavapipe offers shader-f16');
+      // Uninterrupted reference run.
+      const refEvents: StudioEvent[] = [];
+      const ref = await StudioSession.prepare(host(gpu, new MemoryChunkStore(), refEvents), await demoModel(), run());
+      assert.equal(await ref.train(), 'done');
+      const refValues = await ref.trainer.trainedValues();
+      const refSamples = refEvents.filter((e): e is Extract<StudioEvent, { type: 'sample' }> => e.type === 'sample');
+      assert.deepEqual(refSamples.map((e) => e.step), [0, 2, 4], 'a sample before training and every 2 steps');
+      for (const s of refSamples) {
+        assert.deepEqual([...s.png.subarray(1, 4)], [0x50, 0x4e, 0x47], 'PNG signature');
+        assert.equal(s.width, DEMO_RESOLUTION);
+      }
+      assert.notDeepEqual(refSamples[0].png, refSamples[2].png, 'training changes the sample');
+      const steps = refEvents.filter((e): e is Extract<StudioEvent, { type: 'step' }> => e.type === 'step');
+      assert.equal(steps.length, 4);
+      for (const s of steps) assert.ok(Number.isFinite(s.report.loss) && s.report.gpuBytes > 0 && s.storageBytes > 0);
+      const plan = refEvents.find((e) => e.type === 'plan');
+      assert.ok(plan && plan.type === 'plan' && plan.plan.peakBytes <= plan.plan.budgetBytes && plan.plan.samplingBytes > 0 && plan.plan.trainableParams > 0);
+
+      // Interrupted run: pause after step 2 (checkpoint), a fresh session on the same store resumes.
+      const store = new MemoryChunkStore();
+      const events: StudioEvent[] = [];
+      let first: StudioSession | null = null;
+      first = await StudioSession.prepare(host(gpu, store, events, (e) => e.type === 'step' && e.report.step === 2 && first!.pause()), await demoModel(), run());
+      assert.equal(await first.train(), 'paused');
+      assert.equal(first.step, 2);
+      await first.destroy();
+      const events2: StudioEvent[] = [];
+      const second = await StudioSession.prepare(host(gpu, store, events2), await demoModel(), run());
+      const resumed = events2.find((e) => e.type === 'resumed');
+      assert.ok(resumed && resumed.type === 'resumed' && resumed.step === 2 && resumed.losses.length === 2);
+      assert.ok(!events2.some((e) => e.type === 'phase' && e.phase === 'encoding'), 'latents come from the store on resume');
+      assert.equal(await second.train(), 'done');
+      const values = await second.trainer.trainedValues();
+      for (const [n, v] of refValues) assert.deepEqual(values.get(n), v, `${n} bit-identical after pause and resume`);
+      const lastSample = events2.filter((e) => e.type === 'sample').at(-1);
+      assert.ok(lastSample && lastSample.type === 'sample');
+      assert.deepEqual(lastSample.png, refSamples[2].png, 'the fixed-seed sample at step 4 matches the uninterrupted run');
+
+      // Exports.
+      const kohya = readSafetensors(await sinkBytes(second, 'lora-kohya'));
+      assert.ok([...kohya.tensors.keys()].every((k) => k.startsWith('lora_unet_')), 'kohya names');
+      assert.equal(kohya.metadata.ss_network_dim, String(DEFAULT_SETTINGS.rank));
+      const peft = readSafetensors(await sinkBytes(second, 'lora-diffusers'));
+      assert.ok([...peft.tensors.keys()].every((k) => k.startsWith('unet.') && /lora_[AB]\.weight$/.test(k)), 'PEFT names');
+      const full = await sinkBytes(second, 'full-single-file');
+      const fullHeader = parseHeader(full.subarray(0, Number(new DataView(full.buffer, full.byteOffset).getBigUint64(0, true)) + 8), full.length);
+      const fullNames = [...fullHeader.entries.keys()];
+      assert.ok(fullNames.some((k) => k.startsWith('model.diffusion_model.')) && fullNames.some((k) => k.startsWith('first_stage_model.')) && fullNames.some((k) => k.startsWith('cond_stage_model.')));
+      // The merged LoRA: one adapted layer equals W + scale B A of the trained adapters.
+      const fullT = readSafetensors(full).tensors;
+      const layer = [...values.keys()].find((n) => n.endsWith('attn2.to_k.lora_A.weight'))!.slice(0, -'.lora_A.weight'.length);
+      const base = await second.model.unet.weights.get(`${layer}.weight`)!;
+      const W = await gpu.read(base);
+      const A = values.get(`${layer}.lora_A.weight`)!;
+      const B = values.get(`${layer}.lora_B.weight`)!;
+      const [out, inn] = base.shape;
+      const r = A.length / inn;
+      const key = [...fullT.keys()].find((k) => k.startsWith('model.diffusion_model.') && k.endsWith('attn2.to_k.weight') && fullT.get(k)!.shape[0] === out && fullT.get(k)!.shape[1] === inn)!;
+      const merged = fullT.get(key)!.data;
+      let maxDiff = 0;
+      let maxDelta = 0;
+      for (let o = 0; o < out; o++)
+        for (let i = 0; i < inn; i++) {
+          let d = 0;
+          for (let k = 0; k < r; k++) d += B[o * r + k] * A[k * inn + i];
+          maxDelta = Math.max(maxDelta, Math.abs(d));
+          maxDiff = Math.max(maxDiff, Math.abs(merged[o * inn + i] - (W[o * inn + i] + d)));
+        }
+      // fp16 export: |err| <= half an f16 ulp of |W| <= 1 (2^-11) plus rounding of the sum.
+      assert.ok(maxDiff < 2e-3, `merged weight max |diff| ${maxDiff}`);
+      void maxDelta;
+      const zip = unzipSync(await sinkBytes(second, 'diffusers-zip'));
+      assert.ok(zip['model_index.json'] && zip['unet/diffusion_pytorch_model.safetensors'] && zip['tokenizer/vocab.json'], Object.keys(zip).join(', '));
+      assert.match(second.exportName('lora-kohya'), /^demo-dreambooth-lora-step4-lora\.safetensors$/);
+      await second.destroy();
+      await ref.destroy();
+    });
+
+    it('full fine-tune with prior preservation from generated class images; LoRA formats refused', { timeout: 300_000 }, async () => {
+      const gpu = await getGpu();
+      const events: StudioEvent[] = [];
+      const s = await StudioSession.prepare(host(gpu, new MemoryChunkStore(), events), await demoModel(), run({ mode: 'full', lr: 1e-4, steps: 2, sampleEvery: 0, priorPreservation: true, classPrompt: 'a photo of a toy', classCount: 2 }));
+      assert.equal(events.filter((e) => e.type === 'phase' && e.phase === 'class-images').length, 2);
+      assert.equal(s.trainer.data.classes.length, 2);
+      assert.equal(await s.train(), 'done');
+      await assert.rejects(sinkBytes(s, 'lora-kohya'), /full fine-tune/);
+      const full = readSafetensors(await sinkBytes(s, 'full-single-file'));
+      assert.ok(full.tensors.size > 200);
+      await s.destroy();
+    });
+  });
+}
+
+describe('studio session: bad input', () => {
+  it('a text file among the photos is named in the message; an empty prompt is refused; nothing is stored', { timeout: 120_000 }, async () => {
+    const gpu = await testGpu();
+    const store = new MemoryChunkStore();
+    const bad = run();
+    bad.images[1] = { id: 'x', name: 'notes.txt', blob: new Blob(['hello, not an image']) };
+    await assert.rejects(StudioSession.prepare(host(gpu, store, []), await demoModel(), bad), /notes\.txt/);
+    const empty = run();
+    empty.prompt = ' ';
+    await assert.rejects(StudioSession.prepare(host(gpu, store, []), await demoModel(), empty), (e: Error) => e instanceof StudioError && /prompt is empty/.test(e.message));
+    assert.deepEqual(await store.keys(), []);
+    await assert.rejects(StudioSession.prepare(host(gpu, store, []), await demoModel(), run({ resolution: 30 })), /multiple of 4/);
+    await assert.rejects(StudioSession.prepare(host(gpu, store, []), await demoModel(), run({ budgetBytes: 2 ** 20 })), /needs at least .* of GPU memory/);
+  });
+});
