@@ -11,5 +11,7 @@ export default defineConfig({
     // The studio, and a small harness page that exposes browser-host pieces to the e2e tests.
     rollupOptions: { input: { main: 'index.html', harness: 'e2e/harness.html' } },
   },
+  // The engine worker is an ES module (it imports the shaders and the engine like the page does).
+  worker: { format: 'es' },
   assetsInclude: ['**/*.safetensors'],
 });

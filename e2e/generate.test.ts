@@ -15,7 +15,7 @@ describe('generate an image from the page (Chromium)', () => {
     const browser = await launch(true);
     try {
       const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
-      await page.goto(server.url);
+      await page.goto(`${server.url}/?tools`);
       await page.getByRole('heading', { name: 'Generate an image' }).waitFor({ timeout: 60_000 });
       await page.getByLabel('Model hub').fill(`${server.url}/hub`);
       await page.getByLabel('Model (diffusers layout)').fill('org/tiny-sd');
@@ -40,7 +40,7 @@ describe('generate an image from the page (Chromium)', () => {
     const browser = await launch(true);
     try {
       const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
-      await page.goto(server.url);
+      await page.goto(`${server.url}/?tools`);
       await page.getByRole('heading', { name: 'Generate an image' }).waitFor({ timeout: 60_000 });
       await page.getByLabel('Or a diffusers folder on this computer').setInputFiles(server.folder);
       await page.getByLabel('Steps').fill('3');

@@ -7,6 +7,7 @@ import { ALL_CASES } from '../selftest/cases/index.ts';
 import { browserGolden } from '../selftest/browser.ts';
 import { dtypesFor, runCase, type CaseResult } from '../selftest/runner.ts';
 import { Generate } from './Generate.tsx';
+import { Studio } from './studio/Studio.tsx';
 import { useStudio } from './store.ts';
 
 const SHOWN_LIMITS = [
@@ -178,15 +179,23 @@ function GeneratePanel() {
   return g.kind === 'ready' ? <Generate gpu={g.gpu} /> : null;
 }
 
+/** The GPU tools page (?tools): adapter details, the kernel self-test, text to image on the main thread. */
 export function App() {
+  const q = new URLSearchParams(location.search);
+  return q.has('tools') || q.has('autorun') ? <Tools /> : <Studio />;
+}
+
+function Tools() {
   useEffect(() => {
     void initGpu();
   }, []);
   return (
     <main>
       <header>
-        <h1>DreamBooth Studio</h1>
-        <p>Stable Diffusion fine-tuning on your own GPU, in this tab. Nothing leaves your machine.</p>
+        <h1>DreamBooth Studio: GPU tools</h1>
+        <p>
+          What this GPU offers, every kernel checked against golden values, and text to image. <a href="./">Back to the studio</a>
+        </p>
       </header>
       <AdapterPanel />
       <SelfTestPanel />

@@ -1,0 +1,261 @@
+// The studio, end to end in headless Chromium (WebGPU on SwiftShader: no shader-f16, so the f32 path), with
+// the project's own demo model: load it, drop three photos and a bad file, train a few steps (loss chart,
+// samples), reload mid-run and resume from the checkpoint, export a kohya LoRA and a full checkpoint and
+// read the downloaded files' safetensors headers. Also: pause/resume/cancel, a lost GPU device, a storage
+// quota too small for the run, phone width, keyboard use and labels. Screenshots of each stage go to
+// e2e/screenshots/ (the README shows them).
+import assert from 'node:assert/strict';
+import { mkdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { encode } from 'fast-png';
+import type { Page } from 'playwright-core';
+import { launch, SCREENSHOTS, serve } from './browser.ts';
+
+/** A w x h PNG: a soft disc on a gradient, a different colour per `k` (a "subject" the eye can follow). */
+function photo(w: number, h: number, k: number): number[] {
+  const data = new Uint8Array(w * h * 3);
+  for (let y = 0; y < h; y++)
+    for (let x = 0; x < w; x++) {
+      const p = 3 * (y * w + x);
+      const d = Math.hypot(x - w / 2, y - h / 2) / (Math.min(w, h) / 3);
+      const inside = d < 1 ? 1 : 0;
+      data[p] = inside ? 220 : (x * 200) / w;
+      data[p + 1] = inside ? 60 + 60 * k : (y * 200) / h;
+      data[p + 2] = inside ? 40 : 120;
+    }
+  return [...encode({ width: w, height: h, data, channels: 3, depth: 8 })];
+}
+
+/** Drops files on a drop zone the way a drag from the desktop does (a DataTransfer with Files). */
+async function dropFiles(page: Page, testId: string, files: { name: string; type: string; bytes: number[] }[]): Promise<void> {
+  const dt = await page.evaluateHandle((fs) => {
+    const d = new DataTransfer();
+    for (const f of fs) d.items.add(new File([new Uint8Array(f.bytes)], f.name, { type: f.type }));
+    return d;
+  }, files);
+  await page.getByTestId(testId).dispatchEvent('drop', { dataTransfer: dt });
+}
+
+function header(bytes: Buffer): { names: string[]; metadata: Record<string, string> } {
+  const n = Number(bytes.readBigUInt64LE(0));
+  const json = JSON.parse(bytes.subarray(8, 8 + n).toString('utf8')) as Record<string, unknown>;
+  const { __metadata__, ...tensors } = json;
+  return { names: Object.keys(tensors), metadata: (__metadata__ ?? {}) as Record<string, string> };
+}
+
+async function shot(page: Page, name: string): Promise<void> {
+  mkdirSync(SCREENSHOTS, { recursive: true });
+  await page.screenshot({ path: join(SCREENSHOTS, `${name}.png`), fullPage: true });
+}
+
+const PHOTOS = [
+  { name: 'subject-1.png', type: 'image/png', bytes: photo(48, 40, 0) },
+  { name: 'subject-2.png', type: 'image/png', bytes: photo(40, 56, 1) },
+  { name: 'subject-3.png', type: 'image/png', bytes: photo(40, 40, 2) },
+];
+
+async function openStudio(page: Page, url: string): Promise<void> {
+  await page.goto(url);
+  await page.getByRole('button', { name: 'Use the demo model' }).waitFor({ timeout: 60_000 });
+}
+
+async function loadDemo(page: Page): Promise<void> {
+  await page.getByRole('button', { name: 'Use the demo model' }).click();
+  await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-tiny' }).waitFor({ timeout: 60_000 });
+}
+
+/** Small, fast settings for software WebGPU. */
+async function tinySettings(page: Page, o: { steps: number; sampleEvery: number; checkpointEvery: number }): Promise<void> {
+  const details = page.locator('details');
+  if (!(await details.evaluate((d) => (d as HTMLDetailsElement).open))) await page.getByText('Advanced settings').click();
+  await page.getByLabel('Steps', { exact: true }).fill(String(o.steps));
+  await page.getByLabel('Sample every N steps (0: never)').fill(String(o.sampleEvery));
+  await page.getByLabel('Sampling steps').fill('2');
+  await page.getByLabel('Checkpoint every N steps').fill(String(o.checkpointEvery));
+}
+
+const progressText = (page: Page) => page.getByTestId('train-progress-text').textContent();
+
+async function waitForStep(page: Page, step: number, timeout = 300_000): Promise<void> {
+  await page.waitForFunction((n) => {
+    const m = /Step (\d+) \//.exec(document.querySelector('[data-testid="train-progress-text"]')?.textContent ?? '');
+    return m !== null && Number(m[1]) >= n;
+  }, step, { timeout });
+}
+
+async function waitForStatus(page: Page, re: RegExp, timeout = 300_000): Promise<void> {
+  await page.waitForFunction((src) => new RegExp(src).test(document.querySelector('[data-testid="train-status"]')?.textContent ?? ''), re.source, { timeout });
+}
+
+describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
+  let server: Awaited<ReturnType<typeof serve>>;
+  before(async () => (server = await serve()));
+  after(async () => server?.close());
+
+  it('demo model, 3 photos and a bad file, train, reload mid-run, resume, export LoRA and full checkpoint', { timeout: 900_000 }, async () => {
+    const browser = await launch(true);
+    try {
+      const context = await browser.newContext({ viewport: { width: 1280, height: 800 }, acceptDownloads: true });
+      const page = await context.newPage();
+      const pageErrors: string[] = [];
+      page.on('pageerror', (e) => pageErrors.push(e.message));
+      await openStudio(page, server.url);
+      assert.ok(await page.getByTestId('no-f16').isVisible(), 'SwiftShader has no shader-f16: the f32 notice shows');
+      await shot(page, 'studio-1-start');
+
+      // Keyboard: Tab to the demo button and press Enter.
+      let focused = '';
+      for (let i = 0; i < 30 && focused !== 'Use the demo model'; i++) {
+        await page.keyboard.press('Tab');
+        focused = await page.evaluate(() => document.activeElement?.textContent ?? '');
+      }
+      assert.equal(focused, 'Use the demo model', 'the demo button is reachable with Tab');
+      await page.keyboard.press('Enter');
+      await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-tiny' }).waitFor({ timeout: 60_000 });
+
+      await dropFiles(page, 'photo-drop', [...PHOTOS, { name: 'notes.txt', type: 'text/plain', bytes: [...Buffer.from('shopping list: milk, eggs')] }]);
+      await page.getByTestId('photo-errors').waitFor();
+      assert.match((await page.getByTestId('photo-errors').textContent()) ?? '', /notes\.txt/);
+      assert.equal(await page.locator('[data-testid="photos"] li').count(), 3, 'three photos, the text file refused');
+      // The crop of the tall photo moves to its top.
+      await page.getByLabel('Crop position for subject-2.png').fill('0');
+      await page.getByLabel('Caption for subject-3.png').fill('a photo of sks disc on a table');
+
+      // Every control has an accessible name.
+      const unlabelled = await page.evaluate(() =>
+        [...document.querySelectorAll('input, select, button, textarea')]
+          .filter((el) => {
+            const e = el as HTMLInputElement;
+            return !(e.labels && e.labels.length) && !e.getAttribute('aria-label') && !(el.tagName === 'BUTTON' && el.textContent?.trim());
+          })
+          .map((el) => el.outerHTML.slice(0, 80)),
+      );
+      assert.deepEqual(unlabelled, []);
+      await tinySettings(page, { steps: 6, sampleEvery: 3, checkpointEvery: 2 });
+      await shot(page, 'studio-2-photos');
+
+      // Phone width: the same page in one column, nothing wider than the screen.
+      await page.setViewportSize({ width: 390, height: 844 });
+      const overflow = await page.evaluate(() => {
+        const w = document.documentElement.clientWidth;
+        const wide = [...document.querySelectorAll('body *')].filter((el) => el.getBoundingClientRect().right > w + 1).map((el) => `${el.tagName}.${el.className}`);
+        return { by: document.documentElement.scrollWidth - w, wide: wide.slice(0, 5) };
+      });
+      assert.ok(overflow.by <= 1, `no horizontal scrolling at phone width (overflow ${overflow.by}px: ${overflow.wide.join(', ')})`);
+      await page.screenshot({ path: join(SCREENSHOTS, 'studio-phone.png'), fullPage: false });
+      await page.setViewportSize({ width: 1280, height: 800 });
+
+      await page.getByRole('button', { name: 'Train', exact: true }).click();
+      await page.waitForFunction(() => /checkpoint at step [2-9]/.test(document.querySelector('[data-testid="train-progress-text"]')?.textContent ?? ''), null, { timeout: 600_000 });
+      await page.getByTestId('samples').waitFor();
+      assert.match((await page.getByTestId('loss-text').textContent()) ?? '', /Loss at step \d+: \d/);
+      // The page stays responsive while the worker trains: a click on the advanced panel answers at once.
+      const t0 = Date.now();
+      await page.evaluate(() => new Promise((r) => requestAnimationFrame(() => r(null))));
+      assert.ok(Date.now() - t0 < 2000, 'the page renders frames during training');
+      await shot(page, 'studio-3-training');
+      const stepBefore = Number(/Step (\d+)/.exec((await progressText(page)) ?? '')![1]);
+
+      // Reload mid-run: the run is remembered, resumes from the checkpoint after the model is loaded again.
+      await page.reload();
+      await page.getByTestId('interrupted').waitFor({ timeout: 60_000 });
+      assert.match((await page.getByTestId('interrupted').textContent()) ?? '', /checkpoint at step \d/);
+      assert.equal(await page.locator('[data-testid="photos"] li').count(), 3, 'photos survive the reload');
+      assert.equal(await page.getByLabel('Caption for subject-3.png').inputValue(), 'a photo of sks disc on a table');
+      await shot(page, 'studio-4-reloaded');
+      await loadDemo(page);
+      await page.getByRole('button', { name: 'Resume' }).click();
+      await waitForStatus(page, /Done/, 600_000);
+      const after = (await progressText(page)) ?? '';
+      assert.match(after, /Step 6 \/ 6/);
+      assert.ok(stepBefore >= 2);
+      assert.match((await page.getByTestId('loss-text').textContent()) ?? '', /Loss at step 6/);
+      assert.ok((await page.locator('[data-testid="samples"] li').count()) >= 2, 'samples from before and after the reload');
+
+      // Export a kohya LoRA and a full checkpoint; read the downloads' headers.
+      const exportAs = async (label: RegExp) => {
+        await page.getByLabel('Format').selectOption({ label: (await page.getByLabel('Format').locator('option').allTextContents()).find((t) => label.test(t))! });
+        const [download] = await Promise.all([page.waitForEvent('download', { timeout: 300_000 }), page.getByRole('button', { name: 'Export and download' }).click()]);
+        const path = await download.path();
+        return { name: download.suggestedFilename(), bytes: readFileSync(path) };
+      };
+      const lora = await exportAs(/LoRA, kohya/);
+      assert.match(lora.name, /^demo-sd1-tiny-dreambooth-lora-step6-lora\.safetensors$/);
+      const lh = header(lora.bytes);
+      assert.ok(lh.names.length > 0 && lh.names.every((n) => n.startsWith('lora_unet_')), lh.names.slice(0, 3).join(', '));
+      assert.equal(lh.metadata.ss_network_dim, '8');
+      const full = await exportAs(/Full checkpoint/);
+      const fh = header(full.bytes);
+      for (const p of ['model.diffusion_model.', 'first_stage_model.', 'cond_stage_model.']) assert.ok(fh.names.some((n) => n.startsWith(p)), `full checkpoint has ${p}*`);
+      await page.getByTestId('exports').filter({ hasText: 'KiB' }).waitFor();
+      assert.equal(await page.locator('[data-testid="exports"] li').count(), 2);
+      await shot(page, 'studio-5-export');
+      assert.deepEqual(pageErrors, []);
+    } finally {
+      await browser.close();
+    }
+  });
+
+  it('pause, resume, cancel; a lost GPU device offers resume and the run finishes', { timeout: 900_000 }, async () => {
+    const browser = await launch(true);
+    try {
+      const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+      await openStudio(page, server.url);
+      await loadDemo(page);
+      await dropFiles(page, 'photo-drop', PHOTOS);
+      await page.locator('[data-testid="photos"] li').nth(2).waitFor();
+      await tinySettings(page, { steps: 5, sampleEvery: 0, checkpointEvery: 1 });
+      await page.getByRole('button', { name: 'Train', exact: true }).click();
+      await waitForStep(page, 1);
+      await page.getByRole('button', { name: 'Pause' }).click();
+      await waitForStatus(page, /Paused at step \d/);
+      const paused = Number(/Step (\d+)/.exec((await progressText(page)) ?? '')![1]);
+      await page.waitForTimeout(1500);
+      assert.equal(Number(/Step (\d+)/.exec((await progressText(page)) ?? '')![1]), paused, 'no steps while paused');
+      await page.getByRole('button', { name: 'Resume' }).click();
+      await waitForStep(page, paused + 1);
+
+      // The device goes away mid-run (destroyed from inside the worker, as a driver reset would).
+      await page.evaluate(() => (window as unknown as { __studio: { loseDevice: () => Promise<void> } }).__studio.loseDevice());
+      await page.getByTestId('device-lost').waitFor({ timeout: 120_000 });
+      await shot(page, 'studio-device-lost');
+      await page.getByRole('button', { name: 'Resume' }).click();
+      await waitForStatus(page, /Done/, 600_000);
+      assert.match((await progressText(page)) ?? '', /Step 5 \/ 5/);
+
+      // Cancel a new run: its checkpoints go, the page is ready for another.
+      await page.getByRole('button', { name: 'Train again from the start' }).click();
+      await waitForStep(page, 1);
+      await page.getByRole('button', { name: 'Cancel' }).click();
+      await waitForStatus(page, /Cancelled/);
+      assert.match((await progressText(page)) ?? '', /Step 0/);
+    } finally {
+      await browser.close();
+    }
+  });
+
+  it('a storage quota too small for the run says so before training', { timeout: 300_000 }, async () => {
+    const browser = await launch(true);
+    try {
+      const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+      const cdp = await page.context().newCDPSession(page);
+      // 1 MiB for the whole origin: less than a full fine-tune's optimizer state (about 24 bytes per weight).
+      await cdp.send('Storage.overrideQuotaForOrigin', { origin: server.url, quotaSize: 2 ** 20 });
+      await openStudio(page, server.url);
+      assert.ok(await page.getByTestId('not-persistent').isVisible(), 'the storage-persistence screen shows (headless Chromium does not persist by default)');
+      await loadDemo(page);
+      await dropFiles(page, 'photo-drop', PHOTOS);
+      await page.locator('[data-testid="photos"] li').nth(2).waitFor();
+      await page.getByLabel('Full DreamBooth').check();
+      await tinySettings(page, { steps: 2, sampleEvery: 0, checkpointEvery: 1 });
+      await page.getByRole('checkbox', { name: 'Prior preservation (class images)' }).uncheck();
+      await page.getByRole('button', { name: 'Train', exact: true }).click();
+      await page.getByTestId('quota').waitFor({ timeout: 300_000 });
+      assert.match((await page.getByTestId('quota').textContent()) ?? '', /needs about .* of browser storage/);
+      await shot(page, 'studio-quota');
+    } finally {
+      await browser.close();
+    }
+  });
+});

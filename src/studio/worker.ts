@@ -1,0 +1,213 @@
+// The studio's engine host: a module Web Worker that owns the WebGPU device, the IndexedDB chunk store and
+// the training session, so the page never blocks on the GPU, on decoding or on storage. The page talks to
+// it through Comlink (studio/client.ts); progress comes back through a proxied callback.
+import * as Comlink from 'comlink';
+import { encode as encodePng } from 'fast-png';
+import { Gpu, type AdapterSummary } from '../gpu/device.ts';
+import { NoWebGpuError } from '../gpu/errors.ts';
+import { viteShaderSource } from '../gpu/shaders-vite.ts';
+import { idbDownloadCache } from '../io/cache-idb.ts';
+import { downloadDiffusersModel, downloadFile } from '../io/hub.ts';
+import { decodeImageBrowser } from '../io/image-browser.ts';
+import { SafetensorsFile } from '../io/safetensors.ts';
+import { blobSink } from '../io/sink-blob.ts';
+import { BlobSource, BytesSource, type ByteSource } from '../io/source.ts';
+import { demoModelFiles } from '../models/demo.ts';
+import { detectSingleFile, ModelError } from '../models/detect.ts';
+import { inspectDiffusers, inspectSingleFile } from '../models/inspect.ts';
+import { folderFromSources, tokenizerFilesFrom } from '../models/source.ts';
+import { IdbChunkStore } from '../store/idb-store.ts';
+import { EXPORT_FORMATS, StudioError, StudioSession, type ExportFormat, type OpenedModel, type RunInput, type StudioEvent } from './session.ts';
+import { TOKENIZER_FILES } from '../export/full.ts';
+
+/** Where the model comes from (what the page persists, minus the File objects). */
+export type ModelChoice =
+  | { kind: 'demo' }
+  | { kind: 'hub'; endpoint: string; repo: string }
+  | { kind: 'file'; file: File }
+  | { kind: 'folder'; name: string; files: { path: string; file: File }[] };
+
+export type WorkerEvent =
+  | StudioEvent
+  | { type: 'download'; path: string; loaded: number; total: number | null }
+  | { type: 'device-lost'; message: string };
+
+export interface ModelSummary {
+  name: string;
+  family: string;
+  layout: string;
+  prediction: string;
+  parameters: number;
+}
+
+export type InitResult = { ok: true; adapter: AdapterSummary; hasF16: boolean } | { ok: false; noWebGpu: boolean; message: string };
+
+/** Hub repos whose tokenizer/ a single-file checkpoint of each family uses (fetched once, then cached). */
+export const TOKENIZER_REPOS = { sd1: 'stable-diffusion-v1-5/stable-diffusion-v1-5', sd2: 'stabilityai/stable-diffusion-2-1' } as const;
+
+export const RUN_DB = 'dreambooth-studio-runs';
+
+class StudioWorker {
+  private gpu: Gpu | null = null;
+  private store: IdbChunkStore | null = null;
+  private session: StudioSession | null = null;
+  private onEvent: (e: WorkerEvent) => void = () => {};
+  private hubEndpoint = 'https://huggingface.co';
+
+  async init(): Promise<InitResult> {
+    try {
+      this.gpu ??= await Gpu.create(navigator.gpu, { shaders: viteShaderSource() });
+      this.gpu.onLost((e) => this.onEvent({ type: 'device-lost', message: e.message }));
+      return { ok: true, adapter: this.gpu.adapter, hasF16: this.gpu.hasF16 };
+    } catch (e) {
+      return { ok: false, noWebGpu: e instanceof NoWebGpuError, message: (e as Error).message };
+    }
+  }
+
+  setHubEndpoint(endpoint: string): void {
+    this.hubEndpoint = endpoint;
+  }
+
+  /** Opens a model and says what it is (family, layout, size), refusing anything that is not SD 1.x / 2.x. */
+  async inspect(choice: ModelChoice, onEvent?: (e: WorkerEvent) => void): Promise<ModelSummary> {
+    if (onEvent) this.onEvent = onEvent;
+    if (choice.kind === 'file') {
+      const src = new BlobSource(choice.file, choice.file.name);
+      if (!/\.safetensors$/i.test(choice.file.name))
+        throw new ModelError(`${choice.file.name}: only .safetensors checkpoints can be loaded (a .ckpt is a pickle that could run code; convert it to safetensors first)`);
+      const info = await inspectSingleFile(src);
+      return { name: choice.file.name, family: info.family, layout: info.layout, prediction: info.prediction, parameters: total(info.components) };
+    }
+    const opened = await this.open(choice);
+    if (opened.kind !== 'diffusers') throw new Error('unreachable');
+    const info = await inspectDiffusers(opened.reader);
+    return { name: opened.name, family: info.family, layout: info.layout, prediction: info.prediction, parameters: total(info.components) };
+  }
+
+  private async open(choice: ModelChoice): Promise<OpenedModel> {
+    if (choice.kind === 'demo') {
+      const files = new Map<string, ByteSource>([...demoModelFiles(1)].map(([p, b]) => [p, new BytesSource(b, p)]));
+      return this.diffusers('demo-sd1-tiny', files);
+    }
+    if (choice.kind === 'folder') {
+      const files = new Map<string, ByteSource>(choice.files.map(({ path, file }) => [path, new BlobSource(file, path)]));
+      return this.diffusers(choice.name, files);
+    }
+    if (choice.kind === 'hub') {
+      const m = await downloadDiffusersModel(choice.repo, {
+        endpoint: choice.endpoint,
+        cache: idbDownloadCache(),
+        onProgress: (p) => this.onEvent({ type: 'download', ...p }),
+      });
+      return this.diffusers(choice.repo, m.files);
+    }
+    const file = await SafetensorsFile.open(new BlobSource(choice.file, choice.file.name));
+    const family = detectSingleFile(new Map(file.names.map((n) => [n, file.entry(n).shape] as const)), choice.file.name).family;
+    // A single file has no tokenizer: the family's standard one from the hub (cached after the first time).
+    const repo = TOKENIZER_REPOS[family];
+    const tokenizerFiles = new Map<string, Uint8Array>();
+    for (const f of TOKENIZER_FILES.filter((f) => f !== 'tokenizer.json' && f !== 'added_tokens.json')) {
+      try {
+        const src = await downloadFile(repo, `tokenizer/${f}`, { endpoint: this.hubEndpoint, cache: idbDownloadCache(), onProgress: (p) => this.onEvent({ type: 'download', ...p }) });
+        tokenizerFiles.set(f, await src.read(0, src.size));
+      } catch (e) {
+        if (f === 'vocab.json' || f === 'merges.txt')
+          throw new StudioError(`${choice.file.name} carries no tokenizer, and the ${family.toUpperCase()} tokenizer could not be fetched from ${this.hubEndpoint}/${repo}: ${(e as Error).message}. Load the model as a diffusers folder instead.`);
+      }
+    }
+    const reader = folderFromSources('tokenizer', new Map([...tokenizerFiles].map(([f, b]) => [`tokenizer/${f}`, new BytesSource(b, f)])));
+    const tokenizer = await tokenizerFilesFrom(reader);
+    if (!tokenizer) throw new StudioError(`the ${family} tokenizer download is incomplete`);
+    return { kind: 'single-file', name: choice.file.name, file, tokenizer, tokenizerFiles };
+  }
+
+  private async diffusers(name: string, files: Map<string, ByteSource>): Promise<OpenedModel> {
+    const reader = folderFromSources(name, files);
+    const tokenizer = await tokenizerFilesFrom(reader);
+    if (!tokenizer) throw new ModelError(`${name}: no tokenizer/ folder (vocab.json and merges.txt, or tokenizer.json): not a complete diffusers model`);
+    return { kind: 'diffusers', name, reader, tokenizer };
+  }
+
+  private async openStore(): Promise<IdbChunkStore> {
+    return (this.store ??= await IdbChunkStore.open(RUN_DB));
+  }
+
+  /**
+   * Loads the model and the photos, caches latents, plans, resumes from the last checkpoint of
+   * `run.runId`; then trains unless `trainNow` is false (e.g. to export a stopped run).
+   */
+  async start(choice: ModelChoice, run: RunInput, onEvent: (e: WorkerEvent) => void, trainNow = true): Promise<'done' | 'paused' | 'cancelled' | 'ready'> {
+    this.onEvent = onEvent;
+    const gpu = this.gpu;
+    if (!gpu) throw new StudioError('the GPU is not ready');
+    if (this.session) {
+      await this.session.destroy();
+      this.session = null;
+    }
+    const opened = await this.open(choice);
+    const store = await this.openStore();
+    this.session = await StudioSession.prepare(
+      {
+        gpu,
+        dryRunGpu: () => Gpu.create(navigator.gpu, { shaders: viteShaderSource(), dryRun: true, disableF16: !gpu.hasF16 }),
+        store,
+        decode: (blob, name, resolution) => decodeImageBrowser(blob, name, resolution),
+        emit: (e) => this.onEvent(e),
+        encodePng: (rgb, width, height) => encodePng({ width, height, data: rgb, channels: 3, depth: 8 }),
+      },
+      opened,
+      run,
+    );
+    return trainNow ? this.session.train() : 'ready';
+  }
+
+  /** Continues a prepared, paused session. */
+  async train(onEvent: (e: WorkerEvent) => void): Promise<'done' | 'paused' | 'cancelled'> {
+    this.onEvent = onEvent;
+    if (!this.session) throw new StudioError('no run is loaded');
+    return this.session.train();
+  }
+
+  pause(): void {
+    this.session?.pause();
+  }
+
+  cancel(): void {
+    this.session?.cancel();
+  }
+
+  /** Deletes a run's chunks (cached latents, optimizer state, checkpoints). */
+  async discard(runId: string): Promise<void> {
+    if (this.session?.run.runId === runId) {
+      await this.session.destroy();
+      this.session = null;
+    }
+    await StudioSession.discard(await this.openStore(), runId);
+  }
+
+  /** The trained model as a file: a Blob (kept by the browser's blob store, which spills to disk). */
+  async exportModel(format: ExportFormat): Promise<{ blob: Blob; name: string; size: number }> {
+    if (!this.session) throw new StudioError('no trained run to export: train first');
+    if (this.session.isRunning) throw new StudioError('pause the run before exporting');
+    const sink = blobSink(EXPORT_FORMATS[format].type);
+    await this.session.exportTo(format, sink);
+    const blob = sink.blob();
+    return { blob, name: this.session.exportName(format), size: blob.size };
+  }
+
+  async storageBytes(): Promise<number> {
+    return (await this.openStore()).bytesUsed();
+  }
+
+  /** Test hook: destroys the device as a driver reset would, to exercise the device-lost path for real. */
+  loseDevice(): void {
+    this.gpu?.device.destroy();
+  }
+}
+
+function total(c: Record<string, { parameters: number }>): number {
+  return Object.values(c).reduce((a, x) => a + x.parameters, 0);
+}
+
+Comlink.expose(new StudioWorker());
+export type StudioWorkerApi = StudioWorker;

@@ -1,0 +1,552 @@
+// The studio page: one column of steps (model, photos, prompt and settings, train, export) under the
+// environment notices (WebGPU, shader-f16, storage). Every control is a labelled native element, so the
+// whole flow works from the keyboard and with a screen reader.
+import { useEffect, useState, type DragEvent, type ReactNode } from 'react';
+import { EXPORT_FORMATS, PRESETS, type ExportFormat, type PresetName } from '../../studio/session.ts';
+import {
+  addPhotos, applyPreset, cancelTraining, cropAt, exportRun, filesFromDrop, initStudio, modelReady, pauseTraining, removePhoto, replacePhoto, requestPersistence,
+  resumeTraining, startTraining, updatePhoto, useDemoModel, useHubModel, useModelFile, useModelFolder,
+} from './actions.ts';
+import { LossChart } from './LossChart.tsx';
+import { autosave, fmtBytes, fmtDuration, restoreProject, useStudioStore, type PhotoItem } from './state.ts';
+
+export function Studio() {
+  useEffect(() => {
+    void restoreProject().then(() => initStudio());
+    return autosave();
+  }, []);
+  const env = useStudioStore((s) => s.env);
+  return (
+    <main>
+      <header>
+        <h1>DreamBooth Studio</h1>
+        <p>Teach Stable Diffusion a subject from a few photos, on your own GPU, in this tab. No image leaves your machine.</p>
+      </header>
+      {env.kind === 'loading' && <p role="status">Starting WebGPU…</p>}
+      {env.kind === 'error' && <NoGpu noWebGpu={env.noWebGpu} message={env.message} />}
+      {env.kind === 'ready' && (
+        <>
+          <Notices />
+          <ModelPanel />
+          <PhotosPanel />
+          <SettingsPanel />
+          <TrainPanel />
+          <ExportPanel />
+          <p className="footer">
+            <a href="?tools">GPU details, kernel self-test and text-to-image</a>
+          </p>
+        </>
+      )}
+    </main>
+  );
+}
+
+function NoGpu({ noWebGpu, message }: { noWebGpu: boolean; message: string }) {
+  return (
+    <section className="error" role="alert" aria-labelledby="nogpu-title" data-testid="no-webgpu">
+      <h2 id="nogpu-title">{noWebGpu ? 'WebGPU is not available' : 'Could not start the GPU'}</h2>
+      <p>{message}</p>
+      {noWebGpu && (
+        <p>
+          DreamBooth Studio trains on your GPU through WebGPU: use Chrome or Edge 113 or newer with hardware acceleration turned on (chrome://settings/system), then
+          reload this page. Your photos and settings stay saved in this browser.
+        </p>
+      )}
+    </section>
+  );
+}
+
+function Notices() {
+  const env = useStudioStore((s) => s.env);
+  const storage = useStudioStore((s) => s.storage);
+  const [asked, setAsked] = useState<boolean | null>(null);
+  if (env.kind !== 'ready') return null;
+  return (
+    <>
+      {!env.hasF16 && (
+        <p className="notice" role="note" data-testid="no-f16">
+          This GPU does not offer <code>shader-f16</code>: training runs in 32-bit floats, which is slower and needs about twice the GPU memory. Everything
+          still works; the memory plan accounts for it.
+        </p>
+      )}
+      {storage.persisted === false && (
+        <section className="notice" aria-labelledby="persist-title" data-testid="not-persistent">
+          <h2 id="persist-title">Storage may be cleared by the browser</h2>
+          <p>
+            Training keeps its checkpoints in this browser's storage. Unless you allow it to persist, the browser may delete it when the disk runs low, and a
+            long run would be lost.
+          </p>
+          <button type="button" onClick={() => void requestPersistence().then(setAsked)}>
+            Keep my training data
+          </button>
+          {asked === false && <p role="status">The browser did not grant persistent storage (Chrome grants it to bookmarked or installed sites). Training still works.</p>}
+        </section>
+      )}
+      {storage.persisted === true && (
+        <p className="ok" role="status" data-testid="persistent">
+          Storage is persistent: the browser will not clear your checkpoints.
+        </p>
+      )}
+    </>
+  );
+}
+
+// ---- model ---------------------------------------------------------------------------------------------
+
+function DropZone({ label, onDrop, children, testId }: { label: string; onDrop: (e: DragEvent) => void; children: ReactNode; testId: string }) {
+  const [over, setOver] = useState(false);
+  return (
+    <div
+      className={`dropzone${over ? ' over' : ''}`}
+      aria-label={label}
+      role="group"
+      data-testid={testId}
+      onDragOver={(e) => {
+        e.preventDefault();
+        setOver(true);
+      }}
+      onDragLeave={() => setOver(false)}
+      onDrop={(e) => {
+        e.preventDefault();
+        setOver(false);
+        onDrop(e);
+      }}
+    >
+      {children}
+    </div>
+  );
+}
+
+function ModelPanel() {
+  const model = useStudioStore((s) => s.model);
+  const [endpoint, setEndpoint] = useState('https://huggingface.co');
+  const [repo, setRepo] = useState('stable-diffusion-v1-5/stable-diffusion-v1-5');
+  const busy = model.status === 'loading';
+  const onDrop = async (e: DragEvent) => {
+    const { files, folder } = await filesFromDrop(e.dataTransfer.items);
+    if (folder) await useModelFolder(files, folder);
+    else if (files.length === 1) await useModelFile(files[0].file);
+  };
+  return (
+    <section aria-labelledby="model-title">
+      <h2 id="model-title">1. Base model</h2>
+      <DropZone label="Drop a model here" onDrop={(e) => void onDrop(e)} testId="model-drop">
+        <p>Drop a Stable Diffusion 1.x or 2.x checkpoint (.safetensors) or a diffusers folder here, or:</p>
+        <div className="row-wrap">
+          <button type="button" onClick={() => void useDemoModel()} disabled={busy}>
+            Use the demo model
+          </button>
+          <label className="file-button">
+            Choose a checkpoint file
+            <input type="file" accept=".safetensors" disabled={busy} onChange={(e) => e.target.files?.[0] && void useModelFile(e.target.files[0])} />
+          </label>
+          <label className="file-button">
+            Choose a diffusers folder
+            <input
+              type="file"
+              disabled={busy}
+              // @ts-expect-error non-standard but supported by Chrome: choose a whole folder
+              webkitdirectory=""
+              onChange={(e) => {
+                const list = Array.from(e.target.files ?? []);
+                if (!list.length) return;
+                const files = list.map((f) => ({ path: (f as File & { webkitRelativePath: string }).webkitRelativePath || f.name, file: f }));
+                void useModelFolder(files, files[0].path.split('/')[0]);
+              }}
+            />
+          </label>
+        </div>
+      </DropZone>
+      <form
+        className="form"
+        onSubmit={(e) => {
+          e.preventDefault();
+          void useHubModel(endpoint, repo);
+        }}
+      >
+        <label>
+          Model hub <input name="endpoint" value={endpoint} onChange={(e) => setEndpoint(e.target.value)} />
+        </label>
+        <label>
+          Hub model (diffusers layout) <input name="repo" value={repo} onChange={(e) => setRepo(e.target.value)} />
+        </label>
+        <button type="submit" disabled={busy}>
+          Download from the hub
+        </button>
+      </form>
+      {model.download && (
+        <div className="progress-line">
+          <label htmlFor="dl-progress">Downloading {model.download.path}</label>
+          <progress id="dl-progress" max={model.download.total ?? undefined} value={model.download.loaded} />
+          <span>
+            {fmtBytes(model.download.loaded)}
+            {model.download.total ? ` of ${fmtBytes(model.download.total)}` : ''}
+          </span>
+        </div>
+      )}
+      <p role="status" data-testid="model-status" className={model.status === 'error' ? 'bad' : ''}>
+        {model.status === 'loading' && (model.message || 'Loading…')}
+        {model.status === 'error' && model.message}
+        {model.status === 'needs-file' && model.message}
+        {model.status === 'ready' && model.summary && (
+          <>
+            Loaded <strong>{model.summary.name}</strong>: {model.summary.family === 'sd1' ? 'Stable Diffusion 1.x' : 'Stable Diffusion 2.x'} ({model.summary.layout},{' '}
+            {model.summary.prediction}), {(model.summary.parameters / 1e6).toFixed(model.summary.parameters < 1e7 ? 2 : 0)} M parameters
+            {model.ref?.kind === 'demo' && ' (a small random model for trying the flow: its images are noise that training pulls toward your photos)'}.
+          </>
+        )}
+        {model.status === 'none' && model.ref?.kind === 'demo' && 'The last run used the demo model: press "Use the demo model" to continue.'}
+        {model.status === 'none' && model.ref?.kind === 'hub' && `The last run used ${model.ref.repo} from the hub: download it again (it comes from the cache).`}
+      </p>
+    </section>
+  );
+}
+
+// ---- photos --------------------------------------------------------------------------------------------
+
+function Thumb({ p, index }: { p: PhotoItem; index: number }) {
+  const long = Math.max(p.width, p.height);
+  const slack = long - p.crop.size;
+  const t = slack > 0 ? (p.width >= p.height ? p.crop.x : p.crop.y) / slack : 0.5;
+  // The thumbnail shows exactly the square that trains: the crop scaled to 128 px.
+  const scale = 128 / p.crop.size;
+  return (
+    <li className="photo">
+      <div
+        className="crop-preview"
+        role="img"
+        aria-label={`Crop of ${p.name}`}
+        style={{
+          backgroundImage: `url(${p.url})`,
+          backgroundSize: `${p.width * scale}px ${p.height * scale}px`,
+          backgroundPosition: `${-p.crop.x * scale}px ${-p.crop.y * scale}px`,
+        }}
+      />
+      <span className="name" title={p.name}>
+        {p.name} ({p.width}×{p.height})
+      </span>
+      {slack > 0 && (
+        <label>
+          Crop position for {p.name}
+          <input type="range" min={0} max={100} value={Math.round(t * 100)} onChange={(e) => updatePhoto(p.id, { crop: cropAt(p, Number(e.target.value) / 100) })} />
+        </label>
+      )}
+      <label>
+        Caption for {p.name}
+        <input type="text" placeholder="(the prompt)" value={p.caption} onChange={(e) => updatePhoto(p.id, { caption: e.target.value })} />
+      </label>
+      <div className="row-wrap">
+        <label className="file-button small">
+          Replace photo {index + 1}
+          <input type="file" accept="image/jpeg,image/png,image/webp" onChange={(e) => e.target.files?.[0] && void replacePhoto(p.id, e.target.files[0])} />
+        </label>
+        <button type="button" className="small secondary" onClick={() => removePhoto(p.id)} aria-label={`Remove ${p.name}`}>
+          Remove
+        </button>
+      </div>
+    </li>
+  );
+}
+
+function PhotosPanel() {
+  const photos = useStudioStore((s) => s.photos);
+  const errors = useStudioStore((s) => s.photoErrors);
+  return (
+    <section aria-labelledby="photos-title">
+      <h2 id="photos-title">2. Photos of your subject</h2>
+      <DropZone label="Drop photos here" onDrop={(e) => void addPhotos(Array.from(e.dataTransfer.files))} testId="photo-drop">
+        <p>Drop 3 to 5 photos (JPEG, PNG or WebP) of the same subject, or</p>
+        <label className="file-button">
+          Add photos
+          <input type="file" multiple accept="image/jpeg,image/png,image/webp" onChange={(e) => void addPhotos(Array.from(e.target.files ?? []))} />
+        </label>
+      </DropZone>
+      {errors.length > 0 && (
+        <div role="alert" className="bad" data-testid="photo-errors">
+          {errors.map((m, i) => (
+            <p key={i}>{m}</p>
+          ))}
+        </div>
+      )}
+      <p role="status">
+        {photos.length === 0 ? 'No photos yet.' : `${photos.length} photo${photos.length > 1 ? 's' : ''}.`}
+        {photos.length > 0 && photos.length < 3 && ' Three or more give the model a better idea of the subject.'}
+      </p>
+      <ul className="photos" data-testid="photos">
+        {photos.map((p, i) => (
+          <Thumb key={p.id} p={p} index={i} />
+        ))}
+      </ul>
+    </section>
+  );
+}
+
+// ---- settings ------------------------------------------------------------------------------------------
+
+const BUDGETS = [256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576];
+
+function NumberField({ label, value, onChange, min, max, step, name }: { label: string; value: number; onChange: (v: number) => void; min?: number; max?: number; step?: number | 'any'; name: string }) {
+  return (
+    <label>
+      {label}
+      <input name={name} type="number" value={value} min={min} max={max} step={step} onChange={(e) => e.target.value !== '' && onChange(Number(e.target.value))} />
+    </label>
+  );
+}
+
+function SettingsPanel() {
+  const prompt = useStudioStore((s) => s.prompt);
+  const preset = useStudioStore((s) => s.preset);
+  const s = useStudioStore((st) => st.settings);
+  const set = useStudioStore((st) => st.setSettings);
+  const classPhotos = useStudioStore((st) => st.classPhotos);
+  const setAll = useStudioStore((st) => st.set);
+  return (
+    <section aria-labelledby="settings-title">
+      <h2 id="settings-title">3. Prompt and settings</h2>
+      <form className="form" onSubmit={(e) => e.preventDefault()}>
+        <label className="wide">
+          Instance prompt (a rare token plus the class, e.g. "a photo of sks dog")
+          <input name="prompt" value={prompt} onChange={(e) => setAll({ prompt: e.target.value })} />
+        </label>
+      </form>
+      <fieldset className="presets">
+        <legend>Preset</legend>
+        {(Object.keys(PRESETS) as PresetName[]).map((k) => (
+          <label key={k} className="radio">
+            <input type="radio" name="preset" value={k} checked={preset === k} onChange={() => applyPreset(k)} />
+            {PRESETS[k].label}
+          </label>
+        ))}
+        <p className="hint">{preset === 'lora' ? 'Trains small adapters on the attention layers: fast, a few MB to export.' : 'Trains every UNet weight with prior preservation: slower, needs much more storage, exports a full model.'}</p>
+      </fieldset>
+      <details>
+        <summary>Advanced settings</summary>
+        <form className="form" onSubmit={(e) => e.preventDefault()}>
+          <NumberField name="steps" label="Steps" value={s.steps} min={1} max={100000} onChange={(v) => set({ steps: Math.round(v) })} />
+          <NumberField name="lr" label="Learning rate" value={s.lr} min={0} step="any" onChange={(v) => set({ lr: v })} />
+          {s.mode === 'lora' && <NumberField name="rank" label="LoRA rank" value={s.rank} min={1} max={256} onChange={(v) => set({ rank: Math.round(v) })} />}
+          <NumberField name="resolution" label="Resolution (px)" value={s.resolution} min={8} step={8} onChange={(v) => set({ resolution: Math.round(v) })} />
+          <label>
+            GPU memory budget
+            <select name="budget" value={s.budgetBytes} onChange={(e) => set({ budgetBytes: Number(e.target.value) })}>
+              {[...new Set([...BUDGETS.map((m) => m * 2 ** 20), s.budgetBytes])].sort((a, b) => a - b).map((b) => (
+                <option key={b} value={b}>
+                  {fmtBytes(b)}
+                </option>
+              ))}
+            </select>
+          </label>
+          <NumberField name="sampleEvery" label="Sample every N steps (0: never)" value={s.sampleEvery} min={0} onChange={(v) => set({ sampleEvery: Math.round(v) })} />
+          <label>
+            Sample prompt
+            <input name="samplePrompt" value={s.samplePrompt} onChange={(e) => set({ samplePrompt: e.target.value })} />
+          </label>
+          <NumberField name="sampleSteps" label="Sampling steps" value={s.sampleSteps} min={1} max={150} onChange={(v) => set({ sampleSteps: Math.round(v) })} />
+          <NumberField name="seed" label="Seed" value={s.seed} onChange={(v) => set({ seed: Math.round(v) })} />
+          <NumberField name="checkpointEvery" label="Checkpoint every N steps" value={s.checkpointEvery} min={1} onChange={(v) => set({ checkpointEvery: Math.round(v) })} />
+          {s.mode === 'lora' && (
+            <label className="check">
+              <input type="checkbox" checked={s.trainTextEncoder} onChange={(e) => set({ trainTextEncoder: e.target.checked })} />
+              Also train the text encoder (LoRA)
+            </label>
+          )}
+          <label className="check">
+            <input type="checkbox" checked={s.priorPreservation} onChange={(e) => set({ priorPreservation: e.target.checked })} />
+            Prior preservation (class images)
+          </label>
+          {s.priorPreservation && (
+            <>
+              <label>
+                Class prompt
+                <input name="classPrompt" value={s.classPrompt} onChange={(e) => set({ classPrompt: e.target.value })} />
+              </label>
+              <NumberField name="classCount" label="Class images to generate (when none are added)" value={s.classCount} min={1} max={200} onChange={(v) => set({ classCount: Math.round(v) })} />
+              <label className="file-button">
+                Add class images ({classPhotos.length})
+                <input type="file" multiple accept="image/jpeg,image/png,image/webp" onChange={(e) => void addPhotos(Array.from(e.target.files ?? []), 'classPhotos')} />
+              </label>
+            </>
+          )}
+        </form>
+      </details>
+    </section>
+  );
+}
+
+// ---- train ---------------------------------------------------------------------------------------------
+
+function Gauge({ label, value, max, id }: { label: string; value: number; max: number | null; id: string }) {
+  return (
+    <div className="gauge">
+      <label htmlFor={id}>{label}</label>
+      <meter id={id} min={0} max={max ?? Math.max(1, value)} value={value} />
+      <span>
+        {fmtBytes(value)}
+        {max ? ` of ${fmtBytes(max)}` : ''}
+      </span>
+    </div>
+  );
+}
+
+function TrainPanel() {
+  const run = useStudioStore((s) => s.run);
+  const storage = useStudioStore((s) => s.storage);
+  const photos = useStudioStore((s) => s.photos);
+  const modelStatus = useStudioStore((s) => s.model.status);
+  const busy = run.status === 'preparing' || run.status === 'training' || run.status === 'pausing';
+  const canResume = run.runId !== null && run.startedWith !== null && ['paused', 'interrupted', 'device-lost', 'error'].includes(run.status) && run.step < run.steps;
+  const ready = modelStatus === 'ready' && modelReady();
+  return (
+    <section aria-labelledby="train-title">
+      <h2 id="train-title">4. Train</h2>
+      {run.status === 'device-lost' && (
+        <div className="error" role="alert" data-testid="device-lost">
+          <h3>The GPU device was lost</h3>
+          <p>{run.message} This happens when the driver resets or another program takes the GPU. Resume starts a new device and continues from the last checkpoint.</p>
+        </div>
+      )}
+      {run.status === 'interrupted' && (
+        <p className="notice" role="note" data-testid="interrupted">
+          {run.message}
+        </p>
+      )}
+      {run.status === 'quota' && (
+        <div className="error" role="alert" data-testid="quota">
+          <h3>Not enough browser storage for this run</h3>
+          <p>{run.error}</p>
+        </div>
+      )}
+      <div className="row-wrap">
+        <button type="button" onClick={() => void startTraining()} disabled={busy || !ready || photos.length === 0}>
+          {run.runId && run.status !== 'cancelled' ? 'Train again from the start' : 'Train'}
+        </button>
+        <button type="button" onClick={() => void pauseTraining()} disabled={run.status !== 'training'}>
+          Pause
+        </button>
+        <button type="button" onClick={() => void resumeTraining()} disabled={!canResume || busy || !ready}>
+          Resume
+        </button>
+        <button type="button" className="secondary" onClick={() => void cancelTraining()} disabled={!run.runId || run.status === 'done' || run.status === 'cancelled'}>
+          Cancel
+        </button>
+      </div>
+      {!ready && <p className="hint">Load a base model first{photos.length === 0 ? ' and add photos' : ''}.</p>}
+      {ready && photos.length === 0 && <p className="hint">Add photos first.</p>}
+      <div className="progress-line">
+        <label htmlFor="train-progress">Progress</label>
+        <progress id="train-progress" max={run.steps || 1} value={run.step} />
+        <span data-testid="train-progress-text">
+          Step {run.step} / {run.steps || '—'}
+          {run.secondsPerStep > 0 && ` · ${run.secondsPerStep.toFixed(2)} s/step · ETA ${fmtDuration(run.etaSeconds)}`}
+          {run.lastCheckpoint > 0 && ` · checkpoint at step ${run.lastCheckpoint}`}
+        </span>
+      </div>
+      <p role="status" data-testid="train-status">
+        {run.status !== 'idle' && <strong>{statusLabel(run.status)}. </strong>}
+        {run.message}
+      </p>
+      {run.status === 'error' && run.error && (
+        <p role="alert" className="bad" data-testid="train-error">
+          {run.error}
+        </p>
+      )}
+      {run.warnings.length > 0 && (
+        <ul className="warnings" aria-label="Warnings">
+          {run.warnings.map((w, i) => (
+            <li key={i}>{w}</li>
+          ))}
+        </ul>
+      )}
+      <div className="gauges">
+        <Gauge id="gpu-gauge" label="GPU memory (this step's peak)" value={run.gpuPeakBytes} max={run.plan?.budgetBytes ?? null} />
+        <Gauge id="storage-gauge" label="Training storage" value={run.storageBytes} max={storage.quota} />
+      </div>
+      {run.plan && (
+        <p className="hint" data-testid="plan">
+          Memory plan: peak {fmtBytes(run.plan.peakBytes)} of the {fmtBytes(run.plan.budgetBytes)} budget; activation checkpointing {run.plan.activationCheckpointing ? 'on' : 'off'};{' '}
+          {run.plan.residentChunks >= run.plan.chunks ? 'optimizer state on the GPU' : `${run.plan.residentChunks} of ${run.plan.chunks} optimizer chunks on the GPU, the rest streamed from storage`};{' '}
+          {(run.plan.trainableParams / 1e6).toFixed(2)} M trained parameters, about {fmtBytes(run.plan.storageNeedBytes)} of storage.
+        </p>
+      )}
+      <LossChart losses={run.losses} />
+      <h3>Samples</h3>
+      {run.samples.length === 0 ? (
+        <p className="hint">A sample appears before the first step and every {useStudioStore.getState().settings.sampleEvery || 'N'} steps, always with the same seed.</p>
+      ) : (
+        <ul className="samples" data-testid="samples">
+          {[...run.samples].sort((a, b) => a.step - b.step).map((s) => (
+            <li key={s.step}>
+              <img src={s.url} alt={`Sample at step ${s.step}`} width={128} height={128} />
+              <span>step {s.step}</span>
+            </li>
+          ))}
+        </ul>
+      )}
+    </section>
+  );
+}
+
+function statusLabel(s: string): string {
+  return (
+    { preparing: 'Preparing', training: 'Training', pausing: 'Pausing', paused: 'Paused', done: 'Done', cancelled: 'Cancelled', error: 'Stopped', interrupted: 'Interrupted', 'device-lost': 'GPU lost', quota: 'Not enough storage' } as Record<string, string>
+  )[s] ?? s;
+}
+
+// ---- export --------------------------------------------------------------------------------------------
+
+function ExportPanel() {
+  const run = useStudioStore((s) => s.run);
+  const exports = useStudioStore((s) => s.exports);
+  const exporting = useStudioStore((s) => s.exporting);
+  const error = useStudioStore((s) => s.exportError);
+  const mode = run.startedWith?.settings.mode ?? useStudioStore.getState().settings.mode;
+  const formats = (Object.keys(EXPORT_FORMATS) as ExportFormat[]).filter((f) => EXPORT_FORMATS[f].modes.includes(mode));
+  const [format, setFormat] = useState<ExportFormat>(formats[0]);
+  const chosen = formats.includes(format) ? format : formats[0];
+  const canExport = run.runId !== null && run.step > 0 && ['paused', 'done', 'interrupted', 'device-lost', 'error'].includes(run.status) && !exporting;
+  return (
+    <section aria-labelledby="export-title">
+      <h2 id="export-title">5. Export</h2>
+      <form
+        className="form"
+        onSubmit={(e) => {
+          e.preventDefault();
+          void exportRun(chosen);
+        }}
+      >
+        <label>
+          Format
+          <select name="format" value={chosen} onChange={(e) => setFormat(e.target.value as ExportFormat)}>
+            {formats.map((f) => (
+              <option key={f} value={f}>
+                {EXPORT_FORMATS[f].label}
+              </option>
+            ))}
+          </select>
+        </label>
+        <button type="submit" disabled={!canExport}>
+          {exporting ? 'Exporting…' : 'Export and download'}
+        </button>
+      </form>
+      {!canExport && !exporting && <p className="hint">Train (or pause a run) to export it.</p>}
+      {error && (
+        <p role="alert" className="bad">
+          {error}
+        </p>
+      )}
+      {exports.length > 0 && (
+        <ul className="exports" data-testid="exports">
+          {exports.map((x) => (
+            <li key={x.url}>
+              <a href={x.url} download={x.name}>
+                {x.name}
+              </a>{' '}
+              — {fmtBytes(x.size)}
+            </li>
+          ))}
+        </ul>
+      )}
+    </section>
+  );
+}

@@ -1,0 +1,388 @@
+// What the studio's controls do: they talk to the engine worker (Comlink) and update the zustand store.
+// The page itself decodes nothing heavier than an image header; the GPU, the photos' pixels, storage and
+// exports all happen in the worker.
+import * as Comlink from 'comlink';
+import { centerCrop, imageSize, exifOrientation, orientedSize, sniffImage, MAX_IMAGES, type CropBox } from '../../io/image.ts';
+import { storagePersistence } from '../../store/idb-store.ts';
+import { DEMO_RESOLUTION } from '../../models/demo.ts';
+import { PRESETS, type ExportFormat, type PresetName, type RunInput, type StudioEvent } from '../../studio/session.ts';
+import type { ModelChoice, StudioWorkerApi, WorkerEvent } from '../../studio/worker.ts';
+import { EMPTY_RUN, fmtBytes, saveProject, useStudioStore, type PhotoItem, type RunProgress } from './state.ts';
+
+let worker: Worker | null = null;
+let api: Comlink.Remote<StudioWorkerApi> | null = null;
+/** The model's File objects (kept in memory only: browsers do not let a page reopen files after a reload). */
+let modelChoice: ModelChoice | null = null;
+
+const S = () => useStudioStore.getState();
+
+function spawn(): Comlink.Remote<StudioWorkerApi> {
+  worker = new Worker(new URL('../../studio/worker.ts', import.meta.url), { type: 'module', name: 'dreambooth-engine' });
+  api = Comlink.wrap<StudioWorkerApi>(worker);
+  return api;
+}
+
+/** Starts the engine worker and reads the GPU and storage situation. */
+export async function initStudio(): Promise<void> {
+  const w = spawn();
+  const r = await w.init();
+  S().set({ env: r.ok ? { kind: 'ready', adapter: r.adapter, hasF16: r.hasF16 } : { kind: 'error', noWebGpu: r.noWebGpu, message: r.message } });
+  await refreshStorage();
+  (globalThis as { __studio?: unknown }).__studio = { loseDevice: () => api?.loseDevice(), state: S };
+}
+
+export async function refreshStorage(): Promise<void> {
+  const p = await storagePersistence();
+  S().set({ storage: { persisted: p.persisted, quota: p.quota ?? null, usage: p.usage ?? null } });
+}
+
+/** Asks the browser not to evict this site's data (navigator.storage.persist). */
+export async function requestPersistence(): Promise<boolean> {
+  const granted = (await navigator.storage?.persist?.().catch(() => false)) ?? false;
+  await refreshStorage();
+  return granted;
+}
+
+// ---- model ----------------------------------------------------------------------------------------------
+
+async function loadModelChoice(choice: ModelChoice): Promise<void> {
+  const w = api;
+  if (!w) return;
+  const ref =
+    choice.kind === 'demo' ? ({ kind: 'demo' } as const)
+    : choice.kind === 'hub' ? ({ kind: 'hub', endpoint: choice.endpoint, repo: choice.repo } as const)
+    : choice.kind === 'file' ? ({ kind: 'file', name: choice.file.name, size: choice.file.size } as const)
+    : ({ kind: 'folder', name: choice.name, count: choice.files.length } as const);
+  S().set({ model: { ref: S().model.ref, summary: null, status: 'loading', message: choice.kind === 'hub' ? `Downloading ${choice.repo}…` : 'Reading the model…', download: null } });
+  try {
+    const summary = await w.inspect(choice, Comlink.proxy((e: WorkerEvent) => e.type === 'download' && S().set((s) => ({ model: { ...s.model, download: e } }))));
+    const prev = S().model.ref;
+    const differs = prev && S().run.runId && S().run.status !== 'idle' && JSON.stringify(prev) !== JSON.stringify(ref);
+    modelChoice = choice;
+    S().set({ model: { ref, summary, status: 'ready', message: '', download: null } });
+    if (choice.kind === 'demo') {
+      // The demo model trains at 32 px; its photos and samples are tiny and fast.
+      S().setSettings({ resolution: DEMO_RESOLUTION, budgetBytes: 512 * 2 ** 20, sampleEvery: 5, sampleSteps: 8, steps: Math.min(S().settings.steps, 20), checkpointEvery: 5 });
+    }
+    if (differs) S().setRun((r) => ({ warnings: [...r.warnings, 'This is not the model the current run started from: resuming or exporting it would mix the two. Start a new run, or load the original model.'] }));
+  } catch (e) {
+    S().set({ model: { ref: S().model.ref, summary: null, status: 'error', message: (e as Error).message, download: null } });
+  }
+}
+
+export const useDemoModel = () => loadModelChoice({ kind: 'demo' });
+export const useHubModel = (endpoint: string, repo: string) => loadModelChoice({ kind: 'hub', endpoint: endpoint.trim(), repo: repo.trim() });
+export const useModelFile = (file: File) => loadModelChoice({ kind: 'file', file });
+
+export function useModelFolder(files: { path: string; file: File }[], name: string): Promise<void> {
+  // Strip the top folder from the paths ("sd15/unet/config.json" -> "unet/config.json").
+  const strip = files.every((f) => f.path.includes('/') && f.path.split('/')[0] === files[0].path.split('/')[0]);
+  return loadModelChoice({ kind: 'folder', name, files: strip ? files.map((f) => ({ path: f.path.split('/').slice(1).join('/'), file: f.file })) : files });
+}
+
+/** Files of a dropped folder (DataTransferItem.webkitGetAsEntry), with paths relative to the drop. */
+export async function filesFromDrop(items: DataTransferItemList): Promise<{ files: { path: string; file: File }[]; folder: string | null }> {
+  const out: { path: string; file: File }[] = [];
+  let folder: string | null = null;
+  const walk = async (entry: FileSystemEntry, prefix: string): Promise<void> => {
+    if (entry.isFile) {
+      const file = await new Promise<File>((res, rej) => (entry as FileSystemFileEntry).file(res, rej));
+      out.push({ path: prefix + entry.name, file });
+    } else if (entry.isDirectory) {
+      const reader = (entry as FileSystemDirectoryEntry).createReader();
+      for (;;) {
+        const batch = await new Promise<FileSystemEntry[]>((res, rej) => reader.readEntries(res, rej));
+        if (!batch.length) break;
+        for (const e of batch) await walk(e, `${prefix}${entry.name}/`);
+      }
+    }
+  };
+  const entries = Array.from(items).map((i) => i.webkitGetAsEntry?.()).filter((e): e is FileSystemEntry => !!e);
+  for (const e of entries) {
+    if (e.isDirectory) folder = e.name;
+    await walk(e, '');
+  }
+  return { files: out, folder };
+}
+
+// ---- photos ---------------------------------------------------------------------------------------------
+
+let nextId = Date.now();
+
+/** Reads a photo's header: kind, upright size (EXIF orientation), or a message naming what is wrong. */
+export async function probePhoto(file: Blob & { name: string }): Promise<{ width: number; height: number } | { error: string }> {
+  try {
+    // Headers sit in the first bytes; EXIF can be up to 64 KiB in, so read 256 KiB.
+    const head = new Uint8Array(await file.slice(0, 256 * 1024).arrayBuffer());
+    const kind = sniffImage(head, file.name);
+    const size = imageSize(head, kind, file.name);
+    return orientedSize(size, exifOrientation(head, kind));
+  } catch (e) {
+    return { error: (e as Error).message };
+  }
+}
+
+async function toPhotos(files: File[], list: PhotoItem[]): Promise<{ added: PhotoItem[]; errors: string[] }> {
+  const added: PhotoItem[] = [];
+  const errors: string[] = [];
+  for (const f of files) {
+    if (list.length + added.length >= MAX_IMAGES) {
+      errors.push(`${f.name}: not added, a run takes at most ${MAX_IMAGES} photos`);
+      continue;
+    }
+    const p = await probePhoto(f);
+    if ('error' in p) {
+      errors.push(p.error);
+      continue;
+    }
+    // Copy the bytes into a Blob of our own: it is what gets saved, independent of the dropped file.
+    const blob = new Blob([await f.arrayBuffer()], { type: f.type });
+    added.push({ id: `p${nextId++}`, name: f.name, blob, width: p.width, height: p.height, crop: centerCrop(p), caption: '', url: URL.createObjectURL(blob) });
+  }
+  return { added, errors };
+}
+
+export async function addPhotos(files: File[], which: 'photos' | 'classPhotos' = 'photos'): Promise<void> {
+  const { added, errors } = await toPhotos(files, S()[which]);
+  S().set((s) => ({ [which]: [...s[which], ...added], photoErrors: errors }) as Partial<typeof s>);
+}
+
+export function removePhoto(id: string, which: 'photos' | 'classPhotos' = 'photos'): void {
+  const p = S()[which].find((x) => x.id === id);
+  if (p?.url) URL.revokeObjectURL(p.url);
+  S().set((s) => ({ [which]: s[which].filter((x) => x.id !== id) }) as Partial<typeof s>);
+}
+
+export async function replacePhoto(id: string, file: File): Promise<void> {
+  const { added, errors } = await toPhotos([file], []);
+  if (!added.length) {
+    S().set({ photoErrors: errors });
+    return;
+  }
+  const old = S().photos.find((x) => x.id === id);
+  if (old?.url) URL.revokeObjectURL(old.url);
+  S().set((s) => ({ photos: s.photos.map((x) => (x.id === id ? { ...added[0], id, caption: x.caption } : x)), photoErrors: [] }));
+}
+
+export function updatePhoto(id: string, p: Partial<Pick<PhotoItem, 'crop' | 'caption'>>): void {
+  S().set((s) => ({ photos: s.photos.map((x) => (x.id === id ? { ...x, ...p } : x)) }));
+}
+
+/** Moves the square crop along the photo's long side: `t` from 0 (left/top) to 1 (right/bottom). */
+export function cropAt(p: Pick<PhotoItem, 'width' | 'height'>, t: number): CropBox {
+  const size = Math.min(p.width, p.height);
+  const slack = Math.max(p.width, p.height) - size;
+  const off = Math.round(slack * Math.min(1, Math.max(0, t)));
+  return p.width >= p.height ? { x: off, y: 0, size } : { x: 0, y: off, size };
+}
+
+export function applyPreset(name: PresetName): void {
+  S().set((s) => ({ preset: name, settings: { ...s.settings, ...PRESETS[name].settings } }));
+}
+
+// ---- training ---------------------------------------------------------------------------------------------
+
+function onEvent(e: WorkerEvent): void {
+  const { setRun } = S();
+  switch (e.type) {
+    case 'phase':
+      setRun({ message: e.message });
+      break;
+    case 'warning':
+      setRun((r) => ({ warnings: [...r.warnings, e.message] }));
+      break;
+    case 'plan':
+      setRun({ plan: e.plan });
+      break;
+    case 'resumed':
+      setRun({ step: e.step, lastCheckpoint: e.step, losses: e.losses.map((loss, i) => ({ step: i + 1, loss })) });
+      break;
+    case 'step':
+      setRun((r) => ({
+        status: r.status === 'pausing' ? 'pausing' : 'training',
+        step: e.report.step, steps: e.steps, secondsPerStep: e.secondsPerStep, etaSeconds: e.etaSeconds, gpuBytes: e.report.gpuBytes,
+        gpuPeakBytes: Math.max(e.report.gpuPeakBytes, e.report.step === 1 ? 0 : r.gpuPeakBytes), storageBytes: e.storageBytes,
+        losses: [...r.losses.filter((l) => l.step < e.report.step), { step: e.report.step, loss: e.report.loss }],
+        ...(e.report.skipped ? { warnings: [...r.warnings, e.report.skipped] } : {}),
+      }));
+      break;
+    case 'sample': {
+      const blob = new Blob([e.png as BlobPart], { type: 'image/png' });
+      setRun((r) => ({ samples: [...r.samples.filter((s) => s.step !== e.step), { step: e.step, blob, url: URL.createObjectURL(blob) }] }));
+      break;
+    }
+    case 'checkpoint':
+      setRun({ lastCheckpoint: e.step });
+      void saveProject();
+      break;
+    case 'device-lost':
+      setRun({ status: 'device-lost', message: `The GPU device was lost (${e.message}). Your progress up to the checkpoint at step ${S().run.lastCheckpoint} is saved.` });
+      break;
+    case 'download':
+      setRun({ message: `Downloading ${e.path}: ${fmtBytes(e.loaded)}${e.total ? ` of ${fmtBytes(e.total)}` : ''}` });
+      break;
+  }
+}
+
+/** How much the run may still store: the browser's quota less what other data uses. */
+async function checkQuota(need: number): Promise<string | null> {
+  await refreshStorage();
+  const { quota, usage } = S().storage;
+  if (quota === null || usage === null) return null;
+  const ours = (await api?.storageBytes()) ?? 0;
+  const available = quota - usage + ours;
+  if (need <= available) return null;
+  return `This run needs about ${fmtBytes(need)} of browser storage for its optimizer state and checkpoints, but this site may use only ${fmtBytes(Math.max(0, available))} more (quota ${fmtBytes(quota)}, ${fmtBytes(usage)} in use). Free space on the disk, use LoRA instead of full fine-tuning, or lower the rank.`;
+}
+
+function runInput(r: RunProgress): RunInput {
+  const st = S();
+  const w = r.startedWith!;
+  const byId = new Map([...st.photos, ...st.classPhotos].map((p) => [p.id, p]));
+  const pick = (ids: string[]) => ids.map((id) => byId.get(id)).filter((p): p is PhotoItem => !!p).map(({ id, name, blob, crop, caption }) => ({ id, name, blob, crop, caption }));
+  return { runId: r.runId!, prompt: w.prompt, settings: w.settings, images: pick(w.photoIds), classImages: pick(w.classIds) };
+}
+
+async function drive(start: () => Promise<'done' | 'paused' | 'cancelled' | 'ready'>): Promise<void> {
+  const { setRun } = S();
+  try {
+    const result = await start();
+    const r = S().run;
+    if (result === 'cancelled') {
+      await api?.discard(r.runId!);
+      setRun({ ...EMPTY_RUN, status: 'cancelled', message: 'Training cancelled; its checkpoints were deleted.' });
+    } else if (result === 'paused') setRun({ status: 'paused', message: `Paused at step ${r.step} (checkpoint saved).` });
+    else if (result === 'done') setRun({ status: 'done', message: `Done: ${r.step} steps. Export the result below.` });
+    else setRun({ status: 'paused', message: `Loaded at step ${r.step}.` });
+  } catch (e) {
+    if (S().run.status === 'device-lost') return;
+    const err = e as Error;
+    if (/device.*lost|lost.*device|destroyed/i.test(err.message ?? '')) {
+      setRun({ status: 'device-lost', message: `The GPU device was lost (${err.message}). Your progress up to the checkpoint at step ${S().run.lastCheckpoint} is saved.` });
+      return;
+    }
+    if (err.name === 'QuotaTooSmall') setRun({ status: 'quota', error: err.message, message: '' });
+    else setRun({ status: 'error', error: err.message, message: '' });
+  } finally {
+    await saveProject();
+    void refreshStorage();
+  }
+}
+
+export function modelReady(): boolean {
+  return S().model.status === 'ready' && modelChoice !== null;
+}
+
+/** Starts a new run with the current photos and settings (discarding the previous run's checkpoints). */
+export async function startTraining(): Promise<void> {
+  const st = S();
+  if (!api || !modelChoice) return;
+  if (st.photos.length === 0) {
+    st.setRun({ status: 'error', error: 'Add at least one photo of your subject (3 to 5 work best).' });
+    return;
+  }
+  const old = st.run.runId;
+  if (old) await api.discard(old).catch(() => undefined);
+  for (const s of st.run.samples) if (s.url) URL.revokeObjectURL(s.url);
+  const runId = `run-${Date.now().toString(36)}`;
+  const settings = { ...st.settings, classCount: st.settings.priorPreservation && st.classPhotos.length ? st.classPhotos.length : st.settings.classCount };
+  st.set({ exports: [], exportError: null });
+  st.setRun({
+    ...EMPTY_RUN, runId, status: 'preparing', steps: settings.steps, message: 'Starting…',
+    startedWith: { prompt: st.prompt, settings, photoIds: st.photos.map((p) => p.id), classIds: settings.priorPreservation ? st.classPhotos.map((p) => p.id) : [] },
+  });
+  await saveProject();
+  await drive(async () => {
+    const prepared = await api!.start(modelChoice!, runInput(S().run), Comlink.proxy(onEvent), false);
+    const plan = S().run.plan;
+    const problem = plan ? await checkQuota(plan.storageNeedBytes) : null;
+    if (problem) {
+      const e = new Error(problem);
+      e.name = 'QuotaTooSmall';
+      throw e;
+    }
+    if (prepared !== 'ready') return prepared;
+    S().setRun({ status: 'training' });
+    return api!.train(Comlink.proxy(onEvent));
+  });
+}
+
+export async function pauseTraining(): Promise<void> {
+  S().setRun({ status: 'pausing', message: 'Pausing after this step…' });
+  await api?.pause();
+}
+
+/** Continues a paused run; after a reload or a lost device, from the last checkpoint in storage. */
+export async function resumeTraining(): Promise<void> {
+  const st = S();
+  if (!st.run.runId || !st.run.startedWith) return;
+  if (!modelChoice) {
+    st.setRun({ error: 'Load the model first (see Model above).' });
+    return;
+  }
+  const fresh = st.run.status === 'interrupted' || st.run.status === 'device-lost' || st.run.status === 'error';
+  st.setRun({ status: fresh ? 'preparing' : 'training', error: null, message: fresh ? 'Resuming from the last checkpoint…' : 'Resuming…' });
+  if (st.run.status === 'device-lost' || S().run.status === 'preparing') {
+    // A lost device cannot be used again: a new worker gets a new one.
+    if (worker && st.env.kind === 'ready') {
+      worker.terminate();
+      const w = spawn();
+      const r = await w.init();
+      if (!r.ok) {
+        S().setRun({ status: 'device-lost', error: r.message });
+        return;
+      }
+    }
+  }
+  await drive(async () => {
+    if (!fresh) return api!.train(Comlink.proxy(onEvent));
+    const prepared = await api!.start(modelChoice!, runInput(S().run), Comlink.proxy(onEvent), false);
+    if (prepared !== 'ready') return prepared;
+    S().setRun({ status: 'training' });
+    return api!.train(Comlink.proxy(onEvent));
+  });
+}
+
+export async function cancelTraining(): Promise<void> {
+  const st = S();
+  if (st.run.status === 'training' || st.run.status === 'pausing' || st.run.status === 'preparing') {
+    st.setRun({ message: 'Cancelling…' });
+    await api?.cancel();
+    return;
+  }
+  // Not running (paused, interrupted): discard the checkpoints now.
+  if (st.run.runId) await api?.discard(st.run.runId).catch(() => undefined);
+  st.setRun({ ...EMPTY_RUN, status: 'cancelled', message: 'Training cancelled; its checkpoints were deleted.' });
+}
+
+/** Exports the run in `format` and downloads it. */
+export async function exportRun(format: ExportFormat): Promise<void> {
+  const st = S();
+  if (!api || !st.run.runId) return;
+  st.set({ exporting: true, exportError: null });
+  try {
+    if (!modelChoice) throw new Error('Load the model first (see Model above): exports are built on the base model.');
+    let out;
+    try {
+      out = await api.exportModel(format);
+    } catch (e) {
+      if (!/no trained run/.test((e as Error).message)) throw e;
+      // After a reload the worker has no session: load the run from its last checkpoint, then export.
+      await api.start(modelChoice, runInput(st.run), Comlink.proxy(onEvent), false);
+      out = await api.exportModel(format);
+    }
+    const url = URL.createObjectURL(out.blob);
+    const a = document.createElement('a');
+    a.href = url;
+    a.download = out.name;
+    document.body.append(a);
+    a.click();
+    a.remove();
+    S().set((s) => ({ exports: [...s.exports, { format, name: out.name, size: out.size, url }] }));
+  } catch (e) {
+    S().set({ exportError: (e as Error).message });
+  } finally {
+    S().set({ exporting: false });
+    void refreshStorage();
+  }
+}

@@ -1,0 +1,237 @@
+// The studio page's state (zustand) and what it keeps across reloads (IndexedDB through idb-keyval): the
+// prompt, the settings, the photos (as Blobs, with crops and captions), which model was used, and the run's
+// progress (id, step, losses, samples, last checkpoint). The training state itself is in the worker's chunk
+// store; a run interrupted by a reload or a lost device resumes from its last checkpoint.
+import { createStore, get, set as idbSet, type UseStore } from 'idb-keyval';
+import { create } from 'zustand';
+import type { AdapterSummary } from '../../gpu/device.ts';
+import type { CropBox } from '../../io/image.ts';
+import { DEFAULT_SETTINGS, PRESETS, type ExportFormat, type PlanSummary, type PresetName, type StudioSettings } from '../../studio/session.ts';
+import type { ModelSummary } from '../../studio/worker.ts';
+
+/** The model as remembered: demo and hub models reopen by themselves; files must be given again. */
+export type ModelRef =
+  | { kind: 'demo' }
+  | { kind: 'hub'; endpoint: string; repo: string }
+  | { kind: 'file'; name: string; size: number }
+  | { kind: 'folder'; name: string; count: number };
+
+export interface PhotoItem {
+  id: string;
+  name: string;
+  blob: Blob;
+  /** Upright size from the header. */
+  width: number;
+  height: number;
+  crop: CropBox;
+  caption: string;
+  /** Object URL for thumbnails (not persisted). */
+  url?: string;
+}
+
+export type RunStatus = 'idle' | 'preparing' | 'training' | 'pausing' | 'paused' | 'done' | 'cancelled' | 'error' | 'interrupted' | 'device-lost' | 'quota';
+
+export interface SampleItem {
+  step: number;
+  blob: Blob;
+  url?: string;
+}
+
+export interface ExportItem {
+  format: ExportFormat;
+  name: string;
+  size: number;
+  url: string;
+}
+
+export interface RunProgress {
+  runId: string | null;
+  status: RunStatus;
+  message: string;
+  step: number;
+  steps: number;
+  losses: { step: number; loss: number }[];
+  secondsPerStep: number;
+  etaSeconds: number;
+  gpuBytes: number;
+  gpuPeakBytes: number;
+  storageBytes: number;
+  lastCheckpoint: number;
+  plan: PlanSummary | null;
+  warnings: string[];
+  error: string | null;
+  samples: SampleItem[];
+  /** Settings, prompt and photos the run was started with (a resume uses these, not later edits). */
+  startedWith: { prompt: string; settings: StudioSettings; photoIds: string[]; classIds: string[] } | null;
+}
+
+export type EnvState =
+  | { kind: 'loading' }
+  | { kind: 'ready'; adapter: AdapterSummary; hasF16: boolean }
+  | { kind: 'error'; noWebGpu: boolean; message: string };
+
+export interface StudioState {
+  env: EnvState;
+  storage: { persisted: boolean | null; quota: number | null; usage: number | null };
+  model: { ref: ModelRef | null; summary: ModelSummary | null; status: 'none' | 'loading' | 'ready' | 'needs-file' | 'error'; message: string; download: { path: string; loaded: number; total: number | null } | null };
+  photos: PhotoItem[];
+  classPhotos: PhotoItem[];
+  photoErrors: string[];
+  prompt: string;
+  preset: PresetName;
+  settings: StudioSettings;
+  run: RunProgress;
+  exports: ExportItem[];
+  exporting: boolean;
+  exportError: string | null;
+  restored: boolean;
+  set: (p: Partial<StudioState> | ((s: StudioState) => Partial<StudioState>)) => void;
+  setRun: (p: Partial<RunProgress> | ((r: RunProgress) => Partial<RunProgress>)) => void;
+  setSettings: (p: Partial<StudioSettings>) => void;
+}
+
+export const EMPTY_RUN: RunProgress = {
+  runId: null, status: 'idle', message: '', step: 0, steps: 0, losses: [], secondsPerStep: 0, etaSeconds: 0, gpuBytes: 0, gpuPeakBytes: 0, storageBytes: 0,
+  lastCheckpoint: 0, plan: null, warnings: [], error: null, samples: [], startedWith: null,
+};
+
+export const useStudioStore = create<StudioState>((set) => ({
+  env: { kind: 'loading' },
+  storage: { persisted: null, quota: null, usage: null },
+  model: { ref: null, summary: null, status: 'none', message: '', download: null },
+  photos: [],
+  classPhotos: [],
+  photoErrors: [],
+  prompt: 'a photo of sks dog',
+  preset: 'lora',
+  settings: { ...DEFAULT_SETTINGS, ...PRESETS.lora.settings },
+  run: EMPTY_RUN,
+  exports: [],
+  exporting: false,
+  exportError: null,
+  restored: false,
+  set: (p) => set(p),
+  setRun: (p) => set((s) => ({ run: { ...s.run, ...(typeof p === 'function' ? p(s.run) : p) } })),
+  setSettings: (p) => set((s) => ({ settings: { ...s.settings, ...p } })),
+}));
+
+// ---- persistence ----------------------------------------------------------------------------------------
+
+const PROJECT_DB = 'dreambooth-studio-project';
+let idb: UseStore | null = null;
+const db = () => (idb ??= createStore(PROJECT_DB, 'project'));
+
+interface SavedProject {
+  version: 1;
+  prompt: string;
+  preset: PresetName;
+  settings: StudioSettings;
+  model: ModelRef | null;
+  photos: Omit<PhotoItem, 'url'>[];
+  classPhotos: Omit<PhotoItem, 'url'>[];
+  run: Omit<RunProgress, 'samples'> & { samples: { step: number; blob: Blob }[] };
+}
+
+const strip = <T extends { url?: string }>(x: T): Omit<T, 'url'> => {
+  const { url: _url, ...rest } = x;
+  return rest;
+};
+
+function snapshot(s: StudioState): SavedProject {
+  return {
+    version: 1, prompt: s.prompt, preset: s.preset, settings: s.settings, model: s.model.ref, photos: s.photos.map(strip), classPhotos: s.classPhotos.map(strip),
+    run: { ...s.run, samples: s.run.samples.map(strip) },
+  };
+}
+
+let saving: Promise<void> = Promise.resolve();
+let saveError: string | null = null;
+
+/** Saves the project (serialised: one write at a time, the latest state wins). */
+export function saveProject(): Promise<void> {
+  const data = snapshot(useStudioStore.getState());
+  saving = saving.then(() =>
+    idbSet('project', data, db()).then(
+      () => {
+        saveError = null;
+      },
+      (e: Error) => {
+        // Storage full or unavailable: the page keeps working; the message says what will not survive a reload.
+        saveError = `Could not save the project in this browser (${e.name}: ${e.message}); it will not survive a reload.`;
+        useStudioStore.getState().setRun((r) => ({ warnings: r.warnings.includes(saveError!) ? r.warnings : [...r.warnings, saveError!] }));
+      },
+    ),
+  );
+  return saving;
+}
+
+/** Restores the saved project; a run that was training when the page went away becomes 'interrupted'. */
+export async function restoreProject(): Promise<void> {
+  let saved: SavedProject | undefined;
+  try {
+    saved = await get<SavedProject>('project', db());
+  } catch {
+    saved = undefined;
+  }
+  const st = useStudioStore.getState();
+  if (!saved || saved.version !== 1) {
+    st.set({ restored: true });
+    return;
+  }
+  const withUrl = <T extends { blob: Blob }>(x: T) => ({ ...x, url: URL.createObjectURL(x.blob) });
+  const busy: RunStatus[] = ['preparing', 'training', 'pausing'];
+  const run: RunProgress = { ...EMPTY_RUN, ...saved.run, samples: saved.run.samples.map(withUrl) };
+  if (busy.includes(run.status)) {
+    run.status = 'interrupted';
+    run.message = run.lastCheckpoint > 0 ? `The page was closed during training. Resume continues from the checkpoint at step ${run.lastCheckpoint}.` : 'The page was closed before the first checkpoint. Resume starts the run again from its cached photos.';
+  }
+  const ref = saved.model;
+  st.set({
+    prompt: saved.prompt,
+    preset: saved.preset,
+    settings: { ...DEFAULT_SETTINGS, ...saved.settings },
+    photos: saved.photos.map((p) => withUrl(p)),
+    classPhotos: (saved.classPhotos ?? []).map((p) => withUrl(p)),
+    run,
+    model: {
+      ref, summary: null, download: null,
+      status: ref && (ref.kind === 'file' || ref.kind === 'folder') ? 'needs-file' : 'none',
+      message: ref && ref.kind === 'file' ? `Drop ${ref.name} again to continue (browsers do not keep access to files after a reload).` : ref && ref.kind === 'folder' ? `Choose the ${ref.name} folder again to continue.` : '',
+    },
+    restored: true,
+  });
+}
+
+/** Saves after every change, at most every 500 ms (a burst of training steps is one write). */
+export function autosave(): () => void {
+  let timer: ReturnType<typeof setTimeout> | null = null;
+  return useStudioStore.subscribe((s, prev) => {
+    if (!s.restored) return;
+    if (s.prompt === prev.prompt && s.settings === prev.settings && s.photos === prev.photos && s.classPhotos === prev.classPhotos && s.run === prev.run && s.model.ref === prev.model.ref && s.preset === prev.preset) return;
+    if (timer) return;
+    timer = setTimeout(() => {
+      timer = null;
+      void saveProject();
+    }, 500);
+  });
+}
+
+export function lastSaveError(): string | null {
+  return saveError;
+}
+
+// ---- formatting -------------------------------------------------------------------------------------------
+
+export function fmtBytes(n: number): string {
+  if (!Number.isFinite(n)) return '—';
+  if (n >= 2 ** 30) return `${(n / 2 ** 30).toFixed(2)} GiB`;
+  if (n >= 2 ** 20) return `${(n / 2 ** 20).toFixed(1)} MiB`;
+  if (n >= 2 ** 10) return `${(n / 2 ** 10).toFixed(1)} KiB`;
+  return `${n} B`;
+}
+
+export function fmtDuration(seconds: number): string {
+  const s = Math.max(0, Math.round(seconds));
+  const h = Math.floor(s / 3600);
+  return `${h ? `${h}:` : ''}${String(Math.floor(s / 60) % 60).padStart(h ? 2 : 1, '0')}:${String(s % 60).padStart(2, '0')}`;
+}
