@@ -378,8 +378,12 @@ export class StudioSession {
       emit({ type: 'checkpoint', step: t.step });
       return 'done';
     } catch (e) {
-      if (e instanceof StorageFullError)
-        throw new StudioError(`${e.message}. Training stopped at step ${t.step}; the last checkpoint is intact. Free some space (or pick a smaller run), then resume.`);
+      if (e instanceof StorageFullError) {
+        const err = new StudioError(`${e.message.replace(/\.$/, '')}. Training stopped at step ${t.step}; the last checkpoint is intact. Free some space (or pick a smaller run), then resume.`);
+        // The name survives the worker boundary (Comlink sends name and message): the page shows its storage screen.
+        err.name = 'StorageFullError';
+        throw err;
+      }
       throw e;
     } finally {
       this.running = false;
@@ -429,6 +433,8 @@ export class StudioSession {
     }
     // Full formats: the trained UNet over the base's other components. A LoRA run is merged into the UNet
     // first (W + scale B A), which is what "export a full checkpoint" of a LoRA run means.
+    if ([...values.keys()].some((n) => n.startsWith('text_model.')))
+      this.host.emit({ type: 'warning', message: 'The text-encoder LoRA is not merged into full exports (they carry the base text encoder): export a LoRA format to keep it.' });
     const unet = s.mode === 'full' ? provider(() => true) : await this.mergedUnet(values);
     const opts = { title, date: new Date(), resolution: s.resolution };
     const base = this.opened.kind === 'diffusers' ? this.source : this.opened.file;

@@ -395,7 +395,7 @@ function TrainPanel() {
   const photos = useStudioStore((s) => s.photos);
   const modelStatus = useStudioStore((s) => s.model.status);
   const busy = run.status === 'preparing' || run.status === 'training' || run.status === 'pausing';
-  const canResume = run.runId !== null && run.startedWith !== null && ['paused', 'interrupted', 'device-lost', 'error'].includes(run.status) && run.step < run.steps;
+  const canResume = run.runId !== null && run.startedWith !== null && ['paused', 'interrupted', 'device-lost', 'error', 'quota'].includes(run.status) && run.step < run.steps;
   const ready = modelStatus === 'ready' && modelReady();
   return (
     <section aria-labelledby="train-title">
@@ -415,6 +415,10 @@ function TrainPanel() {
         <div className="error" role="alert" data-testid="quota">
           <h3>Not enough browser storage for this run</h3>
           <p>{run.error}</p>
+          <p>
+            A full fine-tune keeps about 24 bytes per UNet weight (fp32 weights and two AdamW moments, plus the checkpointed copy); LoRA needs a small fraction of that.
+            Free space, delete old site data, or switch to LoRA; a stopped run resumes from its last checkpoint.
+          </p>
         </div>
       )}
       <div className="row-wrap">
@@ -504,7 +508,7 @@ function ExportPanel() {
   const formats = (Object.keys(EXPORT_FORMATS) as ExportFormat[]).filter((f) => EXPORT_FORMATS[f].modes.includes(mode));
   const [format, setFormat] = useState<ExportFormat>(formats[0]);
   const chosen = formats.includes(format) ? format : formats[0];
-  const canExport = run.runId !== null && run.step > 0 && ['paused', 'done', 'interrupted', 'device-lost', 'error'].includes(run.status) && !exporting;
+  const canExport = run.runId !== null && run.lastCheckpoint > 0 && ['paused', 'done', 'interrupted', 'device-lost', 'error', 'quota'].includes(run.status) && !exporting;
   return (
     <section aria-labelledby="export-title">
       <h2 id="export-title">5. Export</h2>

@@ -7,7 +7,7 @@ import { storagePersistence } from '../../store/idb-store.ts';
 import { DEMO_RESOLUTION } from '../../models/demo.ts';
 import { PRESETS, type ExportFormat, type PresetName, type RunInput, type StudioEvent } from '../../studio/session.ts';
 import type { ModelChoice, StudioWorkerApi, WorkerEvent } from '../../studio/worker.ts';
-import { EMPTY_RUN, fmtBytes, saveProject, useStudioStore, type PhotoItem, type RunProgress } from './state.ts';
+import { EMPTY_RUN, fmtBytes, saveProject, storageShortfall, useStudioStore, type PhotoItem, type RunProgress } from './state.ts';
 
 let worker: Worker | null = null;
 let api: Comlink.Remote<StudioWorkerApi> | null = null;
@@ -228,11 +228,7 @@ function onEvent(e: WorkerEvent): void {
 async function checkQuota(need: number): Promise<string | null> {
   await refreshStorage();
   const { quota, usage } = S().storage;
-  if (quota === null || usage === null) return null;
-  const ours = (await api?.storageBytes()) ?? 0;
-  const available = quota - usage + ours;
-  if (need <= available) return null;
-  return `This run needs about ${fmtBytes(need)} of browser storage for its optimizer state and checkpoints, but this site may use only ${fmtBytes(Math.max(0, available))} more (quota ${fmtBytes(quota)}, ${fmtBytes(usage)} in use). Free space on the disk, use LoRA instead of full fine-tuning, or lower the rank.`;
+  return storageShortfall(need, quota, usage, (await api?.storageBytes()) ?? 0);
 }
 
 function runInput(r: RunProgress): RunInput {
@@ -261,7 +257,7 @@ async function drive(start: () => Promise<'done' | 'paused' | 'cancelled' | 'rea
       setRun({ status: 'device-lost', message: `The GPU device was lost (${err.message}). Your progress up to the checkpoint at step ${S().run.lastCheckpoint} is saved.` });
       return;
     }
-    if (err.name === 'QuotaTooSmall') setRun({ status: 'quota', error: err.message, message: '' });
+    if (err.name === 'QuotaTooSmall' || err.name === 'StorageFullError') setRun({ status: 'quota', error: err.message, message: '' });
     else setRun({ status: 'error', error: err.message, message: '' });
   } finally {
     await saveProject();
@@ -320,7 +316,7 @@ export async function resumeTraining(): Promise<void> {
     st.setRun({ error: 'Load the model first (see Model above).' });
     return;
   }
-  const fresh = st.run.status === 'interrupted' || st.run.status === 'device-lost' || st.run.status === 'error';
+  const fresh = ['interrupted', 'device-lost', 'error', 'quota'].includes(st.run.status);
   st.setRun({ status: fresh ? 'preparing' : 'training', error: null, message: fresh ? 'Resuming from the last checkpoint…' : 'Resuming…' });
   if (st.run.status === 'device-lost' || S().run.status === 'preparing') {
     // A lost device cannot be used again: a new worker gets a new one.

@@ -220,6 +220,17 @@ export function lastSaveError(): string | null {
   return saveError;
 }
 
+/**
+ * Why a run would not fit the browser's storage, or null: `need` bytes against what this site may still
+ * store (quota less usage), counting what the run store already holds (`ours`) as reusable.
+ */
+export function storageShortfall(need: number, quota: number | null, usage: number | null, ours: number): string | null {
+  if (quota === null || usage === null) return null;
+  const available = quota - usage + ours;
+  if (need <= available) return null;
+  return `This run needs about ${fmtBytes(need)} of browser storage for its optimizer state and checkpoints, but this site may use only ${fmtBytes(Math.max(0, available))} more (quota ${fmtBytes(quota)}, ${fmtBytes(usage)} in use). Free space on the disk, use LoRA instead of full fine-tuning, or lower the rank.`;
+}
+
 // ---- formatting -------------------------------------------------------------------------------------------
 
 export function fmtBytes(n: number): string {
