@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { encode } from 'fast-png';
 import type { Page } from 'playwright-core';
-import { launch, SCREENSHOTS, serve } from './browser.ts';
+import { launch, SCREENSHOTS, serve, serveWithTinyHub } from './browser.ts';
 
 /** A w x h PNG: a soft disc on a gradient, a different colour per `k` (a "subject" the eye can follow). */
 function photo(w: number, h: number, k: number): number[] {
@@ -226,6 +226,7 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
 
       // Cancel a new run: its checkpoints go, the page is ready for another.
       await page.getByRole('button', { name: 'Train again from the start' }).click();
+      await waitForStatus(page, /^Training\./);
       await waitForStep(page, 1);
       await page.getByRole('button', { name: 'Cancel' }).click();
       await waitForStatus(page, /Cancelled/);
@@ -258,6 +259,52 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       assert.match((await page.getByTestId('quota').textContent()) ?? '', /Storage is full: could not write .* Training stopped at step 1; the last checkpoint is intact/);
       assert.match((await page.getByTestId('plan').textContent()) ?? '', /about .* of storage/);
       await shot(page, 'studio-quota');
+    } finally {
+      await browser.close();
+    }
+  });
+});
+
+describe('the studio page: models from the hub and bad files (Chromium)', () => {
+  let server: Awaited<ReturnType<typeof serveWithTinyHub>>;
+  before(async () => (server = await serveWithTinyHub()));
+  after(async () => server?.close());
+
+  it('downloads a diffusers model from a hub with progress; refuses a bad model file and a bad photo replacement by name; removes a photo', { timeout: 300_000 }, async () => {
+    const browser = await launch(true);
+    try {
+      const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+      await openStudio(page, server.url);
+      // A file that is not a checkpoint: the message names it and says why.
+      await page.getByLabel('Choose a checkpoint file').setInputFiles({ name: 'holiday.safetensors', mimeType: 'application/octet-stream', buffer: Buffer.from('this is not a safetensors file at all') });
+      await page.getByTestId('model-status').filter({ hasText: 'holiday.safetensors' }).waitFor({ timeout: 60_000 });
+      assert.match((await page.getByTestId('model-status').textContent()) ?? '', /header length .* out of bounds|not a safetensors/);
+      await page.getByLabel('Choose a checkpoint file').setInputFiles({ name: 'model.ckpt', mimeType: 'application/octet-stream', buffer: Buffer.from('PK pickle') });
+      await page.getByTestId('model-status').filter({ hasText: 'only .safetensors' }).waitFor({ timeout: 60_000 });
+
+      // From the hub (a local server in the HF resolve layout), progress shown while it downloads.
+      let sawProgress = false;
+      page.on('console', () => undefined);
+      const watch = page.waitForFunction(() => !!document.querySelector('#dl-progress'), null, { timeout: 60_000 }).then(() => (sawProgress = true), () => undefined);
+      await page.getByLabel('Model hub').fill(`${server.url}/hub`);
+      await page.getByLabel('Hub model (diffusers layout)').fill('org/tiny-sd');
+      await page.getByRole('button', { name: 'Download from the hub' }).click();
+      await page.getByTestId('model-status').filter({ hasText: 'Loaded org/tiny-sd' }).waitFor({ timeout: 120_000 });
+      await watch;
+      assert.ok(sawProgress, 'a download progress bar was shown');
+      assert.match((await page.getByTestId('model-status').textContent()) ?? '', /Stable Diffusion 1\.x \(diffusers, epsilon\)/);
+
+      // Photos: add three, remove one, replace one with a non-image (refused, the old photo stays), then with a photo.
+      await page.getByLabel('Add photos').setInputFiles(PHOTOS.map((p) => ({ name: p.name, mimeType: p.type, buffer: Buffer.from(p.bytes) })));
+      await page.locator('[data-testid="photos"] li').nth(2).waitFor();
+      await page.getByRole('button', { name: 'Remove subject-2.png' }).click();
+      assert.equal(await page.locator('[data-testid="photos"] li').count(), 2);
+      await page.getByLabel('Replace photo 1').setInputFiles({ name: 'broken.jpg', mimeType: 'image/jpeg', buffer: Buffer.from([0xff, 0xd8, 0xff, 0xe0, 0, 16]) });
+      await page.getByTestId('photo-errors').filter({ hasText: 'broken.jpg' }).waitFor();
+      assert.ok(await page.getByRole('img', { name: 'Crop of subject-1.png' }).isVisible(), 'the refused replacement leaves the photo in place');
+      await page.getByLabel('Replace photo 1').setInputFiles({ name: 'subject-4.png', mimeType: 'image/png', buffer: Buffer.from(photo(64, 48, 3)) });
+      await page.getByRole('img', { name: 'Crop of subject-4.png' }).waitFor();
+      assert.equal(await page.locator('[data-testid="photos"] li').count(), 2);
     } finally {
       await browser.close();
     }

@@ -53,6 +53,8 @@ class StudioWorker {
   private session: StudioSession | null = null;
   private onEvent: (e: WorkerEvent) => void = () => {};
   private hubEndpoint = 'https://huggingface.co';
+  /** A pause or cancel that arrived while the run was still preparing (no session to tell yet). */
+  private pendingStop: 'pause' | 'cancel' | null = null;
 
   async init(): Promise<InitResult> {
     try {
@@ -138,6 +140,7 @@ class StudioWorker {
    */
   async start(choice: ModelChoice, run: RunInput, onEvent: (e: WorkerEvent) => void, trainNow = true): Promise<'done' | 'paused' | 'cancelled' | 'ready'> {
     this.onEvent = onEvent;
+    this.pendingStop = null;
     const gpu = this.gpu;
     if (!gpu) throw new StudioError('the GPU is not ready');
     if (this.session) {
@@ -158,22 +161,29 @@ class StudioWorker {
       opened,
       run,
     );
-    return trainNow ? this.session.train() : 'ready';
+    if (this.pendingStop === 'cancel') return 'cancelled';
+    return trainNow ? this.train(onEvent) : 'ready';
   }
 
   /** Continues a prepared, paused session. */
   async train(onEvent: (e: WorkerEvent) => void): Promise<'done' | 'paused' | 'cancelled'> {
     this.onEvent = onEvent;
     if (!this.session) throw new StudioError('no run is loaded');
+    const stop = this.pendingStop;
+    this.pendingStop = null;
+    if (stop === 'cancel') return 'cancelled';
+    if (stop === 'pause') return 'paused';
     return this.session.train();
   }
 
   pause(): void {
-    this.session?.pause();
+    if (this.session?.isRunning) this.session.pause();
+    else this.pendingStop = 'pause';
   }
 
   cancel(): void {
-    this.session?.cancel();
+    if (this.session?.isRunning) this.session.cancel();
+    else this.pendingStop = 'cancel';
   }
 
   /** Deletes a run's chunks (cached latents, optimizer state, checkpoints). */

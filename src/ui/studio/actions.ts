@@ -298,7 +298,7 @@ export async function startTraining(): Promise<void> {
       throw e;
     }
     if (prepared !== 'ready') return prepared;
-    S().setRun({ status: 'training' });
+    if (S().run.status === 'preparing') S().setRun({ status: 'training' });
     return api!.train(Comlink.proxy(onEvent));
   });
 }
