@@ -375,6 +375,7 @@ export async function exportRun(format: ExportFormat): Promise<void> {
     a.click();
     a.remove();
     S().set((s) => ({ exports: [...s.exports, { format, name: out.name, size: out.size, url }] }));
+    S().setRun({ message: `Exported ${out.name} (${fmtBytes(out.size)}).` });
   } catch (e) {
     S().set({ exportError: (e as Error).message });
   } finally {
