@@ -10,8 +10,7 @@
 // The VAE decoder and the text encoder stay on the GPU when samples are on (their bytes come off the
 // budget the planner gets); the VAE encoder leaves once the latents are cached.
 import type { Gpu } from '../gpu/device.ts';
-import { GpuDeviceLostError } from '../gpu/errors.ts';
-import { checkImageSet, ImageError, prepareImage, scaleCrop, type CropBox, type ImageSize, type RgbaImage } from '../io/image.ts';
+import { checkImageSet, prepareImage, scaleCrop, type CropBox, type ImageSize, type RgbaImage } from '../io/image.ts';
 import { SafetensorsFile, type ByteSink } from '../io/safetensors.ts';
 import { ClipTokenizer, type ClipTokenizerFiles } from '../io/tokenizer.ts';
 import type { Family } from '../models/detect.ts';
@@ -495,9 +494,3 @@ export function storageNeed(trainableParams: number, cacheBytes: number): number
   return cacheBytes + 2 * 12 * trainableParams;
 }
 
-/** Whether an error means the GPU went away (the UI offers to resume from the last checkpoint). */
-export function isDeviceLost(e: unknown): boolean {
-  return e instanceof GpuDeviceLostError || (e instanceof Error && /device (was )?lost|GPU device .*lost/i.test(e.message));
-}
-
-export { ImageError };

@@ -7,26 +7,13 @@ import { idbDownloadCache } from '../io/cache-idb.ts';
 import { downloadDiffusersModel } from '../io/hub.ts';
 import { BlobSource, type ByteSource } from '../io/source.ts';
 import { ClipTokenizer } from '../io/tokenizer.ts';
-import type { FolderReader } from '../models/inspect.ts';
+import { folderFromSources, tokenizerFilesFrom } from '../models/source.ts';
 import { loadDiffusers } from '../models/load.ts';
 import { scheduleFromJson, SD_SCHEDULE } from '../sample/schedulers.ts';
 import { txt2img } from '../sample/txt2img.ts';
 
-async function text(src: ByteSource): Promise<string> {
-  return new TextDecoder().decode(await src.read(0, src.size));
-}
-
-function reader(name: string, files: Map<string, ByteSource>): FolderReader {
-  return {
-    name,
-    exists: async (p) => files.has(p),
-    readJson: async (p) => JSON.parse(await text(files.get(p)!)),
-    open: async (p) => files.get(p)!,
-  };
-}
-
 /** A dropped or chosen diffusers folder: paths relative to its top folder -> files, read by slices. */
-export function folderFromFiles(list: FileList | File[]): { name: string; files: Map<string, ByteSource> } {
+function folderFromFiles(list: FileList | File[]): { name: string; files: Map<string, ByteSource> } {
   const files = new Map<string, ByteSource>();
   let name = 'folder';
   for (const f of Array.from(list)) {
@@ -67,13 +54,11 @@ export function Generate({ gpu }: { gpu: Gpu }) {
         });
       }
       setStatus('Loading the model onto the GPU…');
-      const files = reader(folder?.name ?? repo, m.files);
+      const files = folderFromSources(folder?.name ?? repo, m.files);
       const model = await loadDiffusers(gpu, files, { dtype: gpu.computeDType });
-      const tokFiles = m.files.has('tokenizer/tokenizer.json')
-        ? { tokenizerJson: await files.readJson('tokenizer/tokenizer.json') }
-        : { vocab: (await files.readJson('tokenizer/vocab.json')) as Record<string, number>, merges: await text(m.files.get('tokenizer/merges.txt')!) };
-      const config = m.files.has('tokenizer/tokenizer_config.json') ? await files.readJson('tokenizer/tokenizer_config.json') : {};
-      const tokenizer = ClipTokenizer.fromFiles({ ...tokFiles, config });
+      const tokFiles = await tokenizerFilesFrom(files);
+      if (!tokFiles) throw new Error('the model has no tokenizer/ folder');
+      const tokenizer = ClipTokenizer.fromFiles(tokFiles);
       const sched = m.files.has('scheduler/scheduler_config.json') ? await files.readJson('scheduler/scheduler_config.json') : {};
       const t0 = performance.now();
       const img = await txt2img(gpu, model, tokenizer, {

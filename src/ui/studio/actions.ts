@@ -161,7 +161,8 @@ export async function replacePhoto(id: string, file: File): Promise<void> {
   }
   const old = S().photos.find((x) => x.id === id);
   if (old?.url) URL.revokeObjectURL(old.url);
-  S().set((s) => ({ photos: s.photos.map((x) => (x.id === id ? { ...added[0], id, caption: x.caption } : x)), photoErrors: [] }));
+  // A new id: the saved Blob of the old photo is dropped, the new one written.
+  S().set((s) => ({ photos: s.photos.map((x) => (x.id === id ? { ...added[0], caption: x.caption } : x)), photoErrors: [] }));
 }
 
 export function updatePhoto(id: string, p: Partial<Pick<PhotoItem, 'crop' | 'caption'>>): void {
@@ -253,7 +254,7 @@ async function drive(start: () => Promise<'done' | 'paused' | 'cancelled' | 'rea
   } catch (e) {
     if (S().run.status === 'device-lost') return;
     const err = e as Error;
-    if (/device.*lost|lost.*device|destroyed/i.test(err.message ?? '')) {
+    if (err.name === 'GpuDeviceLostError' || /device.*lost|lost.*device|destroyed/i.test(err.message ?? '')) {
       setRun({ status: 'device-lost', message: `The GPU device was lost (${err.message}). Your progress up to the checkpoint at step ${S().run.lastCheckpoint} is saved.` });
       return;
     }

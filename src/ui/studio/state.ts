@@ -2,7 +2,7 @@
 // prompt, the settings, the photos (as Blobs, with crops and captions), which model was used, and the run's
 // progress (id, step, losses, samples, last checkpoint). The training state itself is in the worker's chunk
 // store; a run interrupted by a reload or a lost device resumes from its last checkpoint.
-import { createStore, get, set as idbSet, type UseStore } from 'idb-keyval';
+import { createStore, del, get, keys, set as idbSet, type UseStore } from 'idb-keyval';
 import { create } from 'zustand';
 import type { AdapterSummary } from '../../gpu/device.ts';
 import type { CropBox } from '../../io/image.ts';
@@ -116,82 +116,129 @@ export const useStudioStore = create<StudioState>((set) => ({
 }));
 
 // ---- persistence ----------------------------------------------------------------------------------------
+// One small 'project' record (settings, photo and sample metadata, run progress) rewritten on changes, and
+// each photo and sample Blob under its own key, written once: a training step rewrites a few KB, not the
+// photos.
 
 const PROJECT_DB = 'dreambooth-studio-project';
 let idb: UseStore | null = null;
 const db = () => (idb ??= createStore(PROJECT_DB, 'project'));
 
+type PhotoMeta = Omit<PhotoItem, 'url' | 'blob'>;
+
 interface SavedProject {
-  version: 1;
+  version: 2;
   prompt: string;
   preset: PresetName;
   settings: StudioSettings;
   model: ModelRef | null;
-  photos: Omit<PhotoItem, 'url'>[];
-  classPhotos: Omit<PhotoItem, 'url'>[];
-  run: Omit<RunProgress, 'samples'> & { samples: { step: number; blob: Blob }[] };
+  photos: PhotoMeta[];
+  classPhotos: PhotoMeta[];
+  run: Omit<RunProgress, 'samples'> & { samples: { step: number }[] };
 }
 
-const strip = <T extends { url?: string }>(x: T): Omit<T, 'url'> => {
-  const { url: _url, ...rest } = x;
-  return rest;
-};
+const photoKey = (id: string) => `photo:${id}`;
+const sampleKey = (runId: string | null, step: number) => `sample:${runId ?? 'none'}:${step}`;
+/** Blob keys already in the database (so each Blob is written once). */
+const written = new Set<string>();
 
-function snapshot(s: StudioState): SavedProject {
-  return {
-    version: 1, prompt: s.prompt, preset: s.preset, settings: s.settings, model: s.model.ref, photos: s.photos.map(strip), classPhotos: s.classPhotos.map(strip),
-    run: { ...s.run, samples: s.run.samples.map(strip) },
+function snapshot(s: StudioState): { project: SavedProject; blobs: Map<string, Blob> } {
+  const blobs = new Map<string, Blob>();
+  const meta = (p: PhotoItem): PhotoMeta => {
+    blobs.set(photoKey(p.id), p.blob);
+    const { url: _u, blob: _b, ...rest } = p;
+    return rest;
   };
+  const project: SavedProject = {
+    version: 2, prompt: s.prompt, preset: s.preset, settings: s.settings, model: s.model.ref, photos: s.photos.map(meta), classPhotos: s.classPhotos.map(meta),
+    run: { ...s.run, samples: s.run.samples.map((x) => (blobs.set(sampleKey(s.run.runId, x.step), x.blob), { step: x.step })) },
+  };
+  return { project, blobs };
 }
 
 let saving: Promise<void> = Promise.resolve();
-let saveError: string | null = null;
+
+async function writeProject(project: SavedProject, blobs: Map<string, Blob>): Promise<void> {
+  const store = db();
+  for (const [k, b] of blobs)
+    if (!written.has(k)) {
+      await idbSet(k, b, store);
+      written.add(k);
+    }
+  await idbSet('project', project, store);
+  // Blobs no longer referenced (removed photos, an earlier run's samples) go after the record that dropped them.
+  for (const k of await keys(store))
+    if (typeof k === 'string' && k !== 'project' && !blobs.has(k)) {
+      await del(k, store);
+      written.delete(k);
+    }
+}
 
 /** Saves the project (serialised: one write at a time, the latest state wins). */
 export function saveProject(): Promise<void> {
-  const data = snapshot(useStudioStore.getState());
+  const { project, blobs } = snapshot(useStudioStore.getState());
   saving = saving.then(() =>
-    idbSet('project', data, db()).then(
-      () => {
-        saveError = null;
-      },
-      (e: Error) => {
-        // Storage full or unavailable: the page keeps working; the message says what will not survive a reload.
-        saveError = `Could not save the project in this browser (${e.name}: ${e.message}); it will not survive a reload.`;
-        useStudioStore.getState().setRun((r) => ({ warnings: r.warnings.includes(saveError!) ? r.warnings : [...r.warnings, saveError!] }));
-      },
-    ),
+    writeProject(project, blobs).catch((e: Error) => {
+      // Storage full or unavailable: the page keeps working; the message says what will not survive a reload.
+      const msg = `Could not save the project in this browser (${e.name}: ${e.message}); it will not survive a reload.`;
+      useStudioStore.getState().setRun((r) => ({ warnings: r.warnings.includes(msg) ? r.warnings : [...r.warnings, msg] }));
+    }),
   );
   return saving;
 }
 
 /** Restores the saved project; a run that was training when the page went away becomes 'interrupted'. */
 export async function restoreProject(): Promise<void> {
+  const st = useStudioStore.getState();
   let saved: SavedProject | undefined;
+  const lost: string[] = [];
+  const photos: PhotoItem[] = [];
+  const classPhotos: PhotoItem[] = [];
+  const samples: SampleItem[] = [];
   try {
-    saved = await get<SavedProject>('project', db());
+    const store = db();
+    saved = await get<SavedProject>('project', store);
+    if (saved?.version === 2) {
+      const load = async (metas: PhotoMeta[], out: PhotoItem[]) => {
+        for (const m of metas) {
+          const blob = await get<Blob>(photoKey(m.id), store);
+          if (blob) {
+            written.add(photoKey(m.id));
+            out.push({ ...m, blob, url: URL.createObjectURL(blob) });
+          } else lost.push(m.name);
+        }
+      };
+      await load(saved.photos, photos);
+      await load(saved.classPhotos ?? [], classPhotos);
+      for (const x of saved.run.samples) {
+        const blob = await get<Blob>(sampleKey(saved.run.runId, x.step), store);
+        if (blob) {
+          written.add(sampleKey(saved.run.runId, x.step));
+          samples.push({ step: x.step, blob, url: URL.createObjectURL(blob) });
+        }
+      }
+    }
   } catch {
     saved = undefined;
   }
-  const st = useStudioStore.getState();
-  if (!saved || saved.version !== 1) {
+  if (!saved || saved.version !== 2) {
     st.set({ restored: true });
     return;
   }
-  const withUrl = <T extends { blob: Blob }>(x: T) => ({ ...x, url: URL.createObjectURL(x.blob) });
   const busy: RunStatus[] = ['preparing', 'training', 'pausing'];
-  const run: RunProgress = { ...EMPTY_RUN, ...saved.run, samples: saved.run.samples.map(withUrl) };
+  const run: RunProgress = { ...EMPTY_RUN, ...saved.run, samples };
   if (busy.includes(run.status)) {
     run.status = 'interrupted';
     run.message = run.lastCheckpoint > 0 ? `The page was closed during training. Resume continues from the checkpoint at step ${run.lastCheckpoint}.` : 'The page was closed before the first checkpoint. Resume starts the run again from its cached photos.';
   }
+  if (lost.length) run.warnings = [...run.warnings, `Could not read back ${lost.join(', ')} from this browser's storage: add them again.`];
   const ref = saved.model;
   st.set({
     prompt: saved.prompt,
     preset: saved.preset,
     settings: { ...DEFAULT_SETTINGS, ...saved.settings },
-    photos: saved.photos.map((p) => withUrl(p)),
-    classPhotos: (saved.classPhotos ?? []).map((p) => withUrl(p)),
+    photos,
+    classPhotos,
     run,
     model: {
       ref, summary: null, download: null,
@@ -214,10 +261,6 @@ export function autosave(): () => void {
       void saveProject();
     }, 500);
   });
-}
-
-export function lastSaveError(): string | null {
-  return saveError;
 }
 
 /**
