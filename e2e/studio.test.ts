@@ -173,7 +173,11 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       assert.match((await page.getByTestId('loss-text').textContent()) ?? '', /Loss at step 6/);
       assert.ok((await page.locator('[data-testid="samples"] li').count()) >= 2, 'samples from before and after the reload');
 
-      // Export a kohya LoRA and a full checkpoint; read the downloads' headers.
+      // Export a kohya LoRA and a full checkpoint as downloads (Blob path); read the downloads' headers.
+      const dialog = page.getByLabel('Choose where to save (streams large files straight to disk)');
+      // Chromium has showSaveFilePicker, so the page offers the dialog (on by default): turn it off here.
+      assert.equal(await dialog.count(), 1, 'the save-dialog option is offered');
+      await dialog.uncheck();
       const exportAs = async (label: RegExp) => {
         await page.getByLabel('Format').selectOption({ label: (await page.getByLabel('Format').locator('option').allTextContents()).find((t) => label.test(t))! });
         const [download] = await Promise.all([page.waitForEvent('download', { timeout: 300_000 }), page.getByRole('button', { name: 'Export and download' }).click()]);
@@ -190,6 +194,25 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       for (const p of ['model.diffusion_model.', 'first_stage_model.', 'cond_stage_model.']) assert.ok(fh.names.some((n) => n.startsWith(p)), `full checkpoint has ${p}*`);
       await page.getByTestId('exports').filter({ hasText: 'KiB' }).waitFor();
       assert.equal(await page.locator('[data-testid="exports"] li').count(), 2);
+      // Through the save dialog: the worker streams into the chosen file. The OS dialog is replaced by one that
+      // answers with a file in the origin-private file system; everything after it is the real path.
+      {
+        await page.evaluate(() => {
+          (window as unknown as { showSaveFilePicker: unknown }).showSaveFilePicker = async (o: { suggestedName: string }) =>
+            (await navigator.storage.getDirectory()).getFileHandle(o.suggestedName, { create: true });
+        });
+        await dialog.check();
+        await page.getByLabel('Format').selectOption({ label: (await page.getByLabel('Format').locator('option').allTextContents()).find((t) => /diffusers folder/.test(t))! });
+        await page.getByRole('button', { name: 'Export and download' }).click();
+        await page.getByTestId('exports').filter({ hasText: 'saved where you chose' }).waitFor({ timeout: 300_000 });
+        const saved = await page.evaluate(async () => {
+          const f = await (await (await navigator.storage.getDirectory()).getFileHandle('demo-sd1-tiny-dreambooth-lora-step6-diffusers.zip')).getFile();
+          return { size: f.size, head: [...new Uint8Array(await f.slice(0, 2).arrayBuffer())] };
+        });
+        assert.deepEqual(saved.head, [0x50, 0x4b], 'a zip (PK)');
+        assert.ok(saved.size > 100_000, `zip size ${saved.size}`);
+        assert.match((await page.getByTestId('exports').textContent()) ?? '', /diffusers\.zip \(saved where you chose\) — \d/);
+      }
       await shot(page, 'studio-5-export');
       assert.deepEqual(pageErrors, []);
     } finally {

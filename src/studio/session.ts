@@ -401,10 +401,9 @@ export class StudioSession {
     this.host.emit({ type: 'sample', step: this.trainer.step, png: this.host.encodePng(img.rgb, img.width, img.height), width: img.width, height: img.height });
   }
 
-  /** Base file name for exports: model name + mode + step. */
+  /** The export's file name (see exportFileName). */
   exportName(format: ExportFormat): string {
-    const base = this.opened.name.replace(/\.(safetensors|ckpt)$/i, '').replace(/[^A-Za-z0-9._-]+/g, '-').slice(0, 60) || 'model';
-    return `${base}-dreambooth-${this.run.settings.mode}-step${this.trainer.step}${EXPORT_FORMATS[format].suffix}`;
+    return exportFileName(this.opened.name, this.run.settings.mode, this.trainer.step, format);
   }
 
   /** Streams the trained model in `format` to `sink` (LoRA formats for LoRA runs; full formats for both). */
@@ -483,6 +482,12 @@ export class StudioSession {
   static async discard(store: ChunkStore, runId: string): Promise<void> {
     for (const k of await store.keys(`${runId}/`)) await store.delete(k);
   }
+}
+
+/** An export's file name: the base model's name, the mode and the step, and the format's suffix. */
+export function exportFileName(modelName: string, mode: TrainMode, step: number, format: ExportFormat): string {
+  const base = modelName.replace(/\.(safetensors|ckpt)$/i, '').replace(/[^A-Za-z0-9._-]+/g, '-').slice(0, 60) || 'model';
+  return `${base}-dreambooth-${mode}-step${step}${EXPORT_FORMATS[format].suffix}`;
 }
 
 /**

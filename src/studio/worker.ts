@@ -205,6 +205,29 @@ class StudioWorker {
     return { blob, name: this.session.exportName(format), size: blob.size };
   }
 
+  /**
+   * The trained model streamed into a file the page chose (showSaveFilePicker, or any FileSystemFileHandle):
+   * bytes go to disk as they are made, nothing is held in memory. A failure aborts the write, so a half file
+   * never replaces what was there.
+   */
+  async exportToFile(format: ExportFormat, handle: FileSystemFileHandle): Promise<{ name: string; size: number }> {
+    if (!this.session) throw new StudioError('no trained run to export: train first');
+    if (this.session.isRunning) throw new StudioError('pause the run before exporting');
+    const writer = (await handle.createWritable()).getWriter();
+    try {
+      await this.session.exportTo(format, { write: (c) => writer.write(c as Uint8Array<ArrayBuffer>), close: () => writer.close() });
+    } catch (e) {
+      await writer.abort().catch(() => undefined);
+      throw e;
+    }
+    return { name: handle.name, size: (await handle.getFile()).size };
+  }
+
+  /** Whether a run is loaded (exports need one). */
+  hasSession(): boolean {
+    return this.session !== null;
+  }
+
   async storageBytes(): Promise<number> {
     return (await this.openStore()).bytesUsed();
   }

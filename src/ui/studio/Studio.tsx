@@ -5,7 +5,7 @@ import { useEffect, useState, type DragEvent, type ReactNode } from 'react';
 import { EXPORT_FORMATS, PRESETS, type ExportFormat, type PresetName } from '../../studio/session.ts';
 import {
   addPhotos, applyPreset, cancelTraining, cropAt, exportRun, filesFromDrop, initStudio, modelReady, pauseTraining, removePhoto, replacePhoto, requestPersistence,
-  resumeTraining, startTraining, updatePhoto, useDemoModel, useHubModel, useModelFile, useModelFolder,
+  resumeTraining, savePicker, startTraining, updatePhoto, useDemoModel, useHubModel, useModelFile, useModelFolder,
 } from './actions.ts';
 import { LossChart } from './LossChart.tsx';
 import { autosave, fmtBytes, fmtDuration, restoreProject, useStudioStore, type PhotoItem } from './state.ts';
@@ -504,6 +504,8 @@ function ExportPanel() {
   const exports = useStudioStore((s) => s.exports);
   const exporting = useStudioStore((s) => s.exporting);
   const error = useStudioStore((s) => s.exportError);
+  const saveWithDialog = useStudioStore((s) => s.saveWithDialog);
+  const hasDialog = savePicker() !== null;
   const mode = run.startedWith?.settings.mode ?? useStudioStore.getState().settings.mode;
   const formats = (Object.keys(EXPORT_FORMATS) as ExportFormat[]).filter((f) => EXPORT_FORMATS[f].modes.includes(mode));
   const [format, setFormat] = useState<ExportFormat>(formats[0]);
@@ -529,6 +531,12 @@ function ExportPanel() {
             ))}
           </select>
         </label>
+        {hasDialog && (
+          <label className="check">
+            <input type="checkbox" checked={saveWithDialog} onChange={(e) => useStudioStore.getState().set({ saveWithDialog: e.target.checked })} />
+            Choose where to save (streams large files straight to disk)
+          </label>
+        )}
         <button type="submit" disabled={!canExport}>
           {exporting ? 'Exporting…' : 'Export and download'}
         </button>
@@ -542,10 +550,14 @@ function ExportPanel() {
       {exports.length > 0 && (
         <ul className="exports" data-testid="exports">
           {exports.map((x) => (
-            <li key={x.url}>
-              <a href={x.url} download={x.name}>
-                {x.name}
-              </a>{' '}
+            <li key={`${x.name}-${x.size}-${x.url}`}>
+              {x.url ? (
+                <a href={x.url} download={x.name}>
+                  {x.name}
+                </a>
+              ) : (
+                <span>{x.name} (saved where you chose)</span>
+              )}{' '}
               — {fmtBytes(x.size)}
             </li>
           ))}

@@ -5,7 +5,7 @@ import * as Comlink from 'comlink';
 import { centerCrop, imageSize, exifOrientation, orientedSize, sniffImage, MAX_IMAGES, type CropBox } from '../../io/image.ts';
 import { storagePersistence } from '../../store/idb-store.ts';
 import { DEMO_RESOLUTION } from '../../models/demo.ts';
-import { PRESETS, type ExportFormat, type PresetName, type RunInput, type StudioEvent } from '../../studio/session.ts';
+import { exportFileName, PRESETS, type ExportFormat, type PresetName, type RunInput, type StudioEvent } from '../../studio/session.ts';
 import type { ModelChoice, StudioWorkerApi, WorkerEvent } from '../../studio/worker.ts';
 import { EMPTY_RUN, fmtBytes, saveProject, storageShortfall, useStudioStore, type PhotoItem, type RunProgress } from './state.ts';
 
@@ -352,22 +352,45 @@ export async function cancelTraining(): Promise<void> {
   st.setRun({ ...EMPTY_RUN, status: 'cancelled', message: 'Training cancelled; its checkpoints were deleted.' });
 }
 
-/** Exports the run in `format` and downloads it. */
+type SavePicker = (o: { suggestedName: string }) => Promise<FileSystemFileHandle>;
+
+/** The browser's save dialog (Chrome, Edge), when it has one. */
+export function savePicker(): SavePicker | null {
+  const p = (globalThis as { showSaveFilePicker?: SavePicker }).showSaveFilePicker;
+  return typeof p === 'function' ? p : null;
+}
+
+/**
+ * Exports the run in `format`: streamed into a file chosen in the save dialog (nothing held in memory), or
+ * built as a Blob and downloaded where there is no dialog or the user turned it off.
+ */
 export async function exportRun(format: ExportFormat): Promise<void> {
   const st = S();
-  if (!api || !st.run.runId) return;
+  if (!api || !st.run.runId || !st.run.startedWith) return;
   st.set({ exporting: true, exportError: null });
   try {
     if (!modelChoice) throw new Error('Load the model first (see Model above): exports are built on the base model.');
-    let out;
-    try {
-      out = await api.exportModel(format);
-    } catch (e) {
-      if (!/no trained run/.test((e as Error).message)) throw e;
-      // After a reload the worker has no session: load the run from its last checkpoint, then export.
-      await api.start(modelChoice, runInput(st.run), Comlink.proxy(onEvent), false);
-      out = await api.exportModel(format);
+    // The dialog first, while the click still counts as a user gesture.
+    const picker = st.saveWithDialog ? savePicker() : null;
+    let handle: FileSystemFileHandle | null = null;
+    if (picker) {
+      const step = st.run.status === 'paused' || st.run.status === 'done' ? st.run.step : st.run.lastCheckpoint;
+      try {
+        handle = await picker({ suggestedName: exportFileName(st.model.summary?.name ?? 'model', st.run.startedWith.settings.mode, step, format) });
+      } catch (e) {
+        if ((e as Error).name === 'AbortError') return; // the dialog was closed
+        throw e;
+      }
     }
+    // After a reload the worker has no session: load the run from its last checkpoint first.
+    if (!(await api.hasSession())) await api.start(modelChoice, runInput(st.run), Comlink.proxy(onEvent), false);
+    if (handle) {
+      const out = await api.exportToFile(format, handle);
+      S().set((s) => ({ exports: [...s.exports, { format, name: out.name, size: out.size, url: '' }] }));
+      S().setRun({ message: `Saved ${out.name} (${fmtBytes(out.size)}).` });
+      return;
+    }
+    const out = await api.exportModel(format);
     const url = URL.createObjectURL(out.blob);
     const a = document.createElement('a');
     a.href = url;

@@ -84,6 +84,8 @@ export interface StudioState {
   exports: ExportItem[];
   exporting: boolean;
   exportError: string | null;
+  /** Export through the browser's save dialog (streams to disk) where it exists. */
+  saveWithDialog: boolean;
   restored: boolean;
   set: (p: Partial<StudioState> | ((s: StudioState) => Partial<StudioState>)) => void;
   setRun: (p: Partial<RunProgress> | ((r: RunProgress) => Partial<RunProgress>)) => void;
@@ -109,6 +111,7 @@ export const useStudioStore = create<StudioState>((set) => ({
   exports: [],
   exporting: false,
   exportError: null,
+  saveWithDialog: true,
   restored: false,
   set: (p) => set(p),
   setRun: (p) => set((s) => ({ run: { ...s.run, ...(typeof p === 'function' ? p(s.run) : p) } })),
