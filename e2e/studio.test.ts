@@ -224,6 +224,12 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
     const browser = await launch(true);
     try {
       const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+      // "Train again" and "Cancel" ask before deleting a run's checkpoints: answer yes, and check they asked.
+      const asked: string[] = [];
+      page.on('dialog', (d) => {
+        asked.push(d.message());
+        void d.accept();
+      });
       await openStudio(page, server.url);
       await loadDemo(page);
       await dropFiles(page, 'photo-drop', PHOTOS);
@@ -254,6 +260,9 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       await page.getByRole('button', { name: 'Cancel' }).click();
       await waitForStatus(page, /Cancelled/);
       assert.match((await progressText(page)) ?? '', /Step 0/);
+      assert.equal(asked.length, 2, asked.join(' | '));
+      assert.match(asked[0], /Start a new run\? The current run \(step 5\)/);
+      assert.match(asked[1], /Cancel the run\?/);
     } finally {
       await browser.close();
     }

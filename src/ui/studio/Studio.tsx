@@ -422,7 +422,15 @@ function TrainPanel() {
         </div>
       )}
       <div className="row-wrap">
-        <button type="button" onClick={() => void startTraining()} disabled={busy || !ready || photos.length === 0}>
+        <button
+          type="button"
+          onClick={() => {
+            // A new run replaces the current one's checkpoints: ask first when there is progress to lose.
+            if (run.runId && run.step > 0 && run.status !== 'cancelled' && !confirm(`Start a new run? The current run (step ${run.step}) and its checkpoints will be deleted; export it first to keep it.`)) return;
+            void startTraining();
+          }}
+          disabled={busy || !ready || photos.length === 0}
+        >
           {run.runId && run.status !== 'cancelled' ? 'Train again from the start' : 'Train'}
         </button>
         <button type="button" onClick={() => void pauseTraining()} disabled={run.status !== 'training'}>
@@ -431,7 +439,13 @@ function TrainPanel() {
         <button type="button" onClick={() => void resumeTraining()} disabled={!canResume || busy || !ready}>
           Resume
         </button>
-        <button type="button" className="secondary" onClick={() => void cancelTraining()} disabled={!run.runId || run.status === 'done' || run.status === 'cancelled'}>
+        <button
+          type="button"
+          className="secondary"
+          onClick={() => {
+            if (run.step > 0 && !confirm(`Cancel the run? Its ${run.step} steps and checkpoints will be deleted.`)) return;
+            void cancelTraining();
+          }} disabled={!run.runId || run.status === 'done' || run.status === 'cancelled'}>
           Cancel
         </button>
       </div>
@@ -476,7 +490,11 @@ function TrainPanel() {
       <LossChart losses={run.losses} />
       <h3>Samples</h3>
       {run.samples.length === 0 ? (
-        <p className="hint">A sample appears before the first step and every {useStudioStore.getState().settings.sampleEvery || 'N'} steps, always with the same seed.</p>
+        <p className="hint">
+          {(run.startedWith?.settings ?? useStudioStore.getState().settings).sampleEvery > 0
+            ? `A sample appears before the first step and every ${(run.startedWith?.settings ?? useStudioStore.getState().settings).sampleEvery} steps, always with the same seed.`
+            : 'Samples are off (Advanced settings: sample every N steps).'}
+        </p>
       ) : (
         <ul className="samples" data-testid="samples">
           {[...run.samples].sort((a, b) => a.step - b.step).map((s) => (
