@@ -238,10 +238,10 @@ async function exportRun(
   trainer: DreamBoothTrainer, modelPath: string, out: string,
   o: { mode: TrainMode; prompt: string; classPrompt?: string; resolution: number; family: LoraInfo['family']; prediction: LoraInfo['prediction']; overrides: ReturnType<typeof configOverrides>; tokenizerDir?: string },
 ): Promise<void> {
-  const values = await trainer.trainedValues();
   const files: string[] = [];
   const title = `${basename(modelPath)} dreambooth ${o.mode}`;
   if (o.mode === 'lora') {
+    const values = await trainer.trainedValues();
     const s = trainer.settings;
     const info: LoraInfo = {
       family: o.family, prediction: o.prediction, resolution: o.resolution, steps: trainer.step, lr: s.lr, instancePrompt: o.prompt, classPrompt: o.classPrompt,
@@ -255,7 +255,8 @@ async function exportRun(
       files.push(file);
     }
   } else {
-    const trained = trainedProvider(trainer, values);
+    // Streamed chunk by chunk: a full fine-tune's masters are never all in memory at once.
+    const trained = trainer.trainedProvider();
     const isDir = statSync(modelPath).isDirectory();
     const opts = { title, date: new Date(), resolution: o.resolution, overrides: o.overrides };
     if (isDir) {

@@ -412,7 +412,8 @@ export class StudioSession {
     const s = this.run.settings;
     if (!EXPORT_FORMATS[format].modes.includes(s.mode)) throw new StudioError(`${EXPORT_FORMATS[format].label} holds LoRA adapters: this is a full fine-tune, export a full checkpoint`);
     this.host.emit({ type: 'phase', phase: 'exporting', message: `Writing ${EXPORT_FORMATS[format].label}` });
-    const values = await t.trainedValues();
+    // LoRA adapters are small: read them all. A full fine-tune streams its masters chunk by chunk.
+    const values = s.mode === 'lora' ? await t.trainedValues() : new Map<string, Float32Array>();
     const title = `${this.opened.name} dreambooth ${s.mode}`;
     const provider = (keep: (n: string) => boolean): TensorProvider => {
       const names = [...values.keys()].filter(keep);
@@ -433,7 +434,7 @@ export class StudioSession {
     // first (W + scale B A), which is what "export a full checkpoint" of a LoRA run means.
     if ([...values.keys()].some((n) => n.startsWith('text_model.')))
       this.host.emit({ type: 'warning', message: 'The text-encoder LoRA is not merged into full exports (they carry the base text encoder): export a LoRA format to keep it.' });
-    const unet = s.mode === 'full' ? provider(() => true) : await this.mergedUnet(values);
+    const unet = s.mode === 'full' ? t.trainedProvider() : await this.mergedUnet(values);
     const opts = { title, date: new Date(), resolution: s.resolution };
     const base = this.opened.kind === 'diffusers' ? this.source : this.opened.file;
     if (format === 'full-single-file') await writeSingleFile(sink, base, unet, opts);

@@ -220,15 +220,26 @@ export class ChunkedAdamW {
     if (this.pinned.get(c.index) !== old) await this.o.store.delete(this.key(c.index, old));
   }
 
-  /** fp32 master values of one parameter (from the GPU or the store). */
-  async master(name: string): Promise<Float32Array> {
+  /** Where a parameter's state sits: its chunk and element offset there. */
+  locate(name: string): { chunk: number; offset: number; numel: number } {
     for (const c of this.chunks) {
       const p = c.params.find((q) => q.name === name);
-      if (!p) continue;
-      const src = c.resident ? await this.gpu.read(c.resident.master) : await this.readChunk(c);
-      return src.slice(p.offset, p.offset + p.numel);
+      if (p) return { chunk: c.index, offset: p.offset, numel: p.numel };
     }
     throw new Error(`no trainable parameter ${name}`);
+  }
+
+  /** The fp32 masters of one chunk (its first `elems` values), from the GPU or the store. */
+  async chunkMasters(index: number): Promise<Float32Array> {
+    const c = this.chunks[index];
+    const src = c.resident ? await this.gpu.read(c.resident.master) : await this.readChunk(c);
+    return src.subarray(0, c.elems);
+  }
+
+  /** fp32 master values of one parameter (from the GPU or the store). */
+  async master(name: string): Promise<Float32Array> {
+    const at = this.locate(name);
+    return (await this.chunkMasters(at.chunk)).slice(at.offset, at.offset + at.numel);
   }
 
   /**

@@ -70,6 +70,19 @@ describe('trainer: skipped steps, full storage, leaks, bad input', () => {
     ref.free();
   });
 
+  it('trainedProvider streams the same values as trainedValues, chunk by chunk (resident and stored chunks, LRU of 1)', async () => {
+    const gpu = await testGpu();
+    const { trainer, fx, free } = await makeTrainer(gpu, 'f32', 'full', new MemoryChunkStore(), { residentChunks: 2 });
+    await trainer.trainStep(fx.inputs[0]);
+    assert.ok(trainer.optimizer.chunks.length > 3 && trainer.optimizer.storedChunks > 0);
+    const all = await trainer.trainedValues();
+    const p = trainer.trainedProvider(1);
+    // Reverse order: every read misses the one-chunk cache at chunk boundaries and must still be right.
+    for (const n of [...p.names()].reverse()) assert.deepEqual(await p.read(n), all.get(n), n);
+    assert.deepEqual(p.shape(p.names()[0]), [...trainer.trainable.get(p.names()[0])!.shape]);
+    free();
+  });
+
   it('steps leave no GPU buffer behind (checkpointing on, LoRA and full)', async () => {
     const gpu = await testGpu();
     for (const mode of ['lora', 'full'] as const) {
