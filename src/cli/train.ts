@@ -10,7 +10,7 @@ import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'no
 import { basename, join } from 'node:path';
 import type { Gpu } from '../gpu/device.ts';
 import { nodeGpu } from '../gpu/node.ts';
-import { checkImageSet, prepareImage, type RgbaImage } from '../io/image.ts';
+import { checkImageSet, prepareImage } from '../io/image.ts';
 import { loadImageDir } from '../io/image-node.ts';
 import { SafetensorsFile } from '../io/safetensors.ts';
 import { nodeFileSink } from '../io/sink-node.ts';
@@ -21,11 +21,10 @@ import { writeKohyaLora, writePeftLora, type LoraInfo } from '../export/lora.ts'
 import { TOKENIZER_FILES, writeSingleFile, zipDiffusers } from '../export/full.ts';
 import type { TensorProvider } from '../export/provider.ts';
 import { pipeToSink } from '../export/stream.ts';
-import { txt2img } from '../sample/txt2img.ts';
 import { scheduleFromJson, SD_SCHEDULE } from '../sample/schedulers.ts';
 import { StorageFullError, formatBytes } from '../store/chunkstore.ts';
 import { FsChunkStore } from '../store/fs-store.ts';
-import { encodeTrainData, loadTrainData, releaseEncoders, saveTrainData, type PreparedSet } from '../train/preprocess.ts';
+import { encodeTrainData, generateClassImage, loadTrainData, releaseEncoders, saveTrainData, type PreparedSet } from '../train/preprocess.ts';
 import { planTraining } from '../train/plan.ts';
 import { DreamBoothTrainer, TRAIN_DEFAULTS, type TrainMode, type TrainSettings } from '../train/trainer.ts';
 import { configOverrides, loadModel } from './run.ts';
@@ -93,15 +92,6 @@ function settingsFrom(a: Args, mode: TrainMode): TrainSettings {
     checkpointEvery: num(a, 'checkpoint-every', d.checkpointEvery),
     textEncoderLora: a['train-text-encoder'] === true,
   };
-}
-
-function rgbToRgba(rgb: Uint8Array, w: number, h: number): RgbaImage {
-  const data = new Uint8Array(w * h * 4);
-  for (let p = 0; p < w * h; p++) {
-    data.set(rgb.subarray(3 * p, 3 * p + 3), 4 * p);
-    data[4 * p + 3] = 255;
-  }
-  return { width: w, height: h, data };
 }
 
 /** Images of a folder, prepared at the resolution (centre crop; flipped copies too with --flip). */
@@ -173,8 +163,7 @@ export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
         const n = Number(classImages);
         classes = { images: [], prompts: [] };
         for (let i = 0; i < n; i++) {
-          const img = await txt2img(gpu, model, tokenizer, { prompt: classPrompt, negativePrompt: '', steps: num(a, 'class-steps', 25), guidance: 7.5, seed: settings.seed * 1000 + i, width: resolution, height: resolution, sampler: 'dpm++2m', schedule });
-          classes.images.push(prepareImage(rgbToRgba(img.rgb, img.width, img.height), { resolution, crop: 'center' }));
+          classes.images.push(await generateClassImage(gpu, model, tokenizer, schedule, { prompt: classPrompt, seed: settings.seed, index: i, steps: num(a, 'class-steps', 25), resolution }));
           classes.prompts.push(classPrompt);
           console.error(`class image ${i + 1}/${n} generated`);
         }

@@ -24,7 +24,7 @@ import { scheduleFromJson, SD_SCHEDULE, type ScheduleConfig } from '../sample/sc
 import { txt2img } from '../sample/txt2img.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { StorageFullError } from '../store/chunkstore.ts';
-import { encodeTrainData, loadTrainData, saveTrainData, type PreparedSet } from '../train/preprocess.ts';
+import { encodeTrainData, generateClassImage, loadTrainData, saveTrainData, type PreparedSet } from '../train/preprocess.ts';
 import { planTraining, trainableShapes, type Plan } from '../train/plan.ts';
 import { DreamBoothTrainer, TRAIN_DEFAULTS, type StepReport, type TrainMode, type TrainSettings } from '../train/trainer.ts';
 
@@ -168,15 +168,6 @@ function tensorBytes(ws: Iterable<{ byteSize: number }>): number {
   return n;
 }
 
-function rgbToRgba(rgb: Uint8Array, w: number, h: number): RgbaImage {
-  const data = new Uint8Array(w * h * 4);
-  for (let p = 0; p < w * h; p++) {
-    data.set(rgb.subarray(3 * p, 3 * p + 3), 4 * p);
-    data[4 * p + 3] = 255;
-  }
-  return { width: w, height: h, data };
-}
-
 /** Median of the last `n` values. */
 function recentMedian(xs: number[], n = 10): number {
   const r = xs.slice(-n).sort((a, b) => a - b);
@@ -307,10 +298,7 @@ export class StudioSession {
     const set: PreparedSet = { images: [], prompts: [] };
     for (let i = 0; i < s.classCount; i++) {
       host.emit({ type: 'phase', phase: 'class-images', message: `Generating class image ${i + 1} of ${s.classCount} ("${s.classPrompt}")`, done: i, total: s.classCount });
-      const img = await txt2img(host.gpu, model, tokenizer, {
-        prompt: s.classPrompt, negativePrompt: '', steps: s.sampleSteps, guidance: 7.5, seed: s.seed * 1000 + i, width: s.resolution, height: s.resolution, sampler: 'dpm++2m', schedule,
-      });
-      set.images.push(prepareImage(rgbToRgba(img.rgb, img.width, img.height), { resolution: s.resolution, crop: 'center' }));
+      set.images.push(await generateClassImage(host.gpu, model, tokenizer, schedule, { prompt: s.classPrompt, seed: s.seed, index: i, steps: s.sampleSteps, resolution: s.resolution }));
       set.prompts.push(s.classPrompt);
     }
     return set;

@@ -3,10 +3,13 @@
 // VAE and text encoder leave the GPU before the UNet trains. Host-neutral: images arrive prepared
 // ([3, R, R] in [-1, 1], io/image.ts), the model already loaded (models/load.ts).
 import type { Gpu } from '../gpu/device.ts';
+import { prepareImage, type RgbaImage } from '../io/image.ts';
 import type { ClipTokenizer } from '../io/tokenizer.ts';
 import type { LoadedModel } from '../models/load.ts';
 import { clipTextForward } from '../nn/clip.ts';
 import { vaeEncode } from '../nn/vae.ts';
+import type { ScheduleConfig } from '../sample/schedulers.ts';
+import { txt2img } from '../sample/txt2img.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
 import type { TrainData, TrainSample } from './trainer.ts';
@@ -28,6 +31,31 @@ export async function encodePrompt(gpu: Gpu, te: LoadedModel['textEncoder'], tok
   const out = await gpu.read(ctx);
   gpu.free(ctx);
   return out;
+}
+
+/** RGB bytes [H, W, 3] (a sampler's output) as opaque RGBA. */
+function rgbToRgba(rgb: Uint8Array, w: number, h: number): RgbaImage {
+  const data = new Uint8Array(w * h * 4);
+  for (let p = 0; p < w * h; p++) {
+    data.set(rgb.subarray(3 * p, 3 * p + 3), 4 * p);
+    data[4 * p + 3] = 255;
+  }
+  return { width: w, height: h, data };
+}
+
+/**
+ * One prior-preservation image from the base model itself (what diffusers' train_dreambooth does): image
+ * `index` of the run is sampled with seed `seed * 1000 + index` (DPM-Solver++ 2M, guidance 7.5) and prepared
+ * at the training resolution.
+ */
+export async function generateClassImage(
+  gpu: Gpu, model: LoadedModel, tokenizer: ClipTokenizer, schedule: ScheduleConfig,
+  o: { prompt: string; seed: number; index: number; steps: number; resolution: number },
+): Promise<Float32Array> {
+  const img = await txt2img(gpu, model, tokenizer, {
+    prompt: o.prompt, negativePrompt: '', steps: o.steps, guidance: 7.5, seed: o.seed * 1000 + o.index, width: o.resolution, height: o.resolution, sampler: 'dpm++2m', schedule,
+  });
+  return prepareImage(rgbToRgba(img.rgb, img.width, img.height), { resolution: o.resolution, crop: 'center' });
 }
 
 export interface PreparedSet {
