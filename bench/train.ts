@@ -28,7 +28,7 @@ import { unetConfigFromJson } from '../src/nn/unet.ts';
 import { SD_SCHEDULE } from '../src/sample/schedulers.ts';
 import { MemoryChunkStore } from '../src/store/chunkstore.ts';
 import { planTraining, type Plan } from '../src/train/plan.ts';
-import { Rng } from '../src/train/rng.ts';
+import { Rng } from '../src/util/rng.ts';
 import { DreamBoothTrainer, TRAIN_DEFAULTS, type TrainData, type TrainMode, type TrainSettings } from '../src/train/trainer.ts';
 import type { IdbBenchOptions, IdbTiming } from './train-page.ts';
 

@@ -9,7 +9,7 @@
 // JSON that every parser reads back to the same string), so its byte length equals its character length
 // and the space padding really aligns the data section to 8 bytes (io/safetensors.ts's writer pads by
 // characters, which misaligns the data after a non-ASCII metadata value).
-import { toF16Bits } from '../gpu/half.ts';
+import { toF16Bits } from '../util/half.ts';
 import type { ByteSink } from '../io/safetensors.ts';
 import { ExportError } from './provider.ts';
 

@@ -5,7 +5,7 @@
 
 import { Allocator, type Tag } from './allocator.ts';
 import { GpuDeviceLostError, GpuValidationError, NoWebGpuError, ShapeError } from './errors.ts';
-import { fromF16Bits, toF16Bits } from './half.ts';
+import { fromF16Bits, toF16Bits } from '../util/half.ts';
 import { defsKey, specialise, type Defs, type ShaderSource } from './shaders.ts';
 import { BYTES, numel, Tensor, type DType } from './tensor.ts';
 

@@ -3,7 +3,7 @@
 // This in-memory reader/writer serves small files (golden fixtures, test models); it validates
 // the header as strictly as the streamed reader that loads real checkpoints.
 
-import { f16BitsToF32, toF16Bits } from '../gpu/half.ts';
+import { f16BitsToF32, toF16Bits } from '../util/half.ts';
 import type { ByteSource } from './source.ts';
 
 /** Float dtypes that decode to f32 weights. */

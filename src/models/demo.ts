@@ -12,7 +12,7 @@ import { clipParams, unetParams, vaeParams, type ParamShapes } from './shapes.ts
 import { clipConfigFromJson } from '../nn/clip.ts';
 import { unetConfigFromJson } from '../nn/unet.ts';
 import { vaeConfigFromJson } from '../nn/vae.ts';
-import { Rng } from '../train/rng.ts';
+import { Rng } from '../util/rng.ts';
 
 /** diffusers config.json of each component (the sizes the studio's e2e tests train at in software). */
 export const DEMO_CONFIGS = {

@@ -25,7 +25,7 @@ import type { TensorProvider } from '../export/provider.ts';
 import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
 import { addNoise, lossWeights, velocity, weightedMse, weightedMseBackward } from './objective.ts';
 import { ChunkedAdamW } from './optimizer.ts';
-import { Rng } from './rng.ts';
+import { Rng } from '../util/rng.ts';
 
 export type TrainMode = 'lora' | 'full';
 

@@ -5,7 +5,7 @@ import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Gpu } from '../../src/gpu/device.ts';
-import { roundToF16 } from '../../src/gpu/half.ts';
+import { roundToF16 } from '../../src/util/half.ts';
 import type { ByteSink, NamedTensor, SafetensorsFile } from '../../src/io/safetensors.ts';
 import { readSafetensors } from '../../src/io/safetensors.ts';
 import type { Weights } from '../../src/nn/blocks.ts';

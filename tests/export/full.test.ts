@@ -13,7 +13,7 @@ import { diffusersConfigs, openClipFromDiffusers, singleFilePlan, writeSingleFil
 import { ExportError, mapProvider } from '../../src/export/provider.ts';
 import { pipeToSink } from '../../src/export/stream.ts';
 import type { Gpu } from '../../src/gpu/device.ts';
-import { roundToF16 } from '../../src/gpu/half.ts';
+import { roundToF16 } from '../../src/util/half.ts';
 import { readSafetensors, SafetensorsFile, SafetensorsWriter, type NamedTensor } from '../../src/io/safetensors.ts';
 import { nodeFileSink } from '../../src/io/sink-node.ts';
 import { NodeFileSource } from '../../src/io/source-node.ts';

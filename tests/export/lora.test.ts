@@ -4,7 +4,7 @@
 // reloaded adapters give the same UNet and text-encoder outputs as the adapters they came from.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { roundToF16 } from '../../src/gpu/half.ts';
+import { roundToF16 } from '../../src/util/half.ts';
 import { SafetensorsFile, writeSafetensors, type NamedTensor } from '../../src/io/safetensors.ts';
 import { BytesSource } from '../../src/io/source.ts';
 import { adapterTensors, kohyaMetadata, kohyaName, layerFromKohya, readLora, writeKohyaLora, writePeftLora, type LoraAdapters } from '../../src/export/lora.ts';

@@ -5,7 +5,7 @@ import { mkdtempSync, readFileSync, truncateSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
-import { roundToF16 } from '../../src/gpu/half.ts';
+import { roundToF16 } from '../../src/util/half.ts';
 import { SafetensorsError, SafetensorsFile, SafetensorsWriter, writeSafetensors, type ByteSink } from '../../src/io/safetensors.ts';
 import { nodeFileSink } from '../../src/io/sink-node.ts';
 import { BlobSource, BytesSource } from '../../src/io/source.ts';

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { ShapeError } from '../../src/gpu/errors.ts';
-import { roundToF16 } from '../../src/gpu/half.ts';
+import { roundToF16 } from '../../src/util/half.ts';
 import type { DType } from '../../src/gpu/tensor.ts';
 import { adamw, adamwAll, adamwParam, adamwRef, clipFactorRef, type AdamWConfig } from '../../src/ops/adamw.ts';
 import { DynamicLossScaler } from '../../src/ops/lossscale.ts';

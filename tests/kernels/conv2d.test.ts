@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { ShapeError } from '../../src/gpu/errors.ts';
-import { roundToF16 } from '../../src/gpu/half.ts';
+import { roundToF16 } from '../../src/util/half.ts';
 import { conv2d, conv2dBackward, conv2dBackwardRef, conv2dRef } from '../../src/ops/conv2d.ts';
 import { compare, describeCheck, randomValues } from '../../src/selftest/check.ts';
 import { assertChecks, defineCaseTests, testGpu } from '../helpers.ts';

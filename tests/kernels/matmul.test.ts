@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { ShapeError } from '../../src/gpu/errors.ts';
-import { roundToF16 } from '../../src/gpu/half.ts';
+import { roundToF16 } from '../../src/util/half.ts';
 import { linear, linearBackward, matmul, matmulBackward, matmulBackwardRef, matmulRef } from '../../src/ops/matmul.ts';
 import { compare, describeCheck, randomValues } from '../../src/selftest/check.ts';
 import { matmulTol } from '../../src/selftest/cases/matmul.ts';

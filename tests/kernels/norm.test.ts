@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { ShapeError } from '../../src/gpu/errors.ts';
-import { roundToF16 } from '../../src/gpu/half.ts';
+import { roundToF16 } from '../../src/util/half.ts';
 import { groupNorm, groupNormBackward, groupNormBackwardRef, groupNormRef, layerNorm } from '../../src/ops/norm.ts';
 import { compare, randomValues } from '../../src/selftest/check.ts';
 import { normTol } from '../../src/selftest/cases/norm.ts';

@@ -3,7 +3,7 @@
 // weighted MSE and its gradient (also by finite differences).
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { roundToF16 } from '../../src/gpu/half.ts';
+import { roundToF16 } from '../../src/util/half.ts';
 import { alphasCumprod, SD_SCHEDULE } from '../../src/sample/schedulers.ts';
 import { compare, randomValues } from '../../src/selftest/check.ts';
 import { addNoise, lossWeights, velocity, weightedMse, weightedMseBackward } from '../../src/train/objective.ts';

@@ -2,7 +2,7 @@
 // steps 3-5), with loss-scaled gradients in f16 or f32; skip-on-overflow leaves every buffer
 // bit-identical and the loss scaler halves; the master-only path (no weight copy).
 import type { Gpu } from '../../gpu/device.ts';
-import { roundToF16 } from '../../gpu/half.ts';
+import { roundToF16 } from '../../util/half.ts';
 import type { Tensor } from '../../gpu/tensor.ts';
 import { adamw, adamwAll, adamwParam, adamwRef, clipFactorRef, type AdamWConfig, type AdamWParam } from '../../ops/adamw.ts';
 import { DynamicLossScaler } from '../../ops/lossscale.ts';

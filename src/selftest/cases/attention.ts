@@ -1,7 +1,7 @@
 // Flash attention forward (out, LSE) and backward (dq, dk, dv) for head dims 40/64/80/160, self-
 // and cross-attention (77 keys), both layouts, against PyTorch (float64 goldens) and the TS
 // reference; naive attention likewise; finite differences of the GPU op in f32.
-import { roundToF16 } from '../../gpu/half.ts';
+import { roundToF16 } from '../../util/half.ts';
 import type { DType } from '../../gpu/tensor.ts';
 import { attentionRef, flashAttention, flashAttentionBackward, naiveAttention, naiveAttentionBackward, type AttentionLayout } from '../../ops/attention.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';

@@ -1,7 +1,7 @@
 // Conv2d family cases: 3x3 stride 1 pad 1, 3x3 stride 2 pad 1 (odd and even sizes), 1x1; forward
 // and dx/dw/db against PyTorch (golden) and the plain-TS reference; both tile configs on shapes
 // that span several tiles; accumulation into f32 gradient buffers; finite differences (stride 2).
-import { roundToF16 } from '../../gpu/half.ts';
+import { roundToF16 } from '../../util/half.ts';
 import type { DType } from '../../gpu/tensor.ts';
 import { conv2d, conv2dBackward, conv2dBackwardRef, conv2dRef, type Conv2dOptions } from '../../ops/conv2d.ts';
 import { TILE_128, TILE_64, type Tile } from '../../ops/matmul.ts';

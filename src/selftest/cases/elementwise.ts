@@ -2,7 +2,7 @@
 // cases: forward and every gradient against PyTorch (float64 goldens) and the plain-TS references;
 // finite differences of the GPU ops in f32.
 import type { Gpu } from '../../gpu/device.ts';
-import { roundToF16 } from '../../gpu/half.ts';
+import { roundToF16 } from '../../util/half.ts';
 import type { DType, Tensor } from '../../gpu/tensor.ts';
 import {
   concatChannels, pad2d, pad2dBackward, pad2dRef, splitChannels, transpose2d,

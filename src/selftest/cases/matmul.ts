@@ -3,7 +3,7 @@
 // Each forward and gradient is compared with PyTorch (golden) and with the plain-TS reference.
 import type { Gpu } from '../../gpu/device.ts';
 import type { DType, Tensor } from '../../gpu/tensor.ts';
-import { roundToF16 } from '../../gpu/half.ts';
+import { roundToF16 } from '../../util/half.ts';
 import {
   linear,
   linearBackward,

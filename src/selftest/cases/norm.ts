@@ -1,7 +1,7 @@
 // GroupNorm / LayerNorm cases: forward, saved mean/rstd, dx, dgamma, dbeta against PyTorch (golden,
 // computed in float64) and the plain-TS reference; a large-group case (many loop trips per
 // invocation); finite differences of the GPU op in f32.
-import { roundToF16 } from '../../gpu/half.ts';
+import { roundToF16 } from '../../util/half.ts';
 import type { DType } from '../../gpu/tensor.ts';
 import { groupNorm, groupNormBackward, groupNormBackwardRef, groupNormRef, layerNorm, layerNormBackward, layerNormBackwardRef, layerNormRef } from '../../ops/norm.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';

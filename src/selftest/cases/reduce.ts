@@ -2,7 +2,7 @@
 // against PyTorch (float64 goldens) and the TS references; the non-finite flag on f16/f32 bit
 // patterns; views at unaligned offsets; finite differences of the MSE gradient.
 import type { Gpu } from '../../gpu/device.ts';
-import { roundToF16 } from '../../gpu/half.ts';
+import { roundToF16 } from '../../util/half.ts';
 import { Tensor, type DType } from '../../gpu/tensor.ts';
 import {
   checkFinite, checkFiniteRef, clearFlag, globalNorm, globalNormRef, mseLoss, mseLossBackward, mseLossBackwardRef, mseLossRef,
