@@ -28,12 +28,13 @@
 import { makeZip } from 'client-zip';
 import { SafetensorsFile, type ByteSink } from '../io/safetensors.ts';
 import type { ByteSource } from '../io/source.ts';
+import { sameShape, type TensorProvider } from '../io/tensor-provider.ts';
 import { ModelError, type Component, type Family } from '../models/detect.ts';
 import { isVaeAttentionProjection, unetFromDiffusers, vaeFromDiffusers, type UnetLayout } from '../models/keymap.ts';
 import { COMPONENTS, inferUnet, openSingleFile, type FolderReader, type Json, type ModelSource, type SourceOptions } from '../models/source.ts';
 import { unetConfigFromJson } from '../nn/unet.ts';
 import { defaultResolution, modelspec } from './modelspec.ts';
-import { ExportError, sameShape, type TensorProvider } from './provider.ts';
+import { ExportError } from './provider.ts';
 import { numel, pump, safetensorsChunks, safetensorsSize, type OutTensor } from './stream.ts';
 
 export interface FullExportOptions {

@@ -1,15 +1,13 @@
-// Trained state handed to the exporters lazily: names and shapes up front, each tensor's values read only
-// when the exporter writes it (from the GPU, an IndexedDB checkpoint or a file), so an export never holds
-// more than the tensor being written.
+// Trained state handed to the exporters lazily (a TensorProvider, src/io/tensor-provider.ts: each tensor's
+// values read only when the exporter writes it), the exporters' error, and providers over tensors in memory
+// or a model source.
 import type { NamedTensor } from '../io/safetensors.ts';
+import type { TensorProvider } from '../io/tensor-provider.ts';
 import type { Component } from '../models/detect.ts';
 import type { ModelSource } from '../models/source.ts';
 
-export interface TensorProvider {
-  names(): string[];
-  shape(name: string): number[];
-  read(name: string): Promise<Float32Array>;
-}
+// The type lives below train/ (which produces providers); re-exported for the exporters' callers.
+export type { TensorProvider };
 
 export class ExportError extends Error {
   override name = 'ExportError';
@@ -41,8 +39,4 @@ export function sourceProvider(src: ModelSource, c: Component): TensorProvider {
     },
     read: async (name) => (await src.read(c, name)).data,
   };
-}
-
-export function sameShape(a: readonly number[], b: readonly number[]): boolean {
-  return a.length === b.length && a.every((d, i) => d === b[i]);
 }

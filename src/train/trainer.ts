@@ -21,7 +21,7 @@ import { DynamicLossScaler } from '../ops/lossscale.ts';
 import { clipParams, unetParams } from '../models/shapes.ts';
 import { alphasCumprod, type ScheduleConfig } from '../sample/schedulers.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
-import type { TensorProvider } from '../export/provider.ts';
+import type { TensorProvider } from '../io/tensor-provider.ts';
 import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
 import { addNoise, lossWeights, velocity, weightedMse, weightedMseBackward } from './objective.ts';
 import { ChunkedAdamW } from './optimizer.ts';
@@ -341,6 +341,7 @@ export class DreamBoothTrainer {
    * `cacheChunks` in an LRU): exports stream a full fine-tune's masters without holding them all, where
    * trainedValues() would need 4 bytes per weight at once (3.4 GB for SD 1.5's UNet).
    */
+  // moved: use export/chunked.ts chunkedProvider(trainer.optimizer, cacheChunks); removed once callers switch
   trainedProvider(cacheChunks = 4): TensorProvider {
     const cache = new Map<number, Float32Array>();
     return {
