@@ -39,6 +39,37 @@ export class SafetensorsError extends Error {
 /** Largest header we accept; real headers are well under 10 MB. */
 const MAX_HEADER = 100 << 20;
 
+/**
+ * The first key of a JSON object's text that appears twice at its top level, or null. JSON.parse keeps
+ * the last of duplicate keys without a word, so this scans the raw text; `text` must already have parsed
+ * as an object (the scanner relies on it being valid JSON).
+ */
+export function repeatedTopLevelKey(text: string): string | null {
+  const seen = new Set<string>();
+  let depth = -1; // -1 outside the object, 0 inside the top-level object
+  let keyNext = false; // at depth 0, the next string is a key (after '{' or ',')
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === '"') {
+      let end = i + 1;
+      while (text[end] !== '"') end += text[end] === '\\' ? 2 : 1;
+      if (depth === 0 && keyNext) {
+        const key = JSON.parse(text.slice(i, end + 1)) as string;
+        if (seen.has(key)) return key;
+        seen.add(key);
+        keyNext = false;
+      }
+      i = end;
+    } else if (c === '{' || c === '[') {
+      depth++;
+      if (depth === 0) keyNext = true;
+    } else if (c === '}' || c === ']') {
+      if (--depth < 0) break;
+    } else if (c === ',' && depth === 0) keyNext = true;
+  }
+  return null;
+}
+
 export function parseHeader(prefix: Uint8Array, fileSize: number): StHeader {
   if (fileSize < 8) throw new SafetensorsError(`not a safetensors file: ${fileSize} bytes is shorter than the 8-byte header length`);
   const len = Number(new DataView(prefix.buffer, prefix.byteOffset, 8).getBigUint64(0, true));
@@ -46,12 +77,16 @@ export function parseHeader(prefix: Uint8Array, fileSize: number): StHeader {
   if (8 + len > fileSize) throw new SafetensorsError(`header length ${len} runs past the end of the ${fileSize}-byte file (truncated?)`);
   if (prefix.length < 8 + len) throw new SafetensorsError(`need ${8 + len} bytes of prefix to parse the header, got ${prefix.length}`);
   let json: unknown;
+  const text = new TextDecoder().decode(prefix.subarray(8, 8 + len));
   try {
-    json = JSON.parse(new TextDecoder().decode(prefix.subarray(8, 8 + len)));
+    json = JSON.parse(text);
   } catch (e) {
     throw new SafetensorsError(`header is not valid JSON: ${(e as Error).message}`);
   }
   if (typeof json !== 'object' || json === null || Array.isArray(json)) throw new SafetensorsError('header JSON is not an object');
+  const twice = repeatedTopLevelKey(text);
+  if (twice !== null)
+    throw new SafetensorsError(`the header names tensor '${twice}' twice (a JSON parser keeps only the last entry, so one of them would be silently dropped): the file is corrupt; use another file`);
   const dataStart = 8 + len;
   const dataSize = fileSize - dataStart;
   const entries = new Map<string, StEntry>();

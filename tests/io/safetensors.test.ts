@@ -14,9 +14,9 @@ import { randomValues } from '../../src/selftest/check.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'dbs-st-'));
 
-/** A raw safetensors file from a header object and a data section length. */
+/** A raw safetensors file from a header object (or its JSON text as is) and a data section length. */
 function rawFile(header: unknown, dataBytes: number): Uint8Array {
-  const json = new TextEncoder().encode(JSON.stringify(header));
+  const json = new TextEncoder().encode(typeof header === 'string' ? header : JSON.stringify(header));
   const out = new Uint8Array(8 + json.length + dataBytes);
   new DataView(out.buffer).setBigUint64(0, BigInt(json.length), true);
   out.set(json, 8);
@@ -154,6 +154,18 @@ describe('bad safetensors files each get their own message', () => {
     await assert.rejects(st.read('text_model.embeddings.position_ids'), /tensor 'text_model\.embeddings\.position_ids' is I64, not a float tensor/);
     const bad = rawFile({ a: { dtype: 'I64', shape: [2], data_offsets: [0, 8] } }, 8);
     await assert.rejects(openBytes(bad), /shape \[2\] x I64 is 16 bytes but its range holds 8/);
+  });
+
+  it('a tensor named twice in the header (JSON.parse would keep the last silently)', async () => {
+    const entry = (begin: number) => `{"dtype":"F32","shape":[1],"data_offsets":[${begin},${begin + 4}]}`;
+    // The duplicate sits after a nested value holding the same name as a string and an escaped quote,
+    // so only a top-level key counts.
+    const twice = `{"__metadata__":{"note":"a \\"quoted\\" a","a":"x"},"a":${entry(0)},"b":${entry(4)},"a":${entry(8)}}`;
+    await assert.rejects(openBytes(rawFile(twice, 12), 'dup.safetensors'), (e: Error) => e instanceof SafetensorsError && /dup\.safetensors: the header names tensor 'a' twice .*corrupt/.test(e.message));
+    const escaped = `{"a\\u0062":${entry(0)},"ab":${entry(4)}}`; // the same key spelled two ways
+    await assert.rejects(openBytes(rawFile(escaped, 8)), /names tensor 'ab' twice/);
+    const distinct = `{"__metadata__":{"a":"1"},"a":${entry(0)},"b":${entry(4)}}`; // same name at another depth only
+    assert.deepEqual((await openBytes(rawFile(distinct, 8))).names, ['a', 'b']);
   });
 
   it('metadata that is not a map of strings', async () => {
