@@ -29,13 +29,16 @@ import { makeZip } from 'client-zip';
 import { SafetensorsFile, type ByteSink } from '../io/safetensors.ts';
 import type { ByteSource } from '../io/source.ts';
 import { sameShape, type TensorProvider } from '../io/tensor-provider.ts';
-import { ModelError, type Component, type Family } from '../models/detect.ts';
-import { isVaeAttentionProjection, unetFromDiffusers, vaeFromDiffusers, type UnetLayout } from '../models/keymap.ts';
+import type { Component, Family } from '../models/detect.ts';
+import { isVaeAttentionProjection, openClipFromDiffusers, unetFromDiffusers, vaeFromDiffusers, type UnetLayout } from '../models/keymap.ts';
 import { COMPONENTS, inferUnet, openSingleFile, type FolderReader, type Json, type ModelSource, type SourceOptions } from '../models/source.ts';
 import { unetConfigFromJson } from '../nn/unet.ts';
 import { defaultResolution, modelspec } from './modelspec.ts';
 import { ExportError } from './provider.ts';
 import { numel, pump, safetensorsChunks, safetensorsSize, type OutTensor } from './stream.ts';
+
+// The OpenCLIP name table lives in models/keymap.ts (loading reads it forward); the export reads it back.
+export { openClipFromDiffusers };
 
 export interface FullExportOptions {
   title: string;
@@ -93,28 +96,6 @@ async function fromFileTensors(file: SafetensorsFile, trained: TensorProvider, o
 export function unetLayout(config: Json): UnetLayout {
   const c = unetConfigFromJson(config);
   return { blocks: c.blockOutChannels.length, layersPerBlock: c.layersPerBlock, downAttention: c.downAttention, upAttention: c.upAttention };
-}
-
-/** Where a diffusers CLIPTextModel tensor goes in SD2's OpenCLIP naming (inverse of keymap.openClipToDiffusers). */
-export function openClipFromDiffusers(name: string): { key: string; part?: 0 | 1 | 2 } {
-  if (name === 'text_model.embeddings.token_embedding.weight') return { key: 'token_embedding.weight' };
-  if (name === 'text_model.embeddings.position_embedding.weight') return { key: 'positional_embedding' };
-  let m: RegExpExecArray | null;
-  if ((m = /^text_model\.final_layer_norm\.(weight|bias)$/.exec(name))) return { key: `ln_final.${m[1]}` };
-  if ((m = /^text_model\.encoder\.layers\.(\d+)\.(.*)$/.exec(name))) {
-    const p = `transformer.resblocks.${m[1]}.`;
-    let r: RegExpExecArray | null;
-    if ((r = /^self_attn\.(q|k|v)_proj\.(weight|bias)$/.exec(m[2]))) return { key: `${p}attn.in_proj_${r[2]}`, part: 'qkv'.indexOf(r[1]) as 0 | 1 | 2 };
-    const table: [RegExp, string][] = [
-      [/^self_attn\.out_proj\.(weight|bias)$/, 'attn.out_proj.'],
-      [/^layer_norm1\.(weight|bias)$/, 'ln_1.'],
-      [/^layer_norm2\.(weight|bias)$/, 'ln_2.'],
-      [/^mlp\.fc1\.(weight|bias)$/, 'mlp.c_fc.'],
-      [/^mlp\.fc2\.(weight|bias)$/, 'mlp.c_proj.'],
-    ];
-    for (const [re, target] of table) if ((r = re.exec(m[2]))) return { key: `${p}${target}${r[1]}` };
-  }
-  throw new ModelError(`text-encoder tensor '${name}' has no place in SD2's OpenCLIP layout`);
 }
 
 /** SD2's text encoder in OpenCLIP names: fused q/k/v, the unused 24th block, text_projection, logit_scale. */

@@ -156,6 +156,31 @@ export function clipToDiffusers(name: string): string {
   return name.startsWith('text_model.') ? name : `text_model.${name}`;
 }
 
+// SD2's OpenCLIP text-encoder names (without cond_stage_model.model.) against diffusers' CLIPTextModel: the
+// one table both directions read (loading maps OpenCLIP -> diffusers, the single-file export back).
+const OPENCLIP_TOP: readonly (readonly [openClip: string, diffusers: string])[] = [
+  ['token_embedding.weight', 'text_model.embeddings.token_embedding.weight'],
+  ['positional_embedding', 'text_model.embeddings.position_embedding.weight'],
+  ['ln_final.weight', 'text_model.final_layer_norm.weight'],
+  ['ln_final.bias', 'text_model.final_layer_norm.bias'],
+];
+/** Inside block N (transformer.resblocks.N. / text_model.encoder.layers.N.), each with .weight and .bias. */
+const OPENCLIP_BLOCK: readonly (readonly [openClip: string, diffusers: string])[] = [
+  ['attn.out_proj', 'self_attn.out_proj'],
+  ['ln_1', 'layer_norm1'],
+  ['ln_2', 'layer_norm2'],
+  ['mlp.c_fc', 'mlp.fc1'],
+  ['mlp.c_proj', 'mlp.fc2'],
+];
+/** A block's fused attn.in_proj_weight / _bias: these three, stacked along dim 0 in this order. */
+const OPENCLIP_QKV = ['q_proj', 'k_proj', 'v_proj'] as const;
+
+const reverse = (table: readonly (readonly [string, string])[]) => new Map(table.map(([o, d]) => [d, o]));
+const OPENCLIP_TOP_TO_DIFFUSERS = new Map(OPENCLIP_TOP);
+const OPENCLIP_BLOCK_TO_DIFFUSERS = new Map(OPENCLIP_BLOCK);
+const OPENCLIP_TOP_FROM_DIFFUSERS = reverse(OPENCLIP_TOP);
+const OPENCLIP_BLOCK_FROM_DIFFUSERS = reverse(OPENCLIP_BLOCK);
+
 export interface OpenClipTarget {
   /** Diffusers name, or for fused q/k/v the three names in q, k, v order. */
   names: string[];
@@ -166,24 +191,35 @@ export interface OpenClipTarget {
 /** SD2 OpenCLIP name (without cond_stage_model.model.) -> diffusers CLIPTextModel names; null = unused. */
 export function openClipToDiffusers(name: string): OpenClipTarget | null {
   const one = (n: string): OpenClipTarget => ({ names: [n], split: false });
-  if (name === 'token_embedding.weight') return one('text_model.embeddings.token_embedding.weight');
-  if (name === 'positional_embedding') return one('text_model.embeddings.position_embedding.weight');
+  const top = OPENCLIP_TOP_TO_DIFFUSERS.get(name);
+  if (top) return one(top);
   let m: RegExpExecArray | null;
-  if ((m = /^ln_final\.(weight|bias)$/.exec(name))) return one(`text_model.final_layer_norm.${m[1]}`);
   if ((m = /^transformer\.resblocks\.(\d+)\.(.*)$/.exec(name))) {
     const p = `text_model.encoder.layers.${m[1]}.`;
-    const rest = m[2];
     let r: RegExpExecArray | null;
-    if ((r = /^attn\.in_proj_(weight|bias)$/.exec(rest))) return { names: ['q_proj', 'k_proj', 'v_proj'].map((x) => `${p}self_attn.${x}.${r![1]}`), split: true };
-    const table: [RegExp, string][] = [
-      [/^attn\.out_proj\.(weight|bias)$/, 'self_attn.out_proj.'],
-      [/^ln_1\.(weight|bias)$/, 'layer_norm1.'],
-      [/^ln_2\.(weight|bias)$/, 'layer_norm2.'],
-      [/^mlp\.c_fc\.(weight|bias)$/, 'mlp.fc1.'],
-      [/^mlp\.c_proj\.(weight|bias)$/, 'mlp.fc2.'],
-    ];
-    for (const [re, target] of table) if ((r = re.exec(rest))) return one(`${p}${target}${r[1]}`);
+    if ((r = /^attn\.in_proj_(weight|bias)$/.exec(m[2]))) return { names: OPENCLIP_QKV.map((x) => `${p}self_attn.${x}.${r![1]}`), split: true };
+    const target = (r = /^(.*)\.(weight|bias)$/.exec(m[2])) && OPENCLIP_BLOCK_TO_DIFFUSERS.get(r[1]);
+    if (r && target) return one(`${p}${target}.${r[2]}`);
   }
   if (name === 'text_projection' || name === 'logit_scale') return null; // not part of CLIPTextModel
   throw new ModelError(`OpenCLIP tensor '${name}' is not part of SD2's text encoder`);
+}
+
+/**
+ * Where a diffusers CLIPTextModel tensor goes in SD2's OpenCLIP naming (the inverse of openClipToDiffusers,
+ * from the same table); `part` is q, k or v's place (0, 1, 2) in the fused in_proj tensor.
+ */
+export function openClipFromDiffusers(name: string): { key: string; part?: 0 | 1 | 2 } {
+  const top = OPENCLIP_TOP_FROM_DIFFUSERS.get(name);
+  if (top) return { key: top };
+  let m: RegExpExecArray | null;
+  if ((m = /^text_model\.encoder\.layers\.(\d+)\.(.*)$/.exec(name))) {
+    const p = `transformer.resblocks.${m[1]}.`;
+    const r = /^(.*)\.(weight|bias)$/.exec(m[2]);
+    const qkv = r ? OPENCLIP_QKV.findIndex((x) => r[1] === `self_attn.${x}`) : -1;
+    if (r && qkv >= 0) return { key: `${p}attn.in_proj_${r[2]}`, part: qkv as 0 | 1 | 2 };
+    const target = r && OPENCLIP_BLOCK_FROM_DIFFUSERS.get(r[1]);
+    if (r && target) return { key: `${p}${target}.${r[2]}` };
+  }
+  throw new ModelError(`text-encoder tensor '${name}' has no place in SD2's OpenCLIP layout`);
 }
