@@ -25,6 +25,34 @@ export interface FolderReader {
   open(path: string): Promise<ByteSource>;
 }
 
+/** JSON text of a config or tokenizer file as an object; a ModelError names the file when it is not one. */
+export function parseJsonObject(text: string, path: string): Json {
+  let j: unknown;
+  try {
+    j = JSON.parse(text);
+  } catch (e) {
+    throw new ModelError(`${path}: invalid JSON (${(e as Error).message})`);
+  }
+  if (typeof j !== 'object' || j === null || Array.isArray(j)) throw new ModelError(`${path}: not a JSON object (it holds ${j === null ? 'null' : Array.isArray(j) ? 'an array' : typeof j})`);
+  return j as Json;
+}
+
+/**
+ * A folder's JSON file through its reader, named in the message when it is not a JSON object (readers
+ * throw JSON.parse's bare SyntaxError, which names no file).
+ */
+export async function readJsonFile(dir: FolderReader, path: string): Promise<Json> {
+  let j: unknown;
+  try {
+    j = await dir.readJson(path);
+  } catch (e) {
+    if (e instanceof SyntaxError) throw new ModelError(`${dir.name}: ${path}: invalid JSON (${e.message})`);
+    throw e;
+  }
+  if (typeof j !== 'object' || j === null || Array.isArray(j)) throw new ModelError(`${dir.name}: ${path}: not a JSON object (it holds ${j === null ? 'null' : Array.isArray(j) ? 'an array' : typeof j})`);
+  return j as Json;
+}
+
 /** A FolderReader over files already at hand (a dropped folder's Files, a hub download's cache entries). */
 export function folderFromSources(name: string, files: Map<string, ByteSource>): FolderReader {
   return {
@@ -66,6 +94,20 @@ export interface ModelSource {
   /** One tensor decoded to f32, read from the file only now. */
   read(c: Component, name: string): Promise<NamedTensor>;
   close(): Promise<void>;
+  /** Where a config field's value came from, for messages: 'unet/config.json', 'the unet config override (--config)', ... */
+  configOrigin?(c: Component, field: string): string;
+  /** Where a tensor lives, for messages: its file in a folder, its key in a single file. */
+  tensorOrigin?(c: Component, name: string): string;
+  /**
+   * Config values a single file cannot tell and no override gave, per component: SD's conventions
+   * (heads of 64 or 8, 32 norm groups) fill them in `configs`, but hold only at SD's own widths.
+   */
+  readonly uninferred?: Partial<Record<Component, { fields: string[]; widths: string }>>;
+}
+
+/** Labels a config field by where its value came from: the override (--config) or the component's own config. */
+function originOf(own: (c: Component) => string, overrides: SourceOptions['overrides']): (c: Component, field: string) => string {
+  return (c, field) => (overrides?.[c] && field in overrides[c]! ? `the ${c} config override (--config)` : own(c));
 }
 
 export const COMPONENTS: readonly Component[] = ['unet', 'vae', 'text_encoder'];
@@ -170,6 +212,31 @@ interface Ref {
   part?: number;
 }
 
+/** SD 1.x/2.x widths, the only ones at which SD's head-count and norm-group conventions are known to hold. */
+const SD_UNET_WIDTHS = [320, 640, 1280, 1280];
+const SD_VAE_WIDTHS = [128, 256, 512, 512];
+const SD_TEXT_WIDTH: Record<Family, number> = { sd1: 768, sd2: 1024 };
+
+/**
+ * The config values inferUnet/inferVae/inferClip assumed by convention, for each component whose widths
+ * are not SD's (so the convention cannot be trusted) and that no override supplies.
+ */
+function uninferredFields(configs: Record<Component, Json>, family: Family, overrides: SourceOptions['overrides']): ModelSource['uninferred'] {
+  const same = (a: unknown, b: number[]) => Array.isArray(a) && a.length === b.length && a.every((x, i) => x === b[i]);
+  const standard: Record<Component, [boolean, string, string[]]> = {
+    unet: [same(configs.unet.block_out_channels, SD_UNET_WIDTHS), `block_out_channels [${configs.unet.block_out_channels}]; SD's are [${SD_UNET_WIDTHS}]`, ['attention_head_dim', 'norm_num_groups']],
+    vae: [same(configs.vae.block_out_channels, SD_VAE_WIDTHS), `block_out_channels [${configs.vae.block_out_channels}]; SD's are [${SD_VAE_WIDTHS}]`, ['norm_num_groups']],
+    text_encoder: [configs.text_encoder.hidden_size === SD_TEXT_WIDTH[family], `hidden_size ${configs.text_encoder.hidden_size}; ${family.toUpperCase()}'s is ${SD_TEXT_WIDTH[family]}`, ['num_attention_heads']],
+  };
+  const out: ModelSource['uninferred'] = {};
+  for (const c of COMPONENTS) {
+    const [isStandard, widths, assumed] = standard[c];
+    const fields = isStandard ? [] : assumed.filter((f) => !(overrides?.[c] && f in overrides[c]!));
+    if (fields.length) out[c] = { fields, widths };
+  }
+  return out;
+}
+
 function stripped(file: SafetensorsFile, prefix: string): Map<string, readonly number[]> {
   const m = new Map<string, readonly number[]>();
   for (const n of file.names) if (n.startsWith(prefix)) m.set(n.slice(prefix.length), file.entry(n).shape);
@@ -243,14 +310,21 @@ export async function openSingleFile(file: SafetensorsFile, o: SourceOptions = {
     }
   }
 
+  const configs = { unet: unetConfig, vae: vaeConfig, text_encoder: teConfig };
   return {
     name: what,
     layout: 'single-file',
     family,
     prediction,
     predictionSource,
-    configs: { unet: unetConfig, vae: vaeConfig, text_encoder: teConfig },
+    configs,
     scheduler: sched,
+    configOrigin: originOf((c) => `the ${c} config inferred from the weights`, o.overrides),
+    tensorOrigin: (c, name) => {
+      const r = refs[c].get(name);
+      return r ? `${r.key}${r.part === undefined ? '' : ` rows ${r.part * r.shape[0]}..${(r.part + 1) * r.shape[0] - 1}`}` : name;
+    },
+    uninferred: uninferredFields(configs, family, o.overrides),
     shapes: (c) => new Map([...refs[c]].map(([n, r]) => [n, r.shape] as const)),
     async read(c, name) {
       const r = refs[c].get(name);
@@ -294,7 +368,7 @@ export interface DiffusersFolder {
 
 /** Reads a folder's configs and opens its weight files (headers only). */
 export async function readDiffusersFolder(dir: FolderReader, o: SourceOptions = {}): Promise<DiffusersFolder> {
-  const json = async (p: string) => ((await dir.exists(p)) ? dir.readJson(p) : undefined);
+  const json = async (p: string) => ((await dir.exists(p)) ? readJsonFile(dir, p) : undefined);
   const modelIndex = await json('model_index.json');
   const unet = await json('unet/config.json');
   if (!unet) {
@@ -314,9 +388,15 @@ export async function readDiffusersFolder(dir: FolderReader, o: SourceOptions = 
   const scheduler = { ...(await json('scheduler/scheduler_config.json')), ...o.overrides?.scheduler };
   const files = {} as Record<Component, SafetensorsFile>;
   const paths = {} as Record<Component, string>;
-  for (const c of COMPONENTS) {
-    paths[c] = await findWeights(dir, c);
-    files[c] = await SafetensorsFile.open(await dir.open(paths[c]));
+  try {
+    for (const c of COMPONENTS) {
+      paths[c] = await findWeights(dir, c);
+      files[c] = await SafetensorsFile.open(await dir.open(paths[c]));
+    }
+  } catch (e) {
+    // The files opened before the one that failed are closed, not left to the garbage collector.
+    for (const c of COMPONENTS) await files[c]?.source.close?.();
+    throw e;
   }
   return { modelIndex, configs, scheduler, files, paths };
 }
@@ -334,16 +414,27 @@ export function countTensors(files: Record<Component, SafetensorsFile>): Record<
 /** A diffusers folder as a ModelSource (detection from its configs unless `family` is given). */
 export async function openDiffusers(dir: FolderReader, o: SourceOptions = {}): Promise<ModelSource> {
   const f = await readDiffusersFolder(dir, o);
-  let family: Family;
-  let prediction: Prediction;
-  let predictionSource: string;
-  if (o.family) {
-    family = o.family;
-    ({ prediction, source: predictionSource } = predictionFor(family, f.scheduler as { prediction_type?: string }));
-  } else {
+  try {
+    if (o.family) return folderSource(dir, f, { family: o.family, ...predictionOf(predictionFor(o.family, f.scheduler as { prediction_type?: string })) }, o);
     const det = detectDiffusers({ modelIndex: f.modelIndex, unet: f.configs.unet, scheduler: f.scheduler, textEncoder: f.configs.text_encoder }, countTensors(f.files), dir.name);
-    ({ family, prediction, predictionSource } = det);
+    return folderSource(dir, f, det, o);
+  } catch (e) {
+    await closeFolder(f);
+    throw e;
   }
+}
+
+function predictionOf(p: { prediction: Prediction; source: string }): { prediction: Prediction; predictionSource: string } {
+  return { prediction: p.prediction, predictionSource: p.source };
+}
+
+export async function closeFolder(f: DiffusersFolder): Promise<void> {
+  for (const c of COMPONENTS) await f.files[c].source.close?.();
+}
+
+/** An opened folder (readDiffusersFolder) as a ModelSource of the given family; closing it closes the folder's files. */
+export function folderSource(dir: FolderReader, f: DiffusersFolder, det: { family: Family; prediction: Prediction; predictionSource: string }, o: SourceOptions = {}): ModelSource {
+  const { family, prediction, predictionSource } = det;
   const shapes = {} as Record<Component, Map<string, readonly number[]>>;
   for (const c of COMPONENTS) shapes[c] = new Map(f.files[c].names.filter((n) => !isBuffer(n)).map((n) => [n, f.files[c].entry(n).shape] as const));
   return {
@@ -355,13 +446,13 @@ export async function openDiffusers(dir: FolderReader, o: SourceOptions = {}): P
     configs: f.configs,
     scheduler: f.scheduler,
     shapes: (c) => new Map(shapes[c]),
+    configOrigin: originOf((c) => `${c}/config.json`, o.overrides),
+    tensorOrigin: (c) => f.paths[c],
     async read(c, name) {
       if (!shapes[c].has(name)) throw new ModelError(`${dir.name}: no ${c} tensor '${name}' in ${f.paths[c]}`);
       return f.files[c].read(name);
     },
-    async close() {
-      for (const c of COMPONENTS) await f.files[c].source.close?.();
-    },
+    close: () => closeFolder(f),
   };
 }
 
@@ -372,10 +463,10 @@ export async function openDiffusers(dir: FolderReader, o: SourceOptions = {}): P
  */
 export async function tokenizerFilesFrom(dir: FolderReader, prefix = 'tokenizer/'): Promise<ClipTokenizerFiles | null> {
   const p = (f: string) => `${prefix}${f}`;
-  const optional = async (f: string) => ((await dir.exists(p(f))) ? await dir.readJson(p(f)) : {});
+  const optional = async (f: string) => ((await dir.exists(p(f))) ? await readJsonFile(dir, p(f)) : {});
   const config = { ...(await optional('special_tokens_map.json')), ...(await optional('tokenizer_config.json')) };
-  if (await dir.exists(p('tokenizer.json'))) return { tokenizerJson: await dir.readJson(p('tokenizer.json')), config };
+  if (await dir.exists(p('tokenizer.json'))) return { tokenizerJson: await readJsonFile(dir, p('tokenizer.json')), config };
   if (!(await dir.exists(p('vocab.json'))) || !(await dir.exists(p('merges.txt')))) return null;
   const merges = await dir.open(p('merges.txt'));
-  return { vocab: (await dir.readJson(p('vocab.json'))) as Record<string, number>, merges: new TextDecoder().decode(await merges.read(0, merges.size)), config };
+  return { vocab: (await readJsonFile(dir, p('vocab.json'))) as Record<string, number>, merges: new TextDecoder().decode(await merges.read(0, merges.size)), config };
 }
