@@ -3,6 +3,7 @@
 // key rules, the integrity check every implementation applies, and an in-memory store for dry runs and
 // tests. IndexedDB (idb-store.ts, the browser) and the file system (fs-store.ts, Node) implement the same
 // contract, checked by one shared test suite (tests/store/contract.ts).
+import { formatBytes as formatSize } from '../util/bytes.ts';
 
 export interface ChunkStore {
   readonly kind: 'indexeddb' | 'fs' | 'memory';
@@ -46,9 +47,9 @@ export class StorageFullError extends Error {
 function storageFullMessage(key: string, bytes: number, d: { quota?: number; used?: number; reason?: string }): string {
   const parts: string[] = [];
   if (d.reason) parts.push(d.reason);
-  if (d.quota !== undefined) parts.push(`${formatBytes(d.used ?? 0)} of the ${formatBytes(d.quota)} quota in use`);
+  if (d.quota !== undefined) parts.push(`${exactBytes(d.used ?? 0)} of the ${exactBytes(d.quota)} quota in use`);
   return (
-    `Storage is full: could not write ${formatBytes(bytes)} for chunk "${key}"${parts.length ? ` (${parts.join('; ')})` : ''}. ` +
+    `Storage is full: could not write ${exactBytes(bytes)} for chunk "${key}"${parts.length ? ` (${parts.join('; ')})` : ''}. ` +
     `The previous version of this chunk is intact. Free space (delete old runs or other site data / files), then resume.`
   );
 }
@@ -67,17 +68,10 @@ export class ChunkStoreError extends Error {
 }
 
 /** "64.0 MiB (67108864 bytes)": the exact count for logs, the rounded one for people. */
-export function formatBytes(n: number): string {
-  const units = ['KiB', 'MiB', 'GiB', 'TiB'];
-  if (n < 1024) return `${n} bytes`;
-  let v = n / 1024;
-  let u = 0;
-  while (v >= 1024 && u < units.length - 1) {
-    v /= 1024;
-    u++;
-  }
-  return `${v.toFixed(1)} ${units[u]} (${n} bytes)`;
-}
+const exactBytes = (n: number): string => formatSize(n, { exact: true });
+
+// moved: use util/bytes.ts formatBytes(n, { exact: true }); removed once cli/train.ts switches
+export const formatBytes = exactBytes;
 
 // ---------------------------------------------------------------------------------------------- keys
 

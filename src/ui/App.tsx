@@ -2,6 +2,7 @@ import { useEffect } from 'react';
 import { Gpu } from '../gpu/device.ts';
 import { GpuDeviceLostError, NoWebGpuError } from '../gpu/errors.ts';
 import { viteShaderSource } from '../gpu/shaders-vite.ts';
+import { formatBytes } from '../util/bytes.ts';
 import { describeCheck } from '../selftest/check.ts';
 import { ALL_CASES } from '../selftest/cases/index.ts';
 import { browserGolden } from '../selftest/browser.ts';
@@ -73,13 +74,6 @@ function worstCheck(r: CaseResult): string {
   return `${r.checks.length} checks; worst ${worst.label}: ${worst.maxAbs.toExponential(1)} (atol ${worst.tol.atol}, rtol ${worst.tol.rtol})`;
 }
 
-function fmtBytes(n: number): string {
-  if (n >= 2 ** 30) return `${(n / 2 ** 30).toFixed(1)} GiB`;
-  if (n >= 2 ** 20) return `${(n / 2 ** 20).toFixed(0)} MiB`;
-  if (n >= 2 ** 10) return `${(n / 2 ** 10).toFixed(0)} KiB`;
-  return String(n);
-}
-
 function AdapterPanel() {
   const g = useStudio((s) => s.gpu);
   if (g.kind === 'loading') return <p role="status">Starting WebGPU…</p>;
@@ -120,7 +114,7 @@ function AdapterPanel() {
         {SHOWN_LIMITS.map((k) => (
           <div key={k} className="row">
             <dt>{k}</dt>
-            <dd>{k.includes('Size') ? fmtBytes(a.limits[k] ?? 0) : String(a.limits[k] ?? '—')}</dd>
+            <dd>{k.includes('Size') ? formatBytes(a.limits[k] ?? 0) : String(a.limits[k] ?? '—')}</dd>
           </div>
         ))}
       </dl>

@@ -11,6 +11,7 @@ import { folderFromSources, tokenizerFilesFrom } from '../models/source.ts';
 import { loadDiffusers } from '../models/load.ts';
 import { scheduleFromJson, SD_SCHEDULE } from '../sample/schedulers.ts';
 import { txt2img } from '../sample/txt2img.ts';
+import { formatBytes } from '../util/bytes.ts';
 
 /** A dropped or chosen diffusers folder: paths relative to its top folder -> files, read by slices. */
 function folderFromFiles(list: FileList | File[]): { name: string; files: Map<string, ByteSource> } {
@@ -50,7 +51,7 @@ export function Generate({ gpu }: { gpu: Gpu }) {
         m = await downloadDiffusersModel(repo, {
           endpoint,
           cache: idbDownloadCache(),
-          onProgress: (p) => setStatus(`Downloading ${p.path}: ${(p.loaded / 2 ** 20).toFixed(1)}${p.total ? ` / ${(p.total / 2 ** 20).toFixed(1)}` : ''} MiB`),
+          onProgress: (p) => setStatus(`Downloading ${p.path}: ${formatBytes(p.loaded)}${p.total ? ` of ${formatBytes(p.total)}` : ''}`),
         });
       }
       setStatus('Loading the model onto the GPU…');

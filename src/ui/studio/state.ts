@@ -6,6 +6,7 @@ import { createStore, del, get, keys, set as idbSet, type UseStore } from 'idb-k
 import { create } from 'zustand';
 import type { AdapterSummary } from '../../gpu/device.ts';
 import type { CropBox } from '../../io/image.ts';
+import { formatBytes } from '../../util/bytes.ts';
 import { DEFAULT_SETTINGS, PRESETS, type ExportFormat, type PlanSummary, type PresetName, type StudioSettings } from '../../studio/session.ts';
 import type { ModelSummary } from '../../studio/worker.ts';
 
@@ -279,12 +280,11 @@ export function storageShortfall(need: number, quota: number | null, usage: numb
 
 // ---- formatting -------------------------------------------------------------------------------------------
 
+/** The page's byte figures: util/bytes.ts, two decimals from a GiB up (budgets, storage needs), "—" unknown. */
 export function fmtBytes(n: number): string {
   if (!Number.isFinite(n)) return '—';
-  if (n >= 2 ** 30) return `${(n / 2 ** 30).toFixed(2)} GiB`;
-  if (n >= 2 ** 20) return `${(n / 2 ** 20).toFixed(1)} MiB`;
-  if (n >= 2 ** 10) return `${(n / 2 ** 10).toFixed(1)} KiB`;
-  return `${n} B`;
+  if (Math.abs(n) < 2 ** 10) return `${n} B`;
+  return formatBytes(n, { digits: Math.abs(n) >= 2 ** 30 ? 2 : 1 });
 }
 
 export function fmtDuration(seconds: number): string {
