@@ -1,7 +1,8 @@
 // Node host for image loading (CLI, tests): decode JPEG with jpeg-js, PNG with fast-png and WebP with
 // @jsquash/webp (libwebp compiled to wasm), then apply the EXIF orientation, which none of them does. Plus
 // loading a file or a whole folder of training images with kohya-style captions (photo.jpg + photo.txt).
-import { readdir, readFile } from 'node:fs/promises';
+import type { Dirent } from 'node:fs';
+import { lstat, readdir, readFile, readlink, stat } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { basename, extname, join } from 'node:path';
 import { decode as decodePng, type DecodedPng } from 'fast-png';
@@ -21,6 +22,7 @@ import {
   type Orientation,
   type RgbaImage,
 } from './image.ts';
+import { CLIP_MAX_LENGTH } from './tokenizer.ts';
 
 /**
  * jpeg-js's own limits, a second line of defence behind the header check (assertDecodable). Its memory
@@ -179,21 +181,86 @@ export interface LoadedImage {
 
 const stem = (file: string) => basename(file, extname(file));
 
-/** The caption file's first line, trimmed (kohya reads only the first line); undefined when absent or empty. */
-async function readCaption(path: string): Promise<string | undefined> {
-  let text: string;
+/** Where loaders report problems that do not stop loading (a bad caption file, say). */
+export interface LoadOptions {
+  /** Default: printed to stderr as "warning: ...", as the CLI prints its other warnings. */
+  onWarning?: (message: string) => void;
+}
+
+const stderrWarning = (message: string) => console.error(`warning: ${message}`);
+
+/** A caption longer than this is still used, with a warning: kohya captions are one short line. */
+export const CAPTION_WARN_BYTES = 4096;
+/** A ".txt" larger than this is not a caption (a log or a book that happens to share the name): ignored. */
+export const CAPTION_MAX_BYTES = 2 ** 20;
+/** Prompt tokens the text encoder reads: 77 minus the start and end tokens. */
+const CAPTION_TOKENS = CLIP_MAX_LENGTH - 2;
+/**
+ * CLIP's pre-tokenizer split (tokenizer.ts): every piece becomes at least one BPE token, so the count of
+ * pieces is a lower bound on the caption's token count, exact enough to know it will be cut off.
+ */
+const CLIP_PIECES = /'s|'t|'re|'ve|'m|'ll|'d|\p{L}+|\p{N}|[^\s\p{L}\p{N}]+/gu;
+
+/** A caption file's text, or why it is not text: UTF-8 (BOM optional), or UTF-16 with its BOM (Windows Notepad). */
+function captionText(bytes: Uint8Array): string | undefined {
+  const utf16 = bytes[0] === 0xff && bytes[1] === 0xfe ? 'utf-16le' : bytes[0] === 0xfe && bytes[1] === 0xff ? 'utf-16be' : undefined;
   try {
-    text = await readFile(path, 'utf8');
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-    throw e;
+    if (utf16) return new TextDecoder(utf16, { fatal: true }).decode(bytes); // drops the BOM
+    if (bytes.includes(0)) return undefined; // text has no NUL bytes; binary files nearly always do
+    return new TextDecoder('utf-8', { fatal: true }).decode(bytes); // drops a UTF-8 BOM
+  } catch {
+    return undefined;
   }
-  const first = text.replace(/^\uFEFF/, '').split(/\r?\n/)[0].trim();
-  return first === '' ? undefined : first;
+}
+
+/** Says so when `path` is a symlink whose target is missing (readFile just reports ENOENT). */
+async function brokenLink(path: string): Promise<string | undefined> {
+  try {
+    if (!(await lstat(path)).isSymbolicLink()) return undefined;
+    return `${basename(path)} is a broken link (${await readlink(path)} does not exist)`;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * The caption file's first line, trimmed (kohya reads only the first line); undefined when absent, empty or
+ * unusable. Unusable (binary, not UTF-8, a broken link, over CAPTION_MAX_BYTES) and suspicious (over
+ * CAPTION_WARN_BYTES, or longer than the text encoder reads) files are reported through `warn`, naming them.
+ */
+async function readCaption(path: string, image: string, warn: (message: string) => void): Promise<string | undefined> {
+  const file = basename(path);
+  let bytes: Uint8Array;
+  try {
+    const size = (await stat(path)).size;
+    if (size > CAPTION_MAX_BYTES) {
+      warn(`${file} is ${(size / 2 ** 20).toFixed(1)} MiB, far too large for a caption: ignored, ${image} is trained with the prompt`);
+      return undefined;
+    }
+    bytes = await readFile(path);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
+    const broken = await brokenLink(path);
+    if (broken) warn(`${broken}: ignored, ${image} is trained with the prompt`);
+    return undefined;
+  }
+  const text = captionText(bytes);
+  if (text === undefined) {
+    warn(`${file} is not a text file (binary data or not UTF-8): ignored as the caption of ${image}, which is trained with the prompt`);
+    return undefined;
+  }
+  const first = text.split(/\r?\n/)[0].trim();
+  if (first === '') return undefined;
+  const tokens = first.toLowerCase().match(CLIP_PIECES)?.length ?? 0;
+  if (tokens > CAPTION_TOKENS)
+    warn(`${file}: the caption is at least ${tokens} tokens long but the text encoder reads only ${CAPTION_TOKENS}; the rest is ignored (shorten it to what matters most, first)`);
+  else if (bytes.length > CAPTION_WARN_BYTES)
+    warn(`${file} is ${(bytes.length / 1024).toFixed(1)} KiB, large for a caption: only its first line is used (kohya convention)`);
+  return first;
 }
 
 /** One image file, decoded upright, with its caption if `<stem>.txt` sits beside it. */
-export async function loadImageFile(path: string): Promise<LoadedImage> {
+export async function loadImageFile(path: string, opts: LoadOptions = {}): Promise<LoadedImage> {
   const name = basename(path);
   let bytes: Uint8Array;
   try {
@@ -202,7 +269,7 @@ export async function loadImageFile(path: string): Promise<LoadedImage> {
     throw new ImageError(name, `${name}: cannot read ${path} (${(e as Error).message})`);
   }
   const image = await decodeImageNode(bytes, name);
-  const caption = extname(path).toLowerCase() === '.txt' ? undefined : await readCaption(join(path, '..', `${stem(path)}.txt`));
+  const caption = extname(path).toLowerCase() === '.txt' ? undefined : await readCaption(join(path, '..', `${stem(path)}.txt`), name, opts.onWarning ?? stderrWarning);
   return caption === undefined ? { name, path, image } : { name, path, image, caption };
 }
 
@@ -213,27 +280,55 @@ export interface ImageDirResult {
   errors: ImageError[];
 }
 
+/** A folder entry resolved through symlinks: a file to load, something to skip, or a link that is broken. */
+async function resolveEntry(dir: string, entry: Dirent): Promise<'file' | 'skip' | ImageError> {
+  if (entry.isFile()) return 'file';
+  if (!entry.isSymbolicLink()) return 'skip'; // folders, sockets, devices
+  const path = join(dir, entry.name);
+  try {
+    return (await stat(path)).isFile() ? 'file' : 'skip';
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code === 'ELOOP') return new ImageError(entry.name, `${entry.name} is a link that loops back on itself: fix or remove it`);
+    const broken = await brokenLink(path);
+    return new ImageError(entry.name, broken ? `${broken}: fix or remove it` : `${entry.name}: cannot follow the link (${(e as Error).message})`);
+  }
+}
+
 /**
  * Every file of a folder (not recursive), sorted by name (plain code-unit order, the same on every machine,
- * so a seeded training run sees the same order everywhere). A .txt with the stem of another file there is
- * that file's caption, not an image; hidden files (.DS_Store, ._photo.jpg from macOS) are skipped; any other
- * file that is not a JPEG, PNG or WebP becomes an ImageError naming it.
+ * so a seeded training run sees the same order everywhere). Symlinks are followed (to files; a link to a
+ * folder is skipped like a folder), and a broken one becomes an ImageError naming it. A .txt with the stem
+ * of another file there is that file's caption, not an image (caption problems are reported through
+ * `onWarning`); hidden files (.DS_Store, ._photo.jpg from macOS) are skipped; any other file that is not a
+ * JPEG, PNG or WebP becomes an ImageError naming it.
  */
-export async function loadImageDir(dir: string): Promise<ImageDirResult> {
-  const entries = await readdir(dir, { withFileTypes: true });
-  const files = entries.filter((e) => e.isFile() && !e.name.startsWith('.')).map((e) => e.name);
-  files.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+export async function loadImageDir(dir: string, opts: LoadOptions = {}): Promise<ImageDirResult> {
+  const entries = (await readdir(dir, { withFileTypes: true })).filter((e) => !e.name.startsWith('.'));
+  const files: string[] = [];
+  const broken: ImageError[] = [];
+  for (const e of entries) {
+    const kind = await resolveEntry(dir, e);
+    if (kind === 'file') files.push(e.name);
+    else if (kind instanceof ImageError) broken.push(kind);
+  }
+  const byName = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
+  files.sort(byName);
   const isTxt = (f: string) => extname(f).toLowerCase() === '.txt';
-  const imageStems = new Set(files.filter((f) => !isTxt(f)).map(stem));
+  const imageStems = new Set([...files, ...broken.map((b) => b.file)].filter((f) => !isTxt(f)).map(stem));
   const images: LoadedImage[] = [];
   const errors: ImageError[] = [];
   for (const file of files) {
     if (isTxt(file) && imageStems.has(stem(file))) continue; // a caption
     try {
-      images.push(await loadImageFile(join(dir, file)));
+      images.push(await loadImageFile(join(dir, file), opts));
     } catch (e) {
       errors.push(e instanceof ImageError ? e : new ImageError(file, `${file}: ${(e as Error).message}`));
     }
   }
+  // A broken caption link is reported when its image loads (readCaption); every other broken link here.
+  const brokenFiles = broken.filter((b) => !(isTxt(b.file) && imageStems.has(stem(b.file))));
+  errors.push(...brokenFiles);
+  errors.sort((a, b) => byName(a.file, b.file));
   return { images, errors };
 }

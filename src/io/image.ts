@@ -42,7 +42,10 @@ export class ImageError extends Error {
 export const MAX_DECODE_PIXELS = 50_000_000;
 /** The most images in one set: DreamBooth wants 3-5 of a subject; far more is almost always a mistake. */
 export const MAX_IMAGES = 50;
-/** Sides below this train poorly at any SD resolution: a warning, not an error. */
+/**
+ * Sides below this come out blurry at SD's resolutions (512 and up: upscaled 2x or more): a warning, not an
+ * error. For a smaller training resolution the bar is half of it instead (see checkImageSet).
+ */
 export const MIN_RECOMMENDED_SIDE = 256;
 
 /** How a format is written in messages. */
@@ -624,10 +627,13 @@ export function checkImageSet(items: readonly ImageSetItem[], opts: { resolution
   if (items.length === 0) errors.push('add at least one image (3 to 5 photos of the subject work best)');
   else if (items.length === 1) warnings.push('only one image: training will work, but 3 to 5 photos from different angles generalise much better');
   if (items.length > maxImages) errors.push(`${items.length} images is too many (at most ${maxImages}); DreamBooth needs only 3 to 5 good photos of the subject`);
+  // Sizes are judged against the training resolution: only an image that must be upscaled is worth a
+  // warning (a 48 px photo is plenty for a 32 px model), and a blurry one is upscaled more than 2x.
+  const blurryBelow = resolution === undefined ? MIN_RECOMMENDED_SIDE : Math.min(MIN_RECOMMENDED_SIDE, Math.ceil(resolution / 2));
   for (const it of items) {
     const short = Math.min(it.width, it.height);
-    if (short < MIN_RECOMMENDED_SIDE)
-      warnings.push(`${it.name} is only ${it.width}x${it.height}; sides under ${MIN_RECOMMENDED_SIDE} px come out blurry after upscaling, use a larger photo if you have one`);
+    if (short < blurryBelow)
+      warnings.push(`${it.name} is only ${it.width}x${it.height}; sides under ${blurryBelow} px come out blurry after upscaling, use a larger photo if you have one`);
     else if (resolution !== undefined && short < resolution)
       warnings.push(`${it.name} is ${it.width}x${it.height}, smaller than ${resolution} px: it will be upscaled and slightly soft`);
     if (it.width !== it.height && (it.crop === undefined || it.crop === 'center'))
