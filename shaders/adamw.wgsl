@@ -1,6 +1,6 @@
 // AdamW (torch.optim.AdamW semantics) on fp32 master weights and fp32 moments, one element per
 // invocation. Specialised by G (storage of the loss-scaled gradient, f16 | f32), W (storage of the
-// compute copy of the weight), WG and CLIP. Per element, with t the step number:
+// compute copy of the weight), W_F16 (that copy is f16), WG and CLIP. Per element, with t the step number:
 //   g = grad * inv_scale * clip,    clip = min(1, max_norm / (norm + 1e-6))   (CLIP; else 1)
 //   p = p * (1 - lr * wd)                                   decoupled weight decay
 //   m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2
@@ -11,6 +11,15 @@
 // every invocation returns at once: master, m, v and the weight copy stay bit-identical, decided on
 // the GPU with no read-back. Windows of tensors larger than one binding start at aligned offsets:
 // *_skip is the index of the dispatch's first element inside each.
+//
+// adamw_check computes the same update (the same function, so the same values) and writes nothing but
+// the update flag: it raises it when the new m, v or master would be inf/NaN, or, with an f16 weight
+// copy (W_F16), when |master| would pass f16's largest finite 65504 (the copy would be inf). The
+// optimizer runs it over every chunk before any update, so a learning rate that blows the weights up
+// skips the whole step instead of writing inf. adamw_stats measures a chunk's state (max |master|,
+// max |m|, max v, max |m| / (sqrt(v) + eps)) for the host's bound that spares streamed chunks the
+// check (ops/adamw.ts adamwStepSafe). Both test bit patterns, as reduce.wgsl's nonfinite does:
+// isinf/isnan may be folded to false by fast-math compilers.
 
 struct Params {
   n: u32,
@@ -39,6 +48,8 @@ struct Params {
 @group(0) @binding(5) var<storage, read> flag: array<u32>;   // f32 0.0 / 1.0, read as bits
 @group(0) @binding(6) var<storage, read> norm: array<f32>;   // f32 [1]: unscaled global gradient norm
 @group(0) @binding(7) var<storage, read_write> weight: array<W>;
+@group(0) @binding(8) var<storage, read_write> update_flag: array<atomic<u32>>; // f32 1.0 bits when raised
+@group(0) @binding(9) var<storage, read_write> stats: array<atomic<u32>>;       // 4 non-negative f32 maxima, as bits
 
 fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
   return gid.x + gid.y * nwg.x * WG;
@@ -48,8 +59,14 @@ fn skip_step() -> bool {
   return flag[0] != 0u;
 }
 
-// Updates master[i], m[i], v[i]; returns the new master value.
-fn update(i: u32) -> f32 {
+struct Next {
+  m: f32,
+  v: f32,
+  w: f32,
+}
+
+// The updated m[i], v[i] and master[i] (nothing written).
+fn next_state(i: u32) -> Next {
   var clip = 1.0;
   if (CLIP) { clip = min(1.0, p.max_norm / (norm[0] + 1e-6)); }
   let g = f32(grad[i + p.g_skip]) * p.inv_scale * clip;
@@ -57,10 +74,16 @@ fn update(i: u32) -> f32 {
   let v1 = p.beta2 * v[i + p.v_skip] + p.one_minus_beta2 * g * g;
   let denom = sqrt(v1) / p.bc2_sqrt + p.eps;
   let w = master[i + p.p_skip] * p.decay - p.step_size * (m1 / denom);
-  m[i + p.m_skip] = m1;
-  v[i + p.v_skip] = v1;
-  master[i + p.p_skip] = w;
-  return w;
+  return Next(m1, v1, w);
+}
+
+// Updates master[i], m[i], v[i]; returns the new master value.
+fn update(i: u32) -> f32 {
+  let s = next_state(i);
+  m[i + p.m_skip] = s.m;
+  v[i + p.v_skip] = s.v;
+  master[i + p.p_skip] = s.w;
+  return s.w;
 }
 
 // Master and moments only (the model computes with the master itself, or the copy is made elsewhere).
@@ -77,4 +100,50 @@ fn adamw_step_copy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
   let i = index(gid, nwg);
   if (i >= p.n || skip_step()) { return; }
   weight[i + p.w_skip] = W(update(i));
+}
+
+fn nonfinite(x: f32) -> bool {
+  return (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u;
+}
+
+// Raises update_flag when this element's update would leave a non-finite m, v or master, or (W_F16) a
+// master beyond 65504 (0x477fe000; NaN and inf bits compare above it too). Writes nothing else.
+@compute @workgroup_size(WG)
+fn adamw_check(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = index(gid, nwg);
+  if (i >= p.n || skip_step()) { return; }
+  let s = next_state(i);
+  var bad = nonfinite(s.m) || nonfinite(s.v) || nonfinite(s.w);
+  if (W_F16) { bad = bad || (bitcast<u32>(s.w) & 0x7fffffffu) > 0x477fe000u; }
+  if (bad) { atomicStore(&update_flag[0], 0x3f800000u); }
+}
+
+// Chunk statistics: atomic maxima (as u32 bits: non-negative f32 order like their bits) of |master|,
+// |m|, v and |m| / (sqrt(v) + p.eps) (p.eps carries the host's stats epsilon here), reduced in the
+// workgroup first so only one invocation per workgroup touches the four words.
+var<workgroup> wg_max: array<vec4<u32>, WG>;
+
+@compute @workgroup_size(WG)
+fn adamw_stats(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let i = index(gid, nwg);
+  var s = vec4<u32>(0u);
+  if (i < p.n) {
+    let mi = m[i + p.m_skip];
+    let vi = v[i + p.v_skip];
+    let ratio = abs(mi) / (sqrt(vi) + p.eps);
+    s = vec4<u32>(bitcast<u32>(abs(master[i + p.p_skip])), bitcast<u32>(abs(mi)), bitcast<u32>(abs(vi)), bitcast<u32>(ratio));
+  }
+  wg_max[lid] = s;
+  workgroupBarrier();
+  for (var width = WG / 2u; width > 0u; width = width / 2u) {
+    if (lid < width) { wg_max[lid] = max(wg_max[lid], wg_max[lid + width]); }
+    workgroupBarrier();
+  }
+  if (lid == 0u) {
+    let r = wg_max[0];
+    atomicMax(&stats[0], r.x);
+    atomicMax(&stats[1], r.y);
+    atomicMax(&stats[2], r.z);
+    atomicMax(&stats[3], r.w);
+  }
 }

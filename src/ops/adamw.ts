@@ -7,10 +7,16 @@
 //   clearFlag(flag); checkFinite(grads, flag); norm = globalNorm(grads, scale); adamw(...) per param
 // (adamwAll does exactly this). The host then reads the flag once (4 bytes) to drive the
 // DynamicLossScaler and to advance the step number only for applied steps.
+//
+// Finite gradients can still blow the weights up (a learning rate of 1e30: the decay factor 1 - lr*wd and
+// the step size overflow the master, or an f16 weight copy past 65504). adamwCheck runs the same update
+// without writing and raises an update flag when any new master, m, v or f16 copy would be non-finite;
+// adamwStats / adamwStateStats measure a state and adamwStepSafe bounds a step from those measurements,
+// so a caller can prove a step safe without touching the state (train/optimizer.ts uses both).
 import { Uniforms, type Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
-import { expectDType, type Tensor } from '../gpu/tensor.ts';
-import { checkFinite, clearFlag, elementWindow, globalNorm, windowCapacity } from './reduce.ts';
+import { expectDType, type DType, type Tensor } from '../gpu/tensor.ts';
+import { checkFinite, clearFlag, elementWindow, globalNorm, windowCapacity, type ElementWindow } from './reduce.ts';
 
 const WG = 256;
 
@@ -79,33 +85,197 @@ function check(param: AdamWParam, grad: Tensor, s: AdamWStep): void {
   if (!(s.lossScale > 0) || !Number.isFinite(s.lossScale)) throw new ShapeError(op, `loss scale must be finite and > 0, got ${s.lossScale}`);
 }
 
-/** One AdamW update of `param` from `grad` (loss-scaled). Large tensors run in binding-sized ranges. */
-export function adamw(gpu: Gpu, param: AdamWParam, grad: Tensor, cfg: AdamWConfig, s: AdamWStep): void {
+/** The largest finite f16: an f16 weight copy of a master beyond it is inf. */
+export const F16_MAX = 65504;
+/** The largest finite f32. */
+export const F32_MAX = 3.4028234663852886e38;
+
+/** The compute-dtype copy an update writes (null: none, or the weight is the master itself). */
+function copyOf(param: AdamWParam): Tensor | null {
+  return param.weight && !sameTensor(param.weight, param.master) ? param.weight : null;
+}
+
+/** The largest |master| whose weight copy (of this dtype; none: undefined) stays finite. */
+export function masterLimit(copy: DType | undefined): number {
+  return copy === 'f16' ? F16_MAX : F32_MAX;
+}
+
+function adamwDefs(grad: DType, copy: DType | null, clip: boolean) {
+  return { G: grad, W: copy ?? 'f32', W_F16: copy === 'f16', WG, CLIP: clip };
+}
+
+function alignedFlag(gpu: Gpu, op: string, name: string, t: Tensor): ElementWindow {
+  const w = elementWindow(gpu, t, 0, 1);
+  if (w.skip !== 0) throw new ShapeError(op, `${name} must start at an aligned offset`);
+  return w;
+}
+
+/**
+ * The update (adamw_step / adamw_step_copy) or its dry run (adamw_check, which only raises `updateFlag`),
+ * over binding-sized element ranges.
+ */
+function dispatchAdamW(gpu: Gpu, param: AdamWParam, grad: Tensor, cfg: AdamWConfig, s: AdamWStep, updateFlag: Tensor | null): void {
   check(param, grad, s);
-  const copy = param.weight && !sameTensor(param.weight, param.master) ? param.weight : null;
+  const op = updateFlag ? 'adamwCheck' : 'adamw';
+  if (updateFlag) scalarBuffer(op, 'update flag', updateFlag);
+  const copy = copyOf(param);
   // Scalars in float64, handed to the kernel as f32 (what PyTorch does with its Python floats).
   const stepSize = cfg.lr / (1 - cfg.beta1 ** s.step);
   const bc2Sqrt = Math.sqrt(1 - cfg.beta2 ** s.step);
-  const flagW = elementWindow(gpu, s.flag, 0, 1);
-  const normW = s.clip ? elementWindow(gpu, s.clip.norm, 0, 1) : flagW; // unread without CLIP, but in the layout
-  if (flagW.skip !== 0 || normW.skip !== 0) throw new ShapeError('adamw', 'flag and norm must start at aligned offsets');
-  const walked = [grad, param.master, param.m, param.v, ...(copy ? [copy] : [])];
+  const flagW = alignedFlag(gpu, op, 'flag', s.flag);
+  const normW = s.clip ? alignedFlag(gpu, op, 'clip norm', s.clip.norm) : flagW; // unread without CLIP, but in the layout
+  const updateW = updateFlag ? alignedFlag(gpu, op, 'update flag', updateFlag) : null;
+  // The check reads no weight copy (it only needs its dtype).
+  const walked = [grad, param.master, param.m, param.v, ...(copy && !updateFlag ? [copy] : [])];
   const per = Math.min(...walked.map((t) => windowCapacity(gpu, t.dtype)));
   const n = param.master.numel;
+  const entry = updateFlag ? 'adamw_check' : copy ? 'adamw_step_copy' : 'adamw_step';
   for (let start = 0; start < n; start += per) {
     const count = Math.min(per, n - start);
     const [g, p, m, v, w] = walked.map((t) => elementWindow(gpu, t, start, count));
     gpu.dispatch({
       shader: 'adamw',
-      entry: copy ? 'adamw_step_copy' : 'adamw_step',
-      defs: { G: grad.dtype, W: copy?.dtype ?? 'f32', WG, CLIP: !!s.clip },
+      entry,
+      defs: adamwDefs(grad.dtype, copy?.dtype ?? null, !!s.clip),
       uniforms: new Uniforms()
         .u32(count, g.skip, p.skip, m.skip, v.skip, w?.skip ?? 0)
         .f32(1 - cfg.lr * cfg.weightDecay, cfg.beta1, 1 - cfg.beta1, cfg.beta2, 1 - cfg.beta2, stepSize, bc2Sqrt, cfg.eps, 1 / s.lossScale, s.clip?.maxNorm ?? 0),
-      bindings: [g.window, p.window, m.window, v.window, flagW.window, normW.window, w?.window ?? null],
+      bindings: [g.window, p.window, m.window, v.window, flagW.window, normW.window, w?.window ?? null, updateW?.window ?? null],
       workgroups: gpu.grid(Math.ceil(count / WG)),
     });
   }
+}
+
+/** One AdamW update of `param` from `grad` (loss-scaled). Large tensors run in binding-sized ranges. */
+export function adamw(gpu: Gpu, param: AdamWParam, grad: Tensor, cfg: AdamWConfig, s: AdamWStep): void {
+  dispatchAdamW(gpu, param, grad, cfg, s, null);
+}
+
+/**
+ * The same update as `adamw`, computed and thrown away: sets `updateFlag` (f32 [1], 1.0) when it would
+ * leave any element's new m, v or master non-finite, or a master beyond F16_MAX with an f16 weight copy.
+ * Writes nothing else, so every value stays bit-identical; like the update it does nothing when `s.flag`
+ * (non-finite gradients) is set. Costs one read of the gradient and the state (no writes).
+ */
+export function adamwCheck(gpu: Gpu, param: AdamWParam, grad: Tensor, cfg: AdamWConfig, s: AdamWStep, updateFlag: Tensor): void {
+  dispatchAdamW(gpu, param, grad, cfg, s, updateFlag);
+}
+
+/** Plain-TS adamwCheck: true when the update (in the kernel's f32 operations) would set the flag. */
+export function adamwCheckRef(
+  master: ArrayLike<number>, m: ArrayLike<number>, v: ArrayLike<number>, grad: ArrayLike<number>, cfg: AdamWConfig,
+  step: number, limit: number, lossScale = 1, clipFactor = 1,
+): boolean {
+  const f = Math.fround;
+  const decay = f(1 - cfg.lr * cfg.weightDecay);
+  const stepSize = f(cfg.lr / (1 - cfg.beta1 ** step));
+  const bc2Sqrt = f(Math.sqrt(1 - cfg.beta2 ** step));
+  const [b1, omb1, b2, omb2, eps] = [cfg.beta1, 1 - cfg.beta1, cfg.beta2, 1 - cfg.beta2, cfg.eps].map(f);
+  for (let i = 0; i < master.length; i++) {
+    const g = f(f(f(grad[i]) * f(1 / lossScale)) * f(clipFactor));
+    const m1 = f(f(b1 * m[i]) + f(omb1 * g));
+    const v1 = f(f(b2 * v[i]) + f(f(omb2 * g) * g));
+    const denom = f(f(f(Math.sqrt(v1)) / bc2Sqrt) + eps);
+    const w = f(f(master[i] * decay) - f(stepSize * f(m1 / denom)));
+    if (!Number.isFinite(m1) || !Number.isFinite(v1) || !(Math.abs(w) <= limit)) return true;
+  }
+  return false;
+}
+
+// ---- state statistics and the step bound ---------------------------------------------------------
+
+/** Maxima over a state: |master|, |m|, v, and |m| / (sqrt(v) + statsEps(cfg)). */
+export interface AdamWStateStats {
+  maxAbsMaster: number;
+  maxAbsM: number;
+  maxV: number;
+  maxRatio: number;
+}
+
+/**
+ * The epsilon of the stats' ratio: at most eps * bc2 / sqrt(beta2) for every step t (bc2 = sqrt(1 - beta2^t)
+ * >= sqrt(1 - beta2)), with a factor 4 to spare, so the ratio bounds |m| / denom of any later step.
+ */
+export function statsEps(cfg: AdamWConfig): number {
+  return (cfg.eps * Math.sqrt((1 - cfg.beta2) / cfg.beta2)) / 4;
+}
+
+/**
+ * Accumulates `state`'s statistics into `out` (f32 [4]: the four maxima, in AdamWStateStats order) as
+ * atomic maxima: zero `out` first. One read of the state; the host reads 16 bytes.
+ */
+export function adamwStats(gpu: Gpu, state: { master: Tensor; m: Tensor; v: Tensor }, cfg: AdamWConfig, out: Tensor): void {
+  const op = 'adamwStats';
+  for (const [name, t] of [['master', state.master], ['m', state.m], ['v', state.v]] as const) {
+    expectDType(op, t, 'f32', name);
+    if (t.numel !== state.master.numel) throw new ShapeError(op, `${name} ${fmtShape(t.shape)} does not match master ${fmtShape(state.master.shape)}`);
+  }
+  if (out.dtype !== 'f32' || out.numel !== 4) throw new ShapeError(op, `out must be f32 [4], got ${out.dtype}${fmtShape(out.shape)}`);
+  const outW = alignedFlag(gpu, op, 'out', out);
+  const walked = [state.master, state.m, state.v];
+  const per = windowCapacity(gpu, 'f32');
+  const n = state.master.numel;
+  for (let start = 0; start < n; start += per) {
+    const count = Math.min(per, n - start);
+    const [p, m, v] = walked.map((t) => elementWindow(gpu, t, start, count));
+    gpu.dispatch({
+      shader: 'adamw',
+      entry: 'adamw_stats',
+      defs: adamwDefs('f32', null, false),
+      uniforms: new Uniforms().u32(count, 0, p.skip, m.skip, v.skip, 0).f32(0, 0, 0, 0, 0, 0, 0, statsEps(cfg), 0, 0),
+      bindings: [null, p.window, m.window, v.window, null, null, null, null, outW.window],
+      workgroups: gpu.grid(Math.ceil(count / WG)),
+    });
+  }
+}
+
+/** Plain-TS adamwStats (float64), also how the optimizer measures state it holds on the host. */
+export function adamwStateStats(master: ArrayLike<number>, m: ArrayLike<number>, v: ArrayLike<number>, cfg: AdamWConfig): AdamWStateStats {
+  const e = statsEps(cfg);
+  const s: AdamWStateStats = { maxAbsMaster: 0, maxAbsM: 0, maxV: 0, maxRatio: 0 };
+  // NaN never passes a `>`; a NaN anywhere makes the stats NaN so no bound is claimed from them.
+  const max = (a: number, b: number) => (Number.isNaN(a) || Number.isNaN(b) ? NaN : a > b ? a : b);
+  for (let i = 0; i < master.length; i++) {
+    s.maxAbsMaster = max(s.maxAbsMaster, Math.abs(master[i]));
+    s.maxAbsM = max(s.maxAbsM, Math.abs(m[i]));
+    s.maxV = max(s.maxV, Math.abs(v[i]));
+    s.maxRatio = max(s.maxRatio, Math.abs(m[i]) / (Math.sqrt(Math.abs(v[i])) + e));
+  }
+  return s;
+}
+
+/**
+ * True when one AdamW step provably leaves every element of a state with these `stats` finite, its new
+ * |master| within `limit` (masterLimit: F16_MAX for an f16 weight copy), given |unscaled, clipped
+ * gradient| <= `gradMax`. False means "not proven" (run the exact adamwCheck), never "unsafe". Per
+ * element, with the kernel's f32 factors (bc2 = sqrt(1 - b2^t), denom = sqrt(v1) / bc2 + eps):
+ *   |m1| <= b1 max|m| + (1 - b1) G,   v1 <= b2 max v + (1 - b2) G^2                  (finite moments)
+ *   |m1| / denom <= b1 |m| / (sqrt(b2 v) / bc2 + eps) + (1 - b1) |g| / (sqrt(1 - b2) |g| / bc2)
+ *                <= b1 bc2 / sqrt(b2) * maxRatio + (1 - b1) bc2 / sqrt(1 - b2)
+ *     (v1 >= b2 v and v1 >= (1 - b2) g^2; statsEps <= eps bc2 / sqrt(b2). Where (1 - b2) g^2 underflows
+ *     (|g| < gTiny), denom >= eps bounds the second term by (1 - b1) gTiny / eps instead.)
+ *   |master1| <= max|master| |1 - lr wd| + stepSize * (that ratio bound)
+ * Each product and sum gets a 1e-3 margin: the kernel rounds a handful of f32 operations (ulps of 6e-8).
+ * Loose on purpose (the worst element's bounds need not meet): normal learning rates pass with orders of
+ * magnitude to spare, a blown-up one does not.
+ */
+export function adamwStepSafe(stats: AdamWStateStats, cfg: AdamWConfig, step: number, gradMax: number, limit: number): boolean {
+  const { beta1: b1, beta2: b2, eps } = cfg;
+  // Outside these the derivation does not hold (or eps sinks below f32's smallest square roots).
+  if (!(b1 >= 0 && b1 < 1 && b2 > 0 && b2 < 1 && statsEps(cfg) >= 1e-16 && gradMax >= 0)) return false;
+  const slack = 1.001;
+  const f = Math.fround;
+  const bc2 = f(Math.sqrt(1 - b2 ** step));
+  const stepSize = Math.abs(f(cfg.lr / (1 - b1 ** step)));
+  const decay = Math.abs(f(1 - cfg.lr * cfg.weightDecay));
+  const g = gradMax * slack;
+  const m1 = (b1 * stats.maxAbsM + (1 - b1) * g) * slack;
+  const v1 = (b2 * stats.maxV + (1 - b2) * g * g) * slack;
+  const gTiny = 2 * Math.sqrt(2 ** -126 / (1 - b2));
+  const ratio = ((b1 * bc2 * stats.maxRatio) / Math.sqrt(b2) + Math.max(((1 - b1) * bc2) / Math.sqrt(1 - b2), ((1 - b1) * gTiny) / eps)) * slack;
+  const master = (stats.maxAbsMaster * decay + stepSize * ratio) * slack;
+  // Written so that NaN (and inf) anywhere answers false.
+  return m1 * slack <= F32_MAX && v1 * slack <= F32_MAX && master * slack <= limit;
 }
 
 /**

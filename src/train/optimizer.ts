@@ -9,9 +9,27 @@
 //
 // The step never lets a non-finite value reach the weights: the gradients' inf/NaN flag is raised on the
 // GPU and read once (4 bytes); a flagged step updates nothing (and moves no chunk through the store).
+//
+// Finite gradients can still blow the weights up (a learning rate of 1e30 overflows the fp32 master, or
+// its f16 copy past 65504), so before anything is written the step proves its update finite, for every
+// chunk, and skips whole (`skipped: 'update'`, every master, moment, weight and store key untouched) when
+// it is not:
+//   - resident chunks: adamwCheck computes the update and raises an update flag without writing (one more
+//     GPU read of gradients and state, no writes: a few % of a step);
+//   - stored chunks: their state is not on the GPU, and checking it exactly would read every stored chunk
+//     from the store twice per step (the streamed run's bottleneck, 12 bytes per element). Instead each
+//     chunk carries statistics of its state (max |master|, |m|, v, |m| / sqrt(v): adamwStats on the
+//     staging set after each update, 16 bytes read back; computed on the host at create and restore), and
+//     adamwStepSafe bounds the step from them and the gradient's norm. Normal learning rates pass it by
+//     orders of magnitude, so the streamed pass reads and writes each chunk once as before; only a chunk
+//     whose bound fails is streamed through adamwCheck first (the extra read is paid only then).
+// Rolling back instead (write new versions, drop them on overflow) was rejected: every stored chunk's
+// previous version would have to stay until the step commits (a third copy of the streamed state in the
+// store, past the 2x the studio plans for), and the f16 weights of streamed chunks, written as each chunk
+// updates, would have to be restored from the store.
 import type { Gpu } from '../gpu/device.ts';
 import { Tensor } from '../gpu/tensor.ts';
-import { adamw, type AdamWConfig, type AdamWParam } from '../ops/adamw.ts';
+import { adamw, adamwCheck, adamwStats, adamwStateStats, adamwStepSafe, masterLimit, type AdamWConfig, type AdamWParam, type AdamWStateStats, type AdamWStep } from '../ops/adamw.ts';
 import { checkFinite, clearFlag, globalNorm, newFlag, readFlag } from '../ops/reduce.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 
@@ -32,11 +50,13 @@ export interface Chunk {
   resident: { master: Tensor; m: Tensor; v: Tensor } | null;
   /** Store version of a stored chunk (the step that wrote it). */
   version: number;
+  /** Statistics of a stored chunk's state at `version` (for the step bound); null for a resident chunk. */
+  stats: AdamWStateStats | null;
 }
 
 /** Packs parameters (in order) into chunks of at most `chunkElems` elements (a bigger tensor gets its own). */
-export function planChunks(params: { name: string; shape: number[] }[], chunkElems: number): Omit<Chunk, 'resident' | 'version'>[] {
-  const chunks: Omit<Chunk, 'resident' | 'version'>[] = [];
+export function planChunks(params: { name: string; shape: number[] }[], chunkElems: number): Omit<Chunk, 'resident' | 'version' | 'stats'>[] {
+  const chunks: Omit<Chunk, 'resident' | 'version' | 'stats'>[] = [];
   let cur: ParamSlot[] = [];
   let used = 0;
   const close = () => {
@@ -67,6 +87,12 @@ export interface ChunkedAdamWOptions {
 
 export interface OptimizerStepResult {
   applied: boolean;
+  /**
+   * Why a step was not applied: 'gradients' (an inf/NaN in the loss-scaled gradients: the loss scale is
+   * too high) or 'update' (finite gradients whose update would make a master, a moment or the compute
+   * copy non-finite: the learning rate is too high or the weights are already huge).
+   */
+  skipped?: 'gradients' | 'update';
   /** Global norm of the unscaled gradients (when clipping), else NaN. */
   gradNorm: number;
 }
@@ -77,6 +103,10 @@ export class ChunkedAdamW {
   readonly chunks: Chunk[];
   private staging: { master: Tensor; m: Tensor; v: Tensor } | null = null;
   private readonly flag: Tensor;
+  /** Raised by adamwCheck when this step's update would make a value non-finite. */
+  private readonly updateFlag: Tensor;
+  /** f32 [4] adamwStats output for a streamed chunk. */
+  private readonly statsOut: Tensor;
   /** Step count of applied updates (AdamW's t). */
   applied = 0;
   /** Versions that the latest committed checkpoint names (not deleted when superseded). */
@@ -85,12 +115,14 @@ export class ChunkedAdamW {
   private constructor(
     private readonly gpu: Gpu,
     private readonly o: ChunkedAdamWOptions,
-    chunks: Omit<Chunk, 'resident' | 'version'>[],
+    chunks: Omit<Chunk, 'resident' | 'version' | 'stats'>[],
     /** The compute-dtype weight each parameter's update writes (f16(master) or the f32 master copy). */
     private readonly weights: Map<string, Tensor>,
   ) {
-    this.chunks = chunks.map((c) => ({ ...c, resident: null, version: 0 }));
+    this.chunks = chunks.map((c) => ({ ...c, resident: null, version: 0, stats: null }));
     this.flag = newFlag(gpu);
+    this.updateFlag = newFlag(gpu);
+    this.statsOut = gpu.tensor([4], 'f32', 'scratch', 'opt.stats');
   }
 
   /**
@@ -114,6 +146,7 @@ export class ChunkedAdamW {
         const packed = new Float32Array(3 * c.elems);
         packed.set(master);
         await o.store.write(opt.key(c.index, 0), f32Bytes(packed));
+        c.stats = opt.statsOf(c, packed);
       }
     }
     return opt;
@@ -152,9 +185,37 @@ export class ChunkedAdamW {
     return { master: view(state.master), m: view(state.m), v: view(state.v), weight: this.weights.get(p.name) };
   }
 
+  /** A stored chunk's statistics, measured on the host from its packed [master | m | v]. */
+  private statsOf(c: Chunk, packed: Float32Array): AdamWStateStats {
+    const e = c.elems;
+    return adamwStateStats(packed.subarray(0, e), packed.subarray(e, 2 * e), packed.subarray(2 * e, 3 * e), this.o.cfg);
+  }
+
+  /** Uploads a stored chunk's packed state into the staging set; returns its views. */
+  private stage(c: Chunk, bytes: Float32Array): { master: Tensor; m: Tensor; v: Tensor } {
+    const st = this.chunkViews(this.ensureStaging(), c.elems);
+    this.gpu.write(st.master, bytes.subarray(0, c.elems));
+    this.gpu.write(st.m, bytes.subarray(c.elems, 2 * c.elems));
+    this.gpu.write(st.v, bytes.subarray(2 * c.elems, 3 * c.elems));
+    return st;
+  }
+
+  /** Streams stored chunks through the staging set in order, reading chunk i + 1 while `visit` works on i. */
+  private async streamChunks(chunks: Chunk[], visit: (st: { master: Tensor; m: Tensor; v: Tensor }, c: Chunk) => Promise<void>): Promise<void> {
+    let next = chunks.length ? this.readChunk(chunks[0]) : null;
+    for (let i = 0; i < chunks.length; i++) {
+      const c = chunks[i];
+      const bytes = await next!;
+      next = i + 1 < chunks.length ? this.readChunk(chunks[i + 1]) : null;
+      next?.catch(() => {}); // awaited on the next turn
+      await visit(this.stage(c, bytes), c);
+    }
+  }
+
   /**
    * One update from loss-scaled gradients (compute dtype, by parameter name). Reads the overflow flag
-   * first; a flagged step changes nothing and returns applied: false.
+   * first, then proves the update finite (see the header); a skipped step changes nothing and returns
+   * applied: false with the cause.
    */
   async step(grads: Map<string, Tensor>, lossScale: number): Promise<OptimizerStepResult> {
     const gpu = this.gpu;
@@ -169,41 +230,76 @@ export class ChunkedAdamW {
     }
     if (overflow) {
       gpu.free(normT);
-      return { applied: false, gradNorm };
+      return { applied: false, skipped: 'gradients', gradNorm };
     }
     const t = this.applied + 1;
     const clip = normT ? { norm: normT, maxNorm: this.o.maxGradNorm! } : undefined;
+    const s: AdamWStep = { step: t, lossScale, flag: this.flag, clip };
+    if (await this.updateWouldOverflow(grads, s, all, gradNorm)) {
+      gpu.free(normT);
+      return { applied: false, skipped: 'update', gradNorm };
+    }
     const update = (state: { master: Tensor; m: Tensor; v: Tensor }, c: Chunk) => {
-      for (const p of c.params) adamw(gpu, this.paramState(state, p), grads.get(p.name)!, this.o.cfg, { step: t, lossScale, flag: this.flag, clip });
+      for (const p of c.params) adamw(gpu, this.paramState(state, p), grads.get(p.name)!, this.o.cfg, s);
     };
-    const stored = this.chunks.filter((c) => !c.resident);
     for (const c of this.chunks) if (c.resident) update(c.resident, c);
     // Stream the stored chunks: prefetch i+1 while i updates; write i back while i+1 updates.
-    let next = stored.length ? this.readChunk(stored[0]) : null;
     let writing: Promise<void> | null = null;
-    for (let i = 0; i < stored.length; i++) {
-      const c = stored[i];
-      const bytes = await next!;
-      next = i + 1 < stored.length ? this.readChunk(stored[i + 1]) : null;
-      next?.catch(() => {}); // awaited on the next turn
-      const st = this.chunkViews(this.ensureStaging(), c.elems);
-      this.gpu.write(st.master, bytes.subarray(0, c.elems));
-      this.gpu.write(st.m, bytes.subarray(c.elems, 2 * c.elems));
-      this.gpu.write(st.v, bytes.subarray(2 * c.elems, 3 * c.elems));
+    await this.streamChunks(this.chunks.filter((c) => !c.resident), async (st, c) => {
       update(st, c);
+      gpu.write(this.statsOut, [0, 0, 0, 0]);
+      adamwStats(gpu, st, this.o.cfg, this.statsOut);
       const packed = new Float32Array(3 * c.elems);
       packed.set(await gpu.read(st.master), 0);
       packed.set(await gpu.read(st.m), c.elems);
       packed.set(await gpu.read(st.v), 2 * c.elems);
+      const [maxAbsMaster, maxAbsM, maxV, maxRatio] = await gpu.read(this.statsOut);
       if (writing) await writing;
-      writing = this.writeChunk(c, t, packed);
+      writing = this.writeChunk(c, t, packed, { maxAbsMaster, maxAbsM, maxV, maxRatio });
       writing.catch(() => {}); // awaited below; marked handled so a failure while we work on is not "unhandled"
-
-    }
+    });
     if (writing) await writing;
     gpu.free(normT);
     this.applied = t;
     return { applied: true, gradNorm };
+  }
+
+  /**
+   * Whether this step's update would make any master, moment or compute copy non-finite, decided before
+   * anything is written: resident chunks by adamwCheck; stored chunks by adamwStepSafe from their stats,
+   * and by adamwCheck (streamed through the staging set: one extra read) only where that bound fails.
+   */
+  private async updateWouldOverflow(grads: Map<string, Tensor>, s: AdamWStep, all: Tensor[], gradNorm: number): Promise<boolean> {
+    const gpu = this.gpu;
+    clearFlag(gpu, this.updateFlag);
+    const check = (state: { master: Tensor; m: Tensor; v: Tensor }, c: Chunk) => {
+      for (const p of c.params) adamwCheck(gpu, this.paramState(state, p), grads.get(p.name)!, this.o.cfg, s, this.updateFlag);
+    };
+    for (const c of this.chunks) if (c.resident) check(c.resident, c);
+    const stored = this.chunks.filter((c) => !c.resident);
+    if (stored.length) {
+      const gradMax = await this.gradientBound(s, all, gradNorm);
+      const unproven = stored.filter((c) => !adamwStepSafe(c.stats!, this.o.cfg, s.step, gradMax, this.chunkLimit(c)));
+      await this.streamChunks(unproven, async (st, c) => check(st, c));
+    }
+    return readFlag(gpu, this.updateFlag);
+  }
+
+  /**
+   * An upper bound of |unscaled, clipped gradient| over every element: with clipping at most the max norm
+   * (and at most the norm), without it the global norm (measured here, stored chunks only).
+   */
+  private async gradientBound(s: AdamWStep, all: Tensor[], gradNorm: number): Promise<number> {
+    if (s.clip) return Math.min(s.clip.maxNorm, Number.isNaN(gradNorm) ? Infinity : gradNorm);
+    const normT = globalNorm(this.gpu, all, s.lossScale);
+    const norm = (await this.gpu.read(normT))[0];
+    this.gpu.free(normT);
+    return norm;
+  }
+
+  /** The largest |master| a chunk's weight copies keep finite (F16_MAX when any copy is f16). */
+  private chunkLimit(c: Chunk): number {
+    return Math.min(...c.params.map((p) => masterLimit(this.weights.get(p.name)?.dtype)));
   }
 
   private async readChunk(c: Chunk): Promise<Float32Array> {
@@ -213,10 +309,11 @@ export class ChunkedAdamW {
   }
 
   /** New version first, then the superseded one goes (unless a checkpoint still names it). */
-  private async writeChunk(c: Chunk, version: number, packed: Float32Array): Promise<void> {
+  private async writeChunk(c: Chunk, version: number, packed: Float32Array, stats: AdamWStateStats): Promise<void> {
     await this.o.store.write(this.key(c.index, version), f32Bytes(packed));
     const old = c.version;
     c.version = version;
+    c.stats = stats;
     if (this.pinned.get(c.index) !== old) await this.o.store.delete(this.key(c.index, old));
   }
 
@@ -285,6 +382,7 @@ export class ChunkedAdamW {
         c.version = versions[c.index];
         if (c.version === undefined) throw new Error(`checkpoint names no version for optimizer chunk ${c.index}`);
         packed = await this.readChunk(c);
+        c.stats = this.statsOf(c, packed);
       }
       for (const p of c.params) {
         const w = this.weights.get(p.name);
@@ -300,7 +398,7 @@ export class ChunkedAdamW {
   destroy(): void {
     for (const c of this.chunks) if (c.resident) this.gpu.free(c.resident.master, c.resident.m, c.resident.v);
     if (this.staging) this.gpu.free(this.staging.master, this.staging.m, this.staging.v);
-    this.gpu.free(this.flag);
+    this.gpu.free(this.flag, this.updateFlag, this.statsOut);
   }
 }
 

@@ -9,6 +9,8 @@
 //   loss = mse(pred_inst, target_inst) + prior_weight * mse(pred_class, target_class), each sample's term
 //          times its min-SNR-gamma weight when set
 //   grads = d(loss * scale)/dθ;  overflow -> skip the update, halve the scale;  else AdamW with clipping
+//   an update that would make a weight non-finite (a learning rate far too high) -> skip, scale kept
+//   `maxConsecutiveSkips` skipped steps in a row -> TrainingStalledError (nothing is being learned)
 import type { Gpu } from '../gpu/device.ts';
 import type { DType, Tensor } from '../gpu/tensor.ts';
 import type { Weights } from '../nn/blocks.ts';
@@ -54,16 +56,20 @@ export interface TrainSettings {
   chunkElems: number;
   /** Chunks of optimizer state kept on the GPU (the rest stream through the store); Infinity: all. */
   residentChunks: number;
+  /** Skipped steps in a row after which trainStep throws TrainingStalledError. */
+  maxConsecutiveSkips: number;
 }
 
 export const TRAIN_DEFAULTS: Record<TrainMode, TrainSettings> = {
   lora: {
     mode: 'lora', steps: 400, lr: 1e-4, rank: 8, alpha: 8, seed: 0, priorLossWeight: 1, offsetNoise: 0, minSnrGamma: null, textEncoderLora: false,
     maxGradNorm: 1, weightDecay: 1e-2, checkpointEvery: 50, activationCheckpointing: false, chunkElems: 1 << 22, residentChunks: Infinity,
+    maxConsecutiveSkips: 10,
   },
   full: {
     mode: 'full', steps: 800, lr: 5e-6, rank: 0, alpha: 0, seed: 0, priorLossWeight: 1, offsetNoise: 0, minSnrGamma: null, textEncoderLora: false,
     maxGradNorm: 1, weightDecay: 1e-2, checkpointEvery: 100, activationCheckpointing: false, chunkElems: 1 << 24, residentChunks: Infinity,
+    maxConsecutiveSkips: 10,
   },
 };
 
@@ -98,7 +104,7 @@ export interface StepReport {
   step: number;
   loss: number;
   applied: boolean;
-  /** Why a step was skipped (a non-finite loss or gradient), for the progress line and the UI. */
+  /** Why a step was skipped (a non-finite loss, gradient or update), for the progress line and the UI. */
   skipped?: string;
   lossScale: number;
   gradNorm: number;
@@ -124,6 +130,35 @@ interface CheckpointMeta {
   applied: number;
   losses: number[];
   settings: TrainSettings;
+  /**
+   * The run of skipped steps the checkpoint ends on (count and the last reason), so a resumed run stops
+   * after the same number of skips in a row. Absent in checkpoints made before it existed: 0.
+   */
+  skipRun?: { count: number; last: string };
+}
+
+/**
+ * trainStep's error after `maxConsecutiveSkips` skipped steps in a row: the run is going nowhere (every
+ * update was refused), so it stops instead of reporting progress. The weights are those of the last
+ * applied step (never non-finite); the trainer stays usable.
+ */
+export class TrainingStalledError extends Error {
+  override name = 'TrainingStalledError';
+  constructor(
+    /** Skipped steps in a row. */
+    readonly skippedInARow: number,
+    /** The step (1-based) that was the last of them. */
+    readonly step: number,
+    /** Why that step was skipped. */
+    readonly lastReason: string,
+    /** Steps applied in the whole run. */
+    readonly appliedSteps: number,
+  ) {
+    super(
+      `training stalled: ${skippedInARow} steps in a row were skipped (steps ${step - skippedInARow + 1}-${step}; ${appliedSteps} applied in the whole run). ` +
+        `The last: ${lastReason}. Lower the learning rate (--lr / Learning rate), check the model's weights, or use f32.`,
+    );
+  }
 }
 
 export class DreamBoothTrainer {
@@ -132,6 +167,8 @@ export class DreamBoothTrainer {
   readonly losses: number[] = [];
   readonly rng: Rng;
   readonly scaler: DynamicLossScaler;
+  /** Skipped steps since the last applied one, and the last one's reason. */
+  private skipRun = { count: 0, last: '' };
   private readonly acp: Float64Array;
   private readonly dtype: DType;
 
@@ -152,6 +189,11 @@ export class DreamBoothTrainer {
     this.dtype = [...model.weights.values()][0].dtype;
     // f32 compute needs no loss scale (nothing underflows): 1 keeps it exact.
     this.scaler = new DynamicLossScaler(this.dtype === 'f16' ? {} : { initScale: 1, growthInterval: Number.MAX_SAFE_INTEGER });
+  }
+
+  /** Steps whose update was applied (skipped steps excluded): 0 means the run changed nothing. */
+  get appliedSteps(): number {
+    return this.optimizer.applied;
   }
 
   /** LoRA scale alpha / rank (1 in full mode). */
@@ -278,9 +320,18 @@ export class DreamBoothTrainer {
       skipped = `non-finite loss (${loss}) at step ${this.step + 1}: step skipped, loss scale lowered to ${this.scaler.scale}`;
     } else {
       const r = await this.optimizer.step(grads, scale);
-      applied = this.scaler.update(!r.applied);
       gradNorm = r.gradNorm;
-      if (!applied) skipped = `inf/NaN in the gradients at loss scale ${scale}: step skipped, scale lowered to ${this.scaler.scale}`;
+      applied = r.applied;
+      if (r.skipped === 'update') {
+        // The gradients were finite at this scale, so the scale is not the problem: Adam's update does not
+        // depend on it (m / sqrt(v) divides it out). Lowering it would only push small f16 gradients toward
+        // zero, so the scaler is left as it is (neither lowered nor counting a good step).
+        const f16 = this.dtype === 'f16' ? ' or past f16\'s 65504' : '';
+        skipped = `the update would make weights non-finite${f16} (learning rate ${this.settings.lr} too high?) at step ${this.step + 1}: step skipped, loss scale kept at ${scale}`;
+      } else {
+        this.scaler.update(!applied);
+        if (!applied) skipped = `inf/NaN in the gradients at loss scale ${scale}: step skipped, scale lowered to ${this.scaler.scale}`;
+      }
     }
     for (const g of grads.values()) gpu.free(g);
     await gpu.sync();
@@ -291,7 +342,9 @@ export class DreamBoothTrainer {
       step: this.step, loss, applied, lossScale: this.scaler.scale, gradNorm, seconds: (performance.now() - t0) / 1000, gpuBytes: mem.current, gpuPeakBytes: mem.peak,
     };
     if (skipped) report.skipped = skipped;
+    this.skipRun = skipped ? { count: this.skipRun.count + 1, last: skipped } : { count: 0, last: '' };
     if (this.settings.checkpointEvery > 0 && this.step % this.settings.checkpointEvery === 0) await this.checkpoint();
+    if (this.skipRun.count >= this.settings.maxConsecutiveSkips) throw new TrainingStalledError(this.skipRun.count, this.step, this.skipRun.last, this.appliedSteps);
     return report;
   }
 
@@ -304,6 +357,7 @@ export class DreamBoothTrainer {
     const st = await this.optimizer.checkpointState();
     const meta: CheckpointMeta = {
       step: this.step, rng: this.rng.state(), scaler: this.scaler.state(), versions: st.versions, applied: st.applied, losses: this.losses, settings: this.settings,
+      skipRun: this.skipRun,
     };
     await commitSnapshot(this.store, this.ckptPrefix, st.files, meta);
     await this.optimizer.pin(st.versions);
@@ -323,6 +377,7 @@ export class DreamBoothTrainer {
     this.step = m.step;
     this.rng.restore(m.rng);
     this.scaler.restore(m.scaler);
+    this.skipRun = m.skipRun ? { ...m.skipRun } : { count: 0, last: '' };
     this.losses.length = 0;
     this.losses.push(...m.losses);
     await this.gpu.sync();
@@ -371,6 +426,8 @@ function validate(data: TrainData, s: TrainSettings): void {
   if (!(s.lr > 0)) throw new Error(`learning rate must be > 0, got ${s.lr}`);
   if (!Number.isInteger(s.steps) || s.steps < 1) throw new Error(`steps must be a positive integer, got ${s.steps}`);
   if (s.mode === 'lora' && (!Number.isInteger(s.rank) || s.rank < 1)) throw new Error(`LoRA rank must be a positive integer, got ${s.rank}`);
+  if (!Number.isInteger(s.maxConsecutiveSkips) || s.maxConsecutiveSkips < 1)
+    throw new Error(`maxConsecutiveSkips (skipped steps in a row before the run stops) must be a positive integer, got ${s.maxConsecutiveSkips}`);
   const [c, h, w] = data.latentShape;
   for (const [i, x] of data.instance.entries()) if (x.latent.length !== c * h * w) throw new Error(`instance latent ${i} has ${x.latent.length} values, expected ${c}x${h}x${w}`);
 }
