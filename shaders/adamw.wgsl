@@ -121,29 +121,26 @@ fn adamw_check(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
 // Chunk statistics: atomic maxima (as u32 bits: non-negative f32 order like their bits) of |master|,
 // |m|, v and |m| / (sqrt(v) + p.eps) (p.eps carries the host's stats epsilon here), reduced in the
 // workgroup first so only one invocation per workgroup touches the four words.
-var<workgroup> wg_max: array<vec4<u32>, WG>;
+var<workgroup> wg_max: array<u32, 4 * WG>; // [quantity * WG + invocation]
 
 @compute @workgroup_size(WG)
 fn adamw_stats(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let i = index(gid, nwg);
-  var s = vec4<u32>(0u);
+  var s = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
   if (i < p.n) {
     let mi = m[i + p.m_skip];
     let vi = v[i + p.v_skip];
-    let ratio = abs(mi) / (sqrt(vi) + p.eps);
-    s = vec4<u32>(bitcast<u32>(abs(master[i + p.p_skip])), bitcast<u32>(abs(mi)), bitcast<u32>(abs(vi)), bitcast<u32>(ratio));
+    s = array<f32, 4>(abs(master[i + p.p_skip]), abs(mi), abs(vi), abs(mi) / (sqrt(abs(vi)) + p.eps));
   }
-  wg_max[lid] = s;
+  for (var k = 0u; k < 4u; k++) { wg_max[k * WG + lid] = bitcast<u32>(s[k]); }
   workgroupBarrier();
   for (var width = WG / 2u; width > 0u; width = width / 2u) {
-    if (lid < width) { wg_max[lid] = max(wg_max[lid], wg_max[lid + width]); }
+    if (lid < width) {
+      for (var k = 0u; k < 4u; k++) { wg_max[k * WG + lid] = max(wg_max[k * WG + lid], wg_max[k * WG + lid + width]); }
+    }
     workgroupBarrier();
   }
   if (lid == 0u) {
-    let r = wg_max[0];
-    atomicMax(&stats[0], r.x);
-    atomicMax(&stats[1], r.y);
-    atomicMax(&stats[2], r.z);
-    atomicMax(&stats[3], r.w);
+    for (var k = 0u; k < 4u; k++) { atomicMax(&stats[k], wg_max[k * WG]); }
   }
 }

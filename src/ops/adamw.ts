@@ -211,7 +211,8 @@ export function adamwStats(gpu: Gpu, state: { master: Tensor; m: Tensor; v: Tens
     if (t.numel !== state.master.numel) throw new ShapeError(op, `${name} ${fmtShape(t.shape)} does not match master ${fmtShape(state.master.shape)}`);
   }
   if (out.dtype !== 'f32' || out.numel !== 4) throw new ShapeError(op, `out must be f32 [4], got ${out.dtype}${fmtShape(out.shape)}`);
-  const outW = alignedFlag(gpu, op, 'out', out);
+  const outW = elementWindow(gpu, out, 0, 4);
+  if (outW.skip !== 0) throw new ShapeError(op, 'out must start at an aligned offset');
   const walked = [state.master, state.m, state.v];
   const per = windowCapacity(gpu, 'f32');
   const n = state.master.numel;

@@ -1,10 +1,15 @@
 // AdamW against torch.optim.AdamW over 5 steps on two parameters (clip_grad_norm_ over both on
 // steps 3-5), with loss-scaled gradients in f16 or f32; skip-on-overflow leaves every buffer
-// bit-identical and the loss scaler halves; the master-only path (no weight copy).
+// bit-identical and the loss scaler halves; the master-only path (no weight copy); the update check
+// (adamw_check) against its plain-TS reference in the cases that blow the weights up, writing nothing;
+// the state statistics (adamw_stats) against plain TS.
 import type { Gpu } from '../../gpu/device.ts';
 import { roundToF16 } from '../../util/half.ts';
-import type { Tensor } from '../../gpu/tensor.ts';
-import { adamw, adamwAll, adamwParam, adamwRef, clipFactorRef, type AdamWConfig, type AdamWParam } from '../../ops/adamw.ts';
+import type { DType, Tensor } from '../../gpu/tensor.ts';
+import {
+  adamw, adamwAll, adamwCheck, adamwCheckRef, adamwParam, adamwRef, adamwStateStats, adamwStats, clipFactorRef, masterLimit,
+  type AdamWConfig, type AdamWParam,
+} from '../../ops/adamw.ts';
 import { DynamicLossScaler } from '../../ops/lossscale.ts';
 import { checkFinite, clearFlag, globalNormRef, newFlag, readFlag } from '../../ops/reduce.ts';
 import { compare, randomValues, type Check, type KernelCase } from '../check.ts';
@@ -174,6 +179,118 @@ export const cases: KernelCase[] = [
         );
       }
       gpu.free(flag, tg, a.master, a.m, a.v, b.master, b.m, b.v);
+      return checks;
+    },
+  },
+  {
+    family: 'adamw',
+    name: 'update check vs plain-TS reference: the flag rises where the update would leave a non-finite master, m or v or an f16 copy past 65504, and nothing is written',
+    async run({ gpu, dtype }) {
+      const n = 700;
+      const base: AdamWConfig = { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weightDecay: 0.01 };
+      // A state with some history (two reference steps), uploaded as is so the kernel and the reference
+      // see the same inputs.
+      const init = roundToF16(randomValues(n, 51));
+      const hist = refState(init);
+      for (let t = 1; t <= 2; t++) adamwRef(hist.master, hist.m, hist.v, roundToF16(randomValues(n, 52 + t, 0.1)), base, t);
+      const grad = roundToF16(randomValues(n, 60, 0.1));
+      // Element 600: at 65500 with a negative gradient and no history, a learning rate of 10 moves it by
+      // about +7.4 (step 2, no decay): past f16's 65504, finite in f32.
+      const nearMax = { master: Float32Array.from(hist.master), m: Float32Array.from(hist.m), v: Float32Array.from(hist.v) };
+      nearMax.master[600] = 65500;
+      nearMax.m[600] = 0;
+      nearMax.v[600] = 0;
+      const nearMaxGrad = Float32Array.from(grad);
+      nearMaxGrad[600] = -0.05;
+      const isF16 = dtype === 'f16';
+      const scenarios: { label: string; state: RefState; grad: Float32Array; cfg: AdamWConfig; lossScale: number; gradFlag?: boolean; expect: boolean }[] = [
+        { label: 'lr 1e-3', state: hist, grad, cfg: base, lossScale: 1, expect: false },
+        // 1 - lr*wd = -1e28 times |master| ~ 1: past 65504, not past f32's 3.4e38.
+        { label: 'lr 1e30 (weight decay overflows f16 only)', state: hist, grad, cfg: { ...base, lr: 1e30 }, lossScale: 1, expect: isF16 },
+        // The step size lr / (1 - b1^2) is inf as f32.
+        { label: 'lr 1e39 (the step size overflows f32)', state: hist, grad, cfg: { ...base, lr: 1e39 }, lossScale: 1, expect: true },
+        { label: 'one master pushed from 65500 past 65504', state: nearMax, grad: nearMaxGrad, cfg: { ...base, lr: 10, weightDecay: 0 }, lossScale: 1, expect: isF16 },
+        // 60000 / 1e-20 = 6e24: g * g overflows, so v would be inf.
+        { label: 'a 6e24 unscaled gradient (v overflows)', state: hist, grad: grad.map((x, i) => (i === 5 ? 60000 : x)), cfg: base, lossScale: 1e-20, expect: true },
+        // Like the update, the check stands down when the gradients' flag is set (that step is skipped anyway).
+        { label: 'lr 1e39 with the gradient flag set', state: hist, grad, cfg: { ...base, lr: 1e39 }, lossScale: 1, gradFlag: true, expect: false },
+      ];
+      const checks: Check[] = [];
+      for (const sc of scenarios) {
+        const weight = gpu.upload(sc.state.master, [n], dtype, 'weights');
+        const p: AdamWParam = {
+          master: gpu.upload(sc.state.master, [n], 'f32', 'optimizer'),
+          m: gpu.upload(sc.state.m, [n], 'f32', 'optimizer'),
+          v: gpu.upload(sc.state.v, [n], 'f32', 'optimizer'),
+          weight,
+        };
+        const tg = gpu.upload(sc.grad, [n], dtype, 'gradients');
+        const flag = newFlag(gpu);
+        if (sc.gradFlag) gpu.write(flag, [1]);
+        const updateFlag = newFlag(gpu);
+        const state = [p.master, p.m, p.v, weight];
+        const before = await Promise.all(state.map((t) => bits(gpu, t)));
+        adamwCheck(gpu, p, tg, sc.cfg, { step: 2, lossScale: sc.lossScale, flag }, updateFlag);
+        const raised = await readFlag(gpu, updateFlag);
+        const ref = sc.gradFlag ? false : adamwCheckRef(sc.state.master, sc.state.m, sc.state.v, sc.grad, sc.cfg, 2, masterLimit(dtype as DType), sc.lossScale);
+        checks.push(
+          compare(`${sc.label}: the scenario is what it claims (reference ${ref})`, [ref ? 1 : 0], [sc.expect ? 1 : 0], EXACT),
+          compare(`${sc.label}: update flag vs ts ref`, [raised ? 1 : 0], [ref ? 1 : 0], EXACT),
+        );
+        const after = await Promise.all(state.map((t) => bits(gpu, t)));
+        ['master', 'm', 'v', 'weight'].forEach((what, i) => checks.push(bitsCheck(`${sc.label}: ${what} bit-identical after the check`, after[i], before[i])));
+        gpu.free(tg, flag, updateFlag, ...state);
+      }
+      // A check that stays clear changes nothing the update then computes: check + update equals update alone.
+      const pair = [0, 1].map(() => adamwParam(gpu, gpu.zeros([n], dtype, 'weights'), hist.master));
+      for (const p of pair) {
+        gpu.write(p.m, hist.m);
+        gpu.write(p.v, hist.v);
+      }
+      const tg = gpu.upload(grad, [n], dtype, 'gradients');
+      const flag = newFlag(gpu);
+      const updateFlag = newFlag(gpu);
+      const s = { step: 3, lossScale: 1, flag };
+      adamwCheck(gpu, pair[0], tg, base, s, updateFlag);
+      for (const p of pair) adamw(gpu, p, tg, base, s);
+      checks.push(compare('normal step: check stays clear', [(await readFlag(gpu, updateFlag)) ? 1 : 0], [0], EXACT));
+      const [a, b] = await Promise.all(pair.map((p) => Promise.all([p.master, p.m, p.v, p.weight!].map((t) => bits(gpu, t)))));
+      ['master', 'm', 'v', 'weight'].forEach((what, i) => checks.push(bitsCheck(`check then update = update alone: ${what}`, a[i], b[i])));
+      gpu.free(tg, flag, updateFlag, ...pair.flatMap((p) => [p.master, p.m, p.v, p.weight]));
+      return checks;
+    },
+  },
+  {
+    family: 'adamw',
+    name: 'state statistics (max |master|, |m|, v, |m| / (sqrt(v) + eps)) vs plain TS, accumulated over two states',
+    dtypes: ['f32'],
+    async run({ gpu }) {
+      const cfg: AdamWConfig = { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weightDecay: 0.01 };
+      const make = (n: number, seed: number) => {
+        const master = randomValues(n, seed, 3);
+        const m = randomValues(n, seed + 1, 1e-3);
+        const v = randomValues(n, seed + 2, 1e-6).map(Math.abs);
+        for (let i = 0; i < n; i += 7) m[i] = 0;
+        for (let i = 3; i < n; i += 11) v[i] = 0; // m without v: the ratio's eps decides it
+        return { master, m, v };
+      };
+      const states = [make(1500, 71), make(333, 81)];
+      states[1].master[100] = -50; // the largest |master| sits in the second state
+      const out = gpu.tensor([4], 'f32', 'scratch', 'stats');
+      gpu.write(out, [0, 0, 0, 0]);
+      const checks: Check[] = [];
+      const want = [0, 0, 0, 0];
+      const tol = { atol: 0, rtol: 1e-6 }; // f32 sqrt and division against float64
+      for (const [k, st] of states.entries()) {
+        const t = { master: gpu.upload(st.master, [st.master.length], 'f32'), m: gpu.upload(st.m, [st.m.length], 'f32'), v: gpu.upload(st.v, [st.v.length], 'f32') };
+        adamwStats(gpu, t, cfg, out);
+        const r = adamwStateStats(st.master, st.m, st.v, cfg);
+        [r.maxAbsMaster, r.maxAbsM, r.maxV, r.maxRatio].forEach((x, i) => (want[i] = Math.max(want[i], x)));
+        checks.push(compare(`after state ${k + 1}: maxima vs ts ref`, await gpu.read(out), want, tol));
+        gpu.free(t.master, t.m, t.v);
+      }
+      checks.push(compare('the largest |master| came from the second state', [want[0]], [50], EXACT));
+      gpu.free(out);
       return checks;
     },
   },
