@@ -9,9 +9,11 @@ import type { Gpu } from '../../src/gpu/device.ts';
 import { nodeGpu } from '../../src/gpu/node.ts';
 import { decodeImageNode } from '../../src/io/image-node.ts';
 import { parseHeader, readSafetensors } from '../../src/io/safetensors.ts';
+import { unetLayout } from '../../src/export/full.ts';
 import { blobSink } from '../../src/io/sink-blob.ts';
 import { BytesSource } from '../../src/io/source.ts';
-import { demoModelFiles, DEMO_RESOLUTION } from '../../src/models/demo.ts';
+import { DEMO_CONFIGS, demoModelFiles, DEMO_RESOLUTION } from '../../src/models/demo.ts';
+import { unetFromDiffusers } from '../../src/models/keymap.ts';
 import { detectDiffusers } from '../../src/models/detect.ts';
 import { folderFromSources, openDiffusers, tokenizerFilesFrom } from '../../src/models/source.ts';
 import { MemoryChunkStore, type ChunkStore } from '../../src/store/chunkstore.ts';
@@ -63,8 +65,37 @@ function run(settings: Partial<StudioSettings> = {}, runId = 'r1'): RunInput {
       { id: 'c', name: 'c.png', blob: png(32, 32, 3) },
     ],
     classImages: [],
-    settings: { ...DEFAULT_SETTINGS, resolution: DEMO_RESOLUTION, steps: 4, sampleEvery: 2, sampleSteps: 2, samplePrompt: 'a photo of sks toy', checkpointEvery: 0, budgetBytes: 2 ** 30, ...settings },
+    settings: { ...DEFAULT_SETTINGS, resolution: DEMO_RESOLUTION, steps: 4, sampleEvery: 2, sampleSteps: 2, classSteps: 2, samplePrompt: 'a photo of sks toy', checkpointEvery: 0, budgetBytes: 2 ** 30, ...settings },
   };
+}
+
+/** Learning rate of the merged-export test: large, so that B A is large (see the test). */
+const MERGE_LR = 5e-2;
+
+/**
+ * W + scale B A for a [out, in] layer with A [r, in] and B [out, r], in f64, and per element how far an
+ * fp16 export of it may be off: the f32 merge rounds each of its r additions (<= 2^-24 of the running
+ * sum's terms each), then the export rounds to f16 (half an ulp: 2^-11 relative, 2^-25 absolute in the
+ * subnormal range). The bound below is both, doubled for margin; still ~1e-3 relative, far below the merge.
+ */
+function mergedReference(W: Float32Array, A: Float32Array, B: Float32Array, shape: readonly number[], scale: number): { value: Float64Array; tolerance: Float64Array } {
+  const [out, inn] = shape;
+  const r = A.length / inn;
+  const value = new Float64Array(W.length);
+  const tolerance = new Float64Array(W.length);
+  for (let o = 0; o < out; o++)
+    for (let i = 0; i < inn; i++) {
+      let sum = W[o * inn + i];
+      let magnitude = Math.abs(sum);
+      for (let k = 0; k < r; k++) {
+        const term = scale * B[o * r + k] * A[k * inn + i];
+        sum += term;
+        magnitude += Math.abs(term);
+      }
+      value[o * inn + i] = sum;
+      tolerance[o * inn + i] = 2 * (2 ** -11 * Math.abs(sum) + 2 ** -25 + r * 2 ** -24 * magnitude);
+    }
+  return { value, tolerance };
 }
 
 async function sinkBytes(session: StudioSession, f: ExportFormat): Promise<Uint8Array> {
@@ -148,34 +179,54 @@ for (const dtype of ['f32', 'f16'] as const) {
       const fullHeader = parseHeader(full.subarray(0, Number(new DataView(full.buffer, full.byteOffset).getBigUint64(0, true)) + 8), full.length);
       const fullNames = [...fullHeader.entries.keys()];
       assert.ok(fullNames.some((k) => k.startsWith('model.diffusion_model.')) && fullNames.some((k) => k.startsWith('first_stage_model.')) && fullNames.some((k) => k.startsWith('cond_stage_model.')));
-      // The merged LoRA: one adapted layer equals W + scale B A of the trained adapters.
-      const fullT = readSafetensors(full).tensors;
-      const layer = [...values.keys()].find((n) => n.endsWith('attn2.to_k.lora_A.weight'))!.slice(0, -'.lora_A.weight'.length);
-      const base = await second.model.unet.weights.get(`${layer}.weight`)!;
-      const W = await gpu.read(base);
-      const A = values.get(`${layer}.lora_A.weight`)!;
-      const B = values.get(`${layer}.lora_B.weight`)!;
-      const [out, inn] = base.shape;
-      const r = A.length / inn;
-      const key = [...fullT.keys()].find((k) => k.startsWith('model.diffusion_model.') && k.endsWith('attn2.to_k.weight') && fullT.get(k)!.shape[0] === out && fullT.get(k)!.shape[1] === inn)!;
-      const merged = fullT.get(key)!.data;
-      let maxDiff = 0;
-      let maxDelta = 0;
-      for (let o = 0; o < out; o++)
-        for (let i = 0; i < inn; i++) {
-          let d = 0;
-          for (let k = 0; k < r; k++) d += B[o * r + k] * A[k * inn + i];
-          maxDelta = Math.max(maxDelta, Math.abs(d));
-          maxDiff = Math.max(maxDiff, Math.abs(merged[o * inn + i] - (W[o * inn + i] + d)));
-        }
-      // fp16 export: |err| <= half an f16 ulp of |W| <= 1 (2^-11) plus rounding of the sum.
-      assert.ok(maxDiff < 2e-3, `merged weight max |diff| ${maxDiff}`);
-      void maxDelta;
       const zip = unzipSync(await sinkBytes(second, 'diffusers-zip'));
       assert.ok(zip['model_index.json'] && zip['unet/diffusion_pytorch_model.safetensors'] && zip['tokenizer/vocab.json'], Object.keys(zip).join(', '));
       assert.match(second.exportName('lora-kohya'), /^demo-dreambooth-lora-step4-lora\.safetensors$/);
       await second.destroy();
       await ref.destroy();
+    });
+
+    it('a LoRA run exported as a full checkpoint carries W + scale B A in every adapted layer (single file and diffusers zip)', { timeout: 300_000 }, async (t) => {
+      const gpu = await getGpu();
+      // A high learning rate for a few steps: Adam moves every adapter element by about lr per step, so B A
+      // grows far past the export's rounding and a merge that dropped, halved or transposed the adapters
+      // (or returned W as it was) fails below. At the default 1e-4 the change would be below the tolerance.
+      const s = await StudioSession.prepare(host(gpu, new MemoryChunkStore(), []), await demoModel(), run({ lr: MERGE_LR, steps: 3, sampleEvery: 0 }));
+      assert.equal(await s.train(), 'done');
+      const values = await s.trainer.trainedValues();
+      const layers = [...values.keys()].filter((n) => n.endsWith('.lora_A.weight')).map((n) => n.slice(0, -'.lora_A.weight'.length));
+      assert.ok(layers.length >= 8, `adapted layers: ${layers.length}`);
+      const single = readSafetensors(await sinkBytes(s, 'full-single-file')).tensors;
+      const zip = unzipSync(await sinkBytes(s, 'diffusers-zip'));
+      const zipUnet = readSafetensors(zip['unet/diffusion_pytorch_model.safetensors']).tensors;
+      const layout = unetLayout(DEMO_CONFIGS.unet);
+      let largestChange = 0;
+      let largestTolerance = 0;
+      for (const layer of layers) {
+        const base = s.model.unet.weights.get(`${layer}.weight`)!;
+        const W = await gpu.read(base);
+        const expected = mergedReference(W, values.get(`${layer}.lora_A.weight`)!, values.get(`${layer}.lora_B.weight`)!, base.shape, s.trainer.loraScale);
+        const exported = [
+          ['single file', single.get(`model.diffusion_model.${unetFromDiffusers(`${layer}.weight`, layout)}`)],
+          ['diffusers zip', zipUnet.get(`${layer}.weight`)],
+        ] as const;
+        for (const [where, tensor] of exported) {
+          assert.ok(tensor, `${where} has ${layer}.weight`);
+          assert.deepEqual(tensor.shape, base.shape, `${where} ${layer}.weight shape`);
+          for (let j = 0; j < W.length; j++) {
+            const err = Math.abs(tensor.data[j] - expected.value[j]);
+            assert.ok(err <= expected.tolerance[j], `${where} ${layer}.weight[${j}]: exported ${tensor.data[j]}, W + scale B A = ${expected.value[j]} (W ${W[j]}), |diff| ${err} > ${expected.tolerance[j]}`);
+          }
+        }
+        for (let j = 0; j < W.length; j++) {
+          largestChange = Math.max(largestChange, Math.abs(expected.value[j] - W[j]));
+          largestTolerance = Math.max(largestTolerance, expected.tolerance[j]);
+        }
+      }
+      // The merge moved weights by far more than the tolerance: W itself would not pass the check above.
+      t.diagnostic(`${layers.length} layers: max |W' - W| ${largestChange.toExponential(2)}, largest tolerance ${largestTolerance.toExponential(2)}`);
+      assert.ok(largestChange > 100 * largestTolerance, `max |W' - W| ${largestChange} vs tolerance ${largestTolerance}: train harder`);
+      await s.destroy();
     });
 
     it('full fine-tune with prior preservation from generated class images; LoRA formats refused', { timeout: 300_000 }, async () => {
