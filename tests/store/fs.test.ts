@@ -10,6 +10,18 @@ import { ChunkStoreError, StorageFullError } from '../../src/store/chunkstore.ts
 import { chunkFileName, FsChunkStore, isDiskFullError } from '../../src/store/fs-store.ts';
 import { defineContractSuite } from './contract.ts';
 import { fsHarness, testBytes } from './harnesses.ts';
+import { Rng } from '../../src/util/rng.ts';
+
+/**
+ * The crash test kills its writer after a random delay drawn from this seed: random by default (each run
+ * tries another moment), logged by the test, and FS_KILL_SEED=<seed> replays the same delay.
+ */
+function killSeed(): number {
+  const env = process.env.FS_KILL_SEED;
+  if (env === undefined || env === '') return Math.floor(Math.random() * 2 ** 32);
+  if (!/^\d+$/.test(env) || Number(env) >= 2 ** 32) throw new Error(`FS_KILL_SEED=${env}: expected the integer seed a crash-test log printed (0 to 2^32 - 1)`);
+  return Number(env);
+}
 
 defineContractSuite(fsHarness());
 
@@ -46,13 +58,19 @@ describe('FsChunkStore on disk', () => {
     assert.equal(await again.bytesUsed(), 4000);
   });
 
-  it('a process killed mid-writes leaves every chunk whole (old or new version), never torn', { timeout: 20_000 }, async () => {
+  it('a process killed mid-writes leaves every chunk whole (old or new version), never torn', { timeout: 20_000 }, async (t) => {
+    const seed = killSeed();
+    // Up to 50 ms after a write starts: a 4 MiB write (CRC, temp file, fsync, rename) takes some ms to some
+    // tens of ms, so the kill lands in any phase of it (temp half written, written but not renamed, renamed
+    // but not reported) or of the next one or two.
+    const delayMs = new Rng(seed).uniform() * 50;
+    t.diagnostic(`kill seed ${seed}: SIGKILL ${delayMs.toFixed(3)} ms after the 5th write starts (replay: FS_KILL_SEED=${seed})`);
     const d = dir();
     const s = await FsChunkStore.open(d);
     const size = 4 << 20;
     await s.write('c/0', testBytes(size, 1000));
     await s.close();
-    // The child rewrites the chunk with versions 1001, 1002, ... and reports each completed write.
+    // The child rewrites the chunk with versions 1001, 1002, ... and reports each write's start and return.
     const child = spawn(process.execPath, ['--import', 'tsx', join(import.meta.dirname, 'fixtures', 'crash-writer.ts'), d, String(size)], {
       stdio: ['ignore', 'pipe', 'inherit'],
     });
@@ -60,21 +78,29 @@ describe('FsChunkStore on disk', () => {
     await new Promise<void>((resolve, reject) => {
       child.on('error', reject);
       child.on('close', (code, signal) => (signal === 'SIGKILL' ? resolve() : reject(new Error(`crash-writer exited with ${code}`))));
+      let armed = false;
       child.stdout.on('data', (b: Buffer) => {
         reported += b.toString();
-        // Kill it a few writes in, at an arbitrary point inside a later write.
-        if (reported.split('\n').length > 4) setTimeout(() => child.kill('SIGKILL'), Math.random() * 15);
+        // Kill it `delayMs` after its 5th write starts: inside that write or one of the next few.
+        if (!armed && reported.includes('> 1005\n')) {
+          armed = true;
+          setTimeout(() => child.kill('SIGKILL'), delayMs);
+        }
       });
     });
-    const done = reported.trim().split('\n').map(Number);
+    const done = reported.split('\n').filter((l) => /^\d+$/.test(l)).map(Number);
+    const replay = `kill seed ${seed} (replay: FS_KILL_SEED=${seed}): SIGKILL ${delayMs.toFixed(3)} ms after write 1005 started; last write returned: ${done.at(-1)}`;
+    t.diagnostic(`${done.length} writes returned before the kill`);
     const again = await FsChunkStore.open(d);
-    assert.deepEqual(readdirSync(d).filter((f) => f.endsWith('.tmp')), [], 'temp files removed');
-    const back = await again.read('c/0'); // verifies the CRC: a torn chunk would throw here
-    assert.ok(back);
+    assert.deepEqual(readdirSync(d).filter((f) => f.endsWith('.tmp')), [], `temp files removed; ${replay}`);
+    // read verifies the CRC: a torn chunk throws here.
+    const back = await again.read('c/0').catch((e: Error) => assert.fail(`${e.message}; ${replay}`));
+    assert.ok(back, replay);
     const last = done[done.length - 1];
     // The chunk holds the last reported version or the one after (written but killed before reporting).
     const match = [last, last + 1].find((v) => Buffer.compare(back, testBytes(size, v)) === 0);
-    assert.ok(match !== undefined, `chunk is neither version ${last} nor ${last + 1}`);
+    assert.ok(match !== undefined, `chunk is neither version ${last} nor ${last + 1}; ${replay}`);
+    t.diagnostic(`after the kill the chunk holds version ${match}`);
   });
 
   it('reports a damaged header clearly', async () => {
