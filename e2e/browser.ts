@@ -1,12 +1,23 @@
 // Shared e2e plumbing: serve the built dist/ on 127.0.0.1 and launch Debian's headless Chromium
 // with WebGPU on SwiftShader (no shader-f16 there, so pages exercise the f32 path).
-import { createReadStream, existsSync, statSync } from 'node:fs';
+import { createReadStream, existsSync, mkdirSync, statSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
-import { extname, join, normalize } from 'node:path';
+import { extname, join, normalize, resolve } from 'node:path';
 import { chromium, type Browser } from 'playwright-core';
 
 export const ROOT = join(import.meta.dirname, '..');
-export const SCREENSHOTS = join(ROOT, 'e2e', 'screenshots');
+/**
+ * Where the e2e tests save their screenshots: test-results/screenshots/ (git-ignored) by default, so
+ * `npm test` leaves the working tree as it was. `npm run screenshots` sets SCREENSHOTS_DIR=e2e/screenshots
+ * to refresh the committed ones the README shows. A relative SCREENSHOTS_DIR is from the repository root.
+ */
+export const SCREENSHOTS = resolve(ROOT, process.env.SCREENSHOTS_DIR || join('test-results', 'screenshots'));
+
+/** The path to save screenshot `file` at, in SCREENSHOTS (created when missing). */
+export function screenshotPath(file: string): string {
+  mkdirSync(SCREENSHOTS, { recursive: true });
+  return join(SCREENSHOTS, file);
+}
 
 const TYPES: Record<string, string> = {
   '.html': 'text/html',

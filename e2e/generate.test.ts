@@ -1,10 +1,8 @@
 // Text to image from the page in headless Chromium (WebGPU on SwiftShader, f32): the tiny model is
 // fetched from a hub served next to the page, loaded onto the GPU, sampled, and shown as an image.
 import assert from 'node:assert/strict';
-import { mkdirSync } from 'node:fs';
-import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { launch, SCREENSHOTS, serveWithTinyHub } from './browser.ts';
+import { launch, screenshotPath, serveWithTinyHub } from './browser.ts';
 
 describe('generate an image from the page (Chromium)', () => {
   let server: Awaited<ReturnType<typeof serveWithTinyHub>>;
@@ -29,8 +27,7 @@ describe('generate an image from the page (Chromium)', () => {
       assert.deepEqual(size, [16, 16]);
       assert.match((await page.getByTestId('gen-status').textContent()) ?? '', /Done in .* \(16x16\)/);
       await page.getByRole('heading', { name: 'Generate an image' }).scrollIntoViewIfNeeded();
-      mkdirSync(SCREENSHOTS, { recursive: true });
-      await page.screenshot({ path: join(SCREENSHOTS, 'generate.png') });
+      await page.screenshot({ path: screenshotPath('generate.png') });
     } finally {
       await browser.close();
     }

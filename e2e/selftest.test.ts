@@ -1,11 +1,9 @@
 // The page at `npm start`, built, in headless Chromium: the adapter panel renders and the kernel
 // self-test (every case, f32 on SwiftShader) passes; without WebGPU the page says so clearly.
 import assert from 'node:assert/strict';
-import { mkdirSync } from 'node:fs';
-import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import type { Browser } from 'playwright-core';
-import { launch, SCREENSHOTS, serve } from './browser.ts';
+import { launch, screenshotPath, serve } from './browser.ts';
 
 interface PageResult {
   family: string;
@@ -21,7 +19,6 @@ describe('page in headless Chromium', () => {
   let server: Awaited<ReturnType<typeof serve>>;
   before(async () => {
     server = await serve();
-    mkdirSync(SCREENSHOTS, { recursive: true });
   });
   after(async () => server?.close());
 
@@ -32,10 +29,10 @@ describe('page in headless Chromium', () => {
       page.on('console', (m) => m.type() === 'error' && t.diagnostic(`console: ${m.text()}`));
       await page.goto(`${server.url}/?autorun=1`);
       await page.getByTestId('adapter').waitFor({ timeout: 60_000 });
-      await page.screenshot({ path: join(SCREENSHOTS, 'adapter.png') });
+      await page.screenshot({ path: screenshotPath('adapter.png') });
       await page.waitForFunction(() => window.__selftest?.done === true, null, { timeout: 39 * 60_000, polling: 1000 });
       const results = (await page.evaluate(() => window.__selftest!.results)) as PageResult[];
-      await page.screenshot({ path: join(SCREENSHOTS, 'selftest.png'), fullPage: true });
+      await page.screenshot({ path: screenshotPath('selftest.png'), fullPage: true });
       const byFamily = new Map<string, number>();
       for (const r of results) byFamily.set(r.family, (byFamily.get(r.family) ?? 0) + r.ms);
       t.diagnostic(`per-family ms: ${[...byFamily].map(([f, ms]) => `${f}=${ms.toFixed(0)}`).join(' ')}`);
@@ -59,7 +56,7 @@ describe('page in headless Chromium', () => {
       const alert = page.getByRole('alert');
       await alert.waitFor({ timeout: 60_000 });
       assert.match((await alert.textContent()) ?? '', /WebGPU is not available.*Chrome/s);
-      await page.screenshot({ path: join(SCREENSHOTS, 'no-webgpu.png') });
+      await page.screenshot({ path: screenshotPath('no-webgpu.png') });
     } finally {
       await browser.close();
     }

@@ -3,14 +3,13 @@
 // samples), reload mid-run and resume from the checkpoint, export a kohya LoRA and a full checkpoint and
 // read the downloaded files' safetensors headers. Also: pause/resume/cancel, a lost GPU device, a storage
 // quota too small for the run, phone width, keyboard use and labels. Screenshots of each stage go to
-// e2e/screenshots/ (the README shows them).
+// SCREENSHOTS (browser.ts: test-results/screenshots/, or e2e/screenshots/ for the README with `npm run screenshots`).
 import assert from 'node:assert/strict';
-import { mkdirSync, readFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { readFileSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
 import { encode } from 'fast-png';
 import type { Page } from 'playwright-core';
-import { launch, SCREENSHOTS, serve, serveWithTinyHub } from './browser.ts';
+import { launch, screenshotPath, serve, serveWithTinyHub } from './browser.ts';
 
 /** A w x h PNG: a soft disc on a gradient, a different colour per `k` (a "subject" the eye can follow). */
 function photo(w: number, h: number, k: number): number[] {
@@ -45,8 +44,7 @@ function header(bytes: Buffer): { names: string[]; metadata: Record<string, stri
 }
 
 async function shot(page: Page, name: string): Promise<void> {
-  mkdirSync(SCREENSHOTS, { recursive: true });
-  await page.screenshot({ path: join(SCREENSHOTS, `${name}.png`), fullPage: true });
+  await page.screenshot({ path: screenshotPath(`${name}.png`), fullPage: true });
 }
 
 const PHOTOS = [
@@ -143,7 +141,7 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
         return { by: document.documentElement.scrollWidth - w, wide: wide.slice(0, 5) };
       });
       assert.ok(overflow.by <= 1, `no horizontal scrolling at phone width (overflow ${overflow.by}px: ${overflow.wide.join(', ')})`);
-      await page.screenshot({ path: join(SCREENSHOTS, 'studio-phone.png'), fullPage: false });
+      await page.screenshot({ path: screenshotPath('studio-phone.png'), fullPage: false });
       await page.setViewportSize({ width: 1280, height: 800 });
 
       await page.getByRole('button', { name: 'Train', exact: true }).click();
