@@ -37,17 +37,41 @@ export function validateComponent(what: string, component: string, expected: Par
   if (summary) throw new ModelError(`${what}: ${summary}`);
 }
 
-/** How many of the values are NaN or +-Inf (x - x is 0 for every finite x, NaN otherwise). */
-export function countNonFinite(values: Float32Array): number {
-  let n = 0;
-  for (let i = 0; i < values.length; i++) if (values[i] - values[i] !== 0) n++;
-  return n;
+/** f16's largest finite value is 65504; from 65520 up a value rounds to Inf. */
+const F16_OVERFLOW = 65520;
+
+/**
+ * How many values are NaN or +-Inf, and how many finite ones would become Inf as f16 weights
+ * (counted only for dtype f16). One pass; x - x is 0 for every finite x and NaN otherwise.
+ */
+export function countBadValues(values: Float32Array, dtype: DType): { nonFinite: number; beyondF16: number } {
+  let nonFinite = 0;
+  let beyondF16 = 0;
+  const f16 = dtype === 'f16';
+  for (let i = 0; i < values.length; i++) {
+    const v = values[i];
+    if (v - v !== 0) nonFinite++;
+    else if (f16 && (v >= F16_OVERFLOW || v <= -F16_OVERFLOW)) beyondF16++;
+  }
+  return { nonFinite, beyondF16 };
+}
+
+/** A ModelError naming the tensor and where it lives when its values cannot become `dtype` weights. */
+function checkValues(src: ModelSource, c: Component, name: string, data: Float32Array, dtype: DType): void {
+  const bad = countBadValues(data, dtype);
+  if (!bad.nonFinite && !bad.beyondF16) return;
+  const tensor = `${src.name}: ${c} tensor ${name}${src.tensorOrigin ? ` (${src.tensorOrigin(c, name)})` : ''}`;
+  const values = (n: number, kind: string) => `${n} ${kind}value${n === 1 ? '' : 's'}`;
+  if (bad.nonFinite)
+    throw new ModelError(`${tensor} holds ${values(bad.nonFinite, 'non-finite ')} (NaN/Inf): this checkpoint is corrupt or was saved after a diverged run; use another file`);
+  throw new ModelError(`${tensor} holds ${values(bad.beyondF16, '')} beyond f16's range (|x| >= ${F16_OVERFLOW}), which would be Inf in f16 weights: load it in f32 or use another file`);
 }
 
 /**
- * Configs and every tensor's name and shape checked (check.ts) before anything is read; then each tensor
- * is read, checked for NaN/Inf in its f32 values (after the f16/bf16 conversion, so this is one pass over
- * values already on the CPU) and uploaded in `dtype`. A refused tensor frees whatever was uploaded.
+ * Configs and every tensor's name and shape checked (check.ts) before anything is read; then each
+ * tensor is read, its f32 values checked (after any f16/bf16 conversion: one pass over values already on
+ * the CPU) for NaN/Inf and, for f16 weights, for values past f16's range, and uploaded in `dtype`. A
+ * refused tensor frees whatever was uploaded before it.
  */
 export async function loadModel(gpu: Gpu, src: ModelSource, dtype: DType): Promise<LoadedModel> {
   const configs = checkModel(src);
@@ -56,11 +80,7 @@ export async function loadModel(gpu: Gpu, src: ModelSource, dtype: DType): Promi
     const w: Weights = new Map();
     for (const [name, shape] of src.shapes(c)) {
       const { data } = await src.read(c, name);
-      const bad = countNonFinite(data);
-      if (bad) {
-        const where = src.tensorOrigin ? ` (${src.tensorOrigin(c, name)})` : '';
-        throw new ModelError(`${src.name}: ${c} tensor ${name}${where} holds ${bad} non-finite value${bad === 1 ? '' : 's'} (NaN/Inf): this checkpoint is corrupt or was saved after a diverged run; use another file`);
-      }
+      checkValues(src, c, name, data, dtype);
       const t = gpu.upload(data, shape, dtype, 'weights', name);
       uploaded.push(t);
       w.set(name, t);
