@@ -2,11 +2,14 @@
 // encoder give bit-identical outputs from the diffusers folder and from the single-file checkpoint, and
 // both equal the PyTorch goldens (f32 tolerances as in the module tests).
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
+import { copyFileSync, cpSync, existsSync, mkdtempSync, readFileSync, renameSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { describe, it } from 'node:test';
-import { readSafetensors, SafetensorsFile } from '../../src/io/safetensors.ts';
+import type { Gpu } from '../../src/gpu/device.ts';
+import type { DType } from '../../src/gpu/tensor.ts';
+import { readSafetensors, SafetensorsFile, SafetensorsWriter, type TensorSpec } from '../../src/io/safetensors.ts';
+import { nodeFileSink } from '../../src/io/sink-node.ts';
 import { NodeFileSource } from '../../src/io/source-node.ts';
 import { loadDiffusers, loadSingleFile, type LoadedModel } from '../../src/models/load.ts';
 import { ModelError } from '../../src/models/detect.ts';
@@ -119,5 +122,119 @@ describe('loading both layouts of a tiny SD2 model (OpenCLIP text encoder, linea
       compare('unet: single file = folder', ub, ua, { atol: 0, rtol: 0 }),
       compare('unet vs torch', ua, u.get('out')!.data, { atol: 5e-4, rtol: 2e-4 }),
     ]);
+  });
+});
+
+describe('loading refuses weights it cannot honour, naming the tensor and where it lives', () => {
+  /**
+   * Rewrites a safetensors file tensor by tensor from its raw bytes; `edit` may replace a tensor's
+   * dtype and bytes (the rest are copied as stored).
+   */
+  async function rewriteRaw(path: string, edit: (name: string, dtype: string, bytes: Uint8Array) => { dtype: string; bytes: Uint8Array } | null): Promise<void> {
+    const src = await SafetensorsFile.open(await NodeFileSource.open(path));
+    const out: { spec: TensorSpec; bytes: Uint8Array }[] = [];
+    for (const name of src.names) {
+      const e = src.entry(name);
+      const raw = await src.readRaw(name);
+      const changed = edit(name, e.dtype, raw);
+      out.push({ spec: { name, dtype: changed?.dtype ?? e.dtype, shape: e.shape }, bytes: changed?.bytes ?? raw });
+    }
+    await src.source.close?.();
+    const w = new SafetensorsWriter(await nodeFileSink(`${path}.new`), out.map((o) => o.spec), src.metadata);
+    for (const o of out) await w.write(o.spec.name, o.bytes);
+    await w.finish();
+    renameSync(`${path}.new`, path);
+  }
+  const u16 = (bytes: Uint8Array) => new Uint16Array(bytes.slice().buffer);
+  const f32 = (bytes: Uint8Array) => new Float32Array(bytes.slice().buffer);
+  /** f32 -> bf16 by keeping the upper half of the bits (how BF16 checkpoints store it, truncated). */
+  const bf16 = (values: Float32Array) => new Uint8Array(Uint16Array.from(new Uint32Array(values.buffer), (b) => b >>> 16).buffer);
+  const weightBytes = (gpu: Gpu) => gpu.allocator.report().byTag.weights.current;
+
+  async function loadFile(gpu: Gpu, p: string, dtype: DType = 'f32') {
+    const file = await SafetensorsFile.open(await NodeFileSource.open(p));
+    try {
+      return await loadSingleFile(gpu, file, { dtype, family: 'sd1', overrides: tiny.overrides });
+    } finally {
+      await file.source.close?.();
+    }
+  }
+
+  it('NaN and Inf in a UNet tensor of an f16 single file (checked after conversion)', async () => {
+    const gpu = await testGpu();
+    const p = join(mkdtempSync(join(tmpdir(), 'dbs-nan-')), 'tiny-nan.safetensors');
+    copyFileSync(tiny.singleFile, p);
+    await rewriteRaw(p, (name, dtype, bytes) => {
+      if (name !== 'model.diffusion_model.input_blocks.1.0.in_layers.2.weight') return null;
+      assert.equal(dtype, 'F16');
+      const v = u16(bytes);
+      v.set([0x7e00, 0x7c00, 0xfc00], 5); // NaN, +Inf, -Inf in f16
+      return { dtype, bytes: new Uint8Array(v.buffer) };
+    });
+    const before = weightBytes(gpu);
+    await assert.rejects(loadFile(gpu, p), (e: Error) => e instanceof ModelError &&
+      e.message === 'tiny-nan.safetensors: unet tensor down_blocks.0.resnets.0.conv1.weight (model.diffusion_model.input_blocks.1.0.in_layers.2.weight) holds 3 non-finite values (NaN/Inf): this checkpoint is corrupt or was saved after a diverged run; use another file');
+    assert.equal(weightBytes(gpu), before, 'the tensors uploaded before it are freed');
+  });
+
+  it('an Inf in a BF16 VAE and a NaN in an F32 text encoder of a diffusers folder', async () => {
+    const gpu = await testGpu();
+    const d = join(mkdtempSync(join(tmpdir(), 'dbs-nan-')), 'folder');
+    cpSync(tiny.folder, d, { recursive: true });
+    await rewriteRaw(join(d, 'vae/diffusion_pytorch_model.safetensors'), (name, dtype, bytes) => {
+      const v = f32(bytes);
+      if (name === 'decoder.conv_out.weight') v[7] = Infinity;
+      return { dtype: 'BF16', bytes: bf16(v) };
+    });
+    const before = weightBytes(gpu);
+    // The UNet is loaded first and whole: its weights must go again when the VAE is refused.
+    await assert.rejects(loadDiffusers(gpu, folder(d), { dtype: 'f32' }), (e: Error) => e instanceof ModelError &&
+      /^folder: vae tensor decoder\.conv_out\.weight \(vae\/diffusion_pytorch_model\.safetensors\) holds 1 non-finite value \(NaN\/Inf\): this checkpoint is corrupt/.test(e.message));
+    assert.equal(weightBytes(gpu), before, 'the UNet uploaded before it is freed');
+    await rewriteRaw(join(d, 'vae/diffusion_pytorch_model.safetensors'), (name, dtype, bytes) => {
+      if (name !== 'decoder.conv_out.weight') return null;
+      const v = new Uint16Array(bytes.slice().buffer);
+      v[7] = 0x3f80; // 1.0: the BF16 VAE is finite again
+      return { dtype, bytes: new Uint8Array(v.buffer) };
+    });
+    await rewriteRaw(join(d, 'text_encoder/model.safetensors'), (name, dtype, bytes) => {
+      if (name !== 'text_model.final_layer_norm.weight') return null;
+      const v = f32(bytes);
+      v[0] = NaN;
+      return { dtype, bytes: new Uint8Array(v.buffer) };
+    });
+    await assert.rejects(loadDiffusers(gpu, folder(d), { dtype: 'f32' }), (e: Error) => e instanceof ModelError && /^folder: text_encoder tensor text_model\.final_layer_norm\.weight \(text_encoder\/model\.safetensors\) holds 1 non-finite value \(NaN\/Inf\)/.test(e.message));
+    assert.equal(weightBytes(gpu), before);
+  });
+
+  it('values past f16\'s range are refused for f16 weights and load in f32', async () => {
+    const gpu = await testGpu();
+    const d = join(mkdtempSync(join(tmpdir(), 'dbs-big-')), 'folder');
+    cpSync(tiny.folder, d, { recursive: true });
+    await rewriteRaw(join(d, 'text_encoder/model.safetensors'), (name, dtype, bytes) => {
+      if (name !== 'text_model.final_layer_norm.bias') return null;
+      const v = f32(bytes);
+      v[0] = 65520; // the first value f16 rounds to Inf (65504 is its largest)
+      v[1] = -1e6;
+      v[2] = 65504;
+      return { dtype, bytes: new Uint8Array(v.buffer) };
+    });
+    await assert.rejects(loadDiffusers(gpu, folder(d), { dtype: 'f16' }), (e: Error) => e instanceof ModelError &&
+      /: text_encoder tensor text_model\.final_layer_norm\.bias \(text_encoder\/model\.safetensors\) holds 2 values beyond f16's range \(\|x\| >= 65520\), which would be Inf in f16 weights: load it in f32/.test(e.message));
+    const m = await loadDiffusers(gpu, folder(d), { dtype: 'f32' });
+    assert.equal(m.textEncoder.weights.size, 36);
+  });
+
+  it('a config whose heads do not divide its width is refused before anything is allocated', async () => {
+    const gpu = await testGpu();
+    const d = join(mkdtempSync(join(tmpdir(), 'dbs-heads-')), 'folder');
+    cpSync(tiny.folder, d, { recursive: true });
+    const te = JSON.parse(readFileSync(join(d, 'text_encoder/config.json'), 'utf8'));
+    writeFileSync(join(d, 'text_encoder/config.json'), JSON.stringify({ ...te, num_attention_heads: 12 }));
+    gpu.allocator.resetPeak();
+    const { current } = gpu.allocator.report();
+    await assert.rejects(loadDiffusers(gpu, folder(d), { dtype: 'f32' }), (e: Error) => e instanceof ModelError &&
+      /^folder: text_encoder: hidden_size 32 is not divisible by num_attention_heads 12 \(text_encoder\/config\.json\): fix the config or pass --config with the model's text_encoder config$/.test(e.message));
+    assert.equal(gpu.allocator.report().peak, current, 'no GPU buffer was created');
   });
 });
