@@ -1,13 +1,22 @@
 // `npm run cli -- inspect` on tiny files in the real formats: a single-file SD1 checkpoint, a diffusers
-// SD2 folder, and the refusals (pickle, SDXL, not a model) as the CLI prints them.
+// SD2 folder, and the refusals (pickle, SDXL, not a model) as the CLI prints them; and the problems
+// inspect lists for a model the loader would refuse, from the loader's own checks.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { cpSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
-import { writeSafetensors } from '../../src/io/safetensors.ts';
+import { readSafetensors, SafetensorsFile, writeSafetensors } from '../../src/io/safetensors.ts';
+import { NodeFileSource } from '../../src/io/source-node.ts';
+import { checkModel } from '../../src/models/check.ts';
+import { nodeFolder } from '../../src/models/folder-node.ts';
+import { inspectDiffusers, inspectSingleFile } from '../../src/models/inspect.ts';
+import { vaeParams } from '../../src/models/shapes.ts';
+import { openSingleFile } from '../../src/models/source.ts';
+import { vaeConfigFromJson } from '../../src/nn/vae.ts';
+import { writeTinyModel } from '../fixtures/models/make-tiny.ts';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const dir = mkdtempSync(join(tmpdir(), 'dbs-inspect-'));
@@ -76,5 +85,58 @@ describe('cli inspect', () => {
     assert.equal(r.code, 1);
     assert.match(r.err, /xl\.safetensors is an SDXL checkpoint/);
     assert.match(cli('inspect', join(dir, 'nope.safetensors')).err, /no such file or folder/);
+  });
+});
+
+describe('inspect lists what the loader would refuse', () => {
+  const tiny = writeTinyModel(join(dir, 'tiny'));
+  const single = async (p: string, overrides?: typeof tiny.overrides) => {
+    const src = await NodeFileSource.open(p);
+    try {
+      return (await inspectSingleFile(src, undefined, overrides)).problems;
+    } finally {
+      await src.close();
+    }
+  };
+
+  it('nothing for a sound model; a single file without its configs asks for them', async () => {
+    assert.deepEqual((await inspectDiffusers(nodeFolder(tiny.folder))).problems, []);
+    assert.deepEqual(await single(tiny.singleFile, tiny.overrides), []);
+    const p = await single(tiny.singleFile);
+    assert.equal(p.length, 1);
+    assert.match(p[0], /^a single file holds no configs, .*unet .* needs attention_head_dim, norm_num_groups; vae .* needs norm_num_groups; text_encoder .* needs num_attention_heads: pass --config/);
+  });
+
+  it('each missing and misshaped tensor, in the words the loader stops with', async () => {
+    const f = readSafetensors(new Uint8Array(readFileSync(tiny.singleFile)));
+    const bad = new Map([...f.tensors].filter(([n]) => n !== 'model.diffusion_model.middle_block.1.proj_out.weight'));
+    bad.set('first_stage_model.decoder.conv_out.bias', { shape: [2], data: new Float32Array(2) });
+    const p = join(dir, 'bad-tensors.safetensors');
+    writeFileSync(p, writeSafetensors(bad));
+    const problems = await single(p, tiny.overrides);
+    assert.deepEqual(problems, ['unet tensor mid_block.attentions.0.proj_out.weight is missing', 'vae tensor decoder.conv_out.bias is [2] but its config needs [3]']);
+    // The loader's checks stop at the first component with a problem, in its summary words.
+    const file = await SafetensorsFile.open(await NodeFileSource.open(p));
+    const src = await openSingleFile(file, { overrides: tiny.overrides });
+    assert.throws(() => checkModel(src), { message: 'bad-tensors.safetensors: unet is missing 1 tensor(s), e.g. mid_block.attentions.0.proj_out.weight' });
+    await src.close();
+  });
+
+  it('config problems beside tensor problems, and at most 20 tensors of a kind then a count', async () => {
+    const d = join(dir, 'no-vae');
+    cpSync(tiny.folder, d, { recursive: true });
+    const te = JSON.parse(readFileSync(join(d, 'text_encoder/config.json'), 'utf8'));
+    writeFileSync(join(d, 'text_encoder/config.json'), JSON.stringify({ ...te, num_attention_heads: 12 }));
+    const vae = readSafetensors(new Uint8Array(readFileSync(join(d, 'vae/diffusion_pytorch_model.safetensors')))).tensors;
+    writeFileSync(join(d, 'vae/diffusion_pytorch_model.safetensors'), writeSafetensors(new Map([['encoder.conv_in.weight', vae.get('encoder.conv_in.weight')!], ['extra.weight', { shape: [1], data: new Float32Array(1) }]])));
+    const r = await inspectDiffusers(nodeFolder(d));
+    assert.equal(r.family, 'sd1', 'detection still answers');
+    const missing = vaeParams(vaeConfigFromJson(JSON.parse(readFileSync(join(d, 'vae/config.json'), 'utf8')))).size - 1;
+    assert.ok(missing > 20);
+    assert.equal(r.problems[0], "text_encoder: hidden_size 32 is not divisible by num_attention_heads 12 (text_encoder/config.json): fix the config or pass --config with the model's text_encoder config");
+    assert.equal(r.problems.filter((l) => / is missing$/.test(l)).length, 20);
+    assert.ok(r.problems.every((l, i) => i === 0 || l.startsWith('vae ') || l.startsWith('...and ')), r.problems.join('\n'));
+    assert.ok(r.problems.includes(`...and ${missing - 20} more vae tensors missing (${missing} in all)`));
+    assert.equal(r.problems.at(-1), 'vae tensor extra.weight is not used by its config');
   });
 });
