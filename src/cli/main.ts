@@ -10,13 +10,17 @@ import { join, basename } from 'node:path';
 import { NodeFileSource } from '../io/source-node.ts';
 import { nodeFolder } from '../models/folder-node.ts';
 import { inspectDiffusers, inspectSingleFile } from '../models/inspect.ts';
+import { parseFlags, readJsonFile, stringFlag, UsageError } from './args.ts';
+
+const INSPECT_USAGE = 'usage: inspect <model.safetensors | diffusers folder> [--config config.json]';
 
 async function inspect(args: string[]): Promise<void> {
-  const path = args[0];
-  if (!path) throw new Error('usage: inspect <model.safetensors | diffusers folder> [--config config.json]');
+  const { values, positionals } = parseFlags(args, { config: { type: 'string' } }, INSPECT_USAGE, { positionals: 1 });
+  const path = positionals[0];
+  if (!path) throw new UsageError(INSPECT_USAGE);
   if (!existsSync(path)) throw new Error(`${path}: no such file or folder`);
-  const cfgPath = args.includes('--config') ? args[args.indexOf('--config') + 1] : undefined;
-  const config = cfgPath ? JSON.parse(readFileSync(cfgPath, 'utf8')) : undefined;
+  const cfgPath = stringFlag(values, 'config');
+  const config = cfgPath ? readJsonFile(cfgPath, '--config') : undefined;
   let r;
   if (statSync(path).isDirectory()) r = await inspectDiffusers(nodeFolder(path), config);
   else {

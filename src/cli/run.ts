@@ -13,6 +13,7 @@ import { unetForward } from '../nn/unet.ts';
 import { vaeDecode, vaeEncode } from '../nn/vae.ts';
 import { Tape } from '../nn/ops.ts';
 import { mseLoss, mseLossBackward } from '../ops/reduce.ts';
+import { parseFlags, readJsonFile, stringFlag, UsageError, type Flags } from './args.ts';
 
 const COMPONENT = { unet: 'unet', 'text-encoder': 'text_encoder', 'vae-encode': 'vae', 'vae-decode': 'vae' } as const;
 export type RunTarget = keyof typeof COMPONENT;
@@ -20,7 +21,7 @@ export type RunTarget = keyof typeof COMPONENT;
 /** --config: per-component overrides ({unet: {...}, vae: {...}, ...}) or one component's config.json. */
 export function configOverrides(path: string | undefined, target: RunTarget): LoadOptions['overrides'] {
   if (!path) return undefined;
-  const j = JSON.parse(readFileSync(path, 'utf8')) as Record<string, unknown>;
+  const j = readJsonFile(path, '--config');
   const keys = ['unet', 'vae', 'text_encoder', 'scheduler'];
   if (Object.keys(j).some((k) => keys.includes(k))) return j as LoadOptions['overrides'];
   return { [COMPONENT[target]]: j };
@@ -79,10 +80,24 @@ export async function runComponent(gpu: Gpu, target: RunTarget, model: LoadedMod
   return outputs;
 }
 
+const COMPONENT_FLAGS: Flags = { model: { type: 'string' }, in: { type: 'string' }, out: { type: 'string' }, config: { type: 'string' }, dtype: { type: 'string' } };
+const RUN_USAGE = 'usage: run <unet|text-encoder|vae-encode|vae-decode> --model <path> --in <in.safetensors> --out <out.safetensors> [--config <json>] [--dtype f32|f16]';
+const GRAD_USAGE = 'usage: grad unet --model <path> --in <in.safetensors> --out <grads.safetensors> [--config <json>] [--dtype f32|f16]';
+
+/** Strict flags of `run` and `grad`: the command's target and --flag values. */
+function componentArgs(args: string[], usage: string): { target: string | undefined; arg: (k: string) => string | undefined } {
+  const { values, positionals } = parseFlags(args, COMPONENT_FLAGS, usage, { positionals: 1 });
+  for (const k of ['model', 'in'] as const) {
+    const p = stringFlag(values, k);
+    if (p !== undefined && !existsSync(p)) throw new UsageError(`--${k} ${p}: no such file or folder`);
+  }
+  return { target: positionals[0], arg: (k) => stringFlag(values, k.replace(/^--/, '')) };
+}
+
 export async function runCommand(gpu: Gpu, args: string[]): Promise<void> {
-  const target = args[0] as RunTarget;
-  const arg = (k: string) => (args.includes(k) ? args[args.indexOf(k) + 1] : undefined);
-  if (!(target in COMPONENT)) throw new Error(`usage: run <unet|text-encoder|vae-encode|vae-decode> --model <path> --in <in.safetensors> --out <out.safetensors> [--config <json>] [--dtype f32|f16]`);
+  const { target: t, arg } = componentArgs(args, RUN_USAGE);
+  const target = t as RunTarget;
+  if (!t || !(target in COMPONENT)) throw new UsageError(`${t ? `unknown component "${t}": ` : ''}${RUN_USAGE}`);
   const modelPath = arg('--model');
   const inPath = arg('--in');
   const outPath = arg('--out');
@@ -101,8 +116,8 @@ export async function runCommand(gpu: Gpu, args: string[]): Promise<void> {
  * of every UNet parameter under its diffusers name (f32).
  */
 export async function gradCommand(gpu: Gpu, args: string[]): Promise<void> {
-  const arg = (k: string) => (args.includes(k) ? args[args.indexOf(k) + 1] : undefined);
-  if (args[0] !== 'unet') throw new Error('usage: grad unet --model <path> --in <in.safetensors> --out <grads.safetensors> [--config <json>] [--dtype f32|f16]');
+  const { target: component, arg } = componentArgs(args, GRAD_USAGE);
+  if (component !== 'unet') throw new UsageError(GRAD_USAGE);
   const modelPath = arg('--model');
   const inPath = arg('--in');
   const outPath = arg('--out');

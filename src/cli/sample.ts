@@ -1,11 +1,13 @@
 // `cli sample --model <path> --prompt "..." [--negative "..."] [--steps 25] [--guidance 7.5] [--seed 1]
 //  [--sampler dpm++2m|ddim] [--width 512] [--height 512] [--tokenizer <dir>] [--config <json>] --out image.png`
 import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { encode } from 'fast-png';
 import type { Gpu } from '../gpu/device.ts';
 import { ClipTokenizer } from '../io/tokenizer.ts';
-import { txt2img } from '../sample/txt2img.ts';
+import { checkTxt2ImgOptions, MAX_IMAGE_SIDE, SampleOptionError, txt2img } from '../sample/txt2img.ts';
+import { promptWarning } from '../pipeline/run.ts';
+import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flags } from './args.ts';
 import { scheduleFromJson, SD_SCHEDULE } from '../sample/schedulers.ts';
 import { configOverrides, loadModel } from './run.ts';
 
@@ -19,42 +21,52 @@ export function loadTokenizer(dir: string): ClipTokenizer {
   return ClipTokenizer.fromFiles({ vocab: json('vocab.json'), merges: readFileSync(p('merges.txt'), 'utf8'), config });
 }
 
+const SAMPLE_FLAGS: Flags = Object.fromEntries(
+  ['model', 'prompt', 'out', 'negative', 'steps', 'guidance', 'seed', 'sampler', 'width', 'height', 'tokenizer', 'config'].map((k) => [k, { type: 'string' as const }]),
+);
+const SAMPLE_USAGE =
+  'usage: sample --model <path> --prompt "..." --out image.png [--steps 25] [--seed 1] [--guidance 7.5] [--negative "..."] [--sampler dpm++2m|ddim] [--width 512] [--height 512] [--tokenizer <dir>] [--config <json>]';
+
 export async function sampleCommand(gpu: Gpu, args: string[]): Promise<void> {
-  const arg = (k: string) => (args.includes(k) ? args[args.indexOf(k) + 1] : undefined);
-  const modelPath = arg('--model');
-  const prompt = arg('--prompt');
-  const out = arg('--out');
-  if (!modelPath || prompt === undefined || !out) throw new Error('usage: sample --model <path> --prompt "..." --out image.png [--steps 25] [--seed 1] [--guidance 7.5] [--negative "..."] [--sampler dpm++2m|ddim] [--width 512] [--height 512] [--tokenizer <dir>] [--config <json>]');
-  const isDir = existsSync(modelPath) && statSync(modelPath).isDirectory();
-  const tokDir = arg('--tokenizer') ?? (isDir ? join(modelPath, 'tokenizer') : undefined);
-  if (!tokDir) throw new Error('a single-file checkpoint carries no tokenizer: pass --tokenizer <folder with vocab.json and merges.txt>');
+  const { values } = parseFlags(args, SAMPLE_FLAGS, SAMPLE_USAGE);
+  const arg = (k: string) => stringFlag(values, k);
+  const modelPath = arg('model');
+  const prompt = arg('prompt');
+  const out = arg('out');
+  if (!modelPath || prompt === undefined || !out) throw new UsageError(`sample needs --model, --prompt and --out\n${SAMPLE_USAGE}`);
+  if (!existsSync(modelPath)) throw new UsageError(`--model ${modelPath}: no such file or folder`);
+  if (!existsSync(dirname(resolve(out)))) throw new UsageError(`--out ${out}: the folder ${dirname(resolve(out))} does not exist`);
+  const sampler = (arg('sampler') ?? 'dpm++2m') as 'ddim' | 'dpm++2m';
+  if (sampler !== 'ddim' && sampler !== 'dpm++2m') throw new UsageError(`--sampler must be ddim or dpm++2m, got ${sampler}`);
+  // Ranges first (before the model loads); the sizes against the model's factor once it is known.
+  const steps = numberFlag(values, 'steps', 25, { min: 1, max: 1000, integer: true });
+  const guidance = numberFlag(values, 'guidance', 7.5, { min: 0, max: 100 });
+  const seed = numberFlag(values, 'seed', 1, { min: 0, max: Number.MAX_SAFE_INTEGER, integer: true });
+  const width = numberFlag(values, 'width', 512, { min: 8, max: MAX_IMAGE_SIDE, integer: true });
+  const height = numberFlag(values, 'height', 512, { min: 8, max: MAX_IMAGE_SIDE, integer: true });
+  const isDir = statSync(modelPath).isDirectory();
+  const tokDir = arg('tokenizer') ?? (isDir ? join(modelPath, 'tokenizer') : undefined);
+  if (!tokDir) throw new UsageError('a single-file checkpoint carries no tokenizer: pass --tokenizer <folder with vocab.json and merges.txt>');
   const tokenizer = loadTokenizer(tokDir);
-  const overrides = configOverrides(arg('--config'), 'unet');
+  for (const [text, flag] of [[prompt, '--prompt'], [arg('negative') ?? '', '--negative']] as const) {
+    const w = text ? promptWarning(tokenizer, text, flag) : null;
+    if (w) console.error(`warning: ${w}`);
+  }
+  const overrides = configOverrides(arg('config'), 'unet');
   const model = await loadModel(gpu, modelPath, { dtype: gpu.computeDType, overrides });
-  const schedJson = isDir && existsSync(join(modelPath, 'scheduler/scheduler_config.json')) ? JSON.parse(readFileSync(join(modelPath, 'scheduler/scheduler_config.json'), 'utf8')) : {};
+  try {
+    checkTxt2ImgOptions(model, { steps, guidance, seed, width, height });
+  } catch (e) {
+    if (e instanceof SampleOptionError) throw new UsageError(`--${e.message}`);
+    throw e;
+  }
+  const schedJson = isDir && existsSync(join(modelPath, 'scheduler/scheduler_config.json')) ? readJsonFile(join(modelPath, 'scheduler/scheduler_config.json'), 'the scheduler config') : {};
   const schedule = { ...SD_SCHEDULE, ...scheduleFromJson({ ...schedJson, ...overrides?.scheduler }, model.prediction) };
-  const sampler = (arg('--sampler') ?? 'dpm++2m') as 'ddim' | 'dpm++2m';
-  if (sampler !== 'ddim' && sampler !== 'dpm++2m') throw new Error(`--sampler must be ddim or dpm++2m, got ${sampler}`);
-  const num = (k: string, d: number) => {
-    const v = arg(k);
-    if (v === undefined) return d;
-    const x = Number(v);
-    if (!Number.isFinite(x)) throw new Error(`${k} must be a number, got ${v}`);
-    return x;
-  };
   const t0 = performance.now();
   const img = await txt2img(gpu, model, tokenizer, {
-    prompt,
-    negativePrompt: arg('--negative') ?? '',
-    steps: num('--steps', 25),
-    guidance: num('--guidance', 7.5),
-    seed: num('--seed', 1),
-    width: num('--width', 512),
-    height: num('--height', 512),
-    sampler,
-    schedule,
+    prompt, negativePrompt: arg('negative') ?? '', steps, guidance, seed, width, height, sampler, schedule,
     onStep: (i, n) => process.stderr.write(`step ${i}/${n} ${((performance.now() - t0) / 1000).toFixed(1)} s\n`),
   });
   writeFileSync(out, encode({ width: img.width, height: img.height, data: img.rgb, channels: 3, depth: 8 }));
-  console.log(JSON.stringify({ out, width: img.width, height: img.height, sampler, steps: num('--steps', 25), seed: num('--seed', 1) }));
+  console.log(JSON.stringify({ out, width: img.width, height: img.height, sampler, steps, seed }));
 }

@@ -1,275 +1,392 @@
-// `cli train`: DreamBooth from the command line on the same trainer the studio runs.
-//   train --model <path> --images <dir> --prompt "a photo of sks dog" [--class-prompt "a photo of a dog"
-//         --class-images <dir | count>] --mode lora|full --steps N [--lr x] [--rank r] [--alpha a] --seed S
-//         [--budget 4GiB] [--resolution R] [--flip] [--prior-weight w] [--offset-noise x] [--min-snr g]
-//         [--train-text-encoder] [--checkpoint-every N] [--tokenizer <dir>] [--config <json>] --out <dir>
-//   train --resume <dir>       continues an interrupted run (its settings are in <dir>/run.json)
-// Writes <out>/run.json (the run's arguments), <out>/store (chunk store: cached latents and embeddings,
-// optimizer chunks, checkpoints), a progress line per step, and the exports at the end.
-import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
-import { basename, join } from 'node:path';
+// `cli train`: DreamBooth from the command line through the same run pipeline as the studio
+// (src/pipeline/run.ts), on Dawn with a folder chunk store.
+//   train --model <path> --images <dir> --prompt "a photo of sks dog" --out <dir> [--class-prompt "a photo of a dog"
+//         [--class-images <dir | count>]] [--tokenizer <dir>] [--config <json>] [--export <formats>] [--overwrite]
+//         [every setting of the schema: --mode --steps --lr --rank --alpha --resolution --budget --seed ...]
+//   train --resume <dir> [--model <path>] [--steps N] [--budget B] [--export <formats>]
+// The run folder holds run.json (the run's inputs and settings, validated on resume), store/ (cached latents
+// and embeddings, optimizer chunks, checkpoints), samples/ (with --sample-every), the exports, and a lock
+// while a process trains in it. A folder that holds another run is refused unless --resume or --overwrite.
+import { existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync, openSync, closeSync, writeSync } from 'node:fs';
+import { basename, join, resolve } from 'node:path';
+import { encode as encodePng } from 'fast-png';
 import type { Gpu } from '../gpu/device.ts';
 import { nodeGpu } from '../gpu/node.ts';
-import { checkImageSet, prepareImage } from '../io/image.ts';
-import { loadImageDir } from '../io/image-node.ts';
+import { decodeImageNode, loadImageDir } from '../io/image-node.ts';
 import { SafetensorsFile } from '../io/safetensors.ts';
 import { nodeFileSink } from '../io/sink-node.ts';
 import { NodeFileSource } from '../io/source-node.ts';
+import type { ClipTokenizerFiles } from '../io/tokenizer.ts';
 import { nodeFolder } from '../models/folder-node.ts';
-import { openDiffusers, openSingleFile } from '../models/source.ts';
-import { writeKohyaLora, writePeftLora, type LoraInfo } from '../export/lora.ts';
-import { TOKENIZER_FILES, writeSingleFile, zipDiffusers } from '../export/full.ts';
-import type { TensorProvider } from '../export/provider.ts';
-import { pipeToSink } from '../export/stream.ts';
-import { scheduleFromJson, SD_SCHEDULE } from '../sample/schedulers.ts';
-import { StorageFullError, formatBytes } from '../store/chunkstore.ts';
+import { tokenizerFilesFrom } from '../models/source.ts';
+import { DEFAULT_EXPORTS, EXPORT_FORMATS, RunStorageFullError, TrainingRun, type ExportFormat, type ImageInput, type OpenedModel, type RunEvent } from '../pipeline/run.ts';
+import { defaultSettings, parseSettingValue, SETTINGS, SettingsError, validateSettings, type RunSettings, type SettingKey, type TrainMode } from '../pipeline/settings.ts';
 import { FsChunkStore } from '../store/fs-store.ts';
-import { encodeTrainData, generateClassImage, loadTrainData, releaseEncoders, saveTrainData, type PreparedSet } from '../train/preprocess.ts';
-import { planTraining } from '../train/plan.ts';
-import { DreamBoothTrainer, TRAIN_DEFAULTS, type TrainMode, type TrainSettings } from '../train/trainer.ts';
-import { configOverrides, loadModel } from './run.ts';
-import { loadTokenizer } from './sample.ts';
+import { TOKENIZER_FILES } from '../export/full.ts';
+import { formatBytes } from '../util/bytes.ts';
+import { parseFlags, stringFlag, UsageError, type Flags, type ParsedFlags } from './args.ts';
+import { configOverrides } from './run.ts';
 
-const USAGE =
-  'usage: train --model <path> --images <dir> --prompt "a photo of sks dog" [--class-prompt "a photo of a dog" --class-images <dir|count>] ' +
-  '--mode lora|full --steps N [--lr x] [--rank r] [--alpha a] --seed S [--budget 4GiB] [--resolution 512] [--flip] [--prior-weight 1] ' +
-  '[--offset-noise 0] [--min-snr gamma] [--train-text-encoder] [--checkpoint-every N] [--tokenizer dir] [--config json] --out <dir>   |   train --resume <dir>';
+/** Flags of the run itself (inputs and the run folder); the settings' flags come from the schema. */
+const INPUT_FLAGS: Flags = {
+  model: { type: 'string' },
+  images: { type: 'string' },
+  prompt: { type: 'string' },
+  out: { type: 'string' },
+  resume: { type: 'string' },
+  overwrite: { type: 'boolean' },
+  tokenizer: { type: 'string' },
+  config: { type: 'string' },
+  'class-images': { type: 'string' },
+  export: { type: 'string' },
+};
+const SETTING_FLAGS: Flags = Object.fromEntries(SETTINGS.filter((s) => s.flag).map((s) => [s.flag!, { type: s.kind === 'bool' ? 'boolean' : 'string' }]));
+const FLAGS: Flags = { ...INPUT_FLAGS, ...SETTING_FLAGS };
+/** What may change when a run is resumed: where the model is now, how long the run is, the memory it may use, what it exports. */
+const RESUME_FLAGS = new Set(['resume', 'model', 'steps', 'budget', 'export']);
 
-type Args = Record<string, string | true>;
+export const TRAIN_USAGE =
+  'usage: train --model <path> --images <dir> --prompt "a photo of sks dog" --out <dir> [--class-prompt "a photo of a dog" [--class-images <dir|count>]] ' +
+  '[--tokenizer dir] [--config json] [--export lora-kohya,lora-diffusers,full-single-file,diffusers-zip] [--overwrite] ' +
+  SETTINGS.filter((s) => s.flag && s.key !== 'classPrompt').map((s) => (s.kind === 'bool' ? `[--${s.flag}]` : `[--${s.flag} x]`)).join(' ') +
+  '   |   train --resume <dir> [--model <path>] [--steps N] [--budget B] [--export formats]';
 
-function parseArgs(argv: string[]): Args {
-  const a: Args = {};
-  for (let i = 0; i < argv.length; i++) {
-    const k = argv[i];
-    if (!k.startsWith('--')) throw new Error(`unexpected argument ${JSON.stringify(k)}\n${USAGE}`);
-    const v = argv[i + 1];
-    if (v === undefined || v.startsWith('--')) a[k.slice(2)] = true;
-    else {
-      a[k.slice(2)] = v;
-      i++;
-    }
+/** What run.json keeps: the run's inputs and its validated settings. */
+interface RunFile {
+  version: 2;
+  inputs: { model: string; images: string; prompt: string; classImages?: string; tokenizer?: string; config?: string; exports: ExportFormat[] };
+  settings: RunSettings;
+  /** The model's architecture when the run started (a moved model must be the same one). */
+  modelKey?: string;
+}
+
+/** The settings from the flags over the schema's defaults for the mode; options of the other mode refused. */
+function settingsFromFlags(values: ParsedFlags): RunSettings {
+  const mode = (stringFlag(values, 'mode') ?? 'lora') as TrainMode;
+  if (mode !== 'lora' && mode !== 'full') throw new SettingsError(`--mode must be lora or full, got ${JSON.stringify(mode)}`, 'mode');
+  const s = defaultSettings(mode) as unknown as Record<SettingKey, unknown>;
+  for (const spec of SETTINGS) {
+    if (!spec.flag || values[spec.flag] === undefined) continue;
+    if (spec.onlyMode && spec.onlyMode !== mode)
+      throw new SettingsError(`--${spec.flag} applies to --mode ${spec.onlyMode} only: leave it out for --mode ${mode}`, spec.key);
+    s[spec.key] = parseSettingValue(spec, values[spec.flag]!);
   }
-  return a;
+  const settings = s as unknown as RunSettings;
+  // Prior preservation on the command line: --class-prompt turns it on; --class-images gives them or a count.
+  settings.priorPreservation = values['class-prompt'] !== undefined;
+  const classImages = stringFlag(values, 'class-images');
+  if (classImages !== undefined && !settings.priorPreservation) throw new SettingsError('--class-images needs --class-prompt (prior preservation uses both)', 'classPrompt');
+  if (classImages !== undefined && /^\d+$/.test(classImages)) settings.classCount = Number(classImages);
+  if (settings.mode === 'lora' && values.alpha === undefined) settings.alpha = settings.rank;
+  validateSettings(settings);
+  return settings;
 }
 
-/** "4GiB", "512MiB", "3.5GB", a plain byte count. */
-export function parseBytes(s: string): number {
-  const m = /^(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|KB|MB|GB)?$/i.exec(s.trim());
-  if (!m) throw new Error(`--budget: cannot read ${JSON.stringify(s)} as a size (e.g. 4GiB, 3500MiB)`);
-  const unit = (m[2] ?? 'B').toLowerCase();
-  const f: Record<string, number> = { b: 1, kib: 2 ** 10, mib: 2 ** 20, gib: 2 ** 30, kb: 1e3, mb: 1e6, gb: 1e9 };
-  return Math.round(Number(m[1]) * f[unit]);
+function exportsFrom(value: string | undefined, mode: TrainMode): ExportFormat[] {
+  if (value === undefined) return DEFAULT_EXPORTS[mode];
+  const formats = value.split(',').map((f) => f.trim()).filter(Boolean);
+  const known = Object.keys(EXPORT_FORMATS) as ExportFormat[];
+  for (const f of formats) {
+    if (!known.includes(f as ExportFormat)) throw new UsageError(`--export: unknown format "${f}": use any of ${known.join(', ')} (comma-separated)`);
+    if (!EXPORT_FORMATS[f as ExportFormat].modes.includes(mode)) throw new UsageError(`--export ${f} holds LoRA adapters: a --mode ${mode} run exports full-single-file or diffusers-zip`);
+  }
+  if (!formats.length) throw new UsageError('--export needs at least one format');
+  return [...new Set(formats)] as ExportFormat[];
 }
 
-function num(a: Args, k: string, d: number): number {
-  const v = a[k];
-  if (v === undefined) return d;
-  const x = Number(v);
-  if (typeof v !== 'string' || !Number.isFinite(x)) throw new Error(`--${k} must be a number, got ${JSON.stringify(v)}`);
-  return x;
+function needFolder(path: string, flag: string): void {
+  if (!existsSync(path)) throw new UsageError(`--${flag} ${path} is not a folder of images: no such folder`);
+  if (!statSync(path).isDirectory()) throw new UsageError(`--${flag} ${path} is not a folder of images: it is a file (give the folder that holds the photos)`);
 }
 
-function str(a: Args, k: string): string | undefined {
-  const v = a[k];
-  if (v === true) throw new Error(`--${k} needs a value`);
-  return v;
-}
-
-function settingsFrom(a: Args, mode: TrainMode): TrainSettings {
-  const d = TRAIN_DEFAULTS[mode];
-  if (a['train-text-encoder'] === true && mode !== 'lora') throw new Error('--train-text-encoder trains text-encoder LoRA adapters: use it with --mode lora');
-  const minSnr = str(a, 'min-snr');
+/** A fresh run's run.json from its flags, checked before any work. */
+function newRun(values: ParsedFlags): RunFile {
+  const missing = ['model', 'images', 'prompt', 'out'].filter((k) => values[k] === undefined);
+  if (missing.length) throw new UsageError(`train needs ${missing.map((k) => `--${k}`).join(', ')}\n${TRAIN_USAGE}`);
+  const settings = settingsFromFlags(values);
+  const prompt = stringFlag(values, 'prompt')!;
+  if (!prompt.trim()) throw new SettingsError('--prompt is empty: describe the subject with a rare token, e.g. "a photo of sks dog"', 'prompt');
+  const model = stringFlag(values, 'model')!;
+  if (!existsSync(model)) throw new UsageError(`--model ${model}: no such file or folder`);
+  const images = stringFlag(values, 'images')!;
+  needFolder(images, 'images');
+  const classImages = stringFlag(values, 'class-images');
+  if (classImages !== undefined && !/^\d+$/.test(classImages)) needFolder(classImages, 'class-images');
+  const tokenizer = stringFlag(values, 'tokenizer');
+  if (tokenizer !== undefined && !existsSync(tokenizer)) throw new UsageError(`--tokenizer ${tokenizer}: no such folder`);
+  const config = stringFlag(values, 'config');
+  if (config !== undefined) configOverrides(config, 'unet'); // read and checked now: a bad file names itself before any work
   return {
-    ...d,
-    steps: num(a, 'steps', d.steps),
-    lr: num(a, 'lr', d.lr),
-    rank: mode === 'lora' ? num(a, 'rank', d.rank) : 0,
-    alpha: mode === 'lora' ? num(a, 'alpha', a.rank !== undefined ? num(a, 'rank', d.rank) : d.alpha) : 0,
-    seed: num(a, 'seed', 0),
-    priorLossWeight: num(a, 'prior-weight', d.priorLossWeight),
-    offsetNoise: num(a, 'offset-noise', d.offsetNoise),
-    minSnrGamma: minSnr === undefined ? null : num(a, 'min-snr', 5),
-    checkpointEvery: num(a, 'checkpoint-every', d.checkpointEvery),
-    textEncoderLora: a['train-text-encoder'] === true,
+    version: 2,
+    inputs: {
+      model: resolve(model), images: resolve(images), prompt, exports: exportsFrom(stringFlag(values, 'export'), settings.mode),
+      ...(classImages !== undefined ? { classImages: /^\d+$/.test(classImages) ? classImages : resolve(classImages) } : {}),
+      ...(tokenizer !== undefined ? { tokenizer: resolve(tokenizer) } : {}),
+      ...(config !== undefined ? { config: resolve(config) } : {}),
+    },
+    settings,
   };
 }
 
-/** Images of a folder, prepared at the resolution (centre crop; flipped copies too with --flip). */
-async function imageSet(dir: string, prompt: string, resolution: number, flip: boolean, what: string): Promise<PreparedSet> {
-  if (!existsSync(dir) || !statSync(dir).isDirectory()) throw new Error(`--${what}: ${dir} is not a folder of images`);
-  const { images, errors } = await loadImageDir(dir);
-  for (const e of errors) console.error(`warning: skipped ${e.message}`);
-  const report = checkImageSet(images.map((i) => ({ name: i.name, width: i.image.width, height: i.image.height })), { resolution });
-  for (const w of report.warnings) console.error(`warning: ${w}`);
-  if (report.errors.length) throw new Error(`${dir}: ${report.errors.join('; ')}`);
-  const set: PreparedSet = { images: [], prompts: [] };
-  for (const im of images)
-    for (const f of flip ? [false, true] : [false]) {
-      set.images.push(prepareImage(im.image, { resolution, crop: 'center', flip: f, name: im.name }));
-      set.prompts.push(im.caption ?? prompt);
-    }
-  return set;
+/** run.json of a folder, validated (never trusted): its settings through the schema, its inputs by type. */
+function readRunFile(dir: string): RunFile {
+  const path = join(dir, 'run.json');
+  if (!existsSync(path)) throw new UsageError(`--resume ${dir}: no run.json there (not a training output folder)`);
+  let j: RunFile;
+  try {
+    j = JSON.parse(readFileSync(path, 'utf8'));
+  } catch (e) {
+    throw new UsageError(`${path}: invalid JSON (${(e as Error).message}): this run's record is damaged; start a new run with another --out`);
+  }
+  if (j?.version !== 2 || typeof j.inputs !== 'object' || typeof j.settings !== 'object')
+    throw new UsageError(`${path}: not a run record of this version (no version 2 inputs and settings): start a new run with another --out`);
+  for (const k of ['model', 'images', 'prompt'] as const)
+    if (typeof j.inputs[k] !== 'string') throw new UsageError(`${path}: inputs.${k} is ${JSON.stringify(j.inputs[k])}, not text: the run record is damaged`);
+  try {
+    validateSettings({ ...defaultSettings(j.settings.mode === 'full' ? 'full' : 'lora'), ...j.settings }, (k) => `settings.${k}`);
+  } catch (e) {
+    throw new UsageError(`${path}: ${(e as Error).message}: the run record is damaged`);
+  }
+  j.settings = { ...defaultSettings(j.settings.mode), ...j.settings };
+  j.inputs.exports = exportsFrom(Array.isArray(j.inputs.exports) ? j.inputs.exports.join(',') : undefined, j.settings.mode);
+  return j;
 }
 
-const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
+/** A resumed run's record with what may change applied; anything else given is refused. */
+function resumeRun(values: ParsedFlags): { out: string; run: RunFile } {
+  const out = stringFlag(values, 'resume')!;
+  for (const k of Object.keys(values))
+    if (!RESUME_FLAGS.has(k) && values[k] !== undefined)
+      throw new UsageError(
+        `--${k} cannot be given with --resume: the run in ${out} keeps the settings it started with (its checkpoint depends on them). ` +
+          `With --resume only --model (the model moved), --steps (extend the run), --budget and --export may be given; start a new run with another --out to change --${k}`,
+      );
+  const run = readRunFile(out);
+  const model = stringFlag(values, 'model');
+  if (model !== undefined) {
+    if (!existsSync(model)) throw new UsageError(`--model ${model}: no such file or folder`);
+    run.inputs.model = resolve(model);
+  } else if (!existsSync(run.inputs.model)) throw new UsageError(`this run's model ${run.inputs.model} is gone: pass --model <its new path> with --resume`);
+  if (values.steps !== undefined) run.settings.steps = parseSettingValue(SETTINGS.find((s) => s.key === 'steps')!, values.steps) as number;
+  if (values.budget !== undefined) run.settings.budgetBytes = parseSettingValue(SETTINGS.find((s) => s.key === 'budgetBytes')!, values.budget) as number;
+  if (values.export !== undefined) run.inputs.exports = exportsFrom(stringFlag(values, 'export'), run.settings.mode);
+  validateSettings(run.settings);
+  return { out, run };
+}
 
-function eta(seconds: number): string {
+// ---- the run folder: one run, one process ---------------------------------------------------------------
+
+/** Files a run writes into its folder (removed by --overwrite). */
+const RUN_FILES = ['run.json', 'store', 'samples', ...Object.values(EXPORT_FORMATS).map((f) => f.file)];
+
+function isRunFolder(out: string): boolean {
+  return existsSync(join(out, 'run.json')) || existsSync(join(out, 'store'));
+}
+
+/** Takes the folder's lock (a file with our pid); refuses while another live process holds it. */
+function lockRun(out: string): () => void {
+  const path = join(out, 'lock');
+  for (let attempt = 0; attempt < 2; attempt++) {
+    try {
+      const fd = openSync(path, 'wx');
+      writeSync(fd, String(process.pid));
+      closeSync(fd);
+      return () => rmSync(path, { force: true });
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+      const pid = Number(readFileSync(path, 'utf8').trim());
+      if (Number.isInteger(pid) && pid > 0 && pid !== process.pid && alive(pid))
+        throw new UsageError(`${out} is in use: process ${pid} is training in it (${path}). Wait for it to finish or stop it; two processes must never train one run`);
+      rmSync(path, { force: true }); // left by a process that died: take it over
+    }
+  }
+  throw new UsageError(`${out}: could not take the lock ${path}`);
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+// ---- the command --------------------------------------------------------------------------------------
+
+export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
+  const { values } = parseFlags(argv, FLAGS, TRAIN_USAGE);
+  let out: string;
+  let run: RunFile;
+  if (values.resume !== undefined) ({ out, run } = resumeRun(values));
+  else {
+    run = newRun(values);
+    out = stringFlag(values, 'out')!;
+    if (isRunFolder(out)) {
+      if (values.overwrite !== true)
+        throw new UsageError(`${out} holds another run (run.json, store/): continue it with --resume ${out}, replace it with --overwrite, or choose another --out`);
+    } else if (values.overwrite === true) throw new UsageError(`--overwrite: ${out} holds no run to replace (leave --overwrite out)`);
+  }
+  mkdirSync(out, { recursive: true });
+  const unlock = lockRun(out);
+  try {
+    if (values.resume === undefined && values.overwrite === true) for (const f of RUN_FILES) rmSync(join(out, f), { recursive: true, force: true });
+    await trainIn(gpu, out, run, values.resume !== undefined);
+  } finally {
+    unlock();
+  }
+}
+
+/** Opens the model the CLI way: a diffusers folder, or a single file with --tokenizer; --config overrides. */
+async function openModel(run: RunFile): Promise<{ opened: OpenedModel; close: () => Promise<void> }> {
+  const { model, tokenizer: tokDir, config } = run.inputs;
+  const overrides = config ? configOverrides(config, 'unet') : undefined;
+  if (statSync(model).isDirectory()) {
+    const reader = nodeFolder(model);
+    const tokenizer = tokDir ? await tokenizerFilesFrom(nodeFolder(tokDir), '') : await tokenizerFilesFrom(reader);
+    if (!tokenizer) throw new UsageError(`${tokDir ?? join(model, 'tokenizer')}: no tokenizer.json, or vocab.json and merges.txt`);
+    return { opened: { kind: 'diffusers', name: basename(model), reader, tokenizer, ...(overrides ? { overrides } : {}) }, close: async () => undefined };
+  }
+  if (!tokDir) throw new UsageError('a single-file checkpoint carries no tokenizer: pass --tokenizer <folder with vocab.json and merges.txt>');
+  const tokenizer: ClipTokenizerFiles | null = await tokenizerFilesFrom(nodeFolder(tokDir), '');
+  if (!tokenizer) throw new UsageError(`--tokenizer ${tokDir}: no tokenizer.json, or vocab.json and merges.txt`);
+  // A single file has no tokenizer: the diffusers zip gets the one training used, so diffusers loads it.
+  const tokenizerFiles = new Map<string, Uint8Array>();
+  for (const f of TOKENIZER_FILES) if (existsSync(join(tokDir, f))) tokenizerFiles.set(f, readFileSync(join(tokDir, f)));
+  const file = await SafetensorsFile.open(await NodeFileSource.open(model));
+  return {
+    opened: { kind: 'single-file', name: basename(model), file, tokenizer, tokenizerFiles, ...(overrides ? { overrides } : {}) },
+    close: async () => file.source.close?.(),
+  };
+}
+
+/** A folder's images as pipeline inputs (decoded here; a file that is not an image is named and skipped). */
+async function folderImages(dir: string, caption: boolean): Promise<ImageInput[]> {
+  const { images, errors } = await loadImageDir(dir);
+  for (const e of errors) console.error(`warning: skipped ${e.message}`);
+  return images.map((im, i) => ({ id: String(i), name: im.name, pixels: im.image, ...(caption && im.caption !== undefined ? { caption: im.caption } : {}) }));
+}
+
+const mib = (b: number) => formatBytes(b, { unit: 'MiB' });
+
+function clock(seconds: number): string {
   const s = Math.max(0, Math.round(seconds));
   return `${Math.floor(s / 3600)}:${String(Math.floor(s / 60) % 60).padStart(2, '0')}:${String(s % 60).padStart(2, '0')}`;
 }
 
-export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
-  let a = parseArgs(argv);
-  const resumeDir = str(a, 'resume');
-  if (resumeDir) {
-    const runFile = join(resumeDir, 'run.json');
-    if (!existsSync(runFile)) throw new Error(`--resume ${resumeDir}: no run.json there (not a training output folder)`);
-    a = { ...JSON.parse(readFileSync(runFile, 'utf8')), out: resumeDir };
-  }
-  const modelPath = str(a, 'model');
-  const out = str(a, 'out');
-  const prompt = str(a, 'prompt');
-  const imagesDir = str(a, 'images');
-  if (!modelPath || !out || prompt === undefined || !imagesDir) throw new Error(USAGE);
-  const mode = (str(a, 'mode') ?? 'lora') as TrainMode;
-  if (mode !== 'lora' && mode !== 'full') throw new Error(`--mode must be lora or full, got ${mode}`);
-  const settings = settingsFrom(a, mode);
-  const budget = parseBytes(str(a, 'budget') ?? '4GiB');
-  mkdirSync(out, { recursive: true });
-  if (!resumeDir) writeFileSync(join(out, 'run.json'), JSON.stringify(a, null, 2));
-  const store = await FsChunkStore.open(join(out, 'store'));
-  const runId = 'run';
-  const isDir = statSync(modelPath).isDirectory();
-  const overrides = configOverrides(str(a, 'config'), 'unet');
-  const model = await loadModel(gpu, modelPath, { dtype: gpu.computeDType, overrides });
-  const resolution = num(a, 'resolution', 512);
-  const schedJson = isDir && existsSync(join(modelPath, 'scheduler/scheduler_config.json')) ? JSON.parse(readFileSync(join(modelPath, 'scheduler/scheduler_config.json'), 'utf8')) : {};
-  const schedule = { ...SD_SCHEDULE, ...scheduleFromJson({ ...schedJson, ...overrides?.scheduler }, model.prediction) };
-
-  // Latents and embeddings: from the store (a resumed run), or encoded now and stored.
-  let data = await loadTrainData(store, runId);
-  if (!data) {
-    const tokDir = str(a, 'tokenizer') ?? (isDir ? join(modelPath, 'tokenizer') : undefined);
-    if (!tokDir) throw new Error('a single-file checkpoint carries no tokenizer: pass --tokenizer <folder with vocab.json and merges.txt>');
-    const tokenizer = loadTokenizer(tokDir);
-    const flip = a.flip === true;
-    const instance = await imageSet(imagesDir, prompt, resolution, flip, 'images');
-    let classes: PreparedSet | null = null;
-    const classPrompt = str(a, 'class-prompt');
-    const classImages = str(a, 'class-images');
-    if (classPrompt !== undefined && classImages !== undefined) {
-      if (/^\d+$/.test(classImages)) {
-        // Prior-preservation images generated by the base model itself (what diffusers does).
-        const n = Number(classImages);
-        classes = { images: [], prompts: [] };
-        for (let i = 0; i < n; i++) {
-          classes.images.push(await generateClassImage(gpu, model, tokenizer, schedule, { prompt: classPrompt, seed: settings.seed, index: i, steps: num(a, 'class-steps', 25), resolution }));
-          classes.prompts.push(classPrompt);
-          console.error(`class image ${i + 1}/${n} generated`);
-        }
-      } else classes = await imageSet(classImages, classPrompt, resolution, false, 'class-images');
-    } else if (classPrompt !== undefined || classImages !== undefined) throw new Error('prior preservation needs both --class-prompt and --class-images');
-    data = await encodeTrainData(gpu, model, tokenizer, resolution, instance, classes, (d, n) => console.error(`encoded ${d}/${n} images`));
-    await saveTrainData(store, runId, data);
-  }
-  releaseEncoders(gpu, model, settings.textEncoderLora);
-
-  // Placement under the budget: the planner dry-runs the real step (no GPU memory used) and picks activation
-  // checkpointing and how many optimizer chunks stay resident.
-  const plan = await planTraining(
-    () => nodeGpu({ dryRun: true }),
-    { config: model.unet.config, dtype: gpu.computeDType, schedule, textEncoder: settings.textEncoderLora ? model.textEncoder.config : undefined },
-    { latentShape: data.latentShape, contextShape: data.contextShape, withClass: data.classes.length > 0, vaeFactor: resolution / data.latentShape[1] },
-    settings,
-    budget,
-  );
-  if (!plan.fits) throw new Error(plan.message ?? `the run does not fit the ${formatBytes(budget)} budget`);
-  settings.activationCheckpointing = plan.activationCheckpointing;
-  settings.residentChunks = plan.residentChunks;
-  console.error(`plan: peak ${mib(plan.peakBytes)} of the ${mib(budget)} budget, activation checkpointing ${plan.activationCheckpointing ? 'on' : 'off'}, ${plan.residentChunks}/${plan.chunks} optimizer chunks resident`);
-  const trainer = await DreamBoothTrainer.create(gpu, { config: model.unet.config, weights: model.unet.weights, schedule, textEncoder: model.textEncoder }, data, settings, store, runId);
-  if (await trainer.resume()) console.error(`resumed at step ${trainer.step} from the last checkpoint`);
-  console.error(`training ${mode} for ${settings.steps} steps (${trainer.optimizer.storedChunks} optimizer chunks streamed through the store)`);
-  const times: number[] = [];
-  try {
-    while (trainer.step < settings.steps) {
-      const r = await trainer.trainStep();
-      times.push(r.seconds);
-      const recent = times.slice(-10).sort((x, y) => x - y);
-      const sPerStep = recent[Math.floor(recent.length / 2)];
-      const storage = await store.bytesUsed();
+/** Progress for a terminal: a line per step on stdout, everything else on stderr. */
+function printEvent(e: RunEvent, out: string): void {
+  switch (e.type) {
+    case 'phase':
+      if (e.phase === 'class-images' || e.phase === 'encoding' || e.phase === 'loading' || e.phase === 'checkpoint') console.error(e.message);
+      break;
+    case 'warning':
+      console.error(`warning: ${e.message}`);
+      break;
+    case 'plan': {
+      const p = e.plan;
+      console.error(`plan: peak ${mib(p.peakBytes)} of the ${mib(p.budgetBytes)} budget, activation checkpointing ${p.activationCheckpointing ? 'on' : 'off'}, ${p.residentChunks}/${p.chunks} optimizer chunks resident`);
+      break;
+    }
+    case 'resumed':
+      console.error(`resumed at step ${e.step} from the last checkpoint`);
+      break;
+    case 'step': {
+      const r = e.report;
       console.log(
-        `step ${r.step}/${settings.steps} loss ${r.loss.toFixed(5)} ${sPerStep.toFixed(2)} s/step ETA ${eta(sPerStep * (settings.steps - r.step))} ` +
-          `gpu ${mib(r.gpuBytes)} (peak ${mib(r.gpuPeakBytes)}) storage ${mib(storage)}${r.skipped ? ` SKIPPED: ${r.skipped}` : ''}`,
+        `step ${r.step}/${e.steps} loss ${r.loss.toFixed(5)} ${e.secondsPerStep.toFixed(2)} s/step ETA ${clock(e.etaSeconds)} ` +
+          `gpu ${mib(r.gpuBytes)} (peak ${mib(r.gpuPeakBytes)}) storage ${mib(e.storageBytes)}${r.skipped ? ` SKIPPED: ${r.skipped}` : ''}`,
       );
+      break;
     }
-    await trainer.checkpoint();
-  } catch (e) {
-    if (e instanceof StorageFullError) {
-      throw new Error(`${e.message}\nTraining paused at step ${trainer.step}; the last checkpoint is intact. After freeing space: npm run cli -- train --resume ${out}`);
+    case 'sample': {
+      mkdirSync(join(out, 'samples'), { recursive: true });
+      const file = join(out, 'samples', `step-${String(e.step).padStart(6, '0')}.png`);
+      writeFileSync(file, e.png);
+      console.error(`sample: ${file}`);
+      break;
     }
-    throw e;
+    case 'checkpoint':
+      break;
   }
-  await exportRun(trainer, modelPath, out, { mode, prompt, classPrompt: str(a, 'class-prompt'), resolution, family: model.family, prediction: model.prediction, overrides, tokenizerDir: str(a, 'tokenizer') });
-  trainer.destroy();
-  await store.close();
 }
 
-function trainedProvider(trainer: DreamBoothTrainer, values: Map<string, Float32Array>): TensorProvider {
-  return {
-    names: () => [...values.keys()],
-    shape: (n) => [...trainer.trainable.get(n)!.shape],
-    read: async (n) => values.get(n)!,
-  };
+/** Why a resumed run's model must match: the same architecture as when the run started. */
+function modelKeyOf(r: TrainingRun): string {
+  return JSON.stringify({ family: r.model.family, prediction: r.model.prediction, unet: r.model.unet.config });
 }
 
-async function exportRun(
-  trainer: DreamBoothTrainer, modelPath: string, out: string,
-  o: { mode: TrainMode; prompt: string; classPrompt?: string; resolution: number; family: LoraInfo['family']; prediction: LoraInfo['prediction']; overrides: ReturnType<typeof configOverrides>; tokenizerDir?: string },
-): Promise<void> {
-  const files: string[] = [];
-  const title = `${basename(modelPath)} dreambooth ${o.mode}`;
-  if (o.mode === 'lora') {
-    const values = await trainer.trainedValues();
-    const s = trainer.settings;
-    const info: LoraInfo = {
-      family: o.family, prediction: o.prediction, resolution: o.resolution, steps: trainer.step, lr: s.lr, instancePrompt: o.prompt, classPrompt: o.classPrompt,
-      numImages: trainer.data.instance.length, numClassImages: trainer.data.classes.length, baseModelName: basename(modelPath), title, date: new Date(), seed: s.seed,
-    };
-    const part = (te: boolean) => new Map([...values].filter(([n]) => n.startsWith('text_model.') === te));
-    const teValues = part(true);
-    const adapters = { rank: s.rank, alpha: s.alpha, unet: trainedProvider(trainer, part(false)), ...(teValues.size ? { textEncoder: trainedProvider(trainer, teValues) } : {}) };
-    for (const [file, write] of [['lora-kohya.safetensors', writeKohyaLora], ['lora-peft.safetensors', writePeftLora]] as const) {
-      await write(await nodeFileSink(join(out, file)), adapters, info);
-      files.push(file);
-    }
-  } else {
-    // Streamed chunk by chunk: a full fine-tune's masters are never all in memory at once.
-    const trained = trainer.trainedProvider();
-    const isDir = statSync(modelPath).isDirectory();
-    const opts = { title, date: new Date(), resolution: o.resolution, overrides: o.overrides };
-    if (isDir) {
-      const folder = nodeFolder(modelPath);
-      const src = await openDiffusers(folder, {});
-      await writeSingleFile(await nodeFileSink(join(out, 'model.safetensors')), src, trained, opts);
-      await pipeToSink(zipDiffusers(src, trained, { ...opts, folder }), await nodeFileSink(join(out, 'model-diffusers.zip')));
-      await src.close();
-      files.push('model.safetensors', 'model-diffusers.zip');
-    } else {
-      const file = await SafetensorsFile.open(await NodeFileSource.open(modelPath));
+async function trainIn(gpu: Gpu, out: string, run: RunFile, resuming: boolean): Promise<void> {
+  const { inputs, settings } = run;
+  // A new run's record goes first, so a run killed while encoding is still this folder's run (and
+  // resumable); a resumed one is rewritten only once its model is known to be the run's.
+  if (!resuming) writeFileSync(join(out, 'run.json'), JSON.stringify(run, null, 2));
+  const { opened, close } = await openModel(run);
+  try {
+    const images = await folderImages(inputs.images, true);
+    const classImages = inputs.classImages && !/^\d+$/.test(inputs.classImages) ? await folderImages(inputs.classImages, false) : [];
+    const store = await FsChunkStore.open(join(out, 'store'));
+    try {
+      const tr = await TrainingRun.prepare(
+        {
+          gpu,
+          dryRunGpu: () => nodeGpu({ dryRun: true }),
+          store,
+          decode: async (blob, name) => decodeImageNode(new Uint8Array(await blob.arrayBuffer()), name),
+          emit: (e) => printEvent(e, out),
+          encodePng: (rgb, width, height) => encodePng({ width, height, data: rgb, channels: 3, depth: 8 }),
+        },
+        opened,
+        { runId: 'run', prompt: inputs.prompt, images, classImages, settings },
+      );
       try {
-        await writeSingleFile(await nodeFileSink(join(out, 'model.safetensors')), file, trained, opts);
-        const src = await openSingleFile(file, { overrides: o.overrides });
-        // A single file has no tokenizer: the zip gets the one training used (--tokenizer), so diffusers loads it.
-        const tokenizer = new Map<string, Uint8Array>();
-        if (o.tokenizerDir) for (const f of TOKENIZER_FILES) if (existsSync(join(o.tokenizerDir, f))) tokenizer.set(f, readFileSync(join(o.tokenizerDir, f)));
-        await pipeToSink(zipDiffusers(src, trained, { ...opts, tokenizer }), await nodeFileSink(join(out, 'model-diffusers.zip')));
+        const key = modelKeyOf(tr);
+        if (resuming && run.modelKey && run.modelKey !== key)
+          throw new UsageError(`--model ${inputs.model} is not the model this run started with (its architecture differs): pass the run's own model`);
+        run.modelKey = key;
+        writeFileSync(join(out, 'run.json'), JSON.stringify(run, null, 2));
+        await trainAndExport(tr, out, run, inputs.exports);
       } finally {
-        await file.source.close?.();
+        await tr.destroy();
       }
-      files.push('model.safetensors', 'model-diffusers.zip');
+    } finally {
+      await store.close();
     }
+  } finally {
+    await close();
   }
-  const sizes = Object.fromEntries(files.map((f) => [f, statSync(join(out, f)).size]));
-  console.log(JSON.stringify({ done: true, steps: trainer.step, mode: o.mode, exports: sizes, finalLoss: trainer.losses.at(-1) }));
+}
+
+async function trainAndExport(tr: TrainingRun, out: string, run: RunFile, exports: ExportFormat[]): Promise<void> {
+  const s = run.settings;
+  console.error(`training ${s.mode} for ${s.steps} steps (${tr.trainer.optimizer.storedChunks} optimizer chunks streamed through the store)`);
+  // Ctrl-C pauses at the next step boundary with a checkpoint; a second one stops at once.
+  let interrupts = 0;
+  const onInt = () => {
+    if (++interrupts > 1) process.exit(130);
+    console.error('pausing: saving a checkpoint (Ctrl-C again to stop at once)');
+    tr.pause();
+  };
+  process.on('SIGINT', onInt);
+  let result: Awaited<ReturnType<TrainingRun['train']>>;
+  try {
+    result = await tr.train();
+  } catch (e) {
+    if (e instanceof RunStorageFullError) throw new Error(`${e.message}\nAfter freeing space: npm run cli -- train --resume ${out}`);
+    throw e;
+  } finally {
+    process.off('SIGINT', onInt);
+  }
+  if (result !== 'done') {
+    console.error(`paused at step ${tr.step} with a checkpoint: continue with npm run cli -- train --resume ${out}`);
+    process.exitCode = 130;
+    return;
+  }
+  const sizes: Record<string, number> = {};
+  for (const format of exports) {
+    const file = EXPORT_FORMATS[format].file;
+    await tr.exportTo(format, await nodeFileSink(join(out, file)));
+    sizes[file] = statSync(join(out, file)).size;
+  }
+  console.log(JSON.stringify({ done: true, steps: tr.step, mode: s.mode, exports: sizes, finalLoss: tr.trainer.losses.at(-1) }));
 }

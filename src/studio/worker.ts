@@ -17,7 +17,8 @@ import { detectSingleFile, ModelError } from '../models/detect.ts';
 import { inspectDiffusers, inspectSingleFile } from '../models/inspect.ts';
 import { folderFromSources, tokenizerFilesFrom } from '../models/source.ts';
 import { IdbChunkStore } from '../store/idb-store.ts';
-import { EXPORT_FORMATS, StudioError, StudioSession, type ExportFormat, type OpenedModel, type RunInput, type StudioEvent } from './session.ts';
+import { EXPORT_FORMATS, RunError as StudioError, RunStorageFullError, TrainingRun, type ExportFormat, type OpenedModel, type RunInput, type RunEvent } from '../pipeline/run.ts';
+import type { SettingKey } from '../pipeline/settings.ts';
 import { TOKENIZER_FILES } from '../export/full.ts';
 
 /** Where the model comes from (what the page persists, minus the File objects). */
@@ -28,7 +29,7 @@ export type ModelChoice =
   | { kind: 'folder'; name: string; files: { path: string; file: File }[] };
 
 export type WorkerEvent =
-  | StudioEvent
+  | RunEvent
   | { type: 'download'; path: string; loaded: number; total: number | null }
   | { type: 'device-lost'; message: string };
 
@@ -50,7 +51,7 @@ export const RUN_DB = 'dreambooth-studio-runs';
 class StudioWorker {
   private gpu: Gpu | null = null;
   private store: IdbChunkStore | null = null;
-  private session: StudioSession | null = null;
+  private session: TrainingRun | null = null;
   private onEvent: (e: WorkerEvent) => void = () => {};
   private hubEndpoint = 'https://huggingface.co';
   /** A pause or cancel that arrived while the run was still preparing (no session to tell yet). */
@@ -138,7 +139,11 @@ class StudioWorker {
    * Loads the model and the photos, caches latents, plans, resumes from the last checkpoint of
    * `run.runId`; then trains unless `trainNow` is false (e.g. to export a stopped run).
    */
-  async start(choice: ModelChoice, run: RunInput, onEvent: (e: WorkerEvent) => void, trainNow = true): Promise<'done' | 'paused' | 'cancelled' | 'ready'> {
+  async start(
+    choice: ModelChoice, run: RunInput, onEvent: (e: WorkerEvent) => void, trainNow = true,
+    /** The page's labels of the settings, so messages name what the user sees. */
+    labels: Partial<Record<SettingKey, string>> = {},
+  ): Promise<'done' | 'paused' | 'cancelled' | 'ready'> {
     this.onEvent = onEvent;
     this.pendingStop = null;
     const gpu = this.gpu;
@@ -149,7 +154,7 @@ class StudioWorker {
     }
     const opened = await this.open(choice);
     const store = await this.openStore();
-    this.session = await StudioSession.prepare(
+    this.session = await TrainingRun.prepare(
       {
         gpu,
         dryRunGpu: () => Gpu.create(navigator.gpu, { shaders: viteShaderSource(), dryRun: true, disableF16: !gpu.hasF16 }),
@@ -157,6 +162,7 @@ class StudioWorker {
         decode: (blob, name, resolution) => decodeImageBrowser(blob, name, resolution),
         emit: (e) => this.onEvent(e),
         encodePng: (rgb, width, height) => encodePng({ width, height, data: rgb, channels: 3, depth: 8 }),
+        settingName: (k) => (labels[k] ? `"${labels[k]}"` : k),
       },
       opened,
       run,
@@ -173,7 +179,13 @@ class StudioWorker {
     this.pendingStop = null;
     if (stop === 'cancel') return 'cancelled';
     if (stop === 'pause') return 'paused';
-    return this.session.train();
+    try {
+      return await this.session.train();
+    } catch (e) {
+      // The name survives the worker boundary (Comlink sends name and message): the page shows its storage screen.
+      if (e instanceof RunStorageFullError) throw new RunStorageFullError(`${e.message} Free some space (or pick a smaller run), then resume.`, e.step);
+      throw e;
+    }
   }
 
   pause(): void {
@@ -192,7 +204,7 @@ class StudioWorker {
       await this.session.destroy();
       this.session = null;
     }
-    await StudioSession.discard(await this.openStore(), runId);
+    await TrainingRun.discard(await this.openStore(), runId);
   }
 
   /** The trained model as a file: a Blob (kept by the browser's blob store, which spills to disk). */

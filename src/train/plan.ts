@@ -25,6 +25,7 @@ import type { UnetConfig } from '../nn/unet.ts';
 import { clipParams, unetParams } from '../models/shapes.ts';
 import { SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
 import { DryRunChunkStore } from '../store/dryrun-store.ts';
+import { formatBytes } from '../util/bytes.ts';
 import { planChunks } from './optimizer.ts';
 import { DreamBoothTrainer, type TrainData, type TrainSettings } from './trainer.ts';
 
@@ -174,7 +175,7 @@ export async function dryRunPeak(makeGpu: () => Promise<Gpu>, model: PlanModel, 
 // ---------------------------------------------------------------------------------------------- policy
 
 /** "3.75 GiB"; MiB below a tenth of a GiB (tiny test models), so the figure never reads 0.00. */
-const gib = (n: number) => (n >= GiB / 10 ? `${(n / GiB).toFixed(2)} GiB` : `${(n / 2 ** 20).toFixed(2)} MiB`);
+const gib = (n: number) => formatBytes(n, { digits: 2, unit: n >= GiB / 10 ? 'GiB' : 'MiB' });
 
 function describeRun(model: PlanModel, s: TrainSettings): string {
   const kind = s.mode === 'full' ? 'full DreamBooth' : `LoRA DreamBooth (rank ${s.rank}${s.textEncoderLora ? ', text encoder too' : ''})`;

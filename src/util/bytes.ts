@@ -5,10 +5,12 @@ const UNITS = ['KiB', 'MiB', 'GiB', 'TiB'] as const;
 
 /**
  * "1.5 GiB", "300 bytes". `digits` decimals (1 by default); `exact` appends the byte count for logs
- * ("64.0 MiB (67108864 bytes)").
+ * ("64.0 MiB (67108864 bytes)"); `unit` fixes the unit ("0.4 MiB").
  */
-export function formatBytes(n: number, o: { digits?: number; exact?: boolean } = {}): string {
+export function formatBytes(n: number, o: { digits?: number; exact?: boolean; unit?: (typeof UNITS)[number] } = {}): string {
   if (!Number.isFinite(n)) return `${n} bytes`;
+  // A fixed unit keeps columns of a progress line comparable from line to line.
+  if (o.unit) return `${(n / 1024 ** (UNITS.indexOf(o.unit) + 1)).toFixed(o.digits ?? 1)} ${o.unit}`;
   if (Math.abs(n) < 1024) return `${n} bytes`;
   let v = n / 1024;
   let u = 0;

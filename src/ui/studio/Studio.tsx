@@ -2,7 +2,8 @@
 // environment notices (WebGPU, shader-f16, storage). Every control is a labelled native element, so the
 // whole flow works from the keyboard and with a screen reader.
 import { useEffect, useState, type DragEvent, type ReactNode } from 'react';
-import { EXPORT_FORMATS, PRESETS, type ExportFormat, type PresetName } from '../../studio/session.ts';
+import { EXPORT_FORMATS, type ExportFormat } from '../../pipeline/run.ts';
+import { EXPORT_LABELS, PRESETS, SETTING_LABELS, type PresetName } from './presets.ts';
 import {
   addPhotos, applyPreset, cancelTraining, cropAt, exportRun, filesFromDrop, initStudio, modelReady, pauseTraining, removePhoto, replacePhoto, requestPersistence,
   resumeTraining, savePicker, startTraining, updatePhoto, useDemoModel, useHubModel, useModelFile, useModelFolder,
@@ -283,6 +284,8 @@ function PhotosPanel() {
 
 // ---- settings ------------------------------------------------------------------------------------------
 
+const L = SETTING_LABELS;
+
 const BUDGETS = [256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576];
 
 function NumberField({ label, value, onChange, min, max, step, name }: { label: string; value: number; onChange: (v: number) => void; min?: number; max?: number; step?: number | 'any'; name: string }) {
@@ -323,12 +326,13 @@ function SettingsPanel() {
       <details>
         <summary>Advanced settings</summary>
         <form className="form" onSubmit={(e) => e.preventDefault()}>
-          <NumberField name="steps" label="Steps" value={s.steps} min={1} max={100000} onChange={(v) => set({ steps: Math.round(v) })} />
-          <NumberField name="lr" label="Learning rate" value={s.lr} min={0} step="any" onChange={(v) => set({ lr: v })} />
-          {s.mode === 'lora' && <NumberField name="rank" label="LoRA rank" value={s.rank} min={1} max={256} onChange={(v) => set({ rank: Math.round(v) })} />}
-          <NumberField name="resolution" label="Resolution (px)" value={s.resolution} min={8} step={8} onChange={(v) => set({ resolution: Math.round(v) })} />
+          <NumberField name="steps" label={L.steps} value={s.steps} min={1} max={100000} onChange={(v) => set({ steps: Math.round(v) })} />
+          <NumberField name="lr" label={L.lr} value={s.lr} min={0} step="any" onChange={(v) => set({ lr: v })} />
+          {s.mode === 'lora' && <NumberField name="rank" label={L.rank} value={s.rank} min={1} max={256} onChange={(v) => set({ rank: Math.round(v) })} />}
+          {s.mode === 'lora' && <NumberField name="alpha" label={L.alpha} value={s.alpha} min={0} step="any" onChange={(v) => set({ alpha: v })} />}
+          <NumberField name="resolution" label={L.resolution} value={s.resolution} min={8} step={8} onChange={(v) => set({ resolution: Math.round(v) })} />
           <label>
-            GPU memory budget
+            {L.budgetBytes}
             <select name="budget" value={s.budgetBytes} onChange={(e) => set({ budgetBytes: Number(e.target.value) })}>
               {[...new Set([...BUDGETS.map((m) => m * 2 ** 20), s.budgetBytes])].sort((a, b) => a - b).map((b) => (
                 <option key={b} value={b}>
@@ -337,31 +341,39 @@ function SettingsPanel() {
               ))}
             </select>
           </label>
-          <NumberField name="sampleEvery" label="Sample every N steps (0: never)" value={s.sampleEvery} min={0} onChange={(v) => set({ sampleEvery: Math.round(v) })} />
+          <NumberField name="sampleEvery" label={L.sampleEvery} value={s.sampleEvery} min={0} onChange={(v) => set({ sampleEvery: Math.round(v) })} />
           <label>
-            Sample prompt
+            {L.samplePrompt}
             <input name="samplePrompt" value={s.samplePrompt} onChange={(e) => set({ samplePrompt: e.target.value })} />
           </label>
-          <NumberField name="sampleSteps" label="Sampling steps" value={s.sampleSteps} min={1} max={150} onChange={(v) => set({ sampleSteps: Math.round(v) })} />
-          <NumberField name="seed" label="Seed" value={s.seed} onChange={(v) => set({ seed: Math.round(v) })} />
-          <NumberField name="checkpointEvery" label="Checkpoint every N steps" value={s.checkpointEvery} min={1} onChange={(v) => set({ checkpointEvery: Math.round(v) })} />
+          <NumberField name="sampleSteps" label={L.sampleSteps} value={s.sampleSteps} min={1} max={150} onChange={(v) => set({ sampleSteps: Math.round(v) })} />
+          <NumberField name="seed" label={L.seed} value={s.seed} min={0} onChange={(v) => set({ seed: Math.round(v) })} />
+          <NumberField name="checkpointEvery" label={L.checkpointEvery} value={s.checkpointEvery} min={0} onChange={(v) => set({ checkpointEvery: Math.round(v) })} />
+          <NumberField name="offsetNoise" label={L.offsetNoise} value={s.offsetNoise} min={0} max={1} step="any" onChange={(v) => set({ offsetNoise: v })} />
+          <NumberField name="minSnrGamma" label={L.minSnrGamma} value={s.minSnrGamma} min={0} step="any" onChange={(v) => set({ minSnrGamma: v })} />
+          <label className="check">
+            <input type="checkbox" name="flip" checked={s.flip} onChange={(e) => set({ flip: e.target.checked })} />
+            {L.flip}
+          </label>
           {s.mode === 'lora' && (
             <label className="check">
               <input type="checkbox" checked={s.trainTextEncoder} onChange={(e) => set({ trainTextEncoder: e.target.checked })} />
-              Also train the text encoder (LoRA)
+              {L.trainTextEncoder}
             </label>
           )}
           <label className="check">
             <input type="checkbox" checked={s.priorPreservation} onChange={(e) => set({ priorPreservation: e.target.checked })} />
-            Prior preservation (class images)
+            {L.priorPreservation}
           </label>
           {s.priorPreservation && (
             <>
               <label>
-                Class prompt
+                {L.classPrompt}
                 <input name="classPrompt" value={s.classPrompt} onChange={(e) => set({ classPrompt: e.target.value })} />
               </label>
-              <NumberField name="classCount" label="Class images to generate (when none are added)" value={s.classCount} min={1} max={200} onChange={(v) => set({ classCount: Math.round(v) })} />
+              <NumberField name="priorWeight" label={L.priorWeight} value={s.priorWeight} min={0} step="any" onChange={(v) => set({ priorWeight: v })} />
+              <NumberField name="classCount" label={L.classCount} value={s.classCount} min={1} max={200} onChange={(v) => set({ classCount: Math.round(v) })} />
+              <NumberField name="classSteps" label={L.classSteps} value={s.classSteps} min={1} max={150} onChange={(v) => set({ classSteps: Math.round(v) })} />
               <label className="file-button">
                 Add class images ({classPhotos.length})
                 <input type="file" multiple accept="image/jpeg,image/png,image/webp" onChange={(e) => void addPhotos(Array.from(e.target.files ?? []), 'classPhotos')} />
@@ -544,7 +556,7 @@ function ExportPanel() {
           <select name="format" value={chosen} onChange={(e) => setFormat(e.target.value as ExportFormat)}>
             {formats.map((f) => (
               <option key={f} value={f}>
-                {EXPORT_FORMATS[f].label}
+                {EXPORT_LABELS[f]}
               </option>
             ))}
           </select>

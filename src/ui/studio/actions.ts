@@ -5,7 +5,8 @@ import * as Comlink from 'comlink';
 import { centerCrop, imageSize, exifOrientation, orientedSize, sniffImage, MAX_IMAGES, type CropBox } from '../../io/image.ts';
 import { storagePersistence } from '../../store/idb-store.ts';
 import { DEMO_RESOLUTION } from '../../models/demo.ts';
-import { exportFileName, PRESETS, type ExportFormat, type PresetName, type RunInput, type StudioEvent } from '../../studio/session.ts';
+import { exportFileName, type ExportFormat, type RunInput, type RunEvent as StudioEvent } from '../../pipeline/run.ts';
+import { PRESETS, SETTING_LABELS, type PresetName } from './presets.ts';
 import type { ModelChoice, StudioWorkerApi, WorkerEvent } from '../../studio/worker.ts';
 import { EMPTY_RUN, fmtBytes, saveProject, storageShortfall, useStudioStore, type PhotoItem, type RunProgress } from './state.ts';
 
@@ -290,7 +291,7 @@ export async function startTraining(): Promise<void> {
   });
   await saveProject();
   await drive(async () => {
-    const prepared = await api!.start(modelChoice!, runInput(S().run), Comlink.proxy(onEvent), false);
+    const prepared = await api!.start(modelChoice!, runInput(S().run), Comlink.proxy(onEvent), false, SETTING_LABELS);
     const plan = S().run.plan;
     const problem = plan ? await checkQuota(plan.storageNeedBytes) : null;
     if (problem) {
@@ -333,7 +334,7 @@ export async function resumeTraining(): Promise<void> {
   }
   await drive(async () => {
     if (!fresh) return api!.train(Comlink.proxy(onEvent));
-    const prepared = await api!.start(modelChoice!, runInput(S().run), Comlink.proxy(onEvent), false);
+    const prepared = await api!.start(modelChoice!, runInput(S().run), Comlink.proxy(onEvent), false, SETTING_LABELS);
     if (prepared !== 'ready') return prepared;
     S().setRun({ status: 'training' });
     return api!.train(Comlink.proxy(onEvent));
@@ -383,7 +384,7 @@ export async function exportRun(format: ExportFormat): Promise<void> {
       }
     }
     // After a reload the worker has no session: load the run from its last checkpoint first.
-    if (!(await api.hasSession())) await api.start(modelChoice, runInput(st.run), Comlink.proxy(onEvent), false);
+    if (!(await api.hasSession())) await api.start(modelChoice, runInput(st.run), Comlink.proxy(onEvent), false, SETTING_LABELS);
     if (handle) {
       const out = await api.exportToFile(format, handle);
       S().set((s) => ({ exports: [...s.exports, { format, name: out.name, size: out.size, url: '' }] }));

@@ -7,7 +7,9 @@ import { create } from 'zustand';
 import type { AdapterSummary } from '../../gpu/device.ts';
 import type { CropBox } from '../../io/image.ts';
 import { formatBytes } from '../../util/bytes.ts';
-import { DEFAULT_SETTINGS, PRESETS, type ExportFormat, type PlanSummary, type PresetName, type StudioSettings } from '../../studio/session.ts';
+import type { ExportFormat, PlanSummary } from '../../pipeline/run.ts';
+import type { RunSettings as StudioSettings } from '../../pipeline/settings.ts';
+import { PAGE_DEFAULTS as DEFAULT_SETTINGS, PRESETS, type PresetName } from './presets.ts';
 import type { ModelSummary } from '../../studio/worker.ts';
 
 /** The model as remembered: demo and hub models reopen by themselves; files must be given again. */
