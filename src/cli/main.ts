@@ -9,7 +9,8 @@ import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join, basename } from 'node:path';
 import { NodeFileSource } from '../io/source-node.ts';
 import { nodeFolder } from '../models/folder-node.ts';
-import { inspectDiffusers, inspectSingleFile } from '../models/inspect.ts';
+import { inspectDiffusers, inspectionReport, inspectSingleFile } from '../models/inspect.ts';
+import type { SourceOptions } from '../models/source.ts';
 import { parseFlags, readJsonFile, stringFlag, UsageError } from './args.ts';
 
 const INSPECT_USAGE = 'usage: inspect <model.safetensors | diffusers folder> [--config config.json]';
@@ -20,19 +21,23 @@ async function inspect(args: string[]): Promise<void> {
   if (!path) throw new UsageError(INSPECT_USAGE);
   if (!existsSync(path)) throw new Error(`${path}: no such file or folder`);
   const cfgPath = stringFlag(values, 'config');
-  const config = cfgPath ? readJsonFile(cfgPath, '--config') : undefined;
+  const json = cfgPath ? readJsonFile(cfgPath, '--config') : undefined;
+  // Per-component overrides ({unet: {...}, ...}) as the loader takes them; a plain object is the scheduler config.
+  const perComponent = json && ['unet', 'vae', 'text_encoder', 'scheduler'].some((k) => k in json);
+  const overrides = perComponent ? (json as SourceOptions['overrides']) : undefined;
+  const config = perComponent ? undefined : json;
   let r;
-  if (statSync(path).isDirectory()) r = await inspectDiffusers(nodeFolder(path), config);
+  if (statSync(path).isDirectory()) r = await inspectDiffusers(nodeFolder(path), config, overrides);
   else {
     const src = await NodeFileSource.open(path);
     try {
-      r = await inspectSingleFile(src, config);
+      r = await inspectSingleFile(src, config, overrides);
     } finally {
       await src.close();
     }
   }
-  const parameters = Object.fromEntries(Object.entries(r.components).map(([k, v]) => [k, v.parameters]));
-  console.log(JSON.stringify({ architecture: r.family, predictionType: r.prediction, predictionSource: r.predictionSource, layout: r.layout, contextDim: r.contextDim, tensorCount: r.tensorCount, parameters, ignored: r.ignored, files: r.files }, null, 2));
+  // The loader's own checks: a model it would refuse shows its problems here (missing or misshaped tensors, configs).
+  console.log(JSON.stringify(inspectionReport(r), null, 2));
 }
 
 /** Runs a GPU command on Dawn, closing the device afterwards. */

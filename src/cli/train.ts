@@ -3,7 +3,7 @@
 //   train --model <path> --images <dir> --prompt "a photo of sks dog" --out <dir> [--class-prompt "a photo of a dog"
 //         [--class-images <dir | count>]] [--tokenizer <dir>] [--config <json>] [--export <formats>] [--overwrite]
 //         [every setting of the schema: --mode --steps --lr --rank --alpha --resolution --budget --seed ...]
-//   train --resume <dir> [--model <path>] [--steps N] [--budget B] [--export <formats>]
+//   train --resume <dir> [--model <path>] [--steps N] [--export <formats>]
 // The run folder holds run.json (the run's inputs and settings, validated on resume), store/ (cached latents
 // and embeddings, optimizer chunks, checkpoints), samples/ (with --sample-every), the exports, and a lock
 // while a process trains in it. A folder that holds another run is refused unless --resume or --overwrite.
@@ -42,14 +42,18 @@ const INPUT_FLAGS: Flags = {
 };
 const SETTING_FLAGS: Flags = Object.fromEntries(SETTINGS.filter((s) => s.flag).map((s) => [s.flag!, { type: s.kind === 'bool' ? 'boolean' : 'string' }]));
 const FLAGS: Flags = { ...INPUT_FLAGS, ...SETTING_FLAGS };
-/** What may change when a run is resumed: where the model is now, how long the run is, the memory it may use, what it exports. */
-const RESUME_FLAGS = new Set(['resume', 'model', 'steps', 'budget', 'export']);
+/**
+ * What may change when a run is resumed: where the model is now, how long the run is, what it exports. Not
+ * the budget: the plan it gives decides which optimizer chunks the checkpoint keeps on the GPU and which in
+ * the store, and a resumed run must find them where the checkpoint put them.
+ */
+const RESUME_FLAGS = new Set(['resume', 'model', 'steps', 'export']);
 
 export const TRAIN_USAGE =
   'usage: train --model <path> --images <dir> --prompt "a photo of sks dog" --out <dir> [--class-prompt "a photo of a dog" [--class-images <dir|count>]] ' +
   '[--tokenizer dir] [--config json] [--export lora-kohya,lora-diffusers,full-single-file,diffusers-zip] [--overwrite] ' +
   SETTINGS.filter((s) => s.flag && s.key !== 'classPrompt').map((s) => (s.kind === 'bool' ? `[--${s.flag}]` : `[--${s.flag} x]`)).join(' ') +
-  '   |   train --resume <dir> [--model <path>] [--steps N] [--budget B] [--export formats]';
+  '   |   train --resume <dir> [--model <path>] [--steps N] [--export formats]';
 
 /** What run.json keeps: the run's inputs and its validated settings. */
 interface RunFile {
@@ -159,7 +163,7 @@ function resumeRun(values: ParsedFlags): { out: string; run: RunFile } {
     if (!RESUME_FLAGS.has(k) && values[k] !== undefined)
       throw new UsageError(
         `--${k} cannot be given with --resume: the run in ${out} keeps the settings it started with (its checkpoint depends on them). ` +
-          `With --resume only --model (the model moved), --steps (extend the run), --budget and --export may be given; start a new run with another --out to change --${k}`,
+          `With --resume only --model (the model moved), --steps (extend the run) and --export may be given; start a new run with another --out to change --${k}`,
       );
   const run = readRunFile(out);
   const model = stringFlag(values, 'model');
@@ -168,7 +172,6 @@ function resumeRun(values: ParsedFlags): { out: string; run: RunFile } {
     run.inputs.model = resolve(model);
   } else if (!existsSync(run.inputs.model)) throw new UsageError(`this run's model ${run.inputs.model} is gone: pass --model <its new path> with --resume`);
   if (values.steps !== undefined) run.settings.steps = parseSettingValue(SETTINGS.find((s) => s.key === 'steps')!, values.steps) as number;
-  if (values.budget !== undefined) run.settings.budgetBytes = parseSettingValue(SETTINGS.find((s) => s.key === 'budgetBytes')!, values.budget) as number;
   if (values.export !== undefined) run.inputs.exports = exportsFrom(stringFlag(values, 'export'), run.settings.mode);
   validateSettings(run.settings);
   return { out, run };
@@ -262,7 +265,7 @@ async function openModel(run: RunFile): Promise<{ opened: OpenedModel; close: ()
 
 /** A folder's images as pipeline inputs (decoded here; a file that is not an image is named and skipped). */
 async function folderImages(dir: string, caption: boolean): Promise<ImageInput[]> {
-  const { images, errors } = await loadImageDir(dir);
+  const { images, errors } = await loadImageDir(dir, { onWarning: (m) => console.error(`warning: ${m}`) });
   for (const e of errors) console.error(`warning: skipped ${e.message}`);
   return images.map((im, i) => ({ id: String(i), name: im.name, pixels: im.image, ...(caption && im.caption !== undefined ? { caption: im.caption } : {}) }));
 }

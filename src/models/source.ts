@@ -468,5 +468,9 @@ export async function tokenizerFilesFrom(dir: FolderReader, prefix = 'tokenizer/
   if (await dir.exists(p('tokenizer.json'))) return { tokenizerJson: await readJsonFile(dir, p('tokenizer.json')), config };
   if (!(await dir.exists(p('vocab.json'))) || !(await dir.exists(p('merges.txt')))) return null;
   const merges = await dir.open(p('merges.txt'));
-  return { vocab: (await readJsonFile(dir, p('vocab.json'))) as Record<string, number>, merges: new TextDecoder().decode(await merges.read(0, merges.size)), config };
+  try {
+    return { vocab: (await readJsonFile(dir, p('vocab.json'))) as Record<string, number>, merges: new TextDecoder().decode(await merges.read(0, merges.size)), config };
+  } finally {
+    await merges.close?.();
+  }
 }

@@ -73,8 +73,8 @@ export interface SettingSpec<K extends SettingKey = SettingKey> {
 
 /** The largest training resolution: SD 1.x/2.x train at 512-768 px; past 1024 px nothing here fits a GPU. */
 export const MAX_RESOLUTION = 1024;
-/** The smallest budget the planner is asked to fit (smaller budgets are a typo, e.g. 4MiB for 4GiB). */
-export const MIN_BUDGET_BYTES = 64 * 2 ** 20;
+/** The smallest budget the planner is asked to fit (a bare "4" is 4 bytes: a typo); past it the planner says what a run needs. */
+export const MIN_BUDGET_BYTES = 2 ** 20;
 
 export const SETTINGS: readonly SettingSpec[] = [
   { key: 'mode', kind: 'enum', flag: 'mode', values: ['lora', 'full'], default: 'lora', help: 'lora: small adapters on the attention layers; full: every UNet weight' },

@@ -70,8 +70,6 @@ export class ChunkStoreError extends Error {
 /** "64.0 MiB (67108864 bytes)": the exact count for logs, the rounded one for people. */
 const exactBytes = (n: number): string => formatSize(n, { exact: true });
 
-// moved: use util/bytes.ts formatBytes(n, { exact: true }); removed once cli/train.ts switches
-export const formatBytes = exactBytes;
 
 // ---------------------------------------------------------------------------------------------- keys
 

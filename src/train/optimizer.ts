@@ -374,6 +374,8 @@ export class ChunkedAdamW {
       let packed: Float32Array;
       if (c.resident) {
         const b = await read(`opt-c${c.index}`);
+        if (b.byteLength !== 3 * c.elems * 4)
+          throw new Error(`the checkpoint's optimizer chunk ${c.index} holds ${b.byteLength} bytes, not the ${3 * c.elems * 4} of this run's layout: the checkpoint is damaged or from another run; start the run again`);
         packed = new Float32Array(b.buffer, b.byteOffset, b.byteLength / 4);
         this.gpu.write(c.resident.master, packed.subarray(0, c.elems));
         this.gpu.write(c.resident.m, packed.subarray(c.elems, 2 * c.elems));

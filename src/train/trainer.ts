@@ -23,7 +23,6 @@ import { DynamicLossScaler } from '../ops/lossscale.ts';
 import { clipParams, unetParams } from '../models/shapes.ts';
 import { alphasCumprod, type ScheduleConfig } from '../sample/schedulers.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
-import type { TensorProvider } from '../io/tensor-provider.ts';
 import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
 import { addNoise, lossWeights, velocity, weightedMse, weightedMseBackward } from './objective.ts';
 import { ChunkedAdamW } from './optimizer.ts';
@@ -371,6 +370,7 @@ export class DreamBoothTrainer {
     const snap = await openSnapshot<CheckpointMeta>(this.store, this.ckptPrefix);
     if (!snap) return false;
     const m = snap.meta;
+    checkCheckpointMeta(m, this.optimizer.chunks.length);
     for (const k of ['mode', 'rank', 'alpha', 'lr', 'seed', 'chunkElems', 'textEncoderLora'] as const)
       if (m.settings[k] !== this.settings[k]) throw new Error(`this run's checkpoint was made with ${k} = ${m.settings[k]}, not ${this.settings[k]}: resume with the run's own settings`);
     await this.optimizer.restore((n) => snap.read(n), m.versions, m.applied);
@@ -391,34 +391,37 @@ export class DreamBoothTrainer {
     return out;
   }
 
-  /**
-   * The trained values as a TensorProvider that reads one optimizer chunk at a time (keeping the last
-   * `cacheChunks` in an LRU): exports stream a full fine-tune's masters without holding them all, where
-   * trainedValues() would need 4 bytes per weight at once (3.4 GB for SD 1.5's UNet).
-   */
-  // moved: use export/chunked.ts chunkedProvider(trainer.optimizer, cacheChunks); removed once callers switch
-  trainedProvider(cacheChunks = 4): TensorProvider {
-    const cache = new Map<number, Float32Array>();
-    return {
-      names: () => [...this.trainable.keys()],
-      shape: (n) => [...this.trainable.get(n)!.shape],
-      read: async (n) => {
-        const at = this.optimizer.locate(n);
-        let masters = cache.get(at.chunk);
-        if (masters) cache.delete(at.chunk);
-        else {
-          masters = await this.optimizer.chunkMasters(at.chunk);
-          if (cache.size >= cacheChunks) cache.delete(cache.keys().next().value!);
-        }
-        cache.set(at.chunk, masters);
-        return masters.slice(at.offset, at.offset + at.numel);
-      },
-    };
-  }
-
   destroy(): void {
     this.optimizer.destroy();
   }
+}
+
+/** A checkpoint whose record cannot be true (a damaged or edited file): never trusted, always named. */
+export class CheckpointError extends Error {
+  override name = 'CheckpointError';
+}
+
+/**
+ * The checkpoint's record checked before anything is restored: the step a whole number within the run it
+ * was made for, applied steps within it, one loss per step, a finite loss scale, a version for each stored
+ * chunk of this run's layout. Optimizer files are checked for size as they are read (optimizer.restore).
+ */
+function checkCheckpointMeta(m: CheckpointMeta, chunks: number): void {
+  const bad = (what: string) => {
+    throw new CheckpointError(`this run's last checkpoint is damaged (${what}): it cannot be resumed; start the run again`);
+  };
+  const whole = (x: unknown, lo: number, hi: number) => typeof x === 'number' && Number.isInteger(x) && x >= lo && x <= hi;
+  if (typeof m !== 'object' || m === null || typeof m.settings !== 'object' || m.settings === null) bad('no settings');
+  if (!whole(m.settings.steps, 1, Number.MAX_SAFE_INTEGER)) bad(`its run has ${m.settings.steps} steps`);
+  if (!whole(m.step, 0, m.settings.steps)) bad(`step ${m.step} is not within 0..${m.settings.steps}`);
+  if (!whole(m.applied, 0, m.step)) bad(`${m.applied} applied steps at step ${m.step}`);
+  if (!Array.isArray(m.losses) || m.losses.length !== m.step || !m.losses.every((l) => l === null || typeof l === 'number')) bad(`${Array.isArray(m.losses) ? m.losses.length : 'no'} losses for ${m.step} steps`);
+  if (!whole(m.rng, 0, 2 ** 32 - 1)) bad(`random state ${m.rng}`);
+  const sc = m.scaler;
+  if (typeof sc !== 'object' || sc === null || !(Number.isFinite(sc.scale) && sc.scale > 0) || !whole(sc.goodSteps, 0, Number.MAX_SAFE_INTEGER) || !whole(sc.skipped, 0, Number.MAX_SAFE_INTEGER))
+    bad('loss scale');
+  if (typeof m.versions !== 'object' || m.versions === null) bad('no chunk versions');
+  for (const [k, v] of Object.entries(m.versions)) if (!whole(Number(k), 0, chunks - 1) || !whole(v, 0, Number.MAX_SAFE_INTEGER)) bad(`chunk ${k} version ${v} for a layout of ${chunks} chunks`);
 }
 
 function validate(data: TrainData, s: TrainSettings): void {

@@ -2,7 +2,10 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { crc32 as zlibCrc32 } from 'node:zlib';
-import { ChunkStoreError, crc32, formatBytes, isQuotaError, StorageFullError, validateKey, verifyChunk } from '../../src/store/chunkstore.ts';
+import { formatBytes as formatSize } from '../../src/util/bytes.ts';
+// The chunk store's messages give sizes with the exact count ("1.5 KiB (1536 bytes)").
+const formatBytes = (n: number) => formatSize(n, { exact: true });
+import { ChunkStoreError, crc32, isQuotaError, StorageFullError, validateKey, verifyChunk } from '../../src/store/chunkstore.ts';
 import { testBytes } from './harnesses.ts';
 
 describe('crc32', () => {

@@ -2,6 +2,7 @@
 // bit-identical, scale lowered, reported); storage filling up mid-run stops the step with StorageFullError,
 // the last checkpoint stays intact, and once space is freed the run resumes; no GPU buffer leaks per step;
 // bad data and settings are refused with specific messages.
+import { chunkedProvider } from '../../src/export/chunked.ts';
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { MemoryChunkStore, StorageFullError } from '../../src/store/chunkstore.ts';
@@ -70,13 +71,13 @@ describe('trainer: skipped steps, full storage, leaks, bad input', () => {
     ref.free();
   });
 
-  it('trainedProvider streams the same values as trainedValues, chunk by chunk (resident and stored chunks, LRU of 1)', async () => {
+  it('chunkedProvider (export/chunked.ts) over the optimizer streams the same values as trainedValues, chunk by chunk (resident and stored chunks, LRU of 1)', async () => {
     const gpu = await testGpu();
     const { trainer, fx, free } = await makeTrainer(gpu, 'f32', 'full', new MemoryChunkStore(), { residentChunks: 2 });
     await trainer.trainStep(fx.inputs[0]);
     assert.ok(trainer.optimizer.chunks.length > 3 && trainer.optimizer.storedChunks > 0);
     const all = await trainer.trainedValues();
-    const p = trainer.trainedProvider(1);
+    const p = chunkedProvider(trainer.optimizer, 1);
     // Reverse order: every read misses the one-chunk cache at chunk boundaries and must still be right.
     for (const n of [...p.names()].reverse()) assert.deepEqual(await p.read(n), all.get(n), n);
     assert.deepEqual(p.shape(p.names()[0]), [...trainer.trainable.get(p.names()[0])!.shape]);
