@@ -5,11 +5,14 @@
 // quota too small for the run, phone width, keyboard use and labels. Screenshots of each stage go to
 // SCREENSHOTS (browser.ts: test-results/screenshots/, or e2e/screenshots/ for the README with `npm run screenshots`).
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { encode } from 'fast-png';
-import type { Page } from 'playwright-core';
-import { launch, screenshotPath, serve, serveWithTinyHub } from './browser.ts';
+import { chromium, type Page } from 'playwright-core';
+import { build } from 'vite';
+import { CHROMIUM_FLAGS, launch, ROOT, screenshotPath, serve, serveWithTinyHub, WEBGPU_FLAGS } from './browser.ts';
 
 /** A w x h PNG: a soft disc on a gradient, a different colour per `k` (a "subject" the eye can follow). */
 function photo(w: number, h: number, k: number): number[] {
@@ -45,6 +48,28 @@ function header(bytes: Buffer): { names: string[]; metadata: Record<string, stri
 
 async function shot(page: Page, name: string): Promise<void> {
   await page.screenshot({ path: screenshotPath(`${name}.png`), fullPage: true });
+}
+
+/** The storage quota of the storage-full test. */
+const QUOTA = 4 * 2 ** 20;
+
+/** The worker's IndexedDB database of runs (src/studio/worker.ts RUN_DB; not imported: that module starts a worker). */
+const RUN_DB = 'dreambooth-studio-runs';
+
+type StoreReader = typeof import('../src/store/idb-store.ts') & typeof import('../src/store/snapshot.ts');
+
+/**
+ * The project's IndexedDB chunk store and snapshot reader as one ES module (Vite library mode, as
+ * e2e/store.test.ts builds it), placed in dist/ so the studio page's origin can import it and read back what
+ * its worker stored. `remove` deletes it again.
+ */
+async function bundleStoreReader(): Promise<{ url: string; remove: () => void }> {
+  const src = mkdtempSync(join(tmpdir(), 'dbs-e2e-reader-'));
+  const out = join(ROOT, 'dist', 'e2e-store-reader');
+  writeFileSync(join(src, 'entry.ts'), ['idb-store', 'snapshot'].map((m) => `export * from '${join(ROOT, 'src', 'store', `${m}.ts`)}';`).join('\n'));
+  await build({ configFile: false, root: src, logLevel: 'warn', build: { outDir: out, emptyOutDir: true, minify: false, lib: { entry: join(src, 'entry.ts'), formats: ['es'], fileName: () => 'store.js' } } });
+  rmSync(src, { recursive: true, force: true });
+  return { url: '/e2e-store-reader/store.js', remove: () => rmSync(out, { recursive: true, force: true }) };
 }
 
 const PHOTOS = [
@@ -266,31 +291,82 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
     }
   });
 
-  it('a storage quota too small for a full fine-tune stops it with the storage screen; the checkpoint stays intact', { timeout: 300_000 }, async () => {
-    const browser = await launch(true);
+  it('a storage quota too small for a full fine-tune stops it with the storage screen; the checkpoint stays intact', { timeout: 300_000 }, async (t) => {
+    const t0 = Date.now();
+    const phase = (what: string) => t.diagnostic(`${((Date.now() - t0) / 1000).toFixed(1)} s: ${what}`);
+    // An on-disk profile, not an incognito context: IndexedDB then writes real files whose sizes the quota
+    // counts exactly (in memory, Chromium's accounting of the same writes varies from run to run).
+    const profile = mkdtempSync(join(tmpdir(), 'dbs-e2e-quota-'));
+    const context = await chromium.launchPersistentContext(profile, {
+      executablePath: process.env.CHROMIUM_PATH ?? '/usr/bin/chromium',
+      headless: true,
+      args: [...CHROMIUM_FLAGS, ...WEBGPU_FLAGS],
+      viewport: { width: 1280, height: 800 },
+    });
+    const reader = await bundleStoreReader();
     try {
-      const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
-      const cdp = await page.context().newCDPSession(page);
-      // 1 MiB for the whole origin: less than a full fine-tune's optimizer state (about 24 bytes per weight).
-      await cdp.send('Storage.overrideQuotaForOrigin', { origin: server.url, quotaSize: 2 ** 20 });
+      const page = context.pages()[0] ?? (await context.newPage());
+      const cdp = await context.newCDPSession(page);
+      // 4 MiB for the whole origin: room for one checkpoint of the demo model's full fine-tune (fp32 masters
+      // and two moments, 12 bytes per UNet weight: ~2.4 MB, checked below) but not for the next, which is
+      // written before the previous one is deleted. (Set before the page stores anything: Chromium's
+      // IndexedDB caches an origin's quota once used.)
+      await cdp.send('Storage.overrideQuotaForOrigin', { origin: server.url, quotaSize: QUOTA });
       await openStudio(page, server.url);
       assert.ok(await page.getByTestId('not-persistent').isVisible(), 'the storage-persistence screen shows (headless Chromium does not persist by default)');
       await loadDemo(page);
       await dropFiles(page, 'photo-drop', PHOTOS);
       await page.locator('[data-testid="photos"] li').nth(2).waitFor();
       await page.getByLabel('Full DreamBooth').check();
-      await tinySettings(page, { steps: 2, sampleEvery: 0, checkpointEvery: 1 });
+      await tinySettings(page, { steps: 4, sampleEvery: 0, checkpointEvery: 1 });
       await page.getByRole('checkbox', { name: 'Prior preservation (class images)' }).uncheck();
+      phase('training');
       await page.getByRole('button', { name: 'Train', exact: true }).click();
       await page.locator('[data-testid="quota"], [data-testid="train-error"]').first().waitFor({ timeout: 300_000 });
+      phase(`stopped: ${await page.getByTestId('train-status').textContent()} | ${await progressText(page)}`);
       assert.ok(await page.getByTestId('quota').isVisible(), `the quota screen, not: ${await page.getByTestId('train-status').textContent()} ${await page.getByTestId('train-error').textContent().catch(() => '')}`);
       // navigator.storage.estimate() does not see CDP's quota override, so the pre-check passes and the browser
-      // itself refuses the first checkpoint's write: the real storage-full path.
-      assert.match((await page.getByTestId('quota').textContent()) ?? '', /Storage is full: could not write .* Training stopped at step 1; the last checkpoint is intact/);
+      // itself refuses the second checkpoint's write: the real storage-full path.
+      const quotaText = (await page.getByTestId('quota').textContent()) ?? '';
+      assert.match(quotaText, /Storage is full: could not write .* Training stopped at step \d+; the last checkpoint is intact/);
+      const stoppedAt = Number(/Training stopped at step (\d+)/.exec(quotaText)![1]);
+      assert.ok(stoppedAt >= 2, `stopped at step ${stoppedAt}: the first checkpoint (step 1) must have fitted`);
       assert.match((await page.getByTestId('plan').textContent()) ?? '', /about .* of storage/);
       await shot(page, 'studio-quota');
+
+      // "Intact", read back: the run's checkpoint in the worker's IndexedDB, opened with the project's own
+      // snapshot reader (every file checked against HEAD's size and CRC and the store record's CRC), is the
+      // one of the step before the refused one, and every chunk the run still stores reads back with a valid CRC.
+      const back = await page.evaluate(
+        async ({ db, url }) => {
+          const m = (await import(url)) as StoreReader;
+          const runId = (window as unknown as { __studio: { state: () => { run: { runId: string | null } } } }).__studio.state().run.runId;
+          if (!runId) return { error: 'the page has no run id' };
+          const store = await m.IdbChunkStore.open(db);
+          try {
+            const snap = await m.openSnapshot<{ step: number }>(store, `${runId}/ckpt`);
+            if (!snap) return { error: `no checkpoint under ${runId}/ckpt: ${(await store.keys(`${runId}/`)).join(', ')}` };
+            let bytes = 0;
+            for (const name of snap.names) bytes += (await snap.read(name)).length;
+            const keys = await store.keys(`${runId}/`);
+            for (const k of keys) if ((await store.read(k)) === null) return { error: `${k} listed but not readable` };
+            return { step: snap.meta.step, files: snap.names.length, bytes, keys: keys.length };
+          } catch (e) {
+            return { error: String(e) };
+          } finally {
+            await store.close();
+          }
+        },
+        { db: RUN_DB, url: reader.url },
+      );
+      phase(`read back: ${JSON.stringify(back)}`);
+      assert.ok(!('error' in back), `reading the checkpoint back: ${back.error}`);
+      assert.equal(back.step, stoppedAt - 1, 'the checkpoint holds the last step before the refused checkpoint');
+      assert.ok(back.files > 0 && back.bytes < QUOTA && 2 * back.bytes > QUOTA, `checkpoint files ${back.files}, ${back.bytes} bytes: one fits the quota, two do not`);
     } finally {
-      await browser.close();
+      await context.close();
+      reader.remove();
+      rmSync(profile, { recursive: true, force: true });
     }
   });
 });
