@@ -215,6 +215,18 @@ function alive(pid: number): boolean {
   }
 }
 
+/** The run folder, created if need be; a file in its place or a folder that cannot be written is named. */
+function makeRunFolder(out: string): void {
+  if (existsSync(out) && !statSync(out).isDirectory()) throw new UsageError(`--out ${out} is a file: give a folder for the run (it is created if missing)`);
+  try {
+    mkdirSync(out, { recursive: true });
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    const why = code === 'EACCES' || code === 'EPERM' ? 'no permission to create it' : code === 'EROFS' ? 'the disk is read-only' : code === 'ENOSPC' ? 'the disk is full' : code === 'ENOTDIR' ? 'a file stands where a folder of its path should be' : `${code ?? (e as Error).message}`;
+    throw new UsageError(`--out ${out}: cannot create the run folder (${why}): choose another --out`);
+  }
+}
+
 // ---- the command --------------------------------------------------------------------------------------
 
 export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
@@ -230,7 +242,7 @@ export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
         throw new UsageError(`${out} holds another run (run.json, store/): continue it with --resume ${out}, replace it with --overwrite, or choose another --out`);
     } else if (values.overwrite === true) throw new UsageError(`--overwrite: ${out} holds no run to replace (leave --overwrite out)`);
   }
-  mkdirSync(out, { recursive: true });
+  makeRunFolder(out);
   const unlock = lockRun(out);
   try {
     if (values.resume === undefined && values.overwrite === true) for (const f of RUN_FILES) rmSync(join(out, f), { recursive: true, force: true });

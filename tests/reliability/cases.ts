@@ -3,7 +3,8 @@
 // internal message, hung) and what it must say now; tests/reliability/corpus.test.ts runs every row through
 // the real command line (harness.ts checks the code, the message, that no internal wording leaks, the time
 // limit, and that nothing changed on disk where a row says so).
-import { chmodSync, copyFileSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
+import { chmodSync, copyFileSync, cpSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
+import { readSafetensors, writeSafetensors } from '../../src/io/safetensors.ts';
 import { join } from 'node:path';
 import { FIXTURES } from '../helpers.ts';
 import { trainArgs, type Case, type Workspace } from './harness.ts';
@@ -165,9 +166,73 @@ export const CASES: Case[] = [
     },
   },
 
+  // ---- models and configs ------------------------------------------------------------------------------
+  {
+    name: 'train on a model with NaN weights', before: 'wrong', args: () => [], code: 1, message: /unet tensor down_blocks\.\d+\.resnets\.\d+\.conv1\.weight .*holds 1 non-finite value/, notOut: /^step |"done"/m,
+    setup: (ws) => {
+      const out = ws.path('out');
+      return { args: withFlag(ws, '--model', modelCopy(ws, poisonUnet)).map((a, i, all) => (all[i - 1] === '--out' ? out : a)), unchanged: [] };
+    },
+  },
+  {
+    name: 'run a model with NaN weights', before: 'wrong', args: () => [], code: 1, message: /holds 1 non-finite value \(NaN\/Inf\)/,
+    setup: (ws) => ({ args: withSample(ws, '--model', modelCopy(ws, poisonUnet)) }),
+  },
+  {
+    name: 'heads that do not divide the text encoder\'s width', before: 'unclear', args: () => [], code: 1, message: /text_encoder: hidden_size 32 is not divisible by num_attention_heads 12/,
+    setup: (ws) => ({ args: withFlag(ws, '--model', modelCopy(ws, (f) => editJson(join(f, 'text_encoder', 'config.json'), (j) => (j.num_attention_heads = 12)))) }),
+  },
+  {
+    name: 'a null field in a config', before: 'unclear', args: () => [], code: 1, message: /unet\/config\.json: attention_head_dim is null/,
+    setup: (ws) => ({ args: withFlag(ws, '--model', modelCopy(ws, (f) => editJson(join(f, 'unet', 'config.json'), (j) => (j.attention_head_dim = null)))) }),
+  },
+  {
+    name: 'zero norm groups', before: 'unclear', args: () => [], code: 1, message: /vae\/config\.json: norm_num_groups is 0/,
+    setup: (ws) => ({ args: withFlag(ws, '--model', modelCopy(ws, (f) => editJson(join(f, 'vae', 'config.json'), (j) => (j.norm_num_groups = 0)))) }),
+  },
+  {
+    name: 'a config that is not JSON inside the model folder', before: 'clear', args: () => [], code: 1, message: /unet\/config\.json: invalid JSON/,
+    setup: (ws) => ({ args: withFlag(ws, '--model', modelCopy(ws, (f) => writeFileSync(join(f, 'unet', 'config.json'), '{"block_out_channels": [16, 32],'))) }),
+  },
+  {
+    name: 'a single file whose widths need configs it was not given', before: 'unclear', args: (ws) => withSample(ws, '--model', ws.tiny.singleFile).concat('--tokenizer', ws.tokenizer), code: 1, message: /a single file holds no configs.*pass --config/s,
+  },
+  {
+    name: 'a safetensors header naming a tensor twice', before: 'wrong', args: () => [], code: 1, message: /names tensor 'a' twice/,
+    setup: (ws) => {
+      const file = ws.path('dup') + '.safetensors';
+      const header = new TextEncoder().encode('{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}');
+      const bytes = new Uint8Array(8 + header.length + 4);
+      new DataView(bytes.buffer).setBigUint64(0, BigInt(header.length), true);
+      bytes.set(header, 8);
+      writeFileSync(file, bytes);
+      return { args: ['inspect', file] };
+    },
+  },
+  {
+    name: 'inspect a model the loader would refuse (a tensor missing)', before: 'wrong', args: () => [], code: 0, message: /^/,
+    setup: (ws) => {
+      const folder = modelCopy(ws, (f) => {
+        const file = join(f, 'vae', 'diffusion_pytorch_model.safetensors');
+        const st = readSafetensors(new Uint8Array(readFileSync(file)));
+        st.tensors.delete('decoder.conv_out.bias');
+        writeFileSync(file, writeSafetensors(st.tensors));
+      });
+      return { args: ['inspect', folder] };
+    },
+    out: /"problems": \[\s*"vae tensor decoder\.conv_out\.bias is missing"/,
+  },
+  { name: 'a pickle checkpoint (.ckpt) is never unpickled', before: 'clear', args: () => [], code: 1, message: /pickle|\.ckpt/i,
+    setup: (ws) => {
+      const file = ws.path('model') + '.ckpt';
+      writeFileSync(file, Buffer.from([0x80, 0x02, 0x63, 0x6f, 0x73, 0x0a, 0x73, 0x79, 0x73, 0x74, 0x65, 0x6d, 0x0a]));
+      return { args: ['inspect', file] };
+    },
+  },
+
   // ---- files -----------------------------------------------------------------------------------------------
   {
-    name: 'a read-only --out folder (not root) or a file as --out', before: 'unclear', args: () => [], code: 1, message: /out|EEXIST|ENOTDIR|not a folder/i,
+    name: 'a file given as --out', before: 'unclear', args: () => [], code: 1, message: /--out .* is a file: give a folder for the run/,
     setup: (ws) => {
       const file = ws.path('a-file');
       writeFileSync(file, 'x');
@@ -176,18 +241,69 @@ export const CASES: Case[] = [
     },
   },
   {
-    name: 'a symlinked photo is followed', before: 'wrong', args: () => [], code: 1, message: /--steps must be from 1/,
-    // Reaching the settings check after reading the folder is not enough to prove it; the folder test in
-    // tests/io covers the symlink itself. Here: the folder with a link is accepted as input.
+    name: '--out inside a file (a path that cannot be a folder)', before: 'unclear', args: () => [], code: 1, message: /--out .*: cannot create the run folder \(a file stands where a folder of its path should be\)/,
+    setup: (ws) => {
+      const file = ws.path('plain-file');
+      writeFileSync(file, 'x');
+      return { args: trainArgs(ws, join(file, 'run')), unchanged: [file] };
+    },
+  },
+  {
+    // The folder's only photo is a link: were links skipped, the run would stop at "add at least one image";
+    // followed, it is encoded, and the tiny budget then stops the run at planning (no training needed).
+    name: 'a symlinked photo is followed', before: 'wrong', args: () => [], code: 1, message: /Encoded 1 of 1 images[\s\S]*needs at least/,
     setup: (ws) => {
       const dir = ws.path('linked');
       mkdirSync(dir);
+      symlinkSync(join(FIXTURES, 'images', 'quadrants.png'), join(dir, 'link.png'));
+      return { args: ['train', '--model', ws.tiny.folder, '--images', dir, '--prompt', 'x', '--mode', 'full', '--steps', '1', '--resolution', '32', '--budget', '2MiB', '--out', ws.path('out')] };
+    },
+  },
+  {
+    name: 'a broken symlink among the photos is named', before: 'wrong', args: () => [], code: 1, message: /gone\.png is a broken link[\s\S]*needs at least/,
+    setup: (ws) => {
+      const dir = ws.path('broken');
+      mkdirSync(dir);
       copyFileSync(join(FIXTURES, 'images', 'quadrants.png'), join(dir, 'real.png'));
-      symlinkSync(join(dir, 'real.png'), join(dir, 'link.png'));
-      return { args: [...withFlag(ws, '--images', dir), '--steps', '0'] };
+      symlinkSync(join(ws.dir, 'nothing-here.png'), join(dir, 'gone.png'));
+      return { args: ['train', '--model', ws.tiny.folder, '--images', dir, '--prompt', 'x', '--mode', 'full', '--steps', '1', '--resolution', '32', '--budget', '2MiB', '--out', ws.path('out')] };
+    },
+  },
+  {
+    name: 'a binary caption file', before: 'wrong', args: () => [], code: 1, message: /warning: .*real\.txt.*(binary|UTF-8)[\s\S]*needs at least/,
+    setup: (ws) => {
+      const dir = ws.path('captions');
+      mkdirSync(dir);
+      copyFileSync(join(FIXTURES, 'images', 'quadrants.png'), join(dir, 'real.png'));
+      writeFileSync(join(dir, 'real.txt'), Buffer.from([0x00, 0xff, 0xfe, 0x00, 0x41]));
+      return { args: ['train', '--model', ws.tiny.folder, '--images', dir, '--prompt', 'x', '--mode', 'full', '--steps', '1', '--resolution', '32', '--budget', '2MiB', '--out', ws.path('out')] };
     },
   },
 ];
+
+/** A copy of the tiny diffusers model with one change made by `edit` (on the copy's folder). */
+function modelCopy(ws: Workspace, edit: (folder: string) => void): string {
+  const folder = ws.path('model');
+  cpSync(ws.tiny.folder, folder, { recursive: true });
+  edit(folder);
+  return folder;
+}
+
+/** Puts NaN into one UNet tensor of a model folder; returns the tensor's name. */
+function poisonUnet(folder: string): string {
+  const file = join(folder, 'unet', 'diffusion_pytorch_model.safetensors');
+  const st = readSafetensors(new Uint8Array(readFileSync(file)));
+  const name = [...st.tensors.keys()].find((n) => n.endsWith('conv1.weight'))!;
+  st.tensors.get(name)!.data[3] = NaN;
+  writeFileSync(file, writeSafetensors(st.tensors));
+  return name;
+}
+
+function editJson(path: string, edit: (j: Record<string, unknown>) => void): void {
+  const j = JSON.parse(readFileSync(path, 'utf8'));
+  edit(j);
+  writeFileSync(path, JSON.stringify(j));
+}
 
 function withSample(ws: Workspace, flag: string, value: string): string[] {
   const a = sample(ws);

@@ -94,6 +94,8 @@ export interface Case {
   message: RegExp;
   /** Something stdout must not show (e.g. a step line or "done" after a refusal). */
   notOut?: RegExp;
+  /** What stdout must show (a report such as inspect's). */
+  out?: RegExp;
 }
 
 /** Wording that means an internal error leaked to the user. */
@@ -128,6 +130,7 @@ export function runCase(ws: Workspace, c: Case): CliResult {
   assert.match(r.err, c.message, shown);
   assert.doesNotMatch(r.err, INTERNAL, `internal wording reached the user\n${shown}`);
   if (c.notOut) assert.doesNotMatch(r.out, c.notOut, shown);
+  if (c.out) assert.match(r.out, c.out, shown);
   for (const [p, digest] of before) assert.equal(treeDigest(p), digest, `${p} changed\n${shown}`);
   return r;
 }
