@@ -85,7 +85,7 @@ export const SETTINGS: readonly SettingSpec[] = [
   { key: 'resolution', kind: 'int', flag: 'resolution', min: 8, max: MAX_RESOLUTION, default: 512, help: `training and sample resolution in pixels (a multiple of the model's factor, at most ${MAX_RESOLUTION})` },
   { key: 'budgetBytes', kind: 'bytes', flag: 'budget', min: MIN_BUDGET_BYTES, max: 2 ** 50, default: 4 * 2 ** 30, help: 'GPU memory the run may use, e.g. 4GiB' },
   { key: 'seed', kind: 'int', flag: 'seed', min: 0, max: 2 ** 32 - 1, default: 1, help: 'random seed (noise, timesteps, LoRA init, samples)' },
-  { key: 'priorPreservation', kind: 'bool', flag: null, default: { lora: false, full: true }, help: 'prior preservation with class images (on the command line: given by --class-prompt)' },
+  { key: 'priorPreservation', kind: 'bool', flag: null, default: false, help: 'prior preservation with class images (on the command line: given by --class-prompt)' },
   { key: 'classPrompt', kind: 'string', flag: 'class-prompt', default: '', help: 'prior preservation: the class prompt, e.g. "a photo of a dog"' },
   { key: 'classCount', kind: 'int', flag: null, min: 1, max: 1000, default: 8, help: 'class images to generate when none are given (command line: --class-images <count>)' },
   { key: 'classSteps', kind: 'int', flag: 'class-steps', min: 1, max: 1000, default: 25, help: 'denoising steps per generated class image' },

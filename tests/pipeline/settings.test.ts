@@ -1,0 +1,95 @@
+// The one settings schema (src/pipeline/settings.ts) and the strict flag parser (src/cli/args.ts): the
+// defaults are valid, every range is enforced at both ends with a message naming the setting as the host
+// names it, model-level checks use the model's shape, and trainSettings maps the schema onto the trainer.
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { closestFlag, parseFlags, UsageError } from '../../src/cli/args.ts';
+import { mergeLora } from '../../src/export/merge.ts';
+import { trainSettings } from '../../src/pipeline/run.ts';
+import { defaultSettings, SETTINGS, SettingsError, validateForModel, validateSettings, type RunSettings } from '../../src/pipeline/settings.ts';
+
+describe('settings schema', () => {
+  it('the defaults of both modes are valid', () => {
+    for (const mode of ['lora', 'full'] as const) validateSettings(defaultSettings(mode));
+  });
+
+  it('every numeric range is enforced at both ends, naming the flag', () => {
+    for (const spec of SETTINGS) {
+      if (spec.min === undefined || spec.max === undefined) continue;
+      const mode = spec.onlyMode ?? 'lora';
+      const step = spec.kind === 'number' ? Math.max(Math.abs(spec.max) * 1e-6, 1e-9) : 1;
+      for (const bad of [spec.key === 'lr' ? 0 : spec.min - step, spec.max + (spec.kind === 'number' ? Math.max(spec.max, 1) : 1)]) {
+        const s = { ...defaultSettings(mode), [spec.key]: bad } as RunSettings;
+        assert.throws(() => validateSettings(s), (e: Error) => e instanceof SettingsError && e.message.startsWith(`--${spec.flag ?? spec.key}`) || e.message.startsWith(spec.key), `${spec.key} = ${bad}`);
+      }
+      const ok = { ...defaultSettings(mode), [spec.key]: spec.key === 'lr' ? spec.max : spec.min } as RunSettings;
+      validateSettings(ok);
+    }
+  });
+
+  it('non-numbers, fractions and missing values are refused; the host names settings its own way', () => {
+    const labels = (k: string) => `"${k.toUpperCase()}"`;
+    assert.throws(() => validateSettings({ ...defaultSettings(), steps: NaN }, labels), /^Error: "STEPS" must be a finite number|"STEPS" must be a finite number/);
+    assert.throws(() => validateSettings({ ...defaultSettings(), steps: 2.5 }), /--steps must be a whole number, got 2.5/);
+    assert.throws(() => validateSettings({ ...defaultSettings(), lr: Infinity }), /--lr must be a finite number/);
+    assert.throws(() => validateSettings({ ...defaultSettings(), mode: 'dora' as never }), /--mode must be lora or full/);
+    const missing = { ...defaultSettings() } as Partial<RunSettings>;
+    delete missing.seed;
+    assert.throws(() => validateSettings(missing as RunSettings), /--seed is missing/);
+    assert.throws(() => validateSettings({ ...defaultSettings('full'), trainTextEncoder: true }), /--train-text-encoder applies to LoRA training only/);
+    assert.throws(() => validateSettings({ ...defaultSettings(), priorPreservation: true, classPrompt: '  ' }), /prior preservation needs a class prompt/);
+  });
+
+  it('model checks: rank against the narrowest adapted layer, resolution against the factor', () => {
+    const model = { resolutionFactor: 64, maxRank: 320 };
+    validateForModel({ ...defaultSettings(), rank: 320, resolution: 512 }, model);
+    assert.throws(() => validateForModel({ ...defaultSettings(), rank: 321, resolution: 512 }, model), /--rank 321 is larger than this model's narrowest adapted layer \(320 wide\)/);
+    assert.throws(() => validateForModel({ ...defaultSettings(), resolution: 72 }, model), /--resolution 72 does not suit this model: use a multiple of 64 \(e\.g\. 64 or 128\)/);
+    // A full run's rank is not checked (it has none).
+    validateForModel({ ...defaultSettings('full'), rank: 100000, resolution: 512 }, model);
+  });
+
+  it('trainSettings maps the schema onto the trainer (alpha 0 = rank, min-SNR 0 = off, LoRA fields zero in full runs)', () => {
+    const t = trainSettings({ ...defaultSettings(), rank: 16, alpha: 0, minSnrGamma: 0, priorWeight: 0.5, offsetNoise: 0.1 });
+    assert.equal(t.alpha, 16);
+    assert.equal(t.minSnrGamma, null);
+    assert.equal(t.priorLossWeight, 0.5);
+    assert.equal(t.offsetNoise, 0.1);
+    assert.equal(trainSettings({ ...defaultSettings(), minSnrGamma: 5, alpha: 4 }).minSnrGamma, 5);
+    assert.equal(trainSettings({ ...defaultSettings(), alpha: 4 }).alpha, 4);
+    const full = trainSettings({ ...defaultSettings('full'), trainTextEncoder: false });
+    assert.equal(full.rank, 0);
+    assert.equal(full.textEncoderLora, false);
+  });
+});
+
+describe('strict flags', () => {
+  const flags = { steps: { type: 'string' as const }, lr: { type: 'string' as const }, flip: { type: 'boolean' as const }, 'class-prompt': { type: 'string' as const } };
+  it('values, switches, negative numbers and = forms', () => {
+    const { values } = parseFlags(['--steps', '-3', '--flip', '--lr=1e-4', '--class-prompt', '-a dog-'], flags, 'usage');
+    assert.deepEqual({ ...values }, { steps: '-3', flip: true, lr: '1e-4', 'class-prompt': '-a dog-' });
+  });
+  it('unknown flags name the closest known one; twice, missing values and stray words are refused', () => {
+    assert.throws(() => parseFlags(['--step', '2'], flags, 'usage'), (e: Error) => e instanceof UsageError && /unknown option --step \(did you mean --steps\?\)/.test(e.message));
+    assert.throws(() => parseFlags(['--clas-prompt', 'x'], flags, 'usage'), /did you mean --class-prompt\?/);
+    assert.throws(() => parseFlags(['--zzzzzzzz', 'x'], flags, 'usage'), /unknown option --zzzzzzzz \(known: --steps, --lr, --flip, --class-prompt\)/);
+    assert.throws(() => parseFlags(['--steps', '1', '--steps', '2'], flags, 'usage'), /--steps is given twice/);
+    assert.throws(() => parseFlags(['--steps', '--flip'], flags, 'usage'), /--steps needs a value/);
+    assert.throws(() => parseFlags(['--flip=yes'], flags, 'usage'), /--flip is a switch and takes no value/);
+    assert.throws(() => parseFlags(['oops'], flags, 'usage'), /unexpected argument "oops"/);
+  });
+  it('closestFlag stays quiet when nothing is close', () => {
+    assert.equal(closestFlag('resolutoin', ['resolution', 'rank']), 'resolution');
+    assert.equal(closestFlag('xyz', ['resolution', 'rank']), null);
+  });
+});
+
+describe('LoRA merge (export/merge.ts)', () => {
+  it('W + scale · B · A, against a hand computation', () => {
+    // W [2, 3], A [1, 3], B [2, 1], scale 0.5: W' = W + 0.5 * [[2], [-1]] [1, 2, 3]
+    const w = Float32Array.from([1, 1, 1, 0, 0, 0]);
+    const out = mergeLora(w, Float32Array.from([1, 2, 3]), Float32Array.from([2, -1]), 2, 0.5);
+    assert.deepEqual([...out], [2, 3, 4, -0.5, -1, -1.5]);
+    assert.throws(() => mergeLora(new Float32Array(6), new Float32Array(4), new Float32Array(2), 2, 1), /shapes do not agree/);
+  });
+});
