@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# npm test: installs what is missing, typechecks, builds the page, then runs every test (Node suite on
-# Dawn + lavapipe for f16 and f32, and the browser tests in headless Chromium) in one node:test run.
+# npm test: installs what is missing, typechecks, lints (ESLint), checks formatting (Prettier), builds the page, then
+# runs every test (Node suite on Dawn + lavapipe for f16 and f32, and the browser tests in headless Chromium) in one
+# node:test run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash scripts/ensure-deps.sh --browser
 echo "[test] typecheck"
 npx tsc -p .
+echo "[test] lint"
+npx eslint .
+echo "[test] format"
+npx prettier --check .
 if [ -f index.html ]; then
   echo "[test] vite build"
   npx vite build --logLevel warn

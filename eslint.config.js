@@ -1,0 +1,48 @@
+// ESLint for the TypeScript in src/, tests/, e2e/, bench/ and scripts/ (npm run lint; scripts/test.sh runs it).
+//
+// TypeScript 7 and typescript-eslint: the project's `typescript` is 7 (the native port), whose package has no
+// JavaScript compiler API; typescript-eslint's parser (and its rules' helpers) `require('typescript')` for that
+// API (peer range >=4.8.4 <6.1.0). So:
+// - scripts/eslint-typescript/ is a local package whose only dependency is the classic TypeScript 6.0. npm must
+//   nest it (scripts/eslint-typescript/node_modules/typescript) because the root already holds `typescript` 7,
+//   so it never claims node_modules/.bin/tsc: `npx tsc` stays TypeScript 7. (An npm alias at the root such as
+//   "npm:typescript@6" would link its own `tsc` over 7's on the next npm install.)
+// - package.json's "overrides" let typescript-eslint's peer `typescript` be the root's 7, so npm installs it.
+// - Below, before typescript-eslint loads, the root `typescript` module is replaced in require's cache by
+//   TypeScript 6, so every `require('typescript')` in this ESLint process (all CommonJS) gets the classic API.
+// The rules are the non-type-aware sets: they need only the parser, not a type-checked program (tsc checks
+// types), and keep the lint fast.
+import { createRequire } from 'node:module';
+
+const require = createRequire(import.meta.url);
+const classicTypeScript = createRequire(require.resolve('eslint-typescript/package.json')).resolve('typescript');
+require(classicTypeScript);
+require.cache[require.resolve('typescript')] = require.cache[classicTypeScript];
+
+const { defineConfig } = await import('eslint/config');
+const { default: js } = await import('@eslint/js');
+const { default: tseslint } = await import('typescript-eslint');
+const { default: reactHooks } = await import('eslint-plugin-react-hooks');
+const { default: prettier } = await import('eslint-config-prettier');
+
+export default defineConfig(
+  {
+    ignores: ['dist/', 'bench/dist/', 'bench/results/', '.local/', 'test-results/', 'scripts/eslint-typescript/'],
+  },
+  {
+    files: ['{src,tests,e2e,bench,scripts}/**/*.{ts,tsx}', '*.ts', 'eslint.config.js'],
+    extends: [js.configs.recommended, ...tseslint.configs.recommended],
+    plugins: { 'react-hooks': reactHooks },
+    rules: {
+      'react-hooks/rules-of-hooks': 'error',
+      'react-hooks/exhaustive-deps': 'error',
+      // A leading underscore marks a binding kept on purpose (a skipped parameter, a key dropped by a rest pattern).
+      '@typescript-eslint/no-unused-vars': [
+        'error',
+        { argsIgnorePattern: '^_', varsIgnorePattern: '^_', caughtErrorsIgnorePattern: '^_', destructuredArrayIgnorePattern: '^_', ignoreRestSiblings: true },
+      ],
+    },
+  },
+  // Last: turns off the style rules that Prettier owns.
+  prettier,
+);
