@@ -33,7 +33,7 @@ import { writeKohyaLora, writePeftLora, type LoraInfo } from '../export/lora.ts'
 import { mergedLoraProvider } from '../export/merge.ts';
 import { pipeToSink } from '../export/stream.ts';
 import { formatBytes } from '../util/bytes.ts';
-import { SettingsError, validateForModel, validateSettings, flagName, type ModelShape, type Namer, type RunSettings, type TrainMode } from './settings.ts';
+import { RunError, SettingsError, validateForModel, validateSettings, flagName, type ModelShape, type Namer, type RunSettings, type TrainMode } from './settings.ts';
 
 // ---- what the host gives ------------------------------------------------------------------------------
 
@@ -118,10 +118,7 @@ export const EXPORT_FORMATS: Record<ExportFormat, { modes: TrainMode[]; file: st
 /** What a run exports when the user names nothing: its own kind of file in both layouts. */
 export const DEFAULT_EXPORTS: Record<TrainMode, ExportFormat[]> = { lora: ['lora-kohya', 'lora-diffusers'], full: ['full-single-file', 'diffusers-zip'] };
 
-/** A bad setting or input, said plainly (hosts show the message as is). */
-export class RunError extends Error {
-  override name = 'RunError';
-}
+export { RunError };
 
 /** The store filled up: training stopped at `step`, the last checkpoint is intact. */
 export class RunStorageFullError extends RunError {

@@ -102,8 +102,13 @@ export const SETTINGS: readonly SettingSpec[] = [
 
 export const SETTING_SPECS = new Map(SETTINGS.map((s) => [s.key, s])) as ReadonlyMap<SettingKey, SettingSpec>;
 
+/** A bad setting or input of a run, said plainly (hosts show the message as is). */
+export class RunError extends Error {
+  override name = 'RunError';
+}
+
 /** A setting that cannot be honoured, naming it (as a flag on the command line, as a field on the page). */
-export class SettingsError extends Error {
+export class SettingsError extends RunError {
   override name = 'SettingsError';
   constructor(
     message: string,
