@@ -5,8 +5,7 @@
 //   grad unet --model <path> --in <in.safetensors> --out <grads.safetensors> [--config <json>] [--dtype f32|f16]
 //   train --model <path> --images <dir> --prompt "..." --mode lora|full --steps N --out <dir> (see train.ts) | train --resume <dir>
 //   sample --model <path> --prompt "..." --out image.png [--steps --seed --guidance --negative --sampler ...]
-import { existsSync, readFileSync, statSync } from 'node:fs';
-import { join, basename } from 'node:path';
+import { existsSync, statSync } from 'node:fs';
 import { NodeFileSource } from '../io/source-node.ts';
 import { nodeFolder } from '../models/folder-node.ts';
 import { inspectDiffusers, inspectionReport, inspectSingleFile } from '../models/inspect.ts';

@@ -387,7 +387,7 @@ async function trainAndExport(tr: TrainingRun, out: string, run: RunFile, export
   try {
     result = await tr.train();
   } catch (e) {
-    if (e instanceof RunStorageFullError) throw new Error(`${e.message}\nAfter freeing space: npm run cli -- train --resume ${out}`);
+    if (e instanceof RunStorageFullError) throw new Error(`${e.message}\nAfter freeing space: npm run cli -- train --resume ${out}`, { cause: e });
     throw e;
   } finally {
     process.off('SIGINT', onInt);
