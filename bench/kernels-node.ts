@@ -31,7 +31,7 @@ for (const c of shapes) {
   for (const m of ms) console.log(`  ${m.label} ${m.impl}: ${m.ms.toFixed(2)} ms wall, ${m.gpuMs?.toFixed(3) ?? '-'} ms GPU${m.note ? ` (${m.note})` : ''}`);
 }
 
-let torchInfo: unknown = null;
+let torchInfo: unknown;
 try {
   if (args.includes('--no-torch')) throw new Error('--no-torch');
   const py = process.env.PYTHON ?? 'python3';

@@ -301,9 +301,13 @@ export interface ReadLora {
 function parsePeftKey(key: string): { component: LoraComponent; layer: string; part: 'A' | 'B' | 'alpha' } | null {
   let component: LoraComponent;
   let rest = key;
-  if (rest.startsWith('unet.')) (component = 'unet'), (rest = rest.slice(5));
-  else if (rest.startsWith('text_encoder.')) (component = 'text_encoder'), (rest = rest.slice(13));
-  else component = rest.startsWith('text_model.') ? 'text_encoder' : 'unet';
+  if (rest.startsWith('unet.')) {
+    component = 'unet';
+    rest = rest.slice(5);
+  } else if (rest.startsWith('text_encoder.')) {
+    component = 'text_encoder';
+    rest = rest.slice(13);
+  } else component = rest.startsWith('text_model.') ? 'text_encoder' : 'unet';
   const suffixes: [string, 'A' | 'B' | 'alpha'][] = [
     ['.lora_A.weight', 'A'], ['.lora_B.weight', 'B'], ['.lora.down.weight', 'A'], ['.lora.up.weight', 'B'],
     ['.lora_linear_layer.down.weight', 'A'], ['.lora_linear_layer.up.weight', 'B'], ['.alpha', 'alpha'],

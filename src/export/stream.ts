@@ -96,7 +96,10 @@ export function countNonFinite(bytes: Uint8Array, dtype: string): { nan: number;
   let inf = 0;
   if (dtype === 'F64') {
     const b = bytes.byteOffset % 8 === 0 ? bytes : bytes.slice();
-    for (const v of new Float64Array(b.buffer, b.byteOffset, b.length / 8)) if (!Number.isFinite(v)) Number.isNaN(v) ? nan++ : inf++;
+    for (const v of new Float64Array(b.buffer, b.byteOffset, b.length / 8)) {
+      if (Number.isNaN(v)) nan++;
+      else if (!Number.isFinite(v)) inf++;
+    }
     return { nan, inf };
   }
   if (dtype === 'F8_E4M3') {
@@ -109,7 +112,9 @@ export function countNonFinite(bytes: Uint8Array, dtype: string): { nan: number;
   const words = valueWords(bytes, f.bytes);
   for (let i = 0; i < words.length; i++) {
     const v = words[i];
-    if ((v & f.exp) === f.exp) (v & f.mant) === 0 ? inf++ : nan++;
+    if ((v & f.exp) !== f.exp) continue;
+    if ((v & f.mant) === 0) inf++;
+    else nan++;
   }
   return { nan, inf };
 }

@@ -84,7 +84,7 @@ function captureStderr(): Capture | null {
   unlinkSync(path); // the text stays readable through fd 2; nothing is left on disk, whatever happens next
   return {
     release() {
-      let text = '';
+      let text: string;
       try {
         const size = fstatSync(STDERR).size;
         const bytes = Buffer.alloc(size);

@@ -109,6 +109,7 @@ function looksLikeText(b: Uint8Array): boolean {
   try {
     // stream: true so a multi-byte character cut at the 1 KiB boundary is not an error.
     const text = new TextDecoder('utf-8', { fatal: true }).decode(head, { stream: true });
+    // eslint-disable-next-line no-control-regex -- control characters are what this test looks for
     return !/[\u0000-\u0008\u000b\u000e-\u001f\u007f]/.test(text);
   } catch {
     return false;

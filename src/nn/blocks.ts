@@ -1,6 +1,5 @@
 // Building blocks shared by the VAE and the UNet, forward: the ResNet block and the single-head
 // channel-first spatial self-attention of the VAE's mid block. Weights by diffusers names.
-import type { Gpu } from '../gpu/device.ts';
 import { ShapeError } from '../gpu/errors.ts';
 import type { Tensor } from '../gpu/tensor.ts';
 import type { Ops } from './ops.ts';

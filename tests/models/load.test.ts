@@ -2,9 +2,9 @@
 // encoder give bit-identical outputs from the diffusers folder and from the single-file checkpoint, and
 // both equal the PyTorch goldens (f32 tolerances as in the module tests).
 import assert from 'node:assert/strict';
-import { copyFileSync, cpSync, existsSync, mkdtempSync, readFileSync, renameSync } from 'node:fs';
+import { copyFileSync, cpSync, mkdtempSync, readFileSync, renameSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { basename, join } from 'node:path';
+import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import type { Gpu } from '../../src/gpu/device.ts';
 import type { DType } from '../../src/gpu/tensor.ts';

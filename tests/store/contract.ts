@@ -2,7 +2,7 @@
 // fs.test.ts, idb.test.ts): the same calls must give the same results and the same errors everywhere.
 import assert from 'node:assert/strict';
 import { after, describe, it } from 'node:test';
-import { ChunkStoreError, MAX_KEY_LENGTH, StorageFullError, type ChunkStore } from '../../src/store/chunkstore.ts';
+import { ChunkStoreError, MAX_KEY_LENGTH, StorageFullError } from '../../src/store/chunkstore.ts';
 import { testBytes, type StoreHarness } from './harnesses.ts';
 
 const MiB = 1 << 20;

@@ -77,7 +77,7 @@ export function idbHarness(storeAs: 'blob' | 'arraybuffer' = 'blob'): StoreHarne
     damage: async (store, key, how) => {
       const db = await rawOpen(store.name);
       try {
-        const rec = await requestResult(db.transaction('chunks', 'readonly').objectStore('chunks').get(key));
+        const rec = await requestResult<{ data: Blob | ArrayBuffer }>(db.transaction('chunks', 'readonly').objectStore('chunks').get(key));
         const bytes = rec.data instanceof Blob ? new Uint8Array(await rec.data.arrayBuffer()) : new Uint8Array(rec.data);
         const bad = damageBytes(bytes, how);
         const tx2 = db.transaction('chunks', 'readwrite');
@@ -98,7 +98,7 @@ export function rawOpen(name: string): Promise<IDBDatabase> {
   return requestResult(indexedDB.open(name));
 }
 
-export function requestResult<T = any>(req: IDBRequest): Promise<T> {
+export function requestResult<T = unknown>(req: IDBRequest): Promise<T> {
   return new Promise((resolve, reject) => {
     req.onsuccess = () => resolve(req.result as T);
     req.onerror = () => reject(req.error);

@@ -36,7 +36,7 @@ describe('IdbChunkStore specifics', () => {
     const db = await rawOpen(s.name);
     assert.deepEqual([...db.objectStoreNames].sort(), ['chunks', 'sizes']);
     assert.equal(await requestResult(db.transaction('sizes').objectStore('sizes').get('a')), 123);
-    const rec = await requestResult(db.transaction('chunks').objectStore('chunks').get('a'));
+    const rec = await requestResult<{ data: Blob | ArrayBuffer }>(db.transaction('chunks').objectStore('chunks').get('a'));
     assert.ok(rec.data instanceof Blob, 'stored as a Blob by default');
     db.close();
   });

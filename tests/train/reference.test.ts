@@ -18,8 +18,6 @@ import type { DreamBoothTrainer, StepInputs, TrainSettings } from '../../src/tra
 import { testGpu } from '../helpers.ts';
 import { base, fixture, makeTrainer } from './tiny-trainer.ts';
 
-type Mode = 'lora' | 'full';
-
 /** Per-step losses of the 20-step PyTorch-reference runs by `${mode}/${dtype}` (f32 runs before f16). */
 const referenceLosses = new Map<string, number[]>();
 

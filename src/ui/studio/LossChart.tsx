@@ -1,6 +1,6 @@
 // The live loss chart: uPlot on a canvas (raw per-step loss and a 10-step moving average), with the latest
 // values in text beside it for screen readers and for anyone who wants the number.
-import { useEffect, useRef } from 'react';
+import { useEffect, useMemo, useRef } from 'react';
 import uPlot from 'uplot';
 import 'uplot/dist/uPlot.min.css';
 
@@ -18,7 +18,8 @@ function movingAverage(ys: number[], n = 10): number[] {
 export function LossChart({ losses }: { losses: { step: number; loss: number }[] }) {
   const box = useRef<HTMLDivElement>(null);
   const plot = useRef<uPlot | null>(null);
-  const finite = losses.filter((l) => Number.isFinite(l.loss));
+  // Memoised so the chart's data is set again only when the store hands over a new losses array.
+  const finite = useMemo(() => losses.filter((l) => Number.isFinite(l.loss)), [losses]);
 
   useEffect(() => {
     const el = box.current;
@@ -48,7 +49,7 @@ export function LossChart({ losses }: { losses: { step: number; loss: number }[]
   useEffect(() => {
     const ys = finite.map((l) => l.loss);
     plot.current?.setData([finite.map((l) => l.step), ys, movingAverage(ys)]);
-  }, [finite.length, finite.at(-1)?.loss]);
+  }, [finite]);
 
   const last = finite.at(-1);
   return (

@@ -5,7 +5,7 @@ import * as Comlink from 'comlink';
 import { centerCrop, imageSize, exifOrientation, orientedSize, sniffImage, MAX_IMAGES, type CropBox } from '../../io/image.ts';
 import { storagePersistence } from '../../store/idb-store.ts';
 import { DEMO_RESOLUTION } from '../../models/demo.ts';
-import { exportFileName, type ExportFormat, type RunInput, type RunEvent as StudioEvent } from '../../pipeline/run.ts';
+import { exportFileName, type ExportFormat, type RunInput } from '../../pipeline/run.ts';
 import { PRESETS, SETTING_LABELS, type PresetName } from './presets.ts';
 import type { ModelChoice, StudioWorkerApi, WorkerEvent } from '../../studio/worker.ts';
 import { EMPTY_RUN, fmtBytes, saveProject, storageShortfall, useStudioStore, type PhotoItem, type RunProgress } from './state.ts';
