@@ -9,7 +9,7 @@ import { browserGolden } from '../selftest/browser.ts';
 import { dtypesFor, runCase, type CaseResult } from '../selftest/runner.ts';
 import { Generate } from './Generate.tsx';
 import { Studio } from './studio/Studio.tsx';
-import { useStudio } from './store.ts';
+import { useAppStore } from './store.ts';
 
 const SHOWN_LIMITS = [
   'maxBufferSize',
@@ -27,7 +27,7 @@ declare global {
 }
 
 async function initGpu(): Promise<void> {
-  const { setGpu } = useStudio.getState();
+  const { setGpu } = useAppStore.getState();
   try {
     const gpu = await Gpu.create(navigator.gpu, { shaders: viteShaderSource() });
     gpu.onLost((e: GpuDeviceLostError) => setGpu({ kind: 'error', title: 'The GPU device was lost', message: `${e.message}. Reload the page to start again.` }));
@@ -48,7 +48,7 @@ async function initGpu(): Promise<void> {
 }
 
 export async function runSelfTest(): Promise<void> {
-  const st = useStudio.getState();
+  const st = useAppStore.getState();
   if (st.gpu.kind !== 'ready' || st.running) return;
   const gpu = st.gpu.gpu;
   st.startRun();
@@ -59,10 +59,10 @@ export async function runSelfTest(): Promise<void> {
       const golden = await browserGolden(c.family).catch(() => null);
       const r = golden ? await runCase(gpu, c, dtype, golden) : { family: c.family, name: c.name, dtype, pass: false, checks: [], error: 'golden fixture failed to load', ms: 0 };
       results.push(r);
-      useStudio.getState().addResult(r);
+      useAppStore.getState().addResult(r);
     }
   }
-  useStudio.getState().finishRun();
+  useAppStore.getState().finishRun();
   window.__selftest = { done: true, results, adapter: gpu.adapter };
 }
 
@@ -75,7 +75,7 @@ function worstCheck(r: CaseResult): string {
 }
 
 function AdapterPanel() {
-  const g = useStudio((s) => s.gpu);
+  const g = useAppStore((s) => s.gpu);
   if (g.kind === 'loading') return <p role="status">Starting WebGPU…</p>;
   if (g.kind === 'error')
     return (
@@ -123,7 +123,7 @@ function AdapterPanel() {
 }
 
 function SelfTestPanel() {
-  const { gpu, results, running, done } = useStudio();
+  const { gpu, results, running, done } = useAppStore();
   if (gpu.kind !== 'ready') return null;
   const failed = results.filter((r) => !r.pass).length;
   const total = ALL_CASES.reduce((n, c) => n + dtypesFor(gpu.gpu, c).length, 0);
@@ -169,7 +169,7 @@ function SelfTestPanel() {
 }
 
 function GeneratePanel() {
-  const g = useStudio((s) => s.gpu);
+  const g = useAppStore((s) => s.gpu);
   return g.kind === 'ready' ? <Generate gpu={g.gpu} /> : null;
 }
 

@@ -1,11 +1,12 @@
-// UI state (zustand): the GPU, its summary, and the self-test rows.
+// The app shell's state (zustand): the GPU, its summary, and the self-test rows. The studio's own store is
+// useStudioStore in studio/state.ts.
 import { create } from 'zustand';
 import type { AdapterSummary, Gpu } from '../gpu/device.ts';
 import type { CaseResult } from '../selftest/runner.ts';
 
 export type GpuStatus = { kind: 'loading' } | { kind: 'ready'; gpu: Gpu; adapter: AdapterSummary } | { kind: 'error'; title: string; message: string };
 
-interface StudioState {
+interface AppState {
   gpu: GpuStatus;
   results: CaseResult[];
   running: boolean;
@@ -16,7 +17,7 @@ interface StudioState {
   finishRun(): void;
 }
 
-export const useStudio = create<StudioState>((set) => ({
+export const useAppStore = create<AppState>((set) => ({
   gpu: { kind: 'loading' },
   results: [],
   running: false,

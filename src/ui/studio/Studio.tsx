@@ -6,7 +6,7 @@ import { EXPORT_FORMATS, type ExportFormat } from '../../pipeline/run.ts';
 import { EXPORT_LABELS, PRESETS, SETTING_LABELS, type PresetName } from './presets.ts';
 import {
   addPhotos, applyPreset, cancelTraining, cropAt, exportRun, filesFromDrop, initStudio, modelReady, pauseTraining, removePhoto, replacePhoto, requestPersistence,
-  resumeTraining, savePicker, startTraining, updatePhoto, useDemoModel, useHubModel, useModelFile, useModelFolder,
+  resumeTraining, savePicker, startTraining, updatePhoto, loadDemoModel, loadHubModel, loadModelFile, loadModelFolder,
 } from './actions.ts';
 import { LossChart } from './LossChart.tsx';
 import { autosave, fmtBytes, fmtDuration, restoreProject, useStudioStore, type PhotoItem } from './state.ts';
@@ -125,8 +125,8 @@ function ModelPanel() {
   const busy = model.status === 'loading';
   const onDrop = async (e: DragEvent) => {
     const { files, folder } = await filesFromDrop(e.dataTransfer.items);
-    if (folder) await useModelFolder(files, folder);
-    else if (files.length === 1) await useModelFile(files[0].file);
+    if (folder) await loadModelFolder(files, folder);
+    else if (files.length === 1) await loadModelFile(files[0].file);
   };
   return (
     <section aria-labelledby="model-title">
@@ -134,12 +134,12 @@ function ModelPanel() {
       <DropZone label="Drop a model here" onDrop={(e) => void onDrop(e)} testId="model-drop">
         <p>Drop a Stable Diffusion 1.x or 2.x checkpoint (.safetensors) or a diffusers folder here, or:</p>
         <div className="row-wrap">
-          <button type="button" onClick={() => void useDemoModel()} disabled={busy}>
+          <button type="button" onClick={() => void loadDemoModel()} disabled={busy}>
             Use the demo model
           </button>
           <label className="file-button">
             Choose a checkpoint file
-            <input type="file" accept=".safetensors" disabled={busy} onChange={(e) => e.target.files?.[0] && void useModelFile(e.target.files[0])} />
+            <input type="file" accept=".safetensors" disabled={busy} onChange={(e) => e.target.files?.[0] && void loadModelFile(e.target.files[0])} />
           </label>
           <label className="file-button">
             Choose a diffusers folder
@@ -152,7 +152,7 @@ function ModelPanel() {
                 const list = Array.from(e.target.files ?? []);
                 if (!list.length) return;
                 const files = list.map((f) => ({ path: (f as File & { webkitRelativePath: string }).webkitRelativePath || f.name, file: f }));
-                void useModelFolder(files, files[0].path.split('/')[0]);
+                void loadModelFolder(files, files[0].path.split('/')[0]);
               }}
             />
           </label>
@@ -162,7 +162,7 @@ function ModelPanel() {
         className="form"
         onSubmit={(e) => {
           e.preventDefault();
-          void useHubModel(endpoint, repo);
+          void loadHubModel(endpoint, repo);
         }}
       >
         <label>

@@ -71,11 +71,11 @@ async function loadModelChoice(choice: ModelChoice): Promise<void> {
   }
 }
 
-export const useDemoModel = () => loadModelChoice({ kind: 'demo' });
-export const useHubModel = (endpoint: string, repo: string) => loadModelChoice({ kind: 'hub', endpoint: endpoint.trim(), repo: repo.trim() });
-export const useModelFile = (file: File) => loadModelChoice({ kind: 'file', file });
+export const loadDemoModel = () => loadModelChoice({ kind: 'demo' });
+export const loadHubModel = (endpoint: string, repo: string) => loadModelChoice({ kind: 'hub', endpoint: endpoint.trim(), repo: repo.trim() });
+export const loadModelFile = (file: File) => loadModelChoice({ kind: 'file', file });
 
-export function useModelFolder(files: { path: string; file: File }[], name: string): Promise<void> {
+export function loadModelFolder(files: { path: string; file: File }[], name: string): Promise<void> {
   // Strip the top folder from the paths ("sd15/unet/config.json" -> "unet/config.json").
   const strip = files.every((f) => f.path.includes('/') && f.path.split('/')[0] === files[0].path.split('/')[0]);
   return loadModelChoice({ kind: 'folder', name, files: strip ? files.map((f) => ({ path: f.path.split('/').slice(1).join('/'), file: f.file })) : files });
