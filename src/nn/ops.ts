@@ -159,7 +159,7 @@ export class Ops {
         const g = linearBackward(this.gpu, x, w, dy, b);
         tape.acc(x, g.dx);
         tape.acc(w, g.dw);
-        if (b && g.db) tape.acc(b, g.db);
+        if (b && g.dbias) tape.acc(b, g.dbias);
       } else {
         // Frozen weight: only dx = dy W (no dW, no db kernels).
         const rows = dy.numel / w.shape[0];

@@ -123,26 +123,26 @@ export interface AttentionGrads {
 }
 
 /** Gradients of flash attention from the saved out and LSE; recomputes P tile by tile. */
-export function flashAttentionBackward(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, opts: AttentionOptions = {}): AttentionGrads {
+export function flashAttentionBackward(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dy: Tensor, opts: AttentionOptions = {}): AttentionGrads {
   const op = 'flashAttentionBackward';
   const d = dims(op, q, k, v, opts);
-  expectSameDType(op, q, out, dout);
-  for (const [name, t] of [['out', out], ['dout', dout]] as const)
+  expectSameDType(op, q, out, dy);
+  for (const [name, t] of [['out', out], ['dy', dy]] as const)
     if (t.shape.some((x, i) => x !== q.shape[i]) || t.shape.length !== 4) throw new ShapeError(op, `${name} ${fmtShape(t.shape)} must have q's shape ${fmtShape(q.shape)}`);
   if (lse.numel !== d.B * d.H * d.N || lse.dtype !== 'f32') throw new ShapeError(op, `lse must be f32 [${d.B},${d.H},${d.N}], got ${lse.dtype} ${fmtShape(lse.shape)}`);
   const delta = gpu.tensor([d.B, d.H, d.N], 'f32', 'scratch', 'attention.delta');
-  run(gpu, op, 'attn_bwd_delta', d, q.dtype, d.N, [null, null, null, null, null, out, dout, null, delta]);
+  run(gpu, op, 'attn_bwd_delta', d, q.dtype, d.N, [null, null, null, null, null, out, dy, null, delta]);
   const dq = gpu.tensor(q.shape, q.dtype, 'gradients', 'attention.dq');
   const dk = gpu.tensor(k.shape, k.dtype, 'gradients', 'attention.dk');
   const dv = gpu.tensor(v.shape, v.dtype, 'gradients', 'attention.dv');
-  run(gpu, op, 'attn_bwd_dq', d, q.dtype, d.N, [q, k, v, null, null, null, dout, lse, null, delta, dq]);
+  run(gpu, op, 'attn_bwd_dq', d, q.dtype, d.N, [q, k, v, null, null, null, dy, lse, null, delta, dq]);
   const splits = Math.ceil(d.N / querySplit(d));
-  if (splits === 1) run(gpu, op, 'attn_bwd_dkv', d, q.dtype, d.M, [q, k, v, null, null, null, dout, lse, null, delta, null, dk, dv]);
+  if (splits === 1) run(gpu, op, 'attn_bwd_dkv', d, q.dtype, d.M, [q, k, v, null, null, null, dy, lse, null, delta, null, dk, dv]);
   else {
     const part = [splits * d.B * d.H * d.M * d.D];
     const dkPart = gpu.tensor(part, 'f32', 'scratch', 'attention.dk-partials');
     const dvPart = gpu.tensor(part, 'f32', 'scratch', 'attention.dv-partials');
-    run(gpu, op, 'attn_bwd_dkv_split', d, q.dtype, d.M, [q, k, v, null, null, null, dout, lse, null, delta, null, null, null, dkPart, dvPart], splits);
+    run(gpu, op, 'attn_bwd_dkv_split', d, q.dtype, d.M, [q, k, v, null, null, null, dy, lse, null, delta, null, null, null, dkPart, dvPart], splits);
     const bound = [null, null, null, null, null, null, null, null, null, null, null, dk, dv, null, null, dkPart, dvPart];
     for (const t of bound) if (t && !gpu.fitsBinding(t)) throw new ShapeError(op, `${t} is larger than one storage binding`);
     gpu.dispatch({
@@ -190,15 +190,15 @@ export function naiveAttention(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor, opts: 
 }
 
 /** Gradients of naive attention from the saved probabilities. */
-export function naiveAttentionBackward(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor, probs: Tensor, dout: Tensor, opts: AttentionOptions = {}): AttentionGrads {
+export function naiveAttentionBackward(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor, probs: Tensor, dy: Tensor, opts: AttentionOptions = {}): AttentionGrads {
   const op = 'naiveAttentionBackward';
   const d = naiveDims(op, q, k, v, opts);
   const q3 = q.reshape([d.B * d.H, d.N, d.D]);
   const k3 = k.reshape([d.B * d.H, d.M, d.D]);
   const v3 = v.reshape([d.B * d.H, d.M, d.D]);
-  const do3 = dout.reshape([d.B * d.H, d.N, d.D]);
-  const dv = matmul(gpu, probs, do3, { transA: true }); // P^T dO
-  const dp = matmul(gpu, do3, v3, { transB: true }); // dO V^T
+  const dy3 = dy.reshape([d.B * d.H, d.N, d.D]);
+  const dv = matmul(gpu, probs, dy3, { transA: true }); // P^T dy
+  const dp = matmul(gpu, dy3, v3, { transB: true }); // dy V^T
   const dsRaw = softmaxBackward(gpu, probs, dp);
   gpu.free(dp);
   const ds = scaleOp(gpu, dsRaw, d.scale);
@@ -219,9 +219,9 @@ export interface AttentionRefResult {
   dv: Float32Array;
 }
 
-/** Forward and (given dout) backward of attention in float64, any layout. */
+/** Forward and (given dy) backward of attention in float64, any layout. */
 export function attentionRef(
-  q: ArrayLike<number>, k: ArrayLike<number>, v: ArrayLike<number>, dout: ArrayLike<number> | null,
+  q: ArrayLike<number>, k: ArrayLike<number>, v: ArrayLike<number>, dy: ArrayLike<number> | null,
   s: { B: number; H: number; N: number; M: number; D: number; scale?: number; layout?: AttentionLayout; causal?: boolean },
 ): AttentionRefResult {
   const { B, H, N, M, D } = s;
@@ -254,17 +254,17 @@ export function attentionRef(
           for (let m = 0; m < M; m++) acc += p[m] * v[ki(b, h, m) + x];
           out[qi(b, h, n) + x] = acc;
         }
-        if (!dout) continue;
+        if (!dy) continue;
         let delta = 0;
-        for (let x = 0; x < D; x++) delta += dout[qi(b, h, n) + x] * out[qi(b, h, n) + x];
+        for (let x = 0; x < D; x++) delta += dy[qi(b, h, n) + x] * out[qi(b, h, n) + x];
         for (let m = 0; m < M; m++) {
           let dp = 0;
-          for (let x = 0; x < D; x++) dp += dout[qi(b, h, n) + x] * v[ki(b, h, m) + x];
+          for (let x = 0; x < D; x++) dp += dy[qi(b, h, n) + x] * v[ki(b, h, m) + x];
           const ds = p[m] * (dp - delta) * scale;
           for (let x = 0; x < D; x++) {
             dq[qi(b, h, n) + x] += ds * k[ki(b, h, m) + x];
             dk[ki(b, h, m) + x] += ds * q[qi(b, h, n) + x];
-            dv[ki(b, h, m) + x] += p[m] * dout[qi(b, h, n) + x];
+            dv[ki(b, h, m) + x] += p[m] * dy[qi(b, h, n) + x];
           }
         }
       }

@@ -91,9 +91,9 @@ export function add(gpu: Gpu, a: Tensor, b: Tensor, alpha = 1, out?: Tensor): Te
   return o;
 }
 
-/** Backward of add: da = dout, db = alpha * dout. */
-export function addBackward(gpu: Gpu, dout: Tensor, alpha = 1): { da: Tensor; db: Tensor } {
-  return { da: dout, db: alpha === 1 ? dout : scale(gpu, dout, alpha) };
+/** Backward of add: da = dy, db = alpha * dy. */
+export function addBackward(gpu: Gpu, dy: Tensor, alpha = 1): { da: Tensor; db: Tensor } {
+  return { da: dy, db: alpha === 1 ? dy : scale(gpu, dy, alpha) };
 }
 
 export function addRef(a: ArrayLike<number>, b: ArrayLike<number>, alpha = 1): Float32Array {
@@ -109,17 +109,17 @@ export function mul(gpu: Gpu, a: Tensor, b: Tensor, alpha = 1): Tensor {
   return o;
 }
 
-/** Backward of mul: da = dout * b, db = dout * a. */
-export function mulBackward(gpu: Gpu, a: Tensor, b: Tensor, dout: Tensor): { da: Tensor; db: Tensor } {
-  sameShape('mulBackward', a, dout, ['a', 'dout']);
-  return { da: mul(gpu, dout, b), db: mul(gpu, dout, a) };
+/** Backward of mul: da = dy * b, db = dy * a. */
+export function mulBackward(gpu: Gpu, a: Tensor, b: Tensor, dy: Tensor): { da: Tensor; db: Tensor } {
+  sameShape('mulBackward', a, dy, ['a', 'dy']);
+  return { da: mul(gpu, dy, b), db: mul(gpu, dy, a) };
 }
 
 export function mulRef(a: ArrayLike<number>, b: ArrayLike<number>): Float32Array {
   return Float32Array.from(a, (v, i) => v * b[i]);
 }
 
-/** out = s * x. Its backward is scale(dout, s). */
+/** out = s * x. Its backward is scale(dy, s). */
 export function scale(gpu: Gpu, x: Tensor, s: number): Tensor {
   const o = gpu.tensor(x.shape, x.dtype, 'activations', 'scale');
   flatDispatch(gpu, 'scale', { T: x.dtype, U: x.dtype }, x.numel, [x, null, o], (u) => u.f32(s));
@@ -170,17 +170,17 @@ export function addChannel(gpu: Gpu, x: Tensor, t: Tensor): Tensor {
   return o;
 }
 
-/** Backward of addChannel: dx = dout, dt[n,c] = sum over the plane of dout. */
-export function addChannelBackward(gpu: Gpu, x: Tensor, t: Tensor, dout: Tensor): { dx: Tensor; dt: Tensor } {
+/** Backward of addChannel: dx = dy, dt[n,c] = sum over the plane of dy. */
+export function addChannelBackward(gpu: Gpu, x: Tensor, t: Tensor, dy: Tensor): { dx: Tensor; dt: Tensor } {
   const inner = checkChannel('addChannelBackward', x, t);
-  sameShape('addChannelBackward', x, dout, ['x', 'dout']);
+  sameShape('addChannelBackward', x, dy, ['x', 'dy']);
   const dt = gpu.tensor(t.shape, t.dtype, 'gradients', 'addChannel.dt');
-  const planes = [{ items: dout, perItem: inner }, null, { items: dt, perItem: 1 }];
+  const planes = [{ items: dy, perItem: inner }, null, { items: dt, perItem: 1 }];
   itemDispatch(gpu, 'addChannelBackward', 'sum_planes', { T: x.dtype }, t.numel, planes, (count) => ({
     invocations: count * WG, // one workgroup per plane
     uniforms: new Uniforms().u32(count).f32(1).u32(inner, 0),
   }));
-  return { dx: dout, dt };
+  return { dx: dy, dt };
 }
 
 export function addChannelRef(x: ArrayLike<number>, t: ArrayLike<number>): Float32Array {
@@ -188,10 +188,10 @@ export function addChannelRef(x: ArrayLike<number>, t: ArrayLike<number>): Float
   return Float32Array.from(x, (v, i) => v + t[Math.floor(i / inner)]);
 }
 
-export function addChannelBackwardRef(dout: ArrayLike<number>, planes: number): Float32Array {
-  const inner = dout.length / planes;
+export function addChannelBackwardRef(dy: ArrayLike<number>, planes: number): Float32Array {
+  const inner = dy.length / planes;
   const dt = new Float32Array(planes);
-  for (let i = 0; i < dout.length; i++) dt[Math.floor(i / inner)] += dout[i];
+  for (let i = 0; i < dy.length; i++) dt[Math.floor(i / inner)] += dy[i];
   return dt;
 }
 
@@ -333,14 +333,14 @@ export function upsample2x(gpu: Gpu, x: Tensor): Tensor {
   return o;
 }
 
-/** Backward of upsample2x: dx [N, C, H, W] sums each 2x2 block of dout. */
-export function upsample2xBackward(gpu: Gpu, x: Tensor, dout: Tensor): Tensor {
+/** Backward of upsample2x: dx [N, C, H, W] sums each 2x2 block of dy. */
+export function upsample2xBackward(gpu: Gpu, x: Tensor, dy: Tensor): Tensor {
   const [n, c, h, w] = x.shape;
-  if (dout.shape.length !== 4 || dout.shape[0] !== n || dout.shape[1] !== c || dout.shape[2] !== 2 * h || dout.shape[3] !== 2 * w)
-    throw new ShapeError('upsample2xBackward', `dout must be [${n},${c},${2 * h},${2 * w}] for x ${fmtShape(x.shape)}, got ${fmtShape(dout.shape)}`);
-  expectSameDType('upsample2xBackward', x, dout);
+  if (dy.shape.length !== 4 || dy.shape[0] !== n || dy.shape[1] !== c || dy.shape[2] !== 2 * h || dy.shape[3] !== 2 * w)
+    throw new ShapeError('upsample2xBackward', `dy must be [${n},${c},${2 * h},${2 * w}] for x ${fmtShape(x.shape)}, got ${fmtShape(dy.shape)}`);
+  expectSameDType('upsample2xBackward', x, dy);
   const dx = gpu.tensor(x.shape, x.dtype, 'gradients', 'upsample2x.dx');
-  itemDispatch(gpu, 'upsample2xBackward', 'upsample2x_bwd', { T: x.dtype }, n * c, [{ items: dout, perItem: 4 * h * w }, null, { items: dx, perItem: h * w }], (planes) => ({
+  itemDispatch(gpu, 'upsample2xBackward', 'upsample2x_bwd', { T: x.dtype }, n * c, [{ items: dy, perItem: 4 * h * w }, null, { items: dx, perItem: h * w }], (planes) => ({
     invocations: planes * h * w,
     uniforms: new Uniforms().u32(planes * h * w).f32(1).u32(w, h),
   }));
@@ -355,11 +355,11 @@ export function upsample2xRef(x: ArrayLike<number>, shape: readonly number[]): F
   return out;
 }
 
-export function upsample2xBackwardRef(dout: ArrayLike<number>, shape: readonly number[]): Float32Array {
+export function upsample2xBackwardRef(dy: ArrayLike<number>, shape: readonly number[]): Float32Array {
   const [n, c, h, w] = shape;
   const dx = new Float32Array(n * c * h * w);
   for (let p = 0; p < n * c; p++)
-    for (let y = 0; y < 2 * h; y++) for (let xx = 0; xx < 2 * w; xx++) dx[(p * h + (y >> 1)) * w + (xx >> 1)] += dout[(p * 2 * h + y) * 2 * w + xx];
+    for (let y = 0; y < 2 * h; y++) for (let xx = 0; xx < 2 * w; xx++) dx[(p * h + (y >> 1)) * w + (xx >> 1)] += dy[(p * 2 * h + y) * 2 * w + xx];
   return dx;
 }
 
@@ -389,13 +389,13 @@ export function pad2d(gpu: Gpu, x: Tensor, pad: Pad2d): Tensor {
   return o;
 }
 
-/** Backward of pad2d: dx = the interior of dout. */
-export function pad2dBackward(gpu: Gpu, x: Tensor, dout: Tensor, pad: Pad2d): Tensor {
+/** Backward of pad2d: dx = the interior of dy. */
+export function pad2dBackward(gpu: Gpu, x: Tensor, dy: Tensor, pad: Pad2d): Tensor {
   const [n, c, h, w] = x.shape;
   const want = [n, c, h + pad.top + pad.bottom, w + pad.left + pad.right];
-  if (dout.shape.length !== 4 || dout.shape.some((d, i) => d !== want[i])) throw new ShapeError('pad2dBackward', `dout must be ${fmtShape(want)}, got ${fmtShape(dout.shape)}`);
+  if (dy.shape.length !== 4 || dy.shape.some((d, i) => d !== want[i])) throw new ShapeError('pad2dBackward', `dy must be ${fmtShape(want)}, got ${fmtShape(dy.shape)}`);
   const dx = gpu.tensor(x.shape, x.dtype, 'gradients', 'pad2d.dx');
-  itemDispatch(gpu, 'pad2dBackward', 'pad2d_crop', { T: x.dtype }, n * c, [{ items: dout, perItem: want[2] * want[3] }, null, { items: dx, perItem: h * w }], (planes) => ({
+  itemDispatch(gpu, 'pad2dBackward', 'pad2d_crop', { T: x.dtype }, n * c, [{ items: dy, perItem: want[2] * want[3] }, null, { items: dx, perItem: h * w }], (planes) => ({
     invocations: planes * h * w,
     uniforms: padUniforms(planes * h * w, h, w, pad),
   }));
@@ -425,7 +425,7 @@ export function transpose2d(gpu: Gpu, x: Tensor): Tensor {
   return o;
 }
 
-/** out [N, Cx + Cy, ...] = x and y stacked along channels. Backward: splitChannels of dout. */
+/** out [N, Cx + Cy, ...] = x and y stacked along channels. Backward: splitChannels of out's gradient. */
 export function concatChannels(gpu: Gpu, x: Tensor, y: Tensor): Tensor {
   expectSameDType('concatChannels', x, y);
   if (x.shape.length < 2 || y.shape.length !== x.shape.length || x.shape[0] !== y.shape[0] || x.shape.slice(2).some((d, i) => d !== y.shape[i + 2]))

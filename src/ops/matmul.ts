@@ -476,20 +476,22 @@ export function linear(gpu: Gpu, x: Tensor, weight: Tensor, bias?: Tensor | null
   return x.shape.length === 1 ? new Tensor(y.alloc, [weight.shape[0]], y.dtype, y.byteOffset, y.owner) : y;
 }
 
+// Bias gradients are `dbias` here as in matmulBackward: `db` is only ever the gradient of matmul's operand b
+// (for linear, that is dw).
 export interface LinearGrads {
   dx: Tensor;
   dw: Tensor;
-  db?: Tensor;
+  dbias?: Tensor;
 }
 
-/** Gradients of linear: dx = dy · W, dW = Σ dyᵀ · x, db = Σ dy (when a bias was used). */
+/** Gradients of linear: dx = dy · W, dW = Σ dyᵀ · x, dbias = Σ dy (when a bias was used). */
 export function linearBackward(
   gpu: Gpu,
   x: Tensor,
   weight: Tensor,
   dy: Tensor,
   bias?: Tensor | null,
-  into?: { dx?: Tensor; dw?: Tensor; db?: Tensor; accumulate?: boolean },
+  into?: { dx?: Tensor; dw?: Tensor; dbias?: Tensor; accumulate?: boolean },
 ): LinearGrads {
   if (x.shape.length < 1 || weight.shape.length !== 2 || x.shape[x.shape.length - 1] !== weight.shape[1])
     throw new ShapeError('linearBackward', `x ${fmtShape(x.shape)}, weight ${fmtShape(weight.shape)} (must be [out, in])`);
@@ -501,11 +503,11 @@ export function linearBackward(
     transB: true,
     bias: bias ?? undefined,
     accumulate: into?.accumulate,
-    into: { da: into?.dx?.reshape([rows, weight.shape[1]]), db: into?.dw, dbias: into?.db },
+    into: { da: into?.dx?.reshape([rows, weight.shape[1]]), db: into?.dw, dbias: into?.dbias },
   });
   // dx owns its buffer in x's shape (a reshape view would leave the buffer unfreeable).
   const out: LinearGrads = { dx: into?.dx ?? new Tensor(g.da.alloc, x.shape, g.da.dtype, g.da.byteOffset, g.da.owner), dw: g.db };
-  if (g.dbias) out.db = g.dbias;
+  if (g.dbias) out.dbias = g.dbias;
   return out;
 }
 
@@ -585,8 +587,8 @@ export function linearRef(x: ArrayLike<number>, xShape: readonly number[], w: Ar
   return matmulRef(x, [rows, wShape[1]], w, wShape, { transB: true, bias });
 }
 
-export function linearBackwardRef(x: ArrayLike<number>, xShape: readonly number[], w: ArrayLike<number>, wShape: readonly number[], dy: ArrayLike<number>): { dx: Float32Array; dw: Float32Array; db: Float32Array } {
+export function linearBackwardRef(x: ArrayLike<number>, xShape: readonly number[], w: ArrayLike<number>, wShape: readonly number[], dy: ArrayLike<number>): { dx: Float32Array; dw: Float32Array; dbias: Float32Array } {
   const rows = numel(xShape) / wShape[1];
   const g = matmulBackwardRef(x, [rows, wShape[1]], w, wShape, dy, { transB: true });
-  return { dx: g.da, dw: g.db, db: g.dbias };
+  return { dx: g.da, dw: g.db, dbias: g.dbias };
 }

@@ -81,7 +81,7 @@ describe('matmul larger than one storage binding (bindingLimit 4096 bytes)', () 
           compare('y', await gpu.read(y), matmulRef(a, [B * M, K], w, [N, K], { transB: true, bias }), tol),
           compare('dx', await gpu.read(gr.dx), ref.da, tol),
           compare('dw', await gpu.read(gr.dw), ref.db, tol),
-          compare('db', await gpu.read(gr.db!), ref.dbias, tol),
+          compare('db', await gpu.read(gr.dbias!), ref.dbias, tol),
         ];
         // Batched b (not broadcast) and transposed a: per-batch dispatches, M / K chunks.
         const b3 = roundToF16(randomValues(B * K * N, 5));

@@ -203,12 +203,12 @@ export const cases: KernelCase[] = [
         compare('dx vs ts ref', await gpu.read(gr.dx), ref.dx, tol),
         compare('dw vs torch', await gpu.read(gr.dw), g('dw').data, tol),
         compare('dw vs ts ref', await gpu.read(gr.dw), ref.dw, tol),
-        compare('db vs torch', await gpu.read(gr.db!), g('db').data, tol),
-        compare('db vs ts ref', await gpu.read(gr.db!), ref.db, tol),
+        compare('db vs torch', await gpu.read(gr.dbias!), g('db').data, tol),
+        compare('db vs ts ref', await gpu.read(gr.dbias!), ref.dbias, tol),
         shapeCheck('y shape', y.shape, g('y').shape),
         shapeCheck('dx shape', gr.dx.shape, g('x').shape),
       ];
-      gpu.free(x, w, b, dy, y, gr.dx, gr.dw, gr.db);
+      gpu.free(x, w, b, dy, y, gr.dx, gr.dw, gr.dbias);
       return checks;
     },
   },
