@@ -60,7 +60,7 @@ function dims(op: string, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOption
  */
 function tileRows(D: number): number {
   const fit = Math.floor(16384 / (2 * 16 * Math.ceil(D / 4) + 8));
-  const bc = Math.max(4, Math.min(32, fit - (fit % 4))); return Number(globalThis.process?.env?.ATTN_BC ?? bc);
+  return Math.max(4, Math.min(32, fit - (fit % 4)));
 }
 
 function shaderDefs(d: Dims, dtype: Tensor['dtype']) {

@@ -1,6 +1,7 @@
 // The studio's engine host: a module Web Worker that owns the WebGPU device, the IndexedDB chunk store and
 // the training session, so the page never blocks on the GPU, on decoding or on storage. The page talks to
-// it through Comlink (studio/client.ts); progress comes back through a proxied callback.
+// it through Comlink (ui/studio/actions.ts starts the worker and wraps it); progress comes back through a
+// proxied callback.
 import * as Comlink from 'comlink';
 import { encode as encodePng } from 'fast-png';
 import { Gpu, type AdapterSummary } from '../gpu/device.ts';
