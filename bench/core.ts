@@ -136,17 +136,33 @@ function variants(gpu: Gpu, c: ShapeCase): { inputs: Tensor[]; list: Variant[] }
   return {
     inputs: [q, k, v, dout],
     list: [
-      { impl: 'ours (flash)', pass: 'fwd', run: () => { const f = flashAttention(gpu, q, k, v); return [f.out, f.lse]; } },
-      { impl: 'ours (flash) fwd+bwd', pass: 'fwdbwd', run: () => {
-        const f = flashAttention(gpu, q, k, v);
-        const g = flashAttentionBackward(gpu, q, k, v, f.out, f.lse, dout);
-        return [f.out, f.lse, g.dq, g.dk, g.dv];
-      } },
-      { impl: 'naive fwd+bwd', pass: 'fwdbwd', note: 'materialises the [H,N,M] scores', run: () => {
-        const f = naiveAttention(gpu, q, k, v);
-        const g = naiveAttentionBackward(gpu, q, k, v, f.probs, dout);
-        return [f.out, f.probs, g.dq, g.dk, g.dv];
-      } },
+      {
+        impl: 'ours (flash)',
+        pass: 'fwd',
+        run: () => {
+          const f = flashAttention(gpu, q, k, v);
+          return [f.out, f.lse];
+        },
+      },
+      {
+        impl: 'ours (flash) fwd+bwd',
+        pass: 'fwdbwd',
+        run: () => {
+          const f = flashAttention(gpu, q, k, v);
+          const g = flashAttentionBackward(gpu, q, k, v, f.out, f.lse, dout);
+          return [f.out, f.lse, g.dq, g.dk, g.dv];
+        },
+      },
+      {
+        impl: 'naive fwd+bwd',
+        pass: 'fwdbwd',
+        note: 'materialises the [H,N,M] scores',
+        run: () => {
+          const f = naiveAttention(gpu, q, k, v);
+          const g = naiveAttentionBackward(gpu, q, k, v, f.probs, dout);
+          return [f.out, f.probs, g.dq, g.dk, g.dv];
+        },
+      },
     ],
   };
 }
@@ -197,7 +213,15 @@ export async function benchOurs(gpu: Gpu, c: ShapeCase, opts: BenchOptions): Pro
       const ms = median(r.all);
       const gpuMs = r.gpuMs.length ? median(r.gpuMs) : undefined;
       const batching = r.inner > 1 ? `batches of ${r.inner} per submit` : '';
-      out.push({ ...base, ms, gpuMs, all: r.all, gflops: flops(c, v.pass) / (gpuMs ?? ms) / 1e6, peakBytes: r.peak, note: [v.note, batching].filter(Boolean).join('; ') || undefined });
+      out.push({
+        ...base,
+        ms,
+        gpuMs,
+        all: r.all,
+        gflops: flops(c, v.pass) / (gpuMs ?? ms) / 1e6,
+        peakBytes: r.peak,
+        note: [v.note, batching].filter(Boolean).join('; ') || undefined,
+      });
     } catch (e) {
       out.push({ ...base, ms: NaN, all: [], gflops: NaN, note: `failed: ${(e as Error).message}` });
     }
@@ -259,7 +283,18 @@ export function pickLimits(limits: Record<string, number>): Record<string, numbe
 
 export function table(ms: Measurement[]): string {
   const mib = (b?: number) => (b !== undefined ? (b / 2 ** 20).toFixed(1) : '');
-  const rows = ms.map((m) => [m.label, m.impl, m.dtype, Number.isFinite(m.ms) ? m.ms.toFixed(2) : '-', m.gpuMs !== undefined ? m.gpuMs.toFixed(3) : '', Number.isFinite(m.gflops) ? m.gflops.toFixed(1) : '-', `${m.all.length || ''}`, mib(m.peakBytes), mib(m.plannedPeakBytes), m.note ?? '']);
+  const rows = ms.map((m) => [
+    m.label,
+    m.impl,
+    m.dtype,
+    Number.isFinite(m.ms) ? m.ms.toFixed(2) : '-',
+    m.gpuMs !== undefined ? m.gpuMs.toFixed(3) : '',
+    Number.isFinite(m.gflops) ? m.gflops.toFixed(1) : '-',
+    `${m.all.length || ''}`,
+    mib(m.peakBytes),
+    mib(m.plannedPeakBytes),
+    m.note ?? '',
+  ]);
   const head = ['shape', 'impl', 'dtype', 'wall ms', 'GPU ms', 'GFLOP/s', 'reps', 'peak MiB', 'planned MiB', 'note'];
   const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
   const line = (r: string[]) => r.map((c, i) => c.padEnd(w[i])).join('  ');

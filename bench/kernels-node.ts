@@ -36,12 +36,27 @@ try {
   if (args.includes('--no-torch')) throw new Error('--no-torch');
   const py = process.env.PYTHON ?? 'python3';
   const raw = execFileSync(py, [join(here, 'peers', 'torch_kernels.py'), size, String(reps)], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
-  const parsed = JSON.parse(raw.trim().split('\n').pop()!) as { device?: string; torch?: string; error?: string; results?: { id: string; impl: string; ms: number }[] };
+  const parsed = JSON.parse(raw.trim().split('\n').pop()!) as {
+    device?: string;
+    torch?: string;
+    error?: string;
+    results?: { id: string; impl: string; ms: number }[];
+  };
   torchInfo = { device: parsed.device, torch: parsed.torch, error: parsed.error };
   for (const r of parsed.results ?? []) {
     const c = shapes.find((s) => s.id === r.id)!;
     const pass = r.impl.includes('fwd+bwd') ? 'fwdbwd' : 'fwd';
-    results.push({ id: r.id, label: c.label, impl: r.impl, dtype: r.impl.endsWith('f16') ? 'f16' : 'f32', ms: r.ms, gpuMs: r.ms, all: [r.ms], gflops: flops(c, pass) / r.ms / 1e6, note: 'CUDA event time' });
+    results.push({
+      id: r.id,
+      label: c.label,
+      impl: r.impl,
+      dtype: r.impl.endsWith('f16') ? 'f16' : 'f32',
+      ms: r.ms,
+      gpuMs: r.ms,
+      all: [r.ms],
+      gflops: flops(c, pass) / r.ms / 1e6,
+      note: 'CUDA event time',
+    });
   }
 } catch (e) {
   torchInfo = { error: `PyTorch peer not run: ${(e as Error).message.split('\n')[0]}` };
@@ -51,7 +66,26 @@ console.log(`\n${table(results)}\n`);
 const summary = summarise(results, true);
 for (const [k, v] of Object.entries(summary)) console.log(`${k}: ${typeof v === 'number' ? v.toFixed(2) : v}`);
 mkdirSync(dirname(outFile), { recursive: true });
-writeFileSync(outFile, JSON.stringify({ date: new Date().toISOString(), host: 'node (Dawn)', adapter, features: gpu.adapter.features, limits: pickLimits(gpu.adapter.limits), computeDType: gpu.computeDType, shapes: size, reps, torch: torchInfo, results, summary }, null, 2));
+writeFileSync(
+  outFile,
+  JSON.stringify(
+    {
+      date: new Date().toISOString(),
+      host: 'node (Dawn)',
+      adapter,
+      features: gpu.adapter.features,
+      limits: pickLimits(gpu.adapter.limits),
+      computeDType: gpu.computeDType,
+      shapes: size,
+      reps,
+      torch: torchInfo,
+      results,
+      summary,
+    },
+    null,
+    2,
+  ),
+);
 console.log(`wrote ${outFile}`);
 planner.destroy();
 gpu.destroy();

@@ -43,9 +43,22 @@ function randn(n: number): Float32Array {
 }
 
 function inputShapes(c: ShapeCase): { name: string; dims: number[] }[] {
-  if (c.op === 'matmul') return [{ name: 'a', dims: [c.M!, c.K!] }, { name: 'b', dims: [c.K!, c.N!] }];
-  if (c.op === 'conv') return [{ name: 'x', dims: [1, c.C!, c.H!, c.W!] }, { name: 'w', dims: [c.C!, c.C!, 3, 3] }, { name: 'b', dims: [c.C!] }];
-  return [{ name: 'q', dims: [c.H!, c.N!, c.D!] }, { name: 'k', dims: [c.H!, c.M!, c.D!] }, { name: 'v', dims: [c.H!, c.M!, c.D!] }];
+  if (c.op === 'matmul')
+    return [
+      { name: 'a', dims: [c.M!, c.K!] },
+      { name: 'b', dims: [c.K!, c.N!] },
+    ];
+  if (c.op === 'conv')
+    return [
+      { name: 'x', dims: [1, c.C!, c.H!, c.W!] },
+      { name: 'w', dims: [c.C!, c.C!, 3, 3] },
+      { name: 'b', dims: [c.C!] },
+    ];
+  return [
+    { name: 'q', dims: [c.H!, c.N!, c.D!] },
+    { name: 'k', dims: [c.H!, c.M!, c.D!] },
+    { name: 'v', dims: [c.H!, c.M!, c.D!] },
+  ];
 }
 
 async function benchOrt(c: ShapeCase, size: string, reps: number, deadline: number): Promise<Measurement> {
@@ -80,7 +93,12 @@ async function benchOrt(c: ShapeCase, size: string, reps: number, deadline: numb
 }
 
 async function benchTf(c: ShapeCase, reps: number, deadline: number): Promise<Measurement> {
-  const backend = tf.backend() as unknown as { device: GPUDevice; commandEncoder: GPUCommandEncoder | null; endComputePassEncoder(): void; submitQueue(): void };
+  const backend = tf.backend() as unknown as {
+    device: GPUDevice;
+    commandEncoder: GPUCommandEncoder | null;
+    endComputePassEncoder(): void;
+    submitQueue(): void;
+  };
   // tfjs records lazily: end its pass and submit, as its own read-back path does.
   const flush = () => {
     backend.endComputePassEncoder();

@@ -34,10 +34,18 @@ try {
   page.on('console', (m) => console.log(`[page] ${m.text()}`));
   await page.goto(`${server.url}/bench/kernels.html`);
   await page.waitForFunction(() => (window as unknown as { __bench?: unknown }).__bench !== undefined, null, { timeout: 60_000 });
-  const res = (await page.evaluate(
-    (o) => (window as unknown as { __bench: { run: (x: unknown) => Promise<unknown> } }).__bench.run(o),
-    { size: quick ? 'quick' : 'full', reps, budgetMs, naiveMaxScoreBytes, only },
-  )) as { adapter: { vendor: string; architecture: string; description: string; features: string[]; limits: Record<string, number> }; computeDType: string; results: Measurement[]; errors: string[] };
+  const res = (await page.evaluate((o) => (window as unknown as { __bench: { run: (x: unknown) => Promise<unknown> } }).__bench.run(o), {
+    size: quick ? 'quick' : 'full',
+    reps,
+    budgetMs,
+    naiveMaxScoreBytes,
+    only,
+  })) as {
+    adapter: { vendor: string; architecture: string; description: string; features: string[]; limits: Record<string, number> };
+    computeDType: string;
+    results: Measurement[];
+    errors: string[];
+  };
   const adapter = `${res.adapter.vendor} ${res.adapter.architecture} ${res.adapter.description}`.trim();
   console.log(`\nadapter: ${adapter} (Chromium ${browser.version()}); ours in ${res.computeDType}, peers in f32\n`);
   console.log(table(res.results));
@@ -47,7 +55,26 @@ try {
   for (const e of res.errors) console.log(`error: ${e}`);
   const out = arg('--out') ?? join(here, 'results', quick ? 'kernels-quick.json' : 'kernels.json');
   mkdirSync(dirname(out), { recursive: true });
-  writeFileSync(out, JSON.stringify({ date: new Date().toISOString(), host: `chromium ${browser.version()}`, adapter, features: res.adapter.features, limits: pickLimits(res.adapter.limits), computeDType: res.computeDType, shapes: quick ? 'quick' : 'full', reps, results: res.results, summary, errors: res.errors }, null, 2));
+  writeFileSync(
+    out,
+    JSON.stringify(
+      {
+        date: new Date().toISOString(),
+        host: `chromium ${browser.version()}`,
+        adapter,
+        features: res.adapter.features,
+        limits: pickLimits(res.adapter.limits),
+        computeDType: res.computeDType,
+        shapes: quick ? 'quick' : 'full',
+        reps,
+        results: res.results,
+        summary,
+        errors: res.errors,
+      },
+      null,
+      2,
+    ),
+  );
   console.log(`wrote ${out}`);
 } finally {
   await browser.close();

@@ -79,12 +79,14 @@ async function sd15(dtype: DType, dryRun: boolean): Promise<Row[]> {
   const s1 = gpu.tensor([1, 4, 64, 64], dtype, 'activations');
   const c1 = gpu.tensor([1, 77, 768], dtype, 'activations');
   const t1 = gpu.tensor([1], 'f32', 'activations');
-  await add('UNet forward + backward, batch 1, all activations kept', wb(), () => peakOf(gpu, () => {
-    const tape = new Tape(gpu);
-    const out = unetForward(gpu, SD15.unet, unet, s1, t1, c1, tape);
-    tape.backward(out, mseLossBackward(gpu, out, s1));
-    gpu.free(...tape.grads.values());
-  }));
+  await add('UNet forward + backward, batch 1, all activations kept', wb(), () =>
+    peakOf(gpu, () => {
+      const tape = new Tape(gpu);
+      const out = unetForward(gpu, SD15.unet, unet, s1, t1, c1, tape);
+      tape.backward(out, mseLossBackward(gpu, out, s1));
+      gpu.free(...tape.grads.values());
+    }),
+  );
   gpu.destroy();
   return rows;
 }
@@ -115,8 +117,13 @@ for (const r of rows)
       : `  ${r.component.padEnd(56)} weights ${r.weightsMiB.toFixed(0).padStart(6)} MiB  activations peak ${r.activationsPeakMiB.toFixed(0).padStart(6)} MiB  total ${r.totalPeakMiB.toFixed(0).padStart(6)} MiB${r.ms !== undefined ? `  ${r.ms.toFixed(0)} ms` : ''}`,
   );
 console.log(`tiny UNet forward (f32): measured peak ${measured} bytes, dry-run plan ${planned} bytes (${measured === planned ? 'equal' : 'DIFFER'})`);
-const out = process.env.DBS_OUT ? join(process.env.DBS_OUT, `memory-${dtype}${real ? '-real' : ''}.json`) : join(here, 'results', `memory-${dtype}${real ? '-real' : ''}.json`);
+const out = process.env.DBS_OUT
+  ? join(process.env.DBS_OUT, `memory-${dtype}${real ? '-real' : ''}.json`)
+  : join(here, 'results', `memory-${dtype}${real ? '-real' : ''}.json`);
 mkdirSync(dirname(out), { recursive: true });
-writeFileSync(out, JSON.stringify({ date: new Date().toISOString(), dtype, real, sd15: rows, tiny: { measuredPeakBytes: measured, plannedPeakBytes: planned } }, null, 2));
+writeFileSync(
+  out,
+  JSON.stringify({ date: new Date().toISOString(), dtype, real, sd15: rows, tiny: { measuredPeakBytes: measured, plannedPeakBytes: planned } }, null, 2),
+);
 console.log(`wrote ${out}`);
 process.exit(0);

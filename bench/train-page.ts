@@ -95,7 +95,8 @@ async function idb(o: IdbBenchOptions): Promise<{ timings: IdbTiming[]; userAgen
         const t1 = performance.now();
         const back = await impl.read(key);
         const t2 = performance.now();
-        if (!back || back.length !== data.length || back[data.length - 1] !== data[data.length - 1]) throw new Error(`${name}: ${mib} MiB chunk did not round-trip`);
+        if (!back || back.length !== data.length || back[data.length - 1] !== data[data.length - 1])
+          throw new Error(`${name}: ${mib} MiB chunk did not round-trip`);
         if (rep >= 0) {
           rows[name].writeMs.push(t1 - t0);
           rows[name].readMs.push(t2 - t1);

@@ -65,7 +65,10 @@ const TINY_UNET = readSafetensors(new Uint8Array(readFileSync(join(root, 'tests'
 const TINY_CONFIG = unetConfigFromJson(JSON.parse(TINY_UNET.metadata.config));
 const TINY: Record<TrainMode, { settings: TrainSettings; prediction: 'epsilon' | 'v_prediction' }> = {
   lora: { settings: { ...TRAIN_DEFAULTS.lora, lr: 1e-3, rank: 4, alpha: 8, checkpointEvery: 0, chunkElems: 4096 }, prediction: 'epsilon' },
-  full: { settings: { ...TRAIN_DEFAULTS.full, lr: 1e-4, minSnrGamma: 5, priorLossWeight: 0.5, checkpointEvery: 0, chunkElems: 4096 }, prediction: 'v_prediction' },
+  full: {
+    settings: { ...TRAIN_DEFAULTS.full, lr: 1e-4, minSnrGamma: 5, priorLossWeight: 0.5, checkpointEvery: 0, chunkElems: 4096 },
+    prediction: 'v_prediction',
+  },
 };
 
 /** Two instance samples and one class sample ([4, 8, 8] latents, [7, 32] embeddings). */
@@ -111,9 +114,23 @@ async function oursTiny(mode: TrainMode, dtype: DType): Promise<StepTiming> {
 function torchTiny(mode: TrainMode): (StepTiming & { torch: string; threads: number }) | { error: string } {
   const { settings: s, prediction } = TINY[mode];
   const peerArgs = [
-    join(here, 'peers', 'torch_train.py'), '--mode', mode, '--steps', String(STEPS.timed), '--warmup', String(STEPS.warmup),
-    '--lr', String(s.lr), '--prediction', prediction, '--prior-weight', String(s.priorLossWeight),
-    '--max-grad-norm', String(s.maxGradNorm), '--weight-decay', String(s.weightDecay),
+    join(here, 'peers', 'torch_train.py'),
+    '--mode',
+    mode,
+    '--steps',
+    String(STEPS.timed),
+    '--warmup',
+    String(STEPS.warmup),
+    '--lr',
+    String(s.lr),
+    '--prediction',
+    prediction,
+    '--prior-weight',
+    String(s.priorLossWeight),
+    '--max-grad-norm',
+    String(s.maxGradNorm),
+    '--weight-decay',
+    String(s.weightDecay),
     ...(mode === 'lora' ? ['--rank', String(s.rank), '--alpha', String(s.alpha)] : []),
     ...(s.minSnrGamma !== null ? ['--min-snr', String(s.minSnrGamma)] : []),
   ];
@@ -124,7 +141,9 @@ function torchTiny(mode: TrainMode): (StepTiming & { torch: string; threads: num
     return { medianS: r.medianS, all: r.all, applied: r.steps, torch: r.torch, threads: r.threads };
   } catch (e) {
     const err = e as { stderr?: string; message: string };
-    const why = /No module named 'torch'/.test(err.stderr ?? '') ? `PyTorch is not installed for ${PYTHON}` : (err.stderr?.trim().split('\n').pop() ?? err.message);
+    const why = /No module named 'torch'/.test(err.stderr ?? '')
+      ? `PyTorch is not installed for ${PYTHON}`
+      : (err.stderr?.trim().split('\n').pop() ?? err.message);
     return { error: `no PyTorch peer: ${why}` };
   }
 }
@@ -158,8 +177,15 @@ async function sd15Plan(mode: TrainMode, textEncoderLora = false): Promise<Sd15R
   const first = plan.tried[0];
   if (first.activationCheckpointing || first.residentChunks !== plan.chunks) throw new Error('the planner did not start with no checkpointing, all resident');
   return {
-    mode, ...(mode === 'lora' ? { rank: settings.rank } : {}), textEncoderLora, budgetBytes: BUDGET, targetBytes: TARGETS[mode],
-    pass: plan.fits && plan.peakBytes <= TARGETS[mode], plan, unconstrainedPeakBytes: first.peakBytes, planSeconds: (performance.now() - t0) / 1000,
+    mode,
+    ...(mode === 'lora' ? { rank: settings.rank } : {}),
+    textEncoderLora,
+    budgetBytes: BUDGET,
+    targetBytes: TARGETS[mode],
+    pass: plan.fits && plan.peakBytes <= TARGETS[mode],
+    plan,
+    unconstrainedPeakBytes: first.peakBytes,
+    planSeconds: (performance.now() - t0) / 1000,
   };
 }
 
@@ -180,7 +206,12 @@ async function bundlePage(dir: string): Promise<void> {
     configFile: false,
     root: dir,
     logLevel: 'warn',
-    build: { outDir: join(dir, 'www'), emptyOutDir: true, minify: false, lib: { entry: join(here, 'train-page.ts'), formats: ['es'], fileName: () => 'train-page.js' } },
+    build: {
+      outDir: join(dir, 'www'),
+      emptyOutDir: true,
+      minify: false,
+      lib: { entry: join(here, 'train-page.ts'), formats: ['es'], fileName: () => 'train-page.js' },
+    },
   });
   // tsx's keepNames wraps named functions in page.evaluate callbacks in a Node-only `__name` helper.
   writeFileSync(
@@ -197,19 +228,27 @@ async function idbBench(): Promise<{ rows: IdbRow[]; browser: string } | { error
     await bundlePage(dir);
     const server = await serve(join(dir, 'www'));
     // An on-disk profile (not incognito), so IndexedDB writes real files, as in a user's browser.
-    const ctx = await chromium.launchPersistentContext(join(dir, 'profile'), { executablePath: exe, headless: true, args: [...CHROMIUM_FLAGS, '--disable-webgpu'] });
+    const ctx = await chromium.launchPersistentContext(join(dir, 'profile'), {
+      executablePath: exe,
+      headless: true,
+      args: [...CHROMIUM_FLAGS, '--disable-webgpu'],
+    });
     try {
       const page = ctx.pages()[0] ?? (await ctx.newPage());
       page.on('console', (m) => console.log(`[page] ${m.text()}`));
       await page.goto(server.url);
       await page.waitForFunction(() => (window as unknown as { __trainBench?: unknown }).__trainBench !== undefined, null, { timeout: 60_000 });
-      const r = (await page.evaluate(
-        (o) => (window as unknown as { __trainBench: { idb: (x: unknown) => Promise<unknown> } }).__trainBench.idb(o),
-        IDB,
-      )) as { timings: IdbTiming[]; userAgent: string };
+      const r = (await page.evaluate((o) => (window as unknown as { __trainBench: { idb: (x: unknown) => Promise<unknown> } }).__trainBench.idb(o), IDB)) as {
+        timings: IdbTiming[];
+        userAgent: string;
+      };
       const rows = r.timings.map((t) => ({
-        mib: t.mib, impl: t.impl, writeMBps: (t.mib * 2 ** 20) / 1e6 / (median(t.writeMs) / 1000), readMBps: (t.mib * 2 ** 20) / 1e6 / (median(t.readMs) / 1000),
-        writeMs: t.writeMs.map((x) => Math.round(x * 10) / 10), readMs: t.readMs.map((x) => Math.round(x * 10) / 10),
+        mib: t.mib,
+        impl: t.impl,
+        writeMBps: (t.mib * 2 ** 20) / 1e6 / (median(t.writeMs) / 1000),
+        readMBps: (t.mib * 2 ** 20) / 1e6 / (median(t.readMs) / 1000),
+        writeMs: t.writeMs.map((x) => Math.round(x * 10) / 10),
+        readMs: t.readMs.map((x) => Math.round(x * 10) / 10),
       }));
       return { rows, browser: `Chromium ${ctx.browser()?.version() ?? r.userAgent}` };
     } finally {
@@ -245,14 +284,18 @@ for (const mode of ['lora', 'full'] as const) {
   const ours: Partial<Record<DType, StepTiming>> = {};
   for (const dtype of m.f16 ? (['f32', 'f16'] as const) : (['f32'] as const)) ours[dtype] = await oursTiny(mode, dtype);
   const row: Record<string, unknown> = { mode, ours, torch: peer };
-  const parts = Object.entries(ours).map(([d, t]) => `ours ${d} ${t!.medianS.toFixed(4)} s/step${t!.applied < STEPS.timed ? ` (${t!.applied}/${STEPS.timed} applied)` : ''}`);
+  const parts = Object.entries(ours).map(
+    ([d, t]) => `ours ${d} ${t!.medianS.toFixed(4)} s/step${t!.applied < STEPS.timed ? ` (${t!.applied}/${STEPS.timed} applied)` : ''}`,
+  );
   if ('error' in peer) console.log(`  ${mode.padEnd(4)}: ${parts.join(', ')}; ${peer.error}`);
   else {
     const ratios = Object.fromEntries(Object.entries(ours).map(([d, t]) => [d, t!.medianS / peer.medianS]));
     row.oursOverTorch = ratios;
     console.log(
       `  ${mode.padEnd(4)}: ${parts.join(', ')}; PyTorch CPU f32 (${peer.threads} threads, torch ${peer.torch}) ${peer.medianS.toFixed(4)} s/step; ` +
-        `ours/torch ${Object.entries(ratios).map(([d, r]) => `${d} ${r.toFixed(2)}x`).join(', ')}`,
+        `ours/torch ${Object.entries(ratios)
+          .map(([d, r]) => `${d} ${r.toFixed(2)}x`)
+          .join(', ')}`,
     );
   }
   tiny.push(row);
@@ -261,7 +304,11 @@ for (const mode of ['lora', 'full'] as const) {
 console.log(`\n2. SD 1.5 at 512 px (64x64 latents, 77 tokens, batch 2 with prior preservation), f16, budget ${gib(BUDGET)}: planned peak GPU bytes`);
 const sd15: Sd15Row[] = [];
 // The text-encoder LoRA row is extra (the text encoder then stays on the GPU); it is held to the LoRA target.
-for (const [mode, te] of [['lora', false], ['lora', true], ['full', false]] as const) {
+for (const [mode, te] of [
+  ['lora', false],
+  ['lora', true],
+  ['full', false],
+] as const) {
   const r = await sd15Plan(mode, te);
   sd15.push(r);
   const p = r.plan;
@@ -286,7 +333,9 @@ else {
     const ratio = { mib, writeStoreOverRaw: store.writeMBps / raw.writeMBps, readStoreOverRaw: store.readMBps / raw.readMBps };
     idbRatios.push(ratio);
     const f = (r: IdbRow) => `write ${r.writeMBps.toFixed(0).padStart(4)} MB/s, read ${r.readMBps.toFixed(0).padStart(4)} MB/s`;
-    console.log(`  ${String(mib).padStart(2)} MiB  raw (Blob, strict) ${f(raw)} | IdbChunkStore ${f(store)} | store/raw write ${ratio.writeStoreOverRaw.toFixed(2)}x, read ${ratio.readStoreOverRaw.toFixed(2)}x`);
+    console.log(
+      `  ${String(mib).padStart(2)} MiB  raw (Blob, strict) ${f(raw)} | IdbChunkStore ${f(store)} | store/raw write ${ratio.writeStoreOverRaw.toFixed(2)}x, read ${ratio.readStoreOverRaw.toFixed(2)}x`,
+    );
     console.log(`          raw (ArrayBuffer, default durability) ${f(rawAb)}`);
   }
   console.log(`  (${idb.browser})`);
@@ -297,7 +346,9 @@ else {
   for (const r of sd15.filter((x) => x.plan.storeReadBytesPerStep > 0)) {
     const s = r.plan.storeReadBytesPerStep / 1e6 / store.readMBps + r.plan.storeWriteBytesPerStep / 1e6 / store.writeMBps;
     streamSeconds.push({ mode: r.mode, seconds: s, chunkMiB: big });
-    console.log(`  ${r.mode}: ${mb(r.plan.storeReadBytesPerStep + r.plan.storeWriteBytesPerStep)} through IdbChunkStore per step = about ${s.toFixed(0)} s/step of storage time at the ${big} MiB rates`);
+    console.log(
+      `  ${r.mode}: ${mb(r.plan.storeReadBytesPerStep + r.plan.storeWriteBytesPerStep)} through IdbChunkStore per step = about ${s.toFixed(0)} s/step of storage time at the ${big} MiB rates`,
+    );
   }
 }
 
@@ -307,7 +358,9 @@ writeFileSync(
   out,
   JSON.stringify(
     {
-      date: new Date().toISOString(), quick, machine: m,
+      date: new Date().toISOString(),
+      quick,
+      machine: m,
       tiny: { steps: STEPS, rows: tiny },
       sd15: { resolution: 512, latentShape: [4, 64, 64], contextShape: [77, 768], batch: 2, dtype: 'f16', budgetBytes: BUDGET, rows: sd15 },
       idb: 'error' in idb ? idb : { options: IDB, browser: idb.browser, rows: idb.rows, ratios: idbRatios, optimizerStreamSecondsPerStep: streamSeconds },

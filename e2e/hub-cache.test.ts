@@ -19,7 +19,13 @@ describe('hub download with the IndexedDB cache (Chromium)', () => {
       const run = async () => {
         await page.goto(`${server.url}/e2e/harness.html`);
         await page.waitForFunction(() => 'hubDownload' in ((window as unknown as { __harness?: object }).__harness ?? {}));
-        return page.evaluate((endpoint) => (window as unknown as { __harness: { hubDownload: (e: string, r: string) => Promise<{ files: string[]; unetTensors: string[] }> } }).__harness.hubDownload(endpoint, 'org/tiny-sd'), `${server.url}/hub`);
+        return page.evaluate(
+          (endpoint) =>
+            (
+              window as unknown as { __harness: { hubDownload: (e: string, r: string) => Promise<{ files: string[]; unetTensors: string[] }> } }
+            ).__harness.hubDownload(endpoint, 'org/tiny-sd'),
+          `${server.url}/hub`,
+        );
       };
       const first = await run();
       assert.ok(first.files.includes('unet/diffusion_pytorch_model.safetensors'));

@@ -37,9 +37,16 @@ describe('page in headless Chromium', () => {
       for (const r of results) byFamily.set(r.family, (byFamily.get(r.family) ?? 0) + r.ms);
       t.diagnostic(`per-family ms: ${[...byFamily].map(([f, ms]) => `${f}=${ms.toFixed(0)}`).join(' ')}`);
       assert.ok(results.length > 0, 'the self-test ran no case');
-      assert.ok(results.every((r) => r.dtype === 'f32'), 'SwiftShader has no shader-f16: only f32 cases may run');
+      assert.ok(
+        results.every((r) => r.dtype === 'f32'),
+        'SwiftShader has no shader-f16: only f32 cases may run',
+      );
       const failed = results.filter((r) => !r.pass);
-      assert.equal(failed.length, 0, failed.map((r) => `${r.family}/${r.name} [${r.dtype}]: ${r.error ?? JSON.stringify(r.checks.filter((c) => !c.pass))}`).join('\n'));
+      assert.equal(
+        failed.length,
+        0,
+        failed.map((r) => `${r.family}/${r.name} [${r.dtype}]: ${r.error ?? JSON.stringify(r.checks.filter((c) => !c.pass))}`).join('\n'),
+      );
       const status = await page.getByTestId('selftest-status').textContent();
       assert.match(status ?? '', /All \d+ kernel checks passed/);
       assert.ok(await page.getByTestId('no-f16').isVisible(), 'the no-shader-f16 notice is shown');

@@ -88,7 +88,10 @@ describe('IdbChunkStore in headless Chromium', () => {
       const overwritten = same(await s.read('run/opt/0002'), bytes(300, 4));
       await s.delete('run/opt/0001');
       const afterDelete = [await s.read('run/opt/0001'), await s.keys()];
-      const badKey = await s.write('a/../b', bytes(1, 1)).then(() => 'accepted', (e: Error) => `${e.name}: ${e.message}`);
+      const badKey = await s.write('a/../b', bytes(1, 1)).then(
+        () => 'accepted',
+        (e: Error) => `${e.name}: ${e.message}`,
+      );
       // Damage the stored Blob underneath the store, keeping the record's length and CRC.
       const db = await new Promise<IDBDatabase>((res, rej) => {
         const q = indexedDB.open('basics');
@@ -107,7 +110,10 @@ describe('IdbChunkStore in headless Chromium', () => {
         tx.oncomplete = () => res();
       });
       db.close();
-      const damaged = await s.read('run/w/0000').then(() => 'read garbage', (e: Error) => `${e.name}: ${e.message}`);
+      const damaged = await s.read('run/w/0000').then(
+        () => 'read garbage',
+        (e: Error) => `${e.name}: ${e.message}`,
+      );
       const storedAsBlob = rec.data instanceof Blob;
       await s.close();
       return { keys, used, overwritten, afterDelete, badKey, damaged, storedAsBlob };
@@ -190,18 +196,42 @@ describe('IdbChunkStore in headless Chromium', () => {
         await s.write('run/opt/0001', fill(4 << 20, 1));
         const err = await s.write('run/opt/0001', fill(32 << 20, 2)).then(
           () => null,
-          (e: Error & { key?: string; bytes?: number }) => ({ name: e.name, message: e.message, key: e.key, bytes: e.bytes, cause: (e.cause as Error | undefined)?.name }),
+          (e: Error & { key?: string; bytes?: number }) => ({
+            name: e.name,
+            message: e.message,
+            key: e.key,
+            bytes: e.bytes,
+            cause: (e.cause as Error | undefined)?.name,
+          }),
         );
         const old = await s.read('run/opt/0001');
         await m.commitSnapshot(s, 'run/ckpt', new Map([['a', fill(1 << 20, 3)]]), { step: 1 });
         const snapErr = await m
-          .commitSnapshot(s, 'run/ckpt', new Map([['a', fill(1 << 20, 4)], ['b', fill(32 << 20, 5)]]), { step: 2 })
-          .then(() => 'committed', (e: Error) => e.name);
+          .commitSnapshot(
+            s,
+            'run/ckpt',
+            new Map([
+              ['a', fill(1 << 20, 4)],
+              ['b', fill(32 << 20, 5)],
+            ]),
+            { step: 2 },
+          )
+          .then(
+            () => 'committed',
+            (e: Error) => e.name,
+          );
         const snap = await m.openSnapshot<{ step: number }>(s, 'run/ckpt');
         const a = await snap!.read('a');
         const keys = await s.keys('run/ckpt/');
         await s.close();
-        return { err, oldOk: old !== null && old.length === 4 << 20 && old.every((v) => v === 1), snapErr, step: snap!.meta.step, aOk: a.every((v) => v === 3), keys };
+        return {
+          err,
+          oldOk: old !== null && old.length === 4 << 20 && old.every((v) => v === 1),
+          snapErr,
+          step: snap!.meta.step,
+          aOk: a.every((v) => v === 3),
+          keys,
+        };
       });
       assert.ok(r.err, 'the 32 MiB write past a 24 MiB quota failed');
       assert.equal(r.err.name, 'StorageFullError');
@@ -209,7 +239,10 @@ describe('IdbChunkStore in headless Chromium', () => {
       assert.equal(r.err.key, 'run/opt/0001');
       assert.equal(r.err.bytes, 32 << 20);
       // (navigator.storage.estimate() does not reflect the DevTools override, so the quota figure is the real one.)
-      assert.match(r.err.message, /could not write 32\.0 MiB \(33554432 bytes\) for chunk "run\/opt\/0001" \(the browser refused more storage for this site(; the disk itself may be full)?; .* of the .* quota in use\)/);
+      assert.match(
+        r.err.message,
+        /could not write 32\.0 MiB \(33554432 bytes\) for chunk "run\/opt\/0001" \(the browser refused more storage for this site(; the disk itself may be full)?; .* of the .* quota in use\)/,
+      );
       assert.match(r.err.message, /Free space .*then resume/);
       assert.ok(r.oldOk, 'the previous version is intact');
       assert.equal(r.snapErr, 'StorageFullError');

@@ -67,7 +67,12 @@ async function bundleStoreReader(): Promise<{ url: string; remove: () => void }>
   const src = mkdtempSync(join(tmpdir(), 'dbs-e2e-reader-'));
   const out = join(ROOT, 'dist', 'e2e-store-reader');
   writeFileSync(join(src, 'entry.ts'), ['idb-store', 'snapshot'].map((m) => `export * from '${join(ROOT, 'src', 'store', `${m}.ts`)}';`).join('\n'));
-  await build({ configFile: false, root: src, logLevel: 'warn', build: { outDir: out, emptyOutDir: true, minify: false, lib: { entry: join(src, 'entry.ts'), formats: ['es'], fileName: () => 'store.js' } } });
+  await build({
+    configFile: false,
+    root: src,
+    logLevel: 'warn',
+    build: { outDir: out, emptyOutDir: true, minify: false, lib: { entry: join(src, 'entry.ts'), formats: ['es'], fileName: () => 'store.js' } },
+  });
   rmSync(src, { recursive: true, force: true });
   return { url: '/e2e-store-reader/store.js', remove: () => rmSync(out, { recursive: true, force: true }) };
 }
@@ -101,10 +106,14 @@ async function tinySettings(page: Page, o: { steps: number; sampleEvery: number;
 const progressText = (page: Page) => page.getByTestId('train-progress-text').textContent();
 
 async function waitForStep(page: Page, step: number, timeout = 300_000): Promise<void> {
-  await page.waitForFunction((n) => {
-    const m = /Step (\d+) \//.exec(document.querySelector('[data-testid="train-progress-text"]')?.textContent ?? '');
-    return m !== null && Number(m[1]) >= n;
-  }, step, { timeout });
+  await page.waitForFunction(
+    (n) => {
+      const m = /Step (\d+) \//.exec(document.querySelector('[data-testid="train-progress-text"]')?.textContent ?? '');
+      return m !== null && Number(m[1]) >= n;
+    },
+    step,
+    { timeout },
+  );
 }
 
 async function waitForStatus(page: Page, re: RegExp, timeout = 300_000): Promise<void> {
@@ -162,7 +171,9 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       await page.setViewportSize({ width: 390, height: 844 });
       const overflow = await page.evaluate(() => {
         const w = document.documentElement.clientWidth;
-        const wide = [...document.querySelectorAll('body *')].filter((el) => el.getBoundingClientRect().right > w + 1).map((el) => `${el.tagName}.${el.className}`);
+        const wide = [...document.querySelectorAll('body *')]
+          .filter((el) => el.getBoundingClientRect().right > w + 1)
+          .map((el) => `${el.tagName}.${el.className}`);
         return { by: document.documentElement.scrollWidth - w, wide: wide.slice(0, 5) };
       });
       assert.ok(overflow.by <= 1, `no horizontal scrolling at phone width (overflow ${overflow.by}px: ${overflow.wide.join(', ')})`);
@@ -170,7 +181,11 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       await page.setViewportSize({ width: 1280, height: 800 });
 
       await page.getByRole('button', { name: 'Train', exact: true }).click();
-      await page.waitForFunction(() => /checkpoint at step [2-9]/.test(document.querySelector('[data-testid="train-progress-text"]')?.textContent ?? ''), null, { timeout: 600_000 });
+      await page.waitForFunction(
+        () => /checkpoint at step [2-9]/.test(document.querySelector('[data-testid="train-progress-text"]')?.textContent ?? ''),
+        null,
+        { timeout: 600_000 },
+      );
       await page.getByTestId('samples').waitFor();
       assert.match((await page.getByTestId('loss-text').textContent()) ?? '', /Loss at step \d+: \d/);
       // The page stays responsive while the worker trains: a click on the advanced panel answers at once.
@@ -202,8 +217,13 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       assert.equal(await dialog.count(), 1, 'the save-dialog option is offered');
       await dialog.uncheck();
       const exportAs = async (label: RegExp) => {
-        await page.getByLabel('Format').selectOption({ label: (await page.getByLabel('Format').locator('option').allTextContents()).find((t) => label.test(t))! });
-        const [download] = await Promise.all([page.waitForEvent('download', { timeout: 300_000 }), page.getByRole('button', { name: 'Export and download' }).click()]);
+        await page
+          .getByLabel('Format')
+          .selectOption({ label: (await page.getByLabel('Format').locator('option').allTextContents()).find((t) => label.test(t))! });
+        const [download] = await Promise.all([
+          page.waitForEvent('download', { timeout: 300_000 }),
+          page.getByRole('button', { name: 'Export and download' }).click(),
+        ]);
         const path = await download.path();
         return { name: download.suggestedFilename(), bytes: readFileSync(path) };
       };
@@ -214,7 +234,11 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       assert.equal(lh.metadata.ss_network_dim, '8');
       const full = await exportAs(/Full checkpoint/);
       const fh = header(full.bytes);
-      for (const p of ['model.diffusion_model.', 'first_stage_model.', 'cond_stage_model.']) assert.ok(fh.names.some((n) => n.startsWith(p)), `full checkpoint has ${p}*`);
+      for (const p of ['model.diffusion_model.', 'first_stage_model.', 'cond_stage_model.'])
+        assert.ok(
+          fh.names.some((n) => n.startsWith(p)),
+          `full checkpoint has ${p}*`,
+        );
       await page.getByTestId('exports').filter({ hasText: 'KiB' }).waitFor();
       assert.equal(await page.locator('[data-testid="exports"] li').count(), 2);
       // Through the save dialog: the worker streams into the chosen file. The OS dialog is replaced by one that
@@ -225,7 +249,9 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
             (await navigator.storage.getDirectory()).getFileHandle(o.suggestedName, { create: true });
         });
         await dialog.check();
-        await page.getByLabel('Format').selectOption({ label: (await page.getByLabel('Format').locator('option').allTextContents()).find((t) => /diffusers folder/.test(t))! });
+        await page
+          .getByLabel('Format')
+          .selectOption({ label: (await page.getByLabel('Format').locator('option').allTextContents()).find((t) => /diffusers folder/.test(t))! });
         await page.getByRole('button', { name: 'Export and download' }).click();
         await page.getByTestId('exports').filter({ hasText: 'saved where you chose' }).waitFor({ timeout: 300_000 });
         const saved = await page.evaluate(async () => {
@@ -324,7 +350,13 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       await page.getByRole('button', { name: 'Train', exact: true }).click();
       await page.locator('[data-testid="quota"], [data-testid="train-error"]').first().waitFor({ timeout: 300_000 });
       phase(`stopped: ${await page.getByTestId('train-status').textContent()} | ${await progressText(page)}`);
-      assert.ok(await page.getByTestId('quota').isVisible(), `the quota screen, not: ${await page.getByTestId('train-status').textContent()} ${await page.getByTestId('train-error').textContent().catch(() => '')}`);
+      assert.ok(
+        await page.getByTestId('quota').isVisible(),
+        `the quota screen, not: ${await page.getByTestId('train-status').textContent()} ${await page
+          .getByTestId('train-error')
+          .textContent()
+          .catch(() => '')}`,
+      );
       // navigator.storage.estimate() does not see CDP's quota override, so the pre-check passes and the browser
       // itself refuses the second checkpoint's write: the real storage-full path.
       const quotaText = (await page.getByTestId('quota').textContent()) ?? '';
@@ -362,7 +394,10 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       phase(`read back: ${JSON.stringify(back)}`);
       assert.ok(!('error' in back), `reading the checkpoint back: ${back.error}`);
       assert.equal(back.step, stoppedAt - 1, 'the checkpoint holds the last step before the refused checkpoint');
-      assert.ok(back.files > 0 && back.bytes < QUOTA && 2 * back.bytes > QUOTA, `checkpoint files ${back.files}, ${back.bytes} bytes: one fits the quota, two do not`);
+      assert.ok(
+        back.files > 0 && back.bytes < QUOTA && 2 * back.bytes > QUOTA,
+        `checkpoint files ${back.files}, ${back.bytes} bytes: one fits the quota, two do not`,
+      );
     } finally {
       await context.close();
       reader.remove();
@@ -376,43 +411,58 @@ describe('the studio page: models from the hub and bad files (Chromium)', () => 
   before(async () => (server = await serveWithTinyHub()));
   after(async () => server?.close());
 
-  it('downloads a diffusers model from a hub with progress; refuses a bad model file and a bad photo replacement by name; removes a photo', { timeout: 300_000 }, async () => {
-    const browser = await launch(true);
-    try {
-      const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
-      await openStudio(page, server.url);
-      // A file that is not a checkpoint: the message names it and says why.
-      await page.getByLabel('Choose a checkpoint file').setInputFiles({ name: 'holiday.safetensors', mimeType: 'application/octet-stream', buffer: Buffer.from('this is not a safetensors file at all') });
-      await page.getByTestId('model-status').filter({ hasText: 'holiday.safetensors' }).waitFor({ timeout: 60_000 });
-      assert.match((await page.getByTestId('model-status').textContent()) ?? '', /header length .* out of bounds|not a safetensors/);
-      await page.getByLabel('Choose a checkpoint file').setInputFiles({ name: 'model.ckpt', mimeType: 'application/octet-stream', buffer: Buffer.from('PK pickle') });
-      await page.getByTestId('model-status').filter({ hasText: 'only .safetensors' }).waitFor({ timeout: 60_000 });
+  it(
+    'downloads a diffusers model from a hub with progress; refuses a bad model file and a bad photo replacement by name; removes a photo',
+    { timeout: 300_000 },
+    async () => {
+      const browser = await launch(true);
+      try {
+        const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+        await openStudio(page, server.url);
+        // A file that is not a checkpoint: the message names it and says why.
+        await page
+          .getByLabel('Choose a checkpoint file')
+          .setInputFiles({ name: 'holiday.safetensors', mimeType: 'application/octet-stream', buffer: Buffer.from('this is not a safetensors file at all') });
+        await page.getByTestId('model-status').filter({ hasText: 'holiday.safetensors' }).waitFor({ timeout: 60_000 });
+        assert.match((await page.getByTestId('model-status').textContent()) ?? '', /header length .* out of bounds|not a safetensors/);
+        await page
+          .getByLabel('Choose a checkpoint file')
+          .setInputFiles({ name: 'model.ckpt', mimeType: 'application/octet-stream', buffer: Buffer.from('PK pickle') });
+        await page.getByTestId('model-status').filter({ hasText: 'only .safetensors' }).waitFor({ timeout: 60_000 });
 
-      // From the hub (a local server in the HF resolve layout), progress shown while it downloads.
-      let sawProgress = false;
-      page.on('console', () => undefined);
-      const watch = page.waitForFunction(() => !!document.querySelector('#dl-progress'), null, { timeout: 60_000 }).then(() => (sawProgress = true), () => undefined);
-      await page.getByLabel('Model hub').fill(`${server.url}/hub`);
-      await page.getByLabel('Hub model (diffusers layout)').fill('org/tiny-sd');
-      await page.getByRole('button', { name: 'Download from the hub' }).click();
-      await page.getByTestId('model-status').filter({ hasText: 'Loaded org/tiny-sd' }).waitFor({ timeout: 120_000 });
-      await watch;
-      assert.ok(sawProgress, 'a download progress bar was shown');
-      assert.match((await page.getByTestId('model-status').textContent()) ?? '', /Stable Diffusion 1\.x \(diffusers, epsilon\)/);
+        // From the hub (a local server in the HF resolve layout), progress shown while it downloads.
+        let sawProgress = false;
+        page.on('console', () => undefined);
+        const watch = page
+          .waitForFunction(() => !!document.querySelector('#dl-progress'), null, { timeout: 60_000 })
+          .then(
+            () => (sawProgress = true),
+            () => undefined,
+          );
+        await page.getByLabel('Model hub').fill(`${server.url}/hub`);
+        await page.getByLabel('Hub model (diffusers layout)').fill('org/tiny-sd');
+        await page.getByRole('button', { name: 'Download from the hub' }).click();
+        await page.getByTestId('model-status').filter({ hasText: 'Loaded org/tiny-sd' }).waitFor({ timeout: 120_000 });
+        await watch;
+        assert.ok(sawProgress, 'a download progress bar was shown');
+        assert.match((await page.getByTestId('model-status').textContent()) ?? '', /Stable Diffusion 1\.x \(diffusers, epsilon\)/);
 
-      // Photos: add three, remove one, replace one with a non-image (refused, the old photo stays), then with a photo.
-      await page.getByLabel('Add photos').setInputFiles(PHOTOS.map((p) => ({ name: p.name, mimeType: p.type, buffer: Buffer.from(p.bytes) })));
-      await page.locator('[data-testid="photos"] li').nth(2).waitFor();
-      await page.getByRole('button', { name: 'Remove subject-2.png' }).click();
-      assert.equal(await page.locator('[data-testid="photos"] li').count(), 2);
-      await page.getByLabel('Replace photo 1').setInputFiles({ name: 'broken.jpg', mimeType: 'image/jpeg', buffer: Buffer.from([0xff, 0xd8, 0xff, 0xe0, 0, 16]) });
-      await page.getByTestId('photo-errors').filter({ hasText: 'broken.jpg' }).waitFor();
-      assert.ok(await page.getByRole('img', { name: 'Crop of subject-1.png' }).isVisible(), 'the refused replacement leaves the photo in place');
-      await page.getByLabel('Replace photo 1').setInputFiles({ name: 'subject-4.png', mimeType: 'image/png', buffer: Buffer.from(photo(64, 48, 3)) });
-      await page.getByRole('img', { name: 'Crop of subject-4.png' }).waitFor();
-      assert.equal(await page.locator('[data-testid="photos"] li').count(), 2);
-    } finally {
-      await browser.close();
-    }
-  });
+        // Photos: add three, remove one, replace one with a non-image (refused, the old photo stays), then with a photo.
+        await page.getByLabel('Add photos').setInputFiles(PHOTOS.map((p) => ({ name: p.name, mimeType: p.type, buffer: Buffer.from(p.bytes) })));
+        await page.locator('[data-testid="photos"] li').nth(2).waitFor();
+        await page.getByRole('button', { name: 'Remove subject-2.png' }).click();
+        assert.equal(await page.locator('[data-testid="photos"] li').count(), 2);
+        await page
+          .getByLabel('Replace photo 1')
+          .setInputFiles({ name: 'broken.jpg', mimeType: 'image/jpeg', buffer: Buffer.from([0xff, 0xd8, 0xff, 0xe0, 0, 16]) });
+        await page.getByTestId('photo-errors').filter({ hasText: 'broken.jpg' }).waitFor();
+        assert.ok(await page.getByRole('img', { name: 'Crop of subject-1.png' }).isVisible(), 'the refused replacement leaves the photo in place');
+        await page.getByLabel('Replace photo 1').setInputFiles({ name: 'subject-4.png', mimeType: 'image/png', buffer: Buffer.from(photo(64, 48, 3)) });
+        await page.getByRole('img', { name: 'Crop of subject-4.png' }).waitFor();
+        assert.equal(await page.locator('[data-testid="photos"] li').count(), 2);
+      } finally {
+        await browser.close();
+      }
+    },
+  );
 });

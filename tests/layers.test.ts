@@ -39,8 +39,9 @@ function layerOf(path: string): string {
 
 /** Comments blanked (newlines kept, so line numbers hold); strings kept as they are. */
 function withoutComments(text: string): string {
-  return text.replace(/("(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'|`(?:\\.|[^`\\])*`)|\/\/[^\n]*|\/\*[\s\S]*?\*\//g, (all, str: string | undefined) =>
-    str ?? all.replace(/[^\n]/g, ' '),
+  return text.replace(
+    /("(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'|`(?:\\.|[^`\\])*`)|\/\/[^\n]*|\/\*[\s\S]*?\*\//g,
+    (all, str: string | undefined) => str ?? all.replace(/[^\n]/g, ' '),
   );
 }
 

@@ -96,7 +96,9 @@ export function numberFlag(values: ParsedFlags, name: string, d: number, o: { mi
   if (!Number.isFinite(x)) throw new UsageError(`--${name} must be a number, got ${JSON.stringify(v)}`);
   if (o.integer && !Number.isInteger(x)) throw new UsageError(`--${name} must be a whole number, got ${x}`);
   if ((o.min !== undefined && x < o.min) || (o.max !== undefined && x > o.max))
-    throw new UsageError(`--${name} must be ${o.max === undefined ? `at least ${o.min}` : o.min === undefined ? `at most ${o.max}` : `from ${o.min} to ${o.max}`}, got ${x}`);
+    throw new UsageError(
+      `--${name} must be ${o.max === undefined ? `at least ${o.min}` : o.min === undefined ? `at most ${o.max}` : `from ${o.min} to ${o.max}`}, got ${x}`,
+    );
   return x;
 }
 
@@ -120,6 +122,7 @@ export function readJsonFile(path: string, flag: string): Record<string, unknown
   } catch (e) {
     throw new UsageError(`${flag} ${path}: invalid JSON (${(e as Error).message})`);
   }
-  if (typeof j !== 'object' || j === null || Array.isArray(j)) throw new UsageError(`${flag} ${path}: expected a JSON object ({...}), got ${Array.isArray(j) ? 'an array' : JSON.stringify(j)}`);
+  if (typeof j !== 'object' || j === null || Array.isArray(j))
+    throw new UsageError(`${flag} ${path}: expected a JSON object ({...}), got ${Array.isArray(j) ? 'an array' : JSON.stringify(j)}`);
   return j as Record<string, unknown>;
 }

@@ -80,8 +80,15 @@ export async function runComponent(gpu: Gpu, target: RunTarget, model: LoadedMod
   return outputs;
 }
 
-const COMPONENT_FLAGS: Flags = { model: { type: 'string' }, in: { type: 'string' }, out: { type: 'string' }, config: { type: 'string' }, dtype: { type: 'string' } };
-const RUN_USAGE = 'usage: run <unet|text-encoder|vae-encode|vae-decode> --model <path> --in <in.safetensors> --out <out.safetensors> [--config <json>] [--dtype f32|f16]';
+const COMPONENT_FLAGS: Flags = {
+  model: { type: 'string' },
+  in: { type: 'string' },
+  out: { type: 'string' },
+  config: { type: 'string' },
+  dtype: { type: 'string' },
+};
+const RUN_USAGE =
+  'usage: run <unet|text-encoder|vae-encode|vae-decode> --model <path> --in <in.safetensors> --out <out.safetensors> [--config <json>] [--dtype f32|f16]';
 const GRAD_USAGE = 'usage: grad unet --model <path> --in <in.safetensors> --out <grads.safetensors> [--config <json>] [--dtype f32|f16]';
 
 /** Strict flags of `run` and `grad`: the command's target and --flag values. */

@@ -22,7 +22,10 @@ export function loadTokenizer(dir: string): ClipTokenizer {
 }
 
 const SAMPLE_FLAGS: Flags = Object.fromEntries(
-  ['model', 'prompt', 'out', 'negative', 'steps', 'guidance', 'seed', 'sampler', 'width', 'height', 'tokenizer', 'config'].map((k) => [k, { type: 'string' as const }]),
+  ['model', 'prompt', 'out', 'negative', 'steps', 'guidance', 'seed', 'sampler', 'width', 'height', 'tokenizer', 'config'].map((k) => [
+    k,
+    { type: 'string' as const },
+  ]),
 );
 const SAMPLE_USAGE =
   'usage: sample --model <path> --prompt "..." --out image.png [--steps 25] [--seed 1] [--guidance 7.5] [--negative "..."] [--sampler dpm++2m|ddim] [--width 512] [--height 512] [--tokenizer <dir>] [--config <json>]';
@@ -48,7 +51,10 @@ export async function sampleCommand(gpu: Gpu, args: string[]): Promise<void> {
   const tokDir = arg('tokenizer') ?? (isDir ? join(modelPath, 'tokenizer') : undefined);
   if (!tokDir) throw new UsageError('a single-file checkpoint carries no tokenizer: pass --tokenizer <folder with vocab.json and merges.txt>');
   const tokenizer = loadTokenizer(tokDir);
-  for (const [text, flag] of [[prompt, '--prompt'], [arg('negative') ?? '', '--negative']] as const) {
+  for (const [text, flag] of [
+    [prompt, '--prompt'],
+    [arg('negative') ?? '', '--negative'],
+  ] as const) {
     const w = text ? promptWarning(tokenizer, text, flag) : null;
     if (w) console.error(`warning: ${w}`);
   }
@@ -60,11 +66,22 @@ export async function sampleCommand(gpu: Gpu, args: string[]): Promise<void> {
     if (e instanceof SampleOptionError) throw new UsageError(`--${e.message}`);
     throw e;
   }
-  const schedJson = isDir && existsSync(join(modelPath, 'scheduler/scheduler_config.json')) ? readJsonFile(join(modelPath, 'scheduler/scheduler_config.json'), 'the scheduler config') : {};
+  const schedJson =
+    isDir && existsSync(join(modelPath, 'scheduler/scheduler_config.json'))
+      ? readJsonFile(join(modelPath, 'scheduler/scheduler_config.json'), 'the scheduler config')
+      : {};
   const schedule = { ...SD_SCHEDULE, ...scheduleFromJson({ ...schedJson, ...overrides?.scheduler }, model.prediction) };
   const t0 = performance.now();
   const img = await txt2img(gpu, model, tokenizer, {
-    prompt, negativePrompt: arg('negative') ?? '', steps, guidance, seed, width, height, sampler, schedule,
+    prompt,
+    negativePrompt: arg('negative') ?? '',
+    steps,
+    guidance,
+    seed,
+    width,
+    height,
+    sampler,
+    schedule,
     onStep: (i, n) => process.stderr.write(`step ${i}/${n} ${((performance.now() - t0) / 1000).toFixed(1)} s\n`),
   });
   writeFileSync(out, encode({ width: img.width, height: img.height, data: img.rgb, channels: 3, depth: 8 }));

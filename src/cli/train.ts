@@ -19,8 +19,26 @@ import { NodeFileSource } from '../io/source-node.ts';
 import type { ClipTokenizerFiles } from '../io/tokenizer.ts';
 import { nodeFolder } from '../models/folder-node.ts';
 import { tokenizerFilesFrom } from '../models/source.ts';
-import { DEFAULT_EXPORTS, EXPORT_FORMATS, RunStorageFullError, TrainingRun, type ExportFormat, type ImageInput, type OpenedModel, type RunEvent } from '../pipeline/run.ts';
-import { defaultSettings, parseSettingValue, SETTINGS, SettingsError, validateSettings, type RunSettings, type SettingKey, type TrainMode } from '../pipeline/settings.ts';
+import {
+  DEFAULT_EXPORTS,
+  EXPORT_FORMATS,
+  RunStorageFullError,
+  TrainingRun,
+  type ExportFormat,
+  type ImageInput,
+  type OpenedModel,
+  type RunEvent,
+} from '../pipeline/run.ts';
+import {
+  defaultSettings,
+  parseSettingValue,
+  SETTINGS,
+  SettingsError,
+  validateSettings,
+  type RunSettings,
+  type SettingKey,
+  type TrainMode,
+} from '../pipeline/settings.ts';
 import { FsChunkStore } from '../store/fs-store.ts';
 import { TOKENIZER_FILES } from '../export/full.ts';
 import { formatBytes } from '../util/bytes.ts';
@@ -52,7 +70,9 @@ const RESUME_FLAGS = new Set(['resume', 'model', 'steps', 'export']);
 export const TRAIN_USAGE =
   'usage: train --model <path> --images <dir> --prompt "a photo of sks dog" --out <dir> [--class-prompt "a photo of a dog" [--class-images <dir|count>]] ' +
   '[--tokenizer dir] [--config json] [--export lora-kohya,lora-diffusers,full-single-file,diffusers-zip] [--overwrite] ' +
-  SETTINGS.filter((s) => s.flag && s.key !== 'classPrompt').map((s) => (s.kind === 'bool' ? `[--${s.flag}]` : `[--${s.flag} x]`)).join(' ') +
+  SETTINGS.filter((s) => s.flag && s.key !== 'classPrompt')
+    .map((s) => (s.kind === 'bool' ? `[--${s.flag}]` : `[--${s.flag} x]`))
+    .join(' ') +
   '   |   train --resume <dir> [--model <path>] [--steps N] [--export formats]';
 
 /** What run.json keeps: the run's inputs and its validated settings. */
@@ -79,7 +99,8 @@ function settingsFromFlags(values: ParsedFlags): RunSettings {
   // Prior preservation on the command line: --class-prompt turns it on; --class-images gives them or a count.
   settings.priorPreservation = values['class-prompt'] !== undefined;
   const classImages = stringFlag(values, 'class-images');
-  if (classImages !== undefined && !settings.priorPreservation) throw new SettingsError('--class-images needs --class-prompt (prior preservation uses both)', 'classPrompt');
+  if (classImages !== undefined && !settings.priorPreservation)
+    throw new SettingsError('--class-images needs --class-prompt (prior preservation uses both)', 'classPrompt');
   if (classImages !== undefined && /^\d+$/.test(classImages)) settings.classCount = Number(classImages);
   if (settings.mode === 'lora' && values.alpha === undefined) settings.alpha = settings.rank;
   validateSettings(settings);
@@ -88,11 +109,15 @@ function settingsFromFlags(values: ParsedFlags): RunSettings {
 
 function exportsFrom(value: string | undefined, mode: TrainMode): ExportFormat[] {
   if (value === undefined) return DEFAULT_EXPORTS[mode];
-  const formats = value.split(',').map((f) => f.trim()).filter(Boolean);
+  const formats = value
+    .split(',')
+    .map((f) => f.trim())
+    .filter(Boolean);
   const known = Object.keys(EXPORT_FORMATS) as ExportFormat[];
   for (const f of formats) {
     if (!known.includes(f as ExportFormat)) throw new UsageError(`--export: unknown format "${f}": use any of ${known.join(', ')} (comma-separated)`);
-    if (!EXPORT_FORMATS[f as ExportFormat].modes.includes(mode)) throw new UsageError(`--export ${f} holds LoRA adapters: a --mode ${mode} run exports full-single-file or diffusers-zip`);
+    if (!EXPORT_FORMATS[f as ExportFormat].modes.includes(mode))
+      throw new UsageError(`--export ${f} holds LoRA adapters: a --mode ${mode} run exports full-single-file or diffusers-zip`);
   }
   if (!formats.length) throw new UsageError('--export needs at least one format');
   return [...new Set(formats)] as ExportFormat[];
@@ -123,7 +148,10 @@ function newRun(values: ParsedFlags): RunFile {
   return {
     version: 2,
     inputs: {
-      model: resolve(model), images: resolve(images), prompt, exports: exportsFrom(stringFlag(values, 'export'), settings.mode),
+      model: resolve(model),
+      images: resolve(images),
+      prompt,
+      exports: exportsFrom(stringFlag(values, 'export'), settings.mode),
       ...(classImages !== undefined ? { classImages: /^\d+$/.test(classImages) ? classImages : resolve(classImages) } : {}),
       ...(tokenizer !== undefined ? { tokenizer: resolve(tokenizer) } : {}),
       ...(config !== undefined ? { config: resolve(config) } : {}),
@@ -171,7 +199,11 @@ function resumeRun(values: ParsedFlags): { out: string; run: RunFile } {
     if (!existsSync(model)) throw new UsageError(`--model ${model}: no such file or folder`);
     run.inputs.model = resolve(model);
   } else if (!existsSync(run.inputs.model)) throw new UsageError(`this run's model ${run.inputs.model} is gone: pass --model <its new path> with --resume`);
-  if (values.steps !== undefined) run.settings.steps = parseSettingValue(SETTINGS.find((s) => s.key === 'steps')!, values.steps) as number;
+  if (values.steps !== undefined)
+    run.settings.steps = parseSettingValue(
+      SETTINGS.find((s) => s.key === 'steps')!,
+      values.steps,
+    ) as number;
   if (values.export !== undefined) run.inputs.exports = exportsFrom(stringFlag(values, 'export'), run.settings.mode);
   validateSettings(run.settings);
   return { out, run };
@@ -199,7 +231,9 @@ function lockRun(out: string): () => void {
       if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
       const pid = Number(readFileSync(path, 'utf8').trim());
       if (Number.isInteger(pid) && pid > 0 && pid !== process.pid && alive(pid))
-        throw new UsageError(`${out} is in use: process ${pid} is training in it (${path}). Wait for it to finish or stop it; two processes must never train one run`);
+        throw new UsageError(
+          `${out} is in use: process ${pid} is training in it (${path}). Wait for it to finish or stop it; two processes must never train one run`,
+        );
       rmSync(path, { force: true }); // left by a process that died: take it over
     }
   }
@@ -222,7 +256,16 @@ function makeRunFolder(out: string): void {
     mkdirSync(out, { recursive: true });
   } catch (e) {
     const code = (e as NodeJS.ErrnoException).code;
-    const why = code === 'EACCES' || code === 'EPERM' ? 'no permission to create it' : code === 'EROFS' ? 'the disk is read-only' : code === 'ENOSPC' ? 'the disk is full' : code === 'ENOTDIR' ? 'a file stands where a folder of its path should be' : `${code ?? (e as Error).message}`;
+    const why =
+      code === 'EACCES' || code === 'EPERM'
+        ? 'no permission to create it'
+        : code === 'EROFS'
+          ? 'the disk is read-only'
+          : code === 'ENOSPC'
+            ? 'the disk is full'
+            : code === 'ENOTDIR'
+              ? 'a file stands where a folder of its path should be'
+              : `${code ?? (e as Error).message}`;
     throw new UsageError(`--out ${out}: cannot create the run folder (${why}): choose another --out`);
   }
 }
@@ -239,7 +282,9 @@ export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
     out = stringFlag(values, 'out')!;
     if (isRunFolder(out)) {
       if (values.overwrite !== true)
-        throw new UsageError(`${out} holds another run (run.json, store/): continue it with --resume ${out}, replace it with --overwrite, or choose another --out`);
+        throw new UsageError(
+          `${out} holds another run (run.json, store/): continue it with --resume ${out}, replace it with --overwrite, or choose another --out`,
+        );
     } else if (values.overwrite === true) throw new UsageError(`--overwrite: ${out} holds no run to replace (leave --overwrite out)`);
   }
   makeRunFolder(out);
@@ -300,7 +345,9 @@ function printEvent(e: RunEvent, out: string): void {
       break;
     case 'plan': {
       const p = e.plan;
-      console.error(`plan: peak ${mib(p.peakBytes)} of the ${mib(p.budgetBytes)} budget, activation checkpointing ${p.activationCheckpointing ? 'on' : 'off'}, ${p.residentChunks}/${p.chunks} optimizer chunks resident`);
+      console.error(
+        `plan: peak ${mib(p.peakBytes)} of the ${mib(p.budgetBytes)} budget, activation checkpointing ${p.activationCheckpointing ? 'on' : 'off'}, ${p.residentChunks}/${p.chunks} optimizer chunks resident`,
+      );
       break;
     }
     case 'resumed':

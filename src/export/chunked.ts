@@ -21,7 +21,8 @@ export interface ChunkedTensors {
 
 /** The chunked tensors as a provider keeping the last `cacheChunks` chunks read (at least one). */
 export function chunkedProvider(src: ChunkedTensors, cacheChunks = 4): TensorProvider {
-  if (!(Number.isInteger(cacheChunks) && cacheChunks >= 1)) throw new ExportError(`chunkedProvider: cacheChunks must be a positive integer, got ${cacheChunks}`);
+  if (!(Number.isInteger(cacheChunks) && cacheChunks >= 1))
+    throw new ExportError(`chunkedProvider: cacheChunks must be a positive integer, got ${cacheChunks}`);
   const slots = new Map<string, { chunk: number; shape: readonly number[]; offset: number; numel: number }>();
   for (const c of src.chunks) for (const p of c.params) slots.set(p.name, { chunk: c.index, shape: p.shape, offset: p.offset, numel: p.numel });
   const slot = (name: string) => {

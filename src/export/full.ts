@@ -56,7 +56,10 @@ const FLOAT = new Set(['F16', 'F32', 'BF16', 'F64']);
 
 function fullMetadata(src: ModelSource, o: FullExportOptions): Record<string, string> {
   const resolution = o.resolution ?? defaultResolution(src.family, src.prediction);
-  return { format: 'pt', ...modelspec({ family: src.family, prediction: src.prediction, lora: false, title: o.title, date: o.date, resolution, description: o.description }) };
+  return {
+    format: 'pt',
+    ...modelspec({ family: src.family, prediction: src.prediction, lora: false, title: o.title, date: o.date, resolution, description: o.description }),
+  };
 }
 
 /** The trained tensor names must be base UNet tensors of the same shapes. */
@@ -145,19 +148,30 @@ function fromSourceTensors(src: ModelSource, trained: TensorProvider): OutTensor
   const read = (c: Component, n: string) => async () => (await src.read(c, n)).data;
   const out: OutTensor[] = [];
   for (const [n, shape] of unetShapes)
-    out.push({ name: `model.diffusion_model.${unetFromDiffusers(n, layout)}`, dtype: 'F16', shape, data: names.has(n) ? () => trained.read(n) : read('unet', n) });
+    out.push({
+      name: `model.diffusion_model.${unetFromDiffusers(n, layout)}`,
+      dtype: 'F16',
+      shape,
+      data: names.has(n) ? () => trained.read(n) : read('unet', n),
+    });
   const vaeBlocks = (src.configs.vae.block_out_channels as unknown[]).length;
   for (const [n, shape] of src.shapes('vae')) {
     const conv = isVaeAttentionProjection(n) && shape.length === 2 ? [...shape, 1, 1] : shape;
     out.push({ name: `first_stage_model.${vaeFromDiffusers(n, vaeBlocks)}`, dtype: 'F16', shape: conv, data: read('vae', n) });
   }
-  if (src.family === 'sd1') for (const [n, shape] of src.shapes('text_encoder')) out.push({ name: `cond_stage_model.transformer.${n}`, dtype: 'F16', shape, data: read('text_encoder', n) });
+  if (src.family === 'sd1')
+    for (const [n, shape] of src.shapes('text_encoder'))
+      out.push({ name: `cond_stage_model.transformer.${n}`, dtype: 'F16', shape, data: read('text_encoder', n) });
   else out.push(...openClipTensors(src));
   return out;
 }
 
 /** The single file's tensors (in write order) and metadata, nothing read yet. */
-export async function singleFilePlan(base: SafetensorsFile | ModelSource, trainedUnet: TensorProvider, o: FullExportOptions): Promise<{ tensors: OutTensor[]; metadata: Record<string, string> }> {
+export async function singleFilePlan(
+  base: SafetensorsFile | ModelSource,
+  trainedUnet: TensorProvider,
+  o: FullExportOptions,
+): Promise<{ tensors: OutTensor[]; metadata: Record<string, string> }> {
   if (base instanceof SafetensorsFile) {
     const { tensors, src } = await fromFileTensors(base, trainedUnet, o);
     return { tensors, metadata: fullMetadata(src, o) };

@@ -87,7 +87,8 @@ export interface LoraInfo {
 // ---- engine targets and names ----------------------------------------------------------------------
 
 /** UNet layers the engine puts adapters on (nn/unet.ts attention projections). */
-const UNET_TARGET = /^(?:(?:down|up)_blocks\.\d+\.attentions\.\d+|mid_block\.attentions\.\d+)\.transformer_blocks\.\d+\.attn[12]\.(?:to_q|to_k|to_v|to_out\.0)$/;
+const UNET_TARGET =
+  /^(?:(?:down|up)_blocks\.\d+\.attentions\.\d+|mid_block\.attentions\.\d+)\.transformer_blocks\.\d+\.attn[12]\.(?:to_q|to_k|to_v|to_out\.0)$/;
 /** Text-encoder layers (CLIPTextModel self-attention projections). */
 const TE_TARGET = /^text_model\.encoder\.layers\.\d+\.self_attn\.(?:q_proj|k_proj|v_proj|out_proj)$/;
 
@@ -127,14 +128,20 @@ function layersOf(adapters: LoraAdapters): Layer[] {
   if (!Number.isInteger(rank) || rank < 1) throw new ExportError(`LoRA rank must be a positive integer, got ${rank}`);
   if (!Number.isFinite(alpha) || alpha <= 0) throw new ExportError(`LoRA alpha must be a positive number, got ${alpha}`);
   const out: Layer[] = [];
-  const groups: [LoraComponent, TensorProvider | undefined][] = [['text_encoder', adapters.textEncoder], ['unet', adapters.unet]];
+  const groups: [LoraComponent, TensorProvider | undefined][] = [
+    ['text_encoder', adapters.textEncoder],
+    ['unet', adapters.unet],
+  ];
   for (const [component, provider] of groups) {
     if (!provider) continue;
     const layers = new Map<string, Set<'A' | 'B'>>();
     for (const n of provider.names()) {
       const m = /^(.*)\.lora_([AB])\.weight$/.exec(n);
       if (!m) throw new ExportError(`${component} adapter tensor '${n}' is not <layer>.lora_A.weight or <layer>.lora_B.weight`);
-      if (!isLoraTarget(component, m[1])) throw new ExportError(`${component} adapter on '${m[1]}': the engine's LoRA targets are ${component === 'unet' ? 'to_q, to_k, to_v and to_out.0 of the UNet attentions' : 'q_proj, k_proj, v_proj and out_proj of the text encoder'}`);
+      if (!isLoraTarget(component, m[1]))
+        throw new ExportError(
+          `${component} adapter on '${m[1]}': the engine's LoRA targets are ${component === 'unet' ? 'to_q, to_k, to_v and to_out.0 of the UNet attentions' : 'q_proj, k_proj, v_proj and out_proj of the text encoder'}`,
+        );
       if (!layers.has(m[1])) layers.set(m[1], new Set());
       layers.get(m[1])!.add(m[2] as 'A' | 'B');
     }
@@ -163,7 +170,9 @@ export function kohyaModelVersion(family: Family, prediction: Prediction): strin
 /** The ss_* training metadata kohya's train_network.py writes (str() of its Python values), for what we know. */
 export function kohyaMetadata(adapters: LoraAdapters, info: LoraInfo): Record<string, string> {
   const started = info.startedAt ?? info.date;
-  const comment = [`DreamBooth Studio`, `instance prompt: ${info.instancePrompt}`, ...(info.classPrompt ? [`class prompt: ${info.classPrompt}`] : [])].join('; ');
+  const comment = [`DreamBooth Studio`, `instance prompt: ${info.instancePrompt}`, ...(info.classPrompt ? [`class prompt: ${info.classPrompt}`] : [])].join(
+    '; ',
+  );
   const md: Record<string, string> = {
     ss_session_id: String(Math.floor(started.getTime() / 1000) >>> 0),
     ss_training_started_at: pyFloat(started.getTime() / 1000),
@@ -231,7 +240,11 @@ export async function writeKohyaLora(sink: ByteSink, adapters: LoraAdapters, inf
 export const PEFT_PREFIX: Record<LoraComponent, string> = { unet: 'unet', text_encoder: 'text_encoder' };
 
 /** Metadata keys recording the rank, the trained alpha and that alpha / rank is already in lora_B. */
-export const FOLDED_KEYS = { rank: 'dreambooth_studio.lora_rank', alpha: 'dreambooth_studio.lora_alpha', folded: 'dreambooth_studio.lora_alpha_folded' } as const;
+export const FOLDED_KEYS = {
+  rank: 'dreambooth_studio.lora_rank',
+  alpha: 'dreambooth_studio.lora_alpha',
+  folded: 'dreambooth_studio.lora_alpha_folded',
+} as const;
 
 export function peftTensors(adapters: LoraAdapters): OutTensor[] {
   const scale = adapters.alpha / adapters.rank;
@@ -309,8 +322,13 @@ function parsePeftKey(key: string): { component: LoraComponent; layer: string; p
     rest = rest.slice(13);
   } else component = rest.startsWith('text_model.') ? 'text_encoder' : 'unet';
   const suffixes: [string, 'A' | 'B' | 'alpha'][] = [
-    ['.lora_A.weight', 'A'], ['.lora_B.weight', 'B'], ['.lora.down.weight', 'A'], ['.lora.up.weight', 'B'],
-    ['.lora_linear_layer.down.weight', 'A'], ['.lora_linear_layer.up.weight', 'B'], ['.alpha', 'alpha'],
+    ['.lora_A.weight', 'A'],
+    ['.lora_B.weight', 'B'],
+    ['.lora.down.weight', 'A'],
+    ['.lora.up.weight', 'B'],
+    ['.lora_linear_layer.down.weight', 'A'],
+    ['.lora_linear_layer.up.weight', 'B'],
+    ['.alpha', 'alpha'],
   ];
   for (const [s, part] of suffixes) if (rest.endsWith(s)) return { component, layer: rest.slice(0, -s.length), part };
   let m = /^(.*)\.processor\.(to_q|to_k|to_v|to_out)_lora\.(down|up)\.weight$/.exec(rest);
@@ -397,7 +415,9 @@ export async function readLora(file: SafetensorsFile): Promise<ReadLora> {
     adapters.set(layer, { component, A, B });
   }
   if (!adapters.size)
-    throw new ExportError(`${file.source.name}: no LoRA adapters the engine can apply (its targets are the UNet's to_q/to_k/to_v/to_out.0 and the text encoder's q/k/v/out_proj); ${skipped.length} keys skipped, e.g. ${skipped.slice(0, 3).join(', ')}`);
+    throw new ExportError(
+      `${file.source.name}: no LoRA adapters the engine can apply (its targets are the UNet's to_q/to_k/to_v/to_out.0 and the text encoder's q/k/v/out_proj); ${skipped.length} keys skipped, e.g. ${skipped.slice(0, 3).join(', ')}`,
+    );
   const rank = mostCommon([...adapters.values()].map((p) => p.A.shape[0]));
   const scale = mostCommon([...scales.values()]);
   for (const [layer, p] of adapters) {

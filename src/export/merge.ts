@@ -35,7 +35,8 @@ export function mergedLoraProvider(base: BaseWeights, adapters: ReadonlyMap<stri
 export function mergeLora(w: Float32Array, A: Float32Array, B: Float32Array, out: number, scale: number): Float32Array {
   const inn = w.length / out;
   const r = A.length / inn;
-  if (!Number.isInteger(inn) || !Number.isInteger(r) || B.length !== out * r) throw new Error(`LoRA merge: W has ${w.length} values, A ${A.length}, B ${B.length}: the shapes do not agree`);
+  if (!Number.isInteger(inn) || !Number.isInteger(r) || B.length !== out * r)
+    throw new Error(`LoRA merge: W has ${w.length} values, A ${A.length}, B ${B.length}: the shapes do not agree`);
   for (let o = 0; o < out; o++)
     for (let k = 0; k < r; k++) {
       const b = scale * B[o * r + k];

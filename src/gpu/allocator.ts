@@ -60,9 +60,7 @@ export class Allocator {
     if (size >= OOM_SCOPE_BYTES) {
       this.device.pushErrorScope('out-of-memory');
       const buffer = this.device.createBuffer({ size, usage, label });
-      this.pendingOom.push(
-        this.device.popErrorScope().then((e) => (e ? new GpuOutOfMemoryError(size, tag, label, e.message) : null)),
-      );
+      this.pendingOom.push(this.device.popErrorScope().then((e) => (e ? new GpuOutOfMemoryError(size, tag, label, e.message) : null)));
       return this.record(buffer, size, tag, label);
     }
     return this.record(this.device.createBuffer({ size, usage, label }), size, tag, label);
@@ -116,8 +114,7 @@ export class Allocator {
 
   private checkSize(bytes: number, tag: Tag, label: string): number {
     const size = Math.max(4, Math.ceil(bytes / 4) * 4);
-    if (size > this.maxBufferSize)
-      throw new GpuOutOfMemoryError(size, tag, label, `larger than the device's maxBufferSize (${this.maxBufferSize})`);
+    if (size > this.maxBufferSize) throw new GpuOutOfMemoryError(size, tag, label, `larger than the device's maxBufferSize (${this.maxBufferSize})`);
     return size;
   }
 

@@ -421,8 +421,7 @@ export class Gpu {
   }
 
   private checkDType(dtype: DType, label: string): void {
-    if (dtype === 'f16' && !this.hasF16)
-      throw new ShapeError(label, 'f16 tensors need the shader-f16 feature, which this device lacks (use f32)');
+    if (dtype === 'f16' && !this.hasF16) throw new ShapeError(label, 'f16 tensors need the shader-f16 feature, which this device lacks (use f32)');
   }
 }
 

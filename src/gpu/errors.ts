@@ -6,14 +6,22 @@ export class NoWebGpuError extends Error {
 
 export class GpuOutOfMemoryError extends Error {
   override name = 'GpuOutOfMemoryError';
-  constructor(readonly bytes: number, readonly tag: string, readonly label: string, detail: string) {
+  constructor(
+    readonly bytes: number,
+    readonly tag: string,
+    readonly label: string,
+    detail: string,
+  ) {
     super(`GPU out of memory allocating ${bytes} bytes for ${tag} '${label}': ${detail}`);
   }
 }
 
 export class GpuDeviceLostError extends Error {
   override name = 'GpuDeviceLostError';
-  constructor(readonly reason: string, message: string) {
+  constructor(
+    readonly reason: string,
+    message: string,
+  ) {
     super(`GPU device lost (${reason}): ${message}`);
   }
 }

@@ -59,6 +59,5 @@ export function expectDType(op: string, t: Tensor, dtype: DType, name = 'input')
 
 export function expectSameDType(op: string, ...ts: Tensor[]): void {
   const d = ts[0].dtype;
-  for (const t of ts)
-    if (t.dtype !== d) throw new ShapeError(op, `dtype mismatch: ${ts.map((x) => `${x.dtype}${fmtShape(x.shape)}`).join(' vs ')}`);
+  for (const t of ts) if (t.dtype !== d) throw new ShapeError(op, `dtype mismatch: ${ts.map((x) => `${x.dtype}${fmtShape(x.shape)}`).join(' vs ')}`);
 }

@@ -53,7 +53,8 @@ export async function downloadFile(repo: string, path: string, o: HubOptions): P
   if (have > 0) headers.range = `bytes=${have}-`;
   const res = await doFetch(url(repo, path, o), { headers, signal: o.signal });
   if (res.status === 404) throw new HubError(`${repo}: ${path} not found on the hub (revision ${o.revision ?? 'main'})`, 404);
-  if (res.status === 401 || res.status === 403) throw new HubError(`${repo}: access to ${path} was refused (${res.status}): the repo may be gated or need a token`, res.status);
+  if (res.status === 401 || res.status === 403)
+    throw new HubError(`${repo}: access to ${path} was refused (${res.status}): the repo may be gated or need a token`, res.status);
   if (res.status === 416 && have > 0) {
     // Our partial copy is as long as the file (or longer): start again.
     await o.cache.dropPartial(key);
@@ -92,9 +93,12 @@ export async function downloadFile(repo: string, path: string, o: HubOptions): P
   } catch (e) {
     if (encoded) await o.cache.dropPartial(key);
     if (o.signal?.aborted) throw e;
-    throw new HubError(`${repo}: ${path}: the download broke off at ${loaded}${total ? ` of ${total}` : ''} bytes (${(e as Error).message}); ${encoded ? 'it starts again' : 'it resumes from there'} next time`);
+    throw new HubError(
+      `${repo}: ${path}: the download broke off at ${loaded}${total ? ` of ${total}` : ''} bytes (${(e as Error).message}); ${encoded ? 'it starts again' : 'it resumes from there'} next time`,
+    );
   }
-  if (total !== null && loaded !== total) throw new HubError(`${repo}: ${path}: download ended at ${loaded} of ${total} bytes; it resumes from there next time`);
+  if (total !== null && loaded !== total)
+    throw new HubError(`${repo}: ${path}: download ended at ${loaded} of ${total} bytes; it resumes from there next time`);
   await o.cache.commit(key);
   const done = await o.cache.open(key);
   if (!done) throw new HubError(`${repo}: ${path}: the cache lost the file after writing it`);

@@ -6,7 +6,18 @@
 // already returns the image upright, for JPEG, WebP and PNG eXIf alike. Do NOT call applyOrientation on the
 // result: that would turn the photo a second time. (The Node path decodes with libraries that ignore EXIF,
 // which is why image-node.ts applies it itself.)
-import { assertComplete, decodeScale, exifOrientation, ImageError, imageSize, KIND_NAME, orientedSize, sniffImage, type ImageSize, type RgbaImage } from './image.ts';
+import {
+  assertComplete,
+  decodeScale,
+  exifOrientation,
+  ImageError,
+  imageSize,
+  KIND_NAME,
+  orientedSize,
+  sniffImage,
+  type ImageSize,
+  type RgbaImage,
+} from './image.ts';
 
 export interface BrowserImage extends RgbaImage {
   /**

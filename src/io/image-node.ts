@@ -253,7 +253,9 @@ async function readCaption(path: string, image: string, warn: (message: string) 
   if (first === '') return undefined;
   const tokens = first.toLowerCase().match(CLIP_PIECES)?.length ?? 0;
   if (tokens > CAPTION_TOKENS)
-    warn(`${file}: the caption is at least ${tokens} tokens long but the text encoder reads only ${CAPTION_TOKENS}; the rest is ignored (shorten it to what matters most, first)`);
+    warn(
+      `${file}: the caption is at least ${tokens} tokens long but the text encoder reads only ${CAPTION_TOKENS}; the rest is ignored (shorten it to what matters most, first)`,
+    );
   else if (bytes.length > CAPTION_WARN_BYTES)
     warn(`${file} is ${(bytes.length / 1024).toFixed(1)} KiB, large for a caption: only its first line is used (kohya convention)`);
   return first;
@@ -269,7 +271,8 @@ export async function loadImageFile(path: string, opts: LoadOptions = {}): Promi
     throw new ImageError(name, `${name}: cannot read ${path} (${(e as Error).message})`);
   }
   const image = await decodeImageNode(bytes, name);
-  const caption = extname(path).toLowerCase() === '.txt' ? undefined : await readCaption(join(path, '..', `${stem(path)}.txt`), name, opts.onWarning ?? stderrWarning);
+  const caption =
+    extname(path).toLowerCase() === '.txt' ? undefined : await readCaption(join(path, '..', `${stem(path)}.txt`), name, opts.onWarning ?? stderrWarning);
   return caption === undefined ? { name, path, image } : { name, path, image, caption };
 }
 

@@ -256,7 +256,7 @@ export function assertComplete(bytes: Uint8Array, kind: ImageKind, name: string)
     for (let p = bytes.length - 2; p >= scan; p--) if (bytes[p] === 0xff && bytes[p + 1] === 0xd9) return;
     throw truncated(name, 'jpeg', 'before its end-of-image marker');
   } else if (kind === 'png') {
-    for (let p = 8; ; ) {
+    for (let p = 8; ;) {
       if (p + 8 > bytes.length) throw truncated(name, 'png', 'before its IEND chunk');
       const len = u32be(bytes, p);
       const type = fourcc(bytes, p + 4);
@@ -313,7 +313,7 @@ function jpegExif(b: Uint8Array): Uint8Array | undefined {
 
 function pngExif(b: Uint8Array): Uint8Array | undefined {
   // eXIf (PNG 1.5 extension). Chrome only honours it before the first IDAT, so stop there to agree with it.
-  for (let p = 8; p + 8 <= b.length; ) {
+  for (let p = 8; p + 8 <= b.length;) {
     const len = u32be(b, p);
     const type = fourcc(b, p + 4);
     if (type === 'IDAT' || type === 'IEND') return undefined;
@@ -327,7 +327,7 @@ function webpExif(b: Uint8Array): Uint8Array | undefined {
   // Only the extended layout (VP8X) can carry EXIF, and its flags must announce it (bit 3): libwebp-based
   // decoders such as Chrome's look at the chunk only then.
   if (b.length < 30 || fourcc(b, 12) !== 'VP8X' || (b[20] & 0x08) === 0) return undefined;
-  for (let p = 12; p + 8 <= b.length; ) {
+  for (let p = 12; p + 8 <= b.length;) {
     const len = u32le(b, p + 4);
     if (fourcc(b, p) === 'EXIF') {
       const body = b.subarray(p + 8, Math.min(b.length, p + 8 + len));
@@ -376,14 +376,22 @@ export function probeImage(bytes: Uint8Array, name: string): ImageInfo {
  */
 function sourceOf(o: Orientation, x: number, y: number, w: number, h: number): [number, number] {
   switch (o) {
-    case 1: return [x, y];
-    case 2: return [w - 1 - x, y];
-    case 3: return [w - 1 - x, h - 1 - y];
-    case 4: return [x, h - 1 - y];
-    case 5: return [y, x];
-    case 6: return [y, h - 1 - x];
-    case 7: return [w - 1 - y, h - 1 - x];
-    case 8: return [w - 1 - y, x];
+    case 1:
+      return [x, y];
+    case 2:
+      return [w - 1 - x, y];
+    case 3:
+      return [w - 1 - x, h - 1 - y];
+    case 4:
+      return [x, h - 1 - y];
+    case 5:
+      return [y, x];
+    case 6:
+      return [y, h - 1 - x];
+    case 7:
+      return [w - 1 - y, h - 1 - x];
+    case 8:
+      return [w - 1 - y, x];
   }
 }
 
@@ -424,8 +432,10 @@ export function resolveCrop(size: ImageSize, crop: CropBox | 'center' | undefine
   if (x < 0 || y < 0) throw new ImageError(name, `${name}: ${describe} starts outside the ${size.width}x${size.height} image (negative offset)`);
   // A little slack (1e-6 of the side): crops scaled between sizes (`scaleCrop`) land on the edge up to rounding.
   const eps = 1e-6 * Math.max(size.width, size.height);
-  if (x + s > size.width + eps) throw new ImageError(name, `${name}: ${describe} does not fit in the ${size.width}x${size.height} image (x + size = ${x + s} > width ${size.width})`);
-  if (y + s > size.height + eps) throw new ImageError(name, `${name}: ${describe} does not fit in the ${size.width}x${size.height} image (y + size = ${y + s} > height ${size.height})`);
+  if (x + s > size.width + eps)
+    throw new ImageError(name, `${name}: ${describe} does not fit in the ${size.width}x${size.height} image (x + size = ${x + s} > width ${size.width})`);
+  if (y + s > size.height + eps)
+    throw new ImageError(name, `${name}: ${describe} does not fit in the ${size.width}x${size.height} image (y + size = ${y + s} > height ${size.height})`);
   return { x, y, size: Math.min(s, size.width - x, size.height - y) };
 }
 
@@ -627,14 +637,17 @@ export function checkImageSet(items: readonly ImageSetItem[], opts: { resolution
   const warnings: string[] = [];
   if (items.length === 0) errors.push('add at least one image (3 to 5 photos of the subject work best)');
   else if (items.length === 1) warnings.push('only one image: training will work, but 3 to 5 photos from different angles generalise much better');
-  if (items.length > maxImages) errors.push(`${items.length} images is too many (at most ${maxImages}); DreamBooth needs only 3 to 5 good photos of the subject`);
+  if (items.length > maxImages)
+    errors.push(`${items.length} images is too many (at most ${maxImages}); DreamBooth needs only 3 to 5 good photos of the subject`);
   // Sizes are judged against the training resolution: only an image that must be upscaled is worth a
   // warning (a 48 px photo is plenty for a 32 px model), and a blurry one is upscaled more than 2x.
   const blurryBelow = resolution === undefined ? MIN_RECOMMENDED_SIDE : Math.min(MIN_RECOMMENDED_SIDE, Math.ceil(resolution / 2));
   for (const it of items) {
     const short = Math.min(it.width, it.height);
     if (short < blurryBelow)
-      warnings.push(`${it.name} is only ${it.width}x${it.height}; sides under ${blurryBelow} px come out blurry after upscaling, use a larger photo if you have one`);
+      warnings.push(
+        `${it.name} is only ${it.width}x${it.height}; sides under ${blurryBelow} px come out blurry after upscaling, use a larger photo if you have one`,
+      );
     else if (resolution !== undefined && short < resolution)
       warnings.push(`${it.name} is ${it.width}x${it.height}, smaller than ${resolution} px: it will be upscaled and slightly soft`);
     if (it.width !== it.height && (it.crop === undefined || it.crop === 'center'))

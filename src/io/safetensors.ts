@@ -14,7 +14,21 @@ export type StDType = 'F32' | 'F16' | 'BF16';
  * accepts them with their sizes checked; only reading one as a float tensor is refused.
  */
 const DTYPE_BYTES: Record<string, number> = {
-  BOOL: 1, U8: 1, I8: 1, F8_E5M2: 1, F8_E4M3: 1, I16: 2, U16: 2, F16: 2, BF16: 2, I32: 4, U32: 4, F32: 4, I64: 8, U64: 8, F64: 8,
+  BOOL: 1,
+  U8: 1,
+  I8: 1,
+  F8_E5M2: 1,
+  F8_E4M3: 1,
+  I16: 2,
+  U16: 2,
+  F16: 2,
+  BF16: 2,
+  I32: 4,
+  U32: 4,
+  F32: 4,
+  I64: 8,
+  U64: 8,
+  F64: 8,
 };
 const FLOAT_DTYPES = new Set(['F32', 'F16', 'BF16', 'F64']);
 
@@ -86,7 +100,9 @@ export function parseHeader(prefix: Uint8Array, fileSize: number): StHeader {
   if (typeof json !== 'object' || json === null || Array.isArray(json)) throw new SafetensorsError('header JSON is not an object');
   const twice = repeatedTopLevelKey(text);
   if (twice !== null)
-    throw new SafetensorsError(`the header names tensor '${twice}' twice (a JSON parser keeps only the last entry, so one of them would be silently dropped): the file is corrupt; use another file`);
+    throw new SafetensorsError(
+      `the header names tensor '${twice}' twice (a JSON parser keeps only the last entry, so one of them would be silently dropped): the file is corrupt; use another file`,
+    );
   const dataStart = 8 + len;
   const dataSize = fileSize - dataStart;
   const entries = new Map<string, StEntry>();
@@ -118,7 +134,8 @@ export function parseHeader(prefix: Uint8Array, fileSize: number): StHeader {
   const sorted = [...entries.entries()].filter(([, e]) => e.end > e.begin).sort((a, b) => a[1].begin - b[1].begin);
   let reach = { name: '', end: 0 };
   for (const [name, e] of sorted) {
-    if (e.begin < reach.end) throw new SafetensorsError(`tensors '${reach.name}' and '${name}' overlap (bytes [${e.begin}, ${Math.min(e.end, reach.end)}) of the data section)`);
+    if (e.begin < reach.end)
+      throw new SafetensorsError(`tensors '${reach.name}' and '${name}' overlap (bytes [${e.begin}, ${Math.min(e.end, reach.end)}) of the data section)`);
     if (e.end > reach.end) reach = { name, end: e.end };
   }
   return { entries, metadata, dataStart };
@@ -131,8 +148,7 @@ export interface NamedTensor {
 
 /** Decodes a float entry's bytes (F32, F16, BF16 or F64) to f32; `name` is for the message. */
 export function decode(entry: StEntry, bytes: Uint8Array, name = 'tensor'): Float32Array {
-  if (!FLOAT_DTYPES.has(entry.dtype))
-    throw new SafetensorsError(`tensor '${name}' is ${entry.dtype}, not a float tensor (weights must be F32, F16 or BF16)`);
+  if (!FLOAT_DTYPES.has(entry.dtype)) throw new SafetensorsError(`tensor '${name}' is ${entry.dtype}, not a float tensor (weights must be F32, F16 or BF16)`);
   const n = entry.shape.reduce((a, b) => a * b, 1);
   const copy = bytes.slice(0, entry.end - entry.begin); // aligned copy
   if (entry.dtype === 'F32') return new Float32Array(copy.buffer, 0, n);
@@ -150,8 +166,7 @@ export function decode(entry: StEntry, bytes: Uint8Array, name = 'tensor'): Floa
 export function readSafetensors(file: Uint8Array): { tensors: Map<string, NamedTensor>; metadata: Record<string, string> } {
   const h = parseHeader(file, file.length);
   const tensors = new Map<string, NamedTensor>();
-  for (const [name, e] of h.entries)
-    tensors.set(name, { shape: e.shape, data: decode(e, file.subarray(h.dataStart + e.begin, h.dataStart + e.end), name) });
+  for (const [name, e] of h.entries) tensors.set(name, { shape: e.shape, data: decode(e, file.subarray(h.dataStart + e.begin, h.dataStart + e.end), name) });
   return { tensors, metadata: h.metadata };
 }
 
@@ -186,7 +201,6 @@ export function writeSafetensors(
 
 // ---- streamed reading and writing (multi-GB checkpoints) ------------------------------------------
 
-
 /** A PyTorch pickle checkpoint (.ckpt/.pt/.bin): a zip archive or a raw pickle stream. */
 function sniffPickle(head: Uint8Array): boolean {
   const zip = head[0] === 0x50 && head[1] === 0x4b && head[2] === 0x03 && head[3] === 0x04;
@@ -209,8 +223,10 @@ export class SafetensorsFile {
         `${source.name}: this is a PyTorch pickle checkpoint (.ckpt/.pt/.bin). Pickles can run code when loaded, so they are never opened here: convert it to .safetensors first (for example with the diffusers or safetensors "convert" scripts).`,
       );
     const len = Number(new DataView(head.buffer, head.byteOffset, 8).getBigUint64(0, true));
-    if (len < 2 || len > MAX_HEADER) throw new SafetensorsError(`${source.name}: not a safetensors file (header length ${len} is out of bounds 2..${MAX_HEADER})`);
-    if (8 + len > source.size) throw new SafetensorsError(`${source.name}: truncated: the header says ${len} bytes but only ${source.size - 8} follow (an incomplete download?)`);
+    if (len < 2 || len > MAX_HEADER)
+      throw new SafetensorsError(`${source.name}: not a safetensors file (header length ${len} is out of bounds 2..${MAX_HEADER})`);
+    if (8 + len > source.size)
+      throw new SafetensorsError(`${source.name}: truncated: the header says ${len} bytes but only ${source.size - 8} follow (an incomplete download?)`);
     const prefix = await source.read(0, 8 + len);
     if (prefix[8] !== 0x7b /* { */) throw new SafetensorsError(`${source.name}: not a safetensors file (the header is not a JSON object)`);
     let header: StHeader;
@@ -247,7 +263,8 @@ export class SafetensorsFile {
   async readRows(name: string, start: number, count: number): Promise<Uint8Array> {
     const e = this.entry(name);
     const rows = e.shape[0] ?? 1;
-    if (start < 0 || count < 0 || start + count > rows) throw new SafetensorsError(`${this.source.name}: rows [${start}, ${start + count}) of '${name}' ${JSON.stringify(e.shape)} are out of range`);
+    if (start < 0 || count < 0 || start + count > rows)
+      throw new SafetensorsError(`${this.source.name}: rows [${start}, ${start + count}) of '${name}' ${JSON.stringify(e.shape)} are out of range`);
     const rowBytes = (e.end - e.begin) / Math.max(1, rows);
     return this.source.read(this.header.dataStart + e.begin + start * rowBytes, count * rowBytes);
   }
@@ -332,7 +349,8 @@ export class SafetensorsWriter {
     let bytes: Uint8Array;
     if (data instanceof Uint8Array) bytes = data;
     else {
-      if (spec.dtype !== 'F32' && spec.dtype !== 'F16') throw new SafetensorsError(`tensor '${name}': f32 values can be written as F32 or F16, not ${spec.dtype} (pass raw bytes)`);
+      if (spec.dtype !== 'F32' && spec.dtype !== 'F16')
+        throw new SafetensorsError(`tensor '${name}': f32 values can be written as F32 or F16, not ${spec.dtype} (pass raw bytes)`);
       if (data.length !== n) throw new SafetensorsError(`tensor '${name}': ${data.length} values for shape [${spec.shape}]`);
       bytes = spec.dtype === 'F16' ? new Uint8Array(toF16Bits(data).buffer) : new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
     }

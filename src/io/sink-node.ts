@@ -65,9 +65,10 @@ export function describeWriteError(e: unknown, path: string, written: number, ex
   if (code === 'ENOSPC' || code === 'EDQUOT') {
     const what = code === 'ENOSPC' ? 'the disk is full' : 'the disk quota is used up';
     // The incomplete file is removed, so the whole file must fit: say its size when it is known.
-    const need = expected !== undefined && expected > 0
-      ? `it needs ${mib(expected)} MiB, free at least that much there`
-      : `it filled up after ${mib(written)} MiB, free more than that there`;
+    const need =
+      expected !== undefined && expected > 0
+        ? `it needs ${mib(expected)} MiB, free at least that much there`
+        : `it filled up after ${mib(written)} MiB, free more than that there`;
     return new Error(`${why}${what} (${code}) while writing ${file}: ${need} or choose another --out folder (the incomplete file was removed)`, { cause: e });
   }
   if (code === 'EROFS') return new Error(`${why}read-only folder (EROFS), cannot write ${file}: choose another --out folder on a writable disk`, { cause: e });

@@ -41,13 +41,20 @@ interface Field {
 const positiveInt = (v: unknown) => Number.isInteger(v) && (v as number) > 0;
 const positiveInts = (v: unknown) => Array.isArray(v) && v.length > 0 && v.every(positiveInt);
 const positive = (v: unknown) => typeof v === 'number' && Number.isFinite(v) && v > 0;
-const oneOf = (...names: string[]) => (v: unknown) => Array.isArray(v) && v.length > 0 && v.every((t) => names.includes(t as string));
+const oneOf =
+  (...names: string[]) =>
+  (v: unknown) =>
+    Array.isArray(v) && v.length > 0 && v.every((t) => names.includes(t as string));
 const INT = 'a positive integer';
 
 const UNET_FIELDS: Field[] = [
   { key: 'block_out_channels', expect: 'a list of positive integers, one width per block', ok: positiveInts, required: true },
   { key: 'layers_per_block', expect: `${INT} (one count for every block)`, ok: positiveInt },
-  { key: 'attention_head_dim', expect: `${INT} or a list of them, one per block (diffusers' name for SD's head counts)`, ok: (v) => positiveInt(v) || positiveInts(v) },
+  {
+    key: 'attention_head_dim',
+    expect: `${INT} or a list of them, one per block (diffusers' name for SD's head counts)`,
+    ok: (v) => positiveInt(v) || positiveInts(v),
+  },
   { key: 'cross_attention_dim', expect: `${INT} (the text encoder's width)`, ok: positiveInt },
   { key: 'norm_num_groups', expect: INT, ok: positiveInt },
   // diffusers tests it for truth, so null reads as false there and here.
@@ -69,7 +76,12 @@ const VAE_FIELDS: Field[] = [
 ];
 
 const CLIP_FIELDS: Field[] = [
-  ...['vocab_size', 'hidden_size', 'num_hidden_layers', 'num_attention_heads', 'intermediate_size', 'max_position_embeddings'].map((key) => ({ key, expect: INT, ok: positiveInt, required: true })),
+  ...['vocab_size', 'hidden_size', 'num_hidden_layers', 'num_attention_heads', 'intermediate_size', 'max_position_embeddings'].map((key) => ({
+    key,
+    expect: INT,
+    ok: positiveInt,
+    required: true,
+  })),
   // transformers' CLIPTextConfig defaults to quick_gelu; anything else would be computed as quick_gelu.
   { key: 'hidden_act', expect: "'quick_gelu' (SD1's CLIP) or 'gelu' (SD2's OpenCLIP)", ok: (v) => v === 'quick_gelu' || v === 'gelu' },
   { key: 'layer_norm_eps', expect: 'a positive number', ok: positive },
@@ -103,8 +115,17 @@ const FIXED: Record<Component, [key: string, supported: unknown[] | ((v: unknown
     ['resnet_out_scale_factor', [1], '1'],
     // diffusers itself refuses num_attention_heads for this class: head counts go in attention_head_dim.
     ['num_attention_heads', [null], 'null (SD head counts go in attention_head_dim)'],
-    ...['class_embed_type', 'num_class_embeds', 'addition_embed_type', 'encoder_hid_dim', 'time_cond_proj_dim', 'time_embedding_dim', 'time_embedding_act_fn', 'timestep_post_act', 'cross_attention_norm']
-      .map((k): [string, unknown[], string] => [k, [null], 'null']),
+    ...[
+      'class_embed_type',
+      'num_class_embeds',
+      'addition_embed_type',
+      'encoder_hid_dim',
+      'time_cond_proj_dim',
+      'time_embedding_dim',
+      'time_embedding_act_fn',
+      'timestep_post_act',
+      'cross_attention_norm',
+    ].map((k): [string, unknown[], string] => [k, [null], 'null']),
   ],
   vae: [
     ['act_fn', ['silu'], '"silu"'],
@@ -153,25 +174,40 @@ function groupNormWidths(params: ParamShapes): [string, number][] {
 
 function groupsProblem(c: Component, groups: number, params: ParamShapes, from: string): string | null {
   const bad = groupNormWidths(params).find(([, w]) => w % groups !== 0);
-  return bad ? `${c}: norm_num_groups ${groups} does not divide the ${bad[1]} channels of ${bad[0]} (${from}): fix the config or pass --config with the model's ${c} config` : null;
+  return bad
+    ? `${c}: norm_num_groups ${groups} does not divide the ${bad[1]} channels of ${bad[0]} (${from}): fix the config or pass --config with the model's ${c} config`
+    : null;
 }
 
 function headsProblem(c: Component, what: string, width: number, heads: number, field: string, from: string): string | null {
-  if (width % heads !== 0) return `${c}: ${what} ${width} is not divisible by ${field} ${heads} (${from}): fix the config or pass --config with the model's ${c} config`;
-  if (width / heads > MAX_HEAD_DIM) return `${c}: ${what} ${width} over ${field} ${heads} makes ${width / heads}-wide heads; the engine's attention takes at most ${MAX_HEAD_DIM} (${from})`;
+  if (width % heads !== 0)
+    return `${c}: ${what} ${width} is not divisible by ${field} ${heads} (${from}): fix the config or pass --config with the model's ${c} config`;
+  if (width / heads > MAX_HEAD_DIM)
+    return `${c}: ${what} ${width} over ${field} ${heads} makes ${width / heads}-wide heads; the engine's attention takes at most ${MAX_HEAD_DIM} (${from})`;
   return null;
 }
 
 function unetSizeProblems(c: UnetConfig, from: (...fields: string[]) => string): string[] {
   const blocks = c.blockOutChannels.length;
   const out: string[] = [];
-  for (const [field, n] of [['attention_head_dim', c.heads.length], ['down_block_types', c.downAttention.length], ['up_block_types', c.upAttention.length]] as const)
+  for (const [field, n] of [
+    ['attention_head_dim', c.heads.length],
+    ['down_block_types', c.downAttention.length],
+    ['up_block_types', c.upAttention.length],
+  ] as const)
     if (n !== blocks) out.push(`unet: ${field} has ${n} entries but block_out_channels has ${blocks} (${from(field, 'block_out_channels')})`);
   if (out.length) return out;
   // Block i's transformers (down i, up blocks-1-i, the mid block for the last) use heads[i].
   for (let i = 0; i < blocks; i++) {
     if (!c.downAttention[i] && !c.upAttention[blocks - 1 - i] && i !== blocks - 1) continue;
-    const p = headsProblem('unet', `block_out_channels[${i}]`, c.blockOutChannels[i], c.heads[i], `attention_head_dim[${i}]`, from('block_out_channels', 'attention_head_dim'));
+    const p = headsProblem(
+      'unet',
+      `block_out_channels[${i}]`,
+      c.blockOutChannels[i],
+      c.heads[i],
+      `attention_head_dim[${i}]`,
+      from('block_out_channels', 'attention_head_dim'),
+    );
     if (p) out.push(p);
   }
   const g = groupsProblem('unet', c.groups, unetParams(c), from('norm_num_groups', 'block_out_channels'));
@@ -184,7 +220,9 @@ function clipSizeProblems(c: ClipTextConfig, from: (...fields: string[]) => stri
   const h = headsProblem('text_encoder', 'hidden_size', c.hiddenSize, c.heads, 'num_attention_heads', from('hidden_size', 'num_attention_heads'));
   if (h) out.push(h);
   if (c.maxPositions < PROMPT_TOKENS)
-    out.push(`text_encoder: max_position_embeddings ${c.maxPositions} is fewer than the ${PROMPT_TOKENS} tokens of an SD prompt (${from('max_position_embeddings')})`);
+    out.push(
+      `text_encoder: max_position_embeddings ${c.maxPositions} is fewer than the ${PROMPT_TOKENS} tokens of an SD prompt (${from('max_position_embeddings')})`,
+    );
   return out;
 }
 
@@ -266,7 +304,10 @@ function uninferredProblem(src: ModelSource): string | null {
  */
 export function analyseModel(src: ModelSource): ModelCheck {
   const origin = (c: Component) => (field: string) => src.configOrigin?.(c, field) ?? `the ${c} config`;
-  const from = (c: Component) => (...fields: string[]) => [...new Set(fields.map(origin(c)))].join(' and ');
+  const from =
+    (c: Component) =>
+    (...fields: string[]) =>
+      [...new Set(fields.map(origin(c)))].join(' and ');
   const out: ModelCheck = { configs: {}, problems: [], tensors: {} };
   const uninferred = uninferredProblem(src);
   if (uninferred) out.problems.push(uninferred);
@@ -291,7 +332,9 @@ export function analyseModel(src: ModelSource): ModelCheck {
   });
   const te = parse('text_encoder', CLIP_FIELDS, clipConfigFromJson, (c) => clipSizeProblems(c, from('text_encoder')));
   if (unet && te && unet.crossAttentionDim !== te.hiddenSize)
-    out.problems.push(`the UNet expects ${unet.crossAttentionDim}-wide text embeddings (unet cross_attention_dim) but the text encoder is ${te.hiddenSize} wide (text_encoder hidden_size): mixed or corrupt model`);
+    out.problems.push(
+      `the UNet expects ${unet.crossAttentionDim}-wide text embeddings (unet cross_attention_dim) but the text encoder is ${te.hiddenSize} wide (text_encoder hidden_size): mixed or corrupt model`,
+    );
   if (unet) out.configs.unet = unet;
   if (vae) out.configs.vae = vae;
   if (te) out.configs.textEncoder = te;

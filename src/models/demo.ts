@@ -17,17 +17,38 @@ import { Rng } from '../util/rng.ts';
 /** diffusers config.json of each component (the sizes the studio's e2e tests train at in software). */
 export const DEMO_CONFIGS = {
   unet: {
-    block_out_channels: [16, 32], layers_per_block: 1, attention_head_dim: 2, cross_attention_dim: 32, norm_num_groups: 8,
-    use_linear_projection: false, in_channels: 4, out_channels: 4, sample_size: 16,
-    down_block_types: ['CrossAttnDownBlock2D', 'DownBlock2D'], up_block_types: ['UpBlock2D', 'CrossAttnUpBlock2D'],
+    block_out_channels: [16, 32],
+    layers_per_block: 1,
+    attention_head_dim: 2,
+    cross_attention_dim: 32,
+    norm_num_groups: 8,
+    use_linear_projection: false,
+    in_channels: 4,
+    out_channels: 4,
+    sample_size: 16,
+    down_block_types: ['CrossAttnDownBlock2D', 'DownBlock2D'],
+    up_block_types: ['UpBlock2D', 'CrossAttnUpBlock2D'],
   },
   // Two blocks: the VAE downsamples by 2, so 32 px images train on 16x16 latents.
   vae: { block_out_channels: [8, 16], layers_per_block: 1, norm_num_groups: 4, latent_channels: 4, scaling_factor: 0.18215, in_channels: 3, out_channels: 3 },
   text_encoder: {
-    vocab_size: 514, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2, intermediate_size: 64, max_position_embeddings: 77,
-    hidden_act: 'quick_gelu', layer_norm_eps: 1e-5,
+    vocab_size: 514,
+    hidden_size: 32,
+    num_hidden_layers: 2,
+    num_attention_heads: 2,
+    intermediate_size: 64,
+    max_position_embeddings: 77,
+    hidden_act: 'quick_gelu',
+    layer_norm_eps: 1e-5,
   },
-  scheduler: { _class_name: 'DDIMScheduler', prediction_type: 'epsilon', beta_schedule: 'scaled_linear', beta_start: 0.00085, beta_end: 0.012, num_train_timesteps: 1000 },
+  scheduler: {
+    _class_name: 'DDIMScheduler',
+    prediction_type: 'epsilon',
+    beta_schedule: 'scaled_linear',
+    beta_start: 0.00085,
+    beta_end: 0.012,
+    num_train_timesteps: 1000,
+  },
 } as const;
 
 /** The resolution the demo model trains and samples at by default. */
@@ -88,11 +109,18 @@ export function demoModelFiles(seed = 1): Map<string, Uint8Array> {
   const tok = byteTokenizer();
   const files = new Map<string, Uint8Array>();
   const meta = { format: 'pt', generator: 'DreamBooth Studio demo model', seed: String(seed) };
-  files.set('model_index.json', json({
-    _class_name: 'StableDiffusionPipeline', _diffusers_version: '0.30.0',
-    unet: ['diffusers', 'UNet2DConditionModel'], vae: ['diffusers', 'AutoencoderKL'], text_encoder: ['transformers', 'CLIPTextModel'],
-    tokenizer: ['transformers', 'CLIPTokenizer'], scheduler: ['diffusers', 'DDIMScheduler'],
-  }));
+  files.set(
+    'model_index.json',
+    json({
+      _class_name: 'StableDiffusionPipeline',
+      _diffusers_version: '0.30.0',
+      unet: ['diffusers', 'UNet2DConditionModel'],
+      vae: ['diffusers', 'AutoencoderKL'],
+      text_encoder: ['transformers', 'CLIPTextModel'],
+      tokenizer: ['transformers', 'CLIPTokenizer'],
+      scheduler: ['diffusers', 'DDIMScheduler'],
+    }),
+  );
   files.set('unet/config.json', json({ _class_name: 'UNet2DConditionModel', ...DEMO_CONFIGS.unet }));
   files.set('vae/config.json', json({ _class_name: 'AutoencoderKL', ...DEMO_CONFIGS.vae }));
   files.set('text_encoder/config.json', json({ architectures: ['CLIPTextModel'], model_type: 'clip_text_model', ...DEMO_CONFIGS.text_encoder }));
@@ -102,6 +130,9 @@ export function demoModelFiles(seed = 1): Map<string, Uint8Array> {
   files.set('text_encoder/model.safetensors', writeSafetensors(initWeights(clipParams(clipConfigFromJson(DEMO_CONFIGS.text_encoder)), rng), meta));
   files.set('tokenizer/vocab.json', json(tok.vocab));
   files.set('tokenizer/merges.txt', enc.encode(tok.merges));
-  files.set('tokenizer/tokenizer_config.json', json({ model_max_length: 77, pad_token: '<|endoftext|>', bos_token: '<|startoftext|>', eos_token: '<|endoftext|>' }));
+  files.set(
+    'tokenizer/tokenizer_config.json',
+    json({ model_max_length: 77, pad_token: '<|endoftext|>', bos_token: '<|startoftext|>', eos_token: '<|endoftext|>' }),
+  );
   return files;
 }

@@ -46,8 +46,10 @@ function refuseOthers(names: string[], what: string): void {
   const has = (p: string) => names.some((n) => n.startsWith(p));
   if (has('conditioner.embedders.') || names.includes('model.diffusion_model.label_emb.0.0.weight'))
     throw new ModelError(`${what} is an SDXL checkpoint: SDXL is not supported yet (SD 1.x and 2.x are)`);
-  if (has('model.diffusion_model.joint_blocks.') || has('joint_blocks.')) throw new ModelError(`${what} is an SD3 (MMDiT) checkpoint: not supported yet (SD 1.x and 2.x are)`);
-  if (has('double_blocks.') || has('model.diffusion_model.double_blocks.')) throw new ModelError(`${what} is a FLUX checkpoint: not supported yet (SD 1.x and 2.x are)`);
+  if (has('model.diffusion_model.joint_blocks.') || has('joint_blocks.'))
+    throw new ModelError(`${what} is an SD3 (MMDiT) checkpoint: not supported yet (SD 1.x and 2.x are)`);
+  if (has('double_blocks.') || has('model.diffusion_model.double_blocks.'))
+    throw new ModelError(`${what} is a FLUX checkpoint: not supported yet (SD 1.x and 2.x are)`);
   if (names.some((n) => n.startsWith('lora_unet_') || n.startsWith('lora_te_') || n.includes('.lora_down.') || n.includes('lora_A')))
     throw new ModelError(`${what} is a LoRA, not a base model: load a full SD 1.x or 2.x checkpoint as the base`);
 }
@@ -73,10 +75,14 @@ export function detectSingleFile(shapes: ShapeMap, what = 'this file', config?: 
     components[c].parameters += count(s);
   }
   if (components.unet.tensors === 0)
-    throw new ModelError(`${what} is not a Stable Diffusion checkpoint: it has no model.diffusion_model.* (UNet) tensors (${names.length} tensors, e.g. '${names[0]}')`);
+    throw new ModelError(
+      `${what} is not a Stable Diffusion checkpoint: it has no model.diffusion_model.* (UNet) tensors (${names.length} tensors, e.g. '${names[0]}')`,
+    );
   const convIn = shapes.get('model.diffusion_model.input_blocks.0.0.weight');
   if (!convIn || convIn.length !== 4 || convIn[1] !== 4)
-    throw new ModelError(`${what}: UNet input conv model.diffusion_model.input_blocks.0.0.weight is ${convIn ? `[${convIn}]` : 'missing'}, expected [C,4,3,3] (an inpainting or unusual UNet is not supported yet)`);
+    throw new ModelError(
+      `${what}: UNet input conv model.diffusion_model.input_blocks.0.0.weight is ${convIn ? `[${convIn}]` : 'missing'}, expected [C,4,3,3] (an inpainting or unusual UNet is not supported yet)`,
+    );
   // Cross-attention key projection width = text-encoder width: 768 (SD1) or 1024 (SD2).
   const toK = names.find((n) => n.startsWith('model.diffusion_model.') && n.endsWith('attn2.to_k.weight'));
   if (!toK) throw new ModelError(`${what}: the UNet has no cross-attention (attn2.to_k) weights: not an SD 1.x/2.x UNet`);
@@ -89,10 +95,14 @@ export function detectSingleFile(shapes: ShapeMap, what = 'this file', config?: 
   // Other widths (small test or custom models): the text encoder's key family decides.
   else if (contextDim !== 768 && contextDim !== 1024 && (sd1Text || sd2Text)) family = sd1Text ? 'sd1' : 'sd2';
   else if (contextDim !== 768 && contextDim !== 1024)
-    throw new ModelError(`${what}: cross-attention width ${contextDim} is neither SD1's 768 nor SD2's 1024, and no text encoder says which family it is: unknown architecture`);
+    throw new ModelError(
+      `${what}: cross-attention width ${contextDim} is neither SD1's 768 nor SD2's 1024, and no text encoder says which family it is: unknown architecture`,
+    );
   else family = contextDim === 768 ? 'sd1' : 'sd2';
   if ((family === 'sd1' && sd2Text) || (family === 'sd2' && sd1Text))
-    throw new ModelError(`${what}: the UNet expects ${contextDim}-wide text embeddings but the text encoder is ${sd2Text ? "SD2's OpenCLIP" : "SD1's CLIP"}: mixed or corrupt checkpoint`);
+    throw new ModelError(
+      `${what}: the UNet expects ${contextDim}-wide text embeddings but the text encoder is ${sd2Text ? "SD2's OpenCLIP" : "SD1's CLIP"}: mixed or corrupt checkpoint`,
+    );
   const { prediction, source } = predictionFor(family, config);
   return { family, prediction, predictionSource: source, layout: 'single-file', contextDim, components, ignored };
 }
@@ -121,9 +131,11 @@ export function detectDiffusers(
   const cls = configs.modelIndex?._class_name;
   if (typeof cls === 'string' && /XL|StableDiffusion3|Flux|Kandinsky|Wuerstchen|StableCascade|PixArt|Sana|Lumina|HunyuanDiT|AuraFlow/i.test(cls))
     throw new ModelError(`${what} is a ${cls} model: not supported yet (SD 1.x and 2.x are)`);
-  if (configs.unet.addition_embed_type === 'text_time') throw new ModelError(`${what} is an SDXL model (its UNet takes text_time embeddings): not supported yet`);
+  if (configs.unet.addition_embed_type === 'text_time')
+    throw new ModelError(`${what} is an SDXL model (its UNet takes text_time embeddings): not supported yet`);
   const unetCls = configs.unet._class_name;
-  if (typeof unetCls === 'string' && unetCls !== 'UNet2DConditionModel') throw new ModelError(`${what}: its unet is a ${unetCls}, not an SD 1.x/2.x UNet2DConditionModel: not supported yet`);
+  if (typeof unetCls === 'string' && unetCls !== 'UNet2DConditionModel')
+    throw new ModelError(`${what}: its unet is a ${unetCls}, not an SD 1.x/2.x UNet2DConditionModel: not supported yet`);
   if (configs.unet.in_channels !== undefined && configs.unet.in_channels !== 4)
     throw new ModelError(`${what}: unet in_channels ${configs.unet.in_channels} (inpainting or depth models are not supported yet)`);
   const cross = configs.unet.cross_attention_dim;
@@ -136,7 +148,10 @@ export function detectDiffusers(
   if (cross === 768) family = 'sd1';
   else if (cross === 1024) family = 'sd2';
   else if (te?.hidden_act === 'gelu' || te?.hidden_act === 'quick_gelu') family = te.hidden_act === 'gelu' ? 'sd2' : 'sd1';
-  else throw new ModelError(`${what}: unet cross_attention_dim ${cross} is neither SD1's 768 nor SD2's 1024, and the text encoder config does not say which family it is: unknown architecture`);
+  else
+    throw new ModelError(
+      `${what}: unet cross_attention_dim ${cross} is neither SD1's 768 nor SD2's 1024, and the text encoder config does not say which family it is: unknown architecture`,
+    );
   const { prediction, source } = predictionFor(family, configs.scheduler as { prediction_type?: string } | undefined);
   return { family, prediction, predictionSource: source, layout: 'diffusers', contextDim: cross, components: counts, ignored: { ema: 0, other: 0 } };
 }

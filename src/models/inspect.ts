@@ -6,7 +6,19 @@ import { SafetensorsFile } from '../io/safetensors.ts';
 import type { ByteSource } from '../io/source.ts';
 import { modelProblems } from './check.ts';
 import { detectDiffusers, detectSingleFile, ModelError, type Detected } from './detect.ts';
-import { closeFolder, COMPONENTS, countTensors, folderSource, openSingleFile, readDiffusersFolder, singleFilePrediction, type FolderReader, type Json, type ModelSource, type SourceOptions } from './source.ts';
+import {
+  closeFolder,
+  COMPONENTS,
+  countTensors,
+  folderSource,
+  openSingleFile,
+  readDiffusersFolder,
+  singleFilePrediction,
+  type FolderReader,
+  type Json,
+  type ModelSource,
+  type SourceOptions,
+} from './source.ts';
 
 export type { FolderReader } from './source.ts';
 
@@ -34,13 +46,19 @@ async function problemsOf(open: () => Promise<ModelSource> | ModelSource): Promi
  * `config` is a scheduler config (prediction_type); `overrides` are the per-component config values the
  * loader would be given (--config), which decide what a single file at non-SD widths can be checked against.
  */
-export async function inspectSingleFile(source: ByteSource, config?: { prediction_type?: string }, overrides?: SourceOptions['overrides']): Promise<Inspection> {
+export async function inspectSingleFile(
+  source: ByteSource,
+  config?: { prediction_type?: string },
+  overrides?: SourceOptions['overrides'],
+): Promise<Inspection> {
   const f = await SafetensorsFile.open(source);
   const shapes = new Map(f.names.map((n) => [n, f.entry(n).shape] as const));
   const det = detectSingleFile(shapes, source.name, config);
   // The prediction type as the loader decides it (for SD2: config, else the weights test, else the default).
   const p = await singleFilePrediction(f, det.family, config as Json | undefined);
-  const problems = await problemsOf(() => openSingleFile(f, { family: det.family, overrides: { ...overrides, scheduler: { ...overrides?.scheduler, ...config } } }));
+  const problems = await problemsOf(() =>
+    openSingleFile(f, { family: det.family, overrides: { ...overrides, scheduler: { ...overrides?.scheduler, ...config } } }),
+  );
   return { ...det, prediction: p.prediction, predictionSource: p.source, tensorCount: shapes.size, files: [source.name], problems };
 }
 
@@ -48,7 +66,11 @@ export async function inspectDiffusers(dir: FolderReader, config?: { prediction_
   const o: SourceOptions = { overrides: { ...overrides, scheduler: { ...overrides?.scheduler, ...(config as Json | undefined) } } };
   const f = await readDiffusersFolder(dir, o);
   try {
-    const det = detectDiffusers({ modelIndex: f.modelIndex, unet: f.configs.unet, scheduler: f.scheduler, textEncoder: f.configs.text_encoder }, countTensors(f.files), dir.name);
+    const det = detectDiffusers(
+      { modelIndex: f.modelIndex, unet: f.configs.unet, scheduler: f.scheduler, textEncoder: f.configs.text_encoder },
+      countTensors(f.files),
+      dir.name,
+    );
     const tensorCount = COMPONENTS.reduce((s, c) => s + f.files[c].names.length, 0);
     const problems = await problemsOf(() => folderSource(dir, f, det, o));
     return { ...det, tensorCount, files: COMPONENTS.map((c) => f.paths[c]), problems };
@@ -61,7 +83,15 @@ export async function inspectDiffusers(dir: FolderReader, config?: { prediction_
 export function inspectionReport(r: Inspection): Record<string, unknown> {
   const parameters = Object.fromEntries(Object.entries(r.components).map(([k, v]) => [k, v.parameters]));
   return {
-    architecture: r.family, predictionType: r.prediction, predictionSource: r.predictionSource, layout: r.layout, contextDim: r.contextDim,
-    tensorCount: r.tensorCount, parameters, ignored: r.ignored, files: r.files, problems: r.problems,
+    architecture: r.family,
+    predictionType: r.prediction,
+    predictionSource: r.predictionSource,
+    layout: r.layout,
+    contextDim: r.contextDim,
+    tensorCount: r.tensorCount,
+    parameters,
+    ignored: r.ignored,
+    files: r.files,
+    problems: r.problems,
   };
 }

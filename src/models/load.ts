@@ -63,8 +63,12 @@ function checkValues(src: ModelSource, c: Component, name: string, data: Float32
   const tensor = `${src.name}: ${c} tensor ${name}${src.tensorOrigin ? ` (${src.tensorOrigin(c, name)})` : ''}`;
   const values = (n: number, kind: string) => `${n} ${kind}value${n === 1 ? '' : 's'}`;
   if (bad.nonFinite)
-    throw new ModelError(`${tensor} holds ${values(bad.nonFinite, 'non-finite ')} (NaN/Inf): this checkpoint is corrupt or was saved after a diverged run; use another file`);
-  throw new ModelError(`${tensor} holds ${values(bad.beyondF16, '')} beyond f16's range (|x| >= ${F16_OVERFLOW}), which would be Inf in f16 weights: load it in f32 or use another file`);
+    throw new ModelError(
+      `${tensor} holds ${values(bad.nonFinite, 'non-finite ')} (NaN/Inf): this checkpoint is corrupt or was saved after a diverged run; use another file`,
+    );
+  throw new ModelError(
+    `${tensor} holds ${values(bad.beyondF16, '')} beyond f16's range (|x| >= ${F16_OVERFLOW}), which would be Inf in f16 weights: load it in f32 or use another file`,
+  );
 }
 
 /**

@@ -38,7 +38,10 @@ export function unetParams(c: UnetConfig): ParamShapes {
     else conv(m, `${p}.proj_in`, cc, cc, 1);
     const tb = `${p}.transformer_blocks.0`;
     for (const n of ['norm1', 'norm2', 'norm3']) norm(m, `${tb}.${n}`, cc);
-    for (const [a, kv] of [['attn1', cc], ['attn2', c.crossAttentionDim]] as const) {
+    for (const [a, kv] of [
+      ['attn1', cc],
+      ['attn2', c.crossAttentionDim],
+    ] as const) {
       lin(m, `${tb}.${a}.to_q`, cc, cc, false);
       lin(m, `${tb}.${a}.to_k`, cc, kv, false);
       lin(m, `${tb}.${a}.to_v`, cc, kv, false);
@@ -152,9 +155,26 @@ export function paramCount(m: ParamShapes): number {
 /** SD 1.5's configs (diffusers' runwayml/stable-diffusion-v1-5). */
 export const SD15 = {
   unet: {
-    blockOutChannels: [320, 640, 1280, 1280], layersPerBlock: 2, heads: [8, 8, 8, 8], crossAttentionDim: 768, groups: 32, linearProjection: false,
-    downAttention: [true, true, true, false], upAttention: [false, true, true, true], inChannels: 4, outChannels: 4,
+    blockOutChannels: [320, 640, 1280, 1280],
+    layersPerBlock: 2,
+    heads: [8, 8, 8, 8],
+    crossAttentionDim: 768,
+    groups: 32,
+    linearProjection: false,
+    downAttention: [true, true, true, false],
+    upAttention: [false, true, true, true],
+    inChannels: 4,
+    outChannels: 4,
   } satisfies UnetConfig,
   vae: { blockOutChannels: [128, 256, 512, 512], layersPerBlock: 2, groups: 32, latentChannels: 4, scalingFactor: 0.18215 } satisfies VaeConfig,
-  textEncoder: { vocabSize: 49408, hiddenSize: 768, layers: 12, heads: 12, intermediateSize: 3072, maxPositions: 77, act: 'quick_gelu', eps: 1e-5 } satisfies ClipTextConfig,
+  textEncoder: {
+    vocabSize: 49408,
+    hiddenSize: 768,
+    layers: 12,
+    heads: 12,
+    intermediateSize: 3072,
+    maxPositions: 77,
+    act: 'quick_gelu',
+    eps: 1e-5,
+  } satisfies ClipTextConfig,
 };

@@ -33,7 +33,8 @@ export function parseJsonObject(text: string, path: string): Json {
   } catch (e) {
     throw new ModelError(`${path}: invalid JSON (${(e as Error).message})`);
   }
-  if (typeof j !== 'object' || j === null || Array.isArray(j)) throw new ModelError(`${path}: not a JSON object (it holds ${j === null ? 'null' : Array.isArray(j) ? 'an array' : typeof j})`);
+  if (typeof j !== 'object' || j === null || Array.isArray(j))
+    throw new ModelError(`${path}: not a JSON object (it holds ${j === null ? 'null' : Array.isArray(j) ? 'an array' : typeof j})`);
   return j as Json;
 }
 
@@ -49,7 +50,8 @@ export async function readJsonFile(dir: FolderReader, path: string): Promise<Jso
     if (e instanceof SyntaxError) throw new ModelError(`${dir.name}: ${path}: invalid JSON (${e.message})`);
     throw e;
   }
-  if (typeof j !== 'object' || j === null || Array.isArray(j)) throw new ModelError(`${dir.name}: ${path}: not a JSON object (it holds ${j === null ? 'null' : Array.isArray(j) ? 'an array' : typeof j})`);
+  if (typeof j !== 'object' || j === null || Array.isArray(j))
+    throw new ModelError(`${dir.name}: ${path}: not a JSON object (it holds ${j === null ? 'null' : Array.isArray(j) ? 'an array' : typeof j})`);
   return j as Json;
 }
 
@@ -131,7 +133,11 @@ function maxIndex(names: Iterable<string>, re: RegExp): number {
 /** UNet block layout and diffusers config inferred from single-file UNet names and shapes. */
 export function inferUnet(shapes: Map<string, readonly number[]>, family: Family): { layout: UnetLayout; config: Json } {
   const names = [...shapes.keys()];
-  const ops = names.map((n) => /^input_blocks\.(\d+)\.0\.op\.weight$/.exec(n)).filter((r): r is RegExpExecArray => !!r).map((r) => Number(r[1])).sort((a, b) => a - b);
+  const ops = names
+    .map((n) => /^input_blocks\.(\d+)\.0\.op\.weight$/.exec(n))
+    .filter((r): r is RegExpExecArray => !!r)
+    .map((r) => Number(r[1]))
+    .sort((a, b) => a - b);
   if (!ops.length) throw new ModelError('the UNet has no downsamplers (input_blocks.N.0.op): not an SD UNet');
   const L = ops[0] - 1;
   const blocks = ops.length + 1;
@@ -224,9 +230,21 @@ const SD_TEXT_WIDTH: Record<Family, number> = { sd1: 768, sd2: 1024 };
 function uninferredFields(configs: Record<Component, Json>, family: Family, overrides: SourceOptions['overrides']): ModelSource['uninferred'] {
   const same = (a: unknown, b: number[]) => Array.isArray(a) && a.length === b.length && a.every((x, i) => x === b[i]);
   const standard: Record<Component, [boolean, string, string[]]> = {
-    unet: [same(configs.unet.block_out_channels, SD_UNET_WIDTHS), `block_out_channels [${configs.unet.block_out_channels}]; SD's are [${SD_UNET_WIDTHS}]`, ['attention_head_dim', 'norm_num_groups']],
-    vae: [same(configs.vae.block_out_channels, SD_VAE_WIDTHS), `block_out_channels [${configs.vae.block_out_channels}]; SD's are [${SD_VAE_WIDTHS}]`, ['norm_num_groups']],
-    text_encoder: [configs.text_encoder.hidden_size === SD_TEXT_WIDTH[family], `hidden_size ${configs.text_encoder.hidden_size}; ${family.toUpperCase()}'s is ${SD_TEXT_WIDTH[family]}`, ['num_attention_heads']],
+    unet: [
+      same(configs.unet.block_out_channels, SD_UNET_WIDTHS),
+      `block_out_channels [${configs.unet.block_out_channels}]; SD's are [${SD_UNET_WIDTHS}]`,
+      ['attention_head_dim', 'norm_num_groups'],
+    ],
+    vae: [
+      same(configs.vae.block_out_channels, SD_VAE_WIDTHS),
+      `block_out_channels [${configs.vae.block_out_channels}]; SD's are [${SD_VAE_WIDTHS}]`,
+      ['norm_num_groups'],
+    ],
+    text_encoder: [
+      configs.text_encoder.hidden_size === SD_TEXT_WIDTH[family],
+      `hidden_size ${configs.text_encoder.hidden_size}; ${family.toUpperCase()}'s is ${SD_TEXT_WIDTH[family]}`,
+      ['num_attention_heads'],
+    ],
   };
   const out: ModelSource['uninferred'] = {};
   for (const c of COMPONENTS) {
@@ -254,7 +272,10 @@ async function sd2PredictionFromWeights(file: SafetensorsFile): Promise<{ predic
   const x = (await file.read(V_PROBE)).data;
   const mean = x.reduce((a, b) => a + b, 0) / x.length;
   const std = Math.sqrt(x.reduce((a, b) => a + (b - mean) ** 2, 0) / x.length);
-  return { prediction: std > 0.09 ? 'v_prediction' : 'epsilon', source: `weights: std ${std.toFixed(3)} of ${V_PROBE.slice(22)} ${std > 0.09 ? '>' : '<='} 0.09 (ComfyUI's SD2 test); a scheduler config overrides it` };
+  return {
+    prediction: std > 0.09 ? 'v_prediction' : 'epsilon',
+    source: `weights: std ${std.toFixed(3)} of ${V_PROBE.slice(22)} ${std > 0.09 ? '>' : '<='} 0.09 (ComfyUI's SD2 test); a scheduler config overrides it`,
+  };
 }
 
 /** A single file's prediction type: the scheduler config's, else for SD2 the weights test, else the family default. */
@@ -353,7 +374,8 @@ export async function findWeights(dir: FolderReader, c: Component): Promise<stri
     const bin = p.replace(/\.safetensors$/, '.bin');
     if (await dir.exists(bin))
       throw new ModelError(`${dir.name}: ${c} weights are only in ${bin}, a PyTorch pickle, which is never opened here: convert it to .safetensors first`);
-    if (await dir.exists(`${p}.index.json`)) throw new ModelError(`${dir.name}: ${c} weights are sharded (${p}.index.json): sharded checkpoints are not supported yet`);
+    if (await dir.exists(`${p}.index.json`))
+      throw new ModelError(`${dir.name}: ${c} weights are sharded (${p}.index.json): sharded checkpoints are not supported yet`);
   }
   throw new ModelError(`${dir.name}: ${c} weights are missing: expected ${candidates.join(' or ')}`);
 }
@@ -416,7 +438,11 @@ export async function openDiffusers(dir: FolderReader, o: SourceOptions = {}): P
   const f = await readDiffusersFolder(dir, o);
   try {
     if (o.family) return folderSource(dir, f, { family: o.family, ...predictionOf(predictionFor(o.family, f.scheduler as { prediction_type?: string })) }, o);
-    const det = detectDiffusers({ modelIndex: f.modelIndex, unet: f.configs.unet, scheduler: f.scheduler, textEncoder: f.configs.text_encoder }, countTensors(f.files), dir.name);
+    const det = detectDiffusers(
+      { modelIndex: f.modelIndex, unet: f.configs.unet, scheduler: f.scheduler, textEncoder: f.configs.text_encoder },
+      countTensors(f.files),
+      dir.name,
+    );
     return folderSource(dir, f, det, o);
   } catch (e) {
     await closeFolder(f);
@@ -433,7 +459,12 @@ export async function closeFolder(f: DiffusersFolder): Promise<void> {
 }
 
 /** An opened folder (readDiffusersFolder) as a ModelSource of the given family; closing it closes the folder's files. */
-export function folderSource(dir: FolderReader, f: DiffusersFolder, det: { family: Family; prediction: Prediction; predictionSource: string }, o: SourceOptions = {}): ModelSource {
+export function folderSource(
+  dir: FolderReader,
+  f: DiffusersFolder,
+  det: { family: Family; prediction: Prediction; predictionSource: string },
+  o: SourceOptions = {},
+): ModelSource {
   const { family, prediction, predictionSource } = det;
   const shapes = {} as Record<Component, Map<string, readonly number[]>>;
   for (const c of COMPONENTS) shapes[c] = new Map(f.files[c].names.filter((n) => !isBuffer(n)).map((n) => [n, f.files[c].entry(n).shape] as const));
@@ -469,7 +500,11 @@ export async function tokenizerFilesFrom(dir: FolderReader, prefix = 'tokenizer/
   if (!(await dir.exists(p('vocab.json'))) || !(await dir.exists(p('merges.txt')))) return null;
   const merges = await dir.open(p('merges.txt'));
   try {
-    return { vocab: (await readJsonFile(dir, p('vocab.json'))) as Record<string, number>, merges: new TextDecoder().decode(await merges.read(0, merges.size)), config };
+    return {
+      vocab: (await readJsonFile(dir, p('vocab.json'))) as Record<string, number>,
+      merges: new TextDecoder().decode(await merges.read(0, merges.size)),
+      config,
+    };
   } finally {
     await merges.close?.();
   }

@@ -60,7 +60,12 @@ function w(weights: Weights, name: string): Tensor {
  * PEFT layout) are added with `loraScale`; without adapters the result is exactly the plain encoder's.
  */
 export function clipTextForward(
-  gpu: Gpu, cfg: ClipTextConfig, weights: Weights, ids: ArrayLike<number>, batch: number, tape: Tape | null = null,
+  gpu: Gpu,
+  cfg: ClipTextConfig,
+  weights: Weights,
+  ids: ArrayLike<number>,
+  batch: number,
+  tape: Tape | null = null,
   /** alpha / rank of the LoRA adapters present in `weights` (see loraLinear). */
   loraScale = 1,
 ): Tensor {

@@ -8,8 +8,21 @@ import { Tensor } from '../gpu/tensor.ts';
 import { flashAttention, flashAttentionBackward, type AttentionOptions } from '../ops/attention.ts';
 import { conv2d, conv2dBackward, conv2dBackwardInput, type Conv2dOptions } from '../ops/conv2d.ts';
 import {
-  activation, activationBackward, add, addChannel, addChannelBackward, cast, concatChannels, geglu, gegluBackward, scale, splitChannels,
-  transpose2d, upsample2x, upsample2xBackward, type Activation,
+  activation,
+  activationBackward,
+  add,
+  addChannel,
+  addChannelBackward,
+  cast,
+  concatChannels,
+  geglu,
+  gegluBackward,
+  scale,
+  splitChannels,
+  transpose2d,
+  upsample2x,
+  upsample2xBackward,
+  type Activation,
 } from '../ops/elementwise.ts';
 import { colSum, linear, linearBackward, matmul, matmulBackward, type MatmulOptions } from '../ops/matmul.ts';
 import { softmax, softmaxBackward } from '../ops/softmax.ts';

@@ -126,7 +126,13 @@ function transformer(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, 
  * adapters in `w` on the attention projections (to_q, to_k, to_v, to_out.0) are applied with `loraScale`.
  */
 export function unetForward(
-  gpu: Gpu, cfg: UnetConfig, w: Weights, sample: Tensor, timesteps: Tensor, context: Tensor, tape: Tape | null = null,
+  gpu: Gpu,
+  cfg: UnetConfig,
+  w: Weights,
+  sample: Tensor,
+  timesteps: Tensor,
+  context: Tensor,
+  tape: Tape | null = null,
   /** alpha / rank of the LoRA adapters present in `w` (see loraLinear). */
   loraScale = 1,
   /**
@@ -138,7 +144,8 @@ export function unetForward(
 ): Tensor {
   const F = new Ops(gpu, tape);
   const B = sample.shape[0];
-  if (sample.shape.length !== 4 || sample.shape[1] !== cfg.inChannels) throw new ShapeError('unet', `sample must be [B,${cfg.inChannels},h,w], got [${sample.shape}]`);
+  if (sample.shape.length !== 4 || sample.shape[1] !== cfg.inChannels)
+    throw new ShapeError('unet', `sample must be [B,${cfg.inChannels},h,w], got [${sample.shape}]`);
   if (context.shape.length !== 3 || context.shape[0] !== B || context.shape[2] !== cfg.crossAttentionDim)
     throw new ShapeError('unet', `encoder_hidden_states must be [${B},L,${cfg.crossAttentionDim}], got [${context.shape}]`);
   if (timesteps.numel !== B) throw new ShapeError('unet', `timesteps must be [${B}], got [${timesteps.shape}]`);

@@ -73,7 +73,12 @@ function check(param: AdamWParam, grad: Tensor, s: AdamWStep): void {
   expectDType(op, param.m, 'f32', 'm');
   expectDType(op, param.v, 'f32', 'v');
   const n = param.master.numel;
-  const others: [string, Tensor | undefined][] = [['m', param.m], ['v', param.v], ['weight', param.weight], ['grad', grad]];
+  const others: [string, Tensor | undefined][] = [
+    ['m', param.m],
+    ['v', param.v],
+    ['weight', param.weight],
+    ['grad', grad],
+  ];
   for (const [name, t] of others)
     if (t && t.numel !== n) throw new ShapeError(op, `${name} ${fmtShape(t.shape)} does not match master ${fmtShape(param.master.shape)}`);
   scalarBuffer(op, 'flag', s.flag);
@@ -139,7 +144,18 @@ function dispatchAdamW(gpu: Gpu, param: AdamWParam, grad: Tensor, cfg: AdamWConf
       defs: adamwDefs(grad.dtype, copy?.dtype ?? null, !!s.clip),
       uniforms: new Uniforms()
         .u32(count, g.skip, p.skip, m.skip, v.skip, w?.skip ?? 0)
-        .f32(1 - cfg.lr * cfg.weightDecay, cfg.beta1, 1 - cfg.beta1, cfg.beta2, 1 - cfg.beta2, stepSize, bc2Sqrt, cfg.eps, 1 / s.lossScale, s.clip?.maxNorm ?? 0),
+        .f32(
+          1 - cfg.lr * cfg.weightDecay,
+          cfg.beta1,
+          1 - cfg.beta1,
+          cfg.beta2,
+          1 - cfg.beta2,
+          stepSize,
+          bc2Sqrt,
+          cfg.eps,
+          1 / s.lossScale,
+          s.clip?.maxNorm ?? 0,
+        ),
       bindings: [g.window, p.window, m.window, v.window, flagW.window, normW.window, w?.window ?? null, updateW?.window ?? null],
       workgroups: gpu.grid(Math.ceil(count / WG)),
     });
@@ -163,8 +179,15 @@ export function adamwCheck(gpu: Gpu, param: AdamWParam, grad: Tensor, cfg: AdamW
 
 /** Plain-TS adamwCheck: true when the update (in the kernel's f32 operations) would set the flag. */
 export function adamwCheckRef(
-  master: ArrayLike<number>, m: ArrayLike<number>, v: ArrayLike<number>, grad: ArrayLike<number>, cfg: AdamWConfig,
-  step: number, limit: number, lossScale = 1, clipFactor = 1,
+  master: ArrayLike<number>,
+  m: ArrayLike<number>,
+  v: ArrayLike<number>,
+  grad: ArrayLike<number>,
+  cfg: AdamWConfig,
+  step: number,
+  limit: number,
+  lossScale = 1,
+  clipFactor = 1,
 ): boolean {
   const f = Math.fround;
   const decay = f(1 - cfg.lr * cfg.weightDecay);
@@ -206,7 +229,11 @@ export function statsEps(cfg: AdamWConfig): number {
  */
 export function adamwStats(gpu: Gpu, state: { master: Tensor; m: Tensor; v: Tensor }, cfg: AdamWConfig, out: Tensor): void {
   const op = 'adamwStats';
-  for (const [name, t] of [['master', state.master], ['m', state.m], ['v', state.v]] as const) {
+  for (const [name, t] of [
+    ['master', state.master],
+    ['m', state.m],
+    ['v', state.v],
+  ] as const) {
     expectDType(op, t, 'f32', name);
     if (t.numel !== state.master.numel) throw new ShapeError(op, `${name} ${fmtShape(t.shape)} does not match master ${fmtShape(state.master.shape)}`);
   }
@@ -285,7 +312,10 @@ export function adamwStepSafe(stats: AdamWStateStats, cfg: AdamWConfig, step: nu
  * itself on the GPU if the flag is set). Returns the norm tensor (f32 [1]) when clipping, for logging.
  */
 export function adamwAll(
-  gpu: Gpu, params: AdamWParam[], grads: Tensor[], cfg: AdamWConfig,
+  gpu: Gpu,
+  params: AdamWParam[],
+  grads: Tensor[],
+  cfg: AdamWConfig,
   s: { step: number; lossScale: number; flag: Tensor; maxNorm?: number },
 ): Tensor | null {
   if (params.length !== grads.length) throw new ShapeError('adamwAll', `${params.length} parameters but ${grads.length} gradients`);
@@ -299,8 +329,14 @@ export function adamwAll(
 
 /** Plain-TS AdamW step (in place, float64 math), the reference for the kernel. */
 export function adamwRef(
-  master: Float32Array, m: Float32Array, v: Float32Array, grad: ArrayLike<number>, cfg: AdamWConfig,
-  step: number, lossScale = 1, clipFactor = 1,
+  master: Float32Array,
+  m: Float32Array,
+  v: Float32Array,
+  grad: ArrayLike<number>,
+  cfg: AdamWConfig,
+  step: number,
+  lossScale = 1,
+  clipFactor = 1,
 ): void {
   const bc1 = 1 - cfg.beta1 ** step;
   const bc2 = 1 - cfg.beta2 ** step;

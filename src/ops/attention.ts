@@ -36,7 +36,11 @@ interface Dims {
 
 function dims(op: string, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions): Dims {
   const layout = opts.layout ?? 'bhnd';
-  for (const [name, t] of [['q', q], ['k', k], ['v', v]] as const)
+  for (const [name, t] of [
+    ['q', q],
+    ['k', k],
+    ['v', v],
+  ] as const)
     if (t.shape.length !== 4) throw new ShapeError(op, `${name} must be rank 4 (${layout === 'bhnd' ? '[B,H,N,D]' : '[B,N,H,D]'}), got ${fmtShape(t.shape)}`);
   expectSameDType(op, q, k, v);
   const [B, a, b, D] = q.shape;
@@ -123,13 +127,27 @@ export interface AttentionGrads {
 }
 
 /** Gradients of flash attention from the saved out and LSE; recomputes P tile by tile. */
-export function flashAttentionBackward(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dy: Tensor, opts: AttentionOptions = {}): AttentionGrads {
+export function flashAttentionBackward(
+  gpu: Gpu,
+  q: Tensor,
+  k: Tensor,
+  v: Tensor,
+  out: Tensor,
+  lse: Tensor,
+  dy: Tensor,
+  opts: AttentionOptions = {},
+): AttentionGrads {
   const op = 'flashAttentionBackward';
   const d = dims(op, q, k, v, opts);
   expectSameDType(op, q, out, dy);
-  for (const [name, t] of [['out', out], ['dy', dy]] as const)
-    if (t.shape.some((x, i) => x !== q.shape[i]) || t.shape.length !== 4) throw new ShapeError(op, `${name} ${fmtShape(t.shape)} must have q's shape ${fmtShape(q.shape)}`);
-  if (lse.numel !== d.B * d.H * d.N || lse.dtype !== 'f32') throw new ShapeError(op, `lse must be f32 [${d.B},${d.H},${d.N}], got ${lse.dtype} ${fmtShape(lse.shape)}`);
+  for (const [name, t] of [
+    ['out', out],
+    ['dy', dy],
+  ] as const)
+    if (t.shape.some((x, i) => x !== q.shape[i]) || t.shape.length !== 4)
+      throw new ShapeError(op, `${name} ${fmtShape(t.shape)} must have q's shape ${fmtShape(q.shape)}`);
+  if (lse.numel !== d.B * d.H * d.N || lse.dtype !== 'f32')
+    throw new ShapeError(op, `lse must be f32 [${d.B},${d.H},${d.N}], got ${lse.dtype} ${fmtShape(lse.shape)}`);
   const delta = gpu.tensor([d.B, d.H, d.N], 'f32', 'scratch', 'attention.delta');
   run(gpu, op, 'attn_bwd_delta', d, q.dtype, d.N, [null, null, null, null, null, out, dy, null, delta]);
   const dq = gpu.tensor(q.shape, q.dtype, 'gradients', 'attention.dq');
@@ -221,7 +239,10 @@ export interface AttentionRefResult {
 
 /** Forward and (given dy) backward of attention in float64, any layout. */
 export function attentionRef(
-  q: ArrayLike<number>, k: ArrayLike<number>, v: ArrayLike<number>, dy: ArrayLike<number> | null,
+  q: ArrayLike<number>,
+  k: ArrayLike<number>,
+  v: ArrayLike<number>,
+  dy: ArrayLike<number> | null,
   s: { B: number; H: number; N: number; M: number; D: number; scale?: number; layout?: AttentionLayout; causal?: boolean },
 ): AttentionRefResult {
   const { B, H, N, M, D } = s;

@@ -54,8 +54,7 @@ export function convShape(op: string, xShape: readonly number[], wShape: readonl
 }
 
 function expectOutDType(op: string, input: Tensor, out: Tensor): void {
-  if (out.dtype !== input.dtype && out.dtype !== 'f32')
-    throw new ShapeError(op, `out must be ${input.dtype} or f32, got ${out.dtype}${fmtShape(out.shape)}`);
+  if (out.dtype !== input.dtype && out.dtype !== 'f32') throw new ShapeError(op, `out must be ${input.dtype} or f32, got ${out.dtype}${fmtShape(out.shape)}`);
 }
 
 /** MODE of shaders/conv2d.wgsl: which GEMM the implicit-GEMM kernel runs. */
@@ -101,7 +100,8 @@ function convGemm(
   if (bias) wholeFits(gpu, op, bias, 'bias');
   const group = samplesPerBinding(gpu, op, s, [perA * BYTES[srcA.dtype], perB * BYTES[srcB.dtype], perC * BYTES[out.dtype]]);
   const tile = forcedTile ?? pickTile(GM, GN, mode === Mode.GradWeight ? 1 : group);
-  if (tileSharedBytes(tile) > gpu.device.limits.maxComputeWorkgroupStorageSize) throw new ShapeError(op, `tile ${JSON.stringify(tile)} needs too much workgroup memory`);
+  if (tileSharedBytes(tile) > gpu.device.limits.maxComputeWorkgroupStorageSize)
+    throw new ShapeError(op, `tile ${JSON.stringify(tile)} needs too much workgroup memory`);
   for (let n0 = 0; n0 < s.N; n0 += group) {
     const nb = Math.min(group, s.N - n0);
     const wa = mode === Mode.GradWeight ? elemWindow(gpu, srcA, n0 * perA, nb * perA) : elemWindow(gpu, srcA, 0, srcA.numel);
@@ -109,9 +109,7 @@ function convGemm(
     const wc = mode === Mode.GradWeight ? elemWindow(gpu, out, 0, out.numel) : elemWindow(gpu, out, n0 * perC, nb * perC);
     const wbias = bias ? elemWindow(gpu, bias, 0, bias.numel) : wa;
     const GK = mode === Mode.Forward ? s.Ci * KHW : mode === Mode.GradInput ? s.Co * KHW : nb * s.Ho * s.Wo;
-    const u = new Uniforms()
-      .u32(GM, GN, GK, s.Ci, s.H, s.W, s.Co, s.Ho, s.Wo, s.pad)
-      .u32(wa.offset, wb.offset, wc.offset, wbias.offset, perB, perC);
+    const u = new Uniforms().u32(GM, GN, GK, s.Ci, s.H, s.W, s.Co, s.Ho, s.Wo, s.pad).u32(wa.offset, wb.offset, wc.offset, wbias.offset, perB, perC);
     gpu.dispatch({
       shader: 'conv2d',
       entry: 'conv_gemm',
@@ -199,7 +197,21 @@ function biasGrad(gpu: Gpu, op: string, s: ConvShape, dy: Tensor, db: Tensor, ac
     gpu.dispatch({
       shader: 'conv2d',
       entry: 'bias_grad',
-      defs: { T: dy.dtype, TC: db.dtype, MODE: 0, KH: 1, KW: 1, STRIDE: 1, BM: 64, BN: 64, BK: 16, TM: 4, TN: 4, HAS_BIAS: false, ACCUMULATE: accumulate || n0 > 0 },
+      defs: {
+        T: dy.dtype,
+        TC: db.dtype,
+        MODE: 0,
+        KH: 1,
+        KW: 1,
+        STRIDE: 1,
+        BM: 64,
+        BN: 64,
+        BK: 16,
+        TM: 4,
+        TN: 4,
+        HAS_BIAS: false,
+        ACCUMULATE: accumulate || n0 > 0,
+      },
       uniforms: new Uniforms().u32(0, hw, nb, 0, 0, 0, s.Co, 0, 0, 0).u32(wa.offset, 0, wc.offset, 0, 0, 0),
       bindings: [wa.window, null, wc.window, null],
       workgroups: [s.Co],
@@ -267,4 +279,3 @@ export function conv2dBackwardRef(
   });
   return { dx: Float32Array.from(dx), dw: Float32Array.from(dw), db: Float32Array.from(db) };
 }
-

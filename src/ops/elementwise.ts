@@ -55,13 +55,18 @@ const gcd = (a: number, b: number): number => (b === 0 ? a : gcd(b, a % b));
  * uniforms of a range of `count` items. A single item larger than one binding is refused.
  */
 function itemDispatch(
-  gpu: Gpu, op: string, entry: string, defs: Defs, items: number, bound: ItemOperand[],
-  work: (count: number) => { invocations: number; uniforms: Uniforms }, perWorkgroup = WG,
+  gpu: Gpu,
+  op: string,
+  entry: string,
+  defs: Defs,
+  items: number,
+  bound: ItemOperand[],
+  work: (count: number) => { invocations: number; uniforms: Uniforms },
+  perWorkgroup = WG,
 ): void {
   const itemBytes: number[] = [];
   for (const b of bound) {
-    if (b && 'whole' in b && !gpu.fitsBinding(b.whole))
-      throw new ShapeError(op, `${b.whole} is larger than one storage binding (${gpu.maxBinding} bytes)`);
+    if (b && 'whole' in b && !gpu.fitsBinding(b.whole)) throw new ShapeError(op, `${b.whole} is larger than one storage binding (${gpu.maxBinding} bytes)`);
     if (b && 'items' in b) itemBytes.push(b.perItem * BYTES[b.items.dtype]);
   }
   const widest = Math.max(...itemBytes);
@@ -74,7 +79,9 @@ function itemDispatch(
       entry,
       defs: { WG, ACT: 0, U: 'f32', ...defs },
       uniforms,
-      bindings: bound.map((b) => (b === null ? null : 'whole' in b ? b.whole : gpu.subWindow(b.items, start * b.perItem, count * b.perItem, BYTES[b.items.dtype]))),
+      bindings: bound.map((b) =>
+        b === null ? null : 'whole' in b ? b.whole : gpu.subWindow(b.items, start * b.perItem, count * b.perItem, BYTES[b.items.dtype]),
+      ),
       workgroups: gpu.grid(Math.ceil(invocations / perWorkgroup)),
     });
   }
@@ -138,7 +145,10 @@ export function repeat(gpu: Gpu, x: Tensor, times: number): Tensor {
   const o = gpu.tensor([times, ...x.shape], x.dtype, 'activations', 'repeat');
   itemDispatch(gpu, 'repeat', 'repeat', { T: x.dtype }, times, [{ whole: x }, null, { items: o, perItem: x.numel }], (count) => ({
     invocations: count * x.numel,
-    uniforms: new Uniforms().u32(count * x.numel).f32(1).u32(x.numel, 0),
+    uniforms: new Uniforms()
+      .u32(count * x.numel)
+      .f32(1)
+      .u32(x.numel, 0),
   }));
   return o;
 }
@@ -279,7 +289,10 @@ export function geglu(gpu: Gpu, x: Tensor): Tensor {
   const o = gpu.tensor([...x.shape.slice(0, -1), f], x.dtype, 'activations', 'geglu');
   itemDispatch(gpu, 'geglu', 'geglu_fwd', { T: x.dtype, ACT: 1 }, o.numel / f, [{ items: x, perItem: 2 * f }, null, { items: o, perItem: f }], (rows) => ({
     invocations: rows * f,
-    uniforms: new Uniforms().u32(rows * f).f32(1).u32(f, 0),
+    uniforms: new Uniforms()
+      .u32(rows * f)
+      .f32(1)
+      .u32(f, 0),
   }));
   return o;
 }
@@ -294,7 +307,10 @@ export function gegluBackward(gpu: Gpu, x: Tensor, dy: Tensor): Tensor {
   const rowsOf = (t: Tensor, perItem: number) => ({ items: t, perItem });
   itemDispatch(gpu, 'gegluBackward', 'geglu_bwd', { T: x.dtype, ACT: 1 }, dy.numel / f, [rowsOf(x, 2 * f), rowsOf(dy, f), rowsOf(dx, 2 * f)], (rows) => ({
     invocations: rows * 2 * f,
-    uniforms: new Uniforms().u32(rows * 2 * f).f32(1).u32(f, 0),
+    uniforms: new Uniforms()
+      .u32(rows * 2 * f)
+      .f32(1)
+      .u32(f, 0),
   }));
   return dx;
 }
@@ -326,10 +342,21 @@ export function upsample2x(gpu: Gpu, x: Tensor): Tensor {
   if (x.shape.length !== 4) throw new ShapeError('upsample2x', `x must be [N,C,H,W], got ${fmtShape(x.shape)}`);
   const [n, c, h, w] = x.shape;
   const o = gpu.tensor([n, c, 2 * h, 2 * w], x.dtype, 'activations', 'upsample2x');
-  itemDispatch(gpu, 'upsample2x', 'upsample2x_fwd', { T: x.dtype }, n * c, [{ items: x, perItem: h * w }, null, { items: o, perItem: 4 * h * w }], (planes) => ({
-    invocations: planes * 4 * h * w,
-    uniforms: new Uniforms().u32(planes * 4 * h * w).f32(1).u32(2 * w, 2 * h),
-  }));
+  itemDispatch(
+    gpu,
+    'upsample2x',
+    'upsample2x_fwd',
+    { T: x.dtype },
+    n * c,
+    [{ items: x, perItem: h * w }, null, { items: o, perItem: 4 * h * w }],
+    (planes) => ({
+      invocations: planes * 4 * h * w,
+      uniforms: new Uniforms()
+        .u32(planes * 4 * h * w)
+        .f32(1)
+        .u32(2 * w, 2 * h),
+    }),
+  );
   return o;
 }
 
@@ -340,10 +367,21 @@ export function upsample2xBackward(gpu: Gpu, x: Tensor, dy: Tensor): Tensor {
     throw new ShapeError('upsample2xBackward', `dy must be [${n},${c},${2 * h},${2 * w}] for x ${fmtShape(x.shape)}, got ${fmtShape(dy.shape)}`);
   expectSameDType('upsample2xBackward', x, dy);
   const dx = gpu.tensor(x.shape, x.dtype, 'gradients', 'upsample2x.dx');
-  itemDispatch(gpu, 'upsample2xBackward', 'upsample2x_bwd', { T: x.dtype }, n * c, [{ items: dy, perItem: 4 * h * w }, null, { items: dx, perItem: h * w }], (planes) => ({
-    invocations: planes * h * w,
-    uniforms: new Uniforms().u32(planes * h * w).f32(1).u32(w, h),
-  }));
+  itemDispatch(
+    gpu,
+    'upsample2xBackward',
+    'upsample2x_bwd',
+    { T: x.dtype },
+    n * c,
+    [{ items: dy, perItem: 4 * h * w }, null, { items: dx, perItem: h * w }],
+    (planes) => ({
+      invocations: planes * h * w,
+      uniforms: new Uniforms()
+        .u32(planes * h * w)
+        .f32(1)
+        .u32(w, h),
+    }),
+  );
   return dx;
 }
 
@@ -393,12 +431,21 @@ export function pad2d(gpu: Gpu, x: Tensor, pad: Pad2d): Tensor {
 export function pad2dBackward(gpu: Gpu, x: Tensor, dy: Tensor, pad: Pad2d): Tensor {
   const [n, c, h, w] = x.shape;
   const want = [n, c, h + pad.top + pad.bottom, w + pad.left + pad.right];
-  if (dy.shape.length !== 4 || dy.shape.some((d, i) => d !== want[i])) throw new ShapeError('pad2dBackward', `dy must be ${fmtShape(want)}, got ${fmtShape(dy.shape)}`);
+  if (dy.shape.length !== 4 || dy.shape.some((d, i) => d !== want[i]))
+    throw new ShapeError('pad2dBackward', `dy must be ${fmtShape(want)}, got ${fmtShape(dy.shape)}`);
   const dx = gpu.tensor(x.shape, x.dtype, 'gradients', 'pad2d.dx');
-  itemDispatch(gpu, 'pad2dBackward', 'pad2d_crop', { T: x.dtype }, n * c, [{ items: dy, perItem: want[2] * want[3] }, null, { items: dx, perItem: h * w }], (planes) => ({
-    invocations: planes * h * w,
-    uniforms: padUniforms(planes * h * w, h, w, pad),
-  }));
+  itemDispatch(
+    gpu,
+    'pad2dBackward',
+    'pad2d_crop',
+    { T: x.dtype },
+    n * c,
+    [{ items: dy, perItem: want[2] * want[3] }, null, { items: dx, perItem: h * w }],
+    (planes) => ({
+      invocations: planes * h * w,
+      uniforms: padUniforms(planes * h * w, h, w, pad),
+    }),
+  );
   return dx;
 }
 
@@ -407,7 +454,8 @@ export function pad2dRef(x: ArrayLike<number>, shape: readonly number[], pad: Pa
   const oh = h + pad.top + pad.bottom;
   const ow = w + pad.left + pad.right;
   const out = new Float32Array(n * c * oh * ow);
-  for (let p = 0; p < n * c; p++) for (let y = 0; y < h; y++) for (let xx = 0; xx < w; xx++) out[(p * oh + y + pad.top) * ow + xx + pad.left] = x[(p * h + y) * w + xx];
+  for (let p = 0; p < n * c; p++)
+    for (let y = 0; y < h; y++) for (let xx = 0; xx < w; xx++) out[(p * oh + y + pad.top) * ow + xx + pad.left] = x[(p * h + y) * w + xx];
   return out;
 }
 
@@ -418,10 +466,18 @@ export function transpose2d(gpu: Gpu, x: Tensor): Tensor {
   if (x.shape.length < 2) throw new ShapeError('transpose2d', `x needs two dims to swap, got ${fmtShape(x.shape)}`);
   const [r, c] = x.shape.slice(-2);
   const o = gpu.tensor([...x.shape.slice(0, -2), c, r], x.dtype, 'activations', 'transpose2d');
-  itemDispatch(gpu, 'transpose2d', 'transpose2d', { T: x.dtype }, x.numel / (r * c), [{ items: x, perItem: r * c }, null, { items: o, perItem: r * c }], (mats) => ({
-    invocations: mats * r * c,
-    uniforms: new Uniforms().u32(mats * r * c, r, c, 0, 0),
-  }));
+  itemDispatch(
+    gpu,
+    'transpose2d',
+    'transpose2d',
+    { T: x.dtype },
+    x.numel / (r * c),
+    [{ items: x, perItem: r * c }, null, { items: o, perItem: r * c }],
+    (mats) => ({
+      invocations: mats * r * c,
+      uniforms: new Uniforms().u32(mats * r * c, r, c, 0, 0),
+    }),
+  );
   return o;
 }
 
@@ -433,7 +489,11 @@ export function concatChannels(gpu: Gpu, x: Tensor, y: Tensor): Tensor {
   const inner = x.shape.slice(2).reduce((a, b) => a * b, 1);
   const o = gpu.tensor([x.shape[0], x.shape[1] + y.shape[1], ...x.shape.slice(2)], x.dtype, 'activations', 'concat');
   const [cx, cy] = [x.shape[1], y.shape[1]];
-  const samples = [{ items: x, perItem: cx * inner }, { items: y, perItem: cy * inner }, { items: o, perItem: (cx + cy) * inner }];
+  const samples = [
+    { items: x, perItem: cx * inner },
+    { items: y, perItem: cy * inner },
+    { items: o, perItem: (cx + cy) * inner },
+  ];
   itemDispatch(gpu, 'concatChannels', 'concat_channels', { T: x.dtype }, x.shape[0], samples, (count) => ({
     invocations: count * (cx + cy) * inner,
     uniforms: new Uniforms().u32(count * (cx + cy) * inner, cx, cy, inner, 0),
@@ -448,10 +508,18 @@ export function splitChannels(gpu: Gpu, x: Tensor, first: number, count: number)
   const inner = x.shape.slice(2).reduce((a, b) => a * b, 1);
   const o = gpu.tensor([x.shape[0], count, ...x.shape.slice(2)], x.dtype, 'activations', 'split');
   const c = x.shape[1];
-  itemDispatch(gpu, 'splitChannels', 'split_channels', { T: x.dtype }, x.shape[0], [{ items: x, perItem: c * inner }, null, { items: o, perItem: count * inner }], (samples) => ({
-    invocations: samples * count * inner,
-    uniforms: new Uniforms().u32(samples * count * inner, first, count, inner, c),
-  }));
+  itemDispatch(
+    gpu,
+    'splitChannels',
+    'split_channels',
+    { T: x.dtype },
+    x.shape[0],
+    [{ items: x, perItem: c * inner }, null, { items: o, perItem: count * inner }],
+    (samples) => ({
+      invocations: samples * count * inner,
+      uniforms: new Uniforms().u32(samples * count * inner, first, count, inner, c),
+    }),
+  );
   return o;
 }
 
@@ -462,10 +530,21 @@ export function timestepEmbedding(gpu: Gpu, t: Tensor, dim: number, dtype: DType
   expectDType('timestepEmbedding', t, 'f32', 'timesteps');
   if (t.shape.length !== 1) throw new ShapeError('timestepEmbedding', `timesteps must be [B], got ${fmtShape(t.shape)}`);
   const o = gpu.tensor([t.shape[0], dim], dtype, 'activations', 'timestepEmbedding');
-  itemDispatch(gpu, 'timestepEmbedding', 'timestep_embedding', { T: dtype }, t.shape[0], [null, null, { items: o, perItem: dim }, null, { items: t, perItem: 1 }], (rows) => ({
-    invocations: rows * dim,
-    uniforms: new Uniforms().u32(rows * dim).f32(1).u32(dim, 0),
-  }));
+  itemDispatch(
+    gpu,
+    'timestepEmbedding',
+    'timestep_embedding',
+    { T: dtype },
+    t.shape[0],
+    [null, null, { items: o, perItem: dim }, null, { items: t, perItem: 1 }],
+    (rows) => ({
+      invocations: rows * dim,
+      uniforms: new Uniforms()
+        .u32(rows * dim)
+        .f32(1)
+        .u32(dim, 0),
+    }),
+  );
   return o;
 }
 

@@ -16,7 +16,8 @@ export function embedding(gpu: Gpu, ids: ArrayLike<number>, batch: number, table
   const len = ids.length / batch;
   if (len > pos.shape[0]) throw new ShapeError(op, `${len} tokens per sequence but only ${pos.shape[0]} positions`);
   for (let i = 0; i < ids.length; i++)
-    if (!Number.isInteger(ids[i]) || ids[i] < 0 || ids[i] >= vocab) throw new ShapeError(op, `token id ${ids[i]} at ${i} is outside the vocabulary of ${vocab}`);
+    if (!Number.isInteger(ids[i]) || ids[i] < 0 || ids[i] >= vocab)
+      throw new ShapeError(op, `token id ${ids[i]} at ${i} is outside the vocabulary of ${vocab}`);
   const idBuf = gpu.tensor([ids.length], 'f32', 'scratch', 'embedding.ids'); // 4-byte slots holding u32 ids
   if (!gpu.dryRun) gpu.device.queue.writeBuffer(idBuf.buffer, idBuf.byteOffset, Uint32Array.from(ids));
   const out = gpu.tensor([batch, len, dim], table.dtype, 'activations', 'embedding');

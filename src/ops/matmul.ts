@@ -46,7 +46,12 @@ export function tileSharedBytes(t: Tile): number {
 
 function checkTile(gpu: Gpu, t: Tile): void {
   const ok =
-    t.TM % 4 === 0 && t.TN % 4 === 0 && t.BM % t.TM === 0 && t.BN % t.TN === 0 && t.BM % 4 === 0 && t.BN % 4 === 0 &&
+    t.TM % 4 === 0 &&
+    t.TN % 4 === 0 &&
+    t.BM % t.TM === 0 &&
+    t.BN % t.TN === 0 &&
+    t.BM % 4 === 0 &&
+    t.BN % 4 === 0 &&
     (t.BM / t.TM) * (t.BN / t.TN) <= gpu.device.limits.maxComputeInvocationsPerWorkgroup &&
     tileSharedBytes(t) <= gpu.device.limits.maxComputeWorkgroupStorageSize;
   if (!ok) throw new ShapeError('matmul', `invalid tile ${JSON.stringify(t)}`);
@@ -430,7 +435,10 @@ export function colSum(gpu: Gpu, x: Tensor, out?: Tensor, accumulate = false): T
   if (chunkRows < 1 && rows > 0) throw new ShapeError(op, `${fmtShape(x.shape)}: one row does not fit a storage binding of ${gpu.maxBinding} bytes`);
   const chunks: { r0: number; rc: number }[] = [];
   for (let r0 = 0; r0 < rows; r0 += chunkRows) chunks.push({ r0, rc: Math.min(chunkRows, rows - r0) });
-  const parts = Math.max(1, chunks.reduce((n, c) => n + Math.ceil(c.rc / rowsPerWg), 0));
+  const parts = Math.max(
+    1,
+    chunks.reduce((n, c) => n + Math.ceil(c.rc / rowsPerWg), 0),
+  );
   const partial = gpu.tensor([parts, cols], 'f32', 'scratch', 'colsum-partial');
   const defs = (acc: boolean) => gemmDefs(x.dtype, o.dtype, TILE_64, false, false, false, acc);
   const wo = elemWindow(gpu, o, 0, cols);
@@ -467,9 +475,13 @@ export function colSum(gpu: Gpu, x: Tensor, out?: Tensor, accumulate = false): T
 
 /** y = x · Wᵀ + b, x [..., in], weight [out, in], bias [out]. */
 export function linear(gpu: Gpu, x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor {
-  if (x.shape.length < 1 || weight.shape.length !== 2) throw new ShapeError('linear', `x ${fmtShape(x.shape)}, weight ${fmtShape(weight.shape)} (must be [out, in])`);
+  if (x.shape.length < 1 || weight.shape.length !== 2)
+    throw new ShapeError('linear', `x ${fmtShape(x.shape)}, weight ${fmtShape(weight.shape)} (must be [out, in])`);
   if (x.shape[x.shape.length - 1] !== weight.shape[1])
-    throw new ShapeError('linear', `x ${fmtShape(x.shape)} has ${x.shape[x.shape.length - 1]} features, weight ${fmtShape(weight.shape)} takes ${weight.shape[1]}`);
+    throw new ShapeError(
+      'linear',
+      `x ${fmtShape(x.shape)} has ${x.shape[x.shape.length - 1]} features, weight ${fmtShape(weight.shape)} takes ${weight.shape[1]}`,
+    );
   const x2 = x.shape.length === 1 ? x.reshape([1, x.shape[0]]) : x;
   const y = matmul(gpu, x2, weight, { transB: true, bias: bias ?? undefined });
   // An owning tensor of the output's shape (a view would never free the buffer).
@@ -532,7 +544,13 @@ function refShape(aShape: readonly number[], bShape: readonly number[], transA: 
 }
 
 /** op(a) · op(b) (+ bias) over the batch; returns [batch * M * N]. */
-export function matmulRef(a: ArrayLike<number>, aShape: readonly number[], b: ArrayLike<number>, bShape: readonly number[], opts: MatmulRefOptions = {}): Float32Array {
+export function matmulRef(
+  a: ArrayLike<number>,
+  aShape: readonly number[],
+  b: ArrayLike<number>,
+  bShape: readonly number[],
+  opts: MatmulRefOptions = {},
+): Float32Array {
   const tA = opts.transA ?? false;
   const tB = opts.transB ?? false;
   const { M, N, K, batch, aStride, bStride } = refShape(aShape, bShape, tA, tB);
@@ -582,12 +600,24 @@ export function matmulBackwardRef(
 }
 
 /** x [rows, in] · W [out, in]ᵀ + b. */
-export function linearRef(x: ArrayLike<number>, xShape: readonly number[], w: ArrayLike<number>, wShape: readonly number[], bias?: ArrayLike<number>): Float32Array {
+export function linearRef(
+  x: ArrayLike<number>,
+  xShape: readonly number[],
+  w: ArrayLike<number>,
+  wShape: readonly number[],
+  bias?: ArrayLike<number>,
+): Float32Array {
   const rows = numel(xShape) / wShape[1];
   return matmulRef(x, [rows, wShape[1]], w, wShape, { transB: true, bias });
 }
 
-export function linearBackwardRef(x: ArrayLike<number>, xShape: readonly number[], w: ArrayLike<number>, wShape: readonly number[], dy: ArrayLike<number>): { dx: Float32Array; dw: Float32Array; dbias: Float32Array } {
+export function linearBackwardRef(
+  x: ArrayLike<number>,
+  xShape: readonly number[],
+  w: ArrayLike<number>,
+  wShape: readonly number[],
+  dy: ArrayLike<number>,
+): { dx: Float32Array; dw: Float32Array; dbias: Float32Array } {
   const rows = numel(xShape) / wShape[1];
   const g = matmulBackwardRef(x, [rows, wShape[1]], w, wShape, dy, { transB: true });
   return { dx: g.da, dw: g.db, dbias: g.dbias };

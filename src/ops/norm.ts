@@ -44,13 +44,19 @@ function layerLayout(op: string, x: Tensor): Layout {
 
 function checkAffine(op: string, x: Tensor, gamma: Tensor, beta: Tensor, channels: number): void {
   expectSameDType(op, x, gamma, beta);
-  for (const [name, t] of [['gamma', gamma], ['beta', beta]] as const)
+  for (const [name, t] of [
+    ['gamma', gamma],
+    ['beta', beta],
+  ] as const)
     if (t.numel !== channels || t.shape.length !== 1)
       throw new ShapeError(op, `${name} must be [${channels}] for x ${fmtShape(x.shape)}, got ${fmtShape(t.shape)}`);
 }
 
 function uniforms(l: Layout, segOffset: number, nSegs: number, eps: number, accumulate: boolean): Uniforms {
-  return new Uniforms().u32(l.cpg * l.inner, l.cpg, l.inner, l.groups, segOffset, nSegs).f32(eps).u32(accumulate ? 1 : 0);
+  return new Uniforms()
+    .u32(l.cpg * l.inner, l.cpg, l.inner, l.groups, segOffset, nSegs)
+    .f32(eps)
+    .u32(accumulate ? 1 : 0);
 }
 
 function normForward(gpu: Gpu, op: string, x: Tensor, gamma: Tensor, beta: Tensor, eps: number, l: Layout): { y: Tensor } & NormSaved {
@@ -73,7 +79,17 @@ function normForward(gpu: Gpu, op: string, x: Tensor, gamma: Tensor, beta: Tenso
   return { y, mean, rstd };
 }
 
-function normBackward(gpu: Gpu, op: string, x: Tensor, gamma: Tensor, saved: NormSaved, dy: Tensor, l: Layout, accumulate: boolean, grads?: { dgamma: Tensor; dbeta: Tensor }): NormGrads {
+function normBackward(
+  gpu: Gpu,
+  op: string,
+  x: Tensor,
+  gamma: Tensor,
+  saved: NormSaved,
+  dy: Tensor,
+  l: Layout,
+  accumulate: boolean,
+  grads?: { dgamma: Tensor; dbeta: Tensor },
+): NormGrads {
   expectSameDType(op, x, gamma, dy);
   if (dy.numel !== x.numel) throw new ShapeError(op, `dy ${fmtShape(dy.shape)} does not match x ${fmtShape(x.shape)}`);
   const dx = gpu.tensor(x.shape, x.dtype, 'gradients', `${op}.dx`);
@@ -109,7 +125,12 @@ export function groupNorm(gpu: Gpu, x: Tensor, gamma: Tensor, beta: Tensor, grou
 
 /** Backward of groupNorm. `accumulate` adds into the given f32 dgamma/dbeta. */
 export function groupNormBackward(
-  gpu: Gpu, x: Tensor, gamma: Tensor, saved: NormSaved, dy: Tensor, groups = 32,
+  gpu: Gpu,
+  x: Tensor,
+  gamma: Tensor,
+  saved: NormSaved,
+  dy: Tensor,
+  groups = 32,
   opts: { accumulate?: boolean; grads?: { dgamma: Tensor; dbeta: Tensor } } = {},
 ): NormGrads {
   return normBackward(gpu, 'groupNormBackward', x, gamma, saved, dy, groupLayout('groupNormBackward', x, groups), !!opts.accumulate, opts.grads);
@@ -121,7 +142,11 @@ export function layerNorm(gpu: Gpu, x: Tensor, gamma: Tensor, beta: Tensor, eps 
 }
 
 export function layerNormBackward(
-  gpu: Gpu, x: Tensor, gamma: Tensor, saved: NormSaved, dy: Tensor,
+  gpu: Gpu,
+  x: Tensor,
+  gamma: Tensor,
+  saved: NormSaved,
+  dy: Tensor,
   opts: { accumulate?: boolean; grads?: { dgamma: Tensor; dbeta: Tensor } } = {},
 ): NormGrads {
   return normBackward(gpu, 'layerNormBackward', x, gamma, saved, dy, layerLayout('layerNormBackward', x), !!opts.accumulate, opts.grads);

@@ -38,7 +38,8 @@ export interface ElementWindow {
 
 /** Binds elements [start, start + count) of `t` from the aligned byte offset at or below `start` (matmul's elemWindow). */
 export function elementWindow(gpu: Gpu, t: Tensor, start: number, count: number): ElementWindow {
-  if (t.byteOffset % BYTES[t.dtype] !== 0) throw new ShapeError('elementWindow', `${t} starts at byte ${t.byteOffset}, not a multiple of its ${BYTES[t.dtype]}-byte elements`);
+  if (t.byteOffset % BYTES[t.dtype] !== 0)
+    throw new ShapeError('elementWindow', `${t} starts at byte ${t.byteOffset}, not a multiple of its ${BYTES[t.dtype]}-byte elements`);
   const w = elemWindow(gpu, t, start, count);
   return { window: w.window, skip: w.offset };
 }
@@ -67,8 +68,17 @@ function segmentLength(gpu: Gpu, x: Tensor, y: Tensor | null): number {
  * its segment, stored at out[outStart + u]. Dispatches cover runs of units whose windows fit.
  */
 function rowPass(
-  gpu: Gpu, entry: RowEntry, x: Tensor, y: Tensor | null, rows: number, cols: number, seg: number,
-  out: Tensor, outStart: number, scale = 1, sqrt = false,
+  gpu: Gpu,
+  entry: RowEntry,
+  x: Tensor,
+  y: Tensor | null,
+  rows: number,
+  cols: number,
+  seg: number,
+  out: Tensor,
+  outStart: number,
+  scale = 1,
+  sqrt = false,
 ): void {
   const segs = Math.ceil(cols / seg);
   const units = rows * segs;
@@ -88,7 +98,10 @@ function rowPass(
       shader: 'reduce',
       entry,
       defs: defs(x.dtype, out.dtype),
-      uniforms: new Uniforms().u32(cols, segs, seg, u0, n, e0, rows, xw.skip, yw?.skip ?? 0, ow.skip).f32(scale).u32(sqrt ? 1 : 0),
+      uniforms: new Uniforms()
+        .u32(cols, segs, seg, u0, n, e0, rows, xw.skip, yw?.skip ?? 0, ow.skip)
+        .f32(scale)
+        .u32(sqrt ? 1 : 0),
       bindings: [xw.window, yw?.window ?? null, ow.window],
       workgroups: gpu.grid(n),
     });
@@ -97,8 +110,16 @@ function rowPass(
 
 /** Reduces each row of x [rows, cols] to one value, pass after pass, into out[outStart + row]. */
 function reduceRows(
-  gpu: Gpu, entry: RowEntry, x: Tensor, y: Tensor | null, rows: number, cols: number,
-  out: Tensor, outStart: number, scale = 1, sqrt = false,
+  gpu: Gpu,
+  entry: RowEntry,
+  x: Tensor,
+  y: Tensor | null,
+  rows: number,
+  cols: number,
+  out: Tensor,
+  outStart: number,
+  scale = 1,
+  sqrt = false,
 ): void {
   const partials: Tensor[] = [];
   let src = x;
@@ -160,11 +181,7 @@ export function sumRowsRef(x: ArrayLike<number>, cols: number): Float32Array {
 /** out[s, c] = sum of x[r, c] over row segment s (rowSeg rows), for x viewed as [rows, cols]. */
 function colPass(gpu: Gpu, x: Tensor, rows: number, cols: number, rowSeg: number, out: Tensor): void {
   const segs = Math.ceil(rows / rowSeg);
-  const perDispatch = Math.min(
-    Math.floor(windowCapacity(gpu, x.dtype) / (rowSeg * cols)),
-    Math.floor(windowCapacity(gpu, out.dtype) / cols),
-    MAX_WORKGROUPS_Y,
-  );
+  const perDispatch = Math.min(Math.floor(windowCapacity(gpu, x.dtype) / (rowSeg * cols)), Math.floor(windowCapacity(gpu, out.dtype) / cols), MAX_WORKGROUPS_Y);
   if (perDispatch < 1) throw new ShapeError('sumColumns', `rows of ${cols} elements are too long for a ${gpu.maxBinding}-byte storage binding`);
   for (let s0 = 0; s0 < segs; s0 += perDispatch) {
     const n = Math.min(perDispatch, segs - s0);

@@ -33,7 +33,17 @@ import { writeKohyaLora, writePeftLora, type LoraInfo } from '../export/lora.ts'
 import { mergedLoraProvider } from '../export/merge.ts';
 import { pipeToSink } from '../export/stream.ts';
 import { formatBytes } from '../util/bytes.ts';
-import { RunError, SettingsError, validateForModel, validateSettings, flagName, type ModelShape, type Namer, type RunSettings, type TrainMode } from './settings.ts';
+import {
+  RunError,
+  SettingsError,
+  validateForModel,
+  validateSettings,
+  flagName,
+  type ModelShape,
+  type Namer,
+  type RunSettings,
+  type TrainMode,
+} from './settings.ts';
 
 // ---- what the host gives ------------------------------------------------------------------------------
 
@@ -62,7 +72,14 @@ export interface RunInput {
 /** A model the host has opened: a diffusers folder, or a single file plus tokenizer files. */
 export type OpenedModel =
   | { kind: 'diffusers'; name: string; reader: FolderReader; tokenizer: ClipTokenizerFiles; overrides?: SourceOptions['overrides'] }
-  | { kind: 'single-file'; name: string; file: SafetensorsFile; tokenizer: ClipTokenizerFiles; tokenizerFiles?: Map<string, Uint8Array>; overrides?: SourceOptions['overrides'] };
+  | {
+      kind: 'single-file';
+      name: string;
+      file: SafetensorsFile;
+      tokenizer: ClipTokenizerFiles;
+      tokenizerFiles?: Map<string, Uint8Array>;
+      overrides?: SourceOptions['overrides'];
+    };
 
 export interface RunHost {
   gpu: Gpu;
@@ -160,7 +177,12 @@ export function modelShapeOf(source: ModelSource, withTextEncoder: boolean): Mod
   const narrowest = (kind: 'unet' | 'text_encoder', shapes: Map<string, readonly number[]>) => {
     for (const layer of loraTargets(kind, shapes.keys())) {
       const w = shapes.get(`${layer}.weight`);
-      if (w) maxRank = Math.min(maxRank, w[0], w.slice(1).reduce((a, b) => a * b, 1));
+      if (w)
+        maxRank = Math.min(
+          maxRank,
+          w[0],
+          w.slice(1).reduce((a, b) => a * b, 1),
+        );
     }
   };
   narrowest('unet', source.shapes('unet'));
@@ -223,7 +245,8 @@ export class TrainingRun {
     const name = host.settingName ?? flagName;
     const s = run.settings;
     validateSettings(s, name);
-    if (!run.prompt.trim()) throw new SettingsError('the instance prompt is empty: describe the subject with a rare token, e.g. "a photo of sks dog"', 'prompt');
+    if (!run.prompt.trim())
+      throw new SettingsError('the instance prompt is empty: describe the subject with a rare token, e.g. "a photo of sks dog"', 'prompt');
     emit({ type: 'phase', phase: 'loading', message: `Loading ${opened.name} onto the GPU` });
     const tokenizer = ClipTokenizer.fromFiles(opened.tokenizer);
     const sourceOptions = opened.overrides ? { overrides: opened.overrides } : {};
@@ -243,14 +266,24 @@ export class TrainingRun {
   }
 
   private static async prepareLoaded(
-    host: RunHost, opened: OpenedModel, run: RunInput, settings: TrainSettings, source: ModelSource, model: LoadedModel, tokenizer: ClipTokenizer,
+    host: RunHost,
+    opened: OpenedModel,
+    run: RunInput,
+    settings: TrainSettings,
+    source: ModelSource,
+    model: LoadedModel,
+    tokenizer: ClipTokenizer,
   ): Promise<TrainingRun> {
     const { gpu, store, emit } = host;
     const s = run.settings;
     const sampling = s.sampleEvery > 0;
     const schedule = { ...SD_SCHEDULE, ...scheduleFromJson(source.scheduler as Json, model.prediction) };
     const factor = 2 ** (model.vae.config.blockOutChannels.length - 1);
-    for (const [text, what] of [[run.prompt, 'the instance prompt'], [s.priorPreservation ? s.classPrompt : '', 'the class prompt'], [sampling ? s.samplePrompt : '', 'the sample prompt']]) {
+    for (const [text, what] of [
+      [run.prompt, 'the instance prompt'],
+      [s.priorPreservation ? s.classPrompt : '', 'the class prompt'],
+      [sampling ? s.samplePrompt : '', 'the sample prompt'],
+    ]) {
       const w = text ? promptWarning(tokenizer, text, what) : null;
       if (w) emit({ type: 'warning', message: w });
     }
@@ -260,10 +293,17 @@ export class TrainingRun {
       const instance = await TrainingRun.prepareSet(host, tokenizer, run.images, run.prompt, s.resolution, s.flip, 'images');
       let classes: PreparedSet | null = null;
       if (s.priorPreservation) {
-        if (run.classImages.length) classes = await TrainingRun.prepareSet(host, tokenizer, run.classImages, s.classPrompt, s.resolution, false, 'class-images');
+        if (run.classImages.length)
+          classes = await TrainingRun.prepareSet(host, tokenizer, run.classImages, s.classPrompt, s.resolution, false, 'class-images');
         else classes = await TrainingRun.generateClassImages(host, model, tokenizer, schedule, s);
       }
-      emit({ type: 'phase', phase: 'encoding', message: 'Encoding the photos with the VAE and the prompts with the text encoder', done: 0, total: instance.images.length + (classes?.images.length ?? 0) });
+      emit({
+        type: 'phase',
+        phase: 'encoding',
+        message: 'Encoding the photos with the VAE and the prompts with the text encoder',
+        done: 0,
+        total: instance.images.length + (classes?.images.length ?? 0),
+      });
       data = await encodeTrainData(gpu, model, tokenizer, s.resolution, instance, classes, (done, total) =>
         emit({ type: 'phase', phase: 'encoding', message: `Encoded ${done} of ${total} images`, done, total }),
       );
@@ -271,27 +311,52 @@ export class TrainingRun {
     }
     // The VAE encoder is done; the decoder and the text encoder stay only for samples (or text-encoder LoRA).
     TrainingRun.releaseFor(gpu, model, sampling, settings.textEncoderLora);
-    const samplingBytes = sampling ? tensorBytes(model.vae.weights.values()) + (settings.textEncoderLora ? 0 : tensorBytes(model.textEncoder.weights.values())) : 0;
+    const samplingBytes = sampling
+      ? tensorBytes(model.vae.weights.values()) + (settings.textEncoderLora ? 0 : tensorBytes(model.textEncoder.weights.values()))
+      : 0;
 
     emit({ type: 'phase', phase: 'planning', message: 'Planning GPU memory' });
-    const planModel = { config: model.unet.config, dtype: gpu.computeDType, schedule, textEncoder: settings.textEncoderLora ? model.textEncoder.config : undefined };
+    const planModel = {
+      config: model.unet.config,
+      dtype: gpu.computeDType,
+      schedule,
+      textEncoder: settings.textEncoderLora ? model.textEncoder.config : undefined,
+    };
     const plan: Plan = await planTraining(
-      host.dryRunGpu, planModel,
+      host.dryRunGpu,
+      planModel,
       { latentShape: data.latentShape, contextShape: data.contextShape, withClass: data.classes.length > 0, vaeFactor: factor },
-      settings, s.budgetBytes - samplingBytes,
+      settings,
+      s.budgetBytes - samplingBytes,
     );
     const trainableParams = trainableShapes(planModel, settings).reduce((a, t) => a + t.shape.reduce((x, y) => x * y, 1), 0);
-    const cacheBytes = (data.instance.length + data.classes.length) * 4 * (data.latentShape.reduce((a, b) => a * b, 1) + data.contextShape[0] * data.contextShape[1]);
+    const cacheBytes =
+      (data.instance.length + data.classes.length) * 4 * (data.latentShape.reduce((a, b) => a * b, 1) + data.contextShape[0] * data.contextShape[1]);
     const summary: PlanSummary = {
-      peakBytes: plan.peakBytes + samplingBytes, budgetBytes: s.budgetBytes, activationCheckpointing: plan.activationCheckpointing, residentChunks: plan.residentChunks,
-      chunks: plan.chunks, samplingBytes, trainableParams, storageNeedBytes: storageNeed(trainableParams, cacheBytes),
-      ...(plan.message ? { message: plan.message + (samplingBytes ? ` (plus ${formatBytes(samplingBytes)} kept for samples: set samples to 0 to free it)` : '') } : {}),
+      peakBytes: plan.peakBytes + samplingBytes,
+      budgetBytes: s.budgetBytes,
+      activationCheckpointing: plan.activationCheckpointing,
+      residentChunks: plan.residentChunks,
+      chunks: plan.chunks,
+      samplingBytes,
+      trainableParams,
+      storageNeedBytes: storageNeed(trainableParams, cacheBytes),
+      ...(plan.message
+        ? { message: plan.message + (samplingBytes ? ` (plus ${formatBytes(samplingBytes)} kept for samples: set samples to 0 to free it)` : '') }
+        : {}),
     };
     emit({ type: 'plan', plan: summary });
     if (!plan.fits) throw new RunError(summary.message ?? 'the run does not fit the GPU memory budget');
     settings.activationCheckpointing = plan.activationCheckpointing;
     settings.residentChunks = plan.residentChunks;
-    const trainer = await DreamBoothTrainer.create(gpu, { config: model.unet.config, weights: model.unet.weights, schedule, textEncoder: model.textEncoder }, data, settings, store, run.runId);
+    const trainer = await DreamBoothTrainer.create(
+      gpu,
+      { config: model.unet.config, weights: model.unet.weights, schedule, textEncoder: model.textEncoder },
+      data,
+      settings,
+      store,
+      run.runId,
+    );
     if (await trainer.resume()) emit({ type: 'resumed', step: trainer.step, losses: [...trainer.losses] });
     if (trainer.step > s.steps) {
       const step = trainer.step;
@@ -304,10 +369,19 @@ export class TrainingRun {
 
   /** Decodes, checks and crops one set of photos (instance or class); `flip` adds mirrored copies. */
   private static async prepareSet(
-    host: RunHost, tokenizer: ClipTokenizer, items: ImageInput[], prompt: string, resolution: number, flip: boolean, what: 'images' | 'class-images',
+    host: RunHost,
+    tokenizer: ClipTokenizer,
+    items: ImageInput[],
+    prompt: string,
+    resolution: number,
+    flip: boolean,
+    what: 'images' | 'class-images',
   ): Promise<PreparedSet> {
     const label = what === 'images' ? 'photos' : 'class images';
-    if (!prompt.trim()) throw new RunError(what === 'images' ? 'the instance prompt is empty: describe the subject with a rare token, e.g. "a photo of sks dog"' : 'the class prompt is empty');
+    if (!prompt.trim())
+      throw new RunError(
+        what === 'images' ? 'the instance prompt is empty: describe the subject with a rare token, e.g. "a photo of sks dog"' : 'the class prompt is empty',
+      );
     const decoded: { item: ImageInput; img: RgbaImage & { original?: ImageSize } }[] = [];
     for (let i = 0; i < items.length; i++) {
       host.emit({ type: 'phase', phase: 'images', message: `Reading ${label}: ${items[i].name}`, done: i, total: items.length });
@@ -315,7 +389,10 @@ export class TrainingRun {
       if (!pixels && !blob) throw new RunError(`${name}: the image has neither a file nor pixels`);
       decoded.push({ item: items[i], img: pixels ?? (await host.decode(blob!, name, resolution)) });
     }
-    const report = checkImageSet(decoded.map(({ item, img }) => ({ name: item.name, ...(img.original ?? img) })), { resolution });
+    const report = checkImageSet(
+      decoded.map(({ item, img }) => ({ name: item.name, ...(img.original ?? img) })),
+      { resolution },
+    );
     for (const w of report.warnings) host.emit({ type: 'warning', message: w });
     if (report.errors.length) throw new RunError(report.errors.join('; '));
     const set: PreparedSet = { images: [], prompts: [] };
@@ -333,11 +410,31 @@ export class TrainingRun {
   }
 
   /** Prior-preservation images from the base model itself (what diffusers' train_dreambooth does). */
-  private static async generateClassImages(host: RunHost, model: LoadedModel, tokenizer: ClipTokenizer, schedule: ScheduleConfig, s: RunSettings): Promise<PreparedSet> {
+  private static async generateClassImages(
+    host: RunHost,
+    model: LoadedModel,
+    tokenizer: ClipTokenizer,
+    schedule: ScheduleConfig,
+    s: RunSettings,
+  ): Promise<PreparedSet> {
     const set: PreparedSet = { images: [], prompts: [] };
     for (let i = 0; i < s.classCount; i++) {
-      host.emit({ type: 'phase', phase: 'class-images', message: `Generating class image ${i + 1} of ${s.classCount} ("${s.classPrompt}")`, done: i, total: s.classCount });
-      set.images.push(await generateClassImage(host.gpu, model, tokenizer, schedule, { prompt: s.classPrompt, seed: s.seed, index: i, steps: s.classSteps, resolution: s.resolution }));
+      host.emit({
+        type: 'phase',
+        phase: 'class-images',
+        message: `Generating class image ${i + 1} of ${s.classCount} ("${s.classPrompt}")`,
+        done: i,
+        total: s.classCount,
+      });
+      set.images.push(
+        await generateClassImage(host.gpu, model, tokenizer, schedule, {
+          prompt: s.classPrompt,
+          seed: s.seed,
+          index: i,
+          steps: s.classSteps,
+          resolution: s.resolution,
+        }),
+      );
       set.prompts.push(s.classPrompt);
     }
     return set;
@@ -401,7 +498,14 @@ export class TrainingRun {
         const r = await t.trainStep();
         this.times.push(r.seconds);
         const secondsPerStep = recentMedian(this.times);
-        emit({ type: 'step', report: r, steps: s.steps, secondsPerStep, etaSeconds: secondsPerStep * (s.steps - r.step), storageBytes: await store.bytesUsed() });
+        emit({
+          type: 'step',
+          report: r,
+          steps: s.steps,
+          secondsPerStep,
+          etaSeconds: secondsPerStep * (s.steps - r.step),
+          storageBytes: await store.bytesUsed(),
+        });
         // trainStep checkpoints on its own schedule (settings.checkpointEvery); tell the host when it did.
         if (s.checkpointEvery > 0 && r.step % s.checkpointEvery === 0) emit({ type: 'checkpoint', step: r.step });
         if (s.sampleEvery > 0 && (r.step % s.sampleEvery === 0 || r.step === s.steps)) await this.sample();
@@ -416,7 +520,9 @@ export class TrainingRun {
       return 'done';
     } catch (e) {
       if (e instanceof StorageFullError)
-        throw new RunStorageFullError(`${e.message.replace(/\.$/, '')}. Training stopped at step ${t.step}; the last checkpoint is intact.`, t.step, { cause: e });
+        throw new RunStorageFullError(`${e.message.replace(/\.$/, '')}. Training stopped at step ${t.step}; the last checkpoint is intact.`, t.step, {
+          cause: e,
+        });
       throw e;
     } finally {
       this.running = false;
@@ -429,8 +535,16 @@ export class TrainingRun {
     if (!this.model.vae.weights.size || !this.model.textEncoder.weights.size) return;
     this.host.emit({ type: 'phase', phase: 'sampling', message: `Sampling "${s.samplePrompt || this.run.prompt}" at step ${this.trainer.step}` });
     const img = await txt2img(this.host.gpu, this.model, this.tokenizer, {
-      prompt: s.samplePrompt || this.run.prompt, negativePrompt: '', steps: s.sampleSteps, guidance: 7.5, seed: s.seed, width: s.resolution, height: s.resolution,
-      sampler: 'dpm++2m', schedule: this.schedule, loraScale: this.trainer.loraScale,
+      prompt: s.samplePrompt || this.run.prompt,
+      negativePrompt: '',
+      steps: s.sampleSteps,
+      guidance: 7.5,
+      seed: s.seed,
+      width: s.resolution,
+      height: s.resolution,
+      sampler: 'dpm++2m',
+      schedule: this.schedule,
+      loraScale: this.trainer.loraScale,
     });
     this.host.emit({ type: 'sample', step: this.trainer.step, png: this.host.encodePng(img.rgb, img.width, img.height), width: img.width, height: img.height });
   }
@@ -444,7 +558,8 @@ export class TrainingRun {
   async exportTo(format: ExportFormat, sink: ByteSink): Promise<void> {
     const t = this.trainer;
     const s = this.run.settings;
-    if (!EXPORT_FORMATS[format].modes.includes(s.mode)) throw new RunError(`${format} holds LoRA adapters: this is a full fine-tune, export a full checkpoint (full-single-file or diffusers-zip)`);
+    if (!EXPORT_FORMATS[format].modes.includes(s.mode))
+      throw new RunError(`${format} holds LoRA adapters: this is a full fine-tune, export a full checkpoint (full-single-file or diffusers-zip)`);
     this.host.emit({ type: 'phase', phase: 'exporting', message: `Writing ${format}` });
     // LoRA adapters are small: read them all. A full fine-tune streams its masters chunk by chunk.
     const values = s.mode === 'lora' ? await t.trainedValues() : new Map<string, Float32Array>();
@@ -455,20 +570,37 @@ export class TrainingRun {
     };
     if (format === 'lora-kohya' || format === 'lora-diffusers') {
       const info: LoraInfo = {
-        family: this.model.family, prediction: this.model.prediction, resolution: s.resolution, steps: t.step, lr: s.lr, instancePrompt: this.run.prompt,
+        family: this.model.family,
+        prediction: this.model.prediction,
+        resolution: s.resolution,
+        steps: t.step,
+        lr: s.lr,
+        instancePrompt: this.run.prompt,
         ...(s.priorPreservation ? { classPrompt: s.classPrompt, numClassImages: t.data.classes.length } : {}),
-        numImages: t.data.instance.length, baseModelName: this.opened.name, title, date: new Date(), seed: s.seed,
+        numImages: t.data.instance.length,
+        baseModelName: this.opened.name,
+        title,
+        date: new Date(),
+        seed: s.seed,
       };
       const te = provider((n) => n.startsWith('text_model.'));
       const ts = t.settings;
-      const adapters = { rank: ts.rank, alpha: ts.alpha, unet: provider((n) => !n.startsWith('text_model.')), ...(te.names().length ? { textEncoder: te } : {}) };
+      const adapters = {
+        rank: ts.rank,
+        alpha: ts.alpha,
+        unet: provider((n) => !n.startsWith('text_model.')),
+        ...(te.names().length ? { textEncoder: te } : {}),
+      };
       await (format === 'lora-kohya' ? writeKohyaLora : writePeftLora)(sink, adapters, info);
       return;
     }
     // Full formats: the trained UNet over the base's other components. A LoRA run is merged into the UNet
     // first (W + scale B A), which is what "export a full checkpoint" of a LoRA run means.
     if ([...values.keys()].some((n) => n.startsWith('text_model.')))
-      this.host.emit({ type: 'warning', message: 'The text-encoder LoRA is not merged into full exports (they carry the base text encoder): export a LoRA format to keep it.' });
+      this.host.emit({
+        type: 'warning',
+        message: 'The text-encoder LoRA is not merged into full exports (they carry the base text encoder): export a LoRA format to keep it.',
+      });
     const weights = this.model.unet.weights;
     const unet =
       s.mode === 'full'
@@ -479,7 +611,10 @@ export class TrainingRun {
     if (format === 'full-single-file') await writeSingleFile(sink, base, unet, opts);
     else
       await pipeToSink(
-        zipDiffusers(base, unet, { ...opts, ...(this.opened.kind === 'diffusers' ? { folder: this.opened.reader } : { tokenizer: this.opened.tokenizerFiles ?? new Map() }) }),
+        zipDiffusers(base, unet, {
+          ...opts,
+          ...(this.opened.kind === 'diffusers' ? { folder: this.opened.reader } : { tokenizer: this.opened.tokenizerFiles ?? new Map() }),
+        }),
         sink,
       );
   }
@@ -499,7 +634,11 @@ export class TrainingRun {
 
 /** An export's file name: the base model's name, the mode and the step, and the format's suffix. */
 export function exportFileName(modelName: string, mode: TrainMode, step: number, format: ExportFormat): string {
-  const base = modelName.replace(/\.(safetensors|ckpt)$/i, '').replace(/[^A-Za-z0-9._-]+/g, '-').slice(0, 60) || 'model';
+  const base =
+    modelName
+      .replace(/\.(safetensors|ckpt)$/i, '')
+      .replace(/[^A-Za-z0-9._-]+/g, '-')
+      .slice(0, 60) || 'model';
   return `${base}-dreambooth-${mode}-step${step}${EXPORT_FORMATS[format].suffix}`;
 }
 

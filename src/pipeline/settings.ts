@@ -77,24 +77,95 @@ export const MAX_RESOLUTION = 1024;
 export const MIN_BUDGET_BYTES = 2 ** 20;
 
 export const SETTINGS: readonly SettingSpec[] = [
-  { key: 'mode', kind: 'enum', flag: 'mode', values: ['lora', 'full'], default: 'lora', help: 'lora: small adapters on the attention layers; full: every UNet weight' },
+  {
+    key: 'mode',
+    kind: 'enum',
+    flag: 'mode',
+    values: ['lora', 'full'],
+    default: 'lora',
+    help: 'lora: small adapters on the attention layers; full: every UNet weight',
+  },
   { key: 'steps', kind: 'int', flag: 'steps', min: 1, max: 1_000_000, default: { lora: 400, full: 800 }, help: 'training steps' },
-  { key: 'lr', kind: 'number', flag: 'lr', min: Number.MIN_VALUE, max: 1, default: { lora: 1e-4, full: 5e-6 }, help: 'AdamW learning rate (DreamBooth uses about 1e-6 to 1e-3)' },
-  { key: 'rank', kind: 'int', flag: 'rank', min: 1, max: 1024, default: { lora: 8, full: 0 }, onlyMode: 'lora', help: 'LoRA rank (at most the narrowest adapted layer)' },
-  { key: 'alpha', kind: 'number', flag: 'alpha', min: 0, max: 100_000, default: 0, onlyMode: 'lora', help: 'LoRA alpha (scale alpha / rank; default: the rank, scale 1)' },
-  { key: 'resolution', kind: 'int', flag: 'resolution', min: 8, max: MAX_RESOLUTION, default: 512, help: `training and sample resolution in pixels (a multiple of the model's factor, at most ${MAX_RESOLUTION})` },
-  { key: 'budgetBytes', kind: 'bytes', flag: 'budget', min: MIN_BUDGET_BYTES, max: 2 ** 50, default: 4 * 2 ** 30, help: 'GPU memory the run may use, e.g. 4GiB' },
+  {
+    key: 'lr',
+    kind: 'number',
+    flag: 'lr',
+    min: Number.MIN_VALUE,
+    max: 1,
+    default: { lora: 1e-4, full: 5e-6 },
+    help: 'AdamW learning rate (DreamBooth uses about 1e-6 to 1e-3)',
+  },
+  {
+    key: 'rank',
+    kind: 'int',
+    flag: 'rank',
+    min: 1,
+    max: 1024,
+    default: { lora: 8, full: 0 },
+    onlyMode: 'lora',
+    help: 'LoRA rank (at most the narrowest adapted layer)',
+  },
+  {
+    key: 'alpha',
+    kind: 'number',
+    flag: 'alpha',
+    min: 0,
+    max: 100_000,
+    default: 0,
+    onlyMode: 'lora',
+    help: 'LoRA alpha (scale alpha / rank; default: the rank, scale 1)',
+  },
+  {
+    key: 'resolution',
+    kind: 'int',
+    flag: 'resolution',
+    min: 8,
+    max: MAX_RESOLUTION,
+    default: 512,
+    help: `training and sample resolution in pixels (a multiple of the model's factor, at most ${MAX_RESOLUTION})`,
+  },
+  {
+    key: 'budgetBytes',
+    kind: 'bytes',
+    flag: 'budget',
+    min: MIN_BUDGET_BYTES,
+    max: 2 ** 50,
+    default: 4 * 2 ** 30,
+    help: 'GPU memory the run may use, e.g. 4GiB',
+  },
   { key: 'seed', kind: 'int', flag: 'seed', min: 0, max: 2 ** 32 - 1, default: 1, help: 'random seed (noise, timesteps, LoRA init, samples)' },
-  { key: 'priorPreservation', kind: 'bool', flag: null, default: false, help: 'prior preservation with class images (on the command line: given by --class-prompt)' },
+  {
+    key: 'priorPreservation',
+    kind: 'bool',
+    flag: null,
+    default: false,
+    help: 'prior preservation with class images (on the command line: given by --class-prompt)',
+  },
   { key: 'classPrompt', kind: 'string', flag: 'class-prompt', default: '', help: 'prior preservation: the class prompt, e.g. "a photo of a dog"' },
-  { key: 'classCount', kind: 'int', flag: null, min: 1, max: 1000, default: 8, help: 'class images to generate when none are given (command line: --class-images <count>)' },
+  {
+    key: 'classCount',
+    kind: 'int',
+    flag: null,
+    min: 1,
+    max: 1000,
+    default: 8,
+    help: 'class images to generate when none are given (command line: --class-images <count>)',
+  },
   { key: 'classSteps', kind: 'int', flag: 'class-steps', min: 1, max: 1000, default: 25, help: 'denoising steps per generated class image' },
   { key: 'priorWeight', kind: 'number', flag: 'prior-weight', min: 0, max: 100, default: 1, help: 'weight of the prior (class) loss' },
   { key: 'offsetNoise', kind: 'number', flag: 'offset-noise', min: 0, max: 1, default: 0, help: 'offset noise strength (0: off)' },
   { key: 'minSnrGamma', kind: 'number', flag: 'min-snr', min: 0, max: 1000, default: 0, help: 'min-SNR-gamma loss weighting, e.g. 5 (0: off)' },
   { key: 'flip', kind: 'bool', flag: 'flip', default: false, help: 'also train on mirrored copies of the photos' },
   { key: 'trainTextEncoder', kind: 'bool', flag: 'train-text-encoder', default: false, onlyMode: 'lora', help: 'LoRA on the text encoder too' },
-  { key: 'checkpointEvery', kind: 'int', flag: 'checkpoint-every', min: 0, max: 1_000_000, default: { lora: 50, full: 100 }, help: 'checkpoint every N steps (0: at the end only)' },
+  {
+    key: 'checkpointEvery',
+    kind: 'int',
+    flag: 'checkpoint-every',
+    min: 0,
+    max: 1_000_000,
+    default: { lora: 50, full: 100 },
+    help: 'checkpoint every N steps (0: at the end only)',
+  },
   { key: 'sampleEvery', kind: 'int', flag: 'sample-every', min: 0, max: 1_000_000, default: 0, help: 'a sample image every N steps (0: none)' },
   { key: 'samplePrompt', kind: 'string', flag: 'sample-prompt', default: '', help: 'prompt of the samples (default: the instance prompt)' },
   { key: 'sampleSteps', kind: 'int', flag: 'sample-steps', min: 1, max: 1000, default: 20, help: 'denoising steps per sample' },
@@ -173,7 +244,10 @@ export function validateSettings(s: RunSettings, name: Namer = flagName): void {
   // full run) are ignored here, and refused by the command line when given as flags.
   for (const spec of SETTINGS)
     if (spec.kind === 'bool' && spec.onlyMode && spec.onlyMode !== s.mode && s[spec.key] === true)
-      throw new SettingsError(`${name(spec.key)} applies to ${spec.onlyMode === 'lora' ? 'LoRA' : 'full'} training only: turn it off for ${name('mode')} ${s.mode}`, spec.key);
+      throw new SettingsError(
+        `${name(spec.key)} applies to ${spec.onlyMode === 'lora' ? 'LoRA' : 'full'} training only: turn it off for ${name('mode')} ${s.mode}`,
+        spec.key,
+      );
   if (s.priorPreservation && !s.classPrompt.trim())
     throw new SettingsError(`prior preservation needs a class prompt (${name('classPrompt')}, e.g. "a photo of a dog")`, 'classPrompt');
 }
@@ -189,7 +263,10 @@ export interface ModelShape {
 /** Range checks that need the model: the rank against the layer widths, the resolution against its factor. */
 export function validateForModel(s: RunSettings, m: ModelShape, name: Namer = flagName): void {
   if (s.mode === 'lora' && s.rank > m.maxRank)
-    throw new SettingsError(`${name('rank')} ${s.rank} is larger than this model's narrowest adapted layer (${m.maxRank} wide): use 1 to ${m.maxRank} (4 to 64 is usual)`, 'rank');
+    throw new SettingsError(
+      `${name('rank')} ${s.rank} is larger than this model's narrowest adapted layer (${m.maxRank} wide): use 1 to ${m.maxRank} (4 to 64 is usual)`,
+      'rank',
+    );
   const f = m.resolutionFactor;
   if (s.resolution % f !== 0 || s.resolution < f) {
     const below = Math.max(f, Math.floor(s.resolution / f) * f);

@@ -12,7 +12,13 @@ export interface ScheduleConfig {
   prediction: 'epsilon' | 'v_prediction';
 }
 
-export const SD_SCHEDULE: ScheduleConfig = { numTrainTimesteps: 1000, betaStart: 0.00085, betaEnd: 0.012, betaSchedule: 'scaled_linear', prediction: 'epsilon' };
+export const SD_SCHEDULE: ScheduleConfig = {
+  numTrainTimesteps: 1000,
+  betaStart: 0.00085,
+  betaEnd: 0.012,
+  betaSchedule: 'scaled_linear',
+  prediction: 'epsilon',
+};
 
 export function scheduleFromJson(j: Record<string, unknown>, prediction?: 'epsilon' | 'v_prediction'): ScheduleConfig {
   return {
@@ -31,7 +37,10 @@ export function alphasCumprod(c: ScheduleConfig): Float64Array {
   let prod = 1;
   for (let i = 0; i < n; i++) {
     const f = n === 1 ? 0 : i / (n - 1);
-    const beta = c.betaSchedule === 'scaled_linear' ? (Math.sqrt(c.betaStart) + f * (Math.sqrt(c.betaEnd) - Math.sqrt(c.betaStart))) ** 2 : c.betaStart + f * (c.betaEnd - c.betaStart);
+    const beta =
+      c.betaSchedule === 'scaled_linear'
+        ? (Math.sqrt(c.betaStart) + f * (Math.sqrt(c.betaEnd) - Math.sqrt(c.betaStart))) ** 2
+        : c.betaStart + f * (c.betaEnd - c.betaStart);
     prod *= 1 - beta;
     out[i] = prod;
   }
@@ -39,7 +48,12 @@ export function alphasCumprod(c: ScheduleConfig): Float64Array {
 }
 
 /** Predicted clean sample x0 and noise eps from the model output at alphā. */
-export function predictX0Eps(x: Float32Array, out: Float32Array, acp: number, prediction: ScheduleConfig['prediction']): { x0: Float32Array; eps: Float32Array } {
+export function predictX0Eps(
+  x: Float32Array,
+  out: Float32Array,
+  acp: number,
+  prediction: ScheduleConfig['prediction'],
+): { x0: Float32Array; eps: Float32Array } {
   const a = Math.sqrt(acp);
   const s = Math.sqrt(1 - acp);
   const x0 = new Float32Array(x.length);
@@ -98,7 +112,9 @@ export class DpmSolverPP2M implements Sampler {
   ) {
     this.acp = alphasCumprod(c);
     const n = c.numTrainTimesteps;
-    this.timesteps = Array.from({ length: steps + 1 }, (_, i) => Math.round(((n - 1) * i) / steps)).reverse().slice(0, steps);
+    this.timesteps = Array.from({ length: steps + 1 }, (_, i) => Math.round(((n - 1) * i) / steps))
+      .reverse()
+      .slice(0, steps);
   }
   private coeffs(t: number): { alpha: number; sigma: number; lambda: number } {
     const alpha = Math.sqrt(this.acp[t]);

@@ -38,18 +38,31 @@ export function imageFactor(model: Pick<LoadedModel, 'vae' | 'unet'>): number {
 export const MAX_IMAGE_SIDE = 2048;
 
 /** Steps, guidance, seed and the image size, checked before any GPU work; throws naming the option. */
-export function checkTxt2ImgOptions(model: Pick<LoadedModel, 'vae' | 'unet'>, o: Pick<Txt2ImgOptions, 'steps' | 'guidance' | 'seed' | 'width' | 'height'>): void {
-  if (!(Number.isInteger(o.steps) && o.steps >= 1 && o.steps <= 1000)) throw new SampleOptionError(`steps must be a whole number from 1 to 1000, got ${o.steps}`);
-  if (!(Number.isFinite(o.guidance) && o.guidance >= 0 && o.guidance <= 100)) throw new SampleOptionError(`guidance must be from 0 to 100 (7.5 is usual), got ${o.guidance}`);
+export function checkTxt2ImgOptions(
+  model: Pick<LoadedModel, 'vae' | 'unet'>,
+  o: Pick<Txt2ImgOptions, 'steps' | 'guidance' | 'seed' | 'width' | 'height'>,
+): void {
+  if (!(Number.isInteger(o.steps) && o.steps >= 1 && o.steps <= 1000))
+    throw new SampleOptionError(`steps must be a whole number from 1 to 1000, got ${o.steps}`);
+  if (!(Number.isFinite(o.guidance) && o.guidance >= 0 && o.guidance <= 100))
+    throw new SampleOptionError(`guidance must be from 0 to 100 (7.5 is usual), got ${o.guidance}`);
   if (!(Number.isSafeInteger(o.seed) && o.seed >= 0)) throw new SampleOptionError(`seed must be a whole number of at least 0, got ${o.seed}`);
   const f = imageFactor(model);
-  for (const [k, v] of [['width', o.width], ['height', o.height]] as const)
+  for (const [k, v] of [
+    ['width', o.width],
+    ['height', o.height],
+  ] as const)
     if (!(Number.isInteger(v) && v >= f && v <= MAX_IMAGE_SIDE && v % f === 0))
       throw new SampleOptionError(`${k} must be a multiple of ${f} from ${f} to ${MAX_IMAGE_SIDE} px for this model, got ${v}`);
 }
 
 /** Returns an RGB image [H, W, 3] as bytes. */
-export async function txt2img(gpu: Gpu, model: LoadedModel, tokenizer: ClipTokenizer, o: Txt2ImgOptions): Promise<{ rgb: Uint8Array; width: number; height: number }> {
+export async function txt2img(
+  gpu: Gpu,
+  model: LoadedModel,
+  tokenizer: ClipTokenizer,
+  o: Txt2ImgOptions,
+): Promise<{ rgb: Uint8Array; width: number; height: number }> {
   checkTxt2ImgOptions(model, o);
   const dtype = gpu.computeDType;
   const ids = [...tokenizer.encodePadded(o.negativePrompt ?? ''), ...tokenizer.encodePadded(o.prompt)];
@@ -80,7 +93,6 @@ export async function txt2img(gpu: Gpu, model: LoadedModel, tokenizer: ClipToken
   const H = h * f;
   const W = w * f;
   const rgb = new Uint8Array(H * W * 3);
-  for (let c = 0; c < 3; c++)
-    for (let p = 0; p < H * W; p++) rgb[p * 3 + c] = Math.round(Math.min(1, Math.max(0, (image[c * H * W + p] + 1) / 2)) * 255);
+  for (let c = 0; c < 3; c++) for (let p = 0; p < H * W; p++) rgb[p * 3 + c] = Math.round(Math.min(1, Math.max(0, (image[c * H * W + p] + 1) / 2)) * 255);
   return { rgb, width: W, height: H };
 }

@@ -70,7 +70,6 @@ export class ChunkStoreError extends Error {
 /** "64.0 MiB (67108864 bytes)": the exact count for logs, the rounded one for people. */
 const exactBytes = (n: number): string => formatSize(n, { exact: true });
 
-
 // ---------------------------------------------------------------------------------------------- keys
 
 /** Longest key accepted: the file system store turns a key into one file name (NAME_MAX is 255 bytes). */
@@ -144,8 +143,14 @@ export function crc32(data: Uint8Array, crc = 0): number {
       const a = w[j] ^ c;
       const b = w[j + 1];
       c =
-        T[1792 + (a & 0xff)] ^ T[1536 + ((a >>> 8) & 0xff)] ^ T[1280 + ((a >>> 16) & 0xff)] ^ T[1024 + (a >>> 24)] ^
-        T[768 + (b & 0xff)] ^ T[512 + ((b >>> 8) & 0xff)] ^ T[256 + ((b >>> 16) & 0xff)] ^ T[b >>> 24];
+        T[1792 + (a & 0xff)] ^
+        T[1536 + ((a >>> 8) & 0xff)] ^
+        T[1280 + ((a >>> 16) & 0xff)] ^
+        T[1024 + (a >>> 24)] ^
+        T[768 + (b & 0xff)] ^
+        T[512 + ((b >>> 8) & 0xff)] ^
+        T[256 + ((b >>> 16) & 0xff)] ^
+        T[b >>> 24];
     }
     i += pairs * 8;
   }
@@ -171,7 +176,10 @@ export function verifyChunk(key: string, data: Uint8Array, expected: ChunkCheck,
   }
   const got = crc32(data);
   if (got !== expected.crc32) {
-    throw new ChunkStoreError(`chunk "${key}" is corrupt${at}: CRC-32 ${hex32(got)} does not match the stored ${hex32(expected.crc32)} (${data.length} bytes)`, key);
+    throw new ChunkStoreError(
+      `chunk "${key}" is corrupt${at}: CRC-32 ${hex32(got)} does not match the stored ${hex32(expected.crc32)} (${data.length} bytes)`,
+      key,
+    );
   }
 }
 

@@ -16,17 +16,7 @@
 import { randomBytes } from 'node:crypto';
 import { mkdir, open, readdir, rename, rm, stat, type FileHandle } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
-import {
-  checkQuota,
-  ChunkStoreError,
-  StorageFullError,
-  validateKey,
-  validatePrefix,
-  verifyChunk,
-  crc32,
-  sortedKeys,
-  type ChunkStore,
-} from './chunkstore.ts';
+import { checkQuota, ChunkStoreError, StorageFullError, validateKey, validatePrefix, verifyChunk, crc32, sortedKeys, type ChunkStore } from './chunkstore.ts';
 
 const MAGIC = 0x31434244; // "DBC1" read as a little-endian u32
 export const FS_HEADER_BYTES = 16;
@@ -162,7 +152,10 @@ export class FsChunkStore implements ChunkStore {
     } catch (err) {
       throw new ChunkStoreError(`could not list the chunk store ${this.dir}: ${(err as Error).message}`, undefined, { cause: err });
     }
-    return sortedKeys(names.map(keyOfFile).filter((k): k is string => k !== null), prefix);
+    return sortedKeys(
+      names.map(keyOfFile).filter((k): k is string => k !== null),
+      prefix,
+    );
   }
 
   async bytesUsed(): Promise<number> {
@@ -261,7 +254,10 @@ async function readChunkFile(fh: FileHandle, key: string, file: string): Promise
   if (v.getUint32(0, true) !== MAGIC) throw new ChunkStoreError(`chunk "${key}" is damaged (${file}): not a chunk file (bad magic)`, key);
   const length = v.getBigUint64(8, true);
   if (BigInt(size) !== BigInt(FS_HEADER_BYTES) + length) {
-    throw new ChunkStoreError(`chunk "${key}" is truncated or damaged (${file}): the file has ${size - FS_HEADER_BYTES} payload bytes, its header says ${length}`, key);
+    throw new ChunkStoreError(
+      `chunk "${key}" is truncated or damaged (${file}): the file has ${size - FS_HEADER_BYTES} payload bytes, its header says ${length}`,
+      key,
+    );
   }
   const out = new Uint8Array(Number(length));
   const got = await readAll(fh, out, FS_HEADER_BYTES);

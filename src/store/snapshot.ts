@@ -108,11 +108,17 @@ export async function openSnapshot<M = unknown>(store: ChunkStore, prefix: strin
       const data = await store.read(key);
       if (data === null) throw new ChunkStoreError(`snapshot ${prefix} #${head.seq}: file "${name}" (chunk "${key}") is missing from the store`, key);
       if (data.length !== entry.bytes) {
-        throw new ChunkStoreError(`snapshot ${prefix} #${head.seq}: file "${name}" (chunk "${key}") has ${data.length} bytes, the snapshot recorded ${entry.bytes}`, key);
+        throw new ChunkStoreError(
+          `snapshot ${prefix} #${head.seq}: file "${name}" (chunk "${key}") has ${data.length} bytes, the snapshot recorded ${entry.bytes}`,
+          key,
+        );
       }
       const sum = checksumOf(data);
       if (sum !== entry.checksum) {
-        throw new ChunkStoreError(`snapshot ${prefix} #${head.seq}: file "${name}" (chunk "${key}") fails its checksum: ${sum}, the snapshot recorded ${entry.checksum}`, key);
+        throw new ChunkStoreError(
+          `snapshot ${prefix} #${head.seq}: file "${name}" (chunk "${key}") fails its checksum: ${sum}, the snapshot recorded ${entry.checksum}`,
+          key,
+        );
       }
       return data;
     },
@@ -149,7 +155,9 @@ async function readHead(store: ChunkStore, prefix: string): Promise<Head | null>
   try {
     head = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(bytes));
   } catch (err) {
-    throw new ChunkStoreError(`snapshot record "${key}" is not valid JSON (${(err as Error).message}); dropSnapshots("${prefix}") discards the set`, key, { cause: err });
+    throw new ChunkStoreError(`snapshot record "${key}" is not valid JSON (${(err as Error).message}); dropSnapshots("${prefix}") discards the set`, key, {
+      cause: err,
+    });
   }
   const problem = headProblem(head);
   if (problem) throw new ChunkStoreError(`snapshot record "${key}" is malformed: ${problem}; dropSnapshots("${prefix}") discards the set`, key);

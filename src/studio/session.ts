@@ -22,4 +22,9 @@ export {
 export type StudioSettings = RunSettings;
 
 /** The schema's LoRA defaults with samples on (every 50 steps), as the page starts. */
-export const DEFAULT_SETTINGS: StudioSettings = { ...defaultSettings('lora'), sampleEvery: 50, classPrompt: 'a photo of a dog', samplePrompt: 'a photo of sks dog' };
+export const DEFAULT_SETTINGS: StudioSettings = {
+  ...defaultSettings('lora'),
+  sampleEvery: 50,
+  classPrompt: 'a photo of a dog',
+  samplePrompt: 'a photo of sks dog',
+};

@@ -18,7 +18,16 @@ import { detectSingleFile, ModelError } from '../models/detect.ts';
 import { inspectDiffusers, inspectSingleFile } from '../models/inspect.ts';
 import { folderFromSources, tokenizerFilesFrom } from '../models/source.ts';
 import { IdbChunkStore } from '../store/idb-store.ts';
-import { EXPORT_FORMATS, RunError as StudioError, RunStorageFullError, TrainingRun, type ExportFormat, type OpenedModel, type RunInput, type RunEvent } from '../pipeline/run.ts';
+import {
+  EXPORT_FORMATS,
+  RunError as StudioError,
+  RunStorageFullError,
+  TrainingRun,
+  type ExportFormat,
+  type OpenedModel,
+  type RunInput,
+  type RunEvent,
+} from '../pipeline/run.ts';
 import type { SettingKey } from '../pipeline/settings.ts';
 import { TOKENIZER_FILES } from '../export/full.ts';
 
@@ -29,10 +38,7 @@ export type ModelChoice =
   | { kind: 'file'; file: File }
   | { kind: 'folder'; name: string; files: { path: string; file: File }[] };
 
-export type WorkerEvent =
-  | RunEvent
-  | { type: 'download'; path: string; loaded: number; total: number | null }
-  | { type: 'device-lost'; message: string };
+export type WorkerEvent = RunEvent | { type: 'download'; path: string; loaded: number; total: number | null } | { type: 'device-lost'; message: string };
 
 export interface ModelSummary {
   name: string;
@@ -78,7 +84,9 @@ class StudioWorker {
     if (choice.kind === 'file') {
       const src = new BlobSource(choice.file, choice.file.name);
       if (!/\.safetensors$/i.test(choice.file.name))
-        throw new ModelError(`${choice.file.name}: only .safetensors checkpoints can be loaded (a .ckpt is a pickle that could run code; convert it to safetensors first)`);
+        throw new ModelError(
+          `${choice.file.name}: only .safetensors checkpoints can be loaded (a .ckpt is a pickle that could run code; convert it to safetensors first)`,
+        );
       const info = await inspectSingleFile(src);
       return { name: choice.file.name, family: info.family, layout: info.layout, prediction: info.prediction, parameters: total(info.components) };
     }
@@ -112,11 +120,17 @@ class StudioWorker {
     const tokenizerFiles = new Map<string, Uint8Array>();
     for (const f of TOKENIZER_FILES.filter((f) => f !== 'tokenizer.json' && f !== 'added_tokens.json')) {
       try {
-        const src = await downloadFile(repo, `tokenizer/${f}`, { endpoint: this.hubEndpoint, cache: idbDownloadCache(), onProgress: (p) => this.onEvent({ type: 'download', ...p }) });
+        const src = await downloadFile(repo, `tokenizer/${f}`, {
+          endpoint: this.hubEndpoint,
+          cache: idbDownloadCache(),
+          onProgress: (p) => this.onEvent({ type: 'download', ...p }),
+        });
         tokenizerFiles.set(f, await src.read(0, src.size));
       } catch (e) {
         if (f === 'vocab.json' || f === 'merges.txt')
-          throw new StudioError(`${choice.file.name} carries no tokenizer, and the ${family.toUpperCase()} tokenizer could not be fetched from ${this.hubEndpoint}/${repo}: ${(e as Error).message}. Load the model as a diffusers folder instead.`);
+          throw new StudioError(
+            `${choice.file.name} carries no tokenizer, and the ${family.toUpperCase()} tokenizer could not be fetched from ${this.hubEndpoint}/${repo}: ${(e as Error).message}. Load the model as a diffusers folder instead.`,
+          );
       }
     }
     const reader = folderFromSources('tokenizer', new Map([...tokenizerFiles].map(([f, b]) => [`tokenizer/${f}`, new BytesSource(b, f)])));
@@ -141,7 +155,10 @@ class StudioWorker {
    * `run.runId`; then trains unless `trainNow` is false (e.g. to export a stopped run).
    */
   async start(
-    choice: ModelChoice, run: RunInput, onEvent: (e: WorkerEvent) => void, trainNow = true,
+    choice: ModelChoice,
+    run: RunInput,
+    onEvent: (e: WorkerEvent) => void,
+    trainNow = true,
     /** The page's labels of the settings, so messages name what the user sees. */
     labels: Partial<Record<SettingKey, string>> = {},
   ): Promise<'done' | 'paused' | 'cancelled' | 'ready'> {

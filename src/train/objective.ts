@@ -34,19 +34,35 @@ function mix(gpu: Gpu, op: string, x: Tensor, y: Tensor, coef: number[][]): Tens
 
 /** x_t = sqrt(ā_t) x0 + sqrt(1 - ā_t) eps, one timestep per sample (DDPMScheduler.add_noise). */
 export function addNoise(gpu: Gpu, x0: Tensor, eps: Tensor, timesteps: number[], acp: Float64Array): Tensor {
-  return mix(gpu, 'addNoise', x0, eps, timesteps.map((t) => [Math.sqrt(acp[t]), Math.sqrt(1 - acp[t])]));
+  return mix(
+    gpu,
+    'addNoise',
+    x0,
+    eps,
+    timesteps.map((t) => [Math.sqrt(acp[t]), Math.sqrt(1 - acp[t])]),
+  );
 }
 
 /** The training target: eps, or v = sqrt(ā_t) eps - sqrt(1 - ā_t) x0 (DDPMScheduler.get_velocity). */
 export function velocity(gpu: Gpu, x0: Tensor, eps: Tensor, timesteps: number[], acp: Float64Array): Tensor {
-  return mix(gpu, 'velocity', x0, eps, timesteps.map((t) => [-Math.sqrt(1 - acp[t]), Math.sqrt(acp[t])]));
+  return mix(
+    gpu,
+    'velocity',
+    x0,
+    eps,
+    timesteps.map((t) => [-Math.sqrt(1 - acp[t]), Math.sqrt(acp[t])]),
+  );
 }
 
 /**
  * Per-sample loss weights: min-SNR-gamma (Hang et al.; SNR = ā / (1 - ā): min(SNR, γ) / SNR for epsilon,
  * min(SNR, γ) / (SNR + 1) for v-prediction) times a class weight (prior_loss_weight for class images).
  */
-export function lossWeights(timesteps: number[], acp: Float64Array, o: { prediction: 'epsilon' | 'v_prediction'; minSnrGamma?: number; classWeights?: number[] }): number[] {
+export function lossWeights(
+  timesteps: number[],
+  acp: Float64Array,
+  o: { prediction: 'epsilon' | 'v_prediction'; minSnrGamma?: number; classWeights?: number[] },
+): number[] {
   return timesteps.map((t, i) => {
     let w = 1;
     if (o.minSnrGamma !== undefined) {

@@ -29,7 +29,18 @@
 // updates, would have to be restored from the store.
 import type { Gpu } from '../gpu/device.ts';
 import { Tensor } from '../gpu/tensor.ts';
-import { adamw, adamwCheck, adamwStats, adamwStateStats, adamwStepSafe, masterLimit, type AdamWConfig, type AdamWParam, type AdamWStateStats, type AdamWStep } from '../ops/adamw.ts';
+import {
+  adamw,
+  adamwCheck,
+  adamwStats,
+  adamwStateStats,
+  adamwStepSafe,
+  masterLimit,
+  type AdamWConfig,
+  type AdamWParam,
+  type AdamWStateStats,
+  type AdamWStep,
+} from '../ops/adamw.ts';
 import { checkFinite, clearFlag, globalNorm, newFlag, readFlag } from '../ops/reduce.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 
@@ -130,7 +141,11 @@ export class ChunkedAdamW {
    * `initial(name)` gives a parameter's starting fp32 values.
    */
   static async create(
-    gpu: Gpu, params: { name: string; shape: number[] }[], weights: Map<string, Tensor>, initial: (name: string) => Promise<Float32Array>, o: ChunkedAdamWOptions,
+    gpu: Gpu,
+    params: { name: string; shape: number[] }[],
+    weights: Map<string, Tensor>,
+    initial: (name: string) => Promise<Float32Array>,
+    o: ChunkedAdamWOptions,
   ): Promise<ChunkedAdamW> {
     const opt = new ChunkedAdamW(gpu, o, planChunks(params, o.chunkElems), weights);
     for (const c of opt.chunks) {
@@ -245,19 +260,22 @@ export class ChunkedAdamW {
     for (const c of this.chunks) if (c.resident) update(c.resident, c);
     // Stream the stored chunks: prefetch i+1 while i updates; write i back while i+1 updates.
     let writing: Promise<void> | null = null;
-    await this.streamChunks(this.chunks.filter((c) => !c.resident), async (st, c) => {
-      update(st, c);
-      gpu.write(this.statsOut, [0, 0, 0, 0]);
-      adamwStats(gpu, st, this.o.cfg, this.statsOut);
-      const packed = new Float32Array(3 * c.elems);
-      packed.set(await gpu.read(st.master), 0);
-      packed.set(await gpu.read(st.m), c.elems);
-      packed.set(await gpu.read(st.v), 2 * c.elems);
-      const [maxAbsMaster, maxAbsM, maxV, maxRatio] = await gpu.read(this.statsOut);
-      if (writing) await writing;
-      writing = this.writeChunk(c, t, packed, { maxAbsMaster, maxAbsM, maxV, maxRatio });
-      writing.catch(() => {}); // awaited below; marked handled so a failure while we work on is not "unhandled"
-    });
+    await this.streamChunks(
+      this.chunks.filter((c) => !c.resident),
+      async (st, c) => {
+        update(st, c);
+        gpu.write(this.statsOut, [0, 0, 0, 0]);
+        adamwStats(gpu, st, this.o.cfg, this.statsOut);
+        const packed = new Float32Array(3 * c.elems);
+        packed.set(await gpu.read(st.master), 0);
+        packed.set(await gpu.read(st.m), c.elems);
+        packed.set(await gpu.read(st.v), 2 * c.elems);
+        const [maxAbsMaster, maxAbsM, maxV, maxRatio] = await gpu.read(this.statsOut);
+        if (writing) await writing;
+        writing = this.writeChunk(c, t, packed, { maxAbsMaster, maxAbsM, maxV, maxRatio });
+        writing.catch(() => {}); // awaited below; marked handled so a failure while we work on is not "unhandled"
+      },
+    );
     if (writing) await writing;
     gpu.free(normT);
     this.applied = t;
@@ -375,7 +393,9 @@ export class ChunkedAdamW {
       if (c.resident) {
         const b = await read(`opt-c${c.index}`);
         if (b.byteLength !== 3 * c.elems * 4)
-          throw new Error(`the checkpoint's optimizer chunk ${c.index} holds ${b.byteLength} bytes, not the ${3 * c.elems * 4} of this run's layout: the checkpoint is damaged or from another run; start the run again`);
+          throw new Error(
+            `the checkpoint's optimizer chunk ${c.index} holds ${b.byteLength} bytes, not the ${3 * c.elems * 4} of this run's layout: the checkpoint is damaged or from another run; start the run again`,
+          );
         packed = new Float32Array(b.buffer, b.byteOffset, b.byteLength / 4);
         this.gpu.write(c.resident.master, packed.subarray(0, c.elems));
         this.gpu.write(c.resident.m, packed.subarray(c.elems, 2 * c.elems));

@@ -97,7 +97,10 @@ type ChunkSettings = Pick<TrainSettings, 'mode' | 'rank' | 'chunkElems' | 'textE
  * Trainable parameter shapes in the trainer's order (UNet adapters, then the text encoder's; or every UNet
  * weight in full mode): the optimizer packs its chunks in this order.
  */
-export function trainableShapes(model: Pick<PlanModel, 'config' | 'textEncoder'>, settings: Omit<ChunkSettings, 'chunkElems'>): { name: string; shape: number[] }[] {
+export function trainableShapes(
+  model: Pick<PlanModel, 'config' | 'textEncoder'>,
+  settings: Omit<ChunkSettings, 'chunkElems'>,
+): { name: string; shape: number[] }[] {
   const unet = unetParams(model.config);
   const shapes = [...(settings.mode === 'lora' ? loraShapes(loraTargets('unet', unet.keys()), unet, settings.rank) : unet)];
   if (settings.mode === 'lora' && settings.textEncoderLora) {
@@ -113,7 +116,7 @@ export function optimizerChunkCount(model: Pick<PlanModel, 'config' | 'textEncod
 }
 
 function textEncoderOf(model: Pick<PlanModel, 'textEncoder'>): ClipTextConfig {
-  if (!model.textEncoder) throw new Error('planning text-encoder LoRA needs the text encoder\'s config (PlanModel.textEncoder)');
+  if (!model.textEncoder) throw new Error("planning text-encoder LoRA needs the text encoder's config (PlanModel.textEncoder)");
   return model.textEncoder;
 }
 
@@ -209,7 +212,11 @@ export function predictResident(chunkElems: number[], streamedPeak: number, budg
  * `message` says how much memory the run needs.
  */
 export async function planTraining(
-  makeGpu: () => Promise<Gpu>, model: PlanModel, dataShape: PlanDataShape, settings: TrainSettings, budgetBytes: number,
+  makeGpu: () => Promise<Gpu>,
+  model: PlanModel,
+  dataShape: PlanDataShape,
+  settings: TrainSettings,
+  budgetBytes: number,
 ): Promise<Plan> {
   const layout = planChunks(trainableShapes(model, settings), settings.chunkElems).map((c) => c.elems);
   const chunks = layout.length;
@@ -220,8 +227,15 @@ export async function planTraining(
     return r;
   };
   const plan = (r: DryRunResult, fits: boolean, message?: string): Plan => ({
-    activationCheckpointing: r.activationCheckpointing, residentChunks: r.residentChunks, peakBytes: r.peakBytes, fits, budgetBytes, chunks: r.chunks,
-    storeReadBytesPerStep: r.storeReadBytesPerStep, storeWriteBytesPerStep: r.storeWriteBytesPerStep, peakByTag: r.peakByTag,
+    activationCheckpointing: r.activationCheckpointing,
+    residentChunks: r.residentChunks,
+    peakBytes: r.peakBytes,
+    fits,
+    budgetBytes,
+    chunks: r.chunks,
+    storeReadBytesPerStep: r.storeReadBytesPerStep,
+    storeWriteBytesPerStep: r.storeWriteBytesPerStep,
+    peakByTag: r.peakByTag,
     tried: tried.map(({ activationCheckpointing, residentChunks, peakBytes }) => ({ activationCheckpointing, residentChunks, peakBytes })),
     ...(message ? { message } : {}),
   });

@@ -49,11 +49,22 @@ function rgbToRgba(rgb: Uint8Array, w: number, h: number): RgbaImage {
  * at the training resolution.
  */
 export async function generateClassImage(
-  gpu: Gpu, model: LoadedModel, tokenizer: ClipTokenizer, schedule: ScheduleConfig,
+  gpu: Gpu,
+  model: LoadedModel,
+  tokenizer: ClipTokenizer,
+  schedule: ScheduleConfig,
   o: { prompt: string; seed: number; index: number; steps: number; resolution: number },
 ): Promise<Float32Array> {
   const img = await txt2img(gpu, model, tokenizer, {
-    prompt: o.prompt, negativePrompt: '', steps: o.steps, guidance: 7.5, seed: o.seed * 1000 + o.index, width: o.resolution, height: o.resolution, sampler: 'dpm++2m', schedule,
+    prompt: o.prompt,
+    negativePrompt: '',
+    steps: o.steps,
+    guidance: 7.5,
+    seed: o.seed * 1000 + o.index,
+    width: o.resolution,
+    height: o.resolution,
+    sampler: 'dpm++2m',
+    schedule,
   });
   return prepareImage(rgbToRgba(img.rgb, img.width, img.height), { resolution: o.resolution, crop: 'center' });
 }
@@ -67,7 +78,12 @@ export interface PreparedSet {
 
 /** Encodes instance and class sets into TrainData (prompts shared by several images are encoded once). */
 export async function encodeTrainData(
-  gpu: Gpu, model: LoadedModel, tokenizer: ClipTokenizer, resolution: number, instance: PreparedSet, classes: PreparedSet | null,
+  gpu: Gpu,
+  model: LoadedModel,
+  tokenizer: ClipTokenizer,
+  resolution: number,
+  instance: PreparedSet,
+  classes: PreparedSet | null,
   onProgress?: (done: number, total: number) => void,
 ): Promise<TrainData> {
   const total = instance.images.length + (classes?.images.length ?? 0);
@@ -80,7 +96,11 @@ export async function encodeTrainData(
   const encodeSet = async (set: PreparedSet) => {
     const out: TrainData['instance'] = [];
     for (let i = 0; i < set.images.length; i++) {
-      out.push({ latent: await encodeImage(gpu, model.vae, set.images[i], resolution), context: await context(set.prompts[i]), ids: tokenizer.encodePadded(set.prompts[i]) });
+      out.push({
+        latent: await encodeImage(gpu, model.vae, set.images[i], resolution),
+        context: await context(set.prompts[i]),
+        ids: tokenizer.encodePadded(set.prompts[i]),
+      });
       onProgress?.(++done, total);
     }
     return out;
@@ -136,7 +156,11 @@ export async function loadTrainData(store: ChunkStore, runId: string): Promise<T
     const out: TrainSample[] = [];
     for (let i = 0; i < n; i++) {
       const ids = snap.names.includes(`${p}${i}-ids`) ? await snap.read(`${p}${i}-ids`) : null;
-      out.push({ latent: await read(`${p}${i}-latent`), context: await read(`${p}${i}-context`), ...(ids ? { ids: new Int32Array(ids.buffer, ids.byteOffset, ids.byteLength / 4) } : {}) });
+      out.push({
+        latent: await read(`${p}${i}-latent`),
+        context: await read(`${p}${i}-context`),
+        ...(ids ? { ids: new Int32Array(ids.buffer, ids.byteOffset, ids.byteLength / 4) } : {}),
+      });
     }
     return out;
   };

@@ -61,13 +61,41 @@ export interface TrainSettings {
 
 export const TRAIN_DEFAULTS: Record<TrainMode, TrainSettings> = {
   lora: {
-    mode: 'lora', steps: 400, lr: 1e-4, rank: 8, alpha: 8, seed: 0, priorLossWeight: 1, offsetNoise: 0, minSnrGamma: null, textEncoderLora: false,
-    maxGradNorm: 1, weightDecay: 1e-2, checkpointEvery: 50, activationCheckpointing: false, chunkElems: 1 << 22, residentChunks: Infinity,
+    mode: 'lora',
+    steps: 400,
+    lr: 1e-4,
+    rank: 8,
+    alpha: 8,
+    seed: 0,
+    priorLossWeight: 1,
+    offsetNoise: 0,
+    minSnrGamma: null,
+    textEncoderLora: false,
+    maxGradNorm: 1,
+    weightDecay: 1e-2,
+    checkpointEvery: 50,
+    activationCheckpointing: false,
+    chunkElems: 1 << 22,
+    residentChunks: Infinity,
     maxConsecutiveSkips: 10,
   },
   full: {
-    mode: 'full', steps: 800, lr: 5e-6, rank: 0, alpha: 0, seed: 0, priorLossWeight: 1, offsetNoise: 0, minSnrGamma: null, textEncoderLora: false,
-    maxGradNorm: 1, weightDecay: 1e-2, checkpointEvery: 100, activationCheckpointing: false, chunkElems: 1 << 24, residentChunks: Infinity,
+    mode: 'full',
+    steps: 800,
+    lr: 5e-6,
+    rank: 0,
+    alpha: 0,
+    seed: 0,
+    priorLossWeight: 1,
+    offsetNoise: 0,
+    minSnrGamma: null,
+    textEncoderLora: false,
+    maxGradNorm: 1,
+    weightDecay: 1e-2,
+    checkpointEvery: 100,
+    activationCheckpointing: false,
+    chunkElems: 1 << 24,
+    residentChunks: Infinity,
     maxConsecutiveSkips: 10,
   },
 };
@@ -201,7 +229,12 @@ export class DreamBoothTrainer {
   }
 
   static async create(
-    gpu: Gpu, model: TrainerModel, data: TrainData, settings: TrainSettings, store: ChunkStore, runId: string,
+    gpu: Gpu,
+    model: TrainerModel,
+    data: TrainData,
+    settings: TrainSettings,
+    store: ChunkStore,
+    runId: string,
     /** LoRA: starting adapters (PEFT names), e.g. a test's; default PEFT's init from the run's seed. */
     loraInit?: Map<string, Float32Array>,
   ): Promise<DreamBoothTrainer> {
@@ -227,7 +260,8 @@ export class DreamBoothTrainer {
       if (settings.textEncoderLora) {
         const te = model.textEncoder;
         if (!te) throw new Error('text-encoder LoRA needs the text encoder (it stays on the GPU)');
-        if (!data.instance.every((s) => s.ids) || !data.classes.every((s) => s.ids)) throw new Error('text-encoder LoRA needs the prompts\' token ids in the training data');
+        if (!data.instance.every((s) => s.ids) || !data.classes.every((s) => s.ids))
+          throw new Error("text-encoder LoRA needs the prompts' token ids in the training data");
         addAdapters(te.weights, loraTargets('text_encoder', clipParams(te.config).keys()));
       }
       initial = async (n) => init.get(n)!;
@@ -275,7 +309,10 @@ export class DreamBoothTrainer {
     const gpu = this.gpu;
     const t0 = performance.now();
     gpu.allocator.resetPeak();
-    const { latentShape: [c, h, w], contextShape: [L, D] } = this.data;
+    const {
+      latentShape: [c, h, w],
+      contextShape: [L, D],
+    } = this.data;
     const samples = [this.data.instance[inputs.instance], ...(inputs.classIndex !== null ? [this.data.classes[inputs.classIndex]] : [])];
     const B = samples.length;
     const cat = (f: (s: (typeof samples)[0]) => Float32Array) => {
@@ -283,14 +320,34 @@ export class DreamBoothTrainer {
       samples.forEach((s, i) => out.set(f(s), i * f(s).length));
       return out;
     };
-    const x0 = gpu.upload(cat((s) => s.latent), [B, c, h, w], this.dtype, 'activations', 'x0');
+    const x0 = gpu.upload(
+      cat((s) => s.latent),
+      [B, c, h, w],
+      this.dtype,
+      'activations',
+      'x0',
+    );
     const eps = gpu.upload(inputs.noise, [B, c, h, w], this.dtype, 'activations', 'noise');
     const tape = new Tape(gpu, new Set(this.trainable.values()));
     const te = this.settings.textEncoderLora ? this.model.textEncoder! : null;
     // A trained text encoder runs on the tape (its output is freed by it); else the cached embeddings.
     const ctx = te
-      ? clipTextForward(gpu, te.config, te.weights, cat((s) => Float32Array.from(s.ids!)), B, tape, this.loraScale)
-      : gpu.upload(cat((s) => s.context), [B, L, D], this.dtype, 'activations', 'context');
+      ? clipTextForward(
+          gpu,
+          te.config,
+          te.weights,
+          cat((s) => Float32Array.from(s.ids!)),
+          B,
+          tape,
+          this.loraScale,
+        )
+      : gpu.upload(
+          cat((s) => s.context),
+          [B, L, D],
+          this.dtype,
+          'activations',
+          'context',
+        );
     const tT = gpu.upload(inputs.timesteps, [B], 'f32', 'activations', 'timesteps');
     const xt = addNoise(gpu, x0, eps, inputs.timesteps, this.acp);
     const prediction = this.model.schedule.prediction;
@@ -325,7 +382,7 @@ export class DreamBoothTrainer {
         // The gradients were finite at this scale, so the scale is not the problem: Adam's update does not
         // depend on it (m / sqrt(v) divides it out). Lowering it would only push small f16 gradients toward
         // zero, so the scaler is left as it is (neither lowered nor counting a good step).
-        const f16 = this.dtype === 'f16' ? ' or past f16\'s 65504' : '';
+        const f16 = this.dtype === 'f16' ? " or past f16's 65504" : '';
         skipped = `the update would make weights non-finite${f16} (learning rate ${this.settings.lr} too high?) at step ${this.step + 1}: step skipped, loss scale kept at ${scale}`;
       } else {
         this.scaler.update(!applied);
@@ -338,12 +395,20 @@ export class DreamBoothTrainer {
     this.losses.push(loss);
     const mem = gpu.allocator.report();
     const report: StepReport = {
-      step: this.step, loss, applied, lossScale: this.scaler.scale, gradNorm, seconds: (performance.now() - t0) / 1000, gpuBytes: mem.current, gpuPeakBytes: mem.peak,
+      step: this.step,
+      loss,
+      applied,
+      lossScale: this.scaler.scale,
+      gradNorm,
+      seconds: (performance.now() - t0) / 1000,
+      gpuBytes: mem.current,
+      gpuPeakBytes: mem.peak,
     };
     if (skipped) report.skipped = skipped;
     this.skipRun = skipped ? { count: this.skipRun.count + 1, last: skipped } : { count: 0, last: '' };
     if (this.settings.checkpointEvery > 0 && this.step % this.settings.checkpointEvery === 0) await this.checkpoint();
-    if (this.skipRun.count >= this.settings.maxConsecutiveSkips) throw new TrainingStalledError(this.skipRun.count, this.step, this.skipRun.last, this.appliedSteps);
+    if (this.skipRun.count >= this.settings.maxConsecutiveSkips)
+      throw new TrainingStalledError(this.skipRun.count, this.step, this.skipRun.last, this.appliedSteps);
     return report;
   }
 
@@ -355,7 +420,13 @@ export class DreamBoothTrainer {
   async checkpoint(): Promise<void> {
     const st = await this.optimizer.checkpointState();
     const meta: CheckpointMeta = {
-      step: this.step, rng: this.rng.state(), scaler: this.scaler.state(), versions: st.versions, applied: st.applied, losses: this.losses, settings: this.settings,
+      step: this.step,
+      rng: this.rng.state(),
+      scaler: this.scaler.state(),
+      versions: st.versions,
+      applied: st.applied,
+      losses: this.losses,
+      settings: this.settings,
       skipRun: this.skipRun,
     };
     await commitSnapshot(this.store, this.ckptPrefix, st.files, meta);
@@ -372,7 +443,8 @@ export class DreamBoothTrainer {
     const m = snap.meta;
     checkCheckpointMeta(m, this.optimizer.chunks.length);
     for (const k of ['mode', 'rank', 'alpha', 'lr', 'seed', 'chunkElems', 'textEncoderLora'] as const)
-      if (m.settings[k] !== this.settings[k]) throw new Error(`this run's checkpoint was made with ${k} = ${m.settings[k]}, not ${this.settings[k]}: resume with the run's own settings`);
+      if (m.settings[k] !== this.settings[k])
+        throw new Error(`this run's checkpoint was made with ${k} = ${m.settings[k]}, not ${this.settings[k]}: resume with the run's own settings`);
     await this.optimizer.restore((n) => snap.read(n), m.versions, m.applied);
     this.step = m.step;
     this.rng.restore(m.rng);
@@ -415,13 +487,21 @@ function checkCheckpointMeta(m: CheckpointMeta, chunks: number): void {
   if (!whole(m.settings.steps, 1, Number.MAX_SAFE_INTEGER)) bad(`its run has ${m.settings.steps} steps`);
   if (!whole(m.step, 0, m.settings.steps)) bad(`step ${m.step} is not within 0..${m.settings.steps}`);
   if (!whole(m.applied, 0, m.step)) bad(`${m.applied} applied steps at step ${m.step}`);
-  if (!Array.isArray(m.losses) || m.losses.length !== m.step || !m.losses.every((l) => l === null || typeof l === 'number')) bad(`${Array.isArray(m.losses) ? m.losses.length : 'no'} losses for ${m.step} steps`);
+  if (!Array.isArray(m.losses) || m.losses.length !== m.step || !m.losses.every((l) => l === null || typeof l === 'number'))
+    bad(`${Array.isArray(m.losses) ? m.losses.length : 'no'} losses for ${m.step} steps`);
   if (!whole(m.rng, 0, 2 ** 32 - 1)) bad(`random state ${m.rng}`);
   const sc = m.scaler;
-  if (typeof sc !== 'object' || sc === null || !(Number.isFinite(sc.scale) && sc.scale > 0) || !whole(sc.goodSteps, 0, Number.MAX_SAFE_INTEGER) || !whole(sc.skipped, 0, Number.MAX_SAFE_INTEGER))
+  if (
+    typeof sc !== 'object' ||
+    sc === null ||
+    !(Number.isFinite(sc.scale) && sc.scale > 0) ||
+    !whole(sc.goodSteps, 0, Number.MAX_SAFE_INTEGER) ||
+    !whole(sc.skipped, 0, Number.MAX_SAFE_INTEGER)
+  )
     bad('loss scale');
   if (typeof m.versions !== 'object' || m.versions === null) bad('no chunk versions');
-  for (const [k, v] of Object.entries(m.versions)) if (!whole(Number(k), 0, chunks - 1) || !whole(v, 0, Number.MAX_SAFE_INTEGER)) bad(`chunk ${k} version ${v} for a layout of ${chunks} chunks`);
+  for (const [k, v] of Object.entries(m.versions))
+    if (!whole(Number(k), 0, chunks - 1) || !whole(v, 0, Number.MAX_SAFE_INTEGER)) bad(`chunk ${k} version ${v} for a layout of ${chunks} chunks`);
 }
 
 function validate(data: TrainData, s: TrainSettings): void {
@@ -432,5 +512,6 @@ function validate(data: TrainData, s: TrainSettings): void {
   if (!Number.isInteger(s.maxConsecutiveSkips) || s.maxConsecutiveSkips < 1)
     throw new Error(`maxConsecutiveSkips (skipped steps in a row before the run stops) must be a positive integer, got ${s.maxConsecutiveSkips}`);
   const [c, h, w] = data.latentShape;
-  for (const [i, x] of data.instance.entries()) if (x.latent.length !== c * h * w) throw new Error(`instance latent ${i} has ${x.latent.length} values, expected ${c}x${h}x${w}`);
+  for (const [i, x] of data.instance.entries())
+    if (x.latent.length !== c * h * w) throw new Error(`instance latent ${i} has ${x.latent.length} values, expected ${c}x${h}x${w}`);
 }

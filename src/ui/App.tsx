@@ -30,7 +30,9 @@ async function initGpu(): Promise<void> {
   const { setGpu } = useAppStore.getState();
   try {
     const gpu = await Gpu.create(navigator.gpu, { shaders: viteShaderSource() });
-    gpu.onLost((e: GpuDeviceLostError) => setGpu({ kind: 'error', title: 'The GPU device was lost', message: `${e.message}. Reload the page to start again.` }));
+    gpu.onLost((e: GpuDeviceLostError) =>
+      setGpu({ kind: 'error', title: 'The GPU device was lost', message: `${e.message}. Reload the page to start again.` }),
+    );
     setGpu({ kind: 'ready', gpu, adapter: gpu.adapter });
     window.__selftest = { done: false, results: [], adapter: gpu.adapter };
     if (new URLSearchParams(location.search).has('autorun')) void runSelfTest();
@@ -57,7 +59,9 @@ export async function runSelfTest(): Promise<void> {
   for (const c of ALL_CASES) {
     for (const dtype of dtypesFor(gpu, c)) {
       const golden = await browserGolden(c.family).catch(() => null);
-      const r = golden ? await runCase(gpu, c, dtype, golden) : { family: c.family, name: c.name, dtype, pass: false, checks: [], error: 'golden fixture failed to load', ms: 0 };
+      const r = golden
+        ? await runCase(gpu, c, dtype, golden)
+        : { family: c.family, name: c.name, dtype, pass: false, checks: [], error: 'golden fixture failed to load', ms: 0 };
       results.push(r);
       useAppStore.getState().addResult(r);
     }

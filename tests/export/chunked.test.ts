@@ -22,7 +22,7 @@ async function trained() {
 after(async () => (await run)?.free());
 
 describe('export/chunked: trained values one optimizer chunk at a time', () => {
-  it('gives every trained tensor equal to the masters, in the trainer\'s order, resident and stored chunks, LRU of 1', async () => {
+  it("gives every trained tensor equal to the masters, in the trainer's order, resident and stored chunks, LRU of 1", async () => {
     const { trainer } = await trained();
     const all = await trainer.trainedValues();
     const p = chunkedProvider(trainer.optimizer, 1);
@@ -41,11 +41,17 @@ describe('export/chunked: trained values one optimizer chunk at a time', () => {
     const counted = { chunks: opt.chunks, chunkMasters: (i: number) => (reads.push(i), opt.chunkMasters(i)) };
     const inOrder = chunkedProvider(counted, 1);
     for (const n of inOrder.names()) await inOrder.read(n);
-    assert.deepEqual(reads, opt.chunks.map((c) => c.index));
+    assert.deepEqual(
+      reads,
+      opt.chunks.map((c) => c.index),
+    );
     // Two chunks alternately under a cache of 2: read once each; under a cache of 1: read every time.
     const first = opt.chunks[0].params[0].name;
     const last = opt.chunks.at(-1)!.params[0].name;
-    for (const [cache, expected] of [[2, 2], [1, 6]] as const) {
+    for (const [cache, expected] of [
+      [2, 2],
+      [1, 6],
+    ] as const) {
       reads.length = 0;
       const p = chunkedProvider(counted, cache);
       for (let k = 0; k < 3; k++) {
@@ -60,7 +66,13 @@ describe('export/chunked: trained values one optimizer chunk at a time', () => {
     const { trainer } = await trained();
     const p = chunkedProvider(trainer.optimizer);
     await assert.rejects(p.read('nope.weight'), (e: Error) => e instanceof ExportError && /'nope\.weight'/.test(e.message));
-    assert.throws(() => p.shape('nope.weight'), (e: Error) => e instanceof ExportError && /'nope\.weight'/.test(e.message));
-    assert.throws(() => chunkedProvider(trainer.optimizer, 0), (e: Error) => e instanceof ExportError && /cacheChunks must be a positive integer, got 0/.test(e.message));
+    assert.throws(
+      () => p.shape('nope.weight'),
+      (e: Error) => e instanceof ExportError && /'nope\.weight'/.test(e.message),
+    );
+    assert.throws(
+      () => chunkedProvider(trainer.optimizer, 0),
+      (e: Error) => e instanceof ExportError && /cacheChunks must be a positive integer, got 0/.test(e.message),
+    );
   });
 });

@@ -12,7 +12,12 @@ import { countNonFinite, pump, safetensorsChunks, type OutTensor } from '../../s
 import { nodeFileSink } from '../../src/io/sink-node.ts';
 import { INFO, memorySink, randomAdapters, readFolderTensors, tempDir, tinyModel } from './fixtures.ts';
 
-const f32 = (name: string, dtype: 'F16' | 'F32', values: number[]): OutTensor => ({ name, dtype, shape: [values.length], data: async () => Float32Array.from(values) });
+const f32 = (name: string, dtype: 'F16' | 'F32', values: number[]): OutTensor => ({
+  name,
+  dtype,
+  shape: [values.length],
+  data: async () => Float32Array.from(values),
+});
 const raw = (name: string, dtype: string, bytes: Uint8Array, n: number): OutTensor => ({ name, dtype, shape: [n], data: async () => bytes });
 const u16 = (...v: number[]) => new Uint8Array(Uint16Array.from(v).buffer);
 const write = (...tensors: OutTensor[]) => pump(safetensorsChunks(tensors), memorySink());
@@ -21,7 +26,10 @@ describe('non-finite values are refused', () => {
   it('an f32 value past F16 range is refused in an F16 tensor (it would be inf) and accepted in an F32 one', async () => {
     await assert.rejects(write(f32('ok', 'F16', [1, 2]), f32('unet.up.weight', 'F16', [1, 1e30, -7e4, 65519])), (e: Error) => {
       assert.ok(e instanceof ExportError);
-      assert.match(e.message, /^tensor 'unet\.up\.weight' \(F16 \[4\]\): 2 of 4 values would be written as NaN or infinity \(2 infinite; 2 of them are finite f32 values too large for F16 \(max ±65504\)\)/);
+      assert.match(
+        e.message,
+        /^tensor 'unet\.up\.weight' \(F16 \[4\]\): 2 of 4 values would be written as NaN or infinity \(2 infinite; 2 of them are finite f32 values too large for F16 \(max ±65504\)\)/,
+      );
       assert.match(e.message, /export was stopped/);
       return true;
     });
@@ -30,7 +38,10 @@ describe('non-finite values are refused', () => {
   });
 
   it('NaN and infinity in f32 values are counted by kind, in either file dtype', async () => {
-    await assert.rejects(write(f32('te.q.weight', 'F32', [NaN, 1, Infinity, NaN, -Infinity])), /: tensor 'te\.q\.weight' \(F32 \[5\]\): 4 of 5 values .*\(2 NaN, 2 infinite\)/);
+    await assert.rejects(
+      write(f32('te.q.weight', 'F32', [NaN, 1, Infinity, NaN, -Infinity])),
+      /: tensor 'te\.q\.weight' \(F32 \[5\]\): 4 of 5 values .*\(2 NaN, 2 infinite\)/,
+    );
     await assert.rejects(write(f32('h', 'F16', [0, NaN])), /'h' \(F16 \[2\]\): 1 of 2 values .*\(1 NaN\)/);
   });
 
@@ -61,10 +72,16 @@ describe('a refused export leaves nothing behind on disk', () => {
   poisoned.set(firstB, { shape: b.shape, data: b.data.map((v, i) => (i === 5 ? NaN : v)) });
   const adapters: LoraAdapters = { rank: 4, alpha: 8, unet: mapProvider(poisoned) };
 
-  for (const [format, writer] of [['kohya', writeKohyaLora], ['peft', writePeftLora]] as const)
+  for (const [format, writer] of [
+    ['kohya', writeKohyaLora],
+    ['peft', writePeftLora],
+  ] as const)
     it(`${format}: the error names the tensor; no file at the final name, no temp file, an older file untouched`, async () => {
       const dir = tempDir();
-      await assert.rejects(writer(await nodeFileSink(join(dir, 'new.safetensors')), adapters, INFO), (e: Error) => e instanceof ExportError && /lora_(up|B)\.weight' \(F16 .*: 1 of \d+ values .*\(1 NaN\)/.test(e.message));
+      await assert.rejects(
+        writer(await nodeFileSink(join(dir, 'new.safetensors')), adapters, INFO),
+        (e: Error) => e instanceof ExportError && /lora_(up|B)\.weight' \(F16 .*: 1 of \d+ values .*\(1 NaN\)/.test(e.message),
+      );
       assert.deepEqual(readdirSync(dir), []);
       writeFileSync(join(dir, 'old.safetensors'), 'the previous export');
       await assert.rejects(writer(await nodeFileSink(join(dir, 'old.safetensors')), adapters, INFO), ExportError);

@@ -44,7 +44,7 @@ export function rng(seed: number): () => number {
 }
 
 /** The known training delta of element i: a few hundredths, different for every element. */
-export const delta = (i: number) => 0.01 * (((i * 7919) % 13) - 6) / 6;
+export const delta = (i: number) => (0.01 * (((i * 7919) % 13) - 6)) / 6;
 
 /** The tiny UNet (diffusers names) with every weight moved by `delta`. */
 export function trainedUnet(folder: string): Map<string, NamedTensor> {
@@ -70,7 +70,9 @@ export function randomAdapters(base: Map<string, NamedTensor>, te: boolean, rank
 }
 
 export function rounded(t: Map<string, NamedTensor>, scaleB = 1): Map<string, NamedTensor> {
-  return new Map([...t].map(([n, v]) => [n, { shape: v.shape, data: roundToF16(n.endsWith('lora_B.weight') && scaleB !== 1 ? v.data.map((x) => x * scaleB) : v.data) }]));
+  return new Map(
+    [...t].map(([n, v]) => [n, { shape: v.shape, data: roundToF16(n.endsWith('lora_B.weight') && scaleB !== 1 ? v.data.map((x) => x * scaleB) : v.data) }]),
+  );
 }
 
 /** A sink that keeps the bytes and every chunk's length. */

@@ -65,7 +65,10 @@ function assertOneTensorPerChunk(file: SafetensorsFile, chunks: number[]) {
 async function baseWithPositionIds(): Promise<string> {
   const src = await openFile(tiny.singleFile);
   const ids = new Uint8Array(new BigInt64Array(Array.from({ length: 77 }, (_, i) => BigInt(i))).buffer);
-  const specs = [...src.names.map((n) => ({ name: n, dtype: src.entry(n).dtype, shape: src.entry(n).shape })), { name: 'cond_stage_model.transformer.text_model.embeddings.position_ids', dtype: 'I64', shape: [1, 77] }];
+  const specs = [
+    ...src.names.map((n) => ({ name: n, dtype: src.entry(n).dtype, shape: src.entry(n).shape })),
+    { name: 'cond_stage_model.transformer.text_model.embeddings.position_ids', dtype: 'I64', shape: [1, 77] },
+  ];
   const path = join(tempDir(), 'base-with-ids.safetensors');
   const w = new SafetensorsWriter(await nodeFileSink(path), specs, src.metadata);
   for (const s of specs) await w.write(s.name, s.dtype === 'I64' ? ids : await src.readRaw(s.name));
@@ -82,7 +85,10 @@ describe('single-file export from a single-file base', () => {
     const outPath = join(tempDir(), 'model.safetensors');
     const counting = memorySink();
     const disk = await nodeFileSink(outPath);
-    const both = { write: async (c: Uint8Array) => (await counting.write(c), await disk.write(c)), close: async () => (await counting.close(), await disk.close()) };
+    const both = {
+      write: async (c: Uint8Array) => (await counting.write(c), await disk.write(c)),
+      close: async () => (await counting.close(), await disk.close()),
+    };
     await writeSingleFile(both, base, mapProvider(trained), { ...OPTS, family: 'sd1', overrides: tiny.overrides });
     const out = await openFile(outPath);
     assertOneTensorPerChunk(out, counting.chunks);
@@ -110,7 +116,10 @@ describe('single-file export from a single-file base', () => {
   it('refuses trained tensors the base does not have, or of another shape', async () => {
     const base = await openFile(tiny.singleFile);
     const extra = mapProvider(new Map([['down_blocks.9.resnets.0.conv1.weight', { shape: [1], data: new Float32Array(1) }]]));
-    await assert.rejects(writeSingleFile(memorySink(), base, extra, { ...OPTS, family: 'sd1' }), (e: Error) => e instanceof ExportError && /down_blocks\.9/.test(e.message));
+    await assert.rejects(
+      writeSingleFile(memorySink(), base, extra, { ...OPTS, family: 'sd1' }),
+      (e: Error) => e instanceof ExportError && /down_blocks\.9/.test(e.message),
+    );
     const reshaped = mapProvider(new Map([['conv_in.bias', { shape: [3], data: new Float32Array(3) }]]));
     await assert.rejects(writeSingleFile(memorySink(), base, reshaped, { ...OPTS, family: 'sd1' }), /conv_in\.bias' is \[3\]/);
     await base.source.close?.();
@@ -206,38 +215,68 @@ describe('diffusers zip export', () => {
     const src = await openDiffusers(nodeFolder(tiny.folder));
     const { files, chunks, folder } = await unzip(zipDiffusers(src, mapProvider(trained), { ...OPTS, folder: nodeFolder(tiny.folder) }));
     assert.deepEqual(Object.keys(files).sort(), [
-      'model_index.json', 'scheduler/scheduler_config.json', 'text_encoder/config.json', 'text_encoder/model.safetensors',
-      'tokenizer/merges.txt', 'tokenizer/tokenizer_config.json', 'tokenizer/vocab.json',
-      'unet/config.json', 'unet/diffusion_pytorch_model.safetensors', 'vae/config.json', 'vae/diffusion_pytorch_model.safetensors',
+      'model_index.json',
+      'scheduler/scheduler_config.json',
+      'text_encoder/config.json',
+      'text_encoder/model.safetensors',
+      'tokenizer/merges.txt',
+      'tokenizer/tokenizer_config.json',
+      'tokenizer/vocab.json',
+      'unet/config.json',
+      'unet/diffusion_pytorch_model.safetensors',
+      'vae/config.json',
+      'vae/diffusion_pytorch_model.safetensors',
     ]);
     for (const p of ['tokenizer/vocab.json', 'tokenizer/merges.txt', 'unet/config.json', 'vae/config.json', 'text_encoder/config.json'])
       if (p.startsWith('tokenizer/')) assert.deepEqual(files[p], new Uint8Array(readFileSync(join(tiny.folder, p))), p);
       else assert.deepEqual(text(files[p]), JSON.parse(readFileSync(join(tiny.folder, p), 'utf8')), p);
     const index = text(files['model_index.json']);
-    assert.deepEqual([index.unet, index.vae, index.text_encoder, index.tokenizer, index.safety_checker], [['diffusers', 'UNet2DConditionModel'], ['diffusers', 'AutoencoderKL'], ['transformers', 'CLIPTextModel'], ['transformers', 'CLIPTokenizer'], [null, null]]);
+    assert.deepEqual(
+      [index.unet, index.vae, index.text_encoder, index.tokenizer, index.safety_checker],
+      [
+        ['diffusers', 'UNet2DConditionModel'],
+        ['diffusers', 'AutoencoderKL'],
+        ['transformers', 'CLIPTextModel'],
+        ['transformers', 'CLIPTokenizer'],
+        [null, null],
+      ],
+    );
     const sched = text(files['scheduler/scheduler_config.json']);
     const folderSched = JSON.parse(readFileSync(join(tiny.folder, 'scheduler/scheduler_config.json'), 'utf8'));
-    assert.deepEqual(sched, { _class_name: 'DDIMScheduler', clip_sample: false, set_alpha_to_one: false, steps_offset: 1, trained_betas: null, ...folderSched }, 'the folder has no class name: DDIM settings under its values');
+    assert.deepEqual(
+      sched,
+      { _class_name: 'DDIMScheduler', clip_sample: false, set_alpha_to_one: false, steps_offset: 1, trained_betas: null, ...folderSched },
+      'the folder has no class name: DDIM settings under its values',
+    );
     assert.deepEqual(index.scheduler, ['diffusers', 'DDIMScheduler']);
     let largest = 0;
     for (const p of ['unet/diffusion_pytorch_model.safetensors', 'vae/diffusion_pytorch_model.safetensors', 'text_encoder/model.safetensors']) {
       const f = await openBytes(files[p], p);
       assert.equal(f.metadata.format, 'pt', `${p}: transformers needs format=pt`);
-      assert.ok(f.names.every((n) => f.entry(n).dtype === 'F16'), `${p} is fp16`);
+      assert.ok(
+        f.names.every((n) => f.entry(n).dtype === 'F16'),
+        `${p} is fp16`,
+      );
       largest = Math.max(largest, f.header.dataStart, ...tensorChunkSizes(f));
     }
     const total = chunks.reduce((a, b) => a + b, 0);
-    assert.ok(Math.max(...chunks) <= largest, `no zip chunk (max ${Math.max(...chunks)}) is bigger than one tensor or header (${largest}) of the ${total}-byte zip`);
+    assert.ok(
+      Math.max(...chunks) <= largest,
+      `no zip chunk (max ${Math.max(...chunks)}) is bigger than one tensor or header (${largest}) of the ${total}-byte zip`,
+    );
     const model = await loadDiffusers(gpu, folder, { dtype: 'f32' });
     await assertTrainedUnet(gpu, model, trained);
-    for (const [n, t] of await readAll(src, 'text_encoder')) assert.deepEqual(await gpu.read(model.textEncoder.weights.get(n)!), roundToF16(t.data), `text encoder ${n}`);
+    for (const [n, t] of await readAll(src, 'text_encoder'))
+      assert.deepEqual(await gpu.read(model.textEncoder.weights.get(n)!), roundToF16(t.data), `text encoder ${n}`);
     await src.close();
   });
 
   it('from a single-file base: standard configs with the inferred values, a given tokenizer; loads back to the trained outputs', async () => {
     const gpu = await testGpu();
     const base = await openFile(tiny.singleFile);
-    const tokenizer = new Map(['vocab.json', 'merges.txt', 'tokenizer_config.json'].map((n) => [n, new Uint8Array(readFileSync(join(tiny.folder, 'tokenizer', n)))]));
+    const tokenizer = new Map(
+      ['vocab.json', 'merges.txt', 'tokenizer_config.json'].map((n) => [n, new Uint8Array(readFileSync(join(tiny.folder, 'tokenizer', n)))]),
+    );
     const { files, folder } = await unzip(zipDiffusers(base, mapProvider(trained), { ...OPTS, family: 'sd1', overrides: tiny.overrides, tokenizer }));
     assert.ok(files['tokenizer/vocab.json']);
     const unetCfg = text(files['unet/config.json']);

@@ -57,7 +57,10 @@ describe('kohya LoRA export', () => {
       'lora_te_text_model_encoder_layers_1_self_attn_out_proj.lora_down.weight',
     ])
       assert.ok(file.header.entries.has(n), n);
-    for (const [c, ls, src] of [['unet', unetLayers, unetLora], ['text_encoder', teLayers, teLora]] as const)
+    for (const [c, ls, src] of [
+      ['unet', unetLayers, unetLora],
+      ['text_encoder', teLayers, teLora],
+    ] as const)
       for (const l of ls) {
         const k = kohyaName(c, l);
         assert.deepEqual(layerFromKohya(k), { component: c, layer: l });
@@ -130,7 +133,10 @@ describe('diffusers/PEFT LoRA export', () => {
     const { file, sink } = await exported(writePeftLora);
     assertOneTensorPerChunk(file, sink.chunks);
     assert.equal(file.names.length, 2 * (layers(unetLora).length + layers(teLora).length));
-    for (const [prefix, src] of [['unet', unetLora], ['text_encoder', teLora]] as const)
+    for (const [prefix, src] of [
+      ['unet', unetLora],
+      ['text_encoder', teLora],
+    ] as const)
       for (const [n, t] of src) {
         const e = file.entry(`${prefix}.${n}`);
         assert.deepEqual([e.dtype, e.shape], ['F16', t.shape], n);
@@ -145,7 +151,7 @@ describe('diffusers/PEFT LoRA export', () => {
     assert.equal(md['dreambooth_studio.lora_rank'], '4');
     assert.equal(md['dreambooth_studio.lora_alpha'], '8.0');
     assert.equal(md['dreambooth_studio.lora_alpha_folded'], 'true');
-    assert.equal(md.lora_adapter_metadata, undefined, "no diffusers adapter config: it would apply alpha a second time");
+    assert.equal(md.lora_adapter_metadata, undefined, 'no diffusers adapter config: it would apply alpha a second time');
     assert.equal(md['modelspec.architecture'], 'stable-diffusion-v1/lora');
   });
 
@@ -159,7 +165,14 @@ describe('diffusers/PEFT LoRA export', () => {
     for (const [n, t] of [...unetLora, ...teLora]) {
       if (!n.endsWith('lora_B.weight')) continue;
       const got = back.adapters.get(n.slice(0, -'.lora_B.weight'.length))!.B.data;
-      assertChecks([compare(n, got, t.data.map((v) => (v * ALPHA) / RANK), { atol: 1e-3, rtol: 1e-3 })]);
+      assertChecks([
+        compare(
+          n,
+          got,
+          t.data.map((v) => (v * ALPHA) / RANK),
+          { atol: 1e-3, rtol: 1e-3 },
+        ),
+      ]);
     }
   });
 });
@@ -168,7 +181,8 @@ describe('readLora on files from other trainers', () => {
   const A = (r: number, i: number, v: number) => ({ shape: [r, i], data: new Float32Array(r * i).fill(v) });
   const q = 'down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q';
   const k = 'down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_k';
-  const open = (m: Map<string, NamedTensor>, md: Record<string, string> = {}) => SafetensorsFile.open(new BytesSource(writeSafetensors(m, md), 'other.safetensors'));
+  const open = (m: Map<string, NamedTensor>, md: Record<string, string> = {}) =>
+    SafetensorsFile.open(new BytesSource(writeSafetensors(m, md), 'other.safetensors'));
 
   it('kohya: per-module alphas fold into B; modules the engine cannot apply are skipped', async () => {
     const m = new Map<string, NamedTensor>([
@@ -208,14 +222,25 @@ describe('readLora on files from other trainers', () => {
       [`text_encoder.${te}.lora_linear_layer.down.weight`, A(4, 32, 1)],
       [`text_encoder.${te}.lora_linear_layer.up.weight`, A(32, 4, 1)],
     ]);
-    const back = await readLora(await open(m, { lora_adapter_metadata: JSON.stringify({ 'unet.lora_alpha': 8, 'unet.r': 4, 'text_encoder.lora_alpha': 8, 'text_encoder.r': 4 }) }));
+    const back = await readLora(
+      await open(m, { lora_adapter_metadata: JSON.stringify({ 'unet.lora_alpha': 8, 'unet.r': 4, 'text_encoder.lora_alpha': 8, 'text_encoder.r': 4 }) }),
+    );
     assert.deepEqual([back.format, back.rank, back.scale, back.skipped], ['peft', 4, 2, []]);
     assert.deepEqual([...back.adapters.keys()].sort(), [q, 'down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_out.0', te].sort());
     assert.equal(back.adapters.get(te)!.component, 'text_encoder');
   });
 
   it('refuses adapters off the engine targets and a file with nothing to apply', async () => {
-    const bad: LoraAdapters = { rank: 4, alpha: 4, unet: mapProvider(new Map([['conv_in.lora_A.weight', A(4, 4, 0)], ['conv_in.lora_B.weight', A(4, 4, 0)]])) };
+    const bad: LoraAdapters = {
+      rank: 4,
+      alpha: 4,
+      unet: mapProvider(
+        new Map([
+          ['conv_in.lora_A.weight', A(4, 4, 0)],
+          ['conv_in.lora_B.weight', A(4, 4, 0)],
+        ]),
+      ),
+    };
     await assert.rejects(writeKohyaLora(memorySink(), bad, INFO), (e: Error) => e instanceof ExportError && /conv_in/.test(e.message));
     const wrongRank: LoraAdapters = { ...adapters, rank: 8 };
     await assert.rejects(writePeftLora(memorySink(), wrongRank, INFO), (e: Error) => e instanceof ExportError && /rank 8/.test(e.message));

@@ -19,7 +19,10 @@ describe('streamed safetensors', () => {
   it('writes what the reader reads back, size known up front, data 8-aligned after non-ASCII metadata', async () => {
     const metadata = { prompt: 'un chien, café ☕ 🐶', n: '3' };
     const header = headerBytes(tensors, metadata);
-    assert.ok(header.every((b, i) => i < 8 || b < 0x80), 'the header is ASCII');
+    assert.ok(
+      header.every((b, i) => i < 8 || b < 0x80),
+      'the header is ASCII',
+    );
     assert.equal(header.length % 8, 0);
     const sink = memorySink();
     await pump(safetensorsChunks(tensors, metadata), sink);
@@ -36,7 +39,10 @@ describe('streamed safetensors', () => {
 
   it('checks each tensor against its spec', async () => {
     const run = (t: OutTensor) => pump(safetensorsChunks([t]), memorySink());
-    await assert.rejects(run({ name: 'x', dtype: 'F16', shape: [3], data: async () => new Float32Array(2) }), (e: Error) => e instanceof ExportError && /2 values for shape \[3\]/.test(e.message));
+    await assert.rejects(
+      run({ name: 'x', dtype: 'F16', shape: [3], data: async () => new Float32Array(2) }),
+      (e: Error) => e instanceof ExportError && /2 values for shape \[3\]/.test(e.message),
+    );
     await assert.rejects(run({ name: 'x', dtype: 'I64', shape: [2], data: async () => new Uint8Array(8) }), /8 bytes for I64 \[2\]/);
     await assert.rejects(run({ name: 'x', dtype: 'BF16', shape: [2], data: async () => new Float32Array(2) }), /F16 or F32, not BF16/);
     assert.throws(() => headerBytes([tensors[0], tensors[0]]), /given twice/);

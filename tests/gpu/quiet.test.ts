@@ -20,7 +20,11 @@ const LINUX = process.platform === 'linux';
 /** Runs an ES module snippet (TypeScript imports allowed) in a child node, its stderr piped through a
  * shell pipe (as in `npm run cli ... 2>&1 | tee log`); returns what came out of stderr. */
 function viaShellPipe(code: string): string {
-  const r = spawnSync('bash', ['-c', `set -o pipefail; ${NODE} 2>&1 >/dev/null | cat`], { encoding: 'utf8', env: { ...process.env, CODE: code }, timeout: 120_000 });
+  const r = spawnSync('bash', ['-c', `set -o pipefail; ${NODE} 2>&1 >/dev/null | cat`], {
+    encoding: 'utf8',
+    env: { ...process.env, CODE: code },
+    timeout: 120_000,
+  });
   assert.equal(r.status, 0, `child failed: ${r.stdout}${r.stderr}`);
   return r.stdout;
 }
@@ -82,14 +86,17 @@ describe('Dawn limit notices are kept from stderr', () => {
     writeFileSync(log, 'earlier run\n');
     const fd = openSync(log, 'a');
     try {
-      spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', `${nativePrints}\nconsole.log('stdout line');`], { stdio: ['ignore', fd, fd], timeout: 120_000 });
+      spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', `${nativePrints}\nconsole.log('stdout line');`], {
+        stdio: ['ignore', fd, fd],
+        timeout: 120_000,
+      });
     } finally {
       closeSync(fd);
     }
     assert.equal(readFileSync(log, 'utf8'), `earlier run\n${LINUX ? FILTERED : UNFILTERED}stdout line\n`);
   });
 
-  it('where stderr cannot be reopened (a socket, as Node\'s spawn gives), everything passes unchanged and stderr keeps working', () => {
+  it("where stderr cannot be reopened (a socket, as Node's spawn gives), everything passes unchanged and stderr keeps working", () => {
     assert.equal(viaNodeSpawn(nativePrints), UNFILTERED);
   });
 

@@ -33,7 +33,10 @@ describe('gpu runtime', () => {
   });
 
   it('no WebGPU gives a typed, readable error', async () => {
-    await assert.rejects(Gpu.create(undefined, { shaders: nodeShaderSource() }), (e: Error) => e instanceof NoWebGpuError && /WebGPU is not available/.test(e.message));
+    await assert.rejects(
+      Gpu.create(undefined, { shaders: nodeShaderSource() }),
+      (e: Error) => e instanceof NoWebGpuError && /WebGPU is not available/.test(e.message),
+    );
   });
 
   it('accounts every byte by tag, current and peak', async () => {
@@ -94,7 +97,10 @@ describe('gpu runtime', () => {
     const gpu = await testGpu();
     const x = gpu.upload([1, 2, 3, 4], [4], 'f32');
     // Binding a tensor where the shader expects another dtype's layout is caught by the op...
-    assert.throws(() => add(gpu, x, gpu.upload([1, 2, 3, 4], [4], 'f16')), (e: Error) => e instanceof ShapeError && /add: dtype mismatch: f32\[4\] vs f16\[4\]/.test(e.message));
+    assert.throws(
+      () => add(gpu, x, gpu.upload([1, 2, 3, 4], [4], 'f16')),
+      (e: Error) => e instanceof ShapeError && /add: dtype mismatch: f32\[4\] vs f16\[4\]/.test(e.message),
+    );
     assert.throws(() => add(gpu, x, gpu.upload([1, 2, 3], [3], 'f32')), /add: shapes differ: a \[4\] vs b \[3\]/);
     // ...and a dispatch the device rejects surfaces as GpuValidationError.
     gpu.dispatch({ shader: 'elementwise', entry: 'add', defs: { T: 'f32', U: 'f32', WG: 256, ACT: 0 }, bindings: [x, x, x], workgroups: [1] });

@@ -14,7 +14,16 @@ import { writeSafetensors } from '../../src/io/safetensors.ts';
 
 const big = writeSafetensors(new Map([['w', { shape: [256, 256], data: Float32Array.from({ length: 65536 }, (_, i) => i % 97) }]]));
 const repoFiles: Record<string, Uint8Array> = {
-  'model_index.json': new TextEncoder().encode(JSON.stringify({ _class_name: 'StableDiffusionPipeline', unet: ['diffusers', 'UNet2DConditionModel'], vae: [], text_encoder: [], tokenizer: [], scheduler: [] })),
+  'model_index.json': new TextEncoder().encode(
+    JSON.stringify({
+      _class_name: 'StableDiffusionPipeline',
+      unet: ['diffusers', 'UNet2DConditionModel'],
+      vae: [],
+      text_encoder: [],
+      tokenizer: [],
+      scheduler: [],
+    }),
+  ),
   'scheduler/scheduler_config.json': new TextEncoder().encode('{"prediction_type":"epsilon"}'),
   'unet/config.json': new TextEncoder().encode('{"cross_attention_dim":768}'),
   'vae/config.json': new TextEncoder().encode('{}'),
@@ -65,7 +74,9 @@ function startServer(): Promise<{ server: Server; endpoint: string }> {
     }
     res.end(slice);
   });
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, endpoint: `http://127.0.0.1:${(server.address() as { port: number }).port}` })));
+  return new Promise((resolve) =>
+    server.listen(0, '127.0.0.1', () => resolve({ server, endpoint: `http://127.0.0.1:${(server.address() as { port: number }).port}` })),
+  );
 }
 
 describe('hub download', () => {
@@ -77,7 +88,11 @@ describe('hub download', () => {
     const cache = nodeDownloadCache(mkdtempSync(join(tmpdir(), 'dbs-hub-')));
     requests = [];
     const progress: number[] = [];
-    const m = await downloadDiffusersModel('org/tiny-sd', { endpoint: srv.endpoint, cache, onProgress: (p) => p.path.startsWith('unet/diffusion') && progress.push(p.loaded) });
+    const m = await downloadDiffusersModel('org/tiny-sd', {
+      endpoint: srv.endpoint,
+      cache,
+      onProgress: (p) => p.path.startsWith('unet/diffusion') && progress.push(p.loaded),
+    });
     assert.ok(m.files.has('unet/diffusion_pytorch_model.fp16.safetensors'));
     assert.ok(m.files.has('vae/diffusion_pytorch_model.safetensors'), 'falls back to the full-precision file');
     assert.ok(m.files.has('tokenizer/vocab.json') && m.files.has('tokenizer/merges.txt'));
@@ -110,7 +125,10 @@ describe('hub download', () => {
     for (const mode of ['ignore', 'wrong-start'] as const) {
       const cache = nodeDownloadCache(mkdtempSync(join(tmpdir(), 'dbs-hub-')));
       cutAfter.set(path, 70_000);
-      await assert.rejects(downloadFile('org/tiny-sd', path, { endpoint: srv.endpoint, cache }), /broke off at \d+ of \d+ bytes .*it resumes from there next time/);
+      await assert.rejects(
+        downloadFile('org/tiny-sd', path, { endpoint: srv.endpoint, cache }),
+        /broke off at \d+ of \d+ bytes .*it resumes from there next time/,
+      );
       const partial = await cache.partialSize(`org/tiny-sd@main/${path}`);
       assert.ok(partial > 0, mode);
       rangeMode.set(path, mode);
@@ -128,11 +146,17 @@ describe('hub download', () => {
     const totals: (number | null)[] = [];
     const f = await downloadFile('org/tiny-sd', 'config.gz.json', { endpoint: srv.endpoint, cache, onProgress: (p) => totals.push(p.total) });
     assert.deepEqual(await f.read(0, f.size), repoFiles['config.gz.json']);
-    assert.ok(totals.every((t) => t === null), 'total unknown');
+    assert.ok(
+      totals.every((t) => t === null),
+      'total unknown',
+    );
   });
 
   it('a missing repo file is a clear 404', async () => {
     const cache = nodeDownloadCache(mkdtempSync(join(tmpdir(), 'dbs-hub-')));
-    await assert.rejects(downloadFile('org/tiny-sd', 'nope.json', { endpoint: srv.endpoint, cache }), (e: Error) => e instanceof HubError && /org\/tiny-sd: nope\.json not found on the hub/.test(e.message));
+    await assert.rejects(
+      downloadFile('org/tiny-sd', 'nope.json', { endpoint: srv.endpoint, cache }),
+      (e: Error) => e instanceof HubError && /org\/tiny-sd: nope\.json not found on the hub/.test(e.message),
+    );
   });
 });

@@ -58,10 +58,19 @@ describe('loadImageDir: symlinks and caption files', () => {
     mkdirSync(join(d, 'sub'));
     const warnings: string[] = [];
     const { images, errors } = await loadImageDir(d, { onWarning: (w) => warnings.push(w) });
-    assert.deepEqual(images.map((i) => i.name), ['a.jpg', 'b.png']);
-    assert.deepEqual(images.map((i) => i.caption), [undefined, 'a photo of sks dog']);
+    assert.deepEqual(
+      images.map((i) => i.name),
+      ['a.jpg', 'b.png'],
+    );
+    assert.deepEqual(
+      images.map((i) => i.caption),
+      [undefined, 'a photo of sks dog'],
+    );
     assert.deepEqual([images[1].image.width, images[1].image.height], [48, 32], 'the linked PNG decoded');
-    assert.deepEqual(errors.map((e) => [e.file, e.message]), [['c.jpg', `c.jpg is a broken link (${join(photos, 'gone.jpg')} does not exist): fix or remove it`]]);
+    assert.deepEqual(
+      errors.map((e) => [e.file, e.message]),
+      [['c.jpg', `c.jpg is a broken link (${join(photos, 'gone.jpg')} does not exist): fix or remove it`]],
+    );
     assert.deepEqual(warnings, []);
   });
 
@@ -71,7 +80,10 @@ describe('loadImageDir: symlinks and caption files', () => {
     symlinkSync(join(photos, 'missing.txt'), join(d, 'dog.txt'));
     const warnings: string[] = [];
     const { images, errors } = await loadImageDir(d, { onWarning: (w) => warnings.push(w) });
-    assert.deepEqual(images.map((i) => [i.name, i.caption]), [['dog.png', undefined]]);
+    assert.deepEqual(
+      images.map((i) => [i.name, i.caption]),
+      [['dog.png', undefined]],
+    );
     assert.deepEqual(errors, []);
     assert.deepEqual(warnings, [`dog.txt is a broken link (${join(photos, 'missing.txt')} does not exist): ignored, dog.png is trained with the prompt`]);
   });
@@ -85,7 +97,12 @@ describe('loadImageDir: symlinks and caption files', () => {
     writeFileSync(join(d, 'fine.txt'), '\uFEFFsks dog, café');
     const warnings: string[] = [];
     const { images } = await loadImageDir(d, { onWarning: (w) => warnings.push(w) });
-    assert.deepEqual(Object.fromEntries(images.map((i) => [i.name, i.caption])), { 'fine.png': 'sks dog, café', 'latin1.png': undefined, 'nul.png': undefined, 'utf16.png': 'sks dog' });
+    assert.deepEqual(Object.fromEntries(images.map((i) => [i.name, i.caption])), {
+      'fine.png': 'sks dog, café',
+      'latin1.png': undefined,
+      'nul.png': undefined,
+      'utf16.png': 'sks dog',
+    });
     assert.deepEqual(warnings, [
       'latin1.txt is not a text file (binary data or not UTF-8): ignored as the caption of latin1.png, which is trained with the prompt',
       'nul.txt is not a text file (binary data or not UTF-8): ignored as the caption of nul.png, which is trained with the prompt',
@@ -131,6 +148,8 @@ describe('loadImageDir: symlinks and caption files', () => {
     } finally {
       console.error = original;
     }
-    assert.deepEqual(printed, [['warning: x.txt is not a text file (binary data or not UTF-8): ignored as the caption of x.png, which is trained with the prompt']]);
+    assert.deepEqual(printed, [
+      ['warning: x.txt is not a text file (binary data or not UTF-8): ignored as the caption of x.png, which is trained with the prompt'],
+    ]);
   });
 });

@@ -67,8 +67,7 @@ function assertQuadrant(img: RgbaImage, qx: number, qy: number, want: Rgb, tol: 
   for (let y = qy * hh + margin; y < (qy + 1) * hh - margin; y++)
     for (let x = qx * hw + margin; x < (qx + 1) * hw - margin; x++) {
       const got = pixel(img, x, y);
-      for (let c = 0; c < 3; c++)
-        assert.ok(Math.abs(got[c] - want[c]) <= tol, `pixel (${x}, ${y}) channel ${c}: got ${got[c]}, want ${want[c]} ± ${tol}`);
+      for (let c = 0; c < 3; c++) assert.ok(Math.abs(got[c] - want[c]) <= tol, `pixel (${x}, ${y}) channel ${c}: got ${got[c]}, want ${want[c]} ± ${tol}`);
       assert.equal(got[3], alpha, `alpha at (${x}, ${y})`);
     }
 }
@@ -155,8 +154,14 @@ describe('sniffImage', () => {
       () => sniffImage(heic, 'photo.heic'),
       /^photo\.heic: not a JPEG, PNG or WebP image \(starts with 00 00 00 18 66 74 79 70 68 65 69 63; it looks like HEIC\/HEIF.*convert it to JPEG or PNG first\)$/,
     );
-    await rejects(() => sniffImage(concat(ascii('GIF89a'), new Uint8Array([1, 0, 1, 0, 0x80, 0xff])), 'anim.gif'), /anim\.gif: not a JPEG, PNG or WebP image \(starts with 47 49 46 38 39 61.*GIF/);
-    await rejects(() => sniffImage(new Uint8Array([0, 1, 2, 3, 0xfe, 0xfd]), 'blob.bin'), /^blob\.bin: not a JPEG, PNG or WebP image \(starts with 00 01 02 03 fe fd\)$/);
+    await rejects(
+      () => sniffImage(concat(ascii('GIF89a'), new Uint8Array([1, 0, 1, 0, 0x80, 0xff])), 'anim.gif'),
+      /anim\.gif: not a JPEG, PNG or WebP image \(starts with 47 49 46 38 39 61.*GIF/,
+    );
+    await rejects(
+      () => sniffImage(new Uint8Array([0, 1, 2, 3, 0xfe, 0xfd]), 'blob.bin'),
+      /^blob\.bin: not a JPEG, PNG or WebP image \(starts with 00 01 02 03 fe fd\)$/,
+    );
   });
 });
 
@@ -169,8 +174,7 @@ describe('imageSize (header only)', () => {
     ['quadrants-lossy.webp', 'webp'], // VP8
     ['quadrants-o6.webp', 'webp'], // VP8X
   ];
-  for (const [file, kind] of cases)
-    it(`${file}: 48x32 stored`, () => assert.deepEqual(imageSize(fixture(file), kind, file), { width: W, height: H }));
+  for (const [file, kind] of cases) it(`${file}: 48x32 stored`, () => assert.deepEqual(imageSize(fixture(file), kind, file), { width: W, height: H }));
 
   it('reports truncated headers', async () => {
     await rejects(() => imageSize(fixture('quadrants.jpg').subarray(0, 100), 'jpeg', 'a.jpg'), /^a\.jpg is truncated: the JPEG ends/);
@@ -217,7 +221,15 @@ describe('exifOrientation', () => {
     new DataView(badValue.buffer).setUint16(18, 9, true); // orientation 9 does not exist
     const badOrder = good.slice();
     badOrder.set(ascii('XX'));
-    for (const [what, tiff] of Object.entries({ badIfd, badMagic, badValue, badOrder, cutEntry: good.subarray(0, 16), short: good.subarray(0, 5), empty: new Uint8Array(0) }))
+    for (const [what, tiff] of Object.entries({
+      badIfd,
+      badMagic,
+      badValue,
+      badOrder,
+      cutEntry: good.subarray(0, 16),
+      short: good.subarray(0, 5),
+      empty: new Uint8Array(0),
+    }))
       assert.equal(exifOrientation(withTiff(tiff), 'jpeg'), 1, what);
     // An APP1 whose length runs past the end of the file, and plain garbage.
     assert.equal(exifOrientation(concat(jpeg.subarray(0, 2), new Uint8Array([0xff, 0xe1, 0x40, 0x00]), ascii('Exif\0\0II')), 'jpeg'), 1);
@@ -233,14 +245,24 @@ describe('exifOrientation', () => {
 describe('applyOrientation', () => {
   // The EXIF spec defines each value by where the stored row 0 and column 0 are displayed.
   const spec: Record<Orientation, [row0: Side, col0: Side]> = {
-    1: ['top', 'left'], 2: ['top', 'right'], 3: ['bottom', 'right'], 4: ['bottom', 'left'],
-    5: ['left', 'top'], 6: ['right', 'top'], 7: ['right', 'bottom'], 8: ['left', 'bottom'],
+    1: ['top', 'left'],
+    2: ['top', 'right'],
+    3: ['bottom', 'right'],
+    4: ['bottom', 'left'],
+    5: ['left', 'top'],
+    6: ['right', 'top'],
+    7: ['right', 'bottom'],
+    8: ['left', 'bottom'],
   };
   type Side = 'top' | 'bottom' | 'left' | 'right';
   // A 3x2 image whose pixels carry their stored index in the red channel (and 10 + index in alpha).
   const w = 3;
   const h = 2;
-  const img: RgbaImage = { width: w, height: h, data: Uint8Array.from({ length: w * h * 4 }, (_, i) => (i % 4 === 0 ? i / 4 : i % 4 === 3 ? 10 + (i >> 2) : 0)) };
+  const img: RgbaImage = {
+    width: w,
+    height: h,
+    data: Uint8Array.from({ length: w * h * 4 }, (_, i) => (i % 4 === 0 ? i / 4 : i % 4 === 3 ? 10 + (i >> 2) : 0)),
+  };
   const side = (d: RgbaImage, s: Side) => {
     const ids: number[] = [];
     const n = s === 'top' || s === 'bottom' ? d.width : d.height;
@@ -292,8 +314,7 @@ describe('decodeImageNode', () => {
     assertPattern(await decodeImageNode(fixture('quadrants.png'), 'q.png'), 1, 0, 0);
     assertPattern(await decodeImageNode(fixture('quadrants-o6.png'), 'o6.png'), 6, 0, 0);
     const rgba = await decodeImageNode(fixture('rgba.png'), 'rgba.png');
-    for (let y = 0; y < H; y++)
-      for (let x = 0; x < W; x++) assert.deepEqual(pixel(rgba, x, y), [...quadrantColour(x, y), quadrantAlpha(x, y)]);
+    for (let y = 0; y < H; y++) for (let x = 0; x < W; x++) assert.deepEqual(pixel(rgba, x, y), [...quadrantColour(x, y), quadrantAlpha(x, y)]);
     const pal = await decodeImageNode(fixture('palette.png'), 'palette.png');
     assertQuadrant(pal, 0, 0, QUADRANTS.topLeft, 0, 0);
     assertQuadrant(pal, 1, 0, QUADRANTS.topRight, 0, 0, 128);
@@ -325,22 +346,48 @@ describe('decodeImageNode', () => {
     }
     // 4-bit, 3 wide (one and a half bytes per row): v -> v * 17.
     const grey4 = await decodeImageNode(png(Uint8Array.from([0x0f, 0x80, 0x35, 0xa0]), 3, 2, 1, 4), 'g4.png');
-    assert.deepEqual([0, 1, 2].map((x) => pixel(grey4, x, 0)[0]), [0, 255, 136]);
-    assert.deepEqual([0, 1, 2].map((x) => pixel(grey4, x, 1)[1]), [51, 85, 170]);
+    assert.deepEqual(
+      [0, 1, 2].map((x) => pixel(grey4, x, 0)[0]),
+      [0, 255, 136],
+    );
+    assert.deepEqual(
+      [0, 1, 2].map((x) => pixel(grey4, x, 1)[1]),
+      [51, 85, 170],
+    );
     const greyAlpha = await decodeImageNode(png(Uint8Array.from([10, 0, 200, 255]), 2, 1, 2, 8), 'ga.png');
-    assert.deepEqual([pixel(greyAlpha, 0, 0), pixel(greyAlpha, 1, 0)], [[10, 10, 10, 0], [200, 200, 200, 255]]);
+    assert.deepEqual(
+      [pixel(greyAlpha, 0, 0), pixel(greyAlpha, 1, 0)],
+      [
+        [10, 10, 10, 0],
+        [200, 200, 200, 255],
+      ],
+    );
     const grey16 = await decodeImageNode(png(Uint16Array.from([0, 65535, 257 * 7 + 128, 257 * 7 + 129]), 4, 1, 1, 16), 'g16.png');
-    assert.deepEqual([0, 1, 2, 3].map((x) => pixel(grey16, x, 0)[0]), [0, 255, 7, 8]);
+    assert.deepEqual(
+      [0, 1, 2, 3].map((x) => pixel(grey16, x, 0)[0]),
+      [0, 255, 7, 8],
+    );
     const rgba16 = await decodeImageNode(png(Uint16Array.from([65535, 0, 257 * 100, 32896]), 1, 1, 4, 16), 'rgba16.png');
     assert.deepEqual(pixel(rgba16, 0, 0), [255, 0, 100, 128]);
     // RGB with tRNS naming (1, 2, 3) as the transparent colour (three 16-bit samples). At least 3 pixels:
     // fast-png compares the tRNS sample count with the pixel count.
     const rgb = png(Uint8Array.from([1, 2, 3, 1, 2, 4, 3, 2, 1, 1, 2, 3]), 4, 1, 3, 8);
     const keyed = await decodeImageNode(withPngChunk(rgb, 'IDAT', 'tRNS', new Uint8Array([0, 1, 0, 2, 0, 3])), 'key.png');
-    assert.deepEqual([0, 1, 2, 3].map((x) => pixel(keyed, x, 0)), [[1, 2, 3, 0], [1, 2, 4, 255], [3, 2, 1, 255], [1, 2, 3, 0]]);
+    assert.deepEqual(
+      [0, 1, 2, 3].map((x) => pixel(keyed, x, 0)),
+      [
+        [1, 2, 3, 0],
+        [1, 2, 4, 255],
+        [3, 2, 1, 255],
+        [1, 2, 3, 0],
+      ],
+    );
     // Grey with a tRNS key (one sample).
     const greyKey = await decodeImageNode(withPngChunk(png(Uint8Array.from([9, 10, 9]), 3, 1, 1, 8), 'IDAT', 'tRNS', new Uint8Array([0, 9])), 'gkey.png');
-    assert.deepEqual([0, 1, 2].map((x) => pixel(greyKey, x, 0)[3]), [0, 255, 0]);
+    assert.deepEqual(
+      [0, 1, 2].map((x) => pixel(greyKey, x, 0)[3]),
+      [0, 255, 0],
+    );
   });
 
   it('WebP lossless (exact), lossy (tolerance) and with EXIF orientation 6', async () => {
@@ -370,10 +417,15 @@ describe('decodeImageNode', () => {
   });
 
   it('refuses a huge image from its header alone, before the completeness check and the decoder', async () => {
-    const refusal = (name: string) => new RegExp(`^${name.replace('.', '\\.')} is 20000x20000 \\(400\\.0 MP\\), too large to decode here \\(limit 50\\.0 MP\\); downscale it first`);
+    const refusal = (name: string) =>
+      new RegExp(`^${name.replace('.', '\\.')} is 20000x20000 \\(400\\.0 MP\\), too large to decode here \\(limit 50\\.0 MP\\); downscale it first`);
     // The header and nothing else (no pixel data, no end marker): the size check refuses it, where the
     // completeness check would have said "truncated" and a decoder "could not decode".
-    for (const [name, bytes] of [['huge.png', pngHeader(20000, 20000)], ['huge.jpg', jpegHeader(20000, 20000)]] as const) await rejects(decodeImageNode(bytes, name), refusal(name));
+    for (const [name, bytes] of [
+      ['huge.png', pngHeader(20000, 20000)],
+      ['huge.jpg', jpegHeader(20000, 20000)],
+    ] as const)
+      await rejects(decodeImageNode(bytes, name), refusal(name));
     // A complete file (body and end marker) whose body the decoder chokes on: behind a small header the
     // decoder is reached and fails on it; behind the huge header the refusal comes first, so the decoder was
     // never called (decodeImageNode reports every decoder failure as "could not decode"). No clock involved.
@@ -466,7 +518,11 @@ describe('prepareImage', () => {
           }
       return out;
     }
-    for (const [crop, r, k] of [[{ x: 2, y: 1, size: 7 }, 3, 3], [{ x: 1.5, y: 0.25, size: 8.5 }, 4, 8], [{ x: 0, y: 0, size: 9 }, 2, 2]] as const) {
+    for (const [crop, r, k] of [
+      [{ x: 2, y: 1, size: 7 }, 3, 3],
+      [{ x: 1.5, y: 0.25, size: 8.5 }, 4, 8],
+      [{ x: 0, y: 0, size: 9 }, 2, 2],
+    ] as const) {
       const got = prepareImage(img, { resolution: r, crop });
       const want = areaReference(crop, r, k);
       got.forEach((v, i) => close(v, want[i], `crop ${JSON.stringify(crop)} -> ${r}, element ${i}`, 1e-5));
@@ -502,8 +558,14 @@ describe('prepareImage', () => {
       }
       assert.ok(min >= -1 && max <= 1, `R=${r}: range [${min}, ${max}]`);
     }
-    const white = prepareImage(synth(3, 3, () => [255, 255, 255]), { resolution: 7 });
-    const black = prepareImage(synth(9, 9, () => [0, 0, 0]), { resolution: 4 });
+    const white = prepareImage(
+      synth(3, 3, () => [255, 255, 255]),
+      { resolution: 7 },
+    );
+    const black = prepareImage(
+      synth(9, 9, () => [0, 0, 0]),
+      { resolution: 4 },
+    );
     assert.ok(white.every((v) => v === 1) && black.every((v) => v === -1));
   });
 
@@ -531,7 +593,10 @@ describe('prepareImage', () => {
   });
 
   it('refuses crops outside the image with a clear message', async () => {
-    await rejects(() => prepareImage(grid, { resolution: 2, crop: { x: 4, y: 0, size: 3 }, name: 'dog.jpg' }), /^dog\.jpg: crop \{x: 4, y: 0, size: 3\} does not fit in the 6x4 image \(x \+ size = 7 > width 6\)$/);
+    await rejects(
+      () => prepareImage(grid, { resolution: 2, crop: { x: 4, y: 0, size: 3 }, name: 'dog.jpg' }),
+      /^dog\.jpg: crop \{x: 4, y: 0, size: 3\} does not fit in the 6x4 image \(x \+ size = 7 > width 6\)$/,
+    );
     await rejects(() => prepareImage(grid, { resolution: 2, crop: { x: 0, y: 2, size: 3 } }), /does not fit in the 6x4 image \(y \+ size = 5 > height 4\)/);
     await rejects(() => prepareImage(grid, { resolution: 2, crop: { x: -1, y: 0, size: 2 } }), /starts outside the 6x4 image/);
     await rejects(() => prepareImage(grid, { resolution: 2, crop: { x: 0, y: 0, size: 0.5 } }), /smaller than one pixel/);
@@ -556,7 +621,9 @@ describe('checkImageSet', () => {
   });
 
   it('small and non-square images are warnings naming the file', () => {
-    const r = checkImageSet([{ name: 'tiny.jpg', width: 200, height: 150 }, { name: 'wide.jpg', width: 800, height: 600 }, sq('ok.png', 600)], { resolution: 768 });
+    const r = checkImageSet([{ name: 'tiny.jpg', width: 200, height: 150 }, { name: 'wide.jpg', width: 800, height: 600 }, sq('ok.png', 600)], {
+      resolution: 768,
+    });
     assert.deepEqual(r.errors, []);
     assert.deepEqual(r.warnings, [
       'tiny.jpg is only 200x150; sides under 256 px come out blurry after upscaling, use a larger photo if you have one',
@@ -609,17 +676,25 @@ describe('loadImageFile / loadImageDir', () => {
 
   it('loads every image in name order with captions; bad files become errors naming them', async () => {
     const { images, errors } = await loadImageDir(dir);
-    assert.deepEqual(images.map((i) => i.name), ['a.jpg', 'b.png', 'c.webp']);
-    assert.deepEqual(images.map((i) => i.caption), [undefined, 'a photo of sks dog', 'sks dog on a beach']);
+    assert.deepEqual(
+      images.map((i) => i.name),
+      ['a.jpg', 'b.png', 'c.webp'],
+    );
+    assert.deepEqual(
+      images.map((i) => i.caption),
+      [undefined, 'a photo of sks dog', 'sks dog on a beach'],
+    );
     assert.deepEqual([images[0].image.width, images[0].image.height], [32, 48], 'a.jpg is upright');
     assert.equal(images[1].path, join(dir, 'b.png'));
     assert.ok(errors.every((e) => e instanceof ImageError));
-    assert.deepEqual(errors.map((e) => e.file), ['notes.jpg', 'readme.txt', 'truncated.jpg']);
-    assert.deepEqual(errors.map((e) => e.message.split(/[:(]/)[0]), [
-      'notes.jpg is a text file, not an image',
-      'readme.txt is a text file, not an image',
-      'truncated.jpg is truncated',
-    ]);
+    assert.deepEqual(
+      errors.map((e) => e.file),
+      ['notes.jpg', 'readme.txt', 'truncated.jpg'],
+    );
+    assert.deepEqual(
+      errors.map((e) => e.message.split(/[:(]/)[0]),
+      ['notes.jpg is a text file, not an image', 'readme.txt is a text file, not an image', 'truncated.jpg is truncated'],
+    );
   });
 
   it('loadImageFile: one image with its caption; a missing file says so', async () => {

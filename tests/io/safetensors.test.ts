@@ -32,10 +32,14 @@ describe('streamed safetensors', () => {
     const a = randomValues(3 * 5, 1);
     const b = roundToF16(randomValues(4 * 7, 2));
     const path = join(dir, 'rt.safetensors');
-    const w = new SafetensorsWriter(await nodeFileSink(path), [
-      { name: 'a', dtype: 'F32', shape: [3, 5] },
-      { name: 'b.weight', dtype: 'F16', shape: [4, 7] },
-    ], { format: 'pt' });
+    const w = new SafetensorsWriter(
+      await nodeFileSink(path),
+      [
+        { name: 'a', dtype: 'F32', shape: [3, 5] },
+        { name: 'b.weight', dtype: 'F16', shape: [4, 7] },
+      ],
+      { format: 'pt' },
+    );
     await w.write('a', a);
     await w.write('b.weight', b);
     await w.finish();
@@ -105,13 +109,23 @@ describe('streamed safetensors', () => {
 });
 
 describe('bad safetensors files each get their own message', () => {
-  const good = writeSafetensors(new Map([['w', { shape: [4, 4], data: randomValues(16, 4) }], ['b', { shape: [4], data: randomValues(4, 5) }]]));
+  const good = writeSafetensors(
+    new Map([
+      ['w', { shape: [4, 4], data: randomValues(16, 4) }],
+      ['b', { shape: [4], data: randomValues(4, 5) }],
+    ]),
+  );
 
   it('a truncated file', async () => {
     const path = join(dir, 'cut.safetensors');
     writeFileSync(path, good);
     truncateSync(path, good.length - 10);
-    await assert.rejects(SafetensorsFile.open(await NodeFileSource.open(path)), (e: Error) => e instanceof SafetensorsError && /cut\.safetensors: truncated or corrupt: tensor 'b': range \[64, 80\) lies outside the 70-byte data section/.test(e.message));
+    await assert.rejects(
+      SafetensorsFile.open(await NodeFileSource.open(path)),
+      (e: Error) =>
+        e instanceof SafetensorsError &&
+        /cut\.safetensors: truncated or corrupt: tensor 'b': range \[64, 80\) lies outside the 70-byte data section/.test(e.message),
+    );
   });
 
   it('a header length past the end of the file', async () => {
@@ -130,11 +144,14 @@ describe('bad safetensors files each get their own message', () => {
   });
 
   it('a range spanning several later ones overlaps even when its neighbour is empty', async () => {
-    const f = rawFile({
-      big: { dtype: 'F32', shape: [25], data_offsets: [0, 100] },
-      empty: { dtype: 'F32', shape: [0], data_offsets: [10, 10] },
-      inside: { dtype: 'F32', shape: [4], data_offsets: [50, 66] },
-    }, 100);
+    const f = rawFile(
+      {
+        big: { dtype: 'F32', shape: [25], data_offsets: [0, 100] },
+        empty: { dtype: 'F32', shape: [0], data_offsets: [10, 10] },
+        inside: { dtype: 'F32', shape: [4], data_offsets: [50, 66] },
+      },
+      100,
+    );
     await assert.rejects(openBytes(f), /tensors 'big' and 'inside' overlap \(bytes \[50, 66\)/);
   });
 
@@ -144,10 +161,13 @@ describe('bad safetensors files each get their own message', () => {
   });
 
   it('integer tensors (CLIP position_ids, EMA num_updates) open, but are refused as float weights', async () => {
-    const f = rawFile({
-      'text_model.embeddings.position_ids': { dtype: 'I64', shape: [1, 3], data_offsets: [0, 24] },
-      'model_ema.num_updates': { dtype: 'I32', shape: [], data_offsets: [24, 28] },
-    }, 28);
+    const f = rawFile(
+      {
+        'text_model.embeddings.position_ids': { dtype: 'I64', shape: [1, 3], data_offsets: [0, 24] },
+        'model_ema.num_updates': { dtype: 'I32', shape: [], data_offsets: [24, 28] },
+      },
+      28,
+    );
     const st = await openBytes(f);
     assert.deepEqual(st.names, ['text_model.embeddings.position_ids', 'model_ema.num_updates']);
     assert.equal(st.entry('model_ema.num_updates').dtype, 'I32');
@@ -161,7 +181,10 @@ describe('bad safetensors files each get their own message', () => {
     // The duplicate sits after a nested value holding the same name as a string and an escaped quote,
     // so only a top-level key counts.
     const twice = `{"__metadata__":{"note":"a \\"quoted\\" a","a":"x"},"a":${entry(0)},"b":${entry(4)},"a":${entry(8)}}`;
-    await assert.rejects(openBytes(rawFile(twice, 12), 'dup.safetensors'), (e: Error) => e instanceof SafetensorsError && /dup\.safetensors: the header names tensor 'a' twice .*corrupt/.test(e.message));
+    await assert.rejects(
+      openBytes(rawFile(twice, 12), 'dup.safetensors'),
+      (e: Error) => e instanceof SafetensorsError && /dup\.safetensors: the header names tensor 'a' twice .*corrupt/.test(e.message),
+    );
     const escaped = `{"a\\u0062":${entry(0)},"ab":${entry(4)}}`; // the same key spelled two ways
     await assert.rejects(openBytes(rawFile(escaped, 8)), /names tensor 'ab' twice/);
     const distinct = `{"__metadata__":{"a":"1"},"a":${entry(0)},"b":${entry(4)}}`; // same name at another depth only

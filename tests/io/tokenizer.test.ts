@@ -28,7 +28,9 @@ function bytesToUnicode(): string[] {
 
 /** vocab.json and merges.txt exactly as CLIP's simple_tokenizer / HF's CLIPTokenizer define them. */
 function clipFiles(): { vocab: Record<string, number>; merges: string } {
-  const lines = gunzipSync(readFileSync(join(clipDir, 'bpe_simple_vocab_16e6.txt.gz'))).toString('utf8').split('\n');
+  const lines = gunzipSync(readFileSync(join(clipDir, 'bpe_simple_vocab_16e6.txt.gz')))
+    .toString('utf8')
+    .split('\n');
   const merges = lines.slice(1, 49152 - 256 - 2 + 1);
   const tokens = bytesToUnicode();
   const all = [...tokens, ...tokens.map((t) => `${t}</w>`), ...merges.map((m) => m.split(' ').join('')), '<|startoftext|>', '<|endoftext|>'];
@@ -37,7 +39,12 @@ function clipFiles(): { vocab: Record<string, number>; merges: string } {
   return { vocab, merges: `#version: 0.2\n${merges.join('\n')}\n` };
 }
 
-const ref = JSON.parse(readFileSync(join(clipDir, 'token-vectors.json'), 'utf8')) as { bos: number; eos: number; vocab_size: number; cases: { text: string; ids: number[] }[] };
+const ref = JSON.parse(readFileSync(join(clipDir, 'token-vectors.json'), 'utf8')) as {
+  bos: number;
+  eos: number;
+  vocab_size: number;
+  cases: { text: string; ids: number[] }[];
+};
 
 describe('CLIP tokenizer', () => {
   const files = clipFiles();

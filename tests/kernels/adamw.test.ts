@@ -4,8 +4,20 @@ import { ShapeError } from '../../src/gpu/errors.ts';
 import { roundToF16 } from '../../src/util/half.ts';
 import type { DType } from '../../src/gpu/tensor.ts';
 import {
-  adamw, adamwAll, adamwCheck, adamwCheckRef, adamwParam, adamwRef, adamwStateStats, adamwStats, adamwStepSafe, clipFactorRef, F16_MAX, F32_MAX,
-  masterLimit, type AdamWConfig,
+  adamw,
+  adamwAll,
+  adamwCheck,
+  adamwCheckRef,
+  adamwParam,
+  adamwRef,
+  adamwStateStats,
+  adamwStats,
+  adamwStepSafe,
+  clipFactorRef,
+  F16_MAX,
+  F32_MAX,
+  masterLimit,
+  type AdamWConfig,
 } from '../../src/ops/adamw.ts';
 import { DynamicLossScaler } from '../../src/ops/lossscale.ts';
 import { globalNormRef, newFlag, readFlag } from '../../src/ops/reduce.ts';
@@ -32,7 +44,10 @@ describe('adamw bad input', () => {
     assert.throws(() => adamw(gpu, { ...p, master: gpu.zeros([4, 4], 'f16') }, g, CFG, s), is(/adamw: master must be f32, got f16 \[4,4\]/));
     assert.throws(() => adamw(gpu, { ...p, m: gpu.zeros([4, 4], 'f16') }, g, CFG, s), is(/adamw: m must be f32, got f16 \[4,4\]/));
     assert.throws(() => adamw(gpu, p, g, CFG, { ...s, flag: gpu.zeros([1], 'f16') }), is(/adamw: flag must be f32 \[1\], got f16\[1\]/));
-    assert.throws(() => adamw(gpu, p, g, CFG, { ...s, clip: { norm: gpu.zeros([2], 'f32'), maxNorm: 1 } }), is(/adamw: clip norm must be f32 \[1\], got f32\[2\]/));
+    assert.throws(
+      () => adamw(gpu, p, g, CFG, { ...s, clip: { norm: gpu.zeros([2], 'f32'), maxNorm: 1 } }),
+      is(/adamw: clip norm must be f32 \[1\], got f32\[2\]/),
+    );
     assert.throws(() => adamw(gpu, p, g, CFG, { ...s, clip: { norm: newFlag(gpu), maxNorm: 0 } }), is(/adamw: maxNorm must be > 0/));
     assert.throws(() => adamw(gpu, p, g, CFG, { ...s, step: 0 }), is(/adamw: step must be an integer >= 1, got 0/));
     assert.throws(() => adamw(gpu, p, g, CFG, { ...s, lossScale: Infinity }), is(/adamw: loss scale must be finite and > 0/));
@@ -60,7 +75,12 @@ describe('adamwStepSafe: the bound that spares streamed chunks the exact check',
   it('whenever it says safe, the exact f32 update sets no flag (lr 1e-8 .. 1e40, f16 and f32 limits, fresh and trained states)', () => {
     let proven = 0;
     let refuted = 0;
-    for (const [steps, scale] of [[0, 1], [3, 1], [12, 20], [40, 1000]] as const) {
+    for (const [steps, scale] of [
+      [0, 1],
+      [3, 1],
+      [12, 20],
+      [40, 1000],
+    ] as const) {
       const st = history(randomValues(400, 90 + steps, scale), steps, 7 * steps);
       for (let e = -8; e <= 40; e += 0.5) {
         const c = { ...cfg, lr: 10 ** e };
@@ -159,7 +179,12 @@ for (const dtype of ['f32', 'f16'] as DType[]) {
         const master = await gpu.read(p.master);
         const whole = await gpu.read(wBuf);
         assertChecks([
-          compare('clipping was active', [clipFactorRef(globalNormRef([roundToF16(randomValues(n + 3, 42, 0.02 * scale)).subarray(3)], scale), 0.3) < 1 ? 1 : 0], [1], { atol: 0, rtol: 0 }),
+          compare(
+            'clipping was active',
+            [clipFactorRef(globalNormRef([roundToF16(randomValues(n + 3, 42, 0.02 * scale)).subarray(3)], scale), 0.3) < 1 ? 1 : 0],
+            [1],
+            { atol: 0, rtol: 0 },
+          ),
           compare('master vs ts ref', master, ref.master, { atol: 1e-6, rtol: 1e-5 }),
           compare('m vs ts ref', await gpu.read(p.m), ref.m, { atol: 1e-8, rtol: 1e-5 }),
           compare('v vs ts ref', await gpu.read(p.v), ref.v, { atol: 1e-10, rtol: 1e-5 }),

@@ -8,8 +8,10 @@ import { assertChecks, defineCaseTests, testGpu } from '../helpers.ts';
 
 defineCaseTests('conv2d');
 
-const shapeError = (op: string, ...parts: string[]) => (e: unknown) =>
-  e instanceof ShapeError && e.message.startsWith(`${op}:`) && parts.every((p) => e.message.includes(p));
+const shapeError =
+  (op: string, ...parts: string[]) =>
+  (e: unknown) =>
+    e instanceof ShapeError && e.message.startsWith(`${op}:`) && parts.every((p) => e.message.includes(p));
 
 describe('conv2d bad input', () => {
   it('wrong weight channels names the op and both shapes', async () => {

@@ -4,9 +4,33 @@ import { ShapeError } from '../../src/gpu/errors.ts';
 import { roundToF16 } from '../../src/util/half.ts';
 import type { Tensor } from '../../src/gpu/tensor.ts';
 import {
-  activation, activationBackward, activationRef, addChannel, addChannelBackward, addChannelBackwardRef, addChannelRef, cast, concatChannels,
-  geglu, gegluBackward, gegluBackwardRef, gegluRef, mul, mulRef, pad2d, pad2dBackward, pad2dRef, repeat, splitChannels, timestepEmbedding,
-  timestepEmbeddingRef, transpose2d, upsample2x, upsample2xBackward, upsample2xBackwardRef, upsample2xRef,
+  activation,
+  activationBackward,
+  activationRef,
+  addChannel,
+  addChannelBackward,
+  addChannelBackwardRef,
+  addChannelRef,
+  cast,
+  concatChannels,
+  geglu,
+  gegluBackward,
+  gegluBackwardRef,
+  gegluRef,
+  mul,
+  mulRef,
+  pad2d,
+  pad2dBackward,
+  pad2dRef,
+  repeat,
+  splitChannels,
+  timestepEmbedding,
+  timestepEmbeddingRef,
+  transpose2d,
+  upsample2x,
+  upsample2xBackward,
+  upsample2xBackwardRef,
+  upsample2xRef,
 } from '../../src/ops/elementwise.ts';
 import { softmax, softmaxBackward, softmaxRef } from '../../src/ops/softmax.ts';
 import { compare, randomValues } from '../../src/selftest/check.ts';
@@ -14,8 +38,10 @@ import { assertChecks, defineCaseTests, testGpu } from '../helpers.ts';
 
 defineCaseTests('elementwise');
 
-const shapeError = (op: string, ...parts: string[]) => (e: unknown) =>
-  e instanceof ShapeError && e.message.startsWith(`${op}:`) && parts.every((p) => e.message.includes(p));
+const shapeError =
+  (op: string, ...parts: string[]) =>
+  (e: unknown) =>
+    e instanceof ShapeError && e.message.startsWith(`${op}:`) && parts.every((p) => e.message.includes(p));
 
 describe('element-wise bad input', () => {
   it('names the op and the shapes', async () => {
@@ -45,7 +71,12 @@ describe('element-wise ops over tensors larger than one storage binding (binding
       const rows = randomValues(30 * 40, 2, 3); // 160-byte rows: 6 rows per binding
       const s = await gpu.read(softmax(gpu, gpu.upload(rows, [30, 40], 'f32')));
       assertChecks([
-        compare('gelu', y, x.map((v) => activationRef('gelu', v)), { atol: 1e-5, rtol: 1e-5 }),
+        compare(
+          'gelu',
+          y,
+          x.map((v) => activationRef('gelu', v)),
+          { atol: 1e-5, rtol: 1e-5 },
+        ),
         compare('softmax rows', s, softmaxRef(rows, 40), { atol: 1e-6, rtol: 1e-5 }),
       ]);
     } finally {
@@ -86,7 +117,9 @@ describe('item-wise ops over tensors larger than one storage binding', () => {
         const ud = rand(1200, 4);
         const tux = big(upl(ux, [3, 5, 4, 5]));
         checks.push(compare('upsample2x', await gpu.read(big(upsample2x(gpu, tux))), upsample2xRef(ux, [3, 5, 4, 5]), exact));
-        checks.push(compare('upsample2xBackward', await gpu.read(upsample2xBackward(gpu, tux, upl(ud, [3, 5, 8, 10]))), upsample2xBackwardRef(ud, [3, 5, 4, 5]), tol));
+        checks.push(
+          compare('upsample2xBackward', await gpu.read(upsample2xBackward(gpu, tux, upl(ud, [3, 5, 8, 10]))), upsample2xBackwardRef(ud, [3, 5, 4, 5]), tol),
+        );
 
         // Channel add x [3, 5, 3, 7] + t [3, 5] and its backward (dt: 15 plane sums of 21).
         const cx = rand(315, 5);
@@ -119,7 +152,14 @@ describe('item-wise ops over tensors larger than one storage binding', () => {
         // repeat [20] 15 times; mul and cast over 600 elements; timestep embedding [9] x 50.
         const rx = rand(20, 11);
         const rep = await gpu.read(big(repeat(gpu, upl(rx, [20]), 15)));
-        checks.push(compare('repeat', rep, Float32Array.from({ length: 20 * 15 }, (_, i) => rx[i % 20]), exact));
+        checks.push(
+          compare(
+            'repeat',
+            rep,
+            Float32Array.from({ length: 20 * 15 }, (_, i) => rx[i % 20]),
+            exact,
+          ),
+        );
         const ma = rand(600, 12);
         const mb = rand(600, 13);
         const tma = big(upl(ma, [600]));

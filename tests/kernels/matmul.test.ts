@@ -9,8 +9,10 @@ import { assertChecks, defineCaseTests, testGpu } from '../helpers.ts';
 
 defineCaseTests('matmul');
 
-const shapeError = (op: string, ...parts: string[]) => (e: unknown) =>
-  e instanceof ShapeError && e.message.startsWith(`${op}:`) && parts.every((p) => e.message.includes(p));
+const shapeError =
+  (op: string, ...parts: string[]) =>
+  (e: unknown) =>
+    e instanceof ShapeError && e.message.startsWith(`${op}:`) && parts.every((p) => e.message.includes(p));
 
 describe('matmul bad input', () => {
   it('K mismatch names the op and both shapes', async () => {

@@ -9,8 +9,10 @@ import { assertChecks, defineCaseTests, testGpu } from '../helpers.ts';
 
 defineCaseTests('norm');
 
-const shapeError = (op: string, ...parts: string[]) => (e: unknown) =>
-  e instanceof ShapeError && e.message.startsWith(`${op}:`) && parts.every((p) => e.message.includes(p));
+const shapeError =
+  (op: string, ...parts: string[]) =>
+  (e: unknown) =>
+    e instanceof ShapeError && e.message.startsWith(`${op}:`) && parts.every((p) => e.message.includes(p));
 
 describe('norm bad input', () => {
   it('channels not divisible by groups, affine size, dy size, dtype', async () => {

@@ -4,8 +4,21 @@ import { ShapeError } from '../../src/gpu/errors.ts';
 import { roundToF16 } from '../../src/util/half.ts';
 import type { DType } from '../../src/gpu/tensor.ts';
 import {
-  checkFinite, globalNorm, globalNormRef, mseLoss, mseLossBackward, mseLossBackwardRef, mseLossRef, newFlag, readFlag,
-  sumAll, sumAllRef, sumColumns, sumColumnsRef, sumRows, sumRowsRef,
+  checkFinite,
+  globalNorm,
+  globalNormRef,
+  mseLoss,
+  mseLossBackward,
+  mseLossBackwardRef,
+  mseLossRef,
+  newFlag,
+  readFlag,
+  sumAll,
+  sumAllRef,
+  sumColumns,
+  sumColumnsRef,
+  sumRows,
+  sumRowsRef,
 } from '../../src/ops/reduce.ts';
 import { compare, randomValues } from '../../src/selftest/check.ts';
 import { viewOf } from '../../src/selftest/cases/reduce.ts';
@@ -82,7 +95,10 @@ for (const dtype of ['f32', 'f16'] as DType[]) {
         // Column sums need two rows per binding (that is how a pass makes progress): 200 f32 columns
         // (or 400 f16) do not fit twice in 1 KiB, and the error says so.
         const wide = dtype === 'f32' ? 200 : 400;
-        assert.throws(() => sumColumns(gpu, gpu.zeros([4, wide], dtype)), (e: Error) => e instanceof ShapeError && new RegExp(`sumColumns: \\[4,${wide}\\]: two rows of ${wide} ${dtype} must fit`).test(e.message));
+        assert.throws(
+          () => sumColumns(gpu, gpu.zeros([4, wide], dtype)),
+          (e: Error) => e instanceof ShapeError && new RegExp(`sumColumns: \\[4,${wide}\\]: two rows of ${wide} ${dtype} must fit`).test(e.message),
+        );
       } finally {
         gpu.destroy();
       }

@@ -44,10 +44,17 @@ describe('cli run', () => {
   const u = fixture('unet_sd1');
   const v = fixture('vae');
   const c = fixture('clip_sd1');
-  const unetIn = writeIn('unet', [['sample', u.get('sample')!, 'F16'], ['timestep', u.get('timestep')!, 'F32'], ['encoder_hidden_states', u.get('encoder_hidden_states')!, 'F16']]);
+  const unetIn = writeIn('unet', [
+    ['sample', u.get('sample')!, 'F16'],
+    ['timestep', u.get('timestep')!, 'F32'],
+    ['encoder_hidden_states', u.get('encoder_hidden_states')!, 'F16'],
+  ]);
   const f32 = { atol: 5e-4, rtol: 2e-4 };
 
-  for (const [label, model, extra] of [['diffusers folder', tiny.folder, []], ['single file + --config', tiny.singleFile, ['--config', configPath]]] as const)
+  for (const [label, model, extra] of [
+    ['diffusers folder', tiny.folder, []],
+    ['single file + --config', tiny.singleFile, ['--config', configPath]],
+  ] as const)
     it(`unet on the ${label} matches PyTorch`, () => {
       const out = join(dir, `unet-${extra.length}.out.safetensors`);
       const r = cli('run', 'unet', '--model', model, '--in', unetIn, '--out', out, ...extra);
@@ -85,7 +92,12 @@ describe('cli run', () => {
 
   it('grad unet: loss and every parameter gradient under diffusers names match PyTorch autograd', () => {
     const grads = readSafetensors(new Uint8Array(readFileSync(join(FIXTURES, 'modules', 'unet_sd1_grads.safetensors')))).tensors;
-    const gin = writeIn('grad', [['sample', u.get('sample')!, 'F16'], ['timestep', u.get('timestep')!, 'F32'], ['encoder_hidden_states', u.get('encoder_hidden_states')!, 'F16'], ['target', grads.get('target')!, 'F16']]);
+    const gin = writeIn('grad', [
+      ['sample', u.get('sample')!, 'F16'],
+      ['timestep', u.get('timestep')!, 'F32'],
+      ['encoder_hidden_states', u.get('encoder_hidden_states')!, 'F16'],
+      ['target', grads.get('target')!, 'F16'],
+    ]);
     const out = join(dir, 'grads.out.safetensors');
     const r = cli('grad', 'unet', '--model', tiny.singleFile, '--config', configPath, '--in', gin, '--out', out);
     assert.equal(r.code, 0, r.err);

@@ -42,14 +42,23 @@ describe('model detection', () => {
   });
 
   it('refuses SDXL, LoRAs, mixed text encoders and files that are no model, each with its own message', () => {
-    const xl = new Map<string, readonly number[]>([['conditioner.embedders.0.transformer.text_model.final_layer_norm.weight', [768]], ['model.diffusion_model.input_blocks.0.0.weight', [320, 4, 3, 3]]]);
-    assert.throws(() => detectSingleFile(xl, 'sdxl.safetensors'), (e: Error) => e instanceof ModelError && /sdxl\.safetensors is an SDXL checkpoint: SDXL is not supported yet/.test(e.message));
+    const xl = new Map<string, readonly number[]>([
+      ['conditioner.embedders.0.transformer.text_model.final_layer_norm.weight', [768]],
+      ['model.diffusion_model.input_blocks.0.0.weight', [320, 4, 3, 3]],
+    ]);
+    assert.throws(
+      () => detectSingleFile(xl, 'sdxl.safetensors'),
+      (e: Error) => e instanceof ModelError && /sdxl\.safetensors is an SDXL checkpoint: SDXL is not supported yet/.test(e.message),
+    );
     const lora = new Map<string, readonly number[]>([['lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight', [4, 320]]]);
     assert.throws(() => detectSingleFile(lora, 'x.safetensors'), /is a LoRA, not a base model/);
     const mixed = sdSingleFile('sd1', [['cond_stage_model.model.token_embedding.weight', [49408, 1024]]]);
     assert.throws(() => detectSingleFile(mixed), /mixed or corrupt checkpoint/);
     const other = new Map<string, readonly number[]>([['encoder.layer.0.weight', [10, 10]]]);
-    assert.throws(() => detectSingleFile(other, 'bert.safetensors'), /bert\.safetensors is not a Stable Diffusion checkpoint: it has no model\.diffusion_model/);
+    assert.throws(
+      () => detectSingleFile(other, 'bert.safetensors'),
+      /bert\.safetensors is not a Stable Diffusion checkpoint: it has no model\.diffusion_model/,
+    );
     assert.throws(() => detectSingleFile(new Map(), 'empty.safetensors'), /holds no tensors/);
     const inpaint = sdSingleFile('sd1', [['model.diffusion_model.input_blocks.0.0.weight', [320, 9, 3, 3]]]);
     assert.throws(() => detectSingleFile(inpaint), /expected \[C,4,3,3\]/);
@@ -57,9 +66,19 @@ describe('model detection', () => {
 
   it('diffusers folders from their configs', () => {
     const counts = { unet: { tensors: 1, parameters: 1 }, vae: { tensors: 1, parameters: 1 }, text_encoder: { tensors: 1, parameters: 1 } };
-    const sd2 = detectDiffusers({ modelIndex: { _class_name: 'StableDiffusionPipeline' }, unet: { cross_attention_dim: 1024, in_channels: 4 }, scheduler: { prediction_type: 'epsilon' } }, counts);
+    const sd2 = detectDiffusers(
+      {
+        modelIndex: { _class_name: 'StableDiffusionPipeline' },
+        unet: { cross_attention_dim: 1024, in_channels: 4 },
+        scheduler: { prediction_type: 'epsilon' },
+      },
+      counts,
+    );
     assert.deepEqual([sd2.family, sd2.prediction, sd2.layout], ['sd2', 'epsilon', 'diffusers']);
-    assert.throws(() => detectDiffusers({ modelIndex: { _class_name: 'StableDiffusionXLPipeline' }, unet: { cross_attention_dim: 2048 } }, counts), /StableDiffusionXLPipeline model: not supported yet/);
+    assert.throws(
+      () => detectDiffusers({ modelIndex: { _class_name: 'StableDiffusionXLPipeline' }, unet: { cross_attention_dim: 2048 } }, counts),
+      /StableDiffusionXLPipeline model: not supported yet/,
+    );
     assert.throws(() => detectDiffusers({ unet: { cross_attention_dim: 2048, addition_embed_type: 'text_time' } }, counts), /SDXL model/);
     assert.throws(() => detectDiffusers({}, counts, 'my-folder'), /my-folder is not a diffusers Stable Diffusion folder: unet\/config\.json is missing/);
   });

@@ -23,12 +23,18 @@ const dir = mkdtempSync(join(tmpdir(), 'dbs-inspect-'));
 
 function st(path: string, tensors: [string, number[]][]): void {
   mkdirSync(dirname(path), { recursive: true });
-  writeFileSync(path, writeSafetensors(new Map(tensors.map(([n, shape]) => [n, { shape, data: new Float32Array(shape.reduce((a, b) => a * b, 1)), dtype: 'F16' as const }]))));
+  writeFileSync(
+    path,
+    writeSafetensors(new Map(tensors.map(([n, shape]) => [n, { shape, data: new Float32Array(shape.reduce((a, b) => a * b, 1)), dtype: 'F16' as const }]))),
+  );
 }
 
 function cli(...args: string[]): { code: number; out: string; err: string } {
   try {
-    const out = execFileSync(process.execPath, ['--import', 'tsx', join(root, 'src/cli/main.ts'), ...args], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+    const out = execFileSync(process.execPath, ['--import', 'tsx', join(root, 'src/cli/main.ts'), ...args], {
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     return { code: 0, out, err: '' };
   } catch (e) {
     const x = e as { status: number; stdout: string; stderr: string };
@@ -104,7 +110,10 @@ describe('inspect lists what the loader would refuse', () => {
     assert.deepEqual(await single(tiny.singleFile, tiny.overrides), []);
     const p = await single(tiny.singleFile);
     assert.equal(p.length, 1);
-    assert.match(p[0], /^a single file holds no configs, .*unet .* needs attention_head_dim, norm_num_groups; vae .* needs norm_num_groups; text_encoder .* needs num_attention_heads: pass --config/);
+    assert.match(
+      p[0],
+      /^a single file holds no configs, .*unet .* needs attention_head_dim, norm_num_groups; vae .* needs norm_num_groups; text_encoder .* needs num_attention_heads: pass --config/,
+    );
   });
 
   it('each missing and misshaped tensor, in the words the loader stops with', async () => {
@@ -114,7 +123,10 @@ describe('inspect lists what the loader would refuse', () => {
     const p = join(dir, 'bad-tensors.safetensors');
     writeFileSync(p, writeSafetensors(bad));
     const problems = await single(p, tiny.overrides);
-    assert.deepEqual(problems, ['unet tensor mid_block.attentions.0.proj_out.weight is missing', 'vae tensor decoder.conv_out.bias is [2] but its config needs [3]']);
+    assert.deepEqual(problems, [
+      'unet tensor mid_block.attentions.0.proj_out.weight is missing',
+      'vae tensor decoder.conv_out.bias is [2] but its config needs [3]',
+    ]);
     // The loader's checks stop at the first component with a problem, in its summary words.
     const file = await SafetensorsFile.open(await NodeFileSource.open(p));
     const src = await openSingleFile(file, { overrides: tiny.overrides });
@@ -128,14 +140,28 @@ describe('inspect lists what the loader would refuse', () => {
     const te = JSON.parse(readFileSync(join(d, 'text_encoder/config.json'), 'utf8'));
     writeFileSync(join(d, 'text_encoder/config.json'), JSON.stringify({ ...te, num_attention_heads: 12 }));
     const vae = readSafetensors(new Uint8Array(readFileSync(join(d, 'vae/diffusion_pytorch_model.safetensors')))).tensors;
-    writeFileSync(join(d, 'vae/diffusion_pytorch_model.safetensors'), writeSafetensors(new Map([['encoder.conv_in.weight', vae.get('encoder.conv_in.weight')!], ['extra.weight', { shape: [1], data: new Float32Array(1) }]])));
+    writeFileSync(
+      join(d, 'vae/diffusion_pytorch_model.safetensors'),
+      writeSafetensors(
+        new Map([
+          ['encoder.conv_in.weight', vae.get('encoder.conv_in.weight')!],
+          ['extra.weight', { shape: [1], data: new Float32Array(1) }],
+        ]),
+      ),
+    );
     const r = await inspectDiffusers(nodeFolder(d));
     assert.equal(r.family, 'sd1', 'detection still answers');
     const missing = vaeParams(vaeConfigFromJson(JSON.parse(readFileSync(join(d, 'vae/config.json'), 'utf8')))).size - 1;
     assert.ok(missing > 20);
-    assert.equal(r.problems[0], "text_encoder: hidden_size 32 is not divisible by num_attention_heads 12 (text_encoder/config.json): fix the config or pass --config with the model's text_encoder config");
+    assert.equal(
+      r.problems[0],
+      "text_encoder: hidden_size 32 is not divisible by num_attention_heads 12 (text_encoder/config.json): fix the config or pass --config with the model's text_encoder config",
+    );
     assert.equal(r.problems.filter((l) => / is missing$/.test(l)).length, 20);
-    assert.ok(r.problems.every((l, i) => i === 0 || l.startsWith('vae ') || l.startsWith('...and ')), r.problems.join('\n'));
+    assert.ok(
+      r.problems.every((l, i) => i === 0 || l.startsWith('vae ') || l.startsWith('...and ')),
+      r.problems.join('\n'),
+    );
     assert.ok(r.problems.includes(`...and ${missing - 20} more vae tensors missing (${missing} in all)`));
     assert.equal(r.problems.at(-1), 'vae tensor extra.weight is not used by its config');
   });

@@ -2,7 +2,16 @@
 // conversions (the pairs diffusers' conversion scripts produce), in both directions.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { clipToDiffusers, isVaeAttentionProjection, openClipToDiffusers, SD_UNET, unetFromDiffusers, unetToDiffusers, vaeFromDiffusers, vaeToDiffusers } from '../../src/models/keymap.ts';
+import {
+  clipToDiffusers,
+  isVaeAttentionProjection,
+  openClipToDiffusers,
+  SD_UNET,
+  unetFromDiffusers,
+  unetToDiffusers,
+  vaeFromDiffusers,
+  vaeToDiffusers,
+} from '../../src/models/keymap.ts';
 
 const UNET_PAIRS: [string, string][] = [
   ['time_embed.0.weight', 'time_embedding.linear_1.weight'],
@@ -89,7 +98,11 @@ describe('single-file <-> diffusers names', () => {
     assert.equal(clipToDiffusers('text_model.encoder.layers.0.mlp.fc1.weight'), 'text_model.encoder.layers.0.mlp.fc1.weight');
     assert.equal(clipToDiffusers('embeddings.position_ids'), 'text_model.embeddings.position_ids');
     assert.deepEqual(openClipToDiffusers('transformer.resblocks.3.attn.in_proj_weight'), {
-      names: ['text_model.encoder.layers.3.self_attn.q_proj.weight', 'text_model.encoder.layers.3.self_attn.k_proj.weight', 'text_model.encoder.layers.3.self_attn.v_proj.weight'],
+      names: [
+        'text_model.encoder.layers.3.self_attn.q_proj.weight',
+        'text_model.encoder.layers.3.self_attn.k_proj.weight',
+        'text_model.encoder.layers.3.self_attn.v_proj.weight',
+      ],
       split: true,
     });
     assert.deepEqual(openClipToDiffusers('transformer.resblocks.0.mlp.c_proj.bias')?.names, ['text_model.encoder.layers.0.mlp.fc2.bias']);

@@ -38,7 +38,12 @@ async function outputs(model: LoadedModel) {
   const c = fixture('clip_sd1');
   const ids = c.get('input_ids')!;
   const text = clipTextForward(gpu, model.textEncoder.config, model.textEncoder.weights, ids.data, ids.shape[0]);
-  return { unet: await gpu.read(unet), image: await gpu.read(image), text: await gpu.read(text), golden: { unet: u.get('out')!.data, image: v.get('decoded')!.data, text: c.get('last_hidden_state')!.data } };
+  return {
+    unet: await gpu.read(unet),
+    image: await gpu.read(image),
+    text: await gpu.read(text),
+    golden: { unet: u.get('out')!.data, image: v.get('decoded')!.data, text: c.get('last_hidden_state')!.data },
+  };
 }
 
 describe('loading both layouts of a tiny SD1 model', () => {
@@ -70,7 +75,22 @@ describe('loading both layouts of a tiny SD1 model', () => {
 describe('loading refuses missing and misshaped tensors, naming them', () => {
   const rewrite = (drop: string | null, reshape: [string, number[]] | null) => {
     const f = readSafetensors(new Uint8Array(readFileSync(tiny.singleFile)));
-    const m = new Map([...f.tensors].filter(([n]) => n !== drop).map(([n, t]) => [n, reshape && n === reshape[0] ? { shape: reshape[1], data: t.data.subarray(0, reshape[1].reduce((a, b) => a * b, 1)) } : t]));
+    const m = new Map(
+      [...f.tensors]
+        .filter(([n]) => n !== drop)
+        .map(([n, t]) => [
+          n,
+          reshape && n === reshape[0]
+            ? {
+                shape: reshape[1],
+                data: t.data.subarray(
+                  0,
+                  reshape[1].reduce((a, b) => a * b, 1),
+                ),
+              }
+            : t,
+        ]),
+    );
     const p = join(dir, `bad-${drop ? 'missing' : 'shape'}.safetensors`);
     writeFileSync(p, writeSafetensors(m));
     return p;
@@ -86,12 +106,19 @@ describe('loading refuses missing and misshaped tensors, naming them', () => {
 
   it('a missing tensor', async () => {
     const p = rewrite('model.diffusion_model.middle_block.1.proj_out.weight', null);
-    await assert.rejects(load(p), (e: Error) => e instanceof ModelError && /bad-missing\.safetensors: unet is missing 1 tensor\(s\), e\.g\. mid_block\.attentions\.0\.proj_out\.weight/.test(e.message));
+    await assert.rejects(
+      load(p),
+      (e: Error) =>
+        e instanceof ModelError && /bad-missing\.safetensors: unet is missing 1 tensor\(s\), e\.g\. mid_block\.attentions\.0\.proj_out\.weight/.test(e.message),
+    );
   });
 
   it('a misshaped tensor', async () => {
     const p = rewrite(null, ['first_stage_model.decoder.conv_out.bias', [2]]);
-    await assert.rejects(load(p), (e: Error) => e instanceof ModelError && /vae tensor decoder\.conv_out\.bias is \[2\] but its config needs \[3\]/.test(e.message));
+    await assert.rejects(
+      load(p),
+      (e: Error) => e instanceof ModelError && /vae tensor decoder\.conv_out\.bias is \[2\] but its config needs \[3\]/.test(e.message),
+    );
   });
 });
 
@@ -114,8 +141,12 @@ describe('loading both layouts of a tiny SD2 model (OpenCLIP text encoder, linea
     const b = await gpu.read(clipTextForward(gpu, fromSingle.textEncoder.config, fromSingle.textEncoder.weights, ids.data, ids.shape[0]));
     const u = fixture('unet_sd2');
     const up = (t: { data: Float32Array; shape: number[] }) => gpu.upload(t.data, t.shape, 'f32');
-    const ua = await gpu.read(unetForward(gpu, fromFolder.unet.config, fromFolder.unet.weights, up(u.get('sample')!), up(u.get('timestep')!), up(u.get('encoder_hidden_states')!)));
-    const ub = await gpu.read(unetForward(gpu, fromSingle.unet.config, fromSingle.unet.weights, up(u.get('sample')!), up(u.get('timestep')!), up(u.get('encoder_hidden_states')!)));
+    const ua = await gpu.read(
+      unetForward(gpu, fromFolder.unet.config, fromFolder.unet.weights, up(u.get('sample')!), up(u.get('timestep')!), up(u.get('encoder_hidden_states')!)),
+    );
+    const ub = await gpu.read(
+      unetForward(gpu, fromSingle.unet.config, fromSingle.unet.weights, up(u.get('sample')!), up(u.get('timestep')!), up(u.get('encoder_hidden_states')!)),
+    );
     assertChecks([
       compare('text encoder: single file = folder', b, a, { atol: 0, rtol: 0 }),
       compare('text encoder vs torch', a, c.get('last_hidden_state')!.data, { atol: 1e-4, rtol: 1e-4 }),
@@ -130,7 +161,10 @@ describe('loading refuses weights it cannot honour, naming the tensor and where 
    * Rewrites a safetensors file tensor by tensor from its raw bytes; `edit` may replace a tensor's
    * dtype and bytes (the rest are copied as stored).
    */
-  async function rewriteRaw(path: string, edit: (name: string, dtype: string, bytes: Uint8Array) => { dtype: string; bytes: Uint8Array } | null): Promise<void> {
+  async function rewriteRaw(
+    path: string,
+    edit: (name: string, dtype: string, bytes: Uint8Array) => { dtype: string; bytes: Uint8Array } | null,
+  ): Promise<void> {
     const src = await SafetensorsFile.open(await NodeFileSource.open(path));
     const out: { spec: TensorSpec; bytes: Uint8Array }[] = [];
     for (const name of src.names) {
@@ -140,7 +174,11 @@ describe('loading refuses weights it cannot honour, naming the tensor and where 
       out.push({ spec: { name, dtype: changed?.dtype ?? e.dtype, shape: e.shape }, bytes: changed?.bytes ?? raw });
     }
     await src.source.close?.();
-    const w = new SafetensorsWriter(await nodeFileSink(`${path}.new`), out.map((o) => o.spec), src.metadata);
+    const w = new SafetensorsWriter(
+      await nodeFileSink(`${path}.new`),
+      out.map((o) => o.spec),
+      src.metadata,
+    );
     for (const o of out) await w.write(o.spec.name, o.bytes);
     await w.finish();
     renameSync(`${path}.new`, path);
@@ -172,8 +210,13 @@ describe('loading refuses weights it cannot honour, naming the tensor and where 
       return { dtype, bytes: new Uint8Array(v.buffer) };
     });
     const before = weightBytes(gpu);
-    await assert.rejects(loadFile(gpu, p), (e: Error) => e instanceof ModelError &&
-      e.message === 'tiny-nan.safetensors: unet tensor down_blocks.0.resnets.0.conv1.weight (model.diffusion_model.input_blocks.1.0.in_layers.2.weight) holds 3 non-finite values (NaN/Inf): this checkpoint is corrupt or was saved after a diverged run; use another file');
+    await assert.rejects(
+      loadFile(gpu, p),
+      (e: Error) =>
+        e instanceof ModelError &&
+        e.message ===
+          'tiny-nan.safetensors: unet tensor down_blocks.0.resnets.0.conv1.weight (model.diffusion_model.input_blocks.1.0.in_layers.2.weight) holds 3 non-finite values (NaN/Inf): this checkpoint is corrupt or was saved after a diverged run; use another file',
+    );
     assert.equal(weightBytes(gpu), before, 'the tensors uploaded before it are freed');
   });
 
@@ -188,8 +231,14 @@ describe('loading refuses weights it cannot honour, naming the tensor and where 
     });
     const before = weightBytes(gpu);
     // The UNet is loaded first and whole: its weights must go again when the VAE is refused.
-    await assert.rejects(loadDiffusers(gpu, folder(d), { dtype: 'f32' }), (e: Error) => e instanceof ModelError &&
-      /^folder: vae tensor decoder\.conv_out\.weight \(vae\/diffusion_pytorch_model\.safetensors\) holds 1 non-finite value \(NaN\/Inf\): this checkpoint is corrupt/.test(e.message));
+    await assert.rejects(
+      loadDiffusers(gpu, folder(d), { dtype: 'f32' }),
+      (e: Error) =>
+        e instanceof ModelError &&
+        /^folder: vae tensor decoder\.conv_out\.weight \(vae\/diffusion_pytorch_model\.safetensors\) holds 1 non-finite value \(NaN\/Inf\): this checkpoint is corrupt/.test(
+          e.message,
+        ),
+    );
     assert.equal(weightBytes(gpu), before, 'the UNet uploaded before it is freed');
     await rewriteRaw(join(d, 'vae/diffusion_pytorch_model.safetensors'), (name, dtype, bytes) => {
       if (name !== 'decoder.conv_out.weight') return null;
@@ -203,11 +252,18 @@ describe('loading refuses weights it cannot honour, naming the tensor and where 
       v[0] = NaN;
       return { dtype, bytes: new Uint8Array(v.buffer) };
     });
-    await assert.rejects(loadDiffusers(gpu, folder(d), { dtype: 'f32' }), (e: Error) => e instanceof ModelError && /^folder: text_encoder tensor text_model\.final_layer_norm\.weight \(text_encoder\/model\.safetensors\) holds 1 non-finite value \(NaN\/Inf\)/.test(e.message));
+    await assert.rejects(
+      loadDiffusers(gpu, folder(d), { dtype: 'f32' }),
+      (e: Error) =>
+        e instanceof ModelError &&
+        /^folder: text_encoder tensor text_model\.final_layer_norm\.weight \(text_encoder\/model\.safetensors\) holds 1 non-finite value \(NaN\/Inf\)/.test(
+          e.message,
+        ),
+    );
     assert.equal(weightBytes(gpu), before);
   });
 
-  it('values past f16\'s range are refused for f16 weights and load in f32', async () => {
+  it("values past f16's range are refused for f16 weights and load in f32", async () => {
     const gpu = await testGpu();
     const d = join(mkdtempSync(join(tmpdir(), 'dbs-big-')), 'folder');
     cpSync(tiny.folder, d, { recursive: true });
@@ -219,8 +275,14 @@ describe('loading refuses weights it cannot honour, naming the tensor and where 
       v[2] = 65504;
       return { dtype, bytes: new Uint8Array(v.buffer) };
     });
-    await assert.rejects(loadDiffusers(gpu, folder(d), { dtype: 'f16' }), (e: Error) => e instanceof ModelError &&
-      /: text_encoder tensor text_model\.final_layer_norm\.bias \(text_encoder\/model\.safetensors\) holds 2 values beyond f16's range \(\|x\| >= 65520\), which would be Inf in f16 weights: load it in f32/.test(e.message));
+    await assert.rejects(
+      loadDiffusers(gpu, folder(d), { dtype: 'f16' }),
+      (e: Error) =>
+        e instanceof ModelError &&
+        /: text_encoder tensor text_model\.final_layer_norm\.bias \(text_encoder\/model\.safetensors\) holds 2 values beyond f16's range \(\|x\| >= 65520\), which would be Inf in f16 weights: load it in f32/.test(
+          e.message,
+        ),
+    );
     const m = await loadDiffusers(gpu, folder(d), { dtype: 'f32' });
     assert.equal(m.textEncoder.weights.size, 36);
   });
@@ -233,8 +295,14 @@ describe('loading refuses weights it cannot honour, naming the tensor and where 
     writeFileSync(join(d, 'text_encoder/config.json'), JSON.stringify({ ...te, num_attention_heads: 12 }));
     gpu.allocator.resetPeak();
     const { current } = gpu.allocator.report();
-    await assert.rejects(loadDiffusers(gpu, folder(d), { dtype: 'f32' }), (e: Error) => e instanceof ModelError &&
-      /^folder: text_encoder: hidden_size 32 is not divisible by num_attention_heads 12 \(text_encoder\/config\.json\): fix the config or pass --config with the model's text_encoder config$/.test(e.message));
+    await assert.rejects(
+      loadDiffusers(gpu, folder(d), { dtype: 'f32' }),
+      (e: Error) =>
+        e instanceof ModelError &&
+        /^folder: text_encoder: hidden_size 32 is not divisible by num_attention_heads 12 \(text_encoder\/config\.json\): fix the config or pass --config with the model's text_encoder config$/.test(
+          e.message,
+        ),
+    );
     assert.equal(gpu.allocator.report().peak, current, 'no GPU buffer was created');
   });
 });

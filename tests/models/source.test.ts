@@ -47,10 +47,7 @@ async function sameTensors(a: ModelSource, b: ModelSource): Promise<number> {
       assert.deepEqual([...shape], [...sb.get(name)!], `${c} ${name}: shape`);
       const [ta, tb] = [await a.read(c, name), await b.read(c, name)];
       assert.deepEqual(ta.shape, [...shape], `${c} ${name}: read shape`);
-      assert.ok(
-        ta.data.length === tb.data.length && ta.data.every((v, i) => Object.is(v, tb.data[i])),
-        `${c} ${name}: identical values`,
-      );
+      assert.ok(ta.data.length === tb.data.length && ta.data.every((v, i) => Object.is(v, tb.data[i])), `${c} ${name}: identical values`);
       n++;
     }
   }
@@ -108,7 +105,16 @@ describe('model sources: both layouts, one interface', () => {
   it('a folder given as Files in memory (dropped folder, hub download) reads the same', async () => {
     const tiny = writeTinyModel(mkdtempSync(join(tmpdir(), 'dbs-source-')), 'sd1');
     const { readFileSync } = await import('node:fs');
-    const paths = ['model_index.json', 'unet/config.json', 'vae/config.json', 'text_encoder/config.json', 'scheduler/scheduler_config.json', 'unet/diffusion_pytorch_model.safetensors', 'vae/diffusion_pytorch_model.safetensors', 'text_encoder/model.safetensors'];
+    const paths = [
+      'model_index.json',
+      'unet/config.json',
+      'vae/config.json',
+      'text_encoder/config.json',
+      'scheduler/scheduler_config.json',
+      'unet/diffusion_pytorch_model.safetensors',
+      'vae/diffusion_pytorch_model.safetensors',
+      'text_encoder/model.safetensors',
+    ];
     const files = new Map(paths.map((p) => [p, new BytesSource(new Uint8Array(readFileSync(join(tiny.folder, p))), p)] as const));
     const a = await openDiffusers(folderFromSources('dropped', files));
     const b = await openDiffusers(nodeFolder(tiny.folder));
@@ -119,7 +125,8 @@ describe('model sources: both layouts, one interface', () => {
 
 describe('SD2 prediction type of a single file', () => {
   const probe = 'model.diffusion_model.output_blocks.11.1.transformer_blocks.0.norm1.bias';
-  const fileWith = async (values: Float32Array) => SafetensorsFile.open(new BytesSource(writeSafetensors(new Map([[probe, { shape: [values.length], data: values }]])), 'sd2.safetensors'));
+  const fileWith = async (values: Float32Array) =>
+    SafetensorsFile.open(new BytesSource(writeSafetensors(new Map([[probe, { shape: [values.length], data: values }]])), 'sd2.safetensors'));
   const spread = (s: number) => Float32Array.from({ length: 320 }, (_, i) => (i % 2 ? s : -s));
 
   it('v when the LayerNorm bias spreads wider than 0.09 (768-v), epsilon when not (512-base)', async () => {
@@ -155,7 +162,12 @@ describe('bad folders each get their own message', () => {
 
   it('weights only as a pickle .bin', async () => {
     const d = folderWith('pickle', { ...configs, 'unet/diffusion_pytorch_model.bin': new Uint8Array([0x50, 0x4b, 3, 4]) });
-    await assert.rejects(openDiffusers(d), (e: Error) => e instanceof ModelError && /unet weights are only in unet\/diffusion_pytorch_model\.bin, a PyTorch pickle, .*convert it to \.safetensors/.test(e.message));
+    await assert.rejects(
+      openDiffusers(d),
+      (e: Error) =>
+        e instanceof ModelError &&
+        /unet weights are only in unet\/diffusion_pytorch_model\.bin, a PyTorch pickle, .*convert it to \.safetensors/.test(e.message),
+    );
   });
 
   it('sharded weights', async () => {
@@ -164,21 +176,36 @@ describe('bad folders each get their own message', () => {
   });
 
   it('missing weights, a missing component config, no UNet config at all', async () => {
-    await assert.rejects(openDiffusers(folderWith('noweights', configs)), /unet weights are missing: expected unet\/diffusion_pytorch_model\.safetensors or unet\/diffusion_pytorch_model\.fp16\.safetensors/);
+    await assert.rejects(
+      openDiffusers(folderWith('noweights', configs)),
+      /unet weights are missing: expected unet\/diffusion_pytorch_model\.safetensors or unet\/diffusion_pytorch_model\.fp16\.safetensors/,
+    );
     const { 'vae/config.json': _, ...noVae } = configs;
     await assert.rejects(openDiffusers(folderWith('novae', noVae)), /novae: vae\/config\.json is missing/);
-    await assert.rejects(openDiffusers(folderWith('photos', { 'cat.jpg': 'not a model' })), /photos is not a diffusers Stable Diffusion folder: it has neither model_index\.json nor unet\/config\.json/);
+    await assert.rejects(
+      openDiffusers(folderWith('photos', { 'cat.jpg': 'not a model' })),
+      /photos is not a diffusers Stable Diffusion folder: it has neither model_index\.json nor unet\/config\.json/,
+    );
   });
 
   it('SDXL, another UNet class, a mixed text encoder, an unknown width', async () => {
     const weights = { 'unet/diffusion_pytorch_model.safetensors': st, 'vae/diffusion_pytorch_model.safetensors': st, 'text_encoder/model.safetensors': st };
     const xl = folderWith('xl', { ...configs, ...weights, 'model_index.json': JSON.stringify({ _class_name: 'StableDiffusionXLPipeline' }) });
     await assert.rejects(openDiffusers(xl), /xl is a StableDiffusionXLPipeline model: not supported yet/);
-    const video = folderWith('video', { ...configs, ...weights, 'unet/config.json': JSON.stringify({ _class_name: 'UNetSpatioTemporalConditionModel', cross_attention_dim: 1024 }) });
+    const video = folderWith('video', {
+      ...configs,
+      ...weights,
+      'unet/config.json': JSON.stringify({ _class_name: 'UNetSpatioTemporalConditionModel', cross_attention_dim: 1024 }),
+    });
     await assert.rejects(openDiffusers(video), /its unet is a UNetSpatioTemporalConditionModel/);
     const mixed = folderWith('mixed', { ...configs, ...weights, 'text_encoder/config.json': JSON.stringify({ hidden_size: 1024, hidden_act: 'gelu' }) });
     await assert.rejects(openDiffusers(mixed), /expects 768-wide text embeddings but the text encoder is 1024 wide/);
-    const odd = folderWith('odd', { ...configs, ...weights, 'unet/config.json': JSON.stringify({ cross_attention_dim: 96 }), 'text_encoder/config.json': JSON.stringify({ hidden_size: 96 }) });
+    const odd = folderWith('odd', {
+      ...configs,
+      ...weights,
+      'unet/config.json': JSON.stringify({ cross_attention_dim: 96 }),
+      'text_encoder/config.json': JSON.stringify({ hidden_size: 96 }),
+    });
     await assert.rejects(openDiffusers(odd), /cross_attention_dim 96 is neither SD1's 768 nor SD2's 1024.*unknown architecture/);
   });
 });

@@ -123,8 +123,7 @@ describe('CLIP text-encoder LoRA (tiny) vs PyTorch', () => {
     const lora = load('clip_sd1_lora');
     const cfg = clipConfigFromJson(JSON.parse(lora.metadata.config));
     const weights = new Map<string, Tensor>();
-    for (const [k, t] of [...base.tensors, ...lora.tensors])
-      if (k.startsWith('text_model.')) weights.set(k, gpu.upload(t.data, t.shape, 'f32', 'weights', k));
+    for (const [k, t] of [...base.tensors, ...lora.tensors]) if (k.startsWith('text_model.')) weights.set(k, gpu.upload(t.data, t.shape, 'f32', 'weights', k));
     const ids = lora.tensors.get('input_ids')!;
     const before = gpu.allocator.report().current;
     const out = clipTextForward(gpu, cfg, weights, ids.data, ids.shape[0], null, Number(lora.metadata.lora_scale));
@@ -195,7 +194,10 @@ describe('loraTargets and initLora', () => {
     assert.ok(u.includes('mid_block.attentions.0.transformer_blocks.0.attn2.to_out.0'));
     // Tiny CLIP: 2 layers x 4 projections.
     const c = loraTargets('text_encoder', tinyClip.keys());
-    assert.deepEqual(c.slice(0, 4), ['q_proj', 'k_proj', 'v_proj', 'out_proj'].map((n) => `text_model.encoder.layers.0.self_attn.${n}`));
+    assert.deepEqual(
+      c.slice(0, 4),
+      ['q_proj', 'k_proj', 'v_proj', 'out_proj'].map((n) => `text_model.encoder.layers.0.self_attn.${n}`),
+    );
     assert.equal(c.length, 2 * 4);
     // Neither kind picks the other's layers, biases, MLPs, norms, or adapters already present.
     assert.deepEqual(loraTargets('unet', tinyClip.keys()), []);
@@ -208,11 +210,15 @@ describe('loraTargets and initLora', () => {
   });
 
   it("SD2's fused OpenCLIP in_proj becomes split q/k/v targets once renamed", () => {
-    const names = ['attn.in_proj_weight', 'attn.in_proj_bias', 'attn.out_proj.weight', 'attn.out_proj.bias', 'mlp.c_fc.weight', 'ln_1.weight']
-      .flatMap((n) => [0, 22].flatMap((l) => openClipToDiffusers(`transformer.resblocks.${l}.${n}`)!.names));
+    const names = ['attn.in_proj_weight', 'attn.in_proj_bias', 'attn.out_proj.weight', 'attn.out_proj.bias', 'mlp.c_fc.weight', 'ln_1.weight'].flatMap((n) =>
+      [0, 22].flatMap((l) => openClipToDiffusers(`transformer.resblocks.${l}.${n}`)!.names),
+    );
     const t = loraTargets('text_encoder', names);
     assert.equal(t.length, 2 * 4);
-    assert.deepEqual(t.filter((n) => n.includes('layers.22.')).sort(), ['k_proj', 'out_proj', 'q_proj', 'v_proj'].map((n) => `text_model.encoder.layers.22.self_attn.${n}`));
+    assert.deepEqual(
+      t.filter((n) => n.includes('layers.22.')).sort(),
+      ['k_proj', 'out_proj', 'q_proj', 'v_proj'].map((n) => `text_model.encoder.layers.22.self_attn.${n}`),
+    );
   });
 
   it('PEFT init: A [r, in] ~ U(-1/sqrt(in), 1/sqrt(in)), B [out, r] = 0, deterministic per seed', () => {
@@ -231,9 +237,15 @@ describe('loraTargets and initLora', () => {
       assert.deepEqual(shapes.get(`${layer}.lora_B.weight`), [o, rank]);
       assert.equal(a.length, rank * i);
       assert.equal(b.length, o * rank);
-      assert.ok(b.every((v) => v === 0), `${layer} B = 0`);
+      assert.ok(
+        b.every((v) => v === 0),
+        `${layer} B = 0`,
+      );
       const bound = Math.fround(1 / Math.sqrt(i));
-      assert.ok(a.every((v) => Math.abs(v) <= bound), `${layer} A within ±1/sqrt(${i})`);
+      assert.ok(
+        a.every((v) => Math.abs(v) <= bound),
+        `${layer} A within ±1/sqrt(${i})`,
+      );
       // A uniform sample fills its range: the extremes of rank*in >= 64 draws come near both ends.
       assert.ok(Math.max(...a) > 0.5 * bound && Math.min(...a) < -0.5 * bound, `${layer} A spans its range`);
       drawn += a.length;

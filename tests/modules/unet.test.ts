@@ -22,7 +22,9 @@ describe('UNet (tiny) vs PyTorch', () => {
         for (const [k, t] of tensors) if (!inputs.has(k)) weights.set(k, gpu.upload(t.data, t.shape, dtype, 'weights', k));
         const g = (k: string) => tensors.get(k)!;
         const out = unetForward(
-          gpu, cfg, weights,
+          gpu,
+          cfg,
+          weights,
           gpu.upload(g('sample').data, g('sample').shape, dtype),
           gpu.upload(g('timestep').data, g('timestep').shape, 'f32'),
           gpu.upload(g('encoder_hidden_states').data, g('encoder_hidden_states').shape, dtype),
@@ -56,6 +58,9 @@ describe('dry-run memory planning', () => {
     const plan = await peak(true);
     assert.ok(real.p > 0);
     assert.equal(plan.p, real.p);
-    assert.ok(plan.out.every((v) => v === 0), 'a dry run computes nothing');
+    assert.ok(
+      plan.out.every((v) => v === 0),
+      'a dry run computes nothing',
+    );
   });
 });

@@ -16,7 +16,8 @@ describe('VAE (tiny) vs PyTorch', () => {
       const { tensors, metadata } = readSafetensors(new Uint8Array(readFileSync(join(FIXTURES, 'modules', 'vae.safetensors'))));
       const cfg = vaeConfigFromJson(JSON.parse(metadata.config));
       const weights = new Map();
-      for (const [k, t] of tensors) if (/^(encoder|decoder|quant_conv|post_quant_conv)\./.test(k)) weights.set(k, gpu.upload(t.data, t.shape, dtype, 'weights', k));
+      for (const [k, t] of tensors)
+        if (/^(encoder|decoder|quant_conv|post_quant_conv)\./.test(k)) weights.set(k, gpu.upload(t.data, t.shape, dtype, 'weights', k));
       const g = (k: string) => tensors.get(k)!;
       const moments = vaeEncode(gpu, cfg, weights, gpu.upload(g('image').data, g('image').shape, dtype));
       const image = vaeDecode(gpu, cfg, weights, gpu.upload(g('latents').data, g('latents').shape, dtype));
@@ -37,7 +38,8 @@ describe('VAE backward (tiny) vs PyTorch autograd', () => {
       const { tensors, metadata } = readSafetensors(new Uint8Array(readFileSync(join(FIXTURES, 'modules', 'vae.safetensors'))));
       const cfg = vaeConfigFromJson(JSON.parse(metadata.config));
       const weights = new Map();
-      for (const [k, t] of tensors) if (/^(encoder|decoder|quant_conv|post_quant_conv)\./.test(k)) weights.set(k, gpu.upload(t.data, t.shape, dtype, 'weights', k));
+      for (const [k, t] of tensors)
+        if (/^(encoder|decoder|quant_conv|post_quant_conv)\./.test(k)) weights.set(k, gpu.upload(t.data, t.shape, dtype, 'weights', k));
       const g = (k: string) => tensors.get(k)!;
       const up = (k: string) => gpu.upload(g(k).data, g(k).shape, dtype);
       const tape = new Tape(gpu);

@@ -20,7 +20,11 @@ describe('settings schema', () => {
       const step = spec.kind === 'number' ? Math.max(Math.abs(spec.max) * 1e-6, 1e-9) : 1;
       for (const bad of [spec.key === 'lr' ? 0 : spec.min - step, spec.max + (spec.kind === 'number' ? Math.max(spec.max, 1) : 1)]) {
         const s = { ...defaultSettings(mode), [spec.key]: bad } as RunSettings;
-        assert.throws(() => validateSettings(s), (e: Error) => e instanceof SettingsError && e.message.startsWith(`--${spec.flag ?? spec.key}`) || e.message.startsWith(spec.key), `${spec.key} = ${bad}`);
+        assert.throws(
+          () => validateSettings(s),
+          (e: Error) => (e instanceof SettingsError && e.message.startsWith(`--${spec.flag ?? spec.key}`)) || e.message.startsWith(spec.key),
+          `${spec.key} = ${bad}`,
+        );
       }
       const ok = { ...defaultSettings(mode), [spec.key]: spec.key === 'lr' ? spec.max : spec.min } as RunSettings;
       validateSettings(ok);
@@ -29,7 +33,10 @@ describe('settings schema', () => {
 
   it('non-numbers, fractions and missing values are refused; the host names settings its own way', () => {
     const labels = (k: string) => `"${k.toUpperCase()}"`;
-    assert.throws(() => validateSettings({ ...defaultSettings(), steps: NaN }, labels), /^Error: "STEPS" must be a finite number|"STEPS" must be a finite number/);
+    assert.throws(
+      () => validateSettings({ ...defaultSettings(), steps: NaN }, labels),
+      /^Error: "STEPS" must be a finite number|"STEPS" must be a finite number/,
+    );
     assert.throws(() => validateSettings({ ...defaultSettings(), steps: 2.5 }), /--steps must be a whole number, got 2.5/);
     assert.throws(() => validateSettings({ ...defaultSettings(), lr: Infinity }), /--lr must be a finite number/);
     assert.throws(() => validateSettings({ ...defaultSettings(), mode: 'dora' as never }), /--mode must be lora or full/);
@@ -43,8 +50,14 @@ describe('settings schema', () => {
   it('model checks: rank against the narrowest adapted layer, resolution against the factor', () => {
     const model = { resolutionFactor: 64, maxRank: 320 };
     validateForModel({ ...defaultSettings(), rank: 320, resolution: 512 }, model);
-    assert.throws(() => validateForModel({ ...defaultSettings(), rank: 321, resolution: 512 }, model), /--rank 321 is larger than this model's narrowest adapted layer \(320 wide\)/);
-    assert.throws(() => validateForModel({ ...defaultSettings(), resolution: 72 }, model), /--resolution 72 does not suit this model: use a multiple of 64 \(e\.g\. 64 or 128\)/);
+    assert.throws(
+      () => validateForModel({ ...defaultSettings(), rank: 321, resolution: 512 }, model),
+      /--rank 321 is larger than this model's narrowest adapted layer \(320 wide\)/,
+    );
+    assert.throws(
+      () => validateForModel({ ...defaultSettings(), resolution: 72 }, model),
+      /--resolution 72 does not suit this model: use a multiple of 64 \(e\.g\. 64 or 128\)/,
+    );
     // A full run's rank is not checked (it has none).
     validateForModel({ ...defaultSettings('full'), rank: 100000, resolution: 512 }, model);
   });
@@ -64,13 +77,21 @@ describe('settings schema', () => {
 });
 
 describe('strict flags', () => {
-  const flags = { steps: { type: 'string' as const }, lr: { type: 'string' as const }, flip: { type: 'boolean' as const }, 'class-prompt': { type: 'string' as const } };
+  const flags = {
+    steps: { type: 'string' as const },
+    lr: { type: 'string' as const },
+    flip: { type: 'boolean' as const },
+    'class-prompt': { type: 'string' as const },
+  };
   it('values, switches, negative numbers and = forms', () => {
     const { values } = parseFlags(['--steps', '-3', '--flip', '--lr=1e-4', '--class-prompt', '-a dog-'], flags, 'usage');
     assert.deepEqual({ ...values }, { steps: '-3', flip: true, lr: '1e-4', 'class-prompt': '-a dog-' });
   });
   it('unknown flags name the closest known one; twice, missing values and stray words are refused', () => {
-    assert.throws(() => parseFlags(['--step', '2'], flags, 'usage'), (e: Error) => e instanceof UsageError && /unknown option --step \(did you mean --steps\?\)/.test(e.message));
+    assert.throws(
+      () => parseFlags(['--step', '2'], flags, 'usage'),
+      (e: Error) => e instanceof UsageError && /unknown option --step \(did you mean --steps\?\)/.test(e.message),
+    );
     assert.throws(() => parseFlags(['--clas-prompt', 'x'], flags, 'usage'), /did you mean --class-prompt\?/);
     assert.throws(() => parseFlags(['--zzzzzzzz', 'x'], flags, 'usage'), /unknown option --zzzzzzzz \(known: --steps, --lr, --flip, --class-prompt\)/);
     assert.throws(() => parseFlags(['--steps', '1', '--steps', '2'], flags, 'usage'), /--steps is given twice/);

@@ -17,50 +17,189 @@ function withFlag(ws: Workspace, flag: string, value: string | null): string[] {
   if (i >= 0) a.splice(i, 2);
   return value === null ? [...a, flag] : [...a, flag, value];
 }
-const sample = (ws: Workspace, ...extra: string[]) => ['sample', '--model', ws.tiny.folder, '--prompt', 'a photo of a dog', '--width', '32', '--height', '32', '--steps', '1', '--out', ws.path('img') + '.png', ...extra];
+const sample = (ws: Workspace, ...extra: string[]) => [
+  'sample',
+  '--model',
+  ws.tiny.folder,
+  '--prompt',
+  'a photo of a dog',
+  '--width',
+  '32',
+  '--height',
+  '32',
+  '--steps',
+  '1',
+  '--out',
+  ws.path('img') + '.png',
+  ...extra,
+];
 const NO_STEP = /^step /m;
 
 export const CASES: Case[] = [
   // ---- flags: strict, checked before any work ----------------------------------------------------------
-  { name: 'a typo of a flag (--step)', before: 'wrong', args: (ws) => withFlag(ws, '--step', '2'), code: 1, message: /unknown option --step \(did you mean --steps\?\)/, notOut: NO_STEP },
+  {
+    name: 'a typo of a flag (--step)',
+    before: 'wrong',
+    args: (ws) => withFlag(ws, '--step', '2'),
+    code: 1,
+    message: /unknown option --step \(did you mean --steps\?\)/,
+    notOut: NO_STEP,
+  },
   { name: 'an unknown flag (--bogus)', before: 'wrong', args: (ws) => train(ws, '--bogus', '3'), code: 1, message: /unknown option --bogus/, notOut: NO_STEP },
   { name: 'a flag given twice', before: 'wrong', args: (ws) => train(ws, '--steps', '1', '--steps', '2'), code: 1, message: /--steps is given twice/ },
   { name: 'a flag without its value', before: 'wrong', args: (ws) => [...trainArgs(ws, ws.path('out')), '--steps'], code: 1, message: /--steps needs a value/ },
   { name: 'a stray word', before: 'clear', args: (ws) => [...trainArgs(ws, ws.path('out')), 'extra'], code: 1, message: /unexpected argument "extra"/ },
-  { name: 'a single-dash flag', before: 'clear', args: (ws) => train(ws, '-steps', '2'), code: 1, message: /unknown option -steps: options are written --name \(did you mean --steps\?\)/ },
+  {
+    name: 'a single-dash flag',
+    before: 'clear',
+    args: (ws) => train(ws, '-steps', '2'),
+    code: 1,
+    message: /unknown option -steps: options are written --name \(did you mean --steps\?\)/,
+  },
   { name: 'steps 0', before: 'wrong', args: (ws) => withFlag(ws, '--steps', '0'), code: 1, message: /--steps must be from 1 to 1000000, got 0/ },
   { name: 'steps -3', before: 'wrong', args: (ws) => withFlag(ws, '--steps', '-3'), code: 1, message: /--steps must be from 1 to 1000000, got -3/ },
   { name: 'steps 2.5', before: 'wrong', args: (ws) => withFlag(ws, '--steps', '2.5'), code: 1, message: /--steps must be a whole number, got 2.5/ },
   { name: 'steps "ten"', before: 'clear', args: (ws) => withFlag(ws, '--steps', 'ten'), code: 1, message: /--steps must be a number, got "ten"/ },
-  { name: 'lr 1e30', before: 'wrong', args: (ws) => withFlag(ws, '--lr', '1e30'), code: 1, message: /--lr must be greater than 0 and at most 1, got 1e\+30/, notOut: NO_STEP },
+  {
+    name: 'lr 1e30',
+    before: 'wrong',
+    args: (ws) => withFlag(ws, '--lr', '1e30'),
+    code: 1,
+    message: /--lr must be greater than 0 and at most 1, got 1e\+30/,
+    notOut: NO_STEP,
+  },
   { name: 'lr 0', before: 'wrong', args: (ws) => withFlag(ws, '--lr', '0'), code: 1, message: /--lr must be greater than 0/ },
   { name: 'lr -1e-4', before: 'clear', args: (ws) => withFlag(ws, '--lr', '-1e-4'), code: 1, message: /--lr must be greater than 0/ },
   { name: 'lr NaN', before: 'clear', args: (ws) => withFlag(ws, '--lr', 'NaN'), code: 1, message: /--lr must be a number, got "NaN"/ },
   { name: 'lr Infinity', before: 'clear', args: (ws) => withFlag(ws, '--lr', 'Infinity'), code: 1, message: /--lr must be a number, got "Infinity"/ },
   { name: 'rank 100000', before: 'unclear', args: (ws) => withFlag(ws, '--rank', '100000'), code: 1, message: /--rank must be from 1 to 1024, got 100000/ },
-  { name: 'rank wider than the model\'s layers', before: 'unclear', args: (ws) => withFlag(ws, '--rank', '100'), code: 1, message: /--rank 100 is larger than this model's narrowest adapted layer \(\d+ wide\): use 1 to \d+/, notOut: NO_STEP },
+  {
+    name: "rank wider than the model's layers",
+    before: 'unclear',
+    args: (ws) => withFlag(ws, '--rank', '100'),
+    code: 1,
+    message: /--rank 100 is larger than this model's narrowest adapted layer \(\d+ wide\): use 1 to \d+/,
+    notOut: NO_STEP,
+  },
   { name: 'rank 0', before: 'clear', args: (ws) => withFlag(ws, '--rank', '0'), code: 1, message: /--rank must be from 1/ },
-  { name: 'resolution 100000', before: 'unclear', args: (ws) => withFlag(ws, '--resolution', '100000'), code: 1, message: /--resolution must be from 8 to 1024, got 100000/ },
-  { name: 'resolution not a multiple of the model\'s factor', before: 'unclear', args: (ws) => withFlag(ws, '--resolution', '30'), code: 1, message: /--resolution 30 does not suit this model: use a multiple of 4 \(e\.g\. 28 or 32\)/ },
+  {
+    name: 'resolution 100000',
+    before: 'unclear',
+    args: (ws) => withFlag(ws, '--resolution', '100000'),
+    code: 1,
+    message: /--resolution must be from 8 to 1024, got 100000/,
+  },
+  {
+    name: "resolution not a multiple of the model's factor",
+    before: 'unclear',
+    args: (ws) => withFlag(ws, '--resolution', '30'),
+    code: 1,
+    message: /--resolution 30 does not suit this model: use a multiple of 4 \(e\.g\. 28 or 32\)/,
+  },
   { name: 'seed -1', before: 'wrong', args: (ws) => withFlag(ws, '--seed', '-1'), code: 1, message: /--seed must be from 0/ },
   { name: 'budget "4XB"', before: 'clear', args: (ws) => train(ws, '--budget', '4XB'), code: 1, message: /--budget: cannot read "4XB" as a size/ },
-  { name: 'budget 4096 (bytes: a typo of 4GiB)', before: 'clear', args: (ws) => train(ws, '--budget', '4096'), code: 1, message: /--budget must be from 1\.0 MiB to .*, got 4\.0 KiB/ },
+  {
+    name: 'budget 4096 (bytes: a typo of 4GiB)',
+    before: 'clear',
+    args: (ws) => train(ws, '--budget', '4096'),
+    code: 1,
+    message: /--budget must be from 1\.0 MiB to .*, got 4\.0 KiB/,
+  },
   { name: 'mode dora', before: 'clear', args: (ws) => withFlag(ws, '--mode', 'dora'), code: 1, message: /--mode must be lora or full, got "dora"/ },
   { name: 'LoRA rank with a full run', before: 'wrong', args: (ws) => withFlag(ws, '--mode', 'full'), code: 1, message: /--rank applies to --mode lora only/ },
-  { name: 'text-encoder LoRA with a full run', before: 'clear', args: (ws) => ['train', '--model', ws.tiny.folder, '--images', ws.images, '--prompt', 'x', '--mode', 'full', '--train-text-encoder', '--out', ws.path('out')], code: 1, message: /--train-text-encoder applies to --mode lora only/ },
+  {
+    name: 'text-encoder LoRA with a full run',
+    before: 'clear',
+    args: (ws) => [
+      'train',
+      '--model',
+      ws.tiny.folder,
+      '--images',
+      ws.images,
+      '--prompt',
+      'x',
+      '--mode',
+      'full',
+      '--train-text-encoder',
+      '--out',
+      ws.path('out'),
+    ],
+    code: 1,
+    message: /--train-text-encoder applies to --mode lora only/,
+  },
   { name: 'offset noise 5', before: 'wrong', args: (ws) => train(ws, '--offset-noise', '5'), code: 1, message: /--offset-noise must be from 0 to 1, got 5/ },
   { name: 'prior weight -1', before: 'wrong', args: (ws) => train(ws, '--prior-weight', '-1'), code: 1, message: /--prior-weight must be from 0 to 100/ },
-  { name: 'class images without a class prompt', before: 'clear', args: (ws) => train(ws, '--class-images', '2'), code: 1, message: /--class-images needs --class-prompt/ },
-  { name: 'an empty class prompt', before: 'clear', args: (ws) => train(ws, '--class-prompt', ' '), code: 1, message: /prior preservation needs a class prompt \(--class-prompt/ },
+  {
+    name: 'class images without a class prompt',
+    before: 'clear',
+    args: (ws) => train(ws, '--class-images', '2'),
+    code: 1,
+    message: /--class-images needs --class-prompt/,
+  },
+  {
+    name: 'an empty class prompt',
+    before: 'clear',
+    args: (ws) => train(ws, '--class-prompt', ' '),
+    code: 1,
+    message: /prior preservation needs a class prompt \(--class-prompt/,
+  },
   { name: 'an empty prompt', before: 'wrong', args: (ws) => withFlag(ws, '--prompt', ''), code: 1, message: /--prompt is empty/ },
   { name: 'an unknown export format', before: 'clear', args: (ws) => train(ws, '--export', 'ckpt'), code: 1, message: /--export: unknown format "ckpt"/ },
-  { name: 'a LoRA export from a full run', before: 'clear', args: (ws) => ['train', '--model', ws.tiny.folder, '--images', ws.images, '--prompt', 'x', '--mode', 'full', '--export', 'lora-kohya', '--out', ws.path('out')], code: 1, message: /--export lora-kohya holds LoRA adapters/ },
-  { name: 'missing required flags', before: 'clear', args: () => ['train', '--steps', '2'], code: 1, message: /train needs --model, --images, --prompt, --out/ },
-  { name: 'a model path that does not exist', before: 'clear', args: (ws) => withFlag(ws, '--model', join(ws.dir, 'nope')), code: 1, message: /--model .*nope: no such file or folder/ },
-  { name: 'an images folder that does not exist', before: 'clear', args: (ws) => withFlag(ws, '--images', join(ws.dir, 'nope')), code: 1, message: /--images .*nope is not a folder of images: no such folder/ },
-  { name: 'an image file given as the images folder', before: 'clear', args: (ws) => withFlag(ws, '--images', join(ws.images, 'rgba.png')), code: 1, message: /not a folder of images/ },
   {
-    name: 'a folder with no usable images', before: 'clear', args: () => [], code: 1, message: /notes\.jpg[\s\S]*add at least one image/,
+    name: 'a LoRA export from a full run',
+    before: 'clear',
+    args: (ws) => [
+      'train',
+      '--model',
+      ws.tiny.folder,
+      '--images',
+      ws.images,
+      '--prompt',
+      'x',
+      '--mode',
+      'full',
+      '--export',
+      'lora-kohya',
+      '--out',
+      ws.path('out'),
+    ],
+    code: 1,
+    message: /--export lora-kohya holds LoRA adapters/,
+  },
+  {
+    name: 'missing required flags',
+    before: 'clear',
+    args: () => ['train', '--steps', '2'],
+    code: 1,
+    message: /train needs --model, --images, --prompt, --out/,
+  },
+  {
+    name: 'a model path that does not exist',
+    before: 'clear',
+    args: (ws) => withFlag(ws, '--model', join(ws.dir, 'nope')),
+    code: 1,
+    message: /--model .*nope: no such file or folder/,
+  },
+  {
+    name: 'an images folder that does not exist',
+    before: 'clear',
+    args: (ws) => withFlag(ws, '--images', join(ws.dir, 'nope')),
+    code: 1,
+    message: /--images .*nope is not a folder of images: no such folder/,
+  },
+  {
+    name: 'an image file given as the images folder',
+    before: 'clear',
+    args: (ws) => withFlag(ws, '--images', join(ws.images, 'rgba.png')),
+    code: 1,
+    message: /not a folder of images/,
+  },
+  {
+    name: 'a folder with no usable images',
+    before: 'clear',
+    args: () => [],
+    code: 1,
+    message: /notes\.jpg[\s\S]*add at least one image/,
     setup: (ws) => {
       const empty = ws.path('empty');
       mkdirSync(empty);
@@ -68,10 +207,45 @@ export const CASES: Case[] = [
       return { args: withFlag(ws, '--images', empty) };
     },
   },
-  { name: 'a budget the run cannot fit', before: 'clear', args: (ws) => ['train', '--model', ws.tiny.folder, '--images', ws.images, '--prompt', 'x', '--mode', 'full', '--steps', '1', '--resolution', '32', '--budget', '2MiB', '--out', ws.path('out')], code: 1, message: /needs at least [\d.]+ MiB of GPU memory at 32 px; the budget is 2\.00 MiB/, notOut: NO_STEP },
-  { name: 'a single file without --tokenizer', before: 'clear', args: (ws) => withFlag(ws, '--model', ws.tiny.singleFile), code: 1, message: /a single-file checkpoint carries no tokenizer: pass --tokenizer/ },
   {
-    name: '--config that is not JSON', before: 'unclear', args: () => [], code: 1, message: /--config .*bad\.json: invalid JSON/,
+    name: 'a budget the run cannot fit',
+    before: 'clear',
+    args: (ws) => [
+      'train',
+      '--model',
+      ws.tiny.folder,
+      '--images',
+      ws.images,
+      '--prompt',
+      'x',
+      '--mode',
+      'full',
+      '--steps',
+      '1',
+      '--resolution',
+      '32',
+      '--budget',
+      '2MiB',
+      '--out',
+      ws.path('out'),
+    ],
+    code: 1,
+    message: /needs at least [\d.]+ MiB of GPU memory at 32 px; the budget is 2\.00 MiB/,
+    notOut: NO_STEP,
+  },
+  {
+    name: 'a single file without --tokenizer',
+    before: 'clear',
+    args: (ws) => withFlag(ws, '--model', ws.tiny.singleFile),
+    code: 1,
+    message: /a single-file checkpoint carries no tokenizer: pass --tokenizer/,
+  },
+  {
+    name: '--config that is not JSON',
+    before: 'unclear',
+    args: () => [],
+    code: 1,
+    message: /--config .*bad\.json: invalid JSON/,
     setup: (ws) => {
       const bad = join(ws.dir, 'bad.json');
       writeFileSync(bad, '{ "unet": { "attention_head_dim": 2, }');
@@ -79,29 +253,65 @@ export const CASES: Case[] = [
     },
   },
   {
-    name: 'a prompt past 77 tokens', before: 'wrong', args: (ws) => withSample(ws, '--prompt', `a photo of ${'very '.repeat(80)}red dog`), code: 0, message: /warning: --prompt is \d+ tokens; the text encoder reads only the first 75, so ".*red dog" is cut/,
+    name: 'a prompt past 77 tokens',
+    before: 'wrong',
+    args: (ws) => withSample(ws, '--prompt', `a photo of ${'very '.repeat(80)}red dog`),
+    code: 0,
+    message: /warning: --prompt is \d+ tokens; the text encoder reads only the first 75, so ".*red dog" is cut/,
   },
 
   // ---- sample --------------------------------------------------------------------------------------------
   { name: 'sample --steps 0', before: 'wrong', args: (ws) => withSample(ws, '--steps', '0'), code: 1, message: /--steps must be from 1 to 1000, got 0/ },
   { name: 'sample --steps -3', before: 'wrong', args: (ws) => withSample(ws, '--steps', '-3'), code: 1, message: /--steps must be from 1 to 1000, got -3/ },
-  { name: 'sample --width 30 (not a multiple of the factor)', before: 'unclear', args: (ws) => withSample(ws, '--width', '30'), code: 1, message: /--width must be a multiple of 4/ },
+  {
+    name: 'sample --width 30 (not a multiple of the factor)',
+    before: 'unclear',
+    args: (ws) => withSample(ws, '--width', '30'),
+    code: 1,
+    message: /--width must be a multiple of 4/,
+  },
   { name: 'sample --height 0', before: 'unclear', args: (ws) => withSample(ws, '--height', '0'), code: 1, message: /--height must be from 8 to 2048, got 0/ },
   { name: 'sample --guidance nan', before: 'wrong', args: (ws) => withSample(ws, '--guidance', 'nan'), code: 1, message: /--guidance must be a number/ },
-  { name: 'sample --sampler euler', before: 'clear', args: (ws) => sample(ws, '--sampler', 'euler'), code: 1, message: /--sampler must be ddim or dpm\+\+2m, got euler/ },
-  { name: 'sample into a folder that does not exist', before: 'unclear', args: (ws) => withSample(ws, '--out', join(ws.dir, 'no', 'such', 'x.png')), code: 1, message: /--out .*x\.png: the folder .* does not exist/ },
-  { name: 'sample with a typo (--seeds)', before: 'wrong', args: (ws) => sample(ws, '--seeds', '3'), code: 1, message: /unknown option --seeds \(did you mean --seed\?\)/ },
+  {
+    name: 'sample --sampler euler',
+    before: 'clear',
+    args: (ws) => sample(ws, '--sampler', 'euler'),
+    code: 1,
+    message: /--sampler must be ddim or dpm\+\+2m, got euler/,
+  },
+  {
+    name: 'sample into a folder that does not exist',
+    before: 'unclear',
+    args: (ws) => withSample(ws, '--out', join(ws.dir, 'no', 'such', 'x.png')),
+    code: 1,
+    message: /--out .*x\.png: the folder .* does not exist/,
+  },
+  {
+    name: 'sample with a typo (--seeds)',
+    before: 'wrong',
+    args: (ws) => sample(ws, '--seeds', '3'),
+    code: 1,
+    message: /unknown option --seeds \(did you mean --seed\?\)/,
+  },
 
   // ---- run folders: one run per folder, one process per run ----------------------------------------------
   {
-    name: 'train --out on a folder that holds another run', before: 'wrong', args: () => [], code: 1, message: /holds another run .* --resume .* --overwrite/,
+    name: 'train --out on a folder that holds another run',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /holds another run .* --resume .* --overwrite/,
     setup: (ws) => {
       const out = ws.trainedRun();
       return { args: trainArgs(ws, out).map((a) => (a === 'a photo of sks dog' ? 'a photo of zzx cat' : a)), unchanged: [out] };
     },
   },
   {
-    name: '--overwrite on a folder that holds no run', before: 'clear', args: () => [], code: 1, message: /--overwrite: .* holds no run to replace/,
+    name: '--overwrite on a folder that holds no run',
+    before: 'clear',
+    args: () => [],
+    code: 1,
+    message: /--overwrite: .* holds no run to replace/,
     setup: (ws) => {
       const out = ws.path('plain');
       mkdirSync(out);
@@ -110,7 +320,11 @@ export const CASES: Case[] = [
     },
   },
   {
-    name: 'two processes on one run (the lock)', before: 'wrong', args: () => [], code: 1, message: /is in use: process \d+ is training in it/,
+    name: 'two processes on one run (the lock)',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /is in use: process \d+ is training in it/,
     setup: (ws) => {
       const out = ws.path('locked');
       mkdirSync(out);
@@ -120,14 +334,22 @@ export const CASES: Case[] = [
     },
   },
   {
-    name: '--resume with a setting that cannot change', before: 'wrong', args: () => [], code: 1, message: /--lr cannot be given with --resume/,
+    name: '--resume with a setting that cannot change',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /--lr cannot be given with --resume/,
     setup: (ws) => {
       const out = ws.trainedRun();
       return { args: ['train', '--resume', out, '--lr', '1e-2'], unchanged: [out] };
     },
   },
   {
-    name: '--resume with fewer steps than done', before: 'wrong', args: () => [], code: 1, message: /checkpoint is at step 2, past the 1 steps asked for/,
+    name: '--resume with fewer steps than done',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /checkpoint is at step 2, past the 1 steps asked for/,
     setup: (ws) => {
       const out = ws.trainedRun();
       return { args: ['train', '--resume', out, '--steps', '1'], unchanged: [join(out, 'run.json'), join(out, 'lora-kohya.safetensors')] };
@@ -135,7 +357,11 @@ export const CASES: Case[] = [
   },
   { name: '--resume on a folder that is not a run', before: 'clear', args: (ws) => ['train', '--resume', ws.images], code: 1, message: /no run\.json there/ },
   {
-    name: '--resume with a damaged run.json', before: 'unclear', args: () => [], code: 1, message: /run\.json: invalid JSON/,
+    name: '--resume with a damaged run.json',
+    before: 'unclear',
+    args: () => [],
+    code: 1,
+    message: /run\.json: invalid JSON/,
     setup: (ws) => {
       const out = ws.path('damaged');
       mkdirSync(out);
@@ -144,7 +370,11 @@ export const CASES: Case[] = [
     },
   },
   {
-    name: '--resume with impossible settings in run.json', before: 'wrong', args: () => [], code: 1, message: /run\.json: settings\.steps must be from 1/,
+    name: '--resume with impossible settings in run.json',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /run\.json: settings\.steps must be from 1/,
     setup: (ws) => {
       const out = ws.path('tampered');
       mkdirSync(out);
@@ -155,7 +385,11 @@ export const CASES: Case[] = [
     },
   },
   {
-    name: '--resume when the model moved', before: 'clear', args: () => [], code: 1, message: /model .* is gone: pass --model <its new path> with --resume/,
+    name: '--resume when the model moved',
+    before: 'clear',
+    args: () => [],
+    code: 1,
+    message: /model .* is gone: pass --model <its new path> with --resume/,
     setup: (ws) => {
       const out = ws.path('moved');
       mkdirSync(out);
@@ -168,37 +402,94 @@ export const CASES: Case[] = [
 
   // ---- models and configs ------------------------------------------------------------------------------
   {
-    name: 'train on a model with NaN weights', before: 'wrong', args: () => [], code: 1, message: /unet tensor down_blocks\.\d+\.resnets\.\d+\.conv1\.weight .*holds 1 non-finite value/, notOut: /^step |"done"/m,
+    name: 'train on a model with NaN weights',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /unet tensor down_blocks\.\d+\.resnets\.\d+\.conv1\.weight .*holds 1 non-finite value/,
+    notOut: /^step |"done"/m,
     setup: (ws) => {
       const out = ws.path('out');
       return { args: withFlag(ws, '--model', modelCopy(ws, poisonUnet)).map((a, i, all) => (all[i - 1] === '--out' ? out : a)), unchanged: [] };
     },
   },
   {
-    name: 'run a model with NaN weights', before: 'wrong', args: () => [], code: 1, message: /holds 1 non-finite value \(NaN\/Inf\)/,
+    name: 'run a model with NaN weights',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /holds 1 non-finite value \(NaN\/Inf\)/,
     setup: (ws) => ({ args: withSample(ws, '--model', modelCopy(ws, poisonUnet)) }),
   },
   {
-    name: 'heads that do not divide the text encoder\'s width', before: 'unclear', args: () => [], code: 1, message: /text_encoder: hidden_size 32 is not divisible by num_attention_heads 12/,
-    setup: (ws) => ({ args: withFlag(ws, '--model', modelCopy(ws, (f) => editJson(join(f, 'text_encoder', 'config.json'), (j) => (j.num_attention_heads = 12)))) }),
+    name: "heads that do not divide the text encoder's width",
+    before: 'unclear',
+    args: () => [],
+    code: 1,
+    message: /text_encoder: hidden_size 32 is not divisible by num_attention_heads 12/,
+    setup: (ws) => ({
+      args: withFlag(
+        ws,
+        '--model',
+        modelCopy(ws, (f) => editJson(join(f, 'text_encoder', 'config.json'), (j) => (j.num_attention_heads = 12))),
+      ),
+    }),
   },
   {
-    name: 'a null field in a config', before: 'unclear', args: () => [], code: 1, message: /unet\/config\.json: attention_head_dim is null/,
-    setup: (ws) => ({ args: withFlag(ws, '--model', modelCopy(ws, (f) => editJson(join(f, 'unet', 'config.json'), (j) => (j.attention_head_dim = null)))) }),
+    name: 'a null field in a config',
+    before: 'unclear',
+    args: () => [],
+    code: 1,
+    message: /unet\/config\.json: attention_head_dim is null/,
+    setup: (ws) => ({
+      args: withFlag(
+        ws,
+        '--model',
+        modelCopy(ws, (f) => editJson(join(f, 'unet', 'config.json'), (j) => (j.attention_head_dim = null))),
+      ),
+    }),
   },
   {
-    name: 'zero norm groups', before: 'unclear', args: () => [], code: 1, message: /vae\/config\.json: norm_num_groups is 0/,
-    setup: (ws) => ({ args: withFlag(ws, '--model', modelCopy(ws, (f) => editJson(join(f, 'vae', 'config.json'), (j) => (j.norm_num_groups = 0)))) }),
+    name: 'zero norm groups',
+    before: 'unclear',
+    args: () => [],
+    code: 1,
+    message: /vae\/config\.json: norm_num_groups is 0/,
+    setup: (ws) => ({
+      args: withFlag(
+        ws,
+        '--model',
+        modelCopy(ws, (f) => editJson(join(f, 'vae', 'config.json'), (j) => (j.norm_num_groups = 0))),
+      ),
+    }),
   },
   {
-    name: 'a config that is not JSON inside the model folder', before: 'clear', args: () => [], code: 1, message: /unet\/config\.json: invalid JSON/,
-    setup: (ws) => ({ args: withFlag(ws, '--model', modelCopy(ws, (f) => writeFileSync(join(f, 'unet', 'config.json'), '{"block_out_channels": [16, 32],'))) }),
+    name: 'a config that is not JSON inside the model folder',
+    before: 'clear',
+    args: () => [],
+    code: 1,
+    message: /unet\/config\.json: invalid JSON/,
+    setup: (ws) => ({
+      args: withFlag(
+        ws,
+        '--model',
+        modelCopy(ws, (f) => writeFileSync(join(f, 'unet', 'config.json'), '{"block_out_channels": [16, 32],')),
+      ),
+    }),
   },
   {
-    name: 'a single file whose widths need configs it was not given', before: 'unclear', args: (ws) => withSample(ws, '--model', ws.tiny.singleFile).concat('--tokenizer', ws.tokenizer), code: 1, message: /a single file holds no configs.*pass --config/s,
+    name: 'a single file whose widths need configs it was not given',
+    before: 'unclear',
+    args: (ws) => withSample(ws, '--model', ws.tiny.singleFile).concat('--tokenizer', ws.tokenizer),
+    code: 1,
+    message: /a single file holds no configs.*pass --config/s,
   },
   {
-    name: 'a safetensors header naming a tensor twice', before: 'wrong', args: () => [], code: 1, message: /names tensor 'a' twice/,
+    name: 'a safetensors header naming a tensor twice',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /names tensor 'a' twice/,
     setup: (ws) => {
       const file = ws.path('dup') + '.safetensors';
       const header = new TextEncoder().encode('{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}');
@@ -210,7 +501,11 @@ export const CASES: Case[] = [
     },
   },
   {
-    name: 'inspect a model the loader would refuse (a tensor missing)', before: 'wrong', args: () => [], code: 0, message: /^/,
+    name: 'inspect a model the loader would refuse (a tensor missing)',
+    before: 'wrong',
+    args: () => [],
+    code: 0,
+    message: /^/,
     setup: (ws) => {
       const folder = modelCopy(ws, (f) => {
         const file = join(f, 'vae', 'diffusion_pytorch_model.safetensors');
@@ -222,7 +517,12 @@ export const CASES: Case[] = [
     },
     out: /"problems": \[\s*"vae tensor decoder\.conv_out\.bias is missing"/,
   },
-  { name: 'a pickle checkpoint (.ckpt) is never unpickled', before: 'clear', args: () => [], code: 1, message: /pickle|\.ckpt/i,
+  {
+    name: 'a pickle checkpoint (.ckpt) is never unpickled',
+    before: 'clear',
+    args: () => [],
+    code: 1,
+    message: /pickle|\.ckpt/i,
     setup: (ws) => {
       const file = ws.path('model') + '.ckpt';
       writeFileSync(file, Buffer.from([0x80, 0x02, 0x63, 0x6f, 0x73, 0x0a, 0x73, 0x79, 0x73, 0x74, 0x65, 0x6d, 0x0a]));
@@ -232,7 +532,11 @@ export const CASES: Case[] = [
 
   // ---- files -----------------------------------------------------------------------------------------------
   {
-    name: 'a file given as --out', before: 'unclear', args: () => [], code: 1, message: /--out .* is a file: give a folder for the run/,
+    name: 'a file given as --out',
+    before: 'unclear',
+    args: () => [],
+    code: 1,
+    message: /--out .* is a file: give a folder for the run/,
     setup: (ws) => {
       const file = ws.path('a-file');
       writeFileSync(file, 'x');
@@ -241,7 +545,11 @@ export const CASES: Case[] = [
     },
   },
   {
-    name: '--out inside a file (a path that cannot be a folder)', before: 'unclear', args: () => [], code: 1, message: /--out .*: cannot create the run folder \(a file stands where a folder of its path should be\)/,
+    name: '--out inside a file (a path that cannot be a folder)',
+    before: 'unclear',
+    args: () => [],
+    code: 1,
+    message: /--out .*: cannot create the run folder \(a file stands where a folder of its path should be\)/,
     setup: (ws) => {
       const file = ws.path('plain-file');
       writeFileSync(file, 'x');
@@ -251,32 +559,104 @@ export const CASES: Case[] = [
   {
     // The folder's only photo is a link: were links skipped, the run would stop at "add at least one image";
     // followed, it is encoded, and the tiny budget then stops the run at planning (no training needed).
-    name: 'a symlinked photo is followed', before: 'wrong', args: () => [], code: 1, message: /Encoded 1 of 1 images[\s\S]*needs at least/,
+    name: 'a symlinked photo is followed',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /Encoded 1 of 1 images[\s\S]*needs at least/,
     setup: (ws) => {
       const dir = ws.path('linked');
       mkdirSync(dir);
       symlinkSync(join(FIXTURES, 'images', 'quadrants.png'), join(dir, 'link.png'));
-      return { args: ['train', '--model', ws.tiny.folder, '--images', dir, '--prompt', 'x', '--mode', 'full', '--steps', '1', '--resolution', '32', '--budget', '2MiB', '--out', ws.path('out')] };
+      return {
+        args: [
+          'train',
+          '--model',
+          ws.tiny.folder,
+          '--images',
+          dir,
+          '--prompt',
+          'x',
+          '--mode',
+          'full',
+          '--steps',
+          '1',
+          '--resolution',
+          '32',
+          '--budget',
+          '2MiB',
+          '--out',
+          ws.path('out'),
+        ],
+      };
     },
   },
   {
-    name: 'a broken symlink among the photos is named', before: 'wrong', args: () => [], code: 1, message: /gone\.png is a broken link[\s\S]*needs at least/,
+    name: 'a broken symlink among the photos is named',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /gone\.png is a broken link[\s\S]*needs at least/,
     setup: (ws) => {
       const dir = ws.path('broken');
       mkdirSync(dir);
       copyFileSync(join(FIXTURES, 'images', 'quadrants.png'), join(dir, 'real.png'));
       symlinkSync(join(ws.dir, 'nothing-here.png'), join(dir, 'gone.png'));
-      return { args: ['train', '--model', ws.tiny.folder, '--images', dir, '--prompt', 'x', '--mode', 'full', '--steps', '1', '--resolution', '32', '--budget', '2MiB', '--out', ws.path('out')] };
+      return {
+        args: [
+          'train',
+          '--model',
+          ws.tiny.folder,
+          '--images',
+          dir,
+          '--prompt',
+          'x',
+          '--mode',
+          'full',
+          '--steps',
+          '1',
+          '--resolution',
+          '32',
+          '--budget',
+          '2MiB',
+          '--out',
+          ws.path('out'),
+        ],
+      };
     },
   },
   {
-    name: 'a binary caption file', before: 'wrong', args: () => [], code: 1, message: /warning: .*real\.txt.*(binary|UTF-8)[\s\S]*needs at least/,
+    name: 'a binary caption file',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /warning: .*real\.txt.*(binary|UTF-8)[\s\S]*needs at least/,
     setup: (ws) => {
       const dir = ws.path('captions');
       mkdirSync(dir);
       copyFileSync(join(FIXTURES, 'images', 'quadrants.png'), join(dir, 'real.png'));
       writeFileSync(join(dir, 'real.txt'), Buffer.from([0x00, 0xff, 0xfe, 0x00, 0x41]));
-      return { args: ['train', '--model', ws.tiny.folder, '--images', dir, '--prompt', 'x', '--mode', 'full', '--steps', '1', '--resolution', '32', '--budget', '2MiB', '--out', ws.path('out')] };
+      return {
+        args: [
+          'train',
+          '--model',
+          ws.tiny.folder,
+          '--images',
+          dir,
+          '--prompt',
+          'x',
+          '--mode',
+          'full',
+          '--steps',
+          '1',
+          '--resolution',
+          '32',
+          '--budget',
+          '2MiB',
+          '--out',
+          ws.path('out'),
+        ],
+      };
     },
   },
 ];

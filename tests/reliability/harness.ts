@@ -39,7 +39,11 @@ export function makeWorkspace(): Workspace {
   let trained: string | null = null;
   let n = 0;
   const ws: Workspace = {
-    dir, tiny, config, images, tokenizer: join(tiny.folder, 'tokenizer'),
+    dir,
+    tiny,
+    config,
+    images,
+    tokenizer: join(tiny.folder, 'tokenizer'),
     path: (name) => join(dir, `${name}-${n++}`),
     trainedRun: () => {
       if (trained) return trained;
@@ -55,7 +59,27 @@ export function makeWorkspace(): Workspace {
 
 /** A small, valid LoRA run on the tiny model (cases change one thing of it). */
 export function trainArgs(ws: Workspace, out: string): string[] {
-  return ['train', '--model', ws.tiny.folder, '--images', ws.images, '--prompt', 'a photo of sks dog', '--mode', 'lora', '--rank', '4', '--resolution', '32', '--seed', '1', '--lr', '1e-3', '--out', out];
+  return [
+    'train',
+    '--model',
+    ws.tiny.folder,
+    '--images',
+    ws.images,
+    '--prompt',
+    'a photo of sks dog',
+    '--mode',
+    'lora',
+    '--rank',
+    '4',
+    '--resolution',
+    '32',
+    '--seed',
+    '1',
+    '--lr',
+    '1e-3',
+    '--out',
+    out,
+  ];
 }
 
 export interface CliResult {
@@ -72,9 +96,18 @@ export const CASE_TIMEOUT_MS = 180_000;
 export function cli(...args: string[]): CliResult {
   const t0 = performance.now();
   const r = spawnSync(process.execPath, ['--import', 'tsx', join(root, 'src/cli/main.ts'), ...args], {
-    stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8', timeout: CASE_TIMEOUT_MS, cwd: root,
+    stdio: ['ignore', 'pipe', 'pipe'],
+    encoding: 'utf8',
+    timeout: CASE_TIMEOUT_MS,
+    cwd: root,
   });
-  return { code: r.status ?? -1, out: r.stdout ?? '', err: r.stderr ?? '', ms: performance.now() - t0, timedOut: r.error !== undefined && /ETIMEDOUT/.test(String(r.error)) };
+  return {
+    code: r.status ?? -1,
+    out: r.stdout ?? '',
+    err: r.stderr ?? '',
+    ms: performance.now() - t0,
+    timedOut: r.error !== undefined && /ETIMEDOUT/.test(String(r.error)),
+  };
 }
 
 /** How a case went before this corpus existed (the counts in the closing note). */
@@ -99,7 +132,8 @@ export interface Case {
 }
 
 /** Wording that means an internal error leaked to the user. */
-const INTERNAL = /\n\s+at [^\n]+:\d+:\d+|\b(TypeError|RangeError|ReferenceError|SyntaxError: Unexpected token)\b|is not a function|of undefined|Invalid typed array length|uniform u32|ERR_PARSE_ARGS|\[object Object\]/;
+const INTERNAL =
+  /\n\s+at [^\n]+:\d+:\d+|\b(TypeError|RangeError|ReferenceError|SyntaxError: Unexpected token)\b|is not a function|of undefined|Invalid typed array length|uniform u32|ERR_PARSE_ARGS|\[object Object\]/;
 
 /** A digest of a file tree (names, sizes, contents) to prove a command changed nothing there. */
 export function treeDigest(path: string): string {

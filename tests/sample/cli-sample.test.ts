@@ -16,7 +16,27 @@ const tiny = writeTinyModel(dir);
 
 function sample(name: string, ...args: string[]): Uint8Array {
   const out = join(dir, `${name}.png`);
-  execFileSync(process.execPath, ['--import', 'tsx', join(root, 'src/cli/main.ts'), 'sample', '--model', tiny.folder, '--out', out, '--width', '16', '--height', '16', '--steps', '4', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  execFileSync(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      join(root, 'src/cli/main.ts'),
+      'sample',
+      '--model',
+      tiny.folder,
+      '--out',
+      out,
+      '--width',
+      '16',
+      '--height',
+      '16',
+      '--steps',
+      '4',
+      ...args,
+    ],
+    { stdio: ['ignore', 'pipe', 'pipe'] },
+  );
   return new Uint8Array(readFileSync(out));
 }
 

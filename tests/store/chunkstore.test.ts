@@ -29,12 +29,15 @@ describe('crc32', () => {
   it('verifyChunk names the key and both checksums', () => {
     const data = testBytes(100);
     verifyChunk('k', data, { length: 100, crc32: crc32(data) });
-    assert.throws(() => verifyChunk('run/opt/0001', data, { length: 100, crc32: 0x1234 }), (e: unknown) => {
-      assert.ok(e instanceof ChunkStoreError);
-      assert.equal(e.key, 'run/opt/0001');
-      assert.match(e.message, /chunk "run\/opt\/0001" is corrupt: CRC-32 [0-9a-f]{8} does not match the stored 00001234 \(100 bytes\)/);
-      return true;
-    });
+    assert.throws(
+      () => verifyChunk('run/opt/0001', data, { length: 100, crc32: 0x1234 }),
+      (e: unknown) => {
+        assert.ok(e instanceof ChunkStoreError);
+        assert.equal(e.key, 'run/opt/0001');
+        assert.match(e.message, /chunk "run\/opt\/0001" is corrupt: CRC-32 [0-9a-f]{8} does not match the stored 00001234 \(100 bytes\)/);
+        return true;
+      },
+    );
     assert.throws(() => verifyChunk('k', data, { length: 101, crc32: 0 }), /truncated or damaged: 100 bytes read, 101 were written/);
   });
 });

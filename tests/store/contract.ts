@@ -161,7 +161,10 @@ export function defineContractSuite(h: StoreHarness): void {
       for (let i = 0; i < 16; i++) assert.deepEqual(await s.read(`p/${String(i).padStart(2, '0')}`), testBytes(10_000 + i, i));
       await Promise.all([1, 2, 3, 4].map((v) => s.write('same', testBytes(20_000, v))));
       const got = await s.read('same');
-      assert.ok([1, 2, 3, 4].some((v) => Buffer.compare(got!, testBytes(20_000, v)) === 0), 'one complete version');
+      assert.ok(
+        [1, 2, 3, 4].some((v) => Buffer.compare(got!, testBytes(20_000, v)) === 0),
+        'one complete version',
+      );
       assert.equal(await s.bytesUsed(), 16 * 10_000 + 120 + 20_000);
       await s.close();
     });

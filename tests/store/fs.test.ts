@@ -88,11 +88,18 @@ describe('FsChunkStore on disk', () => {
         }
       });
     });
-    const done = reported.split('\n').filter((l) => /^\d+$/.test(l)).map(Number);
+    const done = reported
+      .split('\n')
+      .filter((l) => /^\d+$/.test(l))
+      .map(Number);
     const replay = `kill seed ${seed} (replay: FS_KILL_SEED=${seed}): SIGKILL ${delayMs.toFixed(3)} ms after write 1005 started; last write returned: ${done.at(-1)}`;
     t.diagnostic(`${done.length} writes returned before the kill`);
     const again = await FsChunkStore.open(d);
-    assert.deepEqual(readdirSync(d).filter((f) => f.endsWith('.tmp')), [], `temp files removed; ${replay}`);
+    assert.deepEqual(
+      readdirSync(d).filter((f) => f.endsWith('.tmp')),
+      [],
+      `temp files removed; ${replay}`,
+    );
     // read verifies the CRC: a torn chunk throws here.
     const back = await again.read('c/0').catch((e: Error) => assert.fail(`${e.message}; ${replay}`));
     assert.ok(back, replay);
@@ -134,7 +141,10 @@ describe('FsChunkStore on disk', () => {
 
   it('StorageFullError from the simulated quota says which key and how much', async () => {
     const s = await FsChunkStore.open(dir(), { quotaBytes: 100 });
-    await assert.rejects(s.write('run/opt/0001', testBytes(101)), (e: unknown) => e instanceof StorageFullError && /101 bytes for chunk "run\/opt\/0001"/.test(e.message));
+    await assert.rejects(
+      s.write('run/opt/0001', testBytes(101)),
+      (e: unknown) => e instanceof StorageFullError && /101 bytes for chunk "run\/opt\/0001"/.test(e.message),
+    );
     assert.deepEqual(readdirSync(s.dir), [], 'nothing was written, not even a temp file');
   });
 });

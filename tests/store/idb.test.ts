@@ -87,7 +87,11 @@ describe('IdbChunkStore specifics', () => {
       throw new DOMException('could not clone', 'DataCloneError');
     };
     try {
-      await assert.rejects(s.write('k/1', testBytes(5)), (e: unknown) => e instanceof ChunkStoreError && e.key === 'k/1' && /could not write chunk "k\/1" \(5 bytes\) to IndexedDB .*DataCloneError/.test(e.message));
+      await assert.rejects(
+        s.write('k/1', testBytes(5)),
+        (e: unknown) =>
+          e instanceof ChunkStoreError && e.key === 'k/1' && /could not write chunk "k\/1" \(5 bytes\) to IndexedDB .*DataCloneError/.test(e.message),
+      );
     } finally {
       IDBObjectStore.prototype.put = put;
     }

@@ -6,8 +6,7 @@ import { ChunkStoreError, MemoryChunkStore, StorageFullError, type ChunkStore } 
 import { commitSnapshot, dropSnapshots, headKey, openSnapshot } from '../../src/store/snapshot.ts';
 import { fsHarness, idbHarness, memoryHarness, testBytes, type StoreHarness } from './harnesses.ts';
 
-const files = (seed: number, sizes = [3000, 10, 5000]): Map<string, Uint8Array> =>
-  new Map(sizes.map((n, i) => [`f${i}.bin`, testBytes(n, seed * 10 + i)]));
+const files = (seed: number, sizes = [3000, 10, 5000]): Map<string, Uint8Array> => new Map(sizes.map((n, i) => [`f${i}.bin`, testBytes(n, seed * 10 + i)]));
 
 async function* streamed(m: Map<string, Uint8Array>): AsyncIterable<[string, Uint8Array]> {
   for (const e of m) {
@@ -67,7 +66,10 @@ function defineSnapshotSuite(h: StoreHarness): void {
       assert.deepEqual(await snapshotKeys(s, 'run-abc/ckpt'), ['run-abc/ckpt/s000002/f0.bin', 'run-abc/ckpt/s000002/f1.bin']);
       assert.equal(await s.bytesUsed(), 15 + (await s.read(headKey('run-abc/ckpt')))!.length);
       const snap = await openSnapshot(s, 'run-abc/ckpt');
-      assert.deepEqual(snap?.files.map((f) => f.bytes), [7, 8]);
+      assert.deepEqual(
+        snap?.files.map((f) => f.bytes),
+        [7, 8],
+      );
       assert.match(snap!.files[0].checksum, /^crc32:[0-9a-f]{8}$/);
     });
 
@@ -84,7 +86,11 @@ function defineSnapshotSuite(h: StoreHarness): void {
         return true;
       });
       await assertSnapshot(base, 'run/ckpt', 2, files(2), { step: 2 });
-      assert.deepEqual((await snapshotKeys(base, 'run/ckpt')).filter((k) => k.includes('s000003')), [], 'partial files deleted');
+      assert.deepEqual(
+        (await snapshotKeys(base, 'run/ckpt')).filter((k) => k.includes('s000003')),
+        [],
+        'partial files deleted',
+      );
       assert.equal(await base.bytesUsed(), used);
       // After freeing space (here: a smaller checkpoint) the next commit goes through as #3.
       assert.equal(await commitSnapshot(base, 'run/ckpt', files(4, [100]), { step: 4 }), 3);
@@ -108,7 +114,11 @@ function defineSnapshotSuite(h: StoreHarness): void {
       await s.write('p/s000003/f0.bin', testBytes(50, 9));
       await s.write('p/s000003/f1.bin', testBytes(60, 9));
       await assertSnapshot(s, 'p', 2, files(2), { step: 2 });
-      assert.deepEqual((await snapshotKeys(s, 'p')).filter((k) => k.includes('s000003')), [], 'openSnapshot removed the leftovers');
+      assert.deepEqual(
+        (await snapshotKeys(s, 'p')).filter((k) => k.includes('s000003')),
+        [],
+        'openSnapshot removed the leftovers',
+      );
       // Leftovers of a crashed attempt are also removed by the next commit (which reuses the number).
       await s.write('p/s000003/zzz.bin', testBytes(70, 9));
       assert.equal(await commitSnapshot(s, 'p', files(3, [5]), { step: 3 }), 3);
@@ -151,7 +161,11 @@ function defineSnapshotSuite(h: StoreHarness): void {
       await s.delete('p/s000001/f2.bin');
       const snap = await openSnapshot(s, 'p');
       assert.ok(snap);
-      await assert.rejects(snap.read('f0.bin'), (e: unknown) => e instanceof ChunkStoreError && e.key === 'p/s000001/f0.bin' && /fails its checksum: crc32:[0-9a-f]{8}, the snapshot recorded crc32:/.test(e.message));
+      await assert.rejects(
+        snap.read('f0.bin'),
+        (e: unknown) =>
+          e instanceof ChunkStoreError && e.key === 'p/s000001/f0.bin' && /fails its checksum: crc32:[0-9a-f]{8}, the snapshot recorded crc32:/.test(e.message),
+      );
       await assert.rejects(snap.read('f1.bin'), /has 11 bytes, the snapshot recorded 10/);
       await assert.rejects(snap.read('f2.bin'), /file "f2.bin" \(chunk "p\/s000001\/f2.bin"\) is missing from the store/);
       await assert.rejects(snap.read('nope.bin'), /has no file "nope.bin" \(it has: f0.bin, f1.bin, f2.bin\)/);
@@ -170,10 +184,7 @@ function defineSnapshotSuite(h: StoreHarness): void {
       const s = await h.fresh();
       await commitSnapshot(s, 'p', files(1), { step: 1 });
       await assert.rejects(commitSnapshot(s, 'p', new Map([['../x', testBytes(1)]]), {}), /bad chunk key "p\/s000002\/..\/x"/);
-      await assert.rejects(
-        commitSnapshot(s, 'p', dup(), {}),
-        /file "a" given twice/,
-      );
+      await assert.rejects(commitSnapshot(s, 'p', dup(), {}), /file "a" given twice/);
       await assert.rejects(commitSnapshot(s, 'p', files(2), { n: 1n } as object), /meta is not JSON-serialisable/);
       await assert.rejects(commitSnapshot(s, 'bad prefix', files(2), {}), /bad chunk key "bad prefix\/HEAD"/);
       await assertSnapshot(s, 'p', 1, files(1), { step: 1 });
@@ -211,7 +222,15 @@ describe('snapshots: failing write on the store', () => {
   it('cleans up even when the failing write is the first file', async () => {
     const s = new MemoryChunkStore();
     await commitSnapshot(s, 'p', files(1), { step: 1 });
-    await assert.rejects(commitSnapshot(failingOnWrite(s, 1, () => new StorageFullError('p/s000002/f0.bin', 3000)), 'p', files(2), {}), StorageFullError);
+    await assert.rejects(
+      commitSnapshot(
+        failingOnWrite(s, 1, () => new StorageFullError('p/s000002/f0.bin', 3000)),
+        'p',
+        files(2),
+        {},
+      ),
+      StorageFullError,
+    );
     await assertSnapshot(s, 'p', 1, files(1), { step: 1 });
   });
 });

@@ -17,7 +17,16 @@ import { unetFromDiffusers } from '../../src/models/keymap.ts';
 import { detectDiffusers } from '../../src/models/detect.ts';
 import { folderFromSources, openDiffusers, tokenizerFilesFrom } from '../../src/models/source.ts';
 import { MemoryChunkStore, type ChunkStore } from '../../src/store/chunkstore.ts';
-import { DEFAULT_SETTINGS, StudioError, StudioSession, type ExportFormat, type OpenedModel, type RunInput, type StudioEvent, type StudioSettings } from '../../src/studio/session.ts';
+import {
+  DEFAULT_SETTINGS,
+  StudioError,
+  StudioSession,
+  type ExportFormat,
+  type OpenedModel,
+  type RunInput,
+  type StudioEvent,
+  type StudioSettings,
+} from '../../src/studio/session.ts';
 import { testGpu } from '../helpers.ts';
 
 async function demoModel(seed = 1): Promise<OpenedModel> {
@@ -65,7 +74,18 @@ function run(settings: Partial<StudioSettings> = {}, runId = 'r1'): RunInput {
       { id: 'c', name: 'c.png', blob: png(32, 32, 3) },
     ],
     classImages: [],
-    settings: { ...DEFAULT_SETTINGS, resolution: DEMO_RESOLUTION, steps: 4, sampleEvery: 2, sampleSteps: 2, classSteps: 2, samplePrompt: 'a photo of sks toy', checkpointEvery: 0, budgetBytes: 2 ** 30, ...settings },
+    settings: {
+      ...DEFAULT_SETTINGS,
+      resolution: DEMO_RESOLUTION,
+      steps: 4,
+      sampleEvery: 2,
+      sampleSteps: 2,
+      classSteps: 2,
+      samplePrompt: 'a photo of sks toy',
+      checkpointEvery: 0,
+      budgetBytes: 2 ** 30,
+      ...settings,
+    },
   };
 }
 
@@ -78,7 +98,13 @@ const MERGE_LR = 5e-2;
  * sum's terms each), then the export rounds to f16 (half an ulp: 2^-11 relative, 2^-25 absolute in the
  * subnormal range). The bound below is both, doubled for margin; still ~1e-3 relative, far below the merge.
  */
-function mergedReference(W: Float32Array, A: Float32Array, B: Float32Array, shape: readonly number[], scale: number): { value: Float64Array; tolerance: Float64Array } {
+function mergedReference(
+  W: Float32Array,
+  A: Float32Array,
+  B: Float32Array,
+  shape: readonly number[],
+  scale: number,
+): { value: Float64Array; tolerance: Float64Array } {
   const [out, inn] = shape;
   const r = A.length / inn;
   const value = new Float64Array(W.length);
@@ -137,7 +163,11 @@ for (const dtype of ['f32', 'f16'] as const) {
       assert.equal(await ref.train(), 'done');
       const refValues = await ref.trainer.trainedValues();
       const refSamples = refEvents.filter((e): e is Extract<StudioEvent, { type: 'sample' }> => e.type === 'sample');
-      assert.deepEqual(refSamples.map((e) => e.step), [0, 2, 4], 'a sample before training and every 2 steps');
+      assert.deepEqual(
+        refSamples.map((e) => e.step),
+        [0, 2, 4],
+        'a sample before training and every 2 steps',
+      );
       for (const s of refSamples) {
         assert.deepEqual([...s.png.subarray(1, 4)], [0x50, 0x4e, 0x47], 'PNG signature');
         assert.equal(s.width, DEMO_RESOLUTION);
@@ -153,7 +183,11 @@ for (const dtype of ['f32', 'f16'] as const) {
       const store = new MemoryChunkStore();
       const events: StudioEvent[] = [];
       let first: StudioSession | null = null;
-      first = await StudioSession.prepare(host(gpu, store, events, (e) => e.type === 'step' && e.report.step === 2 && first!.pause()), await demoModel(), run());
+      first = await StudioSession.prepare(
+        host(gpu, store, events, (e) => e.type === 'step' && e.report.step === 2 && first!.pause()),
+        await demoModel(),
+        run(),
+      );
       assert.equal(await first.train(), 'paused');
       assert.equal(first.step, 2);
       await first.destroy();
@@ -171,14 +205,24 @@ for (const dtype of ['f32', 'f16'] as const) {
 
       // Exports.
       const kohya = readSafetensors(await sinkBytes(second, 'lora-kohya'));
-      assert.ok([...kohya.tensors.keys()].every((k) => k.startsWith('lora_unet_')), 'kohya names');
+      assert.ok(
+        [...kohya.tensors.keys()].every((k) => k.startsWith('lora_unet_')),
+        'kohya names',
+      );
       assert.equal(kohya.metadata.ss_network_dim, String(DEFAULT_SETTINGS.rank));
       const peft = readSafetensors(await sinkBytes(second, 'lora-diffusers'));
-      assert.ok([...peft.tensors.keys()].every((k) => k.startsWith('unet.') && /lora_[AB]\.weight$/.test(k)), 'PEFT names');
+      assert.ok(
+        [...peft.tensors.keys()].every((k) => k.startsWith('unet.') && /lora_[AB]\.weight$/.test(k)),
+        'PEFT names',
+      );
       const full = await sinkBytes(second, 'full-single-file');
       const fullHeader = parseHeader(full.subarray(0, Number(new DataView(full.buffer, full.byteOffset).getBigUint64(0, true)) + 8), full.length);
       const fullNames = [...fullHeader.entries.keys()];
-      assert.ok(fullNames.some((k) => k.startsWith('model.diffusion_model.')) && fullNames.some((k) => k.startsWith('first_stage_model.')) && fullNames.some((k) => k.startsWith('cond_stage_model.')));
+      assert.ok(
+        fullNames.some((k) => k.startsWith('model.diffusion_model.')) &&
+          fullNames.some((k) => k.startsWith('first_stage_model.')) &&
+          fullNames.some((k) => k.startsWith('cond_stage_model.')),
+      );
       const zip = unzipSync(await sinkBytes(second, 'diffusers-zip'));
       assert.ok(zip['model_index.json'] && zip['unet/diffusion_pytorch_model.safetensors'] && zip['tokenizer/vocab.json'], Object.keys(zip).join(', '));
       assert.match(second.exportName('lora-kohya'), /^demo-dreambooth-lora-step4-lora\.safetensors$/);
@@ -186,53 +230,64 @@ for (const dtype of ['f32', 'f16'] as const) {
       await ref.destroy();
     });
 
-    it('a LoRA run exported as a full checkpoint carries W + scale B A in every adapted layer (single file and diffusers zip)', { timeout: 300_000 }, async (t) => {
-      const gpu = await getGpu();
-      // A high learning rate for a few steps: Adam moves every adapter element by about lr per step, so B A
-      // grows far past the export's rounding and a merge that dropped, halved or transposed the adapters
-      // (or returned W as it was) fails below. At the default 1e-4 the change would be below the tolerance.
-      const s = await StudioSession.prepare(host(gpu, new MemoryChunkStore(), []), await demoModel(), run({ lr: MERGE_LR, steps: 3, sampleEvery: 0 }));
-      assert.equal(await s.train(), 'done');
-      const values = await s.trainer.trainedValues();
-      const layers = [...values.keys()].filter((n) => n.endsWith('.lora_A.weight')).map((n) => n.slice(0, -'.lora_A.weight'.length));
-      assert.ok(layers.length >= 8, `adapted layers: ${layers.length}`);
-      const single = readSafetensors(await sinkBytes(s, 'full-single-file')).tensors;
-      const zip = unzipSync(await sinkBytes(s, 'diffusers-zip'));
-      const zipUnet = readSafetensors(zip['unet/diffusion_pytorch_model.safetensors']).tensors;
-      const layout = unetLayout(DEMO_CONFIGS.unet);
-      let largestChange = 0;
-      let largestTolerance = 0;
-      for (const layer of layers) {
-        const base = s.model.unet.weights.get(`${layer}.weight`)!;
-        const W = await gpu.read(base);
-        const expected = mergedReference(W, values.get(`${layer}.lora_A.weight`)!, values.get(`${layer}.lora_B.weight`)!, base.shape, s.trainer.loraScale);
-        const exported = [
-          ['single file', single.get(`model.diffusion_model.${unetFromDiffusers(`${layer}.weight`, layout)}`)],
-          ['diffusers zip', zipUnet.get(`${layer}.weight`)],
-        ] as const;
-        for (const [where, tensor] of exported) {
-          assert.ok(tensor, `${where} has ${layer}.weight`);
-          assert.deepEqual(tensor.shape, base.shape, `${where} ${layer}.weight shape`);
+    it(
+      'a LoRA run exported as a full checkpoint carries W + scale B A in every adapted layer (single file and diffusers zip)',
+      { timeout: 300_000 },
+      async (t) => {
+        const gpu = await getGpu();
+        // A high learning rate for a few steps: Adam moves every adapter element by about lr per step, so B A
+        // grows far past the export's rounding and a merge that dropped, halved or transposed the adapters
+        // (or returned W as it was) fails below. At the default 1e-4 the change would be below the tolerance.
+        const s = await StudioSession.prepare(host(gpu, new MemoryChunkStore(), []), await demoModel(), run({ lr: MERGE_LR, steps: 3, sampleEvery: 0 }));
+        assert.equal(await s.train(), 'done');
+        const values = await s.trainer.trainedValues();
+        const layers = [...values.keys()].filter((n) => n.endsWith('.lora_A.weight')).map((n) => n.slice(0, -'.lora_A.weight'.length));
+        assert.ok(layers.length >= 8, `adapted layers: ${layers.length}`);
+        const single = readSafetensors(await sinkBytes(s, 'full-single-file')).tensors;
+        const zip = unzipSync(await sinkBytes(s, 'diffusers-zip'));
+        const zipUnet = readSafetensors(zip['unet/diffusion_pytorch_model.safetensors']).tensors;
+        const layout = unetLayout(DEMO_CONFIGS.unet);
+        let largestChange = 0;
+        let largestTolerance = 0;
+        for (const layer of layers) {
+          const base = s.model.unet.weights.get(`${layer}.weight`)!;
+          const W = await gpu.read(base);
+          const expected = mergedReference(W, values.get(`${layer}.lora_A.weight`)!, values.get(`${layer}.lora_B.weight`)!, base.shape, s.trainer.loraScale);
+          const exported = [
+            ['single file', single.get(`model.diffusion_model.${unetFromDiffusers(`${layer}.weight`, layout)}`)],
+            ['diffusers zip', zipUnet.get(`${layer}.weight`)],
+          ] as const;
+          for (const [where, tensor] of exported) {
+            assert.ok(tensor, `${where} has ${layer}.weight`);
+            assert.deepEqual(tensor.shape, base.shape, `${where} ${layer}.weight shape`);
+            for (let j = 0; j < W.length; j++) {
+              const err = Math.abs(tensor.data[j] - expected.value[j]);
+              assert.ok(
+                err <= expected.tolerance[j],
+                `${where} ${layer}.weight[${j}]: exported ${tensor.data[j]}, W + scale B A = ${expected.value[j]} (W ${W[j]}), |diff| ${err} > ${expected.tolerance[j]}`,
+              );
+            }
+          }
           for (let j = 0; j < W.length; j++) {
-            const err = Math.abs(tensor.data[j] - expected.value[j]);
-            assert.ok(err <= expected.tolerance[j], `${where} ${layer}.weight[${j}]: exported ${tensor.data[j]}, W + scale B A = ${expected.value[j]} (W ${W[j]}), |diff| ${err} > ${expected.tolerance[j]}`);
+            largestChange = Math.max(largestChange, Math.abs(expected.value[j] - W[j]));
+            largestTolerance = Math.max(largestTolerance, expected.tolerance[j]);
           }
         }
-        for (let j = 0; j < W.length; j++) {
-          largestChange = Math.max(largestChange, Math.abs(expected.value[j] - W[j]));
-          largestTolerance = Math.max(largestTolerance, expected.tolerance[j]);
-        }
-      }
-      // The merge moved weights by far more than the tolerance: W itself would not pass the check above.
-      t.diagnostic(`${layers.length} layers: max |W' - W| ${largestChange.toExponential(2)}, largest tolerance ${largestTolerance.toExponential(2)}`);
-      assert.ok(largestChange > 100 * largestTolerance, `max |W' - W| ${largestChange} vs tolerance ${largestTolerance}: train harder`);
-      await s.destroy();
-    });
+        // The merge moved weights by far more than the tolerance: W itself would not pass the check above.
+        t.diagnostic(`${layers.length} layers: max |W' - W| ${largestChange.toExponential(2)}, largest tolerance ${largestTolerance.toExponential(2)}`);
+        assert.ok(largestChange > 100 * largestTolerance, `max |W' - W| ${largestChange} vs tolerance ${largestTolerance}: train harder`);
+        await s.destroy();
+      },
+    );
 
     it('full fine-tune with prior preservation from generated class images; LoRA formats refused', { timeout: 300_000 }, async () => {
       const gpu = await getGpu();
       const events: StudioEvent[] = [];
-      const s = await StudioSession.prepare(host(gpu, new MemoryChunkStore(), events), await demoModel(), run({ mode: 'full', lr: 1e-4, steps: 2, sampleEvery: 0, priorPreservation: true, classPrompt: 'a photo of a toy', classCount: 2 }));
+      const s = await StudioSession.prepare(
+        host(gpu, new MemoryChunkStore(), events),
+        await demoModel(),
+        run({ mode: 'full', lr: 1e-4, steps: 2, sampleEvery: 0, priorPreservation: true, classPrompt: 'a photo of a toy', classCount: 2 }),
+      );
       assert.equal(events.filter((e) => e.type === 'phase' && e.phase === 'class-images').length, 2);
       assert.equal(s.trainer.data.classes.length, 2);
       assert.equal(await s.train(), 'done');
@@ -253,7 +308,10 @@ describe('studio session: bad input', () => {
     await assert.rejects(StudioSession.prepare(host(gpu, store, []), await demoModel(), bad), /notes\.txt/);
     const empty = run();
     empty.prompt = ' ';
-    await assert.rejects(StudioSession.prepare(host(gpu, store, []), await demoModel(), empty), (e: Error) => e instanceof StudioError && /prompt is empty/.test(e.message));
+    await assert.rejects(
+      StudioSession.prepare(host(gpu, store, []), await demoModel(), empty),
+      (e: Error) => e instanceof StudioError && /prompt is empty/.test(e.message),
+    );
     assert.deepEqual(await store.keys(), []);
     await assert.rejects(StudioSession.prepare(host(gpu, store, []), await demoModel(), run({ resolution: 30 })), /multiple of 4/);
     await assert.rejects(StudioSession.prepare(host(gpu, store, []), await demoModel(), run({ budgetBytes: 2 ** 20 })), /needs at least .* of GPU memory/);

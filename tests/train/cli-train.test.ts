@@ -30,8 +30,35 @@ function cli(...args: string[]): { code: number; out: string; err: string } {
 }
 
 const loraArgs = (out: string) => [
-  'train', '--model', tiny.folder, '--images', images, '--prompt', 'a photo of sks dog', '--class-prompt', 'a photo of a dog', '--class-images', '2',
-  '--class-steps', '2', '--mode', 'lora', '--rank', '4', '--steps', '6', '--seed', '3', '--resolution', '32', '--checkpoint-every', '2', '--lr', '1e-3', '--out', out,
+  'train',
+  '--model',
+  tiny.folder,
+  '--images',
+  images,
+  '--prompt',
+  'a photo of sks dog',
+  '--class-prompt',
+  'a photo of a dog',
+  '--class-images',
+  '2',
+  '--class-steps',
+  '2',
+  '--mode',
+  'lora',
+  '--rank',
+  '4',
+  '--steps',
+  '6',
+  '--seed',
+  '3',
+  '--resolution',
+  '32',
+  '--checkpoint-every',
+  '2',
+  '--lr',
+  '1e-3',
+  '--out',
+  out,
 ];
 const tensorsOf = (p: string) => readSafetensors(new Uint8Array(readFileSync(p)));
 
@@ -51,10 +78,13 @@ describe('cli train', () => {
     assert.ok([...peft.tensors.keys()].every((k) => k.startsWith('unet.') && /lora_[AB]\.weight$/.test(k)));
     // Training moved the up-projections away from PEFT's zero init.
     const ups = [...kohya.tensors].filter(([k]) => k.endsWith('.lora_up.weight'));
-    assert.ok(ups.some(([, t]) => t.data.some((v) => v !== 0)), 'lora_up trained');
+    assert.ok(
+      ups.some(([, t]) => t.data.some((v) => v !== 0)),
+      'lora_up trained',
+    );
   });
 
-  it('a run killed after a checkpoint and resumed ends with the uninterrupted run\'s LoRA, bit for bit', async () => {
+  it("a run killed after a checkpoint and resumed ends with the uninterrupted run's LoRA, bit for bit", async () => {
     const out = join(dir, 'lora-resumed');
     // Kill the process as soon as step 3 is printed (checkpoint at step 2, step 3 is lost).
     await new Promise<void>((resolve, reject) => {
@@ -78,19 +108,65 @@ describe('cli train', () => {
 
   it('LoRA on the text encoder too: lora_te_* adapters trained and exported', () => {
     const out = join(dir, 'lora-te');
-    const r = cli('train', '--model', tiny.folder, '--images', images, '--prompt', 'a photo of sks dog', '--mode', 'lora', '--rank', '4', '--steps', '3',
-      '--seed', '2', '--resolution', '32', '--lr', '1e-2', '--train-text-encoder', '--out', out);
+    const r = cli(
+      'train',
+      '--model',
+      tiny.folder,
+      '--images',
+      images,
+      '--prompt',
+      'a photo of sks dog',
+      '--mode',
+      'lora',
+      '--rank',
+      '4',
+      '--steps',
+      '3',
+      '--seed',
+      '2',
+      '--resolution',
+      '32',
+      '--lr',
+      '1e-2',
+      '--train-text-encoder',
+      '--out',
+      out,
+    );
     assert.equal(r.code, 0, r.err);
     const kohya = tensorsOf(join(out, 'lora-kohya.safetensors')).tensors;
     const teUps = [...kohya].filter(([k]) => k.startsWith('lora_te_text_model_encoder_layers_') && k.endsWith('.lora_up.weight'));
     assert.ok(teUps.length > 0, 'text-encoder adapters exported');
-    assert.ok(teUps.some(([, t]) => t.data.some((v) => v !== 0)), 'text-encoder lora_up trained');
+    assert.ok(
+      teUps.some(([, t]) => t.data.some((v) => v !== 0)),
+      'text-encoder lora_up trained',
+    );
   });
 
   it('full DreamBooth from a single file: model.safetensors has the base key set and loads back', () => {
     const out = join(dir, 'full');
-    const r = cli('train', '--model', tiny.singleFile, '--config', configPath, '--tokenizer', join(tiny.folder, 'tokenizer'), '--images', images,
-      '--prompt', 'a photo of sks dog', '--mode', 'full', '--steps', '2', '--seed', '1', '--resolution', '32', '--out', out);
+    const r = cli(
+      'train',
+      '--model',
+      tiny.singleFile,
+      '--config',
+      configPath,
+      '--tokenizer',
+      join(tiny.folder, 'tokenizer'),
+      '--images',
+      images,
+      '--prompt',
+      'a photo of sks dog',
+      '--mode',
+      'full',
+      '--steps',
+      '2',
+      '--seed',
+      '1',
+      '--resolution',
+      '32',
+      '--out',
+      out,
+    );
     assert.equal(r.code, 0, r.err);
     const base = tensorsOf(tiny.singleFile);
     const exported = tensorsOf(join(out, 'model.safetensors'));
@@ -98,7 +174,8 @@ describe('cli train', () => {
     const res = JSON.parse(r.out.trim().split('\n').at(-1)!);
     assert.ok(res.exports['model-diffusers.zip'] > 0);
     const zipped = Object.keys(unzipSync(new Uint8Array(readFileSync(join(out, 'model-diffusers.zip')))));
-    for (const f of ['model_index.json', 'unet/diffusion_pytorch_model.safetensors', 'tokenizer/vocab.json']) assert.ok(zipped.includes(f), `zip has ${f}: ${zipped}`);
+    for (const f of ['model_index.json', 'unet/diffusion_pytorch_model.safetensors', 'tokenizer/vocab.json'])
+      assert.ok(zipped.includes(f), `zip has ${f}: ${zipped}`);
     // The exported file is a model the engine loads (inspect reads it as SD1).
     const inspect = execFileSync(process.execPath, cliArgs('inspect', join(out, 'model.safetensors')), { encoding: 'utf8' });
     assert.equal(JSON.parse(inspect).architecture, 'sd1');
@@ -119,7 +196,25 @@ describe('cli train', () => {
     assert.equal(r.code, 1);
     assert.match(r.err, /--mode must be lora or full/);
     // A GPU budget the run cannot fit is refused before any training step, saying what it needs.
-    r = cli('train', '--model', tiny.folder, '--images', images, '--prompt', 'x', '--mode', 'full', '--steps', '1', '--resolution', '32', '--budget', '64KiB', '--out', join(dir, 'bad4'));
+    r = cli(
+      'train',
+      '--model',
+      tiny.folder,
+      '--images',
+      images,
+      '--prompt',
+      'x',
+      '--mode',
+      'full',
+      '--steps',
+      '1',
+      '--resolution',
+      '32',
+      '--budget',
+      '64KiB',
+      '--out',
+      join(dir, 'bad4'),
+    );
     assert.equal(r.code, 1);
     assert.match(r.err, /budget/i);
     assert.doesNotMatch(r.out, /^step /m);

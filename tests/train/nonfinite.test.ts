@@ -89,7 +89,10 @@ describe('a step whose update would make weights non-finite is skipped whole', (
           const r = await trainer.trainStep(fx.inputs[0]);
           assert.equal(r.applied, false);
           assert.ok(Number.isFinite(r.loss), 'the loss itself was finite');
-          assert.match(r.skipped ?? '', new RegExp(`the update would make weights non-finite.*\\(learning rate ${String(lr).replace('+', '\\+')} too high\\?\\)`));
+          assert.match(
+            r.skipped ?? '',
+            new RegExp(`the update would make weights non-finite.*\\(learning rate ${String(lr).replace('+', '\\+')} too high\\?\\)`),
+          );
           assert.equal(trainer.scaler.scale, scale, 'not a gradient overflow: the loss scale stays');
           assert.equal(trainer.appliedSteps, 0);
           assertSame(await snapshot(trainer, store), before);
@@ -194,6 +197,9 @@ describe('skipped steps in a row stop the run (TrainingStalledError)', () => {
 
   it('maxConsecutiveSkips must be a positive integer', async () => {
     const gpu = await testGpu();
-    await assert.rejects(makeTrainer(gpu, 'f32', 'lora', new MemoryChunkStore(), { maxConsecutiveSkips: 0 }), /maxConsecutiveSkips .* must be a positive integer, got 0/);
+    await assert.rejects(
+      makeTrainer(gpu, 'f32', 'lora', new MemoryChunkStore(), { maxConsecutiveSkips: 0 }),
+      /maxConsecutiveSkips .* must be a positive integer, got 0/,
+    );
   });
 });

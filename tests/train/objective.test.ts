@@ -75,7 +75,12 @@ describe('DreamBooth objective', () => {
       compare('loss', [loss], [ref], { atol: 1e-6, rtol: 1e-5 }),
       compare('dpred x scale', grad, refGrad, { atol: 1e-5, rtol: 1e-5 }),
       // quadratic loss: central differences exact up to f32 rounding of the loss (~1e-7 / h, x 1024)
-      compare('dpred vs central difference', idx.map((i) => grad[i]), fd, { atol: 5e-2, rtol: 1e-2 }),
+      compare(
+        'dpred vs central difference',
+        idx.map((i) => grad[i]),
+        fd,
+        { atol: 5e-2, rtol: 1e-2 },
+      ),
     ]);
   });
 });

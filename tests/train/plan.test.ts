@@ -24,7 +24,12 @@ type Mode = 'lora' | 'full';
 const cfg = unetConfigFromJson(JSON.parse(base.metadata.config));
 const dataShape: PlanDataShape = { latentShape: [4, 8, 8], contextShape: [7, 32], withClass: true };
 const dryGpu = () => nodeGpu({ dryRun: true });
-const model = (mode: Mode, dtype: DType): PlanModel => ({ config: cfg, dtype, schedule: { ...SD_SCHEDULE, prediction: fixture(mode).prediction }, name: 'tiny' });
+const model = (mode: Mode, dtype: DType): PlanModel => ({
+  config: cfg,
+  dtype,
+  schedule: { ...SD_SCHEDULE, prediction: fixture(mode).prediction },
+  name: 'tiny',
+});
 const settingsOf = (mode: Mode, over: Partial<TrainSettings> = {}): TrainSettings => ({ ...fixture(mode).settings, ...over });
 
 /** Peak GPU bytes of two real steps (the first makes the streaming staging set) on a fresh lavapipe device. */
@@ -51,8 +56,12 @@ async function realPeakWithTextEncoder(over: Partial<TrainSettings>): Promise<nu
   const gpu = await nodeGpu();
   try {
     const fx = fixture('lora');
-    const upload = (names: Iterable<string>, from: typeof base) => new Map([...names].map((n) => [n, gpu.upload(from.tensors.get(n)!.data, from.tensors.get(n)!.shape, 'f32', 'weights', n)]));
-    const te = { config: clipConfigFromJson(JSON.parse(clip.metadata.config)), weights: upload(clipParams(clipConfigFromJson(JSON.parse(clip.metadata.config))).keys(), clip) };
+    const upload = (names: Iterable<string>, from: typeof base) =>
+      new Map([...names].map((n) => [n, gpu.upload(from.tensors.get(n)!.data, from.tensors.get(n)!.shape, 'f32', 'weights', n)]));
+    const te = {
+      config: clipConfigFromJson(JSON.parse(clip.metadata.config)),
+      weights: upload(clipParams(clipConfigFromJson(JSON.parse(clip.metadata.config))).keys(), clip),
+    };
     const ids = Int32Array.from({ length: 7 }, (_, i) => (i * 37) % 1000);
     const data = { ...fx.data, instance: fx.data.instance.map((x) => ({ ...x, ids })), classes: fx.data.classes.map((x) => ({ ...x, ids })) };
     const model = { config: cfg, weights: upload(unetParams(cfg).keys(), base), schedule: { ...SD_SCHEDULE, prediction: fx.prediction }, textEncoder: te };
@@ -130,7 +139,9 @@ describe('training planner (tiny UNet)', () => {
       assert.ok(least.peakBytes < most.peakBytes, `checkpointing and streaming save memory (${least.peakBytes} < ${most.peakBytes})`);
       const budget = Math.floor((least.peakBytes + most.peakBytes) / 2);
       const plan = await planTraining(dryGpu, m, dataShape, s, budget);
-      t.diagnostic(`budget ${budget}: checkpointing ${plan.activationCheckpointing}, ${plan.residentChunks}/${plan.chunks} resident, peak ${plan.peakBytes} (${plan.tried.length} dry runs)`);
+      t.diagnostic(
+        `budget ${budget}: checkpointing ${plan.activationCheckpointing}, ${plan.residentChunks}/${plan.chunks} resident, peak ${plan.peakBytes} (${plan.tried.length} dry runs)`,
+      );
       assert.equal(plan.fits, true);
       assert.ok(plan.peakBytes <= budget, `${plan.peakBytes} <= ${budget}`);
       assert.ok(plan.peakBytes < most.peakBytes);
@@ -157,7 +168,10 @@ describe('training planner (tiny UNet)', () => {
   });
 
   it('refuses a Gpu that is not a dry run', async () => {
-    await assert.rejects(dryRunPeak(() => nodeGpu(), model('lora', 'f32'), dataShape, settingsOf('lora')), /needs a dry-run Gpu/);
+    await assert.rejects(
+      dryRunPeak(() => nodeGpu(), model('lora', 'f32'), dataShape, settingsOf('lora')),
+      /needs a dry-run Gpu/,
+    );
   });
 });
 

@@ -46,8 +46,11 @@ describe('DreamBooth steps vs PyTorch (tiny UNet, 20 steps, injected noise and t
         // f16 against the engine's f32 run of these 20 steps (the test just before this one, unless a name
         // filter left it out): each step's loss within F16_VS_F32.lossRtol, far tighter than the 3e-2 above.
         const f32 = dtype === 'f16' ? referenceLosses.get(`${mode}/f32`) : undefined;
-        if (dtype === 'f16' && !f32) t.diagnostic('the f32 run of this mode did not run in this process: per-step f16 vs f32 check left to the 5-step comparison below');
-        if (f32) for (let s = 0; s < losses.length; s++) assert.ok(Math.abs(losses[s] - f32[s]) <= F16_VS_F32.lossRtol * Math.abs(f32[s]), `step ${s + 1}: f16 loss ${losses[s]} vs f32 ${f32[s]}`);
+        if (dtype === 'f16' && !f32)
+          t.diagnostic('the f32 run of this mode did not run in this process: per-step f16 vs f32 check left to the 5-step comparison below');
+        if (f32)
+          for (let s = 0; s < losses.length; s++)
+            assert.ok(Math.abs(losses[s] - f32[s]) <= F16_VS_F32.lossRtol * Math.abs(f32[s]), `step ${s + 1}: f16 loss ${losses[s]} vs f32 ${f32[s]}`);
         const tol = dtype === 'f32' ? 2e-2 : 0.25;
         const trained = await trainer.trainedValues();
         assert.equal(trained.size, fx.finals.size, 'every trainable tensor');
@@ -132,7 +135,8 @@ async function optimizerState(trainer: DreamBoothTrainer): Promise<Map<string, {
     const b = files.get(`opt-c${c.index}`);
     assert.ok(b && b.byteLength === 12 * c.elems, `optimizer chunk ${c.index}: [master | m | v] of ${c.elems} f32 each`);
     const packed = new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
-    for (const p of c.params) out.set(p.name, { master: packed.slice(p.offset, p.offset + p.numel), m: packed.slice(c.elems + p.offset, c.elems + p.offset + p.numel) });
+    for (const p of c.params)
+      out.set(p.name, { master: packed.slice(p.offset, p.offset + p.numel), m: packed.slice(c.elems + p.offset, c.elems + p.offset + p.numel) });
   }
   return out;
 }
@@ -149,13 +153,21 @@ function assertMomentsClose(got: Map<string, { m: Float32Array }>, want: Map<str
   }
 }
 
-describe('f16 against the engine\'s own f32 run, per element (the fixture\'s first 5 steps, same inputs)', () => {
+describe("f16 against the engine's own f32 run, per element (the fixture's first 5 steps, same inputs)", () => {
   for (const mode of ['lora', 'full'] as const)
     it(`${mode}: losses, step-1 gradients and updates, and first moments after 5 steps`, async () => {
       const gpu = await testGpu();
       const fx = fixture(mode);
       const steps = fx.inputs.slice(0, 5);
-      const runs = new Map<DType, { start: Awaited<ReturnType<typeof optimizerState>>; first: Awaited<ReturnType<typeof optimizerState>>; last: Awaited<ReturnType<typeof optimizerState>>; losses: number[] }>();
+      const runs = new Map<
+        DType,
+        {
+          start: Awaited<ReturnType<typeof optimizerState>>;
+          first: Awaited<ReturnType<typeof optimizerState>>;
+          last: Awaited<ReturnType<typeof optimizerState>>;
+          losses: number[];
+        }
+      >();
       for (const dtype of ['f32', 'f16'] as const) {
         const { trainer, free } = await makeTrainer(gpu, dtype, mode, new MemoryChunkStore(), { residentChunks: Infinity });
         const start = await optimizerState(trainer);
@@ -172,7 +184,11 @@ describe('f16 against the engine\'s own f32 run, per element (the fixture\'s fir
       }
       const a = runs.get('f32')!;
       const b = runs.get('f16')!;
-      for (let s = 0; s < steps.length; s++) assert.ok(Math.abs(b.losses[s] - a.losses[s]) <= F16_VS_F32.lossRtol * Math.abs(a.losses[s]), `step ${s + 1}: f16 loss ${b.losses[s]} vs f32 ${a.losses[s]}`);
+      for (let s = 0; s < steps.length; s++)
+        assert.ok(
+          Math.abs(b.losses[s] - a.losses[s]) <= F16_VS_F32.lossRtol * Math.abs(a.losses[s]),
+          `step ${s + 1}: f16 loss ${b.losses[s]} vs f32 ${a.losses[s]}`,
+        );
       assertMomentsClose(b.first, a.first, 'after step 1');
       assertMomentsClose(b.last, a.last, `after step ${steps.length}`);
       // Step-1 updates, element by element (both runs start from the same fp32 masters).
@@ -193,7 +209,10 @@ describe('f16 against the engine\'s own f32 run, per element (the fixture\'s fir
           if (sure) certain++;
           if (m32[i] !== 0) moving++;
           const tol = (sure ? F16_VS_F32.updateRtol * lr : 2 * lr * (1 + 1e-6)) + rounding;
-          assert.ok(diff <= tol, `${name}[${i}]: step-1 update f16 vs f32 differs by ${diff} (> ${tol}; gradient ${gradOf(m32[i])}${sure ? ', sign certain' : ''})`);
+          assert.ok(
+            diff <= tol,
+            `${name}[${i}]: step-1 update f16 vs f32 differs by ${diff} (> ${tol}; gradient ${gradOf(m32[i])}${sure ? ', sign certain' : ''})`,
+          );
         }
       }
       // Most elements with a gradient at all (LoRA's A gets none at step 1, B being 0) have a decided one,

@@ -26,12 +26,23 @@ export function fixture(mode: 'lora' | 'full') {
     classes: [{ latent: t('class_latents'), context: t('class_context') }],
   };
   const settings: TrainSettings = {
-    ...TRAIN_DEFAULTS[mode], steps: Number(m.steps), lr: Number(m.lr), rank: Number(m.rank), alpha: Number(m.alpha), priorLossWeight: Number(m.prior_loss_weight),
-    minSnrGamma: m.min_snr_gamma === '' ? null : Number(m.min_snr_gamma), maxGradNorm: Number(m.max_grad_norm), weightDecay: Number(m.weight_decay),
-    checkpointEvery: 0, chunkElems: 4096,
+    ...TRAIN_DEFAULTS[mode],
+    steps: Number(m.steps),
+    lr: Number(m.lr),
+    rank: Number(m.rank),
+    alpha: Number(m.alpha),
+    priorLossWeight: Number(m.prior_loss_weight),
+    minSnrGamma: m.min_snr_gamma === '' ? null : Number(m.min_snr_gamma),
+    maxGradNorm: Number(m.max_grad_norm),
+    weightDecay: Number(m.weight_decay),
+    checkpointEvery: 0,
+    chunkElems: 4096,
   };
   const inputs: StepInputs[] = Array.from({ length: settings.steps }, (_, s) => ({
-    instance: s % 2, classIndex: 0, noise: t('noise').slice(s * 512, (s + 1) * 512), timesteps: [t('timesteps')[2 * s], t('timesteps')[2 * s + 1]],
+    instance: s % 2,
+    classIndex: 0,
+    noise: t('noise').slice(s * 512, (s + 1) * 512),
+    timesteps: [t('timesteps')[2 * s], t('timesteps')[2 * s + 1]],
   }));
   const init = new Map([...f.tensors].filter(([k]) => k.startsWith('init.')).map(([k, v]) => [k.slice(5), v.data]));
   const finals = new Map([...f.tensors].filter(([k]) => k.startsWith('final.')).map(([k, v]) => [k.slice(6), v.data]));
@@ -41,12 +52,20 @@ export function fixture(mode: 'lora' | 'full') {
 export async function makeTrainer(gpu: Gpu, dtype: DType, mode: 'lora' | 'full', store: ChunkStore, over: Partial<TrainSettings> = {}) {
   const fx = fixture(mode);
   const weights = new Map();
-  for (const [k, t] of base.tensors) if (!['sample', 'timestep', 'encoder_hidden_states', 'out'].includes(k)) weights.set(k, gpu.upload(t.data, t.shape, dtype, 'weights', k));
-  const trainer = await DreamBoothTrainer.create(gpu, { config: cfg, weights, schedule: { ...SD_SCHEDULE, prediction: fx.prediction } }, fx.data, { ...fx.settings, ...over }, store, 'run', mode === 'lora' ? fx.init : undefined);
+  for (const [k, t] of base.tensors)
+    if (!['sample', 'timestep', 'encoder_hidden_states', 'out'].includes(k)) weights.set(k, gpu.upload(t.data, t.shape, dtype, 'weights', k));
+  const trainer = await DreamBoothTrainer.create(
+    gpu,
+    { config: cfg, weights, schedule: { ...SD_SCHEDULE, prediction: fx.prediction } },
+    fx.data,
+    { ...fx.settings, ...over },
+    store,
+    'run',
+    mode === 'lora' ? fx.init : undefined,
+  );
   const free = () => {
     trainer.destroy();
     for (const w of weights.values()) gpu.free(w);
   };
   return { trainer, fx, free };
 }
-

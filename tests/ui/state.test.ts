@@ -51,7 +51,16 @@ describe('studio project persistence (IndexedDB via fake-indexeddb)', () => {
         { id: 'p2', name: 'b.png', blob: blob('BBBB'), width: 30, height: 30, crop: { x: 0, y: 0, size: 30 }, caption: '' },
       ],
     });
-    st.setRun({ ...EMPTY_RUN, runId: 'run-x', status: 'training', step: 7, steps: 10, lastCheckpoint: 5, losses: [{ step: 1, loss: 0.5 }], samples: [{ step: 0, blob: blob('S0') }] });
+    st.setRun({
+      ...EMPTY_RUN,
+      runId: 'run-x',
+      status: 'training',
+      step: 7,
+      steps: 10,
+      lastCheckpoint: 5,
+      losses: [{ step: 1, loss: 0.5 }],
+      samples: [{ step: 0, blob: blob('S0') }],
+    });
     await saveProject();
     const store = createStore('dreambooth-studio-project', 'project');
     assert.deepEqual((await keys(store)).sort(), ['photo:p1', 'photo:p2', 'project', 'sample:run-x:0']);

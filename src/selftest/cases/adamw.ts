@@ -7,8 +7,18 @@ import type { Gpu } from '../../gpu/device.ts';
 import { roundToF16 } from '../../util/half.ts';
 import type { DType, Tensor } from '../../gpu/tensor.ts';
 import {
-  adamw, adamwAll, adamwCheck, adamwCheckRef, adamwParam, adamwRef, adamwStateStats, adamwStats, clipFactorRef, masterLimit,
-  type AdamWConfig, type AdamWParam,
+  adamw,
+  adamwAll,
+  adamwCheck,
+  adamwCheckRef,
+  adamwParam,
+  adamwRef,
+  adamwStateStats,
+  adamwStats,
+  clipFactorRef,
+  masterLimit,
+  type AdamWConfig,
+  type AdamWParam,
 } from '../../ops/adamw.ts';
 import { DynamicLossScaler } from '../../ops/lossscale.ts';
 import { checkFinite, clearFlag, globalNormRef, newFlag, readFlag } from '../../ops/reduce.ts';
@@ -68,8 +78,26 @@ export const cases: KernelCase[] = [
           const n = await gpu.read(norm);
           // sqrt of an f32 sum of 377 squares, divided by the scale.
           checks.push(compare(`step ${step} norm vs torch`, n, golden.get(`norm${step}`).data, { atol: 1e-7, rtol: 1e-5 }));
-          checks.push(compare(`step ${step} norm vs ts ref`, n, [globalNormRef(gData.map((g) => g.data), scale)], { atol: 1e-7, rtol: 1e-5 }));
-          clip = clipFactorRef(globalNormRef(gData.map((g) => g.data), scale), maxNorm!);
+          checks.push(
+            compare(
+              `step ${step} norm vs ts ref`,
+              n,
+              [
+                globalNormRef(
+                  gData.map((g) => g.data),
+                  scale,
+                ),
+              ],
+              { atol: 1e-7, rtol: 1e-5 },
+            ),
+          );
+          clip = clipFactorRef(
+            globalNormRef(
+              gData.map((g) => g.data),
+              scale,
+            ),
+            maxNorm!,
+          );
         }
         for (let k = 0; k < names.length; k++) {
           const key = names[k];
@@ -84,7 +112,12 @@ export const cases: KernelCase[] = [
             compare(`step ${step} ${key} exp_avg vs ts ref`, m, refs[k].m, tM),
             compare(`step ${step} ${key} exp_avg_sq vs torch`, v, golden.get(`${key}.v${step}`).data, tV),
             compare(`step ${step} ${key} exp_avg_sq vs ts ref`, v, refs[k].v, tV),
-            compare(`step ${step} ${key} ${dtype} weight = ${dtype === 'f16' ? 'round-to-f16(master)' : 'master'}`, await gpu.read(weights[k]), dtype === 'f16' ? roundToF16(master) : master, EXACT),
+            compare(
+              `step ${step} ${key} ${dtype} weight = ${dtype === 'f16' ? 'round-to-f16(master)' : 'master'}`,
+              await gpu.read(weights[k]),
+              dtype === 'f16' ? roundToF16(master) : master,
+              EXACT,
+            ),
           );
         }
         gpu.free(...grads, norm);
@@ -209,9 +242,23 @@ export const cases: KernelCase[] = [
         { label: 'lr 1e30 (weight decay overflows f16 only)', state: hist, grad, cfg: { ...base, lr: 1e30 }, lossScale: 1, expect: isF16 },
         // The step size lr / (1 - b1^2) is inf as f32.
         { label: 'lr 1e39 (the step size overflows f32)', state: hist, grad, cfg: { ...base, lr: 1e39 }, lossScale: 1, expect: true },
-        { label: 'one master pushed from 65500 past 65504', state: nearMax, grad: nearMaxGrad, cfg: { ...base, lr: 10, weightDecay: 0 }, lossScale: 1, expect: isF16 },
+        {
+          label: 'one master pushed from 65500 past 65504',
+          state: nearMax,
+          grad: nearMaxGrad,
+          cfg: { ...base, lr: 10, weightDecay: 0 },
+          lossScale: 1,
+          expect: isF16,
+        },
         // 60000 / 1e-20 = 6e24: g * g overflows, so v would be inf.
-        { label: 'a 6e24 unscaled gradient (v overflows)', state: hist, grad: grad.map((x, i) => (i === 5 ? 60000 : x)), cfg: base, lossScale: 1e-20, expect: true },
+        {
+          label: 'a 6e24 unscaled gradient (v overflows)',
+          state: hist,
+          grad: grad.map((x, i) => (i === 5 ? 60000 : x)),
+          cfg: base,
+          lossScale: 1e-20,
+          expect: true,
+        },
         // Like the update, the check stands down when the gradients' flag is set (that step is skipped anyway).
         { label: 'lr 1e39 with the gradient flag set', state: hist, grad, cfg: { ...base, lr: 1e39 }, lossScale: 1, gradFlag: true, expect: false },
       ];
@@ -282,7 +329,11 @@ export const cases: KernelCase[] = [
       const want = [0, 0, 0, 0];
       const tol = { atol: 0, rtol: 1e-6 }; // f32 sqrt and division against float64
       for (const [k, st] of states.entries()) {
-        const t = { master: gpu.upload(st.master, [st.master.length], 'f32'), m: gpu.upload(st.m, [st.m.length], 'f32'), v: gpu.upload(st.v, [st.v.length], 'f32') };
+        const t = {
+          master: gpu.upload(st.master, [st.master.length], 'f32'),
+          m: gpu.upload(st.m, [st.m.length], 'f32'),
+          v: gpu.upload(st.v, [st.v.length], 'f32'),
+        };
         adamwStats(gpu, t, cfg, out);
         const r = adamwStateStats(st.master, st.m, st.v, cfg);
         [r.maxAbsMaster, r.maxAbsM, r.maxV, r.maxRatio].forEach((x, i) => (want[i] = Math.max(want[i], x)));

@@ -81,7 +81,10 @@ export const cases: KernelCase[] = [
     name: 'flash cross-attention with the query-split dK/dV path: N300 M77 D40 and N100 M77 D160 (ts ref)',
     async run({ gpu, dtype }) {
       const checks: Check[] = [];
-      for (const [N, D] of [[300, 40], [100, 160]]) {
+      for (const [N, D] of [
+        [300, 40],
+        [100, 160],
+      ]) {
         const [B, H, M] = [1, 2, 77];
         const q = roundToF16(randomValues(B * H * N * D, N));
         const k = roundToF16(randomValues(B * H * M * D, N + 1));
@@ -155,10 +158,21 @@ export const cases: KernelCase[] = [
       // Central differences, h = 1e-2: truncation O(h^2) plus f32 rounding of a ~10-term loss / h.
       const fdTol = { atol: 2e-3, rtol: 2e-2 };
       const checks: Check[] = [];
-      for (const [name, t, vals, grad] of [['dq', tq, q, gr.dq], ['dk', tk, k, gr.dk], ['dv', tv, v, gr.dv]] as const) {
+      for (const [name, t, vals, grad] of [
+        ['dq', tq, q, gr.dq],
+        ['dk', tk, k, gr.dk],
+        ['dv', tv, v, gr.dv],
+      ] as const) {
         const analytic = await gpu.read(grad);
         const idx = sampleIndices(vals.length, 5, name.length * 7);
-        checks.push(compare(`${name} vs central difference`, idx.map((i) => analytic[i]), await finiteDiff(gpu, t, vals, idx, 1e-2, loss), fdTol));
+        checks.push(
+          compare(
+            `${name} vs central difference`,
+            idx.map((i) => analytic[i]),
+            await finiteDiff(gpu, t, vals, idx, 1e-2, loss),
+            fdTol,
+          ),
+        );
       }
       gpu.free(tq, tk, tv, tr, f.out, f.lse, gr.dq, gr.dk, gr.dv);
       return checks;

@@ -186,7 +186,14 @@ export const cases: KernelCase[] = [
         const idx = sampleIndices(v.length, 6, 80 + checks.length);
         const fd = await finiteDiff(gpu, t, v, idx, h, loss);
         const analytic = await gpu.read(grad);
-        checks.push(compare(`d${label} vs central difference`, idx.map((i) => analytic[i]), fd, tol));
+        checks.push(
+          compare(
+            `d${label} vs central difference`,
+            idx.map((i) => analytic[i]),
+            fd,
+            tol,
+          ),
+        );
       }
       gpu.free(tx, tw, tb, y0, tr, gr.dx, gr.dw, gr.db);
       return checks;

@@ -5,10 +5,39 @@ import type { Gpu } from '../../gpu/device.ts';
 import { roundToF16 } from '../../util/half.ts';
 import type { DType, Tensor } from '../../gpu/tensor.ts';
 import {
-  concatChannels, pad2d, pad2dBackward, pad2dRef, splitChannels, transpose2d,
-  activation, activationBackward, activationGradRef, activationRef, add, addChannel, addChannelBackward, addChannelBackwardRef,
-  addBackward, addChannelRef, addRef, cast, scale, geglu, gegluBackward, gegluBackwardRef, gegluRef, mul, mulBackward, mulRef, timestepEmbedding,
-  timestepEmbeddingRef, upsample2x, upsample2xBackward, upsample2xBackwardRef, upsample2xRef, type Activation,
+  concatChannels,
+  pad2d,
+  pad2dBackward,
+  pad2dRef,
+  splitChannels,
+  transpose2d,
+  activation,
+  activationBackward,
+  activationGradRef,
+  activationRef,
+  add,
+  addChannel,
+  addChannelBackward,
+  addChannelBackwardRef,
+  addBackward,
+  addChannelRef,
+  addRef,
+  cast,
+  scale,
+  geglu,
+  gegluBackward,
+  gegluBackwardRef,
+  gegluRef,
+  mul,
+  mulBackward,
+  mulRef,
+  timestepEmbedding,
+  timestepEmbeddingRef,
+  upsample2x,
+  upsample2xBackward,
+  upsample2xBackwardRef,
+  upsample2xRef,
+  type Activation,
 } from '../../ops/elementwise.ts';
 import { softmax, softmaxBackward, softmaxBackwardRef, softmaxRef } from '../../ops/softmax.ts';
 import { compare, randomValues, type Check, type GoldenSet, type KernelCase, type Tolerance } from '../check.ts';
@@ -47,9 +76,19 @@ function activationCase(kind: Activation, key: string): KernelCase {
       const dy = golden.get(`${key}.dy`).data;
       return [
         compare('y vs torch', y, golden.get(`${key}.out`).data, tol(dtype)),
-        compare('y vs ts ref', y, x.data.map((v) => activationRef(kind, v)), tol(dtype)),
+        compare(
+          'y vs ts ref',
+          y,
+          x.data.map((v) => activationRef(kind, v)),
+          tol(dtype),
+        ),
         compare('dx vs torch', dx, golden.get(`${key}.din0`).data, tol(dtype)),
-        compare('dx vs ts ref', dx, x.data.map((v, i) => dy[i] * activationGradRef(kind, v)), tol(dtype)),
+        compare(
+          'dx vs ts ref',
+          dx,
+          x.data.map((v, i) => dy[i] * activationGradRef(kind, v)),
+          tol(dtype),
+        ),
       ];
     },
   };
@@ -77,7 +116,12 @@ export const cases: KernelCase[] = [
         compare('backward da = dout', await gpu.read(g.da), b.data, { atol: 0, rtol: 0 }),
         compare('backward db = -0.5 dout', await gpu.read(g.db), halfB, { atol: 0, rtol: 0 }),
         compare('scale -0.5', await readFree(gpu, scale(gpu, tb, -0.5)), halfB, { atol: 0, rtol: 0 }),
-        compare('scale 1/3', await readFree(gpu, scale(gpu, tb, 1 / 3)), b.data.map((v) => v / 3), t),
+        compare(
+          'scale 1/3',
+          await readFree(gpu, scale(gpu, tb, 1 / 3)),
+          b.data.map((v) => v / 3),
+          t,
+        ),
       ];
     },
   },
@@ -125,8 +169,18 @@ export const cases: KernelCase[] = [
       return [
         compare('tail y vs torch', y, golden.get('gelu_tail.out').data, tail),
         compare('tail dx vs torch', dx, golden.get('gelu_tail.din0').data, tail),
-        compare('tail y vs ts ref', y, x.data.map((v) => activationRef('gelu', v)), tail),
-        compare('sweep y vs ts ref (float64 erfc)', ys, sweep.map((v) => activationRef('gelu', v)), sweepTol),
+        compare(
+          'tail y vs ts ref',
+          y,
+          x.data.map((v) => activationRef('gelu', v)),
+          tail,
+        ),
+        compare(
+          'sweep y vs ts ref (float64 erfc)',
+          ys,
+          sweep.map((v) => activationRef('gelu', v)),
+          sweepTol,
+        ),
       ];
     },
   },
@@ -239,7 +293,14 @@ export const cases: KernelCase[] = [
         const dx = await gpu.read(activationBackward(gpu, kind, tx, gpu.upload(r, [40], 'f32')));
         const idx = sampleIndices(40, 5, 5);
         const fd = await finiteDiff(gpu, tx, x, idx, 1e-2, async () => sumOf(await gpu.read(activation(gpu, kind, tx)), r));
-        checks.push(compare(`${kind} dx vs central difference`, idx.map((i) => dx[i]), fd, fdTol));
+        checks.push(
+          compare(
+            `${kind} dx vs central difference`,
+            idx.map((i) => dx[i]),
+            fd,
+            fdTol,
+          ),
+        );
       }
       {
         const x = rand(2 * 16, 6, 2);
@@ -248,7 +309,14 @@ export const cases: KernelCase[] = [
         const dx = await gpu.read(gegluBackward(gpu, tx, gpu.upload(r, [2, 8], 'f32')));
         const idx = sampleIndices(32, 6, 8);
         const fd = await finiteDiff(gpu, tx, x, idx, 1e-2, async () => sumOf(await gpu.read(geglu(gpu, tx)), r));
-        checks.push(compare('geglu dx vs central difference', idx.map((i) => dx[i]), fd, fdTol));
+        checks.push(
+          compare(
+            'geglu dx vs central difference',
+            idx.map((i) => dx[i]),
+            fd,
+            fdTol,
+          ),
+        );
       }
       {
         const x = rand(3 * 11, 9, 2);
@@ -257,7 +325,14 @@ export const cases: KernelCase[] = [
         const dx = await gpu.read(softmaxBackward(gpu, softmax(gpu, tx), gpu.upload(r, [3, 11], 'f32')));
         const idx = sampleIndices(33, 6, 11);
         const fd = await finiteDiff(gpu, tx, x, idx, 1e-2, async () => sumOf(await gpu.read(softmax(gpu, tx)), r));
-        checks.push(compare('softmax dx vs central difference', idx.map((i) => dx[i]), fd, fdTol));
+        checks.push(
+          compare(
+            'softmax dx vs central difference',
+            idx.map((i) => dx[i]),
+            fd,
+            fdTol,
+          ),
+        );
       }
       {
         const x = rand(2 * 3 * 4, 12);
@@ -268,7 +343,14 @@ export const cases: KernelCase[] = [
         const dt = await gpu.read(addChannelBackward(gpu, tx, tt, gpu.upload(r, [2, 3, 2, 2], 'f32')).dt);
         const idx = [0, 3, 5];
         const fd = await finiteDiff(gpu, tt, t, idx, 1e-2, async () => sumOf(await gpu.read(addChannel(gpu, tx, tt)), r));
-        checks.push(compare('channel add dt vs central difference', idx.map((i) => dt[i]), fd, fdTol));
+        checks.push(
+          compare(
+            'channel add dt vs central difference',
+            idx.map((i) => dt[i]),
+            fd,
+            fdTol,
+          ),
+        );
       }
       return checks;
     },
@@ -280,7 +362,10 @@ export const cases: KernelCase[] = [
       const checks: Check[] = [];
       const shape = [2, 3, 5, 4];
       const x = rand(120, 31);
-      for (const pad of [{ top: 0, bottom: 1, left: 0, right: 1 }, { top: 2, bottom: 1, left: 3, right: 0 }]) {
+      for (const pad of [
+        { top: 0, bottom: 1, left: 0, right: 1 },
+        { top: 2, bottom: 1, left: 3, right: 0 },
+      ]) {
         const tx = gpu.upload(x, shape, dtype);
         const y = pad2d(gpu, tx, pad);
         const padded = pad2dRef(x, shape, pad);

@@ -93,7 +93,14 @@ function goldenCase(c: GoldenCase): KernelCase {
 /** A Check that passes when two shapes are equal. */
 export function shapeCheck(label: string, actual: readonly number[], expected: readonly number[]): Check {
   const pass = actual.length === expected.length && actual.every((d, i) => d === expected[i]);
-  return { label: `${label} [${actual.join(',')}] vs [${expected.join(',')}]`, pass, maxAbs: pass ? 0 : Infinity, maxRel: 0, tol: { atol: 0, rtol: 0 }, n: actual.length };
+  return {
+    label: `${label} [${actual.join(',')}] vs [${expected.join(',')}]`,
+    pass,
+    maxAbs: pass ? 0 : Infinity,
+    maxRel: 0,
+    tol: { atol: 0, rtol: 0 },
+    n: actual.length,
+  };
 }
 
 /** Random f16-representable values, so both dtypes see the same inputs. */
@@ -151,14 +158,7 @@ function dot(y: ArrayLike<number>, r: ArrayLike<number>): number {
  * Central differences of L = sum(f(...) * r) with respect to a few elements of `t`, read back from
  * the GPU op itself: (L(t + h e_i) - L(t - h e_i)) / 2h.
  */
-export async function finiteDiff(
-  gpu: Gpu,
-  t: Tensor,
-  values: Float32Array,
-  indices: number[],
-  h: number,
-  loss: () => Promise<number>,
-): Promise<number[]> {
+export async function finiteDiff(gpu: Gpu, t: Tensor, values: Float32Array, indices: number[], h: number, loss: () => Promise<number>): Promise<number[]> {
   const out: number[] = [];
   for (const i of indices) {
     const v = values.slice();
@@ -286,7 +286,14 @@ export const cases: KernelCase[] = [
         const idx = sampleIndices(v.length, 5, 40 + checks.length);
         const fd = await finiteDiff(gpu, t, v, idx, h, loss);
         const analytic = await gpu.read(grad);
-        checks.push(compare(`d${label} vs central difference`, idx.map((i) => analytic[i]), fd, tol));
+        checks.push(
+          compare(
+            `d${label} vs central difference`,
+            idx.map((i) => analytic[i]),
+            fd,
+            tol,
+          ),
+        );
       }
       gpu.free(ta, tb, tbias, tr, gr.da, gr.db, gr.dbias);
       return checks;

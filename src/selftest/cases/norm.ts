@@ -3,7 +3,16 @@
 // invocation); finite differences of the GPU op in f32.
 import { roundToF16 } from '../../util/half.ts';
 import type { DType } from '../../gpu/tensor.ts';
-import { groupNorm, groupNormBackward, groupNormBackwardRef, groupNormRef, layerNorm, layerNormBackward, layerNormBackwardRef, layerNormRef } from '../../ops/norm.ts';
+import {
+  groupNorm,
+  groupNormBackward,
+  groupNormBackwardRef,
+  groupNormRef,
+  layerNorm,
+  layerNormBackward,
+  layerNormBackwardRef,
+  layerNormRef,
+} from '../../ops/norm.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 import { finiteDiff, sampleIndices } from './matmul.ts';
 
@@ -43,9 +52,14 @@ function goldenCase(c: GoldenNorm): KernelCase {
       const tdy = gpu.upload(dy.data, dy.shape, dtype);
       const fwd = c.kind === 'group' ? groupNorm(gpu, tx, tg, tb, c.groups, c.eps) : layerNorm(gpu, tx, tg, tb, c.eps);
       const grads = c.kind === 'group' ? groupNormBackward(gpu, tx, tg, fwd, tdy, c.groups) : layerNormBackward(gpu, tx, tg, fwd, tdy);
-      const ref = c.kind === 'group' ? groupNormRef(x.data, x.shape, gamma.data, beta.data, c.groups, c.eps) : layerNormRef(x.data, x.shape, gamma.data, beta.data, c.eps);
+      const ref =
+        c.kind === 'group'
+          ? groupNormRef(x.data, x.shape, gamma.data, beta.data, c.groups, c.eps)
+          : layerNormRef(x.data, x.shape, gamma.data, beta.data, c.eps);
       const gref =
-        c.kind === 'group' ? groupNormBackwardRef(x.data, x.shape, gamma.data, dy.data, c.groups, c.eps) : layerNormBackwardRef(x.data, x.shape, gamma.data, dy.data, c.eps);
+        c.kind === 'group'
+          ? groupNormBackwardRef(x.data, x.shape, gamma.data, dy.data, c.groups, c.eps)
+          : layerNormBackwardRef(x.data, x.shape, gamma.data, dy.data, c.eps);
       const tol = normTol(dtype);
       const y = await gpu.read(fwd.y);
       const dx = await gpu.read(grads.dx);
@@ -143,9 +157,24 @@ export const cases: KernelCase[] = [
         // Central differences with h = 1e-2 in f32: truncation O(h^2) plus rounding ~1e-6/h.
         const fdTol = { atol: 3e-3, rtol: 2e-2 };
         checks.push(
-          compare(`${kind} dx vs central difference`, ix.map((i) => dx[i]), await finiteDiff(gpu, tx, x, ix, 1e-2, loss), fdTol),
-          compare(`${kind} dgamma vs central difference`, ic.map((i) => dgamma[i]), await finiteDiff(gpu, tg, gamma, ic, 1e-2, loss), fdTol),
-          compare(`${kind} dbeta vs central difference`, ic.map((i) => dbeta[i]), await finiteDiff(gpu, tb, beta, ic, 1e-2, loss), fdTol),
+          compare(
+            `${kind} dx vs central difference`,
+            ix.map((i) => dx[i]),
+            await finiteDiff(gpu, tx, x, ix, 1e-2, loss),
+            fdTol,
+          ),
+          compare(
+            `${kind} dgamma vs central difference`,
+            ic.map((i) => dgamma[i]),
+            await finiteDiff(gpu, tg, gamma, ic, 1e-2, loss),
+            fdTol,
+          ),
+          compare(
+            `${kind} dbeta vs central difference`,
+            ic.map((i) => dbeta[i]),
+            await finiteDiff(gpu, tb, beta, ic, 1e-2, loss),
+            fdTol,
+          ),
         );
         gpu.free(tx, tg, tb, tr, f.y, f.mean, f.rstd, gr.dx, gr.dgamma, gr.dbeta);
       }

@@ -5,8 +5,23 @@ import type { Gpu } from '../../gpu/device.ts';
 import { roundToF16 } from '../../util/half.ts';
 import { Tensor, type DType } from '../../gpu/tensor.ts';
 import {
-  checkFinite, checkFiniteRef, clearFlag, globalNorm, globalNormRef, mseLoss, mseLossBackward, mseLossBackwardRef, mseLossRef,
-  newFlag, readFlag, sumAll, sumAllRef, sumColumns, sumColumnsRef, sumRows, sumRowsRef,
+  checkFinite,
+  checkFiniteRef,
+  clearFlag,
+  globalNorm,
+  globalNormRef,
+  mseLoss,
+  mseLossBackward,
+  mseLossBackwardRef,
+  mseLossRef,
+  newFlag,
+  readFlag,
+  sumAll,
+  sumAllRef,
+  sumColumns,
+  sumColumnsRef,
+  sumRows,
+  sumRowsRef,
 } from '../../ops/reduce.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 import { finiteDiff, sampleIndices } from './matmul.ts';
@@ -120,7 +135,11 @@ export const cases: KernelCase[] = [
       const clean = [gpu.upload(randomValues(3001, 1, 100), [3001], dtype), gpu.upload(edge, [edge.length], dtype)];
       checkFinite(gpu, clean, flag);
       checks.push(compare('clean (incl. max, subnormal, -0) -> 0', [await flagValue(gpu, flag)], [0], EXACT));
-      for (const [label, bad] of [['inf', Infinity], ['nan', NaN], ['-inf', -Infinity]] as const) {
+      for (const [label, bad] of [
+        ['inf', Infinity],
+        ['nan', NaN],
+        ['-inf', -Infinity],
+      ] as const) {
         const values = randomValues(3001, 3);
         values[2718] = bad;
         clearFlag(gpu, flag);
@@ -197,7 +216,14 @@ export const cases: KernelCase[] = [
       gpu.free(tp, tt);
       // The loss is quadratic, so central differences are exact up to the f32 rounding of the loss
       // (~1e-7 / (2h) = 5e-6); gradients are ~1e-2.
-      return [compare('dpred vs central difference (h=1e-2)', idx.map((i) => d[i]), fd, { atol: 5e-5, rtol: 1e-3 })];
+      return [
+        compare(
+          'dpred vs central difference (h=1e-2)',
+          idx.map((i) => d[i]),
+          fd,
+          { atol: 5e-5, rtol: 1e-3 },
+        ),
+      ];
     },
   },
 ];

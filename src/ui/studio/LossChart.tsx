@@ -54,9 +54,18 @@ export function LossChart({ losses }: { losses: { step: number; loss: number }[]
   const last = finite.at(-1);
   return (
     <figure className="chart" aria-labelledby="loss-caption">
-      <div ref={box} data-testid="loss-chart" role="img" aria-label={last ? `Loss chart, ${finite.length} steps, latest loss ${last.loss.toFixed(4)}` : 'Loss chart, no steps yet'} />
+      <div
+        ref={box}
+        data-testid="loss-chart"
+        role="img"
+        aria-label={last ? `Loss chart, ${finite.length} steps, latest loss ${last.loss.toFixed(4)}` : 'Loss chart, no steps yet'}
+      />
       <figcaption id="loss-caption" data-testid="loss-text">
-        {last ? `Loss at step ${last.step}: ${last.loss.toFixed(4)} (average of the last 10: ${movingAverage(finite.map((l) => l.loss)).at(-1)!.toFixed(4)})` : 'The training loss appears here, step by step.'}
+        {last
+          ? `Loss at step ${last.step}: ${last.loss.toFixed(4)} (average of the last 10: ${movingAverage(finite.map((l) => l.loss))
+              .at(-1)!
+              .toFixed(4)})`
+          : 'The training loss appears here, step by step.'}
       </figcaption>
     </figure>
   );

@@ -5,8 +5,26 @@ import { useEffect, useState, type DragEvent, type ReactNode } from 'react';
 import { EXPORT_FORMATS, type ExportFormat } from '../../pipeline/run.ts';
 import { EXPORT_LABELS, PRESETS, SETTING_LABELS, type PresetName } from './presets.ts';
 import {
-  addPhotos, applyPreset, cancelTraining, cropAt, exportRun, filesFromDrop, initStudio, modelReady, pauseTraining, removePhoto, replacePhoto, requestPersistence,
-  resumeTraining, savePicker, startTraining, updatePhoto, loadDemoModel, loadHubModel, loadModelFile, loadModelFolder,
+  addPhotos,
+  applyPreset,
+  cancelTraining,
+  cropAt,
+  exportRun,
+  filesFromDrop,
+  initStudio,
+  modelReady,
+  pauseTraining,
+  removePhoto,
+  replacePhoto,
+  requestPersistence,
+  resumeTraining,
+  savePicker,
+  startTraining,
+  updatePhoto,
+  loadDemoModel,
+  loadHubModel,
+  loadModelFile,
+  loadModelFolder,
 } from './actions.ts';
 import { LossChart } from './LossChart.tsx';
 import { autosave, fmtBytes, fmtDuration, restoreProject, useStudioStore, type PhotoItem } from './state.ts';
@@ -49,8 +67,8 @@ function NoGpu({ noWebGpu, message }: { noWebGpu: boolean; message: string }) {
       <p>{message}</p>
       {noWebGpu && (
         <p>
-          DreamBooth Studio trains on your GPU through WebGPU: use Chrome or Edge 113 or newer with hardware acceleration turned on (chrome://settings/system), then
-          reload this page. Your photos and settings stay saved in this browser.
+          DreamBooth Studio trains on your GPU through WebGPU: use Chrome or Edge 113 or newer with hardware acceleration turned on (chrome://settings/system),
+          then reload this page. Your photos and settings stay saved in this browser.
         </p>
       )}
     </section>
@@ -80,7 +98,9 @@ function Notices() {
           <button type="button" onClick={() => void requestPersistence().then(setAsked)}>
             Keep my training data
           </button>
-          {asked === false && <p role="status">The browser did not grant persistent storage (Chrome grants it to bookmarked or installed sites). Training still works.</p>}
+          {asked === false && (
+            <p role="status">The browser did not grant persistent storage (Chrome grants it to bookmarked or installed sites). Training still works.</p>
+          )}
         </section>
       )}
       {storage.persisted === true && (
@@ -191,13 +211,15 @@ function ModelPanel() {
         {model.status === 'needs-file' && model.message}
         {model.status === 'ready' && model.summary && (
           <>
-            Loaded <strong>{model.summary.name}</strong>: {model.summary.family === 'sd1' ? 'Stable Diffusion 1.x' : 'Stable Diffusion 2.x'} ({model.summary.layout},{' '}
-            {model.summary.prediction}), {(model.summary.parameters / 1e6).toFixed(model.summary.parameters < 1e7 ? 2 : 0)} M parameters
+            Loaded <strong>{model.summary.name}</strong>: {model.summary.family === 'sd1' ? 'Stable Diffusion 1.x' : 'Stable Diffusion 2.x'} (
+            {model.summary.layout}, {model.summary.prediction}), {(model.summary.parameters / 1e6).toFixed(model.summary.parameters < 1e7 ? 2 : 0)} M parameters
             {model.ref?.kind === 'demo' && ' (a small random model for trying the flow: its images are noise that training pulls toward your photos)'}.
           </>
         )}
         {model.status === 'none' && model.ref?.kind === 'demo' && 'The last run used the demo model: press "Use the demo model" to continue.'}
-        {model.status === 'none' && model.ref?.kind === 'hub' && `The last run used ${model.ref.repo} from the hub: download it again (it comes from the cache).`}
+        {model.status === 'none' &&
+          model.ref?.kind === 'hub' &&
+          `The last run used ${model.ref.repo} from the hub: download it again (it comes from the cache).`}
       </p>
     </section>
   );
@@ -229,7 +251,13 @@ function Thumb({ p, index }: { p: PhotoItem; index: number }) {
       {slack > 0 && (
         <label>
           Crop position for {p.name}
-          <input type="range" min={0} max={100} value={Math.round(t * 100)} onChange={(e) => updatePhoto(p.id, { crop: cropAt(p, Number(e.target.value) / 100) })} />
+          <input
+            type="range"
+            min={0}
+            max={100}
+            value={Math.round(t * 100)}
+            onChange={(e) => updatePhoto(p.id, { crop: cropAt(p, Number(e.target.value) / 100) })}
+          />
         </label>
       )}
       <label>
@@ -288,11 +316,35 @@ const L = SETTING_LABELS;
 
 const BUDGETS = [256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576];
 
-function NumberField({ label, value, onChange, min, max, step, name }: { label: string; value: number; onChange: (v: number) => void; min?: number; max?: number; step?: number | 'any'; name: string }) {
+function NumberField({
+  label,
+  value,
+  onChange,
+  min,
+  max,
+  step,
+  name,
+}: {
+  label: string;
+  value: number;
+  onChange: (v: number) => void;
+  min?: number;
+  max?: number;
+  step?: number | 'any';
+  name: string;
+}) {
   return (
     <label>
       {label}
-      <input name={name} type="number" value={value} min={min} max={max} step={step} onChange={(e) => e.target.value !== '' && onChange(Number(e.target.value))} />
+      <input
+        name={name}
+        type="number"
+        value={value}
+        min={min}
+        max={max}
+        step={step}
+        onChange={(e) => e.target.value !== '' && onChange(Number(e.target.value))}
+      />
     </label>
   );
 }
@@ -321,7 +373,11 @@ function SettingsPanel() {
             {PRESETS[k].label}
           </label>
         ))}
-        <p className="hint">{preset === 'lora' ? 'Trains small adapters on the attention layers: fast, a few MB to export.' : 'Trains every UNet weight with prior preservation: slower, needs much more storage, exports a full model.'}</p>
+        <p className="hint">
+          {preset === 'lora'
+            ? 'Trains small adapters on the attention layers: fast, a few MB to export.'
+            : 'Trains every UNet weight with prior preservation: slower, needs much more storage, exports a full model.'}
+        </p>
       </fieldset>
       <details>
         <summary>Advanced settings</summary>
@@ -334,11 +390,13 @@ function SettingsPanel() {
           <label>
             {L.budgetBytes}
             <select name="budget" value={s.budgetBytes} onChange={(e) => set({ budgetBytes: Number(e.target.value) })}>
-              {[...new Set([...BUDGETS.map((m) => m * 2 ** 20), s.budgetBytes])].sort((a, b) => a - b).map((b) => (
-                <option key={b} value={b}>
-                  {fmtBytes(b)}
-                </option>
-              ))}
+              {[...new Set([...BUDGETS.map((m) => m * 2 ** 20), s.budgetBytes])]
+                .sort((a, b) => a - b)
+                .map((b) => (
+                  <option key={b} value={b}>
+                    {fmtBytes(b)}
+                  </option>
+                ))}
             </select>
           </label>
           <NumberField name="sampleEvery" label={L.sampleEvery} value={s.sampleEvery} min={0} onChange={(v) => set({ sampleEvery: Math.round(v) })} />
@@ -348,7 +406,13 @@ function SettingsPanel() {
           </label>
           <NumberField name="sampleSteps" label={L.sampleSteps} value={s.sampleSteps} min={1} max={150} onChange={(v) => set({ sampleSteps: Math.round(v) })} />
           <NumberField name="seed" label={L.seed} value={s.seed} min={0} onChange={(v) => set({ seed: Math.round(v) })} />
-          <NumberField name="checkpointEvery" label={L.checkpointEvery} value={s.checkpointEvery} min={0} onChange={(v) => set({ checkpointEvery: Math.round(v) })} />
+          <NumberField
+            name="checkpointEvery"
+            label={L.checkpointEvery}
+            value={s.checkpointEvery}
+            min={0}
+            onChange={(v) => set({ checkpointEvery: Math.round(v) })}
+          />
           <NumberField name="offsetNoise" label={L.offsetNoise} value={s.offsetNoise} min={0} max={1} step="any" onChange={(v) => set({ offsetNoise: v })} />
           <NumberField name="minSnrGamma" label={L.minSnrGamma} value={s.minSnrGamma} min={0} step="any" onChange={(v) => set({ minSnrGamma: v })} />
           <label className="check">
@@ -376,7 +440,12 @@ function SettingsPanel() {
               <NumberField name="classSteps" label={L.classSteps} value={s.classSteps} min={1} max={150} onChange={(v) => set({ classSteps: Math.round(v) })} />
               <label className="file-button">
                 Add class images ({classPhotos.length})
-                <input type="file" multiple accept="image/jpeg,image/png,image/webp" onChange={(e) => void addPhotos(Array.from(e.target.files ?? []), 'classPhotos')} />
+                <input
+                  type="file"
+                  multiple
+                  accept="image/jpeg,image/png,image/webp"
+                  onChange={(e) => void addPhotos(Array.from(e.target.files ?? []), 'classPhotos')}
+                />
               </label>
             </>
           )}
@@ -407,7 +476,8 @@ function TrainPanel() {
   const photos = useStudioStore((s) => s.photos);
   const modelStatus = useStudioStore((s) => s.model.status);
   const busy = run.status === 'preparing' || run.status === 'training' || run.status === 'pausing';
-  const canResume = run.runId !== null && run.startedWith !== null && ['paused', 'interrupted', 'device-lost', 'error', 'quota'].includes(run.status) && run.step < run.steps;
+  const canResume =
+    run.runId !== null && run.startedWith !== null && ['paused', 'interrupted', 'device-lost', 'error', 'quota'].includes(run.status) && run.step < run.steps;
   const ready = modelStatus === 'ready' && modelReady();
   return (
     <section aria-labelledby="train-title">
@@ -415,7 +485,10 @@ function TrainPanel() {
       {run.status === 'device-lost' && (
         <div className="error" role="alert" data-testid="device-lost">
           <h3>The GPU device was lost</h3>
-          <p>{run.message} This happens when the driver resets or another program takes the GPU. Resume starts a new device and continues from the last checkpoint.</p>
+          <p>
+            {run.message} This happens when the driver resets or another program takes the GPU. Resume starts a new device and continues from the last
+            checkpoint.
+          </p>
         </div>
       )}
       {run.status === 'interrupted' && (
@@ -428,8 +501,8 @@ function TrainPanel() {
           <h3>Not enough browser storage for this run</h3>
           <p>{run.error}</p>
           <p>
-            A full fine-tune keeps about 24 bytes per UNet weight (fp32 weights and two AdamW moments, plus the checkpointed copy); LoRA needs a small fraction of that.
-            Free space, delete old site data, or switch to LoRA; a stopped run resumes from its last checkpoint.
+            A full fine-tune keeps about 24 bytes per UNet weight (fp32 weights and two AdamW moments, plus the checkpointed copy); LoRA needs a small fraction
+            of that. Free space, delete old site data, or switch to LoRA; a stopped run resumes from its last checkpoint.
           </p>
         </div>
       )}
@@ -438,7 +511,13 @@ function TrainPanel() {
           type="button"
           onClick={() => {
             // A new run replaces the current one's checkpoints: ask first when there is progress to lose.
-            if (run.runId && run.step > 0 && run.status !== 'cancelled' && !confirm(`Start a new run? The current run (step ${run.step}) and its checkpoints will be deleted; export it first to keep it.`)) return;
+            if (
+              run.runId &&
+              run.step > 0 &&
+              run.status !== 'cancelled' &&
+              !confirm(`Start a new run? The current run (step ${run.step}) and its checkpoints will be deleted; export it first to keep it.`)
+            )
+              return;
             void startTraining();
           }}
           disabled={busy || !ready || photos.length === 0}
@@ -457,7 +536,9 @@ function TrainPanel() {
           onClick={() => {
             if (run.step > 0 && !confirm(`Cancel the run? Its ${run.step} steps and checkpoints will be deleted.`)) return;
             void cancelTraining();
-          }} disabled={!run.runId || run.status === 'done' || run.status === 'cancelled'}>
+          }}
+          disabled={!run.runId || run.status === 'done' || run.status === 'cancelled'}
+        >
           Cancel
         </button>
       </div>
@@ -494,9 +575,12 @@ function TrainPanel() {
       </div>
       {run.plan && (
         <p className="hint" data-testid="plan">
-          Memory plan: peak {fmtBytes(run.plan.peakBytes)} of the {fmtBytes(run.plan.budgetBytes)} budget; activation checkpointing {run.plan.activationCheckpointing ? 'on' : 'off'};{' '}
-          {run.plan.residentChunks >= run.plan.chunks ? 'optimizer state on the GPU' : `${run.plan.residentChunks} of ${run.plan.chunks} optimizer chunks on the GPU, the rest streamed from storage`};{' '}
-          {(run.plan.trainableParams / 1e6).toFixed(2)} M trained parameters, about {fmtBytes(run.plan.storageNeedBytes)} of storage.
+          Memory plan: peak {fmtBytes(run.plan.peakBytes)} of the {fmtBytes(run.plan.budgetBytes)} budget; activation checkpointing{' '}
+          {run.plan.activationCheckpointing ? 'on' : 'off'};{' '}
+          {run.plan.residentChunks >= run.plan.chunks
+            ? 'optimizer state on the GPU'
+            : `${run.plan.residentChunks} of ${run.plan.chunks} optimizer chunks on the GPU, the rest streamed from storage`}
+          ; {(run.plan.trainableParams / 1e6).toFixed(2)} M trained parameters, about {fmtBytes(run.plan.storageNeedBytes)} of storage.
         </p>
       )}
       <LossChart losses={run.losses} />
@@ -509,12 +593,14 @@ function TrainPanel() {
         </p>
       ) : (
         <ul className="samples" data-testid="samples">
-          {[...run.samples].sort((a, b) => a.step - b.step).map((s) => (
-            <li key={s.step}>
-              <img src={s.url} alt={`Sample at step ${s.step}`} width={128} height={128} />
-              <span>step {s.step}</span>
-            </li>
-          ))}
+          {[...run.samples]
+            .sort((a, b) => a.step - b.step)
+            .map((s) => (
+              <li key={s.step}>
+                <img src={s.url} alt={`Sample at step ${s.step}`} width={128} height={128} />
+                <span>step {s.step}</span>
+              </li>
+            ))}
         </ul>
       )}
     </section>
@@ -523,8 +609,21 @@ function TrainPanel() {
 
 function statusLabel(s: string): string {
   return (
-    { preparing: 'Preparing', training: 'Training', pausing: 'Pausing', paused: 'Paused', done: 'Done', cancelled: 'Cancelled', error: 'Stopped', interrupted: 'Interrupted', 'device-lost': 'GPU lost', quota: 'Not enough storage' } as Record<string, string>
-  )[s] ?? s;
+    (
+      {
+        preparing: 'Preparing',
+        training: 'Training',
+        pausing: 'Pausing',
+        paused: 'Paused',
+        done: 'Done',
+        cancelled: 'Cancelled',
+        error: 'Stopped',
+        interrupted: 'Interrupted',
+        'device-lost': 'GPU lost',
+        quota: 'Not enough storage',
+      } as Record<string, string>
+    )[s] ?? s
+  );
 }
 
 // ---- export --------------------------------------------------------------------------------------------
@@ -540,7 +639,8 @@ function ExportPanel() {
   const formats = (Object.keys(EXPORT_FORMATS) as ExportFormat[]).filter((f) => EXPORT_FORMATS[f].modes.includes(mode));
   const [format, setFormat] = useState<ExportFormat>(formats[0]);
   const chosen = formats.includes(format) ? format : formats[0];
-  const canExport = run.runId !== null && run.lastCheckpoint > 0 && ['paused', 'done', 'interrupted', 'device-lost', 'error', 'quota'].includes(run.status) && !exporting;
+  const canExport =
+    run.runId !== null && run.lastCheckpoint > 0 && ['paused', 'done', 'interrupted', 'device-lost', 'error', 'quota'].includes(run.status) && !exporting;
   return (
     <section aria-labelledby="export-title">
       <h2 id="export-title">5. Export</h2>

@@ -50,22 +50,49 @@ async function loadModelChoice(choice: ModelChoice): Promise<void> {
   const w = api;
   if (!w) return;
   const ref =
-    choice.kind === 'demo' ? ({ kind: 'demo' } as const)
-    : choice.kind === 'hub' ? ({ kind: 'hub', endpoint: choice.endpoint, repo: choice.repo } as const)
-    : choice.kind === 'file' ? ({ kind: 'file', name: choice.file.name, size: choice.file.size } as const)
-    : ({ kind: 'folder', name: choice.name, count: choice.files.length } as const);
-  S().set({ model: { ref: S().model.ref, summary: null, status: 'loading', message: choice.kind === 'hub' ? `Downloading ${choice.repo}…` : 'Reading the model…', download: null } });
+    choice.kind === 'demo'
+      ? ({ kind: 'demo' } as const)
+      : choice.kind === 'hub'
+        ? ({ kind: 'hub', endpoint: choice.endpoint, repo: choice.repo } as const)
+        : choice.kind === 'file'
+          ? ({ kind: 'file', name: choice.file.name, size: choice.file.size } as const)
+          : ({ kind: 'folder', name: choice.name, count: choice.files.length } as const);
+  S().set({
+    model: {
+      ref: S().model.ref,
+      summary: null,
+      status: 'loading',
+      message: choice.kind === 'hub' ? `Downloading ${choice.repo}…` : 'Reading the model…',
+      download: null,
+    },
+  });
   try {
-    const summary = await w.inspect(choice, Comlink.proxy((e: WorkerEvent) => e.type === 'download' && S().set((s) => ({ model: { ...s.model, download: e } }))));
+    const summary = await w.inspect(
+      choice,
+      Comlink.proxy((e: WorkerEvent) => e.type === 'download' && S().set((s) => ({ model: { ...s.model, download: e } }))),
+    );
     const prev = S().model.ref;
     const differs = prev && S().run.runId && S().run.status !== 'idle' && JSON.stringify(prev) !== JSON.stringify(ref);
     modelChoice = choice;
     S().set({ model: { ref, summary, status: 'ready', message: '', download: null } });
     if (choice.kind === 'demo') {
       // The demo model trains at 32 px; its photos and samples are tiny and fast.
-      S().setSettings({ resolution: DEMO_RESOLUTION, budgetBytes: 512 * 2 ** 20, sampleEvery: 5, sampleSteps: 8, steps: Math.min(S().settings.steps, 20), checkpointEvery: 5 });
+      S().setSettings({
+        resolution: DEMO_RESOLUTION,
+        budgetBytes: 512 * 2 ** 20,
+        sampleEvery: 5,
+        sampleSteps: 8,
+        steps: Math.min(S().settings.steps, 20),
+        checkpointEvery: 5,
+      });
     }
-    if (differs) S().setRun((r) => ({ warnings: [...r.warnings, 'This is not the model the current run started from: resuming or exporting it would mix the two. Start a new run, or load the original model.'] }));
+    if (differs)
+      S().setRun((r) => ({
+        warnings: [
+          ...r.warnings,
+          'This is not the model the current run started from: resuming or exporting it would mix the two. Start a new run, or load the original model.',
+        ],
+      }));
   } catch (e) {
     S().set({ model: { ref: S().model.ref, summary: null, status: 'error', message: (e as Error).message, download: null } });
   }
@@ -98,7 +125,9 @@ export async function filesFromDrop(items: DataTransferItemList): Promise<{ file
       }
     }
   };
-  const entries = Array.from(items).map((i) => i.webkitGetAsEntry?.()).filter((e): e is FileSystemEntry => !!e);
+  const entries = Array.from(items)
+    .map((i) => i.webkitGetAsEntry?.())
+    .filter((e): e is FileSystemEntry => !!e);
   for (const e of entries) {
     if (e.isDirectory) folder = e.name;
     await walk(e, '');
@@ -202,8 +231,13 @@ function onEvent(e: WorkerEvent): void {
     case 'step':
       setRun((r) => ({
         status: r.status === 'pausing' ? 'pausing' : 'training',
-        step: e.report.step, steps: e.steps, secondsPerStep: e.secondsPerStep, etaSeconds: e.etaSeconds, gpuBytes: e.report.gpuBytes,
-        gpuPeakBytes: Math.max(e.report.gpuPeakBytes, e.report.step === 1 ? 0 : r.gpuPeakBytes), storageBytes: e.storageBytes,
+        step: e.report.step,
+        steps: e.steps,
+        secondsPerStep: e.secondsPerStep,
+        etaSeconds: e.etaSeconds,
+        gpuBytes: e.report.gpuBytes,
+        gpuPeakBytes: Math.max(e.report.gpuPeakBytes, e.report.step === 1 ? 0 : r.gpuPeakBytes),
+        storageBytes: e.storageBytes,
         losses: [...r.losses.filter((l) => l.step < e.report.step), { step: e.report.step, loss: e.report.loss }],
         ...(e.report.skipped ? { warnings: [...r.warnings, e.report.skipped] } : {}),
       }));
@@ -218,7 +252,10 @@ function onEvent(e: WorkerEvent): void {
       void saveProject();
       break;
     case 'device-lost':
-      setRun({ status: 'device-lost', message: `The GPU device was lost (${e.message}). Your progress up to the checkpoint at step ${S().run.lastCheckpoint} is saved.` });
+      setRun({
+        status: 'device-lost',
+        message: `The GPU device was lost (${e.message}). Your progress up to the checkpoint at step ${S().run.lastCheckpoint} is saved.`,
+      });
       break;
     case 'download':
       setRun({ message: `Downloading ${e.path}: ${fmtBytes(e.loaded)}${e.total ? ` of ${fmtBytes(e.total)}` : ''}` });
@@ -237,7 +274,11 @@ function runInput(r: RunProgress): RunInput {
   const st = S();
   const w = r.startedWith!;
   const byId = new Map([...st.photos, ...st.classPhotos].map((p) => [p.id, p]));
-  const pick = (ids: string[]) => ids.map((id) => byId.get(id)).filter((p): p is PhotoItem => !!p).map(({ id, name, blob, crop, caption }) => ({ id, name, blob, crop, caption }));
+  const pick = (ids: string[]) =>
+    ids
+      .map((id) => byId.get(id))
+      .filter((p): p is PhotoItem => !!p)
+      .map(({ id, name, blob, crop, caption }) => ({ id, name, blob, crop, caption }));
   return { runId: r.runId!, prompt: w.prompt, settings: w.settings, images: pick(w.photoIds), classImages: pick(w.classIds) };
 }
 
@@ -256,7 +297,10 @@ async function drive(start: () => Promise<'done' | 'paused' | 'cancelled' | 'rea
     if (S().run.status === 'device-lost') return;
     const err = e as Error;
     if (err.name === 'GpuDeviceLostError' || /device.*lost|lost.*device|destroyed/i.test(err.message ?? '')) {
-      setRun({ status: 'device-lost', message: `The GPU device was lost (${err.message}). Your progress up to the checkpoint at step ${S().run.lastCheckpoint} is saved.` });
+      setRun({
+        status: 'device-lost',
+        message: `The GPU device was lost (${err.message}). Your progress up to the checkpoint at step ${S().run.lastCheckpoint} is saved.`,
+      });
       return;
     }
     if (err.name === 'QuotaTooSmall' || err.name === 'StorageFullError') setRun({ status: 'quota', error: err.message, message: '' });
@@ -286,8 +330,17 @@ export async function startTraining(): Promise<void> {
   const settings = { ...st.settings, classCount: st.settings.priorPreservation && st.classPhotos.length ? st.classPhotos.length : st.settings.classCount };
   st.set({ exports: [], exportError: null });
   st.setRun({
-    ...EMPTY_RUN, runId, status: 'preparing', steps: settings.steps, message: 'Starting…',
-    startedWith: { prompt: st.prompt, settings, photoIds: st.photos.map((p) => p.id), classIds: settings.priorPreservation ? st.classPhotos.map((p) => p.id) : [] },
+    ...EMPTY_RUN,
+    runId,
+    status: 'preparing',
+    steps: settings.steps,
+    message: 'Starting…',
+    startedWith: {
+      prompt: st.prompt,
+      settings,
+      photoIds: st.photos.map((p) => p.id),
+      classIds: settings.priorPreservation ? st.classPhotos.map((p) => p.id) : [],
+    },
   });
   await saveProject();
   await drive(async () => {

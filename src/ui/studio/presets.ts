@@ -8,7 +8,10 @@ export type PresetName = 'lora' | 'full';
 /** "LoRA (fast)" and "Full DreamBooth": diffusers' and kohya's usual starting points. */
 export const PRESETS: Record<PresetName, { label: string; settings: Partial<RunSettings> }> = {
   lora: { label: 'LoRA (fast)', settings: { mode: 'lora', steps: 400, lr: 1e-4, rank: 8, alpha: 0, checkpointEvery: 50, trainTextEncoder: false } },
-  full: { label: 'Full DreamBooth', settings: { mode: 'full', steps: 800, lr: 5e-6, rank: 0, alpha: 0, checkpointEvery: 100, priorPreservation: true, trainTextEncoder: false } },
+  full: {
+    label: 'Full DreamBooth',
+    settings: { mode: 'full', steps: 800, lr: 5e-6, rank: 0, alpha: 0, checkpointEvery: 100, priorPreservation: true, trainTextEncoder: false },
+  },
 };
 
 /** The page starts from the schema's LoRA defaults with samples every 50 steps and example prompts. */

@@ -69,14 +69,18 @@ export interface RunProgress {
 }
 
 export type EnvState =
-  | { kind: 'loading' }
-  | { kind: 'ready'; adapter: AdapterSummary; hasF16: boolean }
-  | { kind: 'error'; noWebGpu: boolean; message: string };
+  { kind: 'loading' } | { kind: 'ready'; adapter: AdapterSummary; hasF16: boolean } | { kind: 'error'; noWebGpu: boolean; message: string };
 
 export interface StudioState {
   env: EnvState;
   storage: { persisted: boolean | null; quota: number | null; usage: number | null };
-  model: { ref: ModelRef | null; summary: ModelSummary | null; status: 'none' | 'loading' | 'ready' | 'needs-file' | 'error'; message: string; download: { path: string; loaded: number; total: number | null } | null };
+  model: {
+    ref: ModelRef | null;
+    summary: ModelSummary | null;
+    status: 'none' | 'loading' | 'ready' | 'needs-file' | 'error';
+    message: string;
+    download: { path: string; loaded: number; total: number | null } | null;
+  };
   photos: PhotoItem[];
   classPhotos: PhotoItem[];
   photoErrors: string[];
@@ -96,8 +100,23 @@ export interface StudioState {
 }
 
 export const EMPTY_RUN: RunProgress = {
-  runId: null, status: 'idle', message: '', step: 0, steps: 0, losses: [], secondsPerStep: 0, etaSeconds: 0, gpuBytes: 0, gpuPeakBytes: 0, storageBytes: 0,
-  lastCheckpoint: 0, plan: null, warnings: [], error: null, samples: [], startedWith: null,
+  runId: null,
+  status: 'idle',
+  message: '',
+  step: 0,
+  steps: 0,
+  losses: [],
+  secondsPerStep: 0,
+  etaSeconds: 0,
+  gpuBytes: 0,
+  gpuPeakBytes: 0,
+  storageBytes: 0,
+  lastCheckpoint: 0,
+  plan: null,
+  warnings: [],
+  error: null,
+  samples: [],
+  startedWith: null,
 };
 
 export const useStudioStore = create<StudioState>((set) => ({
@@ -156,7 +175,13 @@ function snapshot(s: StudioState): { project: SavedProject; blobs: Map<string, B
     return rest;
   };
   const project: SavedProject = {
-    version: 2, prompt: s.prompt, preset: s.preset, settings: s.settings, model: s.model.ref, photos: s.photos.map(meta), classPhotos: s.classPhotos.map(meta),
+    version: 2,
+    prompt: s.prompt,
+    preset: s.preset,
+    settings: s.settings,
+    model: s.model.ref,
+    photos: s.photos.map(meta),
+    classPhotos: s.classPhotos.map(meta),
     run: { ...s.run, samples: s.run.samples.map((x) => (blobs.set(sampleKey(s.run.runId, x.step), x.blob), { step: x.step })) },
   };
   return { project, blobs };
@@ -235,7 +260,10 @@ export async function restoreProject(): Promise<void> {
   const run: RunProgress = { ...EMPTY_RUN, ...saved.run, samples };
   if (busy.includes(run.status)) {
     run.status = 'interrupted';
-    run.message = run.lastCheckpoint > 0 ? `The page was closed during training. Resume continues from the checkpoint at step ${run.lastCheckpoint}.` : 'The page was closed before the first checkpoint. Resume starts the run again from its cached photos.';
+    run.message =
+      run.lastCheckpoint > 0
+        ? `The page was closed during training. Resume continues from the checkpoint at step ${run.lastCheckpoint}.`
+        : 'The page was closed before the first checkpoint. Resume starts the run again from its cached photos.';
   }
   if (lost.length) run.warnings = [...run.warnings, `Could not read back ${lost.join(', ')} from this browser's storage: add them again.`];
   const ref = saved.model;
@@ -247,9 +275,16 @@ export async function restoreProject(): Promise<void> {
     classPhotos,
     run,
     model: {
-      ref, summary: null, download: null,
+      ref,
+      summary: null,
+      download: null,
       status: ref && (ref.kind === 'file' || ref.kind === 'folder') ? 'needs-file' : 'none',
-      message: ref && ref.kind === 'file' ? `Drop ${ref.name} again to continue (browsers do not keep access to files after a reload).` : ref && ref.kind === 'folder' ? `Choose the ${ref.name} folder again to continue.` : '',
+      message:
+        ref && ref.kind === 'file'
+          ? `Drop ${ref.name} again to continue (browsers do not keep access to files after a reload).`
+          : ref && ref.kind === 'folder'
+            ? `Choose the ${ref.name} folder again to continue.`
+            : '',
     },
     restored: true,
   });
@@ -260,7 +295,16 @@ export function autosave(): () => void {
   let timer: ReturnType<typeof setTimeout> | null = null;
   return useStudioStore.subscribe((s, prev) => {
     if (!s.restored) return;
-    if (s.prompt === prev.prompt && s.settings === prev.settings && s.photos === prev.photos && s.classPhotos === prev.classPhotos && s.run === prev.run && s.model.ref === prev.model.ref && s.preset === prev.preset) return;
+    if (
+      s.prompt === prev.prompt &&
+      s.settings === prev.settings &&
+      s.photos === prev.photos &&
+      s.classPhotos === prev.classPhotos &&
+      s.run === prev.run &&
+      s.model.ref === prev.model.ref &&
+      s.preset === prev.preset
+    )
+      return;
     if (timer) return;
     timer = setTimeout(() => {
       timer = null;
