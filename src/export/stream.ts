@@ -15,27 +15,8 @@
 // it. pump/pipeToSink then abort the sink when it can (sink-node.ts removes its temp file), so a failed
 // export leaves no file that a UI would happily load and render as black images.
 import { toF16Bits } from '../util/half.ts';
-import type { ByteSink } from '../io/safetensors.ts';
+import { DTYPE_BYTES, type ByteSink } from '../io/safetensors.ts';
 import { ExportError } from './provider.ts';
-
-/** Bytes per element of the safetensors dtypes (as in io/safetensors.ts). */
-const DTYPE_BYTES: Record<string, number> = {
-  BOOL: 1,
-  U8: 1,
-  I8: 1,
-  F8_E5M2: 1,
-  F8_E4M3: 1,
-  I16: 2,
-  U16: 2,
-  F16: 2,
-  BF16: 2,
-  I32: 4,
-  U32: 4,
-  F32: 4,
-  I64: 8,
-  U64: 8,
-  F64: 8,
-};
 
 /** One tensor of an output file: its header entry now, its values when `data` is called. */
 export interface OutTensor {

@@ -13,7 +13,7 @@ export type StDType = 'F32' | 'F16' | 'BF16';
  * few integer tensors beside the float weights (CLIP's I64 position_ids, EMA's num_updates): the header
  * accepts them with their sizes checked; only reading one as a float tensor is refused.
  */
-const DTYPE_BYTES: Record<string, number> = {
+export const DTYPE_BYTES: Record<string, number> = {
   BOOL: 1,
   U8: 1,
   I8: 1,

@@ -568,27 +568,7 @@ export const CASES: Case[] = [
       const dir = ws.path('linked');
       mkdirSync(dir);
       symlinkSync(join(FIXTURES, 'images', 'quadrants.png'), join(dir, 'link.png'));
-      return {
-        args: [
-          'train',
-          '--model',
-          ws.tiny.folder,
-          '--images',
-          dir,
-          '--prompt',
-          'x',
-          '--mode',
-          'full',
-          '--steps',
-          '1',
-          '--resolution',
-          '32',
-          '--budget',
-          '2MiB',
-          '--out',
-          ws.path('out'),
-        ],
-      };
+      return { args: tinyBudgetRun(ws, dir) };
     },
   },
   {
@@ -602,27 +582,7 @@ export const CASES: Case[] = [
       mkdirSync(dir);
       copyFileSync(join(FIXTURES, 'images', 'quadrants.png'), join(dir, 'real.png'));
       symlinkSync(join(ws.dir, 'nothing-here.png'), join(dir, 'gone.png'));
-      return {
-        args: [
-          'train',
-          '--model',
-          ws.tiny.folder,
-          '--images',
-          dir,
-          '--prompt',
-          'x',
-          '--mode',
-          'full',
-          '--steps',
-          '1',
-          '--resolution',
-          '32',
-          '--budget',
-          '2MiB',
-          '--out',
-          ws.path('out'),
-        ],
-      };
+      return { args: tinyBudgetRun(ws, dir) };
     },
   },
   {
@@ -636,30 +596,36 @@ export const CASES: Case[] = [
       mkdirSync(dir);
       copyFileSync(join(FIXTURES, 'images', 'quadrants.png'), join(dir, 'real.png'));
       writeFileSync(join(dir, 'real.txt'), Buffer.from([0x00, 0xff, 0xfe, 0x00, 0x41]));
-      return {
-        args: [
-          'train',
-          '--model',
-          ws.tiny.folder,
-          '--images',
-          dir,
-          '--prompt',
-          'x',
-          '--mode',
-          'full',
-          '--steps',
-          '1',
-          '--resolution',
-          '32',
-          '--budget',
-          '2MiB',
-          '--out',
-          ws.path('out'),
-        ],
-      };
+      return { args: tinyBudgetRun(ws, dir) };
     },
   },
 ];
+
+/**
+ * A full run on the photos in `dir` under a 2 MiB budget: the photos are read and encoded, then the planner
+ * refuses the budget, so a case sees what reading the folder did without training.
+ */
+function tinyBudgetRun(ws: Workspace, dir: string): string[] {
+  return [
+    'train',
+    '--model',
+    ws.tiny.folder,
+    '--images',
+    dir,
+    '--prompt',
+    'x',
+    '--mode',
+    'full',
+    '--steps',
+    '1',
+    '--resolution',
+    '32',
+    '--budget',
+    '2MiB',
+    '--out',
+    ws.path('out'),
+  ];
+}
 
 /** A copy of the tiny diffusers model with one change made by `edit` (on the copy's folder). */
 function modelCopy(ws: Workspace, edit: (folder: string) => void): string {
