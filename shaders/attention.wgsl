@@ -22,7 +22,7 @@ struct Params {
   n: u32,            // query rows
   m: u32,            // key rows
   scale: f32,
-  q_sb: u32, q_sh: u32, q_sn: u32,     // strides of q, out, dout, dq
+  q_sb: u32, q_sh: u32, q_sn: u32,     // strides of q, out, dy, dq
   k_sb: u32, k_sh: u32, k_sn: u32,     // strides of k, v, dk, dv
   q_split: u32,      // attn_bwd_dkv_split: query rows per split (a multiple of BC)
 }
@@ -34,7 +34,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> out: array<T>;
 @group(0) @binding(5) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(6) var<storage, read> o_in: array<T>;
-@group(0) @binding(7) var<storage, read> dout: array<T>;
+@group(0) @binding(7) var<storage, read> dy: array<T>;
 @group(0) @binding(8) var<storage, read> lse_in: array<f32>;
 @group(0) @binding(9) var<storage, read_write> delta: array<f32>;
 @group(0) @binding(10) var<storage, read> delta_in: array<f32>;
@@ -78,7 +78,7 @@ fn v_chunk(base: u32, c: u32) -> vec4<f32> {
 }
 fn do_chunk(base: u32, c: u32) -> vec4<f32> {
   var r = vec4<f32>(0.0);
-  for (var e = 0u; e < 4u; e++) { if (D_EXACT || 4u * c + e < D) { r[e] = f32(dout[base + 4u * c + e]); } }
+  for (var e = 0u; e < 4u; e++) { if (D_EXACT || 4u * c + e < D) { r[e] = f32(dy[base + 4u * c + e]); } }
   return r;
 }
 
@@ -171,7 +171,7 @@ fn attn_bwd_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
   if (row >= p.n) { return; }
   let base = q_base(t.b, t.h, row);
   var acc = 0.0;
-  for (var d = 0u; d < D; d++) { acc += f32(dout[base + d]) * f32(o_in[base + d]); }
+  for (var d = 0u; d < D; d++) { acc += f32(dy[base + d]) * f32(o_in[base + d]); }
   delta[(t.b * p.heads + t.h) * p.n + row] = acc;
 }
 

@@ -31,7 +31,7 @@ fn add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n
   out[i] = T(f32(x[i]) + p.alpha * f32(y[i]));
 }
 
-// out = alpha * x * y   (mul's backward is mul again: dx = dout * y, dy = dout * x)
+// out = alpha * x * y   (mul's backward is mul again: with upstream gradient g, dx = g * y, dy = g * x)
 @compute @workgroup_size(WG)
 fn mul(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
   let i = flat(gid, nwg);
@@ -73,7 +73,7 @@ fn repeat(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
 
 var<workgroup> red: array<f32, WG>;
 
-// Backward of add_channel for the channel operand: out[nc] = sum over the plane nc of x (= dout).
+// Backward of add_channel for the channel operand: out[nc] = sum over the plane nc of x (= the upstream gradient dy).
 // One workgroup per plane.
 @compute @workgroup_size(WG)
 fn sum_planes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -198,7 +198,7 @@ fn upsample2x_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
   out[i] = x[(plane * (oh / 2u) + oy / 2u) * (ow / 2u) + ox / 2u];
 }
 
-// Backward: each input pixel sums its 2x2 block of dout (x = dout here). n = input elements,
+// Backward: each input pixel sums its 2x2 block of dy (x = dy here). n = input elements,
 // inner = W (input width), offset = H (input height).
 @compute @workgroup_size(WG)
 fn upsample2x_bwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -265,7 +265,7 @@ fn pad2d(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
   out[i] = T(v);
 }
 
-// Backward of pad2d: dx [P, H, W] = the interior of dout (bound as x).
+// Backward of pad2d: dx [P, H, W] = the interior of dy (bound as x).
 @compute @workgroup_size(WG)
 fn pad2d_crop(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
   let i = flat(gid, nwg);
