@@ -199,11 +199,15 @@ function resumeRun(values: ParsedFlags): { out: string; run: RunFile } {
     if (!existsSync(model)) throw new UsageError(`--model ${model}: no such file or folder`);
     run.inputs.model = resolve(model);
   } else if (!existsSync(run.inputs.model)) throw new UsageError(`this run's model ${run.inputs.model} is gone: pass --model <its new path> with --resume`);
-  if (values.steps !== undefined)
+  if (values.steps !== undefined) {
+    const before = run.settings.steps;
     run.settings.steps = parseSettingValue(
       SETTINGS.find((s) => s.key === 'steps')!,
       values.steps,
     ) as number;
+    // More steps extend the run from its checkpoint; fewer than it has done are refused once the checkpoint is read.
+    if (run.settings.steps !== before) console.error(`--steps: the run had ${before} steps; it now runs to step ${run.settings.steps}`);
+  }
   if (values.export !== undefined) run.inputs.exports = exportsFrom(stringFlag(values, 'export'), run.settings.mode);
   validateSettings(run.settings);
   return { out, run };

@@ -355,6 +355,19 @@ export const CASES: Case[] = [
       return { args: ['train', '--resume', out, '--steps', '1'], unchanged: [join(out, 'run.json'), join(out, 'lora-kohya.safetensors')] };
     },
   },
+  {
+    name: '--resume with more steps extends the run from its checkpoint',
+    before: 'wrong',
+    args: () => [],
+    code: 0,
+    message: /--steps: the run had 2 steps; it now runs to step 3[\s\S]*resumed at step 2/,
+    setup: (ws) => {
+      const out = ws.path('extended');
+      cpSync(ws.trainedRun(), out, { recursive: true });
+      return { args: ['train', '--resume', out, '--steps', '3'] };
+    },
+    out: /^step 3\/3 [\s\S]*"done":true,"steps":3/m,
+  },
   { name: '--resume on a folder that is not a run', before: 'clear', args: (ws) => ['train', '--resume', ws.images], code: 1, message: /no run\.json there/ },
   {
     name: '--resume with a damaged run.json',
