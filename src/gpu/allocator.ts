@@ -42,6 +42,8 @@ export class Allocator {
   private pendingOom: Promise<GpuOutOfMemoryError | null>[] = [];
   /** Every allocation not yet freed (leak checks name them by label). */
   private readonly liveSet = new Set<Allocation>();
+  /** GPUBuffers this allocator has created (dry-run stand-ins included), for benchmarks: read-only counting. */
+  buffersCreated = 0;
 
   /**
    * `dryRun`: account every byte but back each allocation with a 4-byte buffer (memory planning: the
@@ -56,6 +58,7 @@ export class Allocator {
   /** Storage buffer of `bytes` (rounded up to 4). OOM is reported at the next takeOomErrors(). */
   alloc(bytes: number, tag: Tag, label: string, usage = STORAGE_USAGE): Allocation {
     const size = this.checkSize(bytes, tag, label);
+    this.buffersCreated++;
     if (this.dryRun) return this.record(this.device.createBuffer({ size: 4, usage, label }), size, tag, label);
     if (size >= OOM_SCOPE_BYTES) {
       this.device.pushErrorScope('out-of-memory');
@@ -69,6 +72,7 @@ export class Allocator {
   /** Like alloc, but awaits the out-of-memory scope and throws GpuOutOfMemoryError at once. */
   async allocChecked(bytes: number, tag: Tag, label: string, usage = STORAGE_USAGE): Promise<Allocation> {
     const size = this.checkSize(bytes, tag, label);
+    this.buffersCreated++;
     this.device.pushErrorScope('out-of-memory');
     const buffer = this.device.createBuffer({ size, usage, label });
     const err = await this.device.popErrorScope();

@@ -102,6 +102,12 @@ export class Uniforms {
   }
 }
 
+export interface GpuStats {
+  dispatches: number;
+  buffersCreated: number;
+  bindGroupsCreated: number;
+}
+
 export class Gpu {
   readonly allocator: Allocator;
   readonly hasF16: boolean;
@@ -123,6 +129,9 @@ export class Gpu {
   private lost: GpuDeviceLostError | null = null;
   private readonly lostListeners: ((e: GpuDeviceLostError) => void)[] = [];
   dispatchCount = 0;
+  /** GPUBuffers created outside the allocator (uniforms, read-back staging, query resolves). */
+  private otherBuffersCreated = 0;
+  private bindGroupsCreated = 0;
 
   private constructor(
     readonly device: GPUDevice,
@@ -230,6 +239,7 @@ export class Gpu {
     this.checkAlive();
     const padded = Math.ceil(size / 4) * 4;
     const staging = this.device.createBuffer({ size: padded, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST, label: 'readback' });
+    this.otherBuffersCreated++;
     this.endPass();
     this.getEncoder().copyBufferToBuffer(buffer, offset, staging, 0, padded);
     await this.sync();
@@ -260,6 +270,19 @@ export class Gpu {
     return p;
   }
 
+  /**
+   * Running totals since the Gpu was made, for benchmarks (diff two readings around a step): dispatches
+   * recorded, GPUBuffers created (allocator tensors, uniforms, read-back staging) and bind groups created.
+   * Counting only; nothing reads them to decide anything.
+   */
+  get stats(): GpuStats {
+    return {
+      dispatches: this.dispatchCount,
+      buffersCreated: this.allocator.buffersCreated + this.otherBuffersCreated,
+      bindGroupsCreated: this.bindGroupsCreated,
+    };
+  }
+
   get pipelineCount(): number {
     return this.pipelines.size;
   }
@@ -272,6 +295,7 @@ export class Gpu {
     if (spec.uniforms) {
       const bytes = spec.uniforms.bytes();
       const ub = this.device.createBuffer({ size: bytes.byteLength, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST, mappedAtCreation: true });
+      this.otherBuffersCreated++;
       new Uint8Array(ub.getMappedRange()).set(new Uint8Array(bytes));
       ub.unmap();
       this.pendingUniforms.push(ub);
@@ -285,6 +309,7 @@ export class Gpu {
       entries.push({ binding: i + 1, resource: { buffer: w.buffer, offset: w.offset, size: w.size } });
     });
     const bindGroup = this.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries });
+    this.bindGroupsCreated++;
     const [x, y = 1, z = 1] = spec.workgroups;
     const maxWg = this.device.limits.maxComputeWorkgroupsPerDimension;
     if (x > maxWg || y > maxWg || z > maxWg)
@@ -358,6 +383,7 @@ export class Gpu {
     }
     if (this.timedPasses !== 1) throw new Error(`gpuTime: the recorded work spanned ${this.timedPasses} compute passes, expected 1`);
     const resolved = this.device.createBuffer({ size: 16, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC });
+    this.otherBuffersCreated++;
     this.getEncoder().resolveQuerySet(querySet, 0, 2, resolved, 0);
     const [t0, t1] = new BigUint64Array(await this.readBytes(resolved, 0, 16));
     resolved.destroy();

@@ -1,0 +1,421 @@
+// npm run bench:step — one DreamBooth training step exactly as the trainer runs it (DreamBoothTrainer.trainStep:
+// prior-preservation batch of 2, forward, loss, backward, optimizer), with the placement (activation
+// checkpointing, resident optimizer chunks) that src/train/plan.ts planTraining picks under the budget, for
+// LoRA rank 8 and full fine-tuning, in the adapter's compute dtype (f16 where it has shader-f16, else f32).
+// Written to bench/results/step.json (or --out FILE); its "quick" field says which run made it.
+//
+// Cases:
+//   tiny   the tests' SD1-style UNet (tests/fixtures/modules/unet_sd1) at its 8x8 latents, as bench/train.ts
+//          runs it; the PyTorch CPU peer is bench/peers/torch_train.py (the same step on the same UNet, f32).
+//   sd15   SD 1.5's real UNet config (src/models/shapes.ts SD15.unet, 859.5 M parameters, random weights) at a
+//          reduced resolution (default 64 px = 8x8 latents, 77x768 embeddings; --sd15-px N). There is no
+//          PyTorch peer at these widths yet: torch_s is null with the reason.
+// Per case: s/step (median of the timed steps after warm-up), ours/PyTorch, the step's peak GPU bytes (the
+// allocator's peak; trainStep resets it), dispatches, GPUBuffers and bind groups created per step (Gpu.stats),
+// and host ms per step = wall time minus the time spent awaiting Gpu.sync / Gpu.readBytes (on lavapipe the GPU
+// is the same CPU, so that wait is where the shaders run; what is left is JavaScript recording, uploads, the
+// optimizer's host side). A case whose warm-up step takes over --max-step-s (default 180) seconds is dropped with
+// the reason (lavapipe runs about 3 GFLOP/s).
+// Flags: --quick (1 warm-up + 5 timed; tiny and sd15 LoRA), --cases tiny-lora,sd15-lora,... , --budget-gib N
+// (default 4), --sd15-px N, --max-step-s N, --out FILE.
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { cpus, totalmem } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { Gpu } from '../src/gpu/device.ts';
+import { nodeGpu } from '../src/gpu/node.ts';
+import type { Tensor } from '../src/gpu/tensor.ts';
+import { readSafetensors } from '../src/io/safetensors.ts';
+import { SD15, unetParams } from '../src/models/shapes.ts';
+import { unetConfigFromJson, type UnetConfig } from '../src/nn/unet.ts';
+import { SD_SCHEDULE, type ScheduleConfig } from '../src/sample/schedulers.ts';
+import { MemoryChunkStore } from '../src/store/chunkstore.ts';
+import { planTraining, type Plan } from '../src/train/plan.ts';
+import { DreamBoothTrainer, TRAIN_DEFAULTS, type TrainData, type TrainMode, type TrainSettings } from '../src/train/trainer.ts';
+import { Rng } from '../src/util/rng.ts';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const root = join(here, '..');
+const args = process.argv.slice(2);
+const arg = (name: string) => (args.includes(name) ? args[args.indexOf(name) + 1] : undefined);
+const quick = args.includes('--quick');
+const GiB = 2 ** 30;
+const PYTHON = '/usr/bin/python3';
+const STEPS = { warmup: 1, timed: 5 };
+const BUDGET = (Number(arg('--budget-gib')) || 4) * GiB;
+const SD15_PX = Number(arg('--sd15-px')) || 64;
+const MAX_STEP_S = Number(arg('--max-step-s')) || 180;
+const ALL_CASES = ['tiny-lora', 'tiny-full', 'sd15-lora', 'sd15-full'] as const;
+type CaseName = (typeof ALL_CASES)[number];
+const QUICK_CASES: CaseName[] = ['tiny-lora', 'tiny-full', 'sd15-lora'];
+
+function selectedCases(): CaseName[] {
+  const list = arg('--cases');
+  if (!list) return quick ? QUICK_CASES : [...ALL_CASES];
+  const names = list.split(',');
+  for (const n of names)
+    if (!(ALL_CASES as readonly string[]).includes(n)) throw new Error(`--cases: unknown case "${n}"; use a comma list of ${ALL_CASES.join(', ')}`);
+  return names as CaseName[];
+}
+
+const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
+const round = (x: number, digits = 4) => Math.round(x * 10 ** digits) / 10 ** digits;
+const gib = (n: number) => `${(n / GiB).toFixed(3)} GiB`;
+
+// ---------------------------------------------------------------------------------------------- models
+
+interface BenchModel {
+  config: UnetConfig;
+  schedule: ScheduleConfig;
+  data: TrainData;
+  /** The weights in `dtype` on `gpu` (fresh per case: each case has its own Gpu). */
+  weights: (gpu: Gpu) => Map<string, Tensor>;
+  /** Settings beside the mode's defaults (the tiny run's are the reference runs'). */
+  settings: (mode: TrainMode) => Partial<TrainSettings>;
+  resolution: number;
+}
+
+function sampleData(latentShape: [number, number, number], contextShape: [number, number]): TrainData {
+  const rng = new Rng(1);
+  const [c, h, w] = latentShape;
+  const sample = () => ({ latent: rng.normals(c * h * w), context: rng.normals(contextShape[0] * contextShape[1]) });
+  return { latentShape, contextShape, instance: [sample(), sample()], classes: [sample()] };
+}
+
+/** The tiny UNet with bench/train.ts's settings (the reference runs'); its weights from the fixture. */
+function tinyModel(mode: TrainMode): BenchModel {
+  const file = readSafetensors(new Uint8Array(readFileSync(join(root, 'tests', 'fixtures', 'modules', 'unet_sd1.safetensors'))));
+  const config = unetConfigFromJson(JSON.parse(file.metadata.config));
+  const prediction = mode === 'lora' ? 'epsilon' : 'v_prediction';
+  return {
+    config,
+    schedule: { ...SD_SCHEDULE, prediction },
+    data: sampleData([4, 8, 8], [7, 32]),
+    resolution: 64,
+    weights: (gpu) => {
+      const out = new Map<string, Tensor>();
+      for (const name of unetParams(config).keys()) {
+        const t = file.tensors.get(name)!;
+        out.set(name, gpu.upload(t.data, t.shape, gpu.computeDType, 'weights', name));
+      }
+      return out;
+    },
+    settings: (m) =>
+      m === 'lora'
+        ? { lr: 1e-3, rank: 8, alpha: 8, checkpointEvery: 0, chunkElems: 4096 }
+        : { lr: 1e-4, minSnrGamma: 5, priorLossWeight: 0.5, checkpointEvery: 0, chunkElems: 4096 },
+  };
+}
+
+/**
+ * SD 1.5's UNet with random weights: fan-in scaled normals for matrices and kernels (so f16 activations stay
+ * finite and steps are applied, as with real weights), norm scales 1, biases 0. The values come from one pool
+ * of normals read at varying offsets: drawing 859.5 M fresh normals in JavaScript would take longer than the
+ * step, and the timing does not depend on the values.
+ */
+function sd15Model(): BenchModel {
+  const config = SD15.unet;
+  const lat = SD15_PX / 8;
+  const pool = new Rng(7).normals(1 << 20);
+  return {
+    config,
+    schedule: SD_SCHEDULE,
+    data: sampleData([4, lat, lat], [77, 768]),
+    resolution: SD15_PX,
+    weights: (gpu) => {
+      const out = new Map<string, Tensor>();
+      let offset = 0;
+      for (const [name, shape] of unetParams(config)) {
+        const n = shape.reduce((a, b) => a * b, 1);
+        const values = new Float32Array(n);
+        if (shape.length === 1) values.fill(/norm/.test(name) && name.endsWith('.weight') ? 1 : 0);
+        else {
+          const std = 1 / Math.sqrt(n / shape[0]);
+          for (let i = 0; i < n; i++) values[i] = pool[(offset + i) % pool.length] * std;
+          offset += 7919;
+        }
+        out.set(name, gpu.upload(values, shape, gpu.computeDType, 'weights', name));
+      }
+      return out;
+    },
+    settings: () => ({ checkpointEvery: 0 }), // LoRA rank 8 / alpha 8 and full: TRAIN_DEFAULTS
+  };
+}
+
+// ---------------------------------------------------------------------------------------------- ours
+
+interface OursResult {
+  stepsS: number[];
+  warmupS: number;
+  applied: number;
+  peakBytes: number;
+  dispatches: number;
+  buffersCreated: number;
+  bindGroupsCreated: number;
+  hostMs: number;
+  waitMs: number;
+  dropped?: string;
+}
+
+/**
+ * Wraps the Gpu's sync and readBytes on this instance to add up the time spent awaiting them (nested calls,
+ * readBytes -> sync, are counted once). Timing only: the wrapped methods are called unchanged.
+ */
+function timeWaits(gpu: Gpu): { ms: () => number } {
+  let depth = 0;
+  let start = 0;
+  let total = 0;
+  const wrap =
+    <A extends unknown[], R>(f: (...a: A) => Promise<R>) =>
+    async (...a: A): Promise<R> => {
+      if (depth++ === 0) start = performance.now();
+      try {
+        return await f(...a);
+      } finally {
+        if (--depth === 0) total += performance.now() - start;
+      }
+    };
+  gpu.sync = wrap(gpu.sync.bind(gpu));
+  gpu.readBytes = wrap(gpu.readBytes.bind(gpu));
+  return { ms: () => total };
+}
+
+async function ours(model: BenchModel, mode: TrainMode, plan: Plan): Promise<OursResult> {
+  const gpu = await nodeGpu();
+  try {
+    const waits = timeWaits(gpu);
+    const settings: TrainSettings = {
+      ...TRAIN_DEFAULTS[mode],
+      ...model.settings(mode),
+      activationCheckpointing: plan.activationCheckpointing,
+      residentChunks: plan.residentChunks,
+    };
+    const weights = model.weights(gpu);
+    const trainer = await DreamBoothTrainer.create(
+      gpu,
+      { config: model.config, weights, schedule: model.schedule },
+      model.data,
+      settings,
+      new MemoryChunkStore(),
+      'bench',
+    );
+    const w0 = performance.now();
+    for (let i = 0; i < STEPS.warmup; i++) await trainer.trainStep();
+    const warmupS = (performance.now() - w0) / 1000 / STEPS.warmup;
+    const timed = warmupS > MAX_STEP_S ? 0 : STEPS.timed;
+    const stepsS: number[] = [];
+    const counts = {
+      dispatches: [] as number[],
+      buffers: [] as number[],
+      bindGroups: [] as number[],
+      host: [] as number[],
+      wait: [] as number[],
+      peak: [] as number[],
+    };
+    let applied = 0;
+    for (let i = 0; i < timed; i++) {
+      const s0 = gpu.stats;
+      const wait0 = waits.ms();
+      const t0 = performance.now();
+      const r = await trainer.trainStep(); // ends with gpu.sync(): the step's GPU work is done
+      const wall = performance.now() - t0;
+      const s1 = gpu.stats;
+      const wait = waits.ms() - wait0;
+      stepsS.push(wall / 1000);
+      counts.dispatches.push(s1.dispatches - s0.dispatches);
+      counts.buffers.push(s1.buffersCreated - s0.buffersCreated);
+      counts.bindGroups.push(s1.bindGroupsCreated - s0.bindGroupsCreated);
+      counts.wait.push(wait);
+      counts.host.push(wall - wait);
+      counts.peak.push(r.gpuPeakBytes);
+      if (r.applied) applied++;
+    }
+    trainer.destroy();
+    const med = (xs: number[]) => (xs.length ? median(xs) : NaN);
+    return {
+      stepsS,
+      warmupS,
+      applied,
+      peakBytes: counts.peak.length ? Math.max(...counts.peak) : gpu.allocator.report().peak,
+      dispatches: med(counts.dispatches),
+      buffersCreated: med(counts.buffers),
+      bindGroupsCreated: med(counts.bindGroups),
+      hostMs: med(counts.host),
+      waitMs: med(counts.wait),
+      ...(timed === 0 ? { dropped: `the warm-up step took ${warmupS.toFixed(0)} s, over --max-step-s ${MAX_STEP_S}: no timed steps` } : {}),
+    };
+  } finally {
+    gpu.destroy();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- PyTorch peer
+
+type Peer = { medianS: number; torch: string; threads: number } | { error: string };
+
+/** The tiny step in PyTorch on the CPU (bench/peers/torch_train.py, f32), or why it could not run. */
+function torchTiny(mode: TrainMode, settings: TrainSettings, prediction: string): Peer {
+  if (!existsSync(PYTHON)) return { error: `${PYTHON} not found: no PyTorch peer` };
+  const peerArgs = [
+    join(here, 'peers', 'torch_train.py'),
+    ...['--mode', mode, '--steps', String(STEPS.timed), '--warmup', String(STEPS.warmup), '--lr', String(settings.lr), '--prediction', prediction],
+    ...['--prior-weight', String(settings.priorLossWeight), '--max-grad-norm', String(settings.maxGradNorm), '--weight-decay', String(settings.weightDecay)],
+    ...(mode === 'lora' ? ['--rank', String(settings.rank), '--alpha', String(settings.alpha)] : []),
+    ...(settings.minSnrGamma !== null ? ['--min-snr', String(settings.minSnrGamma)] : []),
+  ];
+  try {
+    const out = execFileSync(PYTHON, peerArgs, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+    const r = JSON.parse(out.trim().split('\n').pop()!);
+    return { medianS: r.medianS, torch: r.torch, threads: r.threads };
+  } catch (e) {
+    const err = e as { stderr?: string; message: string };
+    const why = /No module named 'torch'/.test(err.stderr ?? '')
+      ? `PyTorch is not installed for ${PYTHON}`
+      : (err.stderr?.trim().split('\n').pop() ?? err.message);
+    return { error: `no PyTorch peer: ${why}` };
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- main
+
+async function machine() {
+  const gpu = await nodeGpu();
+  const a = gpu.adapter;
+  const out = {
+    adapter: `${a.vendor} ${a.architecture} ${a.description}`.trim(),
+    f16: gpu.hasF16,
+    timestampQuery: gpu.hasTimestamps,
+    cpu: cpus()[0]?.model.trim() ?? 'unknown CPU',
+    cores: cpus().length,
+    memoryGiB: round(totalmem() / GiB, 1),
+    node: process.version,
+  };
+  gpu.destroy();
+  return out;
+}
+
+// Per-op-family GPU time needs a timestamp pair per dispatch (one compute pass each, tagged by shader), which
+// Gpu.dispatch does not record; Gpu.gpuTime times one pass only. Not wired yet: null, with this reason.
+const GPU_MS_BY_FAMILY_REASON =
+  'not measured: per-dispatch timestamp queries by op family are not wired into Gpu.dispatch yet (Gpu.gpuTime times one pass only)';
+
+const m = await machine();
+const cases = selectedCases();
+console.log(
+  `machine: ${m.adapter} (Dawn) / ${m.cores}-core ${m.cpu}, ${m.memoryGiB} GiB; compute dtype ${m.f16 ? 'f16' : 'f32'}; timestamp-query ${m.timestampQuery ? 'yes' : 'no'}${quick ? '   [--quick]' : ''}`,
+);
+console.log(
+  `one DreamBooth step (batch 2: instance + class), median of ${STEPS.timed} after ${STEPS.warmup} warm-up; placement: planTraining under ${gib(BUDGET)}\n`,
+);
+
+const rows: Record<string, unknown>[] = [];
+for (const name of cases) {
+  const [kind, mode] = name.split('-') as ['tiny' | 'sd15', TrainMode];
+  const model = kind === 'tiny' ? tinyModel(mode) : sd15Model();
+  const dtype = m.f16 ? 'f16' : 'f32';
+  const settings: TrainSettings = { ...TRAIN_DEFAULTS[mode], ...model.settings(mode) };
+  const p0 = performance.now();
+  const plan = await planTraining(
+    () => nodeGpu({ dryRun: true }),
+    { config: model.config, dtype, schedule: model.schedule, name: kind === 'tiny' ? 'tiny UNet' : 'SD 1.5' },
+    { latentShape: model.data.latentShape, contextShape: model.data.contextShape, withClass: true },
+    settings,
+    BUDGET,
+  );
+  const planS = (performance.now() - p0) / 1000;
+  const placement = `${plan.activationCheckpointing ? 'activation checkpointing' : 'no checkpointing'}, ${plan.residentChunks}/${plan.chunks} optimizer chunks resident`;
+  if (!plan.fits) {
+    console.log(`  ${name}: does not fit ${gib(BUDGET)}: ${plan.message ?? ''}`);
+    rows.push({
+      name,
+      mode,
+      resolution: model.resolution,
+      dtype,
+      ours_s: null,
+      torch_s: null,
+      ratio: null,
+      dropped: `does not fit the budget: ${plan.message}`,
+      plan,
+    });
+    continue;
+  }
+  const r = await ours(model, mode, plan);
+  const peer: Peer =
+    kind === 'tiny'
+      ? torchTiny(mode, settings, model.schedule.prediction)
+      : { error: 'no PyTorch peer at SD 1.5 widths yet (bench/peers/torch_train.py runs the tiny UNet only)' };
+  const oursS = r.stepsS.length ? median(r.stepsS) : null;
+  const torchS = 'error' in peer ? null : peer.medianS;
+  const ratio = oursS !== null && torchS !== null ? oursS / torchS : null;
+  rows.push({
+    name,
+    mode,
+    resolution: model.resolution,
+    latent_shape: model.data.latentShape,
+    context_shape: model.data.contextShape,
+    batch: 2,
+    dtype,
+    ...(mode === 'lora' ? { rank: settings.rank } : {}),
+    placement: {
+      activationCheckpointing: plan.activationCheckpointing,
+      residentChunks: plan.residentChunks,
+      chunks: plan.chunks,
+      plannedPeakBytes: plan.peakBytes,
+      planSeconds: round(planS, 1),
+    },
+    ours_s: oursS === null ? null : round(oursS),
+    ours_all_s: r.stepsS.map((x) => round(x)),
+    warmup_s: round(r.warmupS),
+    applied: `${r.applied}/${r.stepsS.length}`,
+    torch_s: torchS === null ? null : round(torchS, 5),
+    ...('error' in peer ? { torch_missing: peer.error } : { torch: { version: peer.torch, threads: peer.threads, dtype: 'f32' } }),
+    ratio: ratio === null ? null : round(ratio, 2),
+    peak_bytes: r.peakBytes,
+    dispatches: r.dispatches,
+    buffers_created: r.buffersCreated,
+    bind_groups_created: r.bindGroupsCreated,
+    host_ms: round(r.hostMs, 1),
+    wait_ms: round(r.waitMs, 1),
+    gpu_ms_by_family: null,
+    gpu_ms_by_family_missing: GPU_MS_BY_FAMILY_REASON,
+    ...(r.dropped ? { dropped: r.dropped } : {}),
+  });
+  const torchPart = 'error' in peer ? `PyTorch: ${peer.error}` : `PyTorch CPU f32 ${peer.medianS.toFixed(4)} s/step, ours/torch ${ratio!.toFixed(2)}x`;
+  console.log(
+    `  ${name.padEnd(9)} ${model.resolution} px ${dtype} (${placement}): ${oursS === null ? r.dropped : `${oursS.toFixed(4)} s/step (${r.applied}/${r.stepsS.length} applied)`}; ${torchPart}\n` +
+      `            peak ${gib(r.peakBytes)}, ${r.dispatches} dispatches, ${r.buffersCreated} GPUBuffers + ${r.bindGroupsCreated} bind groups created per step, host ${r.hostMs.toFixed(1)} ms + ${r.waitMs.toFixed(1)} ms awaiting the GPU`,
+  );
+}
+
+const out = arg('--out') ?? join(here, 'results', 'step.json');
+mkdirSync(dirname(out), { recursive: true });
+writeFileSync(
+  out,
+  JSON.stringify(
+    {
+      date: new Date().toISOString(),
+      quick,
+      machine: m,
+      adapter: m.adapter,
+      steps: STEPS,
+      budgetBytes: BUDGET,
+      definitions: {
+        ours_s: 'median wall seconds of DreamBoothTrainer.trainStep (ends with gpu.sync)',
+        ratio: 'ours_s / torch_s',
+        peak_bytes: "the allocator's peak over the timed steps (trainStep resets it each step)",
+        dispatches: 'compute dispatches recorded per step (median; Gpu.stats)',
+        buffers_created: 'GPUBuffers created per step (median): allocator tensors, uniforms, read-back staging',
+        host_ms: 'wall ms per step minus ms spent awaiting Gpu.sync / Gpu.readBytes (median)',
+      },
+      cases: rows,
+    },
+    null,
+    2,
+  ),
+);
+console.log(`\nwrote ${out}`);
+process.exit(0);
