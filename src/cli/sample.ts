@@ -5,7 +5,7 @@ import { dirname, join, resolve } from 'node:path';
 import { encode } from 'fast-png';
 import type { Gpu } from '../gpu/device.ts';
 import { ClipTokenizer } from '../io/tokenizer.ts';
-import { checkTxt2ImgOptions, MAX_IMAGE_SIDE, SampleOptionError, txt2img } from '../sample/txt2img.ts';
+import { MAX_IMAGE_SIDE, SampleOptionError, txt2img } from '../sample/txt2img.ts';
 import { promptWarning } from '../pipeline/run.ts';
 import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flags } from './args.ts';
 import { scheduleFromJson, SD_SCHEDULE } from '../sample/schedulers.ts';
@@ -60,18 +60,13 @@ export async function sampleCommand(gpu: Gpu, args: string[]): Promise<void> {
   }
   const overrides = configOverrides(arg('config'), 'unet');
   const model = await loadModel(gpu, modelPath, { dtype: gpu.computeDType, overrides });
-  try {
-    checkTxt2ImgOptions(model, { steps, guidance, seed, width, height });
-  } catch (e) {
-    if (e instanceof SampleOptionError) throw new UsageError(`--${e.message}`);
-    throw e;
-  }
   const schedJson =
     isDir && existsSync(join(modelPath, 'scheduler/scheduler_config.json'))
       ? readJsonFile(join(modelPath, 'scheduler/scheduler_config.json'), 'the scheduler config')
       : {};
   const schedule = { ...SD_SCHEDULE, ...scheduleFromJson({ ...schedJson, ...overrides?.scheduler }, model.prediction) };
   const t0 = performance.now();
+  // txt2img checks the sizes against the model's factor before any GPU work; its message names the option.
   const img = await txt2img(gpu, model, tokenizer, {
     prompt,
     negativePrompt: arg('negative') ?? '',
@@ -83,6 +78,8 @@ export async function sampleCommand(gpu: Gpu, args: string[]): Promise<void> {
     sampler,
     schedule,
     onStep: (i, n) => process.stderr.write(`step ${i}/${n} ${((performance.now() - t0) / 1000).toFixed(1)} s\n`),
+  }).catch((e: unknown) => {
+    throw e instanceof SampleOptionError ? new UsageError(`--${e.message}`) : e;
   });
   writeFileSync(out, encode({ width: img.width, height: img.height, data: img.rgb, channels: 3, depth: 8 }));
   console.log(JSON.stringify({ out, width: img.width, height: img.height, sampler, steps, seed }));

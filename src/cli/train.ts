@@ -34,6 +34,7 @@ import {
   parseSettingValue,
   SETTINGS,
   SettingsError,
+  validatePrompt,
   validateSettings,
   type RunSettings,
   type SettingKey,
@@ -134,7 +135,7 @@ function newRun(values: ParsedFlags): RunFile {
   if (missing.length) throw new UsageError(`train needs ${missing.map((k) => `--${k}`).join(', ')}\n${TRAIN_USAGE}`);
   const settings = settingsFromFlags(values);
   const prompt = stringFlag(values, 'prompt')!;
-  if (!prompt.trim()) throw new SettingsError('--prompt is empty: describe the subject with a rare token, e.g. "a photo of sks dog"', 'prompt');
+  validatePrompt(prompt, '--prompt');
   const model = stringFlag(values, 'model')!;
   if (!existsSync(model)) throw new UsageError(`--model ${model}: no such file or folder`);
   const images = stringFlag(values, 'images')!;

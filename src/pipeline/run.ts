@@ -35,7 +35,7 @@ import { pipeToSink } from '../export/stream.ts';
 import { formatBytes } from '../util/bytes.ts';
 import {
   RunError,
-  SettingsError,
+  validatePrompt,
   validateForModel,
   validateSettings,
   flagName,
@@ -245,8 +245,7 @@ export class TrainingRun {
     const name = host.settingName ?? flagName;
     const s = run.settings;
     validateSettings(s, name);
-    if (!run.prompt.trim())
-      throw new SettingsError('the instance prompt is empty: describe the subject with a rare token, e.g. "a photo of sks dog"', 'prompt');
+    validatePrompt(run.prompt, 'the instance prompt');
     emit({ type: 'phase', phase: 'loading', message: `Loading ${opened.name} onto the GPU` });
     const tokenizer = ClipTokenizer.fromFiles(opened.tokenizer);
     const sourceOptions = opened.overrides ? { overrides: opened.overrides } : {};
@@ -378,10 +377,6 @@ export class TrainingRun {
     what: 'images' | 'class-images',
   ): Promise<PreparedSet> {
     const label = what === 'images' ? 'photos' : 'class images';
-    if (!prompt.trim())
-      throw new RunError(
-        what === 'images' ? 'the instance prompt is empty: describe the subject with a rare token, e.g. "a photo of sks dog"' : 'the class prompt is empty',
-      );
     const decoded: { item: ImageInput; img: RgbaImage & { original?: ImageSize } }[] = [];
     for (let i = 0; i < items.length; i++) {
       host.emit({ type: 'phase', phase: 'images', message: `Reading ${label}: ${items[i].name}`, done: i, total: items.length });

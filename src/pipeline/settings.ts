@@ -252,6 +252,11 @@ export function validateSettings(s: RunSettings, name: Namer = flagName): void {
     throw new SettingsError(`prior preservation needs a class prompt (${name('classPrompt')}, e.g. "a photo of a dog")`, 'classPrompt');
 }
 
+/** The instance prompt is not empty; `what` names it the host's way ("--prompt", "the instance prompt"). */
+export function validatePrompt(prompt: string, what: string): void {
+  if (!prompt.trim()) throw new SettingsError(`${what} is empty: describe the subject with a rare token, e.g. "a photo of sks dog"`, 'prompt');
+}
+
 /** What validateForModel needs of a model: no GPU, no weights. */
 export interface ModelShape {
   /** Pixels per latent pixel (the VAE's down-sampling) times the UNet's own down-sampling. */

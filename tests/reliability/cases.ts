@@ -440,13 +440,7 @@ export const CASES: Case[] = [
     args: () => [],
     code: 1,
     message: /text_encoder: hidden_size 32 is not divisible by num_attention_heads 12/,
-    setup: (ws) => ({
-      args: withFlag(
-        ws,
-        '--model',
-        modelCopy(ws, (f) => editJson(join(f, 'text_encoder', 'config.json'), (j) => (j.num_attention_heads = 12))),
-      ),
-    }),
+    setup: (ws) => ({ args: withConfig(ws, 'text_encoder', 'num_attention_heads', 12) }),
   },
   {
     name: 'a null field in a config',
@@ -454,13 +448,7 @@ export const CASES: Case[] = [
     args: () => [],
     code: 1,
     message: /unet\/config\.json: attention_head_dim is null/,
-    setup: (ws) => ({
-      args: withFlag(
-        ws,
-        '--model',
-        modelCopy(ws, (f) => editJson(join(f, 'unet', 'config.json'), (j) => (j.attention_head_dim = null))),
-      ),
-    }),
+    setup: (ws) => ({ args: withConfig(ws, 'unet', 'attention_head_dim', null) }),
   },
   {
     name: 'zero norm groups',
@@ -468,13 +456,7 @@ export const CASES: Case[] = [
     args: () => [],
     code: 1,
     message: /vae\/config\.json: norm_num_groups is 0/,
-    setup: (ws) => ({
-      args: withFlag(
-        ws,
-        '--model',
-        modelCopy(ws, (f) => editJson(join(f, 'vae', 'config.json'), (j) => (j.norm_num_groups = 0))),
-      ),
-    }),
+    setup: (ws) => ({ args: withConfig(ws, 'vae', 'norm_num_groups', 0) }),
   },
   {
     name: 'a config that is not JSON inside the model folder',
@@ -656,6 +638,15 @@ function poisonUnet(folder: string): string {
   st.tensors.get(name)!.data[3] = NaN;
   writeFileSync(file, writeSafetensors(st.tensors));
   return name;
+}
+
+/** trainArgs on a copy of the tiny model whose `component` config has `field` set to `value`. */
+function withConfig(ws: Workspace, component: string, field: string, value: unknown): string[] {
+  return withFlag(
+    ws,
+    '--model',
+    modelCopy(ws, (f) => editJson(join(f, component, 'config.json'), (j) => (j[field] = value))),
+  );
 }
 
 function editJson(path: string, edit: (j: Record<string, unknown>) => void): void {
