@@ -3,7 +3,7 @@
 // uploads and read-backs, and device-loss reporting. Host-agnostic: the host passes a GPU object
 // (navigator.gpu in Chrome, the `webgpu` package's in Node) and a ShaderSource.
 
-import { Allocator, type Tag } from './allocator.ts';
+import { Allocator, sizeClass, type Tag } from './allocator.ts';
 import { GpuDeviceLostError, GpuValidationError, NoWebGpuError, ShapeError } from './errors.ts';
 import { fromF16Bits, toF16Bits } from '../util/half.ts';
 import { defsKey, specialise, type Defs, type ShaderSource } from './shaders.ts';
@@ -41,6 +41,11 @@ export interface GpuOptions {
    * (reads return zeros), so the real code measures its own peak bytes for any model size in moments.
    */
   dryRun?: boolean;
+  /**
+   * Fill every new tensor with NaN (0xFFFFFFFF words) before handing it out, so code that reads memory it never
+   * wrote fails loudly (the pool hands out buffers with stale contents). The tests run with it (DBS_GPU_POISON=1).
+   */
+  poison?: boolean;
 }
 
 export interface AdapterSummary {
@@ -108,6 +113,33 @@ export interface GpuStats {
   bindGroupsCreated: number;
 }
 
+/** GPU time of the profiled dispatches, by op family (shader file) and by kernel (shader.entry). */
+export interface GpuProfile {
+  byFamily: Record<string, { ms: number; dispatches: number }>;
+  byKernel: Record<string, { ms: number; dispatches: number }>;
+  totalMs: number;
+}
+
+/** State of a profiling window: one timestamp pair per dispatch, resolved at each submit. */
+interface Profiling {
+  querySet: GPUQuerySet;
+  /** Timestamp pairs the query set holds. */
+  capacity: number;
+  /** `${shader}.${entry}` of each dispatch recorded since the last submit, in query-pair order. */
+  kernels: string[];
+  /** Read-backs of submitted query results, accumulating into `totals`. */
+  pending: Promise<void>[];
+  totals: Map<string, { ms: number; dispatches: number }>;
+}
+
+/** Uniform slots per flush before the ring must grow (or the recording be submitted early). */
+const UNIFORM_RING_START = 64 * 1024;
+const UNIFORM_RING_MAX = 16 << 20;
+/** Bind groups cached before the cache is dropped (they are cheap to rebuild; the bound only caps memory). */
+const BIND_GROUP_CACHE_MAX = 1 << 16;
+/** Timestamp pairs per query set while profiling (the query-set size limit is 4096 queries). */
+const PROFILE_PAIRS = 2048;
+
 export class Gpu {
   readonly allocator: Allocator;
   readonly hasF16: boolean;
@@ -119,8 +151,23 @@ export class Gpu {
   private readonly pipelines = new Map<string, GPUComputePipeline>();
   private encoder: GPUCommandEncoder | null = null;
   private pass: GPUComputePassEncoder | null = null;
-  private pendingUniforms: GPUBuffer[] = [];
-  /** Buffers freed while recorded commands still used them: destroyed once submitted. */
+  /**
+   * Uniforms come from one ring buffer: each dispatch's bytes are packed into `uniformBytes` at an aligned
+   * offset and bound there; flush() writes the packed bytes into `uniformRing` just before its submit. The
+   * queue runs writes and submits in order, so one buffer serves every submit without waiting for the last.
+   */
+  private uniformRing: GPUBuffer | null = null;
+  private uniformBytes = new Uint8Array(UNIFORM_RING_START);
+  private uniformUsed = 0;
+  /** Bind groups by pipeline and bound ranges: a training step binds the same buffers at the same offsets each time. */
+  private readonly bindGroups = new Map<string, GPUBindGroup>();
+  private readonly bufferIds = new WeakMap<GPUBuffer, number>();
+  private nextBufferId = 1;
+  /** Read-back staging buffers (MAP_READ) by size class, reused. */
+  private readonly stagingPool = new Map<number, GPUBuffer[]>();
+  private profiling: Profiling | null = null;
+  private readonly poison: boolean;
+  /** Buffers evicted from the pool while recorded commands still used them: destroyed once submitted. */
   private afterSubmit: GPUBuffer[] = [];
   /** Set while gpuTime() records: the next compute pass writes its begin/end timestamps here. */
   private passTimestamps: GPUComputePassTimestampWrites | null = null;
@@ -144,7 +191,9 @@ export class Gpu {
     this.hasTimestamps = device.features.has('timestamp-query');
     this.maxBinding = Math.min(opts.bindingLimit ?? Infinity, device.limits.maxStorageBufferBindingSize);
     this.dryRun = opts.dryRun ?? false;
+    this.poison = (opts.poison ?? false) && !this.dryRun;
     this.allocator = new Allocator(device, device.limits.maxBufferSize, this.dryRun);
+    this.allocator.onEvict = () => this.bindGroups.clear();
     device.lost.then((info) => {
       this.lost = new GpuDeviceLostError(info.reason ?? 'unknown', info.message || 'no message');
       for (const l of this.lostListeners) l(this.lost);
@@ -194,22 +243,53 @@ export class Gpu {
 
   // ---- tensors -------------------------------------------------------------------------------
 
+  /**
+   * A tensor whose contents are undefined (a pooled buffer keeps what its last user wrote): for outputs a kernel
+   * writes in full. Use zeros() for accumulators. Under `poison` its words are NaN.
+   */
   tensor(shape: readonly number[], dtype: DType, tag: Tag, label = 'tensor'): Tensor {
-    this.checkAlive();
-    this.checkDType(dtype, label);
-    return new Tensor(this.allocator.alloc(numel(shape) * BYTES[dtype], tag, label), shape, dtype);
+    const t = this.allocTensor(shape, dtype, tag, label);
+    if (this.poison) this.fill(t, 0xffffffff);
+    return t;
   }
 
   async tensorChecked(shape: readonly number[], dtype: DType, tag: Tag, label = 'tensor'): Promise<Tensor> {
     this.checkAlive();
     this.checkDType(dtype, label);
-    return new Tensor(await this.allocator.allocChecked(numel(shape) * BYTES[dtype], tag, label), shape, dtype);
+    const t = new Tensor(await this.allocator.allocChecked(numel(shape) * BYTES[dtype], tag, label), shape, dtype);
+    if (this.poison) this.fill(t, 0xffffffff);
+    return t;
+  }
+
+  private allocTensor(shape: readonly number[], dtype: DType, tag: Tag, label: string): Tensor {
+    this.checkAlive();
+    this.checkDType(dtype, label);
+    return new Tensor(this.allocator.alloc(numel(shape) * BYTES[dtype], tag, label), shape, dtype);
+  }
+
+  /** Sets every 32-bit word of the tensor's buffer range to `word` (one dispatch per storage binding's worth). */
+  private fill(t: Tensor, word: number): void {
+    const words = Math.ceil(t.byteSize / 4);
+    // Windows of the device's real binding limit (a test's lower `bindingLimit` is for the kernels under test).
+    const align = this.device.limits.minStorageBufferOffsetAlignment / 4;
+    const per = Math.floor(this.device.limits.maxStorageBufferBindingSize / 4 / align) * align;
+    for (let start = 0; start < words; start += per) {
+      const count = Math.min(per, words - start);
+      this.dispatch({
+        shader: 'fill',
+        entry: 'fill',
+        defs: { WG: 256 },
+        uniforms: new Uniforms().u32(count, word),
+        bindings: [this.subWindow(t, start, count, 4)],
+        workgroups: this.grid(Math.ceil(count / 256)),
+      });
+    }
   }
 
   /** Uploads f32 values as a tensor of `dtype` (rounding to f16 where asked). */
   upload(data: ArrayLike<number>, shape: readonly number[], dtype: DType, tag: Tag = 'scratch', label = 'upload'): Tensor {
     if (data.length !== numel(shape)) throw new ShapeError('upload', `${data.length} values for shape [${shape.join(',')}]`);
-    const t = this.tensor(shape, dtype, tag, label);
+    const t = this.allocTensor(shape, dtype, tag, label); // write() sets every element
     this.write(t, data);
     return t;
   }
@@ -224,8 +304,22 @@ export class Gpu {
     this.device.queue.writeBuffer(t.buffer, t.byteOffset, padded.buffer, padded.byteOffset, padded.byteLength);
   }
 
+  /**
+   * Writes raw bytes (e.g. u32 ids in 4-byte slots) at the start of a tensor. Like write(), it submits what is
+   * recorded first: a queue write runs before any command not yet submitted, and a pooled buffer may still be read
+   * by recorded commands of its previous user.
+   */
+  writeRaw(t: Tensor, data: ArrayBufferView): void {
+    if (data.byteLength > t.alloc.bytes - t.byteOffset) throw new ShapeError('writeRaw', `${data.byteLength} bytes for ${t}`);
+    if (this.dryRun) return;
+    this.flush();
+    this.device.queue.writeBuffer(t.buffer, t.byteOffset, data.buffer, data.byteOffset, data.byteLength);
+  }
+
   zeros(shape: readonly number[], dtype: DType, tag: Tag = 'scratch', label = 'zeros'): Tensor {
-    return this.tensor(shape, dtype, tag, label); // WebGPU zero-initialises new buffers
+    const t = this.allocTensor(shape, dtype, tag, label);
+    if (t.alloc.reused) this.fill(t, 0); // WebGPU zero-initialises new buffers; a pooled one holds stale data
+    return t;
   }
 
   /** Reads a tensor back as f32 values. */
@@ -238,27 +332,54 @@ export class Gpu {
   async readBytes(buffer: GPUBuffer, offset: number, size: number): Promise<ArrayBuffer> {
     this.checkAlive();
     const padded = Math.ceil(size / 4) * 4;
-    const staging = this.device.createBuffer({ size: padded, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST, label: 'readback' });
-    this.otherBuffersCreated++;
+    const staging = this.takeStaging(padded);
     this.endPass();
     this.getEncoder().copyBufferToBuffer(buffer, offset, staging, 0, padded);
-    await this.sync();
-    await staging.mapAsync(GPUMapMode.READ);
-    const out = staging.getMappedRange().slice(0, size);
-    staging.unmap();
-    staging.destroy();
-    return out;
+    try {
+      await this.sync();
+      await staging.mapAsync(GPUMapMode.READ, 0, padded);
+      const out = staging.getMappedRange(0, padded).slice(0, size);
+      staging.unmap();
+      this.stagingPool.get(staging.size)!.push(staging);
+      return out;
+    } catch (e) {
+      staging.destroy();
+      throw e;
+    }
   }
 
-  /** Frees tensors; safe while commands using them are still recorded (destroyed after submit). */
+  /** A MAP_READ staging buffer of at least `bytes` from the pool, or a new one of its size class. */
+  private takeStaging(bytes: number): GPUBuffer {
+    const cls = sizeClass(bytes);
+    const stack = this.stagingPool.get(cls) ?? [];
+    this.stagingPool.set(cls, stack);
+    const pooled = stack.pop();
+    if (pooled) return pooled;
+    this.otherBuffersCreated++;
+    return this.device.createBuffer({ size: cls, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST, label: 'readback' });
+  }
+
+  /**
+   * Frees tensors: their buffers go back to the pool, where the next allocation of their size class takes them
+   * (safe while commands using them are recorded or running: later commands run after them).
+   */
   free(...ts: (Tensor | null | undefined)[]): void {
-    const defer = this.encoder ? (b: GPUBuffer) => this.afterSubmit.push(b) : undefined;
-    for (const t of ts) if (t && t.owner) this.allocator.free(t.alloc, defer);
+    for (const t of ts) if (t && t.owner) this.allocator.free(t.alloc);
+  }
+
+  /** Destroys the pool's idle buffers (memory back to the device; the next step recreates what it needs). */
+  trimPool(): void {
+    this.allocator.trimPool(0, this.encoder ? (b) => this.afterSubmit.push(b) : undefined);
+    for (const stack of this.stagingPool.values()) for (const b of stack.splice(0)) b.destroy();
   }
 
   // ---- dispatch ------------------------------------------------------------------------------
 
   pipeline(shader: string, entry: string, defs: Defs): GPUComputePipeline {
+    return this.pipelineEntry(shader, entry, defs).pipeline;
+  }
+
+  private pipelineEntry(shader: string, entry: string, defs: Defs): { pipeline: GPUComputePipeline; key: string } {
     const key = `${shader}:${entry}:${defsKey(defs)}`;
     let p = this.pipelines.get(key);
     if (!p) {
@@ -267,7 +388,7 @@ export class Gpu {
       p = this.device.createComputePipeline({ layout: 'auto', compute: { module, entryPoint: entry }, label: key });
       this.pipelines.set(key, p);
     }
-    return p;
+    return { pipeline: p, key };
   }
 
   /**
@@ -290,17 +411,14 @@ export class Gpu {
   dispatch(spec: DispatchSpec): void {
     this.checkAlive();
     if (this.dryRun) return;
-    const pipeline = this.pipeline(spec.shader, spec.entry, spec.defs);
+    const [x, y = 1, z = 1] = spec.workgroups;
+    const maxWg = this.device.limits.maxComputeWorkgroupsPerDimension;
+    if (x > maxWg || y > maxWg || z > maxWg)
+      throw new ShapeError(`${spec.shader}.${spec.entry}`, `dispatch ${x}x${y}x${z} exceeds ${maxWg} workgroups per dimension`);
+    if (x === 0 || y === 0 || z === 0) return;
+    const { pipeline, key: pipelineKey } = this.pipelineEntry(spec.shader, spec.entry, spec.defs);
     const entries: GPUBindGroupEntry[] = [];
-    if (spec.uniforms) {
-      const bytes = spec.uniforms.bytes();
-      const ub = this.device.createBuffer({ size: bytes.byteLength, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST, mappedAtCreation: true });
-      this.otherBuffersCreated++;
-      new Uint8Array(ub.getMappedRange()).set(new Uint8Array(bytes));
-      ub.unmap();
-      this.pendingUniforms.push(ub);
-      entries.push({ binding: 0, resource: { buffer: ub } });
-    }
+    if (spec.uniforms) entries.push({ binding: 0, resource: this.uniformSlot(spec.uniforms.bytes()) });
     spec.bindings.forEach((b, i) => {
       if (!b) return;
       const w = b instanceof Tensor ? this.window(b) : b;
@@ -308,18 +426,147 @@ export class Gpu {
         throw new ShapeError(`${spec.shader}.${spec.entry}`, `binding ${i + 1} spans ${w.size} bytes, over the device's storage binding limit`);
       entries.push({ binding: i + 1, resource: { buffer: w.buffer, offset: w.offset, size: w.size } });
     });
-    const bindGroup = this.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries });
-    this.bindGroupsCreated++;
-    const [x, y = 1, z = 1] = spec.workgroups;
-    const maxWg = this.device.limits.maxComputeWorkgroupsPerDimension;
-    if (x > maxWg || y > maxWg || z > maxWg)
-      throw new ShapeError(`${spec.shader}.${spec.entry}`, `dispatch ${x}x${y}x${z} exceeds ${maxWg} workgroups per dimension`);
-    if (x === 0 || y === 0 || z === 0) return;
-    const pass = this.getPass();
+    const bindGroup = this.bindGroupFor(pipeline, pipelineKey, entries);
+    const pass = this.profiling ? this.profiledPass(`${spec.shader}.${spec.entry}`) : this.getPass();
     pass.setPipeline(pipeline);
     pass.setBindGroup(0, bindGroup);
     pass.dispatchWorkgroups(x, y, z);
     this.dispatchCount++;
+    if (this.profiling) this.endPass();
+  }
+
+  /** Packs one dispatch's uniform bytes into the ring and returns the binding of its slot. */
+  private uniformSlot(bytes: ArrayBuffer): GPUBufferBinding {
+    const align = this.device.limits.minUniformBufferOffsetAlignment;
+    let offset = Math.ceil(this.uniformUsed / align) * align;
+    if (offset + bytes.byteLength > this.uniformBytes.length) {
+      // Full: submit what is recorded (its uniforms are written then) and grow the ring for next time, so a
+      // warm step fits one ring and creates no buffer.
+      this.flush();
+      offset = 0;
+      if (this.uniformBytes.length < UNIFORM_RING_MAX) {
+        this.uniformBytes = new Uint8Array(this.uniformBytes.length * 2);
+        this.uniformRing?.destroy(); // submitted work that used it still runs (destroy waits for the queue)
+        this.uniformRing = null;
+      }
+    }
+    if (!this.uniformRing) {
+      this.uniformRing = this.device.createBuffer({
+        size: this.uniformBytes.length,
+        usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+        label: 'uniforms',
+      });
+      this.otherBuffersCreated++;
+    }
+    this.uniformBytes.set(new Uint8Array(bytes), offset);
+    this.uniformUsed = offset + bytes.byteLength;
+    return { buffer: this.uniformRing, offset, size: bytes.byteLength };
+  }
+
+  /** The bind group for these entries, made once and reused while the same buffer ranges recur. */
+  private bindGroupFor(pipeline: GPUComputePipeline, pipelineKey: string, entries: GPUBindGroupEntry[]): GPUBindGroup {
+    let key = pipelineKey;
+    for (const e of entries) {
+      const r = e.resource as GPUBufferBinding;
+      key += `|${e.binding}:${this.bufferId(r.buffer)}:${r.offset ?? 0}:${r.size ?? -1}`;
+    }
+    let group = this.bindGroups.get(key);
+    if (!group) {
+      if (this.bindGroups.size >= BIND_GROUP_CACHE_MAX) this.bindGroups.clear();
+      group = this.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries });
+      this.bindGroups.set(key, group);
+      this.bindGroupsCreated++;
+    }
+    return group;
+  }
+
+  private bufferId(b: GPUBuffer): number {
+    let id = this.bufferIds.get(b);
+    if (id === undefined) {
+      id = this.nextBufferId++;
+      this.bufferIds.set(b, id);
+    }
+    return id;
+  }
+
+  // ---- profiling -----------------------------------------------------------------------------
+
+  /**
+   * Starts timing every dispatch on the GPU: each gets its own compute pass with a timestamp pair, and the
+   * times add up by op family (the shader file) and kernel until stopProfile(). For benchmarks: the extra
+   * passes and read-backs cost time and create buffers, so do not time or count a profiled step. Needs the
+   * timestamp-query feature; in Node, Dawn's timestamp quantization is off (src/gpu/node.ts).
+   */
+  startProfile(): void {
+    if (!this.hasTimestamps) throw new Error('profiling needs the timestamp-query feature, which this adapter lacks');
+    if (this.profiling) throw new Error('a profile is already running');
+    this.flush();
+    const querySet = this.device.createQuerySet({ type: 'timestamp', count: PROFILE_PAIRS * 2 });
+    this.profiling = { querySet, capacity: PROFILE_PAIRS, kernels: [], pending: [], totals: new Map() };
+  }
+
+  /** Ends the profile: waits for its timestamps and returns the milliseconds by family and by kernel. */
+  async stopProfile(): Promise<GpuProfile> {
+    const prof = this.profiling;
+    if (!prof) throw new Error('no profile is running');
+    await this.sync();
+    this.profiling = null;
+    await Promise.all(prof.pending);
+    prof.querySet.destroy();
+    const byFamily: GpuProfile['byFamily'] = {};
+    const byKernel: GpuProfile['byKernel'] = {};
+    let totalMs = 0;
+    for (const [kernel, t] of [...prof.totals].sort((a, b) => b[1].ms - a[1].ms)) {
+      byKernel[kernel] = { ...t };
+      const family = kernel.slice(0, kernel.indexOf('.'));
+      const f = (byFamily[family] ??= { ms: 0, dispatches: 0 });
+      f.ms += t.ms;
+      f.dispatches += t.dispatches;
+      totalMs += t.ms;
+    }
+    return { byFamily, byKernel, totalMs };
+  }
+
+  /** A new compute pass whose begin and end timestamps go to the next query pair. */
+  private profiledPass(kernel: string): GPUComputePassEncoder {
+    const prof = this.profiling!;
+    if (prof.kernels.length === prof.capacity) this.flush();
+    this.endPass();
+    const pair = prof.kernels.length;
+    prof.kernels.push(kernel);
+    this.pass = this.getEncoder().beginComputePass({
+      timestampWrites: { querySet: prof.querySet, beginningOfPassWriteIndex: 2 * pair, endOfPassWriteIndex: 2 * pair + 1 },
+    });
+    return this.pass;
+  }
+
+  /** Before a submit: resolve this recording's timestamps into a read-back that adds them to the totals. */
+  private resolveProfile(encoder: GPUCommandEncoder): (() => void) | null {
+    const prof = this.profiling;
+    if (!prof || prof.kernels.length === 0) return null;
+    const kernels = prof.kernels.splice(0);
+    const bytes = kernels.length * 16;
+    const resolved = this.device.createBuffer({ size: bytes, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC });
+    const staging = this.device.createBuffer({ size: bytes, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    this.otherBuffersCreated += 2;
+    encoder.resolveQuerySet(prof.querySet, 0, kernels.length * 2, resolved, 0);
+    encoder.copyBufferToBuffer(resolved, 0, staging, 0, bytes);
+    return () => {
+      prof.pending.push(
+        staging.mapAsync(GPUMapMode.READ).then(() => {
+          const ticks = new BigUint64Array(staging.getMappedRange());
+          kernels.forEach((kernel, i) => {
+            const t = prof.totals.get(kernel) ?? { ms: 0, dispatches: 0 };
+            t.ms += Number(ticks[2 * i + 1] - ticks[2 * i]) / 1e6;
+            t.dispatches++;
+            prof.totals.set(kernel, t);
+          });
+          staging.unmap();
+          staging.destroy();
+          resolved.destroy();
+        }),
+      );
+    };
   }
 
   /** Splits `n` workgroups over x and y so neither exceeds the per-dimension limit. */
@@ -391,17 +638,21 @@ export class Gpu {
     return Number(t1 - t0) / 1e6;
   }
 
-  /** Submits everything recorded so far. */
+  /** Submits everything recorded so far (after writing its uniforms into the ring). */
   flush(): void {
     this.endPass();
     if (!this.encoder) return;
+    const afterProfile = this.resolveProfile(this.encoder);
     const cmd = this.encoder.finish();
     this.encoder = null;
+    if (this.uniformUsed > 0) {
+      const used = Math.ceil(this.uniformUsed / 4) * 4;
+      this.device.queue.writeBuffer(this.uniformRing!, 0, this.uniformBytes.buffer, 0, used);
+      this.uniformUsed = 0;
+    }
     this.device.queue.submit([cmd]);
+    afterProfile?.();
     for (const b of this.afterSubmit.splice(0)) b.destroy();
-    const uniforms = this.pendingUniforms;
-    this.pendingUniforms = [];
-    if (uniforms.length) this.device.queue.onSubmittedWorkDone().then(() => uniforms.forEach((u) => u.destroy()));
   }
 
   /** Submits and waits for the GPU; throws validation, out-of-memory or device-loss errors seen meanwhile. */
@@ -409,7 +660,7 @@ export class Gpu {
     this.flush();
     await this.device.queue.onSubmittedWorkDone();
     this.checkAlive();
-    const oom = await this.allocator.takeOomErrors();
+    const oom = await this.allocator.takeOomErrors(); // empties the pool when there are any: a retry finds the memory
     if (oom.length) throw oom[0];
     if (this.validationErrors.length) {
       const msgs = this.validationErrors.splice(0);

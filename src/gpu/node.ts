@@ -32,8 +32,11 @@ export async function nodeGpu(opts: Partial<GpuOptions> = {}): Promise<Gpu> {
   if (!dawn) {
     const webgpu = (await import('webgpu')) as unknown as { create: (flags: string[]) => GPU; globals: object };
     Object.assign(globalThis, webgpu.globals);
-    // DBS_DAWN_FLAGS: extra Dawn flags, comma-separated via ';' (e.g. 'disable-dawn-features=...').
-    dawn = quietDiscovery(webgpu.create((process.env.DBS_DAWN_FLAGS ?? '').split(';').filter(Boolean)));
+    // Timestamps at full resolution (Dawn rounds them to ~65 us by default, which hides short kernels in
+    // profiles); DBS_DAWN_FLAGS adds flags, separated by ';' (e.g. 'enable-dawn-features=allow_unsafe_apis').
+    const flags = ['disable-dawn-features=timestamp_quantization', ...(process.env.DBS_DAWN_FLAGS ?? '').split(';').filter(Boolean)];
+    dawn = quietDiscovery(webgpu.create(flags));
   }
-  return Gpu.create(dawn, { shaders: nodeShaderSource(), ...opts });
+  // DBS_GPU_POISON=1 (set by the test runner): new tensors are NaN-filled, so reading unwritten memory fails tests.
+  return Gpu.create(dawn, { shaders: nodeShaderSource(), poison: process.env.DBS_GPU_POISON === '1', ...opts });
 }

@@ -19,7 +19,7 @@ export function embedding(gpu: Gpu, ids: ArrayLike<number>, batch: number, table
     if (!Number.isInteger(ids[i]) || ids[i] < 0 || ids[i] >= vocab)
       throw new ShapeError(op, `token id ${ids[i]} at ${i} is outside the vocabulary of ${vocab}`);
   const idBuf = gpu.tensor([ids.length], 'f32', 'scratch', 'embedding.ids'); // 4-byte slots holding u32 ids
-  if (!gpu.dryRun) gpu.device.queue.writeBuffer(idBuf.buffer, idBuf.byteOffset, Uint32Array.from(ids));
+  gpu.writeRaw(idBuf, Uint32Array.from(ids));
   const out = gpu.tensor([batch, len, dim], table.dtype, 'activations', 'embedding');
   const n = out.numel;
   gpu.dispatch({

@@ -289,7 +289,7 @@ export function mseLossBackwardRef(pred: ArrayLike<number>, target: ArrayLike<nu
 
 /** A zeroed f32 [1] non-finite flag for checkFinite and the optimizer (0 = clean, 1 = inf/NaN seen). */
 export function newFlag(gpu: Gpu): Tensor {
-  return gpu.tensor([1], 'f32', 'scratch', 'nonfinite-flag');
+  return gpu.zeros([1], 'f32', 'scratch', 'nonfinite-flag');
 }
 
 /** Clears the flag (before a step's checks). */

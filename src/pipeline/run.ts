@@ -348,6 +348,10 @@ export class TrainingRun {
     if (!plan.fits) throw new RunError(summary.message ?? 'the run does not fit the GPU memory budget');
     settings.activationCheckpointing = plan.activationCheckpointing;
     settings.residentChunks = plan.residentChunks;
+    // The allocator's pool keeps freed buffers for reuse: within the budget, and without what preparation
+    // (the VAE encoder, decoding) left in it.
+    gpu.trimPool();
+    gpu.allocator.reserveLimit = s.budgetBytes;
     const trainer = await DreamBoothTrainer.create(
       gpu,
       { config: model.unet.config, weights: model.unet.weights, schedule, textEncoder: model.textEncoder },
@@ -618,6 +622,7 @@ export class TrainingRun {
   async destroy(): Promise<void> {
     this.trainer.destroy();
     for (const part of [this.model.unet.weights, this.model.vae.weights, this.model.textEncoder.weights]) this.host.gpu.free(...part.values());
+    this.host.gpu.trimPool(); // the freed buffers go back to the device, not to the next run's pool
     await this.source.close();
   }
 
