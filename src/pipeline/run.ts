@@ -12,6 +12,7 @@
 // The VAE decoder and the text encoder stay on the GPU when samples are on (their bytes come off the
 // budget the planner gets); the VAE encoder leaves once the latents are cached.
 import type { Gpu } from '../gpu/device.ts';
+import { GpuOutOfMemoryError } from '../gpu/errors.ts';
 import { checkImageSet, prepareImage, scaleCrop, type CropBox, type ImageSize, type RgbaImage } from '../io/image.ts';
 import { SafetensorsFile, type ByteSink } from '../io/safetensors.ts';
 import type { TensorProvider } from '../io/tensor-provider.ts';
@@ -522,10 +523,28 @@ export class TrainingRun {
         throw new RunStorageFullError(`${e.message.replace(/\.$/, '')}. Training stopped at step ${t.step}; the last checkpoint is intact.`, t.step, {
           cause: e,
         });
+      if (e instanceof GpuOutOfMemoryError) throw new RunError(this.outOfMemoryMessage(e), { cause: e });
       throw e;
     } finally {
       this.running = false;
     }
+  }
+
+  /**
+   * The device could not give what the plan counted on (the budget is more than the GPU has free): say what the
+   * step needs and what to change.
+   */
+  private outOfMemoryMessage(e: GpuOutOfMemoryError): string {
+    const name = this.host.settingName ?? flagName;
+    const p = this.plan;
+    const placement = `${p.activationCheckpointing ? 'with' : 'without'} activation checkpointing, ${p.residentChunks} of ${p.chunks} optimizer chunks on the GPU`;
+    return (
+      `The GPU ran out of memory at step ${this.trainer.step + 1} (${formatBytes(e.bytes)} for ${e.tag} '${e.label}'). ` +
+      `This step needs about ${formatBytes(p.peakBytes)} of GPU memory (${placement}), planned under the budget of ${formatBytes(p.budgetBytes)}, ` +
+      `and the device has less free: set the GPU memory budget (${name('budgetBytes')}) below what the GPU has free (close other programs or tabs using it), ` +
+      `or lower the resolution (${name('resolution')}); a smaller budget makes the plan checkpoint activations and keep optimizer chunks in storage. ` +
+      `Resuming continues from the last checkpoint.`
+    );
   }
 
   /** A sample with the run's fixed seed and prompt at the current weights. */

@@ -6,6 +6,7 @@ import { describe, it } from 'node:test';
 import { encode } from 'fast-png';
 import { unzipSync } from 'fflate';
 import type { Gpu } from '../../src/gpu/device.ts';
+import { GpuOutOfMemoryError } from '../../src/gpu/errors.ts';
 import { nodeGpu } from '../../src/gpu/node.ts';
 import { decodeImageNode } from '../../src/io/image-node.ts';
 import { parseHeader, readSafetensors } from '../../src/io/safetensors.ts';
@@ -315,5 +316,27 @@ describe('studio session: bad input', () => {
     assert.deepEqual(await store.keys(), []);
     await assert.rejects(StudioSession.prepare(host(gpu, store, []), await demoModel(), run({ resolution: 30 })), /multiple of 4/);
     await assert.rejects(StudioSession.prepare(host(gpu, store, []), await demoModel(), run({ budgetBytes: 2 ** 20 })), /needs at least .* of GPU memory/);
+  });
+
+  it('a device with less memory than the budget: the out-of-memory error says what the step needs and what to change', { timeout: 120_000 }, async () => {
+    const gpu = await testGpu();
+    const session = await StudioSession.prepare(host(gpu, new MemoryChunkStore(), []), await demoModel(), run({ sampleEvery: 0 }));
+    // The fault a real device raises at the step's sync when it cannot back an allocation (lavapipe uses host
+    // memory and cannot be exhausted safely in a test), injected into the real trainer's step.
+    const trainStep = session.trainer.trainStep.bind(session.trainer);
+    let calls = 0;
+    session.trainer.trainStep = async (...a) => {
+      if (++calls === 2) throw new GpuOutOfMemoryError(64 * 2 ** 20, 'activations', 'conv2d', 'Not enough memory left');
+      return trainStep(...a);
+    };
+    await assert.rejects(session.train(), (e: Error) => {
+      assert.ok(e instanceof StudioError, e.name);
+      assert.match(e.message, /ran out of memory at step 2 \(64(\.0)? MiB for activations 'conv2d'\)/);
+      assert.match(e.message, /This step needs about [\d.]+ [KMG]i?B of GPU memory \((with|without) activation checkpointing, \d+ of \d+ optimizer chunks on the GPU\), planned under the budget of 1(\.0)? GiB/);
+      assert.match(e.message, /--budget/);
+      return true;
+    });
+    assert.equal(session.trainer.step, 1, 'the first step stands');
+    await session.destroy();
   });
 });
