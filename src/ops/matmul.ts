@@ -57,8 +57,23 @@ function checkTile(gpu: Gpu, t: Tile): void {
   if (!ok) throw new ShapeError('matmul', `invalid tile ${JSON.stringify(t)}`);
 }
 
-/** Big tiles once they still give the device enough workgroups to fill it. */
+/**
+ * Skinny tiles for problems with very few rows (M: a linear layer over a handful of tokens, e.g. the time
+ * embedding or SD's deepest blocks at low resolution) or very few columns (N: a convolution's output pixels
+ * per sample at 1x1 or 2x2). A 64x64 tile over M = 2 computes 32x the useful work; these keep the waste
+ * under 4x (2x at M = 2, 4 % at M = 8 with the 16-row tile), with 32-64 invocations per workgroup.
+ */
+export const TILE_ROWS_4: Tile = { BM: 4, BN: 128, BK: 16, TM: 4, TN: 4 };
+export const TILE_ROWS_16: Tile = { BM: 16, BN: 64, BK: 16, TM: 4, TN: 4 };
+export const TILE_COLS_4: Tile = { BM: 128, BN: 4, BK: 16, TM: 4, TN: 4 };
+export const TILE_COLS_16: Tile = { BM: 64, BN: 16, BK: 16, TM: 4, TN: 4 };
+
+/** Skinny tiles where one side is at most 16; big tiles once they still give the device enough workgroups to fill it. */
 export function pickTile(M: number, N: number, batch: number): Tile {
+  if (M <= 4 && N > M) return TILE_ROWS_4;
+  if (N <= 4) return TILE_COLS_4;
+  if (M <= 16 && N > M) return TILE_ROWS_16;
+  if (N <= 16) return TILE_COLS_16;
   const bigTiles = Math.ceil(M / TILE_128.BM) * Math.ceil(N / TILE_128.BN) * batch;
   return bigTiles >= 64 ? TILE_128 : TILE_64;
 }

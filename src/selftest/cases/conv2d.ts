@@ -1,10 +1,10 @@
 // Conv2d family cases: 3x3 stride 1 pad 1, 3x3 stride 2 pad 1 (odd and even sizes), 1x1; forward
-// and dx/dw/db against PyTorch (golden) and the plain-TS reference; both tile configs on shapes
+// and dx/dw/db against PyTorch (golden) and the plain-TS reference; every tile config (incl. the skinny ones) on shapes
 // that span several tiles; accumulation into f32 gradient buffers; finite differences (stride 2).
 import { roundToF16 } from '../../util/half.ts';
 import type { DType } from '../../gpu/tensor.ts';
 import { conv2d, conv2dBackward, conv2dBackwardRef, conv2dRef, type Conv2dOptions } from '../../ops/conv2d.ts';
-import { TILE_128, TILE_64, type Tile } from '../../ops/matmul.ts';
+import { TILE_128, TILE_64, TILE_COLS_16, TILE_COLS_4, TILE_ROWS_16, TILE_ROWS_4, type Tile } from '../../ops/matmul.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 import { finiteDiff, sampleIndices, shapeCheck } from './matmul.ts';
 
@@ -111,6 +111,10 @@ export const cases: KernelCase[] = [
   ...GOLDEN.map(goldenCase),
   tileCase(TILE_64, '64x64'),
   tileCase(TILE_128, '128x128'),
+  tileCase(TILE_ROWS_4, '4-row'),
+  tileCase(TILE_ROWS_16, '16-row'),
+  tileCase(TILE_COLS_4, '4-column'),
+  tileCase(TILE_COLS_16, '16-column'),
   {
     family: 'conv2d',
     name: 'backward twice into f32 gradient buffers (accumulate), 1x1 and 3x3 s2 (ts ref)',

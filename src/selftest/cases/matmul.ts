@@ -1,5 +1,5 @@
 // Matmul family cases: every transpose combination, batched and broadcast operands, bias, sizes that
-// are not tile multiples, nn.Linear, both tile configs, accumulation, and finite-difference gradients.
+// are not tile multiples, nn.Linear, every tile config (64x64, 128x128 and the skinny 4/16-row and 4/16-column ones), accumulation, and finite-difference gradients.
 // Each forward and gradient is compared with PyTorch (golden) and with the plain-TS reference.
 import type { Gpu } from '../../gpu/device.ts';
 import type { DType, Tensor } from '../../gpu/tensor.ts';
@@ -15,6 +15,10 @@ import {
   matmulRef,
   TILE_128,
   TILE_64,
+  TILE_COLS_16,
+  TILE_COLS_4,
+  TILE_ROWS_16,
+  TILE_ROWS_4,
   type Tile,
 } from '../../ops/matmul.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
@@ -214,6 +218,10 @@ export const cases: KernelCase[] = [
   },
   tileCase(TILE_64, '64x64'),
   tileCase(TILE_128, '128x128'),
+  tileCase(TILE_ROWS_4, '4-row'),
+  tileCase(TILE_ROWS_16, '16-row'),
+  tileCase(TILE_COLS_4, '4-column'),
+  tileCase(TILE_COLS_16, '16-column'),
   {
     family: 'matmul',
     name: 'accumulate: out += a·b + bias; backward twice into f32 gradient buffers (ts ref)',
