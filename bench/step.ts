@@ -8,8 +8,8 @@
 //   tiny   the tests' SD1-style UNet (tests/fixtures/modules/unet_sd1) at its 8x8 latents, as bench/train.ts
 //          runs it; the PyTorch CPU peer is bench/peers/torch_train.py (the same step on the same UNet, f32).
 //   sd15   SD 1.5's real UNet config (src/models/shapes.ts SD15.unet, 859.5 M parameters, random weights) at a
-//          reduced resolution (default 64 px = 8x8 latents, 77x768 embeddings; --sd15-px N). There is no
-//          PyTorch peer at these widths yet: torch_s is null with the reason.
+//          reduced resolution (default 64 px = 8x8 latents, 77x768 embeddings; --sd15-px N); the PyTorch peer is
+//          bench/peers/torch_step.py (the same UNet and step in plain torch, f32, our plan's checkpointing).
 // Per case: s/step (median of the timed steps after warm-up), ours/PyTorch, the step's peak GPU bytes (the
 // allocator's peak; trainStep resets it), dispatches, GPUBuffers and bind groups created per step (Gpu.stats),
 // and host ms per step = wall time minus the time spent awaiting Gpu.sync / Gpu.readBytes (on lavapipe the GPU
@@ -18,7 +18,8 @@
 // pipeline, is not judged) that takes over --max-step-s (default 180) seconds, and says so: fewer than 5 steps
 // with the reason (lavapipe runs about 3 GFLOP/s).
 // Flags: --quick (1 warm-up + 5 timed; tiny and sd15 LoRA), --cases tiny-lora,sd15-lora,... , --budget-gib N
-// (default 4), --sd15-px N, --max-step-s N, --out FILE.
+// (default 4), --sd15-px N, --max-step-s N, --out FILE, --torch-device cpu|cuda (the SD 1.5 peer's device; cuda
+// also runs it with autocast fp16: torch_amp_s, ratio_amp).
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
@@ -260,30 +261,103 @@ async function ours(model: BenchModel, mode: TrainMode, plan: Plan): Promise<Our
 
 // ---------------------------------------------------------------------------------------------- PyTorch peer
 
-type Peer = { medianS: number; torch: string; threads: number } | { error: string };
+/** A PyTorch run of the same step: its median and what it ran on (the case JSON's `torch` record). */
+interface PeerRun {
+  medianS: number;
+  torch: string;
+  threads: number;
+  dtype: 'f32' | 'amp-fp16';
+  device: string;
+  checkpointing: boolean;
+  /** CUDA: torch.cuda.max_memory_allocated over the timed steps; CPU: the process's peak RSS. */
+  peakBytes?: number;
+  peakRssBytes?: number;
+  /** The BLAS the peer's process mapped and its f32 1024^3 matmul GFLOP/s (Debian's torch with the reference BLAS is ~20x slower). */
+  blas?: string;
+  matmulGflops?: number;
+}
+type Peer = PeerRun | { error: string };
+
+/** --torch-device cuda: the SD 1.5 peer runs on CUDA (f32 with TF32 off) and again with autocast fp16. */
+const TORCH_DEVICE = arg('--torch-device') ?? 'cpu';
+if (TORCH_DEVICE !== 'cpu' && TORCH_DEVICE !== 'cuda') throw new Error(`--torch-device: "${TORCH_DEVICE}" is not cpu or cuda`);
+
+/**
+ * Runs one peer script with /usr/bin/python3 and parses its last stdout line (one JSON object), or says why
+ * it could not: a missing python or torch, or the script's own error (its last stderr line), is a missing
+ * peer, never a result.
+ */
+function runPeer(script: string, peerArgs: string[]): Record<string, unknown> | { error: string } {
+  if (!existsSync(PYTHON)) return { error: `no PyTorch peer: ${PYTHON} not found` };
+  try {
+    const out = execFileSync(PYTHON, [join(here, 'peers', script), ...peerArgs], {
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'pipe'],
+      maxBuffer: 16 << 20,
+    });
+    return JSON.parse(out.trim().split('\n').pop()!) as Record<string, unknown>;
+  } catch (e) {
+    const err = e as { stderr?: string; signal?: string | null; message: string };
+    const why = /No module named 'torch'/.test(err.stderr ?? '')
+      ? `PyTorch is not installed for ${PYTHON}`
+      : err.signal
+        ? `${script} was killed by ${err.signal}${err.signal === 'SIGKILL' ? ' (out of memory?)' : ''}`
+        : (err.stderr?.trim().split('\n').pop() ?? err.message);
+    return { error: `no PyTorch peer: ${why}` };
+  }
+}
 
 /** The tiny step in PyTorch on the CPU (bench/peers/torch_train.py, f32), or why it could not run. */
 function torchTiny(mode: TrainMode, settings: TrainSettings, prediction: string): Peer {
-  if (!existsSync(PYTHON)) return { error: `${PYTHON} not found: no PyTorch peer` };
-  const peerArgs = [
-    join(here, 'peers', 'torch_train.py'),
+  const r = runPeer('torch_train.py', [
     ...['--mode', mode, '--steps', String(STEPS.timed), '--warmup', String(STEPS.warmup), '--lr', String(settings.lr), '--prediction', prediction],
     ...['--prior-weight', String(settings.priorLossWeight), '--max-grad-norm', String(settings.maxGradNorm), '--weight-decay', String(settings.weightDecay)],
     ...(mode === 'lora' ? ['--rank', String(settings.rank), '--alpha', String(settings.alpha)] : []),
     ...(settings.minSnrGamma !== null ? ['--min-snr', String(settings.minSnrGamma)] : []),
-  ];
-  try {
-    const out = execFileSync(PYTHON, peerArgs, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
-    const r = JSON.parse(out.trim().split('\n').pop()!);
-    return { medianS: r.medianS, torch: r.torch, threads: r.threads };
-  } catch (e) {
-    const err = e as { stderr?: string; message: string };
-    const why = /No module named 'torch'/.test(err.stderr ?? '')
-      ? `PyTorch is not installed for ${PYTHON}`
-      : (err.stderr?.trim().split('\n').pop() ?? err.message);
-    return { error: `no PyTorch peer: ${why}` };
-  }
+  ]);
+  if ('error' in r) return r as { error: string };
+  return { medianS: r.medianS as number, torch: r.torch as string, threads: r.threads as number, dtype: 'f32', device: 'cpu', checkpointing: false };
 }
+
+/**
+ * The SD 1.5 step in PyTorch (bench/peers/torch_step.py: the same UNet, batch, objective, clipping, AdamW and
+ * LoRA targets as TRAIN_DEFAULTS, random weights) at the case's resolution, with activation checkpointing when
+ * our plan uses it; f32 (TF32 off) or autocast fp16 (CUDA). The script checks its parameter count against ours.
+ */
+function torchSd15(mode: TrainMode, px: number, checkpointing: boolean, device: 'cpu' | 'cuda', amp: boolean): Peer {
+  let params = 0;
+  for (const s of unetParams(SD15.unet).values()) params += s.reduce((a, b) => a * b, 1);
+  const r = runPeer('torch_step.py', [
+    ...['--mode', mode, '--px', String(px), '--steps', String(STEPS.timed), '--warmup', String(STEPS.warmup)],
+    ...['--device', device, ...(amp ? ['--amp', 'fp16'] : ['--dtype', 'f32']), '--expect-params', String(params)],
+    ...(checkpointing ? ['--checkpointing'] : []),
+  ]);
+  if ('error' in r) return r as { error: string };
+  return {
+    medianS: r.medianS as number,
+    torch: r.torch as string,
+    threads: r.threads as number,
+    dtype: amp ? 'amp-fp16' : 'f32',
+    device: r.device as string,
+    checkpointing: r.checkpointing as boolean,
+    ...(typeof r.peak_bytes === 'number' ? { peakBytes: r.peak_bytes } : {}),
+    ...(typeof r.peak_rss_bytes === 'number' ? { peakRssBytes: r.peak_rss_bytes } : {}),
+    ...(typeof r.blas === 'string' ? { blas: r.blas } : {}),
+    ...(typeof r.matmulGflops === 'number' ? { matmulGflops: r.matmulGflops } : {}),
+  };
+}
+
+/** The case JSON's record of a peer run. */
+const peerRecord = (p: PeerRun) => ({
+  version: p.torch,
+  threads: p.threads,
+  dtype: p.dtype,
+  device: p.device,
+  checkpointing: p.checkpointing,
+  ...(p.peakBytes !== undefined ? { peak_bytes: p.peakBytes } : {}),
+  ...(p.peakRssBytes !== undefined ? { peak_rss_bytes: p.peakRssBytes } : {}),
+  ...(p.blas !== undefined ? { blas: p.blas, matmul_gflops: p.matmulGflops } : {}),
+});
 
 // ---------------------------------------------------------------------------------------------- main
 
@@ -352,7 +426,10 @@ for (const name of cases) {
   const peer: Peer =
     kind === 'tiny'
       ? torchTiny(mode, settings, model.schedule.prediction)
-      : { error: 'no PyTorch peer at SD 1.5 widths yet (bench/peers/torch_train.py runs the tiny UNet only)' };
+      : torchSd15(mode, model.resolution, plan.activationCheckpointing, TORCH_DEVICE, false);
+  // On CUDA, also the mixed-precision path a PyTorch user gets by default (autocast fp16, GradScaler, SDPA).
+  const ampPeer: Peer | null =
+    kind === 'sd15' && TORCH_DEVICE === 'cuda' ? torchSd15(mode, model.resolution, plan.activationCheckpointing, 'cuda', true) : null;
   const oursS = r.stepsS.length ? median(r.stepsS) : null;
   const torchS = 'error' in peer ? null : peer.medianS;
   const ratio = oursS !== null && torchS !== null ? oursS / torchS : null;
@@ -377,7 +454,11 @@ for (const name of cases) {
     warmup_s: round(r.warmupS),
     applied: `${r.applied}/${r.stepsS.length}`,
     torch_s: torchS === null ? null : round(torchS, 5),
-    ...('error' in peer ? { torch_missing: peer.error } : { torch: { version: peer.torch, threads: peer.threads, dtype: 'f32' } }),
+    ...('error' in peer ? { torch_missing: peer.error } : { torch: peerRecord(peer) }),
+    ...(ampPeer && 'error' in ampPeer ? { torch_amp_s: null, ratio_amp: null, torch_amp_missing: ampPeer.error } : {}),
+    ...(ampPeer && !('error' in ampPeer)
+      ? { torch_amp_s: round(ampPeer.medianS, 5), ratio_amp: oursS === null ? null : round(oursS / ampPeer.medianS, 2), torch_amp: peerRecord(ampPeer) }
+      : {}),
     ratio: ratio === null ? null : round(ratio, 2),
     peak_bytes: r.peakBytes,
     dispatches: r.dispatches,
@@ -389,7 +470,11 @@ for (const name of cases) {
     gpu_ms_by_family_missing: GPU_MS_BY_FAMILY_REASON,
     ...(r.dropped ? { dropped: r.dropped } : {}),
   });
-  const torchPart = 'error' in peer ? `PyTorch: ${peer.error}` : `PyTorch CPU f32 ${peer.medianS.toFixed(4)} s/step, ours/torch ${ratio!.toFixed(2)}x`;
+  const peerPart = (p: Peer) =>
+    'error' in p
+      ? `PyTorch: ${p.error}`
+      : `PyTorch ${p.device} ${p.dtype}${p.checkpointing ? ' (checkpointing)' : ''} ${p.medianS.toFixed(4)} s/step, ours/torch ${oursS === null ? '-' : (oursS / p.medianS).toFixed(2)}x`;
+  const torchPart = peerPart(peer) + (ampPeer ? `; ${peerPart(ampPeer)}` : '');
   console.log(
     `  ${name.padEnd(9)} ${model.resolution} px ${dtype} (${placement}): ${oursS!.toFixed(4)} s/step (${r.applied}/${r.stepsS.length} applied${r.dropped ? `; ${r.dropped}` : ''}); ${torchPart}\n` +
       `            peak ${gib(r.peakBytes)}, ${r.dispatches} dispatches, ${r.buffersCreated} GPUBuffers + ${r.bindGroupsCreated} bind groups created per step, host ${r.hostMs.toFixed(1)} ms + ${r.waitMs.toFixed(1)} ms awaiting the GPU`,
