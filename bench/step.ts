@@ -8,13 +8,15 @@
 //   tiny   the tests' SD1-style UNet (tests/fixtures/modules/unet_sd1) at its 8x8 latents, as bench/train.ts
 //          runs it; the PyTorch CPU peer is bench/peers/torch_train.py (the same step on the same UNet, f32).
 //   sd15   SD 1.5's real UNet config (src/models/shapes.ts SD15.unet, 859.5 M parameters, random weights) at a
-//          reduced resolution (default 64 px = 8x8 latents, 77x768 embeddings; --sd15-px N); the PyTorch peer is
+//          reduced resolution (default 128 px = 16x16 latents, 77x768 embeddings; --sd15-px N); the PyTorch peer is
 //          bench/peers/torch_step.py (the same UNet and step in plain torch, f32, our plan's checkpointing).
 // Per case: s/step (median of the timed steps after warm-up), ours/PyTorch, the step's peak GPU bytes (the
 // allocator's peak; trainStep resets it), dispatches, GPUBuffers and bind groups created per step (Gpu.stats),
 // and host ms per step = wall time minus the time spent awaiting Gpu.sync / Gpu.readBytes (on lavapipe the GPU
 // is the same CPU, so that wait is where the shaders run; what is left is JavaScript recording, uploads, the
-// optimizer's host side). A case stops timing after the first timed step (the warm-up, which compiles every
+// optimizer's host side), and GPU ms per op family (shader file) and the costliest kernels, from timestamp queries
+// around every dispatch of the warm-up step (each in its own compute pass; Dawn's timestamp quantization is off in
+// the Node host), which is why the warm-up is never timed. A case stops timing after the first timed step (the warm-up, which compiles every
 // pipeline, is not judged) that takes over --max-step-s (default 180) seconds, and says so: fewer than 5 steps
 // with the reason (lavapipe runs about 3 GFLOP/s).
 // Flags: --quick (1 warm-up + 5 timed; tiny and sd15 LoRA), --cases tiny-lora,sd15-lora,... , --budget-gib N
@@ -25,7 +27,7 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { Gpu } from '../src/gpu/device.ts';
+import type { Gpu, GpuProfile } from '../src/gpu/device.ts';
 import { nodeGpu } from '../src/gpu/node.ts';
 import type { Tensor } from '../src/gpu/tensor.ts';
 import { readSafetensors } from '../src/io/safetensors.ts';
@@ -46,7 +48,7 @@ const GiB = 2 ** 30;
 const PYTHON = '/usr/bin/python3';
 const STEPS = { warmup: 1, timed: 5 };
 const BUDGET = (Number(arg('--budget-gib')) || 4) * GiB;
-const SD15_PX = Number(arg('--sd15-px')) || 64;
+const SD15_PX = Number(arg('--sd15-px')) || 128;
 const MAX_STEP_S = Number(arg('--max-step-s')) || 180;
 const ALL_CASES = ['tiny-lora', 'tiny-full', 'sd15-lora', 'sd15-full'] as const;
 type CaseName = (typeof ALL_CASES)[number];
@@ -160,6 +162,11 @@ interface OursResult {
   bindGroupsCreated: number;
   hostMs: number;
   waitMs: number;
+  /** GPU ms by op family / kernel of the profiled (warm-up) step, or why there is none. */
+  profile: GpuProfile | { missing: string };
+  /** The allocator's reserved bytes (live at class size + pool) and pool after the last step. */
+  reservedBytes: number;
+  poolBytes: number;
   dropped?: string;
 }
 
@@ -205,8 +212,16 @@ async function ours(model: BenchModel, mode: TrainMode, plan: Plan): Promise<Our
       new MemoryChunkStore(),
       'bench',
     );
+    // The warm-up step is the profiled one: each dispatch in its own timestamped pass (which slows it and creates
+    // read-back buffers, so it is never a timed step). Its pipelines compile on the host, outside the timestamps.
     const w0 = performance.now();
-    for (let i = 0; i < STEPS.warmup; i++) await trainer.trainStep();
+    let profile: OursResult['profile'] = { missing: 'the adapter has no timestamp-query feature' };
+    for (let i = 0; i < STEPS.warmup; i++) {
+      const profiled = i === STEPS.warmup - 1 && gpu.hasTimestamps;
+      if (profiled) gpu.startProfile();
+      await trainer.trainStep();
+      if (profiled) profile = await gpu.stopProfile();
+    }
     const warmupS = (performance.now() - w0) / 1000 / STEPS.warmup;
     const stepsS: number[] = [];
     const counts = {
@@ -240,6 +255,7 @@ async function ours(model: BenchModel, mode: TrainMode, plan: Plan): Promise<Our
       if (wall / 1000 > MAX_STEP_S && i < STEPS.timed - 1)
         dropped = `stopped after ${i + 1} timed step(s): one took ${(wall / 1000).toFixed(0)} s, over --max-step-s ${MAX_STEP_S}`;
     }
+    const mem = gpu.allocator.report();
     trainer.destroy();
     const med = median;
     return {
@@ -252,6 +268,9 @@ async function ours(model: BenchModel, mode: TrainMode, plan: Plan): Promise<Our
       bindGroupsCreated: med(counts.bindGroups),
       hostMs: med(counts.host),
       waitMs: med(counts.wait),
+      profile,
+      reservedBytes: mem.reserved,
+      poolBytes: mem.pool.bytes,
       ...(dropped ? { dropped } : {}),
     };
   } finally {
@@ -377,10 +396,28 @@ async function machine() {
   return out;
 }
 
-// Per-op-family GPU time needs a timestamp pair per dispatch (one compute pass each, tagged by shader), which
-// Gpu.dispatch does not record; Gpu.gpuTime times one pass only. Not wired yet: null, with this reason.
-const GPU_MS_BY_FAMILY_REASON =
-  'not measured: per-dispatch timestamp queries by op family are not wired into Gpu.dispatch yet (Gpu.gpuTime times one pass only)';
+/** GPU ms by family (and the ten costliest kernels), rounded, for the JSON. */
+function profileFields(p: OursResult['profile']): Record<string, unknown> {
+  if ('missing' in p) return { gpu_ms_by_family: null, gpu_ms_by_family_missing: p.missing };
+  const ms = (x: number) => round(x, 3);
+  return {
+    gpu_ms_by_family: Object.fromEntries(Object.entries(p.byFamily).map(([k, v]) => [k, ms(v.ms)])),
+    gpu_dispatches_by_family: Object.fromEntries(Object.entries(p.byFamily).map(([k, v]) => [k, v.dispatches])),
+    gpu_ms_total: ms(p.totalMs),
+    gpu_ms_top_kernels: Object.fromEntries(
+      Object.entries(p.byKernel)
+        .slice(0, 10)
+        .map(([k, v]) => [k, ms(v.ms)]),
+    ),
+  };
+}
+
+/** "matmul 41% conv2d 30% ..." for the console. */
+function profileLine(p: OursResult['profile']): string {
+  if ('missing' in p) return `GPU ms by family: ${p.missing}`;
+  const parts = Object.entries(p.byFamily).map(([k, v]) => `${k} ${v.ms.toFixed(1)} (${((100 * v.ms) / p.totalMs).toFixed(0)}%)`);
+  return `GPU ${p.totalMs.toFixed(1)} ms in the profiled step: ${parts.join(', ')}`;
+}
 
 const m = await machine();
 const cases = selectedCases();
@@ -466,8 +503,9 @@ for (const name of cases) {
     bind_groups_created: r.bindGroupsCreated,
     host_ms: round(r.hostMs, 1),
     wait_ms: round(r.waitMs, 1),
-    gpu_ms_by_family: null,
-    gpu_ms_by_family_missing: GPU_MS_BY_FAMILY_REASON,
+    reserved_bytes: r.reservedBytes,
+    pool_bytes: r.poolBytes,
+    ...profileFields(r.profile),
     ...(r.dropped ? { dropped: r.dropped } : {}),
   });
   const peerPart = (p: Peer) =>
@@ -477,7 +515,8 @@ for (const name of cases) {
   const torchPart = peerPart(peer) + (ampPeer ? `; ${peerPart(ampPeer)}` : '');
   console.log(
     `  ${name.padEnd(9)} ${model.resolution} px ${dtype} (${placement}): ${oursS!.toFixed(4)} s/step (${r.applied}/${r.stepsS.length} applied${r.dropped ? `; ${r.dropped}` : ''}); ${torchPart}\n` +
-      `            peak ${gib(r.peakBytes)}, ${r.dispatches} dispatches, ${r.buffersCreated} GPUBuffers + ${r.bindGroupsCreated} bind groups created per step, host ${r.hostMs.toFixed(1)} ms + ${r.waitMs.toFixed(1)} ms awaiting the GPU`,
+      `            peak ${gib(r.peakBytes)}, ${r.dispatches} dispatches, ${r.buffersCreated} GPUBuffers + ${r.bindGroupsCreated} bind groups created per step, host ${r.hostMs.toFixed(1)} ms + ${r.waitMs.toFixed(1)} ms awaiting the GPU\n` +
+      `            ${profileLine(r.profile)}`,
   );
 }
 
@@ -500,6 +539,9 @@ writeFileSync(
         dispatches: 'compute dispatches recorded per step (median; Gpu.stats)',
         buffers_created: 'GPUBuffers created per step (median): allocator tensors, uniforms, read-back staging',
         host_ms: 'wall ms per step minus ms spent awaiting Gpu.sync / Gpu.readBytes (median)',
+        gpu_ms_by_family:
+          "GPU ms per op family (shader file) in the profiled step (the warm-up: every dispatch in its own compute pass with a timestamp pair, Dawn's timestamp quantization off); gpu_ms_top_kernels: the ten costliest shader.entry",
+        reserved_bytes: 'device bytes the allocator holds after the timed steps: live buffers at their size class plus the idle pool (pool_bytes)',
       },
       cases: rows,
     },
