@@ -145,6 +145,12 @@ export class Gpu {
   readonly hasF16: boolean;
   readonly hasSubgroups: boolean;
   readonly hasTimestamps: boolean;
+  /**
+   * Workgroups a dispatch needs before big tiles pay: a hardware GPU wants dozens of workgroups in flight,
+   * a CPU adapter (lavapipe, SwiftShader: one workgroup per thread, a few cores) is busy with a handful and
+   * gains more from the bigger register blocks (twice the GEMM rate on lavapipe).
+   */
+  readonly fillWorkgroups: number;
   /** Largest byte range one storage binding may cover (the device limit, or a lower test override). */
   readonly maxBinding: number;
   readonly dryRun: boolean;
@@ -192,6 +198,7 @@ export class Gpu {
     this.maxBinding = Math.min(opts.bindingLimit ?? Infinity, device.limits.maxStorageBufferBindingSize);
     this.dryRun = opts.dryRun ?? false;
     this.poison = (opts.poison ?? false) && !this.dryRun;
+    this.fillWorkgroups = isCpuAdapter(adapter) ? 8 : 64;
     this.allocator = new Allocator(device, device.limits.maxBufferSize, this.dryRun);
     this.allocator.onEvict = () => this.bindGroups.clear();
     device.lost.then((info) => {
@@ -700,6 +707,11 @@ export class Gpu {
   private checkDType(dtype: DType, label: string): void {
     if (dtype === 'f16' && !this.hasF16) throw new ShapeError(label, 'f16 tensors need the shader-f16 feature, which this device lacks (use f32)');
   }
+}
+
+/** Software adapters that run compute shaders on the CPU (Mesa's lavapipe/llvmpipe, SwiftShader). */
+function isCpuAdapter(a: AdapterSummary): boolean {
+  return /llvmpipe|lavapipe|swiftshader|software/i.test(`${a.vendor} ${a.architecture} ${a.device} ${a.description}`);
 }
 
 function padTo4(bits: Uint16Array): Uint16Array {

@@ -99,7 +99,7 @@ function convGemm(
   else wholeFits(gpu, op, out, 'grad weight');
   if (bias) wholeFits(gpu, op, bias, 'bias');
   const group = samplesPerBinding(gpu, op, s, [perA * BYTES[srcA.dtype], perB * BYTES[srcB.dtype], perC * BYTES[out.dtype]]);
-  const tile = forcedTile ?? pickTile(GM, GN, mode === Mode.GradWeight ? 1 : group);
+  const tile = forcedTile ?? pickTile(GM, GN, mode === Mode.GradWeight ? 1 : group, gpu.fillWorkgroups);
   if (tileSharedBytes(tile) > gpu.device.limits.maxComputeWorkgroupStorageSize)
     throw new ShapeError(op, `tile ${JSON.stringify(tile)} needs too much workgroup memory`);
   for (let n0 = 0; n0 < s.N; n0 += group) {

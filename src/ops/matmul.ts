@@ -68,14 +68,17 @@ export const TILE_ROWS_16: Tile = { BM: 16, BN: 64, BK: 16, TM: 4, TN: 4 };
 export const TILE_COLS_4: Tile = { BM: 128, BN: 4, BK: 16, TM: 4, TN: 4 };
 export const TILE_COLS_16: Tile = { BM: 64, BN: 16, BK: 16, TM: 4, TN: 4 };
 
-/** Skinny tiles where one side is at most 16; big tiles once they still give the device enough workgroups to fill it. */
-export function pickTile(M: number, N: number, batch: number): Tile {
+/**
+ * Skinny tiles where one side is at most 16; big tiles once they still give the device enough workgroups to fill
+ * it (`fillWorkgroups`: Gpu.fillWorkgroups, 64 on a GPU, 8 on a CPU adapter).
+ */
+export function pickTile(M: number, N: number, batch: number, fillWorkgroups = 64): Tile {
   if (M <= 4 && N > M) return TILE_ROWS_4;
   if (N <= 4) return TILE_COLS_4;
   if (M <= 16 && N > M) return TILE_ROWS_16;
   if (N <= 16) return TILE_COLS_16;
   const bigTiles = Math.ceil(M / TILE_128.BM) * Math.ceil(N / TILE_128.BN) * batch;
-  return bigTiles >= 64 ? TILE_128 : TILE_64;
+  return bigTiles >= fillWorkgroups ? TILE_128 : TILE_64;
 }
 
 // ---- windows: element ranges of a tensor bound at an aligned offset ---------------------------
@@ -225,7 +228,7 @@ function gemmDefs(dtype: DType, outDType: DType, tile: Tile, transA: boolean, tr
 
 function runGemm(gpu: Gpu, g: Gemm): void {
   if (g.M === 0 || g.N === 0 || g.batch === 0) return;
-  const tile = g.tile ?? pickTile(g.M, g.N, g.batch);
+  const tile = g.tile ?? pickTile(g.M, g.N, g.batch, gpu.fillWorkgroups);
   checkTile(gpu, tile);
   for (const k of planGemm(gpu, g, tile)) {
     const [sa, sb, sc] = operands(g, k).map((o) => o.span);
