@@ -2,7 +2,8 @@
 // prior-preservation batch of 2, forward, loss, backward, optimizer), with the placement (activation
 // checkpointing, resident optimizer chunks) that src/train/plan.ts planTraining picks under the budget, for
 // LoRA rank 8 and full fine-tuning, in the adapter's compute dtype (f16 where it has shader-f16, else f32).
-// Written to bench/results/step.json (or --out FILE); its "quick" field says which run made it.
+// Written to bench/results/step.json on a CPU adapter, step-<gpu>.json on a GPU (or --out FILE); its "quick" field says
+// which run made it.
 //
 // Cases:
 //   tiny   the tests' SD1-style UNet (tests/fixtures/modules/unet_sd1) at its 8x8 latents, as bench/train.ts
@@ -391,6 +392,13 @@ async function machine() {
     cores: cpus().length,
     memoryGiB: round(totalmem() / GiB, 1),
     node: process.version,
+    /** A GPU (not a CPU adapter such as lavapipe): results go to step-<gpu>.json beside the CPU machine's step.json. */
+    hardwareGpu: !gpu.cpuAdapter,
+    gpuSlug: (a.description || a.device || a.vendor || 'gpu')
+      .toLowerCase()
+      .replace(/[^a-z0-9]+/g, '-')
+      .replace(/^-|-$/g, '')
+      .slice(0, 40),
   };
   gpu.destroy();
   return out;
@@ -520,7 +528,7 @@ for (const name of cases) {
   );
 }
 
-const out = arg('--out') ?? join(here, 'results', 'step.json');
+const out = arg('--out') ?? join(here, 'results', m.hardwareGpu ? `step-${m.gpuSlug}.json` : 'step.json');
 mkdirSync(dirname(out), { recursive: true });
 writeFileSync(
   out,

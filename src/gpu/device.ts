@@ -151,6 +151,8 @@ export class Gpu {
    * gains more from the bigger register blocks (twice the GEMM rate on lavapipe).
    */
   readonly fillWorkgroups: number;
+  /** A software adapter running compute shaders on the CPU (Mesa's lavapipe, SwiftShader). */
+  readonly cpuAdapter: boolean;
   /** Largest byte range one storage binding may cover (the device limit, or a lower test override). */
   readonly maxBinding: number;
   readonly dryRun: boolean;
@@ -198,7 +200,8 @@ export class Gpu {
     this.maxBinding = Math.min(opts.bindingLimit ?? Infinity, device.limits.maxStorageBufferBindingSize);
     this.dryRun = opts.dryRun ?? false;
     this.poison = (opts.poison ?? false) && !this.dryRun;
-    this.fillWorkgroups = isCpuAdapter(adapter) ? 8 : 64;
+    this.cpuAdapter = isCpuAdapter(adapter);
+    this.fillWorkgroups = this.cpuAdapter ? 8 : 64;
     this.allocator = new Allocator(device, device.limits.maxBufferSize, this.dryRun);
     this.allocator.onEvict = () => this.bindGroups.clear();
     device.lost.then((info) => {
