@@ -22,7 +22,8 @@
 // with the reason (lavapipe runs about 3 GFLOP/s).
 // Flags: --quick (1 warm-up + 5 timed; tiny and sd15 LoRA), --cases tiny-lora,sd15-lora,... , --budget-gib N
 // (default 4), --sd15-px N, --max-step-s N, --out FILE, --torch-device cpu|cuda (the SD 1.5 peer's device; cuda
-// also runs it with autocast fp16: torch_amp_s, ratio_amp).
+// also runs it with autocast fp16: torch_amp_s, ratio_amp), --append (keep the out file's other cases; each case has
+// the date it was `measured`).
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
@@ -530,11 +531,19 @@ for (const name of cases) {
 
 const out = arg('--out') ?? join(here, 'results', m.hardwareGpu ? `step-${m.gpuSlug}.json` : 'step.json');
 mkdirSync(dirname(out), { recursive: true });
+// --append: keep the file's other cases (each stamped with the date of the run that measured it), so a long case
+// (sd15-full) can be measured on its own and join the --quick run's results.
+const date = new Date().toISOString();
+for (const r of rows) r.measured = date;
+const kept: Record<string, unknown>[] =
+  args.includes('--append') && existsSync(out)
+    ? (JSON.parse(readFileSync(out, 'utf8')) as { cases: Record<string, unknown>[] }).cases.filter((c) => !rows.some((r) => r.name === c.name))
+    : [];
 writeFileSync(
   out,
   JSON.stringify(
     {
-      date: new Date().toISOString(),
+      date,
       quick,
       machine: m,
       adapter: m.adapter,
@@ -551,7 +560,7 @@ writeFileSync(
           "GPU ms per op family (shader file) in the profiled step (the warm-up: every dispatch in its own compute pass with a timestamp pair, Dawn's timestamp quantization off); gpu_ms_top_kernels: the ten costliest shader.entry",
         reserved_bytes: 'device bytes the allocator holds after the timed steps: live buffers at their size class plus the idle pool (pool_bytes)',
       },
-      cases: rows,
+      cases: [...kept, ...rows],
     },
     null,
     2,
