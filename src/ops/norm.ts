@@ -4,14 +4,7 @@ import { Uniforms, type Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, Tensor } from '../gpu/tensor.ts';
 
-/**
- * Workgroup size for a reduction over `items` elements: a power of two (the kernels' tree sum needs one) with
- * about four elements per invocation, from 32 to 256. A fixed 256 left most invocations of a short segment
- * (a small LayerNorm row, a GroupNorm of a low-resolution block) idle through every barrier of the tree.
- */
-function reductionWG(items: number): number {
-  return Math.min(256, Math.max(32, 2 ** Math.ceil(Math.log2(Math.max(1, Math.ceil(items / 4))))));
-}
+const WG = 256;
 
 /** How a norm sees its input: segments of cpg*inner contiguous elements, `groups` per sample. */
 interface Layout {
@@ -77,7 +70,7 @@ function normForward(gpu: Gpu, op: string, x: Tensor, gamma: Tensor, beta: Tenso
     gpu.dispatch({
       shader: 'norm',
       entry: 'norm_fwd',
-      defs: { T: x.dtype, WG: reductionWG(l.cpg * l.inner) },
+      defs: { T: x.dtype, WG },
       uniforms: uniforms(l, start, count, eps, false),
       bindings: [xw, gamma, beta, gpu.subWindow(y, start, count, segBytes), mean, rstd],
       workgroups: gpu.grid(count),
@@ -108,7 +101,7 @@ function normBackward(
     gpu.dispatch({
       shader: 'norm',
       entry: 'norm_bwd_input',
-      defs: { T: x.dtype, WG: reductionWG(l.cpg * l.inner) },
+      defs: { T: x.dtype, WG },
       uniforms: uniforms(l, start, count, 0, false),
       bindings: [win(x), gamma, null, null, null, null, win(dy), win(dx), null, null, saved.mean, saved.rstd],
       workgroups: gpu.grid(count),
@@ -116,7 +109,7 @@ function normBackward(
     gpu.dispatch({
       shader: 'norm',
       entry: 'norm_bwd_params',
-      defs: { T: x.dtype, WG: reductionWG(Math.ceil(count / l.groups) * l.inner) }, // a channel's items in this window
+      defs: { T: x.dtype, WG },
       uniforms: uniforms(l, start, count, 0, accumulate || i > 0),
       bindings: [win(x), null, null, null, null, null, win(dy), null, dgamma, dbeta, saved.mean, saved.rstd],
       workgroups: gpu.grid(l.channels),
