@@ -40,6 +40,7 @@ import { MemoryChunkStore } from '../src/store/chunkstore.ts';
 import { planTraining, type Plan } from '../src/train/plan.ts';
 import { DreamBoothTrainer, TRAIN_DEFAULTS, type TrainData, type TrainMode, type TrainSettings } from '../src/train/trainer.ts';
 import { Rng } from '../src/util/rng.ts';
+import { median } from './core.ts';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, '..');
@@ -65,10 +66,6 @@ function selectedCases(): CaseName[] {
   return names as CaseName[];
 }
 
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-};
 const round = (x: number, digits = 4) => Math.round(x * 10 ** digits) / 10 ** digits;
 const gib = (n: number) => `${(n / GiB).toFixed(3)} GiB`;
 

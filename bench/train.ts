@@ -29,6 +29,7 @@ import { SD_SCHEDULE } from '../src/sample/schedulers.ts';
 import { MemoryChunkStore } from '../src/store/chunkstore.ts';
 import { planTraining, type Plan } from '../src/train/plan.ts';
 import { Rng } from '../src/util/rng.ts';
+import { median } from './core.ts';
 import { DreamBoothTrainer, TRAIN_DEFAULTS, type TrainData, type TrainMode, type TrainSettings } from '../src/train/trainer.ts';
 import type { IdbBenchOptions, IdbTiming } from './train-page.ts';
 
@@ -44,10 +45,6 @@ const BUDGET = (Number(arg('--budget-gib')) || 4) * GiB;
 const TARGETS: Record<TrainMode, number> = { full: 4 * GiB, lora: 3 * GiB };
 const IDB: IdbBenchOptions = quick ? { sizesMiB: [16], reps: 2 } : { sizesMiB: [16, 64], reps: 9 };
 
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-};
 const gib = (n: number) => `${(n / GiB).toFixed(2)} GiB`;
 const mb = (n: number) => `${(n / 1e6).toFixed(0)} MB`;
 
