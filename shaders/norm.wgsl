@@ -11,30 +11,16 @@
 //   dgamma[c] = sum over all (n, spatial) of dy*xhat;  dbeta[c] = sum of dy.
 // Specialised by T (storage of x, y, dy, dx, gamma, beta) and WG. Parameter gradients are f32.
 
-struct Params {
-  seg_len: u32,      // L
-  cpg: u32,          // channels per group
-  inner: u32,        // elements per channel inside a segment (H*W, or 1)
-  groups: u32,       // segments per sample
-  seg_offset: u32,   // index of this dispatch's first segment (tensors bigger than one binding)
-  n_segs: u32,       // segments in this dispatch (param-grad kernel: segments to walk)
-  eps: f32,
-  accumulate: u32,   // param-grad kernel: add into dgamma/dbeta instead of overwriting
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<T>;
-@group(0) @binding(2) var<storage, read> gamma: array<T>;
-@group(0) @binding(3) var<storage, read> beta: array<T>;
-@group(0) @binding(4) var<storage, read_write> y: array<T>;
-@group(0) @binding(5) var<storage, read_write> mean: array<f32>;
-@group(0) @binding(6) var<storage, read_write> rstd: array<f32>;
-@group(0) @binding(7) var<storage, read> dy: array<T>;
-@group(0) @binding(8) var<storage, read_write> dx: array<T>;
-@group(0) @binding(9) var<storage, read_write> dgamma: array<f32>;
-@group(0) @binding(10) var<storage, read_write> dbeta: array<f32>;
-@group(0) @binding(11) var<storage, read> mean_in: array<f32>;
-@group(0) @binding(12) var<storage, read> rstd_in: array<f32>;
+// Uniforms and bindings are declared per entry point in src/ops/norm.ts (src/gpu/kernel.ts generates them):
+//   seg_len     L
+//   cpg         channels per group
+//   inner       elements per channel inside a segment (H*W, or 1)
+//   groups      segments per sample
+//   seg_offset  index of this dispatch's first segment (tensors bigger than one binding)
+//   n_segs      segments in this dispatch (param-grad kernel: segments to walk)
+//   eps         forward only
+//   accumulate  param-grad kernel: add into dgamma/dbeta instead of overwriting
+// mean and rstd are written (f32) by the forward and read by both backward kernels.
 
 var<workgroup> red_a: array<f32, WG>;
 var<workgroup> red_b: array<f32, WG>;
@@ -60,6 +46,7 @@ fn channel_of(seg: u32, j: u32) -> u32 {
   return (seg % p.groups) * p.cpg + j / p.inner;
 }
 
+//#entry norm_fwd
 // One workgroup per segment (workgroup id.x + id.y * 65535 counts segments within the dispatch).
 @compute @workgroup_size(WG)
 fn norm_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -86,14 +73,15 @@ fn norm_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
   }
 }
 
+//#entry norm_bwd_input
 @compute @workgroup_size(WG)
 fn norm_bwd_input(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let local_seg = wid.x + wid.y * nwg.x;
   if (local_seg >= p.n_segs) { return; }
   let seg = p.seg_offset + local_seg;
   let base = local_seg * p.seg_len;
-  let mu = mean_in[seg];
-  let r = rstd_in[seg];
+  let mu = mean[seg];
+  let r = rstd[seg];
   var sg = 0.0;
   var sgx = 0.0;
   for (var j = lid; j < p.seg_len; j += WG) {
@@ -109,6 +97,7 @@ fn norm_bwd_input(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
   }
 }
 
+//#entry norm_bwd_params
 // One workgroup per affine channel c: walks every segment of this dispatch that holds channel c.
 @compute @workgroup_size(WG)
 fn norm_bwd_params(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -129,7 +118,7 @@ fn norm_bwd_params(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     let seg = p.seg_offset + ls;
     let idx = ls * p.seg_len + within + k;
     let d = f32(dy[idx]);
-    sdg += d * (f32(x[idx]) - mean_in[seg]) * rstd_in[seg];
+    sdg += d * (f32(x[idx]) - mean[seg]) * rstd[seg];
     sdb += d;
   }
   let sums = reduce2(lid, sdg, sdb);

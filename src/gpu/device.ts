@@ -6,6 +6,7 @@
 import { Allocator, sizeClass, type Tag } from './allocator.ts';
 import { GpuDeviceLostError, GpuValidationError, NoWebGpuError, ShapeError } from './errors.ts';
 import { fromF16Bits, toF16Bits } from '../util/half.ts';
+import { kernelModule, orderBindings, packUniforms, type BindingArgs, type KernelDecl, type UniformArgs } from './kernel.ts';
 import { defsKey, specialise, type Defs, type ShaderSource } from './shaders.ts';
 import { BYTES, numel, Tensor, type DType } from './tensor.ts';
 
@@ -74,6 +75,14 @@ export interface DispatchSpec {
   uniforms?: Uniforms;
   /** Storage bindings: element i is bound at @binding(i + 1); null leaves that binding out. */
   bindings: (Bindable | null)[];
+  workgroups: readonly [number, number?, number?];
+}
+
+/** One call of a declared kernel (src/gpu/kernel.ts): uniforms and bindings by name. */
+export interface KernelCall<D extends KernelDecl> {
+  defs: Defs;
+  uniforms: UniformArgs<D>;
+  bindings: BindingArgs<D, Bindable>;
   workgroups: readonly [number, number?, number?];
 }
 
@@ -389,11 +398,12 @@ export class Gpu {
     return this.pipelineEntry(shader, entry, defs).pipeline;
   }
 
-  private pipelineEntry(shader: string, entry: string, defs: Defs): { pipeline: GPUComputePipeline; key: string } {
+  private pipelineEntry(shader: string, entry: string, defs: Defs, decl?: KernelDecl): { pipeline: GPUComputePipeline; key: string } {
     const key = `${shader}:${entry}:${defsKey(defs)}`;
     let p = this.pipelines.get(key);
     if (!p) {
-      const code = specialise(this.shaders.get(shader), defs);
+      const source = this.shaders.get(shader);
+      const code = decl ? kernelModule(source, decl, defs) : specialise(source, defs);
       const module = this.device.createShaderModule({ code, label: key });
       p = this.device.createComputePipeline({ layout: 'auto', compute: { module, entryPoint: entry }, label: key });
       this.pipelines.set(key, p);
@@ -418,26 +428,63 @@ export class Gpu {
     return this.pipelines.size;
   }
 
+  /** Records one dispatch of a declared kernel, its uniforms and bindings given by name. */
+  run<D extends KernelDecl>(k: D, call: KernelCall<D>): void {
+    this.checkAlive();
+    if (this.dryRun) return;
+    const label = `${k.shader}.${k.entry}`;
+    const bytes = k.uniforms.length > 0 ? packUniforms(k, call.uniforms) : null;
+    const bindings = orderBindings<Bindable>(k, call.defs, call.bindings as Record<string, Bindable | undefined>);
+    this.record(
+      label,
+      call.workgroups,
+      () => this.pipelineEntry(k.shader, k.entry, call.defs, k),
+      bytes,
+      bindings,
+      (i) => k.bindings[i].name,
+    );
+  }
+
   dispatch(spec: DispatchSpec): void {
     this.checkAlive();
     if (this.dryRun) return;
-    const [x, y = 1, z = 1] = spec.workgroups;
+    const label = `${spec.shader}.${spec.entry}`;
+    const bytes = spec.uniforms ? spec.uniforms.bytes() : null;
+    this.record(
+      label,
+      spec.workgroups,
+      () => this.pipelineEntry(spec.shader, spec.entry, spec.defs),
+      bytes,
+      spec.bindings,
+      (i) => `binding ${i + 1}`,
+    );
+  }
+
+  /** Binds uniforms at @binding(0) and storage windows at @binding(i + 1), then records the dispatch. */
+  private record(
+    label: string,
+    workgroups: readonly [number, number?, number?],
+    pipelineFor: () => { pipeline: GPUComputePipeline; key: string },
+    uniformBytes: ArrayBuffer | null,
+    bindings: readonly (Bindable | null)[],
+    bindingName: (i: number) => string,
+  ): void {
+    const [x, y = 1, z = 1] = workgroups;
     const maxWg = this.device.limits.maxComputeWorkgroupsPerDimension;
-    if (x > maxWg || y > maxWg || z > maxWg)
-      throw new ShapeError(`${spec.shader}.${spec.entry}`, `dispatch ${x}x${y}x${z} exceeds ${maxWg} workgroups per dimension`);
+    if (x > maxWg || y > maxWg || z > maxWg) throw new ShapeError(label, `dispatch ${x}x${y}x${z} exceeds ${maxWg} workgroups per dimension`);
     if (x === 0 || y === 0 || z === 0) return;
-    const { pipeline, key: pipelineKey } = this.pipelineEntry(spec.shader, spec.entry, spec.defs);
+    const { pipeline, key: pipelineKey } = pipelineFor();
     const entries: GPUBindGroupEntry[] = [];
-    if (spec.uniforms) entries.push({ binding: 0, resource: this.uniformSlot(spec.uniforms.bytes()) });
-    spec.bindings.forEach((b, i) => {
+    if (uniformBytes) entries.push({ binding: 0, resource: this.uniformSlot(uniformBytes) });
+    bindings.forEach((b, i) => {
       if (!b) return;
       const w = b instanceof Tensor ? this.window(b) : b;
       if (w.size > this.device.limits.maxStorageBufferBindingSize)
-        throw new ShapeError(`${spec.shader}.${spec.entry}`, `binding ${i + 1} spans ${w.size} bytes, over the device's storage binding limit`);
+        throw new ShapeError(label, `${bindingName(i)} spans ${w.size} bytes, over the device's storage binding limit`);
       entries.push({ binding: i + 1, resource: { buffer: w.buffer, offset: w.offset, size: w.size } });
     });
     const bindGroup = this.bindGroupFor(pipeline, pipelineKey, entries);
-    const pass = this.profiling ? this.profiledPass(`${spec.shader}.${spec.entry}`) : this.getPass();
+    const pass = this.profiling ? this.profiledPass(label) : this.getPass();
     pass.setPipeline(pipeline);
     pass.setBindGroup(0, bindGroup);
     pass.dispatchWorkgroups(x, y, z);

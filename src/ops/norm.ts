@@ -1,6 +1,7 @@
 // GroupNorm and LayerNorm: forward saves mean/rstd (f32), backward gives dx and the f32 parameter
 // gradients. Both run the "segment norm" kernels of shaders/norm.wgsl (see the math there).
-import { Uniforms, type Gpu } from '../gpu/device.ts';
+import type { Gpu } from '../gpu/device.ts';
+import { kernel } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, Tensor } from '../gpu/tensor.ts';
 
@@ -52,11 +53,60 @@ function checkAffine(op: string, x: Tensor, gamma: Tensor, beta: Tensor, channel
       throw new ShapeError(op, `${name} must be [${channels}] for x ${fmtShape(x.shape)}, got ${fmtShape(t.shape)}`);
 }
 
-function uniforms(l: Layout, segOffset: number, nSegs: number, eps: number, accumulate: boolean): Uniforms {
-  return new Uniforms()
-    .u32(l.cpg * l.inner, l.cpg, l.inner, l.groups, segOffset, nSegs)
-    .f32(eps)
-    .u32(accumulate ? 1 : 0);
+const SEGMENTS = [
+  { name: 'seg_len', type: 'u32' },
+  { name: 'cpg', type: 'u32' },
+  { name: 'inner', type: 'u32' },
+  { name: 'groups', type: 'u32' },
+  { name: 'seg_offset', type: 'u32' },
+  { name: 'n_segs', type: 'u32' },
+] as const;
+
+const NORM_FWD = kernel({
+  shader: 'norm',
+  entry: 'norm_fwd',
+  uniforms: [...SEGMENTS, { name: 'eps', type: 'f32' }],
+  bindings: [
+    { name: 'x', type: 'T', access: 'read' },
+    { name: 'gamma', type: 'T', access: 'read' },
+    { name: 'beta', type: 'T', access: 'read' },
+    { name: 'y', type: 'T', access: 'read_write' },
+    { name: 'mean', type: 'f32', access: 'read_write' },
+    { name: 'rstd', type: 'f32', access: 'read_write' },
+  ],
+});
+
+const NORM_BWD_INPUT = kernel({
+  shader: 'norm',
+  entry: 'norm_bwd_input',
+  uniforms: SEGMENTS,
+  bindings: [
+    { name: 'x', type: 'T', access: 'read' },
+    { name: 'gamma', type: 'T', access: 'read' },
+    { name: 'dy', type: 'T', access: 'read' },
+    { name: 'dx', type: 'T', access: 'read_write' },
+    { name: 'mean', type: 'f32', access: 'read' },
+    { name: 'rstd', type: 'f32', access: 'read' },
+  ],
+});
+
+const NORM_BWD_PARAMS = kernel({
+  shader: 'norm',
+  entry: 'norm_bwd_params',
+  uniforms: [...SEGMENTS, { name: 'accumulate', type: 'u32' }],
+  bindings: [
+    { name: 'x', type: 'T', access: 'read' },
+    { name: 'dy', type: 'T', access: 'read' },
+    { name: 'dgamma', type: 'f32', access: 'read_write' },
+    { name: 'dbeta', type: 'f32', access: 'read_write' },
+    { name: 'mean', type: 'f32', access: 'read' },
+    { name: 'rstd', type: 'f32', access: 'read' },
+  ],
+});
+
+/** The segment-layout uniforms every norm kernel takes. */
+function segments(l: Layout, segOffset: number, nSegs: number) {
+  return { seg_len: l.cpg * l.inner, cpg: l.cpg, inner: l.inner, groups: l.groups, seg_offset: segOffset, n_segs: nSegs };
 }
 
 function normForward(gpu: Gpu, op: string, x: Tensor, gamma: Tensor, beta: Tensor, eps: number, l: Layout): { y: Tensor } & NormSaved {
@@ -67,12 +117,10 @@ function normForward(gpu: Gpu, op: string, x: Tensor, gamma: Tensor, beta: Tenso
   const segBytes = l.cpg * l.inner * BYTES[x.dtype];
   for (const { start, count } of gpu.chunks(l.segs, segBytes)) {
     const xw = gpu.subWindow(x, start, count, segBytes);
-    gpu.dispatch({
-      shader: 'norm',
-      entry: 'norm_fwd',
+    gpu.run(NORM_FWD, {
       defs: { T: x.dtype, WG },
-      uniforms: uniforms(l, start, count, eps, false),
-      bindings: [xw, gamma, beta, gpu.subWindow(y, start, count, segBytes), mean, rstd],
+      uniforms: { ...segments(l, start, count), eps },
+      bindings: { x: xw, gamma, beta, y: gpu.subWindow(y, start, count, segBytes), mean, rstd },
       workgroups: gpu.grid(count),
     });
   }
@@ -98,20 +146,16 @@ function normBackward(
   const segBytes = l.cpg * l.inner * BYTES[x.dtype];
   gpu.chunks(l.segs, segBytes).forEach(({ start, count }, i) => {
     const win = (t: Tensor) => gpu.subWindow(t, start, count, segBytes);
-    gpu.dispatch({
-      shader: 'norm',
-      entry: 'norm_bwd_input',
+    gpu.run(NORM_BWD_INPUT, {
       defs: { T: x.dtype, WG },
-      uniforms: uniforms(l, start, count, 0, false),
-      bindings: [win(x), gamma, null, null, null, null, win(dy), win(dx), null, null, saved.mean, saved.rstd],
+      uniforms: segments(l, start, count),
+      bindings: { x: win(x), gamma, dy: win(dy), dx: win(dx), mean: saved.mean, rstd: saved.rstd },
       workgroups: gpu.grid(count),
     });
-    gpu.dispatch({
-      shader: 'norm',
-      entry: 'norm_bwd_params',
+    gpu.run(NORM_BWD_PARAMS, {
       defs: { T: x.dtype, WG },
-      uniforms: uniforms(l, start, count, 0, accumulate || i > 0),
-      bindings: [win(x), null, null, null, null, null, win(dy), null, dgamma, dbeta, saved.mean, saved.rstd],
+      uniforms: { ...segments(l, start, count), accumulate: accumulate || i > 0 ? 1 : 0 },
+      bindings: { x: win(x), dy: win(dy), dgamma, dbeta, mean: saved.mean, rstd: saved.rstd },
       workgroups: gpu.grid(l.channels),
     });
   });
