@@ -21,6 +21,9 @@
 // entry points it names. The module compiled for an entry point is the generated declarations, the common text
 // and its sections, so each entry point sees exactly the uniforms and bindings it declared.
 //
+// Generated code. `code(defs)` may emit WGSL (an unrolled micro-kernel, say) between the declarations and the
+// file's text.
+//
 // Optional bindings. A binding with `when: 'HAS_BIAS'` is a storage binding only when the boolean def HAS_BIAS
 // is true; otherwise it becomes `var<private> bias: array<T, 1>`, so code under `if (HAS_BIAS)` still compiles,
 // no buffer is bound and none may be passed.
@@ -49,6 +52,12 @@ export interface KernelDecl {
   readonly entry: string;
   readonly uniforms: readonly UniformDecl[];
   readonly bindings: readonly BindingDecl[];
+  /**
+   * WGSL generated from the defs, placed after the declarations and before the file's text: for code that
+   * WGSL cannot express with constant loop bounds alone, e.g. a register micro-kernel unrolled into
+   * constant indices for one tile shape. Part of the pipeline's identity only through the defs.
+   */
+  readonly code?: (defs: Defs) => string;
 }
 
 /** Declares a kernel; `const` keeps the literal names so calls are checked against them. */
@@ -121,7 +130,8 @@ export function sectionsFor(source: string, entry: string): string {
 
 /** The full module for one entry point: prelude of defs, generated interface, then its text. */
 export function kernelModule(source: string, decl: KernelDecl, defs: Defs): string {
-  return specialise(`${declarations(decl, defs)}\n${sectionsFor(source, decl.entry)}`, defs);
+  const generated = decl.code ? `${decl.code(defs)}\n` : '';
+  return specialise(`${declarations(decl, defs)}\n${generated}${sectionsFor(source, decl.entry)}`, defs);
 }
 
 /** Packs a call's uniforms in declaration order (4 bytes each, the struct padded to 16 bytes). */
