@@ -3,13 +3,8 @@
 // reads memory it never wrote. Specialised by WG (workgroup size). The host splits ranges larger than one
 // storage binding.
 
-struct Params {
-  words: u32,   // 32-bit words to fill
-  value: u32,   // the bit pattern
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+// Interface (FILL in src/gpu/device.ts): uniforms words (32-bit words to fill) and value (the bit pattern);
+// binding out: array<u32>.
 
 @compute @workgroup_size(WG)
 fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

@@ -6,7 +6,7 @@
 import { Allocator, sizeClass, type Tag } from './allocator.ts';
 import { GpuDeviceLostError, GpuValidationError, NoWebGpuError, ShapeError } from './errors.ts';
 import { fromF16Bits, toF16Bits } from '../util/half.ts';
-import { kernelModule, orderBindings, packUniforms, type BindingArgs, type KernelDecl, type UniformArgs } from './kernel.ts';
+import { kernel, kernelModule, orderBindings, packUniforms, type BindingArgs, type KernelDecl, type UniformArgs } from './kernel.ts';
 import { defsKey, specialise, type Defs, type ShaderSource } from './shaders.ts';
 import { BYTES, numel, Tensor, type DType } from './tensor.ts';
 
@@ -24,6 +24,17 @@ const RAISED_LIMITS = [
   'maxComputeWorkgroupsPerDimension',
   'maxBindingsPerBindGroup',
 ] as const;
+
+/** shaders/fill.wgsl: sets `words` 32-bit words of `out` to `value`. */
+const FILL = kernel({
+  shader: 'fill',
+  entry: 'fill',
+  uniforms: [
+    { name: 'words', type: 'u32' },
+    { name: 'value', type: 'u32' },
+  ],
+  bindings: [{ name: 'out', type: 'u32', access: 'read_write' }],
+});
 
 /** Alignment limits, where smaller is better: we take the adapter's. */
 const ALIGNMENT_LIMITS = ['minStorageBufferOffsetAlignment', 'minUniformBufferOffsetAlignment'] as const;
@@ -294,12 +305,10 @@ export class Gpu {
     const per = Math.floor(this.device.limits.maxStorageBufferBindingSize / 4 / align) * align;
     for (let start = 0; start < words; start += per) {
       const count = Math.min(per, words - start);
-      this.dispatch({
-        shader: 'fill',
-        entry: 'fill',
+      this.run(FILL, {
         defs: { WG: 256 },
-        uniforms: new Uniforms().u32(count, word),
-        bindings: [this.subWindow(t, start, count, 4)],
+        uniforms: { words: count, value: word },
+        bindings: { out: this.subWindow(t, start, count, 4) },
         workgroups: this.grid(Math.ceil(count / 256)),
       });
     }
