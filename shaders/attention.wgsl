@@ -17,36 +17,14 @@
 // Layouts are given by strides: element (b, h, row, d) of a tensor lives at
 // b*s_b + h*s_h + row*s_row + d, which covers [B,H,N,D] and [B,N,H,D] alike.
 
-struct Params {
-  heads: u32,
-  n: u32,            // query rows
-  m: u32,            // key rows
-  scale: f32,
-  q_sb: u32, q_sh: u32, q_sn: u32,     // strides of q, out, dy, dq
-  k_sb: u32, k_sh: u32, k_sn: u32,     // strides of k, v, dk, dv
-  q_split: u32,      // attn_bwd_dkv_split: query rows per split (a multiple of BC)
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q: array<T>;
-@group(0) @binding(2) var<storage, read> k: array<T>;
-@group(0) @binding(3) var<storage, read> v: array<T>;
-@group(0) @binding(4) var<storage, read_write> out: array<T>;
-@group(0) @binding(5) var<storage, read_write> lse: array<f32>;
-@group(0) @binding(6) var<storage, read> o_in: array<T>;
-@group(0) @binding(7) var<storage, read> dy: array<T>;
-@group(0) @binding(8) var<storage, read> lse_in: array<f32>;
-@group(0) @binding(9) var<storage, read_write> delta: array<f32>;
-@group(0) @binding(10) var<storage, read> delta_in: array<f32>;
-@group(0) @binding(11) var<storage, read_write> dq: array<T>;
-@group(0) @binding(12) var<storage, read_write> dk: array<T>;
-@group(0) @binding(13) var<storage, read_write> dv: array<T>;
-// Few keys (e.g. 77 for cross-attention): each split of the query rows writes f32 partial
-// dK/dV, dense [split][b][h][key][d], and attn_bwd_dkv_reduce sums the splits.
-@group(0) @binding(14) var<storage, read_write> dk_part: array<f32>;
-@group(0) @binding(15) var<storage, read_write> dv_part: array<f32>;
-@group(0) @binding(16) var<storage, read> dk_part_in: array<f32>;
-@group(0) @binding(17) var<storage, read> dv_part_in: array<f32>;
+// Uniforms and bindings are declared per entry point in src/ops/attention.ts (src/gpu/kernel.ts
+// generates them). Every entry takes
+//   heads, n (query rows), m (key rows), scale,
+//   q_sb, q_sh, q_sn   strides of q, out, dy, dq
+//   k_sb, k_sh, k_sn   strides of k, v, dk, dv
+// and the split dK/dV kernels also q_split (query rows per split, a multiple of BC). Bindings: q, k, v,
+// out, dy (T); lse, delta (f32 [B,H,N]); dq, dk, dv (T); dk_part, dv_part (f32 partials of the split
+// dK/dV path, dense [split][b][h][key][d], summed by attn_bwd_dkv_reduce).
 
 // Tiles hold rows of D4 = ceil(D/4) vec4 chunks (zero past D), so every dot product and
 // accumulation runs 4 lanes wide and each workgroup-memory read feeds 4 FMAs.
@@ -60,6 +38,7 @@ const D_EXACT = (D % 4u) == 0u;  // no zero padding in the last chunk
 fn q_base(b: u32, h: u32, row: u32) -> u32 { return b * p.q_sb + h * p.q_sh + row * p.q_sn; }
 fn k_base(b: u32, h: u32, row: u32) -> u32 { return b * p.k_sb + h * p.k_sh + row * p.k_sn; }
 
+//#entry attn_fwd attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split
 // Chunk c (elements 4c..4c+3, zero past D) of the row starting at `base` of each input.
 fn q_chunk(base: u32, c: u32) -> vec4<f32> {
   var r = vec4<f32>(0.0);
@@ -76,20 +55,24 @@ fn v_chunk(base: u32, c: u32) -> vec4<f32> {
   for (var e = 0u; e < 4u; e++) { if (D_EXACT || 4u * c + e < D) { r[e] = f32(v[base + 4u * c + e]); } }
   return r;
 }
+//#entry attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split
 fn do_chunk(base: u32, c: u32) -> vec4<f32> {
   var r = vec4<f32>(0.0);
   for (var e = 0u; e < 4u; e++) { if (D_EXACT || 4u * c + e < D) { r[e] = f32(dy[base + 4u * c + e]); } }
   return r;
 }
 
+//#entry attn_fwd attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split
 fn hsum(x: vec4<f32>) -> f32 { return (x.x + x.y) + (x.z + x.w); }
 
+//#entry attn_fwd attn_bwd_delta attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split
 // Workgroup id -> (b, h, first row): x walks row tiles, y walks b*heads.
 struct Task { b: u32, h: u32, row0: u32 }
 fn task(wid: vec3<u32>) -> Task {
   return Task(wid.y / p.heads, wid.y % p.heads, wid.x * BR);
 }
 
+//#entry attn_fwd attn_bwd_dq
 // Keys of the tile starting at kt that query `row` attends to: all of them, or with CAUSAL (a
 // decoder-style mask, CLIP's text encoder) only keys kt + j <= row.
 fn visible_keys(row: u32, kt: u32) -> u32 {
@@ -116,6 +99,7 @@ fn stage_kv(b: u32, h: u32, r0: u32, lid: u32) {
   }
 }
 
+//#entry attn_fwd
 // Each tile is processed in two sweeps over its visible rows: first all the dot products
 // (independent of each other, so they overlap), then the accumulation. (Loops run to the visible
 // count, not the constant BC: fully unrolled BC x D4 bodies make Mesa's f16 compile take minutes.)
@@ -163,6 +147,7 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
   }
 }
 
+//#entry attn_bwd_delta
 // Delta_i = sum_d dO_id * O_id, one invocation per query row.
 @compute @workgroup_size(BR)
 fn attn_bwd_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -171,10 +156,11 @@ fn attn_bwd_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
   if (row >= p.n) { return; }
   let base = q_base(t.b, t.h, row);
   var acc = 0.0;
-  for (var d = 0u; d < D; d++) { acc += f32(dy[base + d]) * f32(o_in[base + d]); }
+  for (var d = 0u; d < D; d++) { acc += f32(dy[base + d]) * f32(out[base + d]); }
   delta[(t.b * p.heads + t.h) * p.n + row] = acc;
 }
 
+//#entry attn_bwd_dq
 @compute @workgroup_size(BR)
 fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let t = task(wid);
@@ -186,8 +172,8 @@ fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
   var acc: array<vec4<f32>, D4>;
   for (var c = 0u; c < D4; c++) { qr[c] = q_chunk(qb, c) * p.scale; dor[c] = do_chunk(qb, c); acc[c] = vec4<f32>(0.0); }
   let r = (t.b * p.heads + t.h) * p.n + min(row, p.n - 1u);
-  let lse_i = lse_in[r];
-  let delta_i = delta_in[r];
+  let lse_i = lse[r];
+  let delta_i = delta[r];
   var ds: array<f32, BC>;
   for (var kt = 0u; kt < p.m; kt += BC) {
     stage_kv(t.b, t.h, kt, lid);
@@ -215,6 +201,7 @@ fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
   }
 }
 
+//#entry attn_bwd_dkv attn_bwd_dkv_split
 // Stages query rows [r0, r0+BC) of q and dO (and their LSE, Delta) for the dK/dV kernel.
 fn stage_q(b: u32, h: u32, r0: u32, lid: u32) {
   for (var e = lid; e < BC * D4; e += BR) {
@@ -234,7 +221,7 @@ fn stage_q(b: u32, h: u32, r0: u32, lid: u32) {
     var ld = vec2<f32>(0.0);
     if (r0 + r < p.n) {
       let idx = (b * p.heads + h) * p.n + r0 + r;
-      ld = vec2<f32>(lse_in[idx], delta_in[idx]);
+      ld = vec2<f32>(lse[idx], delta[idx]);
     }
     tile_r[r] = ld;
   }
@@ -289,6 +276,7 @@ fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32) -
   return acc;
 }
 
+//#entry attn_bwd_dkv
 // One invocation per key row over all query rows; writes dK, dV in T.
 @compute @workgroup_size(BR)
 fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -304,6 +292,7 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
   }
 }
 
+//#entry attn_bwd_dkv_split
 // Few keys: split z of the query rows writes f32 partials, summed by attn_bwd_dkv_reduce.
 @compute @workgroup_size(BR)
 fn attn_bwd_dkv_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -320,6 +309,7 @@ fn attn_bwd_dkv_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
   }
 }
 
+//#entry attn_bwd_dkv_reduce
 // Sums the split partials: one invocation per (b, h, key, d); splits = num query splits.
 @compute @workgroup_size(BR)
 fn attn_bwd_dkv_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -334,8 +324,8 @@ fn attn_bwd_dkv_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
   let splits = (p.n + p.q_split - 1u) / p.q_split;
   for (var sp = 0u; sp < splits; sp++) {
     let idx = sp * per_split + bh * p.m * D + i;
-    sk += dk_part_in[idx];
-    sv += dv_part_in[idx];
+    sk += dk_part[idx];
+    sv += dv_part[idx];
   }
   let kb = k_base(bh / p.heads, bh % p.heads, row) + d;
   dk[kb] = T(sk);

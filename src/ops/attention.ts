@@ -1,7 +1,8 @@
 // Attention: flash attention forward/backward (shaders/attention.wgsl: online softmax, LSE saved,
 // backward recomputes P tile by tile; the N x M score matrix never exists), and naive attention
 // built from batched matmul + softmax, which materialises it (the benchmark baseline).
-import { Uniforms, type Gpu } from '../gpu/device.ts';
+import type { Gpu } from '../gpu/device.ts';
+import { kernel } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { expectSameDType, Tensor } from '../gpu/tensor.ts';
 import { scale as scaleOp } from './elementwise.ts';
@@ -71,12 +72,74 @@ function shaderDefs(d: Dims, dtype: Tensor['dtype']) {
   return { T: dtype, D: d.D, D4: Math.ceil(d.D / 4), BR, BC: tileRows(d.D), CAUSAL: d.causal };
 }
 
-function uniforms(d: Dims): Uniforms {
-  const { B, H, N, M, D } = d;
-  void B;
-  const [qsb, qsh, qsn] = d.layout === 'bhnd' ? [H * N * D, N * D, D] : [N * H * D, D, H * D];
-  const [ksb, ksh, ksn] = d.layout === 'bhnd' ? [H * M * D, M * D, D] : [M * H * D, D, H * D];
-  return new Uniforms().u32(H, N, M).f32(d.scale).u32(qsb, qsh, qsn, ksb, ksh, ksn, querySplit(d));
+/** The uniforms every attention kernel takes: sizes, scale and the strides of both layouts. */
+const DIMS = [
+  { name: 'heads', type: 'u32' },
+  { name: 'n', type: 'u32' },
+  { name: 'm', type: 'u32' },
+  { name: 'scale', type: 'f32' },
+  { name: 'q_sb', type: 'u32' },
+  { name: 'q_sh', type: 'u32' },
+  { name: 'q_sn', type: 'u32' },
+  { name: 'k_sb', type: 'u32' },
+  { name: 'k_sh', type: 'u32' },
+  { name: 'k_sn', type: 'u32' },
+] as const;
+const SPLIT_DIMS = [...DIMS, { name: 'q_split', type: 'u32' }] as const;
+
+const read = (name: string, type = 'T') => ({ name, type, access: 'read' }) as const;
+const write = (name: string, type = 'T') => ({ name, type, access: 'read_write' }) as const;
+
+const ATTN_FWD = kernel({
+  shader: 'attention',
+  entry: 'attn_fwd',
+  uniforms: DIMS,
+  bindings: [read('q'), read('k'), read('v'), write('out'), write('lse', 'f32')],
+});
+
+const ATTN_BWD_DELTA = kernel({
+  shader: 'attention',
+  entry: 'attn_bwd_delta',
+  uniforms: DIMS,
+  bindings: [read('out'), read('dy'), write('delta', 'f32')],
+});
+
+/** What the dQ and dK/dV kernels read: the inputs, dO, and the per-row LSE and Delta. */
+const BWD_INPUTS = [read('q'), read('k'), read('v'), read('dy'), read('lse', 'f32'), read('delta', 'f32')] as const;
+
+const ATTN_BWD_DQ = kernel({
+  shader: 'attention',
+  entry: 'attn_bwd_dq',
+  uniforms: DIMS,
+  bindings: [...BWD_INPUTS, write('dq')],
+});
+
+const ATTN_BWD_DKV = kernel({
+  shader: 'attention',
+  entry: 'attn_bwd_dkv',
+  uniforms: DIMS,
+  bindings: [...BWD_INPUTS, write('dk'), write('dv')],
+});
+
+const ATTN_BWD_DKV_SPLIT = kernel({
+  shader: 'attention',
+  entry: 'attn_bwd_dkv_split',
+  uniforms: SPLIT_DIMS,
+  bindings: [...BWD_INPUTS, write('dk_part', 'f32'), write('dv_part', 'f32')],
+});
+
+const ATTN_BWD_DKV_REDUCE = kernel({
+  shader: 'attention',
+  entry: 'attn_bwd_dkv_reduce',
+  uniforms: SPLIT_DIMS,
+  bindings: [read('dk_part', 'f32'), read('dv_part', 'f32'), write('dk'), write('dv')],
+});
+
+function uniforms(d: Dims) {
+  const { H, N, M, D } = d;
+  const [q_sb, q_sh, q_sn] = d.layout === 'bhnd' ? [H * N * D, N * D, D] : [N * H * D, D, H * D];
+  const [k_sb, k_sh, k_sn] = d.layout === 'bhnd' ? [H * M * D, M * D, D] : [M * H * D, D, H * D];
+  return { heads: H, n: N, m: M, scale: d.scale, q_sb, q_sh, q_sn, k_sb, k_sh, k_sn };
 }
 
 /**
@@ -92,17 +155,14 @@ function querySplit(d: Dims): number {
   return Math.ceil(Math.ceil(d.N / splits) / bc) * bc;
 }
 
-function run(gpu: Gpu, op: string, entry: string, d: Dims, dtype: Tensor['dtype'], rows: number, bindings: (Tensor | null)[], splits = 1): void {
-  for (const t of bindings)
-    if (t && !gpu.fitsBinding(t)) throw new ShapeError(op, `${t} is larger than one storage binding (${gpu.maxBinding} bytes); split the batch`);
-  gpu.dispatch({
-    shader: 'attention',
-    entry,
-    defs: shaderDefs(d, dtype),
-    uniforms: uniforms(d),
-    bindings,
-    workgroups: [Math.ceil(rows / BR), d.B * d.H, splits],
-  });
+/** Refuses tensors larger than one storage binding (attention binds whole tensors). */
+function checkBindable(gpu: Gpu, op: string, ...ts: Tensor[]): void {
+  for (const t of ts) if (!gpu.fitsBinding(t)) throw new ShapeError(op, `${t} is larger than one storage binding (${gpu.maxBinding} bytes); split the batch`);
+}
+
+/** Workgroups of BR rows (queries or keys) per (batch, head), times `splits`. */
+function rowGroups(d: Dims, rows: number, splits = 1): [number, number, number] {
+  return [Math.ceil(rows / BR), d.B * d.H, splits];
 }
 
 export interface FlashResult {
@@ -116,7 +176,8 @@ export function flashAttention(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor, opts: 
   const d = dims('flashAttention', q, k, v, opts);
   const out = gpu.tensor(q.shape, q.dtype, 'activations', 'attention.out');
   const lse = gpu.tensor([d.B, d.H, d.N], 'f32', 'activations', 'attention.lse');
-  run(gpu, 'flashAttention', 'attn_fwd', d, q.dtype, d.N, [q, k, v, out, lse]);
+  checkBindable(gpu, 'flashAttention', q, k, v, out);
+  gpu.run(ATTN_FWD, { defs: shaderDefs(d, q.dtype), uniforms: uniforms(d), bindings: { q, k, v, out, lse }, workgroups: rowGroups(d, d.N) });
   return { out, lse };
 }
 
@@ -148,30 +209,28 @@ export function flashAttentionBackward(
       throw new ShapeError(op, `${name} ${fmtShape(t.shape)} must have q's shape ${fmtShape(q.shape)}`);
   if (lse.numel !== d.B * d.H * d.N || lse.dtype !== 'f32')
     throw new ShapeError(op, `lse must be f32 [${d.B},${d.H},${d.N}], got ${lse.dtype} ${fmtShape(lse.shape)}`);
+  checkBindable(gpu, op, q, k, v, out, dy);
+  const defs = shaderDefs(d, q.dtype);
+  const u = uniforms(d);
   const delta = gpu.tensor([d.B, d.H, d.N], 'f32', 'scratch', 'attention.delta');
-  run(gpu, op, 'attn_bwd_delta', d, q.dtype, d.N, [null, null, null, null, null, out, dy, null, delta]);
+  gpu.run(ATTN_BWD_DELTA, { defs, uniforms: u, bindings: { out, dy, delta }, workgroups: rowGroups(d, d.N) });
   const dq = gpu.tensor(q.shape, q.dtype, 'gradients', 'attention.dq');
   const dk = gpu.tensor(k.shape, k.dtype, 'gradients', 'attention.dk');
   const dv = gpu.tensor(v.shape, v.dtype, 'gradients', 'attention.dv');
-  run(gpu, op, 'attn_bwd_dq', d, q.dtype, d.N, [q, k, v, null, null, null, dy, lse, null, delta, dq]);
-  const splits = Math.ceil(d.N / querySplit(d));
-  if (splits === 1) run(gpu, op, 'attn_bwd_dkv', d, q.dtype, d.M, [q, k, v, null, null, null, dy, lse, null, delta, null, dk, dv]);
+  const inputs = { q, k, v, dy, lse, delta };
+  gpu.run(ATTN_BWD_DQ, { defs, uniforms: u, bindings: { ...inputs, dq }, workgroups: rowGroups(d, d.N) });
+  const qSplit = querySplit(d);
+  const splits = Math.ceil(d.N / qSplit);
+  if (splits === 1) gpu.run(ATTN_BWD_DKV, { defs, uniforms: u, bindings: { ...inputs, dk, dv }, workgroups: rowGroups(d, d.M) });
   else {
     const part = [splits * d.B * d.H * d.M * d.D];
-    const dkPart = gpu.tensor(part, 'f32', 'scratch', 'attention.dk-partials');
-    const dvPart = gpu.tensor(part, 'f32', 'scratch', 'attention.dv-partials');
-    run(gpu, op, 'attn_bwd_dkv_split', d, q.dtype, d.M, [q, k, v, null, null, null, dy, lse, null, delta, null, null, null, dkPart, dvPart], splits);
-    const bound = [null, null, null, null, null, null, null, null, null, null, null, dk, dv, null, null, dkPart, dvPart];
-    for (const t of bound) if (t && !gpu.fitsBinding(t)) throw new ShapeError(op, `${t} is larger than one storage binding`);
-    gpu.dispatch({
-      shader: 'attention',
-      entry: 'attn_bwd_dkv_reduce',
-      defs: shaderDefs(d, q.dtype),
-      uniforms: uniforms(d),
-      bindings: bound,
-      workgroups: [Math.ceil((d.M * d.D) / BR), d.B * d.H],
-    });
-    gpu.free(dkPart, dvPart);
+    const dk_part = gpu.tensor(part, 'f32', 'scratch', 'attention.dk-partials');
+    const dv_part = gpu.tensor(part, 'f32', 'scratch', 'attention.dv-partials');
+    checkBindable(gpu, op, dk_part);
+    const su = { ...u, q_split: qSplit };
+    gpu.run(ATTN_BWD_DKV_SPLIT, { defs, uniforms: su, bindings: { ...inputs, dk_part, dv_part }, workgroups: rowGroups(d, d.M, splits) });
+    gpu.run(ATTN_BWD_DKV_REDUCE, { defs, uniforms: su, bindings: { dk_part, dv_part, dk, dv }, workgroups: [Math.ceil((d.M * d.D) / BR), d.B * d.H] });
+    gpu.free(dk_part, dv_part);
   }
   gpu.free(delta);
   return { dq, dk, dv };
