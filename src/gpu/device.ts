@@ -39,7 +39,12 @@ const FILL = kernel({
 /** Alignment limits, where smaller is better: we take the adapter's. */
 const ALIGNMENT_LIMITS = ['minStorageBufferOffsetAlignment', 'minUniformBufferOffsetAlignment'] as const;
 
-const WANTED_FEATURES = ['shader-f16', 'subgroups', 'timestamp-query'] as const;
+/**
+ * Requested where the adapter offers them. `chromium-experimental-subgroup-matrix` (cooperative matrices: tensor
+ * cores on NVIDIA's Vulkan driver, simdgroup matrices on Metal) is offered only with Dawn's `allow_unsafe_apis`
+ * toggle (node.ts; Chrome's --enable-unsafe-webgpu); lavapipe and SwiftShader do not offer it.
+ */
+const WANTED_FEATURES = ['shader-f16', 'subgroups', 'timestamp-query', 'chromium-experimental-subgroup-matrix'] as const;
 
 export interface GpuOptions {
   shaders: ShaderSource;

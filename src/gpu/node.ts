@@ -28,14 +28,49 @@ function quietDiscovery(gpu: GPU): GPU {
   return gpu;
 }
 
+/**
+ * Dawn toggles every Node adapter and device gets (the `webgpu` package takes them as `enable-dawn-features=a,b`
+ * and `disable-dawn-features=c`, one flag of each kind, comma-separated):
+ * - `timestamp_quantization` off: timestamps at full resolution (Dawn rounds them to 65.536 us by default,
+ *   which hides short kernels in profiles and benchmarks);
+ * - `vulkan_enable_f16_on_nvidia`: Dawn hides shader-f16 on NVIDIA's Vulkan driver unless this adapter toggle
+ *   is on (an old conformance guard); every other adapter ignores it;
+ * - `allow_unsafe_apis`: lets the adapter offer experimental features such as
+ *   `chromium-experimental-subgroup-matrix` (cooperative matrices: tensor cores), which device.ts then requests.
+ * Chrome takes the same toggles as command-line switches (README, "GPU").
+ */
+export const DAWN_ENABLE = ['vulkan_enable_f16_on_nvidia', 'allow_unsafe_apis'];
+export const DAWN_DISABLE = ['timestamp_quantization'];
+
+/**
+ * The flags for webgpu.create(): ours merged with `extra` (DBS_DAWN_FLAGS, separated by ';'). Toggle lists of
+ * the same kind are joined into one flag, since the package keeps only one value per flag name.
+ */
+export function dawnFlags(extra: string[] = []): string[] {
+  const toggles: Record<string, string[]> = { 'enable-dawn-features': [...DAWN_ENABLE], 'disable-dawn-features': [...DAWN_DISABLE] };
+  const other: string[] = [];
+  for (const flag of extra) {
+    const eq = flag.indexOf('=');
+    const name = flag.slice(0, eq);
+    if (eq > 0 && name in toggles)
+      toggles[name].push(
+        ...flag
+          .slice(eq + 1)
+          .split(',')
+          .filter(Boolean),
+      );
+    else other.push(flag);
+  }
+  const joined = Object.entries(toggles).map(([name, list]) => `${name}=${[...new Set(list)].join(',')}`);
+  return [...joined, ...other];
+}
+
 export async function nodeGpu(opts: Partial<GpuOptions> = {}): Promise<Gpu> {
   if (!dawn) {
     const webgpu = (await import('webgpu')) as unknown as { create: (flags: string[]) => GPU; globals: object };
     Object.assign(globalThis, webgpu.globals);
-    // Timestamps at full resolution (Dawn rounds them to ~65 us by default, which hides short kernels in
-    // profiles); DBS_DAWN_FLAGS adds flags, separated by ';' (e.g. 'enable-dawn-features=allow_unsafe_apis').
-    const flags = ['disable-dawn-features=timestamp_quantization', ...(process.env.DBS_DAWN_FLAGS ?? '').split(';').filter(Boolean)];
-    dawn = quietDiscovery(webgpu.create(flags));
+    // DBS_DAWN_FLAGS adds flags, separated by ';' (e.g. 'enable-dawn-features=dump_shaders;backend=vulkan').
+    dawn = quietDiscovery(webgpu.create(dawnFlags((process.env.DBS_DAWN_FLAGS ?? '').split(';').filter(Boolean))));
   }
   // DBS_GPU_POISON=1 (set by the test runner): new tensors are NaN-filled, so reading unwritten memory fails tests.
   return Gpu.create(dawn, { shaders: nodeShaderSource(), poison: process.env.DBS_GPU_POISON === '1', ...opts });
