@@ -1,87 +1,128 @@
 // Element-wise ops: forward and backward side by side, each with a plain-TS reference.
 // Math is in shaders/elementwise.wgsl; all of it computes in f32 and stores T (f16 or f32).
-import { Uniforms, type Gpu } from '../gpu/device.ts';
+import type { Bindable, Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
+import { kernel, type BindingArgs, type KernelDecl, type UniformArgs } from '../gpu/kernel.ts';
+import type { Defs } from '../gpu/shaders.ts';
 import { BYTES, expectDType, expectSameDType, type DType, Tensor } from '../gpu/tensor.ts';
 
 const WG = 256;
-
-type Defs = Record<string, 'f16' | 'f32' | number | boolean>;
 
 function sameShape(op: string, a: Tensor, b: Tensor, names = ['a', 'b']): void {
   if (a.shape.length !== b.shape.length || a.shape.some((d, i) => d !== b.shape[i]))
     throw new ShapeError(op, `shapes differ: ${names[0]} ${fmtShape(a.shape)} vs ${names[1]} ${fmtShape(b.shape)}`);
 }
 
+// ---- kernel interfaces (shaders/elementwise.wgsl) ----------------------------------------------------
+
+const u32 = <N extends string>(name: N) => ({ name, type: 'u32' as const });
+const f32 = <N extends string>(name: N) => ({ name, type: 'f32' as const });
+/** A storage array the kernel reads; elements of type `type` (T, the tensor dtype, by default). */
+const read = <N extends string>(name: N, type = 'T') => ({ name, type, access: 'read' as const });
+/** A storage array the kernel writes. */
+const write = <N extends string>(name: N, type = 'T') => ({ name, type, access: 'read_write' as const });
+
+/** Every entry walks `n` elements (or planes); the host passes the count of each range. */
+const N = u32('n');
+const elementwise = <const D extends Omit<KernelDecl, 'shader'>>(d: D) => kernel({ shader: 'elementwise', ...d });
+
+const ADD = elementwise({ entry: 'add', uniforms: [N, f32('alpha')], bindings: [read('x'), read('y'), write('out')] });
+const MUL = elementwise({ entry: 'mul', uniforms: [N, f32('alpha')], bindings: [read('x'), read('y'), write('out')] });
+const SCALE = elementwise({ entry: 'scale', uniforms: [N, f32('alpha')], bindings: [read('x'), write('out')] });
+const CONVERT = elementwise({ entry: 'convert', uniforms: [N], bindings: [read('x'), write('out', 'U')] });
+const REPEAT = elementwise({ entry: 'repeat', uniforms: [N, u32('inner')], bindings: [read('x'), write('out')] });
+const ADD_CHANNEL = elementwise({
+  entry: 'add_channel',
+  uniforms: [N, u32('inner'), u32('elem0')],
+  bindings: [read('x'), read('t'), write('out')],
+});
+const SUM_PLANES = elementwise({ entry: 'sum_planes', uniforms: [N, u32('inner')], bindings: [read('dy'), write('out')] });
+const ACT_FWD = elementwise({ entry: 'act_fwd', uniforms: [N], bindings: [read('x'), write('out')] });
+const ACT_BWD = elementwise({ entry: 'act_bwd', uniforms: [N], bindings: [read('x'), read('dy'), write('dx')] });
+const GEGLU_FWD = elementwise({ entry: 'geglu_fwd', uniforms: [N, u32('f')], bindings: [read('x'), write('out')] });
+const GEGLU_BWD = elementwise({ entry: 'geglu_bwd', uniforms: [N, u32('f')], bindings: [read('x'), read('dy'), write('dx')] });
+const UPSAMPLE_FWD = elementwise({ entry: 'upsample2x_fwd', uniforms: [N, u32('ow'), u32('oh')], bindings: [read('x'), write('out')] });
+const UPSAMPLE_BWD = elementwise({ entry: 'upsample2x_bwd', uniforms: [N, u32('w'), u32('h')], bindings: [read('dy'), write('dx')] });
+const PAD_SHAPE = [N, u32('h'), u32('w'), u32('oh'), u32('ow'), u32('top'), u32('left')] as const;
+const PAD2D = elementwise({ entry: 'pad2d', uniforms: PAD_SHAPE, bindings: [read('x'), write('out')] });
+const PAD2D_CROP = elementwise({ entry: 'pad2d_crop', uniforms: PAD_SHAPE, bindings: [read('dy'), write('dx')] });
+const TRANSPOSE2D = elementwise({ entry: 'transpose2d', uniforms: [N, u32('rows'), u32('cols')], bindings: [read('x'), write('out')] });
+const CONCAT_CHANNELS = elementwise({
+  entry: 'concat_channels',
+  uniforms: [N, u32('cx'), u32('cy'), u32('inner')],
+  bindings: [read('x'), read('y'), write('out')],
+});
+const SPLIT_CHANNELS = elementwise({
+  entry: 'split_channels',
+  uniforms: [N, u32('first'), u32('count'), u32('inner'), u32('total')],
+  bindings: [read('x'), write('out')],
+});
+const TIMESTEP_EMBEDDING = elementwise({
+  entry: 'timestep_embedding',
+  uniforms: [N, u32('dim')],
+  bindings: [read('timesteps', 'f32'), write('out')],
+});
+
+// ---- dispatch over binding-sized ranges -------------------------------------------------------------
+
 /**
- * Runs a flat element-wise entry over `n` elements, splitting into binding-sized ranges.
- * `bound[i]` (binding i+1) are tensors walked in step; each gets a window over the same range.
- * `extra(u, start)` appends the entry's further uniforms for the range starting at `start`.
+ * Runs a flat element-wise kernel over `n` elements, splitting into binding-sized ranges. Every tensor
+ * in `walked` is walked in step: each gets a window over the same range; `n` is the range's count.
  */
-export function flatDispatch(
-  gpu: Gpu,
-  entry: string,
-  defs: Defs,
-  n: number,
-  bound: (Tensor | null)[],
-  extra: (u: Uniforms, start: number) => void = () => {},
-  shader = 'elementwise',
-): void {
-  const sizes = bound.filter((t): t is Tensor => t !== null).map((t) => BYTES[t.dtype]);
+function flatRun<D extends KernelDecl>(gpu: Gpu, k: D, defs: Defs, n: number, walked: BindingArgs<D, Tensor>, uniforms: Omit<UniformArgs<D>, 'n'>): void {
+  const tensors = Object.entries(walked as Record<string, Tensor>);
+  const sizes = tensors.map(([, t]) => BYTES[t.dtype]);
   for (const { start, count } of gpu.chunks(n, Math.max(...sizes), Math.min(...sizes))) {
-    const u = new Uniforms().u32(count);
-    extra(u, start);
-    gpu.dispatch({
-      shader,
-      entry,
-      defs: { WG, ACT: 0, U: 'f32', ...defs },
-      uniforms: u,
-      bindings: bound.map((t) => (t ? gpu.subWindow(t, start, count, BYTES[t.dtype]) : null)),
+    const bindings = Object.fromEntries(tensors.map(([name, t]) => [name, gpu.subWindow(t, start, count, BYTES[t.dtype])]));
+    gpu.run(k, {
+      defs: { WG, ...defs },
+      uniforms: { ...uniforms, n: count } as UniformArgs<D>,
+      bindings: bindings as BindingArgs<D, Bindable>,
       workgroups: gpu.grid(Math.ceil(count / WG)),
     });
   }
 }
 
-/** One operand of itemDispatch: a tensor split into `perItem`-element items, a tensor bound whole, or none. */
-type ItemOperand = { items: Tensor; perItem: number } | { whole: Tensor } | null;
+/** One operand of itemRun: a tensor split into `perItem`-element items, or a tensor bound whole. */
+type ItemOperand = { items: Tensor; perItem: number } | { whole: Tensor };
 
 const gcd = (a: number, b: number): number => (b === 0 ? a : gcd(b, a % b));
 
 /**
- * Runs `entry` over `items` independent items (rows, planes, samples, matrices) in ranges that fit
- * one storage binding, for ops whose operands differ in size. Operand i is bound at binding i+1:
- * item operands get a window over the range's items, whole operands the whole tensor. The shader
- * indexes relative to the range's first item; `work(count)` gives the invocation count and the
- * uniforms of a range of `count` items. A single item larger than one binding is refused.
+ * Runs kernel `k` over `items` independent items (rows, planes, samples, matrices) in ranges that fit
+ * one storage binding, for ops whose operands differ in size. Item operands get a window over the range's
+ * items, whole operands the whole tensor. The shader indexes relative to the range's first item;
+ * `work(count)` gives the invocation count and the uniforms of a range of `count` items. A single item
+ * larger than one binding is refused.
  */
-function itemDispatch(
+function itemRun<D extends KernelDecl>(
   gpu: Gpu,
   op: string,
-  entry: string,
+  k: D,
   defs: Defs,
   items: number,
-  bound: ItemOperand[],
-  work: (count: number) => { invocations: number; uniforms: Uniforms },
+  operands: BindingArgs<D, ItemOperand>,
+  work: (count: number) => { invocations: number; uniforms: UniformArgs<D> },
   perWorkgroup = WG,
 ): void {
+  const bound = Object.entries(operands as Record<string, ItemOperand>);
   const itemBytes: number[] = [];
-  for (const b of bound) {
-    if (b && 'whole' in b && !gpu.fitsBinding(b.whole)) throw new ShapeError(op, `${b.whole} is larger than one storage binding (${gpu.maxBinding} bytes)`);
-    if (b && 'items' in b) itemBytes.push(b.perItem * BYTES[b.items.dtype]);
+  for (const [, b] of bound) {
+    if ('whole' in b && !gpu.fitsBinding(b.whole)) throw new ShapeError(op, `${b.whole} is larger than one storage binding (${gpu.maxBinding} bytes)`);
+    if ('items' in b) itemBytes.push(b.perItem * BYTES[b.items.dtype]);
   }
   const widest = Math.max(...itemBytes);
   if (widest > gpu.maxBinding) throw new ShapeError(op, `one item of ${widest} bytes is larger than one storage binding (${gpu.maxBinding} bytes)`);
   // Range starts must be aligned in every windowed operand: align to the gcd of their item sizes.
   for (const { start, count } of gpu.chunks(items, widest, itemBytes.reduce(gcd))) {
     const { invocations, uniforms } = work(count);
-    gpu.dispatch({
-      shader: 'elementwise',
-      entry,
-      defs: { WG, ACT: 0, U: 'f32', ...defs },
+    const bindings = Object.fromEntries(
+      bound.map(([name, b]) => [name, 'whole' in b ? b.whole : gpu.subWindow(b.items, start * b.perItem, count * b.perItem, BYTES[b.items.dtype])]),
+    );
+    gpu.run(k, {
+      defs: { WG, ...defs },
       uniforms,
-      bindings: bound.map((b) =>
-        b === null ? null : 'whole' in b ? b.whole : gpu.subWindow(b.items, start * b.perItem, count * b.perItem, BYTES[b.items.dtype]),
-      ),
+      bindings: bindings as BindingArgs<D, Bindable>,
       workgroups: gpu.grid(Math.ceil(invocations / perWorkgroup)),
     });
   }
@@ -94,7 +135,7 @@ export function add(gpu: Gpu, a: Tensor, b: Tensor, alpha = 1, out?: Tensor): Te
   sameShape('add', a, b);
   expectSameDType('add', a, b);
   const o = out ?? gpu.tensor(a.shape, a.dtype, 'activations', 'add');
-  flatDispatch(gpu, 'add', { T: a.dtype, U: a.dtype }, a.numel, [a, b, o], (u) => u.f32(alpha));
+  flatRun(gpu, ADD, { T: a.dtype }, a.numel, { x: a, y: b, out: o }, { alpha });
   return o;
 }
 
@@ -112,7 +153,7 @@ export function mul(gpu: Gpu, a: Tensor, b: Tensor, alpha = 1): Tensor {
   sameShape('mul', a, b);
   expectSameDType('mul', a, b);
   const o = gpu.tensor(a.shape, a.dtype, 'activations', 'mul');
-  flatDispatch(gpu, 'mul', { T: a.dtype, U: a.dtype }, a.numel, [a, b, o], (u) => u.f32(alpha));
+  flatRun(gpu, MUL, { T: a.dtype }, a.numel, { x: a, y: b, out: o }, { alpha });
   return o;
 }
 
@@ -129,26 +170,23 @@ export function mulRef(a: ArrayLike<number>, b: ArrayLike<number>): Float32Array
 /** out = s * x. Its backward is scale(dy, s). */
 export function scale(gpu: Gpu, x: Tensor, s: number): Tensor {
   const o = gpu.tensor(x.shape, x.dtype, 'activations', 'scale');
-  flatDispatch(gpu, 'scale', { T: x.dtype, U: x.dtype }, x.numel, [x, null, o], (u) => u.f32(s));
+  flatRun(gpu, SCALE, { T: x.dtype }, x.numel, { x, out: o }, { alpha: s });
   return o;
 }
 
 /** Converts between f16 and f32 storage. */
 export function cast(gpu: Gpu, x: Tensor, to: DType, tag = x.tag): Tensor {
   const o = gpu.tensor(x.shape, to, tag, `cast-${to}`);
-  flatDispatch(gpu, 'convert', { T: x.dtype, U: to }, x.numel, [x, null, null, o]);
+  flatRun(gpu, CONVERT, { T: x.dtype, U: to }, x.numel, { x, out: o }, {});
   return o;
 }
 
 /** [times, ...x.shape]: x repeated `times` times. Its backward sums the copies (sumColumns). */
 export function repeat(gpu: Gpu, x: Tensor, times: number): Tensor {
   const o = gpu.tensor([times, ...x.shape], x.dtype, 'activations', 'repeat');
-  itemDispatch(gpu, 'repeat', 'repeat', { T: x.dtype }, times, [{ whole: x }, null, { items: o, perItem: x.numel }], (count) => ({
+  itemRun(gpu, 'repeat', REPEAT, { T: x.dtype }, times, { x: { whole: x }, out: { items: o, perItem: x.numel } }, (count) => ({
     invocations: count * x.numel,
-    uniforms: new Uniforms()
-      .u32(count * x.numel)
-      .f32(1)
-      .u32(x.numel, 0),
+    uniforms: { n: count * x.numel, inner: x.numel },
   }));
   return o;
 }
@@ -169,12 +207,10 @@ export function addChannel(gpu: Gpu, x: Tensor, t: Tensor): Tensor {
   const o = gpu.tensor(x.shape, x.dtype, 'activations', 'addChannel');
   const bytes = BYTES[x.dtype];
   for (const { start, count } of gpu.chunks(x.numel, bytes))
-    gpu.dispatch({
-      shader: 'elementwise',
-      entry: 'add_channel',
-      defs: { WG, ACT: 0, T: x.dtype, U: x.dtype },
-      uniforms: new Uniforms().u32(count).f32(1).u32(inner, start),
-      bindings: [gpu.subWindow(x, start, count, bytes), t, gpu.subWindow(o, start, count, bytes)],
+    gpu.run(ADD_CHANNEL, {
+      defs: { WG, T: x.dtype },
+      uniforms: { n: count, inner, elem0: start },
+      bindings: { x: gpu.subWindow(x, start, count, bytes), t, out: gpu.subWindow(o, start, count, bytes) },
       workgroups: gpu.grid(Math.ceil(count / WG)),
     });
   return o;
@@ -185,10 +221,10 @@ export function addChannelBackward(gpu: Gpu, x: Tensor, t: Tensor, dy: Tensor): 
   const inner = checkChannel('addChannelBackward', x, t);
   sameShape('addChannelBackward', x, dy, ['x', 'dy']);
   const dt = gpu.tensor(t.shape, t.dtype, 'gradients', 'addChannel.dt');
-  const planes = [{ items: dy, perItem: inner }, null, { items: dt, perItem: 1 }];
-  itemDispatch(gpu, 'addChannelBackward', 'sum_planes', { T: x.dtype }, t.numel, planes, (count) => ({
+  const planes = { dy: { items: dy, perItem: inner }, out: { items: dt, perItem: 1 } };
+  itemRun(gpu, 'addChannelBackward', SUM_PLANES, { T: x.dtype }, t.numel, planes, (count) => ({
     invocations: count * WG, // one workgroup per plane
-    uniforms: new Uniforms().u32(count).f32(1).u32(inner, 0),
+    uniforms: { n: count, inner },
   }));
   return { dx: dy, dt };
 }
@@ -213,7 +249,7 @@ const ACT_ID: Record<Activation, number> = { silu: 0, gelu: 1, quickGelu: 2 };
 /** y = f(x) for SiLU, GELU (exact erf form) or quick-GELU. */
 export function activation(gpu: Gpu, kind: Activation, x: Tensor): Tensor {
   const o = gpu.tensor(x.shape, x.dtype, 'activations', kind);
-  flatDispatch(gpu, 'act_fwd', { T: x.dtype, U: x.dtype, ACT: ACT_ID[kind] }, x.numel, [x, null, o]);
+  flatRun(gpu, ACT_FWD, { T: x.dtype, ACT: ACT_ID[kind] }, x.numel, { x, out: o }, {});
   return o;
 }
 
@@ -222,7 +258,7 @@ export function activationBackward(gpu: Gpu, kind: Activation, x: Tensor, dy: Te
   sameShape(`${kind}Backward`, x, dy, ['x', 'dy']);
   expectSameDType(`${kind}Backward`, x, dy);
   const dx = gpu.tensor(x.shape, x.dtype, 'gradients', `${kind}.dx`);
-  flatDispatch(gpu, 'act_bwd', { T: x.dtype, U: x.dtype, ACT: ACT_ID[kind] }, x.numel, [x, dy, dx]);
+  flatRun(gpu, ACT_BWD, { T: x.dtype, ACT: ACT_ID[kind] }, x.numel, { x, dy, dx }, {});
   return dx;
 }
 
@@ -287,12 +323,10 @@ function gegluWidth(op: string, x: Tensor): number {
 export function geglu(gpu: Gpu, x: Tensor): Tensor {
   const f = gegluWidth('geglu', x);
   const o = gpu.tensor([...x.shape.slice(0, -1), f], x.dtype, 'activations', 'geglu');
-  itemDispatch(gpu, 'geglu', 'geglu_fwd', { T: x.dtype, ACT: 1 }, o.numel / f, [{ items: x, perItem: 2 * f }, null, { items: o, perItem: f }], (rows) => ({
-    invocations: rows * f,
-    uniforms: new Uniforms()
-      .u32(rows * f)
-      .f32(1)
-      .u32(f, 0),
+  const rows = { x: { items: x, perItem: 2 * f }, out: { items: o, perItem: f } };
+  itemRun(gpu, 'geglu', GEGLU_FWD, { T: x.dtype, ACT: ACT_ID.gelu }, o.numel / f, rows, (count) => ({
+    invocations: count * f,
+    uniforms: { n: count * f, f },
   }));
   return o;
 }
@@ -304,13 +338,10 @@ export function gegluBackward(gpu: Gpu, x: Tensor, dy: Tensor): Tensor {
   if (dy.numel * 2 !== x.numel || dy.shape[dy.shape.length - 1] !== f)
     throw new ShapeError('gegluBackward', `dy must be [...,${f}] for x ${fmtShape(x.shape)}, got ${fmtShape(dy.shape)}`);
   const dx = gpu.tensor(x.shape, x.dtype, 'gradients', 'geglu.dx');
-  const rowsOf = (t: Tensor, perItem: number) => ({ items: t, perItem });
-  itemDispatch(gpu, 'gegluBackward', 'geglu_bwd', { T: x.dtype, ACT: 1 }, dy.numel / f, [rowsOf(x, 2 * f), rowsOf(dy, f), rowsOf(dx, 2 * f)], (rows) => ({
-    invocations: rows * 2 * f,
-    uniforms: new Uniforms()
-      .u32(rows * 2 * f)
-      .f32(1)
-      .u32(f, 0),
+  const rows = { x: { items: x, perItem: 2 * f }, dy: { items: dy, perItem: f }, dx: { items: dx, perItem: 2 * f } };
+  itemRun(gpu, 'gegluBackward', GEGLU_BWD, { T: x.dtype, ACT: ACT_ID.gelu }, dy.numel / f, rows, (count) => ({
+    invocations: count * 2 * f,
+    uniforms: { n: count * 2 * f, f },
   }));
   return dx;
 }
@@ -342,21 +373,11 @@ export function upsample2x(gpu: Gpu, x: Tensor): Tensor {
   if (x.shape.length !== 4) throw new ShapeError('upsample2x', `x must be [N,C,H,W], got ${fmtShape(x.shape)}`);
   const [n, c, h, w] = x.shape;
   const o = gpu.tensor([n, c, 2 * h, 2 * w], x.dtype, 'activations', 'upsample2x');
-  itemDispatch(
-    gpu,
-    'upsample2x',
-    'upsample2x_fwd',
-    { T: x.dtype },
-    n * c,
-    [{ items: x, perItem: h * w }, null, { items: o, perItem: 4 * h * w }],
-    (planes) => ({
-      invocations: planes * 4 * h * w,
-      uniforms: new Uniforms()
-        .u32(planes * 4 * h * w)
-        .f32(1)
-        .u32(2 * w, 2 * h),
-    }),
-  );
+  const planes = { x: { items: x, perItem: h * w }, out: { items: o, perItem: 4 * h * w } };
+  itemRun(gpu, 'upsample2x', UPSAMPLE_FWD, { T: x.dtype }, n * c, planes, (count) => ({
+    invocations: count * 4 * h * w,
+    uniforms: { n: count * 4 * h * w, ow: 2 * w, oh: 2 * h },
+  }));
   return o;
 }
 
@@ -367,21 +388,11 @@ export function upsample2xBackward(gpu: Gpu, x: Tensor, dy: Tensor): Tensor {
     throw new ShapeError('upsample2xBackward', `dy must be [${n},${c},${2 * h},${2 * w}] for x ${fmtShape(x.shape)}, got ${fmtShape(dy.shape)}`);
   expectSameDType('upsample2xBackward', x, dy);
   const dx = gpu.tensor(x.shape, x.dtype, 'gradients', 'upsample2x.dx');
-  itemDispatch(
-    gpu,
-    'upsample2xBackward',
-    'upsample2x_bwd',
-    { T: x.dtype },
-    n * c,
-    [{ items: dy, perItem: 4 * h * w }, null, { items: dx, perItem: h * w }],
-    (planes) => ({
-      invocations: planes * h * w,
-      uniforms: new Uniforms()
-        .u32(planes * h * w)
-        .f32(1)
-        .u32(w, h),
-    }),
-  );
+  const planes = { dy: { items: dy, perItem: 4 * h * w }, dx: { items: dx, perItem: h * w } };
+  itemRun(gpu, 'upsample2xBackward', UPSAMPLE_BWD, { T: x.dtype }, n * c, planes, (count) => ({
+    invocations: count * h * w,
+    uniforms: { n: count * h * w, w, h },
+  }));
   return dx;
 }
 
@@ -410,8 +421,9 @@ export interface Pad2d {
   right: number;
 }
 
-function padUniforms(n: number, h: number, w: number, pad: Pad2d): Uniforms {
-  return new Uniforms().u32(n, h, w, h + pad.top + pad.bottom, w + pad.left + pad.right, pad.top, pad.left);
+/** pad2d's shape uniforms for `n` walked elements of planes [H, W] padded to [OH, OW]. */
+function padShape(n: number, h: number, w: number, pad: Pad2d) {
+  return { n, h, w, oh: h + pad.top + pad.bottom, ow: w + pad.left + pad.right, top: pad.top, left: pad.left };
 }
 
 /** Zero-pads the H and W of x [N, C, H, W] (e.g. (0, 1, 0, 1) before the VAE's stride-2 conv). */
@@ -420,9 +432,10 @@ export function pad2d(gpu: Gpu, x: Tensor, pad: Pad2d): Tensor {
   const [n, c, h, w] = x.shape;
   const o = gpu.tensor([n, c, h + pad.top + pad.bottom, w + pad.left + pad.right], x.dtype, 'activations', 'pad2d');
   const outPlane = o.shape[2] * o.shape[3];
-  itemDispatch(gpu, 'pad2d', 'pad2d', { T: x.dtype }, n * c, [{ items: x, perItem: h * w }, null, { items: o, perItem: outPlane }], (planes) => ({
-    invocations: planes * outPlane,
-    uniforms: padUniforms(planes * outPlane, h, w, pad),
+  const planes = { x: { items: x, perItem: h * w }, out: { items: o, perItem: outPlane } };
+  itemRun(gpu, 'pad2d', PAD2D, { T: x.dtype }, n * c, planes, (count) => ({
+    invocations: count * outPlane,
+    uniforms: padShape(count * outPlane, h, w, pad),
   }));
   return o;
 }
@@ -434,18 +447,11 @@ export function pad2dBackward(gpu: Gpu, x: Tensor, dy: Tensor, pad: Pad2d): Tens
   if (dy.shape.length !== 4 || dy.shape.some((d, i) => d !== want[i]))
     throw new ShapeError('pad2dBackward', `dy must be ${fmtShape(want)}, got ${fmtShape(dy.shape)}`);
   const dx = gpu.tensor(x.shape, x.dtype, 'gradients', 'pad2d.dx');
-  itemDispatch(
-    gpu,
-    'pad2dBackward',
-    'pad2d_crop',
-    { T: x.dtype },
-    n * c,
-    [{ items: dy, perItem: want[2] * want[3] }, null, { items: dx, perItem: h * w }],
-    (planes) => ({
-      invocations: planes * h * w,
-      uniforms: padUniforms(planes * h * w, h, w, pad),
-    }),
-  );
+  const planes = { dy: { items: dy, perItem: want[2] * want[3] }, dx: { items: dx, perItem: h * w } };
+  itemRun(gpu, 'pad2dBackward', PAD2D_CROP, { T: x.dtype }, n * c, planes, (count) => ({
+    invocations: count * h * w,
+    uniforms: padShape(count * h * w, h, w, pad),
+  }));
   return dx;
 }
 
@@ -466,18 +472,11 @@ export function transpose2d(gpu: Gpu, x: Tensor): Tensor {
   if (x.shape.length < 2) throw new ShapeError('transpose2d', `x needs two dims to swap, got ${fmtShape(x.shape)}`);
   const [r, c] = x.shape.slice(-2);
   const o = gpu.tensor([...x.shape.slice(0, -2), c, r], x.dtype, 'activations', 'transpose2d');
-  itemDispatch(
-    gpu,
-    'transpose2d',
-    'transpose2d',
-    { T: x.dtype },
-    x.numel / (r * c),
-    [{ items: x, perItem: r * c }, null, { items: o, perItem: r * c }],
-    (mats) => ({
-      invocations: mats * r * c,
-      uniforms: new Uniforms().u32(mats * r * c, r, c, 0, 0),
-    }),
-  );
+  const mats = { x: { items: x, perItem: r * c }, out: { items: o, perItem: r * c } };
+  itemRun(gpu, 'transpose2d', TRANSPOSE2D, { T: x.dtype }, x.numel / (r * c), mats, (count) => ({
+    invocations: count * r * c,
+    uniforms: { n: count * r * c, rows: r, cols: c },
+  }));
   return o;
 }
 
@@ -489,14 +488,14 @@ export function concatChannels(gpu: Gpu, x: Tensor, y: Tensor): Tensor {
   const inner = x.shape.slice(2).reduce((a, b) => a * b, 1);
   const o = gpu.tensor([x.shape[0], x.shape[1] + y.shape[1], ...x.shape.slice(2)], x.dtype, 'activations', 'concat');
   const [cx, cy] = [x.shape[1], y.shape[1]];
-  const samples = [
-    { items: x, perItem: cx * inner },
-    { items: y, perItem: cy * inner },
-    { items: o, perItem: (cx + cy) * inner },
-  ];
-  itemDispatch(gpu, 'concatChannels', 'concat_channels', { T: x.dtype }, x.shape[0], samples, (count) => ({
+  const samples = {
+    x: { items: x, perItem: cx * inner },
+    y: { items: y, perItem: cy * inner },
+    out: { items: o, perItem: (cx + cy) * inner },
+  };
+  itemRun(gpu, 'concatChannels', CONCAT_CHANNELS, { T: x.dtype }, x.shape[0], samples, (count) => ({
     invocations: count * (cx + cy) * inner,
-    uniforms: new Uniforms().u32(count * (cx + cy) * inner, cx, cy, inner, 0),
+    uniforms: { n: count * (cx + cy) * inner, cx, cy, inner },
   }));
   return o;
 }
@@ -508,18 +507,11 @@ export function splitChannels(gpu: Gpu, x: Tensor, first: number, count: number)
   const inner = x.shape.slice(2).reduce((a, b) => a * b, 1);
   const o = gpu.tensor([x.shape[0], count, ...x.shape.slice(2)], x.dtype, 'activations', 'split');
   const c = x.shape[1];
-  itemDispatch(
-    gpu,
-    'splitChannels',
-    'split_channels',
-    { T: x.dtype },
-    x.shape[0],
-    [{ items: x, perItem: c * inner }, null, { items: o, perItem: count * inner }],
-    (samples) => ({
-      invocations: samples * count * inner,
-      uniforms: new Uniforms().u32(samples * count * inner, first, count, inner, c),
-    }),
-  );
+  const samples = { x: { items: x, perItem: c * inner }, out: { items: o, perItem: count * inner } };
+  itemRun(gpu, 'splitChannels', SPLIT_CHANNELS, { T: x.dtype }, x.shape[0], samples, (n) => ({
+    invocations: n * count * inner,
+    uniforms: { n: n * count * inner, first, count, inner, total: c },
+  }));
   return o;
 }
 
@@ -530,21 +522,11 @@ export function timestepEmbedding(gpu: Gpu, t: Tensor, dim: number, dtype: DType
   expectDType('timestepEmbedding', t, 'f32', 'timesteps');
   if (t.shape.length !== 1) throw new ShapeError('timestepEmbedding', `timesteps must be [B], got ${fmtShape(t.shape)}`);
   const o = gpu.tensor([t.shape[0], dim], dtype, 'activations', 'timestepEmbedding');
-  itemDispatch(
-    gpu,
-    'timestepEmbedding',
-    'timestep_embedding',
-    { T: dtype },
-    t.shape[0],
-    [null, null, { items: o, perItem: dim }, null, { items: t, perItem: 1 }],
-    (rows) => ({
-      invocations: rows * dim,
-      uniforms: new Uniforms()
-        .u32(rows * dim)
-        .f32(1)
-        .u32(dim, 0),
-    }),
-  );
+  const rows = { timesteps: { items: t, perItem: 1 }, out: { items: o, perItem: dim } };
+  itemRun(gpu, 'timestepEmbedding', TIMESTEP_EMBEDDING, { T: dtype }, t.shape[0], rows, (count) => ({
+    invocations: count * dim,
+    uniforms: { n: count * dim, dim },
+  }));
   return o;
 }
 
