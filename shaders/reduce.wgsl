@@ -3,37 +3,27 @@
 //   T  storage type of the inputs x, y (f16 | f32)
 //   O  storage type of the output (f32 for partial sums; f16 | f32 for final row/column sums, dpred)
 //   WG workgroup size
-//   IS_F16 whether the non-finite check reads f16 or f32 bit patterns (defined for every entry)
+//   SQRT   row kernels: the pass finishes a norm (square root of the sum)
+//   IS_F16 whether the non-finite check reads f16 or f32 bit patterns
 // Every sum accumulates in f32. A tensor is reduced in passes: each pass turns segments of at most
 // `seg` elements into one f32 partial each, until one value per output remains; the last pass applies
 // `scale` (and a square root for norms) and stores O. The host binds windows of tensors larger than
 // one storage binding: `elem0` is the first element a dispatch covers and `*_skip` its index inside
 // each bound window (windows start at aligned byte offsets, so the first element may sit further in).
 
-struct Params {
-  cols: u32,     // row kernels: elements per row; column kernels: columns
-  segs: u32,     // row kernels: segments per row;  column kernels: (unused)
-  seg: u32,      // row kernels: elements per segment; column kernels: rows per segment
-  unit0: u32,    // first unit of this dispatch (row kernels: row * segs + segment; columns: row segment)
-  units: u32,    // units in this dispatch
-  elem0: u32,    // global element index where this dispatch starts (row kernels) / its first row's index
-  rows: u32,     // column kernels: total rows
-  x_skip: u32,
-  y_skip: u32,
-  out_skip: u32,
-  scale: f32,    // applied to the finished sum: 1 for sums, 1/n for means, 1/loss_scale for norms
-  finish: u32,   // 0: out = scale * sum; 1: out = scale * sqrt(sum)
-}
+// Uniforms and bindings are declared per entry point in src/ops/reduce.ts (src/gpu/kernel.ts generates them).
+// Row kernels (sum_rows, sumsq_rows, sqdiff_rows) reduce units = segments of rows:
+//   cols   elements per row          segs   segments per row         seg   elements per segment
+//   unit0  first unit of this dispatch (row * segs + segment)        units units in this dispatch
+//   elem0  global index of the first element this dispatch covers
+//   scale  applied to the finished sum: 1 for sums, 1/n for means, 1/loss_scale for norms
+// and store O(scale * sum), or O(scale * sqrt(sum)) when the def SQRT is true (a norm's last pass).
 
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<T>;
-@group(0) @binding(2) var<storage, read> y: array<T>;
-@group(0) @binding(3) var<storage, read_write> out: array<O>;
-
+//#entry sum_rows sumsq_rows sqdiff_rows
 var<workgroup> scratch: array<f32, WG>;
 
 fn finish(s: f32) -> f32 {
-  if (p.finish == 1u) { return p.scale * sqrt(s); }
+  if (SQRT) { return p.scale * sqrt(s); }
   return p.scale * s;
 }
 
@@ -62,6 +52,7 @@ fn store_unit(lid: u32, u: u32, acc: f32) {
   if (lid == 0u) { out[u - p.unit0 + p.out_skip] = O(finish(scratch[0])); }
 }
 
+//#entry sum_rows
 // out[u] = sum of x over unit u.
 @compute @workgroup_size(WG)
 fn sum_rows(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -74,6 +65,7 @@ fn sum_rows(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wi
   store_unit(lid, u, acc);
 }
 
+//#entry sumsq_rows
 // out[u] = sum of x^2 over unit u (the global gradient norm's first pass).
 @compute @workgroup_size(WG)
 fn sumsq_rows(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -89,6 +81,7 @@ fn sumsq_rows(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) 
   store_unit(lid, u, acc);
 }
 
+//#entry sqdiff_rows
 // out[u] = sum of (x - y)^2 over unit u (the MSE loss's first pass).
 @compute @workgroup_size(WG)
 fn sqdiff_rows(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -105,58 +98,50 @@ fn sqdiff_rows(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id)
   store_unit(lid, u, acc);
 }
 
+//#entry sum_cols
 // Column sums of x viewed as [rows, cols]: out[s, c] = sum of x[r, c] over the rows r of row segment s
-// (`seg` rows each). One thread per column, so neighbouring threads read neighbouring elements.
-// Workgroups: (ceil(cols / WG), units). `elem0` here is the first row of this dispatch.
+// (`row_seg` rows each, `rows` in all). One thread per column, so neighbouring threads read neighbouring
+// elements. Workgroups: (ceil(cols / WG), segments in this dispatch); seg0 is the dispatch's first
+// segment and row0 its first row.
 @compute @workgroup_size(WG)
 fn sum_cols(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
   let c = gid.x;
   if (c >= p.cols) { return; }
-  let s = p.unit0 + wid.y;
-  let r_begin = s * p.seg;
-  let r_end = min(r_begin + p.seg, p.rows);
+  let s = p.seg0 + wid.y;
+  let r_begin = s * p.row_seg;
+  let r_end = min(r_begin + p.row_seg, p.rows);
   var acc = 0.0;
-  for (var r = r_begin; r < r_end; r++) { acc += f32(x[(r - p.elem0) * p.cols + c + p.x_skip]); }
-  out[wid.y * p.cols + c + p.out_skip] = O(finish(acc));
+  for (var r = r_begin; r < r_end; r++) { acc += f32(x[(r - p.row0) * p.cols + c + p.x_skip]); }
+  out[wid.y * p.cols + c + p.out_skip] = O(acc);
 }
 
-// ---- element-wise: MSE gradient ------------------------------------------------------------------
+// ---- element-wise: MSE gradient and the non-finite check --------------------------------------------
 
-struct FlatParams {
-  n: u32,
-  x_skip: u32,
-  y_skip: u32,
-  out_skip: u32,
-  coef: f32,
-}
-
-@group(0) @binding(0) var<uniform> q: FlatParams;
-
+//#entry mse_backward nonfinite
 fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
   return gid.x + gid.y * nwg.x * WG;
 }
 
-// d loss / d pred for loss = mean((pred - target)^2), times the loss scale: coef = 2 * scale / n.
+//#entry mse_backward
+// d loss / d pred for loss = mean((pred - target)^2) with x = pred, y = target, times the loss scale:
+// coef = 2 * scale / n.
 @compute @workgroup_size(WG)
 fn mse_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
   let i = flat(gid, nwg);
-  if (i >= q.n) { return; }
-  out[i + q.out_skip] = O(q.coef * (f32(x[i + q.x_skip]) - f32(y[i + q.y_skip])));
+  if (i >= p.n) { return; }
+  out[i + p.out_skip] = O(p.coef * (f32(x[i + p.x_skip]) - f32(y[i + p.y_skip])));
 }
 
-// ---- non-finite check ----------------------------------------------------------------------------
+//#entry nonfinite
 // Tests the exponent bits instead of isinf/isnan, which fast-math compilers may fold to false.
-// x is read as raw 32-bit words (two f16 per word when IS_F16). The flag is an f32 [1] tensor; any
-// thread that sees inf or NaN stores 1.0 (bits 0x3f800000) into it. Nothing ever clears it here.
-
-@group(0) @binding(1) var<storage, read> bits: array<u32>;
-@group(0) @binding(2) var<storage, read_write> flag: array<atomic<u32>>;
-
+// x is read as raw 32-bit words `bits` (two f16 per word when IS_F16), from element `skip` on. The flag is
+// an f32 [1] tensor; any thread that sees inf or NaN stores 1.0 (bits 0x3f800000) into it. Nothing ever
+// clears it here.
 @compute @workgroup_size(WG)
 fn nonfinite(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
   let i = flat(gid, nwg);
-  if (i >= q.n) { return; }
-  let e = i + q.x_skip;
+  if (i >= p.n) { return; }
+  let e = i + p.skip;
   var bad: bool;
   if (IS_F16) {
     let h = (bits[e >> 1u] >> ((e & 1u) * 16u)) & 0xffffu;

@@ -10,8 +10,9 @@
 // Tensors larger than one storage binding: a dispatch binds windows that start at the aligned byte
 // offset at or below its first element, and is told that element's index inside the window (the
 // "skip"), so any element range of any tensor, views at odd offsets included, can be bound.
-import { Uniforms, type BufferWindow, type Gpu } from '../gpu/device.ts';
+import type { BufferWindow, Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
+import { kernel } from '../gpu/kernel.ts';
 import { BYTES, expectSameDType, type DType, Tensor } from '../gpu/tensor.ts';
 import { elemWindow } from './matmul.ts';
 
@@ -22,11 +23,45 @@ const SEG = WG * 8;
 const ROW_SEG = 64;
 const MAX_WORKGROUPS_Y = 65535;
 
-type RowEntry = 'sum_rows' | 'sumsq_rows' | 'sqdiff_rows';
+// ---- kernel interfaces (shaders/reduce.wgsl) -----------------------------------------------------
 
-function defs(t: DType, o: DType, isF16 = false) {
-  return { T: t, O: o, WG, IS_F16: isF16 };
-}
+const u32 = <N extends string>(name: N) => ({ name, type: 'u32' as const });
+const f32 = <N extends string>(name: N) => ({ name, type: 'f32' as const });
+const X = { name: 'x', type: 'T', access: 'read' } as const;
+const Y = { name: 'y', type: 'T', access: 'read' } as const;
+const OUT = { name: 'out', type: 'O', access: 'read_write' } as const;
+
+/** A row pass's units (segments of rows) and the windows' skips; see shaders/reduce.wgsl. */
+const ROW_UNITS = [u32('cols'), u32('segs'), u32('seg'), u32('unit0'), u32('units'), u32('elem0'), u32('x_skip'), u32('out_skip'), f32('scale')] as const;
+
+const SUM_ROWS = kernel({ shader: 'reduce', entry: 'sum_rows', uniforms: ROW_UNITS, bindings: [X, OUT] });
+const SUMSQ_ROWS = kernel({ shader: 'reduce', entry: 'sumsq_rows', uniforms: ROW_UNITS, bindings: [X, OUT] });
+const SQDIFF_ROWS = kernel({ shader: 'reduce', entry: 'sqdiff_rows', uniforms: [...ROW_UNITS, u32('y_skip')], bindings: [X, Y, OUT] });
+const SUM_COLS = kernel({
+  shader: 'reduce',
+  entry: 'sum_cols',
+  uniforms: [u32('cols'), u32('rows'), u32('row_seg'), u32('seg0'), u32('row0'), u32('x_skip'), u32('out_skip')],
+  bindings: [X, OUT],
+});
+const MSE_BACKWARD = kernel({
+  shader: 'reduce',
+  entry: 'mse_backward',
+  uniforms: [u32('n'), u32('x_skip'), u32('y_skip'), u32('out_skip'), f32('coef')],
+  bindings: [X, Y, OUT],
+});
+const NONFINITE = kernel({
+  shader: 'reduce',
+  entry: 'nonfinite',
+  uniforms: [u32('n'), u32('skip')],
+  bindings: [
+    { name: 'bits', type: 'u32', access: 'read' },
+    { name: 'flag', type: 'atomic<u32>', access: 'read_write' },
+  ],
+});
+
+/** The row passes over x alone. */
+const ROW_SUMS = { sum_rows: SUM_ROWS, sumsq_rows: SUMSQ_ROWS };
+type RowEntry = keyof typeof ROW_SUMS | 'sqdiff_rows';
 
 // ---- windows --------------------------------------------------------------------------------------
 
@@ -94,17 +129,12 @@ function rowPass(
     const xw = elementWindow(gpu, x, e0, count);
     const yw = y ? elementWindow(gpu, y, e0, count) : null;
     const ow = elementWindow(gpu, out, outStart + u0, n);
-    gpu.dispatch({
-      shader: 'reduce',
-      entry,
-      defs: defs(x.dtype, out.dtype),
-      uniforms: new Uniforms()
-        .u32(cols, segs, seg, u0, n, e0, rows, xw.skip, yw?.skip ?? 0, ow.skip)
-        .f32(scale)
-        .u32(sqrt ? 1 : 0),
-      bindings: [xw.window, yw?.window ?? null, ow.window],
-      workgroups: gpu.grid(n),
-    });
+    const defs = { T: x.dtype, O: out.dtype, WG, SQRT: sqrt };
+    const pass = { cols, segs, seg, unit0: u0, units: n, elem0: e0, x_skip: xw.skip, out_skip: ow.skip, scale };
+    const workgroups = gpu.grid(n);
+    if (entry !== 'sqdiff_rows') gpu.run(ROW_SUMS[entry], { defs, uniforms: pass, bindings: { x: xw.window, out: ow.window }, workgroups });
+    else if (yw) gpu.run(SQDIFF_ROWS, { defs, uniforms: { ...pass, y_skip: yw.skip }, bindings: { x: xw.window, y: yw.window, out: ow.window }, workgroups });
+    else throw new ShapeError('sqdiff_rows', 'needs y');
   }
 }
 
@@ -189,12 +219,10 @@ function colPass(gpu: Gpu, x: Tensor, rows: number, cols: number, rowSeg: number
     const r1 = Math.min(rows, (s0 + n) * rowSeg);
     const xw = elementWindow(gpu, x, r0 * cols, (r1 - r0) * cols);
     const ow = elementWindow(gpu, out, s0 * cols, n * cols);
-    gpu.dispatch({
-      shader: 'reduce',
-      entry: 'sum_cols',
-      defs: defs(x.dtype, out.dtype),
-      uniforms: new Uniforms().u32(cols, segs, rowSeg, s0, n, r0, rows, xw.skip, 0, ow.skip).f32(1).u32(0),
-      bindings: [xw.window, null, ow.window],
+    gpu.run(SUM_COLS, {
+      defs: { T: x.dtype, O: out.dtype, WG },
+      uniforms: { cols, rows, row_seg: rowSeg, seg0: s0, row0: r0, x_skip: xw.skip, out_skip: ow.skip },
+      bindings: { x: xw.window, out: ow.window },
       workgroups: [Math.ceil(cols / WG), n],
     });
   }
@@ -263,12 +291,10 @@ export function mseLossBackward(gpu: Gpu, pred: Tensor, target: Tensor, lossScal
   for (let start = 0; start < pred.numel; start += per) {
     const n = Math.min(per, pred.numel - start);
     const [pw, tw, dw] = [pred, target, d].map((t) => elementWindow(gpu, t, start, n));
-    gpu.dispatch({
-      shader: 'reduce',
-      entry: 'mse_backward',
-      defs: defs(pred.dtype, dtype),
-      uniforms: new Uniforms().u32(n, pw.skip, tw.skip, dw.skip).f32(coef),
-      bindings: [pw.window, tw.window, dw.window],
+    gpu.run(MSE_BACKWARD, {
+      defs: { T: pred.dtype, O: dtype, WG },
+      uniforms: { n, x_skip: pw.skip, y_skip: tw.skip, out_skip: dw.skip, coef },
+      bindings: { x: pw.window, y: tw.window, out: dw.window },
       workgroups: gpu.grid(Math.ceil(n / WG)),
     });
   }
@@ -315,12 +341,10 @@ export function checkFinite(gpu: Gpu, tensors: Tensor[], flag: Tensor): void {
     for (let start = 0; start < t.numel; start += per) {
       const n = Math.min(per, t.numel - start);
       const xw = elementWindow(gpu, t, start, n);
-      gpu.dispatch({
-        shader: 'reduce',
-        entry: 'nonfinite',
-        defs: defs('f32', 'f32', t.dtype === 'f16'),
-        uniforms: new Uniforms().u32(n, xw.skip, 0, 0).f32(0),
-        bindings: [xw.window, fw.window],
+      gpu.run(NONFINITE, {
+        defs: { WG, IS_F16: t.dtype === 'f16' },
+        uniforms: { n, skip: xw.skip },
+        bindings: { bits: xw.window, flag: fw.window },
         workgroups: gpu.grid(Math.ceil(n / WG)),
       });
     }
