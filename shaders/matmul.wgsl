@@ -20,32 +20,11 @@
 // vec4s of C (coalesced): row block i of invocation (tx, ty) covers rows (i * WG_Y + ty) * 4 + 0..3,
 // column block j covers columns (j * WG_X + tx) * 4 + 0..3.
 
-struct Params {
-  M: u32,
-  N: u32,
-  K: u32,
-  lda: u32,
-  ldb: u32,
-  ldc: u32,
-  off_a: u32,
-  off_b: u32,
-  off_c: u32,
-  off_bias: u32,
-  stride_a: u32,   // elements between batches; 0 broadcasts the operand over the batch
-  stride_b: u32,
-  stride_c: u32,
-  part_row0: u32,  // column sums only: first partial row this dispatch writes
-  parts: u32,      // column sums only: partial rows to add up
-}
+// Uniforms and bindings are declared per entry point in src/ops/matmul.ts (src/gpu/kernel.ts generates
+// them): matmul reads a, b (and bias with HAS_BIAS) and writes c; M, N, K, leading dimensions lda/ldb/ldc,
+// element offsets off_* of each operand inside its bound window, batch strides stride_* (0 broadcasts).
 
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> a: array<T>;
-@group(0) @binding(2) var<storage, read> b: array<T>;
-@group(0) @binding(3) var<storage, read_write> c: array<TC>;
-// Always bound (layout 'auto' keeps every statically referenced binding); without HAS_BIAS the
-// host binds any read-only window here and the epilogue never reads it.
-@group(0) @binding(4) var<storage, read> bias: array<T>;
-
+//#entry matmul
 const VM = TM / 4u;            // vec4 row blocks per invocation
 const VN = TN / 4u;            // vec4 column blocks per invocation
 const WG_X = BN / TN;
@@ -145,45 +124,46 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
 }
 
 // ---- column sums (bias gradient): out[n] = sum over rows r of x[r, n] ----------------------------
-// They share Params and bindings with matmul (x = a: p.M rows x p.N columns at p.off_a, row pitch
-// p.lda; out = c at p.off_c), so the module declares each binding once.
+// x: p.rows rows x p.cols columns at element p.off_x (row pitch p.cols); out at p.off_out.
 // Pass 1 (col_sum_partial): a workgroup of SUM_COLS column lanes x ROW_LANES row lanes sums rows
 // [blk * ROWS_PER_WG, (blk + 1) * ROWS_PER_WG) into partial[p.part_row0 + blk, n] (f32).
-// Pass 2 (col_sum_finish): out[n] = sum of the first p.parts partial rows (+ out[n] with ACCUMULATE).
+// Pass 2 (col_sum_finish): out[n] = sum of the first p.parts partial rows (+ out[n] with ACCUMULATE);
+// T is x's storage type, TO out's.
 
+//#entry col_sum_partial col_sum_finish
 const SUM_COLS = 64u;
 const ROW_LANES = 4u;
 const ROWS_PER_WG = 256u;
 
-@group(0) @binding(5) var<storage, read_write> partial: array<f32>;
-
+//#entry col_sum_partial
 var<workgroup> lane_sums: array<f32, SUM_COLS * ROW_LANES>;
 
 @compute @workgroup_size(SUM_COLS, ROW_LANES)
 fn col_sum_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
   let n = wg.x * SUM_COLS + lid.x;
   let r0 = wg.y * ROWS_PER_WG;
-  let r1 = min(r0 + ROWS_PER_WG, p.M);
+  let r1 = min(r0 + ROWS_PER_WG, p.rows);
   var s = 0.0;
-  if (n < p.N) {
-    for (var r = r0 + lid.y; r < r1; r += ROW_LANES) { s += f32(a[p.off_a + r * p.lda + n]); }
+  if (n < p.cols) {
+    for (var r = r0 + lid.y; r < r1; r += ROW_LANES) { s += f32(x[p.off_x + r * p.cols + n]); }
   }
   lane_sums[lid.y * SUM_COLS + lid.x] = s;
   workgroupBarrier();
-  if (lid.y == 0u && n < p.N) {
+  if (lid.y == 0u && n < p.cols) {
     var t = 0.0;
     for (var l = 0u; l < ROW_LANES; l++) { t += lane_sums[l * SUM_COLS + lid.x]; }
-    partial[(p.part_row0 + wg.y) * p.N + n] = t;
+    partial[(p.part_row0 + wg.y) * p.cols + n] = t;
   }
 }
 
+//#entry col_sum_finish
 @compute @workgroup_size(SUM_COLS)
 fn col_sum_finish(@builtin(global_invocation_id) gid: vec3<u32>) {
   let n = gid.x;
-  if (n >= p.N) { return; }
+  if (n >= p.cols) { return; }
   var t = 0.0;
-  for (var q = 0u; q < p.parts; q++) { t += partial[q * p.N + n]; }
-  let idx = p.off_c + n;
-  if (ACCUMULATE) { t += f32(c[idx]); }
-  c[idx] = TC(t);
+  for (var q = 0u; q < p.parts; q++) { t += partial[q * p.cols + n]; }
+  let idx = p.off_out + n;
+  if (ACCUMULATE) { t += f32(out[idx]); }
+  out[idx] = TO(t);
 }

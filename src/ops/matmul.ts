@@ -5,10 +5,10 @@
 //   Y = op(A) · op(B) + bias        op(A): [M, K], op(B): [K, N], Y: [M, N] per batch
 //   dop(A) = dY · op(B)ᵀ            dop(B) = op(A)ᵀ · dY  (summed over the batch when B is broadcast)
 //   dbias = column sums of dY over every row of every batch
-import { Uniforms, type BufferWindow, type Gpu } from '../gpu/device.ts';
+import type { BufferWindow, Gpu } from '../gpu/device.ts';
+import { kernel } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
-import type { Defs } from '../gpu/shaders.ts';
-import { BYTES, expectSameDType, expectShape, numel, Tensor, type DType } from '../gpu/tensor.ts';
+import { BYTES, expectSameDType, expectShape, numel, Tensor } from '../gpu/tensor.ts';
 
 export interface MatmulOptions {
   /** a is stored [..., K, M]. */
@@ -222,9 +222,31 @@ function planGemm(gpu: Gpu, g: Gemm, tile: Tile): Block[] {
   }
 }
 
-function gemmDefs(dtype: DType, outDType: DType, tile: Tile, transA: boolean, transB: boolean, hasBias: boolean, accumulate: boolean): Defs {
-  return { T: dtype, TC: outDType, ...tile, TRANS_A: transA, TRANS_B: transB, HAS_BIAS: hasBias, ACCUMULATE: accumulate };
-}
+const MATMUL = kernel({
+  shader: 'matmul',
+  entry: 'matmul',
+  uniforms: [
+    { name: 'M', type: 'u32' },
+    { name: 'N', type: 'u32' },
+    { name: 'K', type: 'u32' },
+    { name: 'lda', type: 'u32' },
+    { name: 'ldb', type: 'u32' },
+    { name: 'ldc', type: 'u32' },
+    { name: 'off_a', type: 'u32' },
+    { name: 'off_b', type: 'u32' },
+    { name: 'off_c', type: 'u32' },
+    { name: 'off_bias', type: 'u32' },
+    { name: 'stride_a', type: 'u32' },
+    { name: 'stride_b', type: 'u32' },
+    { name: 'stride_c', type: 'u32' },
+  ],
+  bindings: [
+    { name: 'a', type: 'T', access: 'read' },
+    { name: 'b', type: 'T', access: 'read' },
+    { name: 'c', type: 'TC', access: 'read_write' },
+    { name: 'bias', type: 'T', access: 'read', when: 'HAS_BIAS' },
+  ],
+});
 
 function runGemm(gpu: Gpu, g: Gemm): void {
   if (g.M === 0 || g.N === 0 || g.batch === 0) return;
@@ -237,18 +259,33 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     const wa = elemWindow(gpu, g.a, sa[0], sa[1] - sa[0] + 1);
     const wb = elemWindow(gpu, g.b, sb[0], sb[1] - sb[0] + 1);
     const wc = elemWindow(gpu, g.c, sc[0], sc[1] - sc[0] + 1);
-    const hasBias = firstK && g.bias !== null;
-    // Without a bias the shader's bias binding still needs a read-only window: reuse a's.
-    const wbias = hasBias ? elemWindow(gpu, g.bias!, k.n0, k.nc) : wa;
-    const u = new Uniforms()
-      .u32(k.mc, k.nc, k.kc, g.lda, g.ldb, g.ldc, wa.offset, wb.offset, wc.offset, wbias.offset)
-      .u32(g.strideA, g.strideB, g.strideC, 0, 0);
-    gpu.dispatch({
-      shader: 'matmul',
-      entry: 'matmul',
-      defs: gemmDefs(g.a.dtype, g.c.dtype, tile, g.transA, g.transB, hasBias, g.accumulate || !firstK),
-      uniforms: u,
-      bindings: [wa.window, wb.window, wc.window, wbias.window],
+    const wbias = firstK && g.bias !== null ? elemWindow(gpu, g.bias, k.n0, k.nc) : null;
+    gpu.run(MATMUL, {
+      defs: {
+        T: g.a.dtype,
+        TC: g.c.dtype,
+        ...tile,
+        TRANS_A: g.transA,
+        TRANS_B: g.transB,
+        HAS_BIAS: wbias !== null,
+        ACCUMULATE: g.accumulate || !firstK,
+      },
+      uniforms: {
+        M: k.mc,
+        N: k.nc,
+        K: k.kc,
+        lda: g.lda,
+        ldb: g.ldb,
+        ldc: g.ldc,
+        off_a: wa.offset,
+        off_b: wb.offset,
+        off_c: wc.offset,
+        off_bias: wbias?.offset ?? 0,
+        stride_a: g.strideA,
+        stride_b: g.strideB,
+        stride_c: g.strideC,
+      },
+      bindings: { a: wa.window, b: wb.window, c: wc.window, ...(wbias ? { bias: wbias.window } : {}) },
       workgroups: [Math.ceil(k.nc / tile.BN), Math.ceil(k.mc / tile.BM), k.nb],
     });
   }
@@ -435,6 +472,35 @@ export function matmulBackward(gpu: Gpu, a: Tensor, b: Tensor, dy: Tensor, opts:
   return grads;
 }
 
+const COL_SUM_PARTIAL = kernel({
+  shader: 'matmul',
+  entry: 'col_sum_partial',
+  uniforms: [
+    { name: 'rows', type: 'u32' },
+    { name: 'cols', type: 'u32' },
+    { name: 'off_x', type: 'u32' },
+    { name: 'part_row0', type: 'u32' },
+  ],
+  bindings: [
+    { name: 'x', type: 'T', access: 'read' },
+    { name: 'partial', type: 'f32', access: 'read_write' },
+  ],
+});
+
+const COL_SUM_FINISH = kernel({
+  shader: 'matmul',
+  entry: 'col_sum_finish',
+  uniforms: [
+    { name: 'cols', type: 'u32' },
+    { name: 'off_out', type: 'u32' },
+    { name: 'parts', type: 'u32' },
+  ],
+  bindings: [
+    { name: 'partial', type: 'f32', access: 'read' },
+    { name: 'out', type: 'TO', access: 'read_write' },
+  ],
+});
+
 /** out[n] = Σ_r x[r, n] in f32 (two passes: per-256-row partial sums, then their sum). */
 export function colSum(gpu: Gpu, x: Tensor, out?: Tensor, accumulate = false): Tensor {
   const op = 'colSum';
@@ -458,29 +524,24 @@ export function colSum(gpu: Gpu, x: Tensor, out?: Tensor, accumulate = false): T
     chunks.reduce((n, c) => n + Math.ceil(c.rc / rowsPerWg), 0),
   );
   const partial = gpu.tensor([parts, cols], 'f32', 'scratch', 'colsum-partial');
-  const defs = (acc: boolean) => gemmDefs(x.dtype, o.dtype, TILE_64, false, false, false, acc);
   const wo = elemWindow(gpu, o, 0, cols);
   const wp = elemWindow(gpu, partial, 0, parts * cols);
   let part = 0;
   for (const { r0, rc } of chunks) {
     const wx = elemWindow(gpu, x, r0 * cols, rc * cols);
     const blocks = Math.ceil(rc / rowsPerWg);
-    gpu.dispatch({
-      shader: 'matmul',
-      entry: 'col_sum_partial',
-      defs: defs(false),
-      uniforms: new Uniforms().u32(rc, cols, 0, cols, 0, 0, wx.offset, 0, 0, 0, 0, 0, 0, part, 0),
-      bindings: [wx.window, null, null, null, wp.window],
+    gpu.run(COL_SUM_PARTIAL, {
+      defs: { T: x.dtype },
+      uniforms: { rows: rc, cols, off_x: wx.offset, part_row0: part },
+      bindings: { x: wx.window, partial: wp.window },
       workgroups: [Math.ceil(cols / 64), blocks],
     });
     part += blocks;
   }
-  gpu.dispatch({
-    shader: 'matmul',
-    entry: 'col_sum_finish',
-    defs: defs(accumulate),
-    uniforms: new Uniforms().u32(0, cols, 0, 0, 0, 0, 0, 0, wo.offset, 0, 0, 0, 0, 0, part),
-    bindings: [null, null, wo.window, null, wp.window],
+  gpu.run(COL_SUM_FINISH, {
+    defs: { TO: o.dtype, ACCUMULATE: accumulate },
+    uniforms: { cols, off_out: wo.offset, parts: part },
+    bindings: { partial: wp.window, out: wo.window },
     workgroups: [Math.ceil(cols / 64)],
   });
   // Submit before freeing: work already submitted still sees the buffer.
