@@ -21,40 +21,17 @@
 // check (ops/adamw.ts adamwStepSafe). Both test bit patterns, as reduce.wgsl's nonfinite does:
 // isinf/isnan may be folded to false by fast-math compilers.
 
-struct Params {
-  n: u32,
-  g_skip: u32,
-  p_skip: u32,
-  m_skip: u32,
-  v_skip: u32,
-  w_skip: u32,
-  decay: f32,
-  beta1: f32,
-  one_minus_beta1: f32,
-  beta2: f32,
-  one_minus_beta2: f32,
-  step_size: f32,
-  bc2_sqrt: f32,
-  eps: f32,
-  inv_scale: f32,
-  max_norm: f32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> grad: array<G>;
-@group(0) @binding(2) var<storage, read_write> master: array<f32>;
-@group(0) @binding(3) var<storage, read_write> m: array<f32>;
-@group(0) @binding(4) var<storage, read_write> v: array<f32>;
-@group(0) @binding(5) var<storage, read> flag: array<u32>;   // f32 0.0 / 1.0, read as bits
-@group(0) @binding(6) var<storage, read> norm: array<f32>;   // f32 [1]: unscaled global gradient norm
-@group(0) @binding(7) var<storage, read_write> weight: array<W>;
-@group(0) @binding(8) var<storage, read_write> update_flag: array<atomic<u32>>; // f32 1.0 bits when raised
-@group(0) @binding(9) var<storage, read_write> stats: array<atomic<u32>>;       // 4 non-negative f32 maxima, as bits
+// Uniforms and bindings are declared per entry point in src/ops/adamw.ts (src/gpu/kernel.ts generates them):
+// the update kernels read grad, master, m, v, the non-finite flag (f32 0.0 / 1.0, read as bits) and, with
+// CLIP, norm (f32 [1]: the unscaled global gradient norm); adamw_step_copy also writes weight,
+// adamw_check raises update_flag (f32 1.0 bits) and adamw_stats raises stats (4 non-negative f32 maxima,
+// as bits).
 
 fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
   return gid.x + gid.y * nwg.x * WG;
 }
 
+//#entry adamw_step adamw_step_copy adamw_check
 fn skip_step() -> bool {
   return flag[0] != 0u;
 }
@@ -77,6 +54,7 @@ fn next_state(i: u32) -> Next {
   return Next(m1, v1, w);
 }
 
+//#entry adamw_step adamw_step_copy
 // Updates master[i], m[i], v[i]; returns the new master value.
 fn update(i: u32) -> f32 {
   let s = next_state(i);
@@ -86,6 +64,7 @@ fn update(i: u32) -> f32 {
   return s.w;
 }
 
+//#entry adamw_step
 // Master and moments only (the model computes with the master itself, or the copy is made elsewhere).
 @compute @workgroup_size(WG)
 fn adamw_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -94,6 +73,7 @@ fn adamw_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
   update(i);
 }
 
+//#entry adamw_step_copy
 // ... and the compute-dtype copy of the weight: W(master), rounded to nearest even for f16.
 @compute @workgroup_size(WG)
 fn adamw_step_copy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -102,6 +82,7 @@ fn adamw_step_copy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
   weight[i + p.w_skip] = W(update(i));
 }
 
+//#entry adamw_check
 fn nonfinite(x: f32) -> bool {
   return (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u;
 }
@@ -118,9 +99,10 @@ fn adamw_check(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
   if (bad) { atomicStore(&update_flag[0], 0x3f800000u); }
 }
 
+//#entry adamw_stats
 // Chunk statistics: atomic maxima (as u32 bits: non-negative f32 order like their bits) of |master|,
-// |m|, v and |m| / (sqrt(v) + p.eps) (p.eps carries the host's stats epsilon here), reduced in the
-// workgroup first so only one invocation per workgroup touches the four words.
+// |m|, v and |m| / (sqrt(v) + stats_eps) (the host's stats epsilon), reduced in the workgroup first so
+// only one invocation per workgroup touches the four words.
 var<workgroup> wg_max: array<u32, 4 * WG>; // [quantity * WG + invocation]
 
 @compute @workgroup_size(WG)
@@ -130,7 +112,7 @@ fn adamw_stats(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
   if (i < p.n) {
     let mi = m[i + p.m_skip];
     let vi = v[i + p.v_skip];
-    s = array<f32, 4>(abs(master[i + p.p_skip]), abs(mi), abs(vi), abs(mi) / (sqrt(abs(vi)) + p.eps));
+    s = array<f32, 4>(abs(master[i + p.p_skip]), abs(mi), abs(vi), abs(mi) / (sqrt(abs(vi)) + p.stats_eps));
   }
   for (var k = 0u; k < 4u; k++) { wg_max[k * WG + lid] = bitcast<u32>(s[k]); }
   workgroupBarrier();

@@ -13,8 +13,9 @@
 // without writing and raises an update flag when any new master, m, v or f16 copy would be non-finite;
 // adamwStats / adamwStateStats measure a state and adamwStepSafe bounds a step from those measurements,
 // so a caller can prove a step safe without touching the state (train/optimizer.ts uses both).
-import { Uniforms, type Gpu } from '../gpu/device.ts';
+import type { Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
+import { kernel } from '../gpu/kernel.ts';
 import { expectDType, type DType, type Tensor } from '../gpu/tensor.ts';
 import { checkFinite, clearFlag, elementWindow, globalNorm, windowCapacity, type ElementWindow } from './reduce.ts';
 
@@ -105,9 +106,66 @@ export function masterLimit(copy: DType | undefined): number {
   return copy === 'f16' ? F16_MAX : F32_MAX;
 }
 
-function adamwDefs(grad: DType, copy: DType | null, clip: boolean) {
-  return { G: grad, W: copy ?? 'f32', W_F16: copy === 'f16', WG, CLIP: clip };
+// ---- kernel interfaces (shaders/adamw.wgsl) ------------------------------------------------------
+
+const u32 = <N extends string>(name: N) => ({ name, type: 'u32' as const });
+const f32 = <N extends string>(name: N) => ({ name, type: 'f32' as const });
+
+/** The update's element count, window skips and f32 factors (PyTorch's, computed on the host). */
+const UPDATE_UNIFORMS = [
+  u32('n'),
+  u32('g_skip'),
+  u32('p_skip'),
+  u32('m_skip'),
+  u32('v_skip'),
+  f32('decay'),
+  f32('beta1'),
+  f32('one_minus_beta1'),
+  f32('beta2'),
+  f32('one_minus_beta2'),
+  f32('step_size'),
+  f32('bc2_sqrt'),
+  f32('eps'),
+  f32('inv_scale'),
+  f32('max_norm'),
+] as const;
+
+/** What every update kernel binds: the gradient, the state (written or only read), the skip flag, the clip norm. */
+function updateBindings<A extends 'read' | 'read_write'>(state: A) {
+  return [
+    { name: 'grad', type: 'G', access: 'read' },
+    { name: 'master', type: 'f32', access: state },
+    { name: 'm', type: 'f32', access: state },
+    { name: 'v', type: 'f32', access: state },
+    { name: 'flag', type: 'u32', access: 'read' },
+    { name: 'norm', type: 'f32', access: 'read', when: 'CLIP' },
+  ] as const;
 }
+
+const ADAMW_STEP = kernel({ shader: 'adamw', entry: 'adamw_step', uniforms: UPDATE_UNIFORMS, bindings: updateBindings('read_write') });
+const ADAMW_STEP_COPY = kernel({
+  shader: 'adamw',
+  entry: 'adamw_step_copy',
+  uniforms: [...UPDATE_UNIFORMS, u32('w_skip')],
+  bindings: [...updateBindings('read_write'), { name: 'weight', type: 'W', access: 'read_write' }],
+});
+const ADAMW_CHECK = kernel({
+  shader: 'adamw',
+  entry: 'adamw_check',
+  uniforms: UPDATE_UNIFORMS,
+  bindings: [...updateBindings('read'), { name: 'update_flag', type: 'atomic<u32>', access: 'read_write' }],
+});
+const ADAMW_STATS = kernel({
+  shader: 'adamw',
+  entry: 'adamw_stats',
+  uniforms: [u32('n'), u32('p_skip'), u32('m_skip'), u32('v_skip'), f32('stats_eps')],
+  bindings: [
+    { name: 'master', type: 'f32', access: 'read' },
+    { name: 'm', type: 'f32', access: 'read' },
+    { name: 'v', type: 'f32', access: 'read' },
+    { name: 'stats', type: 'atomic<u32>', access: 'read_write' },
+  ],
+});
 
 function alignedFlag(gpu: Gpu, op: string, name: string, t: Tensor): ElementWindow {
   const w = elementWindow(gpu, t, 0, 1);
@@ -128,37 +186,38 @@ function dispatchAdamW(gpu: Gpu, param: AdamWParam, grad: Tensor, cfg: AdamWConf
   const stepSize = cfg.lr / (1 - cfg.beta1 ** s.step);
   const bc2Sqrt = Math.sqrt(1 - cfg.beta2 ** s.step);
   const flagW = alignedFlag(gpu, op, 'flag', s.flag);
-  const normW = s.clip ? alignedFlag(gpu, op, 'clip norm', s.clip.norm) : flagW; // unread without CLIP, but in the layout
+  const normW = s.clip ? alignedFlag(gpu, op, 'clip norm', s.clip.norm) : null;
   const updateW = updateFlag ? alignedFlag(gpu, op, 'update flag', updateFlag) : null;
   // The check reads no weight copy (it only needs its dtype).
   const walked = [grad, param.master, param.m, param.v, ...(copy && !updateFlag ? [copy] : [])];
   const per = Math.min(...walked.map((t) => windowCapacity(gpu, t.dtype)));
   const n = param.master.numel;
-  const entry = updateFlag ? 'adamw_check' : copy ? 'adamw_step_copy' : 'adamw_step';
+  const factors = {
+    decay: 1 - cfg.lr * cfg.weightDecay,
+    beta1: cfg.beta1,
+    one_minus_beta1: 1 - cfg.beta1,
+    beta2: cfg.beta2,
+    one_minus_beta2: 1 - cfg.beta2,
+    step_size: stepSize,
+    bc2_sqrt: bc2Sqrt,
+    eps: cfg.eps,
+    inv_scale: 1 / s.lossScale,
+    max_norm: s.clip?.maxNorm ?? 0, // read only with CLIP
+  };
+  const defs = { G: grad.dtype, WG, CLIP: !!s.clip };
   for (let start = 0; start < n; start += per) {
     const count = Math.min(per, n - start);
     const [g, p, m, v, w] = walked.map((t) => elementWindow(gpu, t, start, count));
-    gpu.dispatch({
-      shader: 'adamw',
-      entry,
-      defs: adamwDefs(grad.dtype, copy?.dtype ?? null, !!s.clip),
-      uniforms: new Uniforms()
-        .u32(count, g.skip, p.skip, m.skip, v.skip, w?.skip ?? 0)
-        .f32(
-          1 - cfg.lr * cfg.weightDecay,
-          cfg.beta1,
-          1 - cfg.beta1,
-          cfg.beta2,
-          1 - cfg.beta2,
-          stepSize,
-          bc2Sqrt,
-          cfg.eps,
-          1 / s.lossScale,
-          s.clip?.maxNorm ?? 0,
-        ),
-      bindings: [g.window, p.window, m.window, v.window, flagW.window, normW.window, w?.window ?? null, updateW?.window ?? null],
-      workgroups: gpu.grid(Math.ceil(count / WG)),
-    });
+    const uniforms = { n: count, g_skip: g.skip, p_skip: p.skip, m_skip: m.skip, v_skip: v.skip, ...factors };
+    const bindings = { grad: g.window, master: p.window, m: m.window, v: v.window, flag: flagW.window, ...(normW && { norm: normW.window }) };
+    const workgroups = gpu.grid(Math.ceil(count / WG));
+    if (updateW) {
+      const check = { uniforms, bindings: { ...bindings, update_flag: updateW.window }, workgroups };
+      gpu.run(ADAMW_CHECK, { defs: { ...defs, W_F16: copy?.dtype === 'f16' }, ...check });
+    } else if (copy && w) {
+      const step = { uniforms: { ...uniforms, w_skip: w.skip }, bindings: { ...bindings, weight: w.window }, workgroups };
+      gpu.run(ADAMW_STEP_COPY, { defs: { ...defs, W: copy.dtype }, ...step });
+    } else gpu.run(ADAMW_STEP, { defs, uniforms, bindings, workgroups });
   }
 }
 
@@ -246,12 +305,10 @@ export function adamwStats(gpu: Gpu, state: { master: Tensor; m: Tensor; v: Tens
   for (let start = 0; start < n; start += per) {
     const count = Math.min(per, n - start);
     const [p, m, v] = walked.map((t) => elementWindow(gpu, t, start, count));
-    gpu.dispatch({
-      shader: 'adamw',
-      entry: 'adamw_stats',
-      defs: adamwDefs('f32', null, false),
-      uniforms: new Uniforms().u32(count, 0, p.skip, m.skip, v.skip, 0).f32(0, 0, 0, 0, 0, 0, 0, statsEps(cfg), 0, 0),
-      bindings: [null, p.window, m.window, v.window, null, null, null, null, outW.window],
+    gpu.run(ADAMW_STATS, {
+      defs: { WG },
+      uniforms: { n: count, p_skip: p.skip, m_skip: m.skip, v_skip: v.skip, stats_eps: statsEps(cfg) },
+      bindings: { master: p.window, m: m.window, v: v.window, stats: outW.window },
       workgroups: gpu.grid(Math.ceil(count / WG)),
     });
   }
