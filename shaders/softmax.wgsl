@@ -2,15 +2,8 @@
 // Forward: y = exp(x - max) / sum(exp(x - max)) (max subtracted for range, f32 sums).
 // Backward from y and dy: dx = y * (dy - sum(dy * y)).
 
-struct Params {
-  rows: u32,
-  cols: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<T>;
-@group(0) @binding(2) var<storage, read> dy: array<T>;
-@group(0) @binding(3) var<storage, read_write> out: array<T>;
+// Uniforms (rows, cols) and bindings are declared per entry point in src/ops/softmax.ts (src/gpu/kernel.ts
+// generates them).
 
 var<workgroup> red: array<f32, WG>;
 
@@ -38,6 +31,7 @@ fn reduce_sum(lid: u32, v: f32) -> f32 {
   return r;
 }
 
+//#entry softmax_fwd
 @compute @workgroup_size(WG)
 fn softmax_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let row = wid.x + wid.y * nwg.x;
@@ -49,17 +43,18 @@ fn softmax_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   var s = 0.0;
   for (var j = lid; j < p.cols; j += WG) { s += exp(f32(x[base + j]) - m); }
   let inv = 1.0 / reduce_sum(lid, s);
-  for (var j = lid; j < p.cols; j += WG) { out[base + j] = T(exp(f32(x[base + j]) - m) * inv); }
+  for (var j = lid; j < p.cols; j += WG) { y[base + j] = T(exp(f32(x[base + j]) - m) * inv); }
 }
 
-// x = y (the forward output), dy = upstream gradient, out = dx.
+//#entry softmax_bwd
+// y = the forward output, dy = upstream gradient.
 @compute @workgroup_size(WG)
 fn softmax_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let row = wid.x + wid.y * nwg.x;
   if (row >= p.rows) { return; }
   let base = row * p.cols;
   var s = 0.0;
-  for (var j = lid; j < p.cols; j += WG) { s += f32(dy[base + j]) * f32(x[base + j]); }
+  for (var j = lid; j < p.cols; j += WG) { s += f32(dy[base + j]) * f32(y[base + j]); }
   let dot = reduce_sum(lid, s);
-  for (var j = lid; j < p.cols; j += WG) { out[base + j] = T(f32(x[base + j]) * (f32(dy[base + j]) - dot)); }
+  for (var j = lid; j < p.cols; j += WG) { dx[base + j] = T(f32(y[base + j]) * (f32(dy[base + j]) - dot)); }
 }

@@ -1,22 +1,48 @@
 // Softmax over the last dim: forward and backward (from y), plus plain-TS references.
-import { Uniforms, type Gpu } from '../gpu/device.ts';
+import type { Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
+import { kernel, type BindingArgs, type UniformArgs } from '../gpu/kernel.ts';
 import { BYTES, expectSameDType, Tensor } from '../gpu/tensor.ts';
 
 const WG = 128;
 
-function rowsDispatch(gpu: Gpu, entry: string, x: Tensor, dy: Tensor | null, out: Tensor): void {
-  const cols = x.shape[x.shape.length - 1];
-  const rows = x.numel / cols;
-  const rowBytes = cols * BYTES[x.dtype];
+const ROWS = [
+  { name: 'rows', type: 'u32' },
+  { name: 'cols', type: 'u32' },
+] as const;
+
+const SOFTMAX_FWD = kernel({
+  shader: 'softmax',
+  entry: 'softmax_fwd',
+  uniforms: ROWS,
+  bindings: [
+    { name: 'x', type: 'T', access: 'read' },
+    { name: 'y', type: 'T', access: 'read_write' },
+  ],
+});
+
+const SOFTMAX_BWD = kernel({
+  shader: 'softmax',
+  entry: 'softmax_bwd',
+  uniforms: ROWS,
+  bindings: [
+    { name: 'y', type: 'T', access: 'read' },
+    { name: 'dy', type: 'T', access: 'read' },
+    { name: 'dx', type: 'T', access: 'read_write' },
+  ],
+});
+
+/** Runs a row kernel over the rows of `rowsOf` ([..., cols]) in binding-sized ranges; every tensor in `t` is windowed alike. */
+function rowsRun<K extends typeof SOFTMAX_FWD | typeof SOFTMAX_BWD>(gpu: Gpu, k: K, rowsOf: Tensor, t: BindingArgs<K, Tensor>): void {
+  const cols = rowsOf.shape[rowsOf.shape.length - 1];
+  const rows = rowsOf.numel / cols;
+  const rowBytes = cols * BYTES[rowsOf.dtype];
   for (const { start, count } of gpu.chunks(rows, rowBytes)) {
-    const win = (t: Tensor) => gpu.subWindow(t, start, count, rowBytes);
-    gpu.dispatch({
-      shader: 'softmax',
-      entry,
-      defs: { T: x.dtype, WG },
-      uniforms: new Uniforms().u32(count, cols),
-      bindings: [win(x), dy ? win(dy) : null, win(out)],
+    const bindings = Object.fromEntries(Object.entries(t as Record<string, Tensor>).map(([name, x]) => [name, gpu.subWindow(x, start, count, rowBytes)]));
+    gpu.run(k, {
+      defs: { T: rowsOf.dtype, WG },
+      uniforms: { rows: count, cols } as UniformArgs<K>,
+      bindings: bindings as BindingArgs<K, Tensor>,
       workgroups: gpu.grid(count),
     });
   }
@@ -26,7 +52,7 @@ function rowsDispatch(gpu: Gpu, entry: string, x: Tensor, dy: Tensor | null, out
 export function softmax(gpu: Gpu, x: Tensor): Tensor {
   if (x.shape.length < 1 || x.numel === 0) throw new ShapeError('softmax', `x must be non-empty, got ${fmtShape(x.shape)}`);
   const y = gpu.tensor(x.shape, x.dtype, 'activations', 'softmax');
-  rowsDispatch(gpu, 'softmax_fwd', x, null, y);
+  rowsRun(gpu, SOFTMAX_FWD, x, { x, y });
   return y;
 }
 
@@ -36,7 +62,7 @@ export function softmaxBackward(gpu: Gpu, y: Tensor, dy: Tensor): Tensor {
   if (y.shape.length !== dy.shape.length || y.shape.some((d, i) => d !== dy.shape[i]))
     throw new ShapeError('softmaxBackward', `dy ${fmtShape(dy.shape)} does not match y ${fmtShape(y.shape)}`);
   const dx = gpu.tensor(y.shape, y.dtype, 'gradients', 'softmax.dx');
-  rowsDispatch(gpu, 'softmax_bwd', y, dy, dx);
+  rowsRun(gpu, SOFTMAX_BWD, y, { y, dy, dx });
   return dx;
 }
 
