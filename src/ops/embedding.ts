@@ -1,9 +1,27 @@
 // Token + position embeddings (CLIP's text embeddings), forward; plain-TS reference beside it.
-import { Uniforms, type Gpu } from '../gpu/device.ts';
+import type { Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
+import { kernel } from '../gpu/kernel.ts';
 import { expectSameDType, Tensor } from '../gpu/tensor.ts';
 
 const WG = 256;
+
+const EMBED = kernel({
+  shader: 'embedding',
+  entry: 'embed',
+  uniforms: [
+    { name: 'n', type: 'u32' },
+    { name: 'dim', type: 'u32' },
+    { name: 'len', type: 'u32' },
+    { name: 'vocab', type: 'u32' },
+  ],
+  bindings: [
+    { name: 'ids', type: 'u32', access: 'read' },
+    { name: 'table', type: 'T', access: 'read' },
+    { name: 'pos', type: 'T', access: 'read' },
+    { name: 'out', type: 'T', access: 'read_write' },
+  ],
+});
 
 /** out [B, L, D] = table[ids] + pos[0..L). ids: B*L token ids; table [V, D]; pos [P >= L, D]. */
 export function embedding(gpu: Gpu, ids: ArrayLike<number>, batch: number, table: Tensor, pos: Tensor): Tensor {
@@ -22,12 +40,10 @@ export function embedding(gpu: Gpu, ids: ArrayLike<number>, batch: number, table
   gpu.writeRaw(idBuf, Uint32Array.from(ids));
   const out = gpu.tensor([batch, len, dim], table.dtype, 'activations', 'embedding');
   const n = out.numel;
-  gpu.dispatch({
-    shader: 'embedding',
-    entry: 'embed',
+  gpu.run(EMBED, {
     defs: { T: table.dtype, WG },
-    uniforms: new Uniforms().u32(n, dim, len, vocab),
-    bindings: [idBuf, table, pos, out],
+    uniforms: { n, dim, len, vocab },
+    bindings: { ids: idBuf, table, pos, out },
     workgroups: gpu.grid(Math.ceil(n / WG)),
   });
   gpu.free(idBuf);
