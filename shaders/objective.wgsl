@@ -4,30 +4,27 @@
 //   wmse_grad: d/dpred of sum_b w[b] mean_b((pred - target)^2) / B, times the loss scale:
 //             2 w[b] (pred - target) / (per_sample * B) * scale  (the host folds 2 * scale / (per_sample * B) into alpha)
 
-struct Params {
-  n: u32,
-  per_sample: u32,
-  alpha: f32,
+// Uniforms (n elements, per_sample elements per sample, wmse_grad's alpha) and bindings are declared per
+// entry point in src/train/objective.ts (src/gpu/kernel.ts generates them). x = pred and y = target in
+// wmse_grad; coef [B] (vec2 f32) and weight [B] (f32) hold the per-sample factors.
+
+fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+  return gid.x + gid.y * nwg.x * WG;
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<T>;
-@group(0) @binding(2) var<storage, read> y: array<T>;
-@group(0) @binding(3) var<storage, read> coef: array<vec2<f32>>;
-@group(0) @binding(4) var<storage, read_write> out: array<T>;
-@group(0) @binding(5) var<storage, read> weight: array<f32>;
-
+//#entry mix
 @compute @workgroup_size(WG)
 fn mix(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * WG;
+  let i = index(gid, nwg);
   if (i >= p.n) { return; }
   let c = coef[i / p.per_sample];
   out[i] = T(c.x * f32(x[i]) + c.y * f32(y[i]));
 }
 
+//#entry wmse_grad
 @compute @workgroup_size(WG)
 fn wmse_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * WG;
+  let i = index(gid, nwg);
   if (i >= p.n) { return; }
   out[i] = T(p.alpha * weight[i / p.per_sample] * (f32(x[i]) - f32(y[i])));
 }

@@ -1,12 +1,44 @@
 // DreamBooth's denoising objective (diffusers' train_dreambooth semantics): noise the latents at
 // per-sample timesteps, the epsilon or v target, per-sample loss weights (min-SNR-gamma, prior
 // preservation), and the weighted MSE with its gradient. Noise with an offset is formed on the host.
-import { Uniforms, type Gpu } from '../gpu/device.ts';
+import type { Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
+import { kernel } from '../gpu/kernel.ts';
 import { expectSameDType, Tensor } from '../gpu/tensor.ts';
 import { mseLoss } from '../ops/reduce.ts';
 
 const WG = 256;
+
+const PER_SAMPLE = [
+  { name: 'n', type: 'u32' },
+  { name: 'per_sample', type: 'u32' },
+] as const;
+
+/** out = c[b].x * x + c[b].y * y with sample b's coefficient pair c[b]. */
+const MIX = kernel({
+  shader: 'objective',
+  entry: 'mix',
+  uniforms: PER_SAMPLE,
+  bindings: [
+    { name: 'x', type: 'T', access: 'read' },
+    { name: 'y', type: 'T', access: 'read' },
+    { name: 'coef', type: 'vec2<f32>', access: 'read' },
+    { name: 'out', type: 'T', access: 'read_write' },
+  ],
+});
+
+/** out = alpha * weight[b] * (x - y): the weighted MSE's gradient for x = pred, y = target. */
+const WMSE_GRAD = kernel({
+  shader: 'objective',
+  entry: 'wmse_grad',
+  uniforms: [...PER_SAMPLE, { name: 'alpha', type: 'f32' }],
+  bindings: [
+    { name: 'x', type: 'T', access: 'read' },
+    { name: 'y', type: 'T', access: 'read' },
+    { name: 'weight', type: 'f32', access: 'read' },
+    { name: 'out', type: 'T', access: 'read_write' },
+  ],
+});
 
 function perSample(op: string, a: Tensor, b: Tensor): { batch: number; per: number } {
   expectSameDType(op, a, b);
@@ -20,12 +52,10 @@ function mix(gpu: Gpu, op: string, x: Tensor, y: Tensor, coef: number[][]): Tens
   if (coef.length !== batch) throw new ShapeError(op, `${coef.length} coefficient pairs for a batch of ${batch}`);
   const c = gpu.upload(coef.flat(), [batch, 2], 'f32', 'scratch', `${op}.coef`);
   const out = gpu.tensor(x.shape, x.dtype, 'activations', op);
-  gpu.dispatch({
-    shader: 'objective',
-    entry: 'mix',
+  gpu.run(MIX, {
     defs: { T: x.dtype, WG },
-    uniforms: new Uniforms().u32(x.numel, per).f32(0),
-    bindings: [x, y, c, out],
+    uniforms: { n: x.numel, per_sample: per },
+    bindings: { x, y, coef: c, out },
     workgroups: gpu.grid(Math.ceil(x.numel / WG)),
   });
   gpu.free(c);
@@ -96,12 +126,10 @@ export function weightedMseBackward(gpu: Gpu, pred: Tensor, target: Tensor, weig
   if (weights.length !== batch) throw new ShapeError('weightedMseBackward', `${weights.length} weights for a batch of ${batch}`);
   const w = gpu.upload(weights, [batch], 'f32', 'scratch', 'loss-weights');
   const out = gpu.tensor(pred.shape, pred.dtype, 'gradients', 'dpred');
-  gpu.dispatch({
-    shader: 'objective',
-    entry: 'wmse_grad',
+  gpu.run(WMSE_GRAD, {
     defs: { T: pred.dtype, WG },
-    uniforms: new Uniforms().u32(pred.numel, per).f32((2 * lossScale) / (per * batch)),
-    bindings: [pred, target, null, out, w],
+    uniforms: { n: pred.numel, per_sample: per, alpha: (2 * lossScale) / (per * batch) },
+    bindings: { x: pred, y: target, weight: w, out },
     workgroups: gpu.grid(Math.ceil(pred.numel / WG)),
   });
   gpu.free(w);
