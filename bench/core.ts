@@ -19,18 +19,29 @@ export interface ShapeCase {
   H?: number;
   W?: number;
   D?: number;
+  /** Conv kernel size (3 or 1; 3 when absent). */
+  R?: number;
 }
+
+export type Pass = 'fwd' | 'fwdbwd';
 
 export interface Measurement {
   id: string;
   label: string;
   impl: string;
   dtype: string;
-  /** Median wall milliseconds per run (batched submissions) over `reps` timed batches. */
+  /** What one run computes: the forward, or forward + backward (attention). */
+  pass?: Pass;
+  /** Median wall milliseconds per run: R back-to-back runs per measurement, submit to completion, divided by R. */
   ms: number;
-  /** Median GPU milliseconds per run from timestamp queries (ours, where available). */
+  /** Median GPU milliseconds per run from timestamps around R back-to-back runs (ours, where available). */
   gpuMs?: number;
+  /** Per-run wall ms of each measurement. */
   all: number[];
+  /** Per-run GPU ms of each measurement (ours, where available). */
+  allGpu?: number[];
+  /** Runs per measurement (R). */
+  repeat?: number;
   gflops: number;
   /** Peak bytes allocated above the inputs during one run (ours only). */
   peakBytes?: number;
@@ -45,60 +56,117 @@ export function median(xs: number[]): number {
   return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
 }
 
+/** Conv kernel size of a case. */
+export const convKernel = (c: ShapeCase): number => c.R ?? 3;
+
 /** Useful FLOPs of one run (the same for every implementation). */
-export function flops(c: ShapeCase, pass: 'fwd' | 'fwdbwd' = 'fwd'): number {
+export function flops(c: ShapeCase, pass: Pass = 'fwd'): number {
   if (c.op === 'matmul') return 2 * c.M! * c.K! * c.N!;
-  if (c.op === 'conv') return 2 * c.H! * c.W! * c.C! * c.C! * 9;
+  if (c.op === 'conv') return 2 * c.H! * c.W! * c.C! * c.C! * convKernel(c) ** 2;
   const fwd = 4 * c.H! * c.N! * c.M! * c.D!;
-  return pass === 'fwd' ? fwd : 3 * fwd; // backward: dV, dP, dQ, dK = 2x the forward's two products
+  return pass === 'fwd' ? fwd : 3.5 * fwd; // backward: dV, dP, dQ, dK + the recomputed scores QKᵀ = 2.5x the forward
+}
+
+/** Dawn's timestamp quantization rounds every timestamp down to a multiple of 2^16 ns (65.536 us). */
+export const TIMESTAMP_QUANTUM_NS = 65536;
+
+/**
+ * Were these raw timestamp durations (ns, one per measurement, undivided) quantized? True when every one is a
+ * multiple of 65.536 us (a chance of 2^-16 each for real durations), undefined with none to judge.
+ */
+export function timestampsQuantized(rawNs: number[]): boolean | undefined {
+  if (!rawNs.length) return undefined;
+  return rawNs.every((ns) => Math.round(ns) % TIMESTAMP_QUANTUM_NS === 0);
 }
 
 export interface Timing {
-  /** Wall ms per run (batch wall time / inner). */
+  /** Wall ms per run of each measurement (measurement wall time / repeat). */
   all: number[];
-  /** GPU ms per run from timestamp queries, where the device has them. */
+  /** GPU ms per run of each measurement (timestamps / repeat), where the device has timestamps. */
   gpuMs: number[];
+  /** Undivided GPU durations of each measurement in ns (for the quantization check). */
+  rawGpuNs: number[];
+  /** How the GPU time was taken: one timestamp pair around the R runs, or per-dispatch timestamps summed. */
+  method: 'pass' | 'profile' | 'wall';
   peak: number;
-  inner: number;
+  /** Runs per measurement. */
+  repeat: number;
+  /** Fewer than `reps` measurements: the time budget ran out. */
+  cut: boolean;
+}
+
+export interface TimingOptions {
+  /** Measurements wanted (the median is taken over them). */
+  reps: number;
+  /** No further measurement starts past this time (performance.now()) once `minReps` are done. */
+  deadline: number;
+  minReps?: number;
+  /** Wanted length of one measurement: R is the number of runs that fills it (at least 1, at most 500). */
+  targetMs?: number;
 }
 
 /**
- * Times `fn` as the GPU sees it without per-submit latency: a warm-up run, one run that measures
- * the peak bytes allocated above the inputs, then `reps` batches of `inner` back-to-back runs in
- * one submission each; a run's time is the batch's wall time / inner. `inner` is picked so that a
- * batch lasts about 50 ms. When one run alone is that long (inner = 1), the peak-measuring run is
- * timed exactly like a batch and counts as the first rep (on SwiftShader one SD-sized run can take
- * minutes). Frees what each run returns.
+ * Times `fn` (records one run: dispatches only, returns its outputs, which are freed) as the GPU sees it:
+ * a warm-up run (pipelines compiled, per-adapter choices made), one run that measures the peak bytes
+ * allocated above the inputs, one run that calibrates R, then `reps` measurements of R back-to-back runs.
+ * With timestamps, the R runs are recorded into one compute pass between one timestamp pair
+ * (Gpu.gpuTime); where an op splits the pass (it submits mid-way), per-dispatch timestamps (startProfile)
+ * are summed instead. Each measurement's wall time (record to completion, read-back of the timestamps
+ * included) is taken too. Per-run times are the measurement's / R.
  */
-export async function timeOurs(gpu: Gpu, fn: () => Tensor[], reps: number, deadline: number): Promise<Timing> {
-  gpu.free(...fn()); // warm-up: pipeline compilation
+export async function timeOurs(gpu: Gpu, fn: () => Tensor[], opts: TimingOptions): Promise<Timing> {
+  const targetMs = opts.targetMs ?? 5;
+  const minReps = Math.min(opts.reps, opts.minReps ?? 3);
+  gpu.free(...fn()); // warm-up
   await gpu.sync();
   const base = gpu.allocator.report().current;
   gpu.allocator.resetPeak();
-  const t0 = performance.now();
   gpu.free(...fn());
   await gpu.sync();
-  const single = performance.now() - t0;
   const peak = gpu.allocator.report().peak - base;
-  const inner = Math.max(1, Math.min(50, Math.floor(50 / Math.max(single, 0.01))));
-  const all: number[] = inner === 1 ? [single] : [];
-  const gpuMs: number[] = [];
-  const gpuTime = async () => {
-    let outs: Tensor[] = [];
-    gpuMs.push(await gpu.gpuTime(() => (outs = fn())));
-    gpu.free(...outs);
+  let method: Timing['method'] = gpu.hasTimestamps ? 'pass' : 'wall';
+  const runs = (n: number) => {
+    for (let i = 0; i < n; i++) gpu.free(...fn());
   };
-  // Timestamp queries cost one more run per rep: skipped for runs over 5 s, where wall time is GPU time.
-  const timestamps = gpu.hasTimestamps && single < 5000;
-  if (inner === 1 && timestamps) await gpuTime();
-  while (all.length < reps && (all.length === 0 || performance.now() < deadline)) {
-    const t1 = performance.now();
-    for (let i = 0; i < inner; i++) gpu.free(...fn());
-    await gpu.sync();
-    all.push((performance.now() - t1) / inner);
-    if (timestamps) await gpuTime();
-  }
-  return { all, peak, inner, gpuMs };
+  /** One measurement of `n` runs: [wall ms, GPU ns (NaN without timestamps)]. */
+  const measure = async (n: number): Promise<[number, number]> => {
+    const t0 = performance.now();
+    let ns = NaN;
+    if (method === 'pass') {
+      try {
+        ns = Math.round((await gpu.gpuTime(() => runs(n))) * 1e6);
+      } catch (e) {
+        if (!/spanned \d+ compute passes/.test((e as Error).message)) throw e;
+        await gpu.sync();
+        method = 'profile';
+        return measure(n);
+      }
+    } else if (method === 'profile') {
+      gpu.startProfile();
+      runs(n);
+      ns = Math.round((await gpu.stopProfile()).totalMs * 1e6);
+    } else {
+      runs(n);
+      await gpu.sync();
+    }
+    return [performance.now() - t0, ns];
+  };
+  const [wall1, ns1] = await measure(1);
+  const one = Number.isFinite(ns1) ? ns1 / 1e6 : wall1;
+  const repeat = Math.max(1, Math.min(500, Math.floor(targetMs / Math.max(one, 1e-3))));
+  const all: number[] = [];
+  const gpuMs: number[] = [];
+  const rawGpuNs: number[] = [];
+  const record = ([wall, ns]: [number, number]) => {
+    all.push(wall / repeat);
+    if (Number.isFinite(ns)) {
+      gpuMs.push(ns / 1e6 / repeat);
+      rawGpuNs.push(ns);
+    }
+  };
+  if (repeat === 1) record([wall1, ns1]); // the calibration run was already a measurement of one run
+  while (all.length < opts.reps && (all.length < minReps || performance.now() < opts.deadline)) record(await measure(repeat));
+  return { all, gpuMs, rawGpuNs, method, peak, repeat, cut: all.length < opts.reps };
 }
 
 function rand(gpu: Gpu, shape: number[], dtype: DType, seed: number): Tensor {
@@ -110,7 +178,7 @@ function rand(gpu: Gpu, shape: number[], dtype: DType, seed: number): Tensor {
 /** One thing we time for a shape: what it runs and which FLOP count applies. */
 interface Variant {
   impl: string;
-  pass: 'fwd' | 'fwdbwd';
+  pass: Pass;
   run: () => Tensor[];
   note?: string;
 }
@@ -124,10 +192,12 @@ function variants(gpu: Gpu, c: ShapeCase): { inputs: Tensor[]; list: Variant[] }
     return { inputs: [a, b], list: [{ impl: 'ours', pass: 'fwd', run: () => [matmul(gpu, a, b)] }] };
   }
   if (c.op === 'conv') {
+    const r = convKernel(c);
     const x = rand(gpu, [1, c.C!, c.H!, c.W!], dtype, 1);
-    const w = rand(gpu, [c.C!, c.C!, 3, 3], dtype, 2);
+    const w = rand(gpu, [c.C!, c.C!, r, r], dtype, 2);
     const bias = rand(gpu, [c.C!], dtype, 3);
-    return { inputs: [x, w, bias], list: [{ impl: 'ours', pass: 'fwd', run: () => [conv2d(gpu, x, w, bias, { stride: 1, padding: 1 })] }] };
+    const padding = (r - 1) / 2;
+    return { inputs: [x, w, bias], list: [{ impl: 'ours', pass: 'fwd', run: () => [conv2d(gpu, x, w, bias, { stride: 1, padding })] }] };
   }
   const q = rand(gpu, [1, c.H!, c.N!, c.D!], dtype, 1);
   const k = rand(gpu, [1, c.H!, c.M!, c.D!], dtype, 2);
@@ -185,50 +255,75 @@ export function planPeaks(planner: Gpu, c: ShapeCase): Map<string, number> {
 }
 
 export interface BenchOptions {
+  /** Measurements per variant (median over them). */
   reps: number;
-  /** Time budget per shape (ms): after the first rep, no further reps start past it. */
+  /** Measurements of naive attention, the baseline (slow on software adapters); `reps` when absent. */
+  naiveReps?: number;
+  /** Time budget per variant (ms): past it, no further measurement starts once 3 are done. */
   budgetMs?: number;
+  /** Wanted length of one measurement (ms): R runs fill it. */
+  targetMs?: number;
   /** A dry-run Gpu of the same kind: every measurement also gets its planned peak bytes. */
   planner?: Gpu;
   /** Naive attention is not run when one [H,N,M] score buffer exceeds this (its peak is still planned). */
   naiveMaxScoreBytes?: number;
 }
 
+/** What the timestamps of a set of measurements showed. */
+export interface TimestampReport {
+  /** Every raw duration a multiple of 65.536 us (Dawn's quantization on); undefined without timestamps. */
+  quantized: boolean | undefined;
+  /** Raw durations looked at. */
+  durations: number;
+  methods: string[];
+}
+
 /** Our measurements for one shape: the op's forward, plus flash vs naive fwd+bwd for attention. */
-export async function benchOurs(gpu: Gpu, c: ShapeCase, opts: BenchOptions): Promise<Measurement[]> {
+export async function benchOurs(gpu: Gpu, c: ShapeCase, opts: BenchOptions, rawNs: number[] = []): Promise<Measurement[]> {
   const dtype = gpu.computeDType;
-  const deadline = performance.now() + (opts.budgetMs ?? 120_000);
   const planned = opts.planner ? planPeaks(opts.planner, c) : new Map<string, number>();
   const out: Measurement[] = [];
   const { inputs, list } = variants(gpu, c);
   for (const v of list) {
-    const base = { id: c.id, label: c.label, impl: v.impl, dtype, plannedPeakBytes: planned.get(v.impl) };
-    const skip = v.impl.startsWith('naive') ? naiveSkipReason(gpu, c, opts.naiveMaxScoreBytes ?? Infinity) : undefined;
+    const base = { id: c.id, label: c.label, impl: v.impl, dtype, pass: v.pass, plannedPeakBytes: planned.get(v.impl) };
+    const naive = v.impl.startsWith('naive');
+    const skip = naive ? naiveSkipReason(gpu, c, opts.naiveMaxScoreBytes ?? Infinity) : undefined;
     if (skip) {
       out.push({ ...base, ms: NaN, all: [], gflops: NaN, note: `not run: ${skip}` });
       continue;
     }
     try {
-      const r = await timeOurs(gpu, v.run, opts.reps, deadline);
+      const reps = naive ? (opts.naiveReps ?? opts.reps) : opts.reps;
+      const r = await timeOurs(gpu, v.run, { reps, deadline: performance.now() + (opts.budgetMs ?? 600_000), targetMs: opts.targetMs });
+      rawNs.push(...r.rawGpuNs);
       const ms = median(r.all);
       const gpuMs = r.gpuMs.length ? median(r.gpuMs) : undefined;
-      const batching = r.inner > 1 ? `batches of ${r.inner} per submit` : '';
+      const how = {
+        pass: `timestamps around ${r.repeat} runs in one pass`,
+        profile: `per-dispatch timestamps summed over ${r.repeat} runs`,
+        wall: `${r.repeat} runs per submit`,
+      }[r.method];
       out.push({
         ...base,
         ms,
         gpuMs,
         all: r.all,
+        allGpu: r.gpuMs.length ? r.gpuMs : undefined,
+        repeat: r.repeat,
         gflops: flops(c, v.pass) / (gpuMs ?? ms) / 1e6,
         peakBytes: r.peak,
-        note: [v.note, batching].filter(Boolean).join('; ') || undefined,
+        note: [v.note, how, r.cut ? `only ${r.all.length} of ${reps} measurements (time budget)` : ''].filter(Boolean).join('; '),
       });
     } catch (e) {
-      out.push({ ...base, ms: NaN, all: [], gflops: NaN, note: `failed: ${(e as Error).message}` });
+      out.push({ ...base, ms: NaN, all: [], gflops: NaN, note: `failed: ${firstLine((e as Error).message)}` });
     }
   }
   gpu.free(...inputs);
   return out;
 }
+
+/** The first line of an error message, at most 200 characters (WebGPU validation errors run to pages). */
+export const firstLine = (message: string): string => message.split('\n')[0].slice(0, 200);
 
 /** Why naive attention is not run on this shape (undefined: it is). */
 function naiveSkipReason(gpu: Gpu, c: ShapeCase, maxScoreBytes: number): string | undefined {
@@ -239,39 +334,99 @@ function naiveSkipReason(gpu: Gpu, c: ShapeCase, maxScoreBytes: number): string 
   return undefined;
 }
 
+/** One comparison: our median against each peer's on the same case, pass and dtype. */
+export interface CaseComparison {
+  id: string;
+  label: string;
+  pass: Pass;
+  dtype: string;
+  /** Which time is compared: GPU timestamps (ours) vs the peer's own device time, or wall time for everyone. */
+  basis: 'gpu' | 'wall';
+  oursMs: number;
+  peersMs: Record<string, number>;
+  fastestPeer?: string;
+  /** Fastest peer's ms / ours: > 1 means ours is faster (speedup over the faster peer), < 1 slower. */
+  speedVsFastestPeer?: number;
+  /** Peers that were not run, and why. */
+  notRun?: Record<string, string>;
+}
+
+const isOurs = (m: Measurement) => m.impl.startsWith('ours');
+const isNaive = (m: Measurement) => m.impl.startsWith('naive');
+
 /**
- * Ratios the issue asks for, computed from one set of measurements. `gpuTimes`: compare our GPU
- * (timestamp) times, for peers that report GPU time too (PyTorch's CUDA events); otherwise wall
- * times measured the same way for everyone (the Chromium page).
+ * Per case, pass and dtype: our median against every peer's, and the speed ratio against the faster one.
+ * `gpuTimes`: compare our GPU (timestamp) times with the peers' reported times (PyTorch's CUDA events, or its
+ * CPU wall time where it runs on the CPU); otherwise wall times measured the same way for everyone (the page).
  */
-export function summarise(ms: Measurement[], gpuTimes = false): Record<string, number | string> {
+export function compare(ms: Measurement[], gpuTimes: boolean, notRun: Record<string, string> = {}): CaseComparison[] {
   const time = (m: Measurement) => (gpuTimes ? (m.gpuMs ?? m.ms) : m.ms);
-  const get = (id: string, impl: string) => ms.find((m) => m.id === id && m.impl === impl);
-  const s: Record<string, number | string> = {};
-  for (const id of ['self', 'cross']) {
-    const flash = get(id, 'ours (flash) fwd+bwd');
-    const naive = get(id, 'naive fwd+bwd');
-    if (!flash || !naive) continue;
-    if (Number.isFinite(naive.ms)) s[`${id}: naive/flash time (target >= 2)`] = time(naive) / time(flash);
-    else s[`${id}: naive/flash time (target >= 2)`] = `not measured (${naive.note ?? 'naive not run'})`;
-    if (naive.peakBytes !== undefined && flash.peakBytes !== undefined) s[`${id}: naive/flash peak bytes (target >= 10)`] = naive.peakBytes / flash.peakBytes;
-    else if (naive.plannedPeakBytes !== undefined && flash.plannedPeakBytes !== undefined) {
-      s[`${id}: naive/flash peak bytes, planned by a dry run (target >= 10)`] = naive.plannedPeakBytes / flash.plannedPeakBytes;
-    }
+  const out: CaseComparison[] = [];
+  for (const ours of ms.filter(isOurs)) {
+    const pass = ours.pass ?? 'fwd';
+    const peers = ms.filter((m) => m.id === ours.id && (m.pass ?? 'fwd') === pass && m.dtype === ours.dtype && !isOurs(m) && !isNaive(m));
+    const peersMs = Object.fromEntries(peers.filter((m) => Number.isFinite(m.ms)).map((m) => [m.impl, time(m)]));
+    const fastest = Object.entries(peersMs).sort((a, b) => a[1] - b[1])[0];
+    const missing = Object.fromEntries(
+      Object.entries(notRun)
+        .filter(([, why]) => why)
+        .map(([peer, why]) => [peer, why]),
+    );
+    for (const m of peers.filter((p) => !Number.isFinite(p.ms))) missing[m.impl] = m.note ?? 'failed';
+    out.push({
+      id: ours.id,
+      label: ours.label,
+      pass,
+      dtype: ours.dtype,
+      basis: gpuTimes && ours.gpuMs !== undefined ? 'gpu' : 'wall',
+      oursMs: time(ours),
+      peersMs,
+      fastestPeer: fastest?.[0],
+      speedVsFastestPeer: fastest && Number.isFinite(time(ours)) ? fastest[1] / time(ours) : undefined,
+      notRun: Object.keys(missing).length ? missing : undefined,
+    });
   }
-  for (const id of new Set(ms.map((m) => m.id))) {
-    const ours = ms.find((m) => m.id === id && (m.impl === 'ours' || m.impl === 'ours (flash)'));
-    const peers = ms.filter((m) => m.id === id && !m.impl.startsWith('ours') && !m.impl.startsWith('naive') && Number.isFinite(m.ms));
-    if (ours && peers.length) {
-      const best = peers.reduce((a, b) => (time(a) < time(b) ? a : b));
-      s[`${id}: fastest peer (${best.impl}) time / ours (target >= 1.5)`] = time(best) / time(ours);
-      const same = peers.filter((m) => m.dtype === ours.dtype);
-      if (same.length && !same.includes(best)) {
-        const b = same.reduce((x, y) => (time(x) < time(y) ? x : y));
-        s[`${id}: fastest ${ours.dtype} peer (${b.impl}) time / ours`] = time(b) / time(ours);
+  return out;
+}
+
+/** The comparison as a table: ours, each peer, and the speed ratio against the faster peer. */
+export function comparisonTable(rows: CaseComparison[]): string {
+  const peers = [...new Set(rows.flatMap((r) => Object.keys(r.peersMs)))];
+  const f = (x: number | undefined) => (x === undefined || !Number.isFinite(x) ? '-' : x < 10 ? x.toFixed(3) : x.toFixed(1));
+  const body = rows.map((r) => [
+    r.label,
+    r.pass === 'fwd' ? 'fwd' : 'fwd+bwd',
+    r.dtype,
+    f(r.oursMs),
+    ...peers.map((p) => f(r.peersMs[p])),
+    r.speedVsFastestPeer === undefined ? '-' : `${r.speedVsFastestPeer.toFixed(2)}x`,
+  ]);
+  const head = ['case', 'pass', 'dtype', 'ours ms', ...peers.map((p) => `${p} ms`), 'fastest peer / ours'];
+  const w = head.map((h, i) => Math.max(h.length, ...body.map((r) => r[i].length)));
+  const line = (r: string[]) => r.map((c, i) => c.padEnd(w[i])).join('  ');
+  return [line(head), line(w.map((x) => '-'.repeat(x))), ...body.map(line), '(fastest peer / ours: > 1 = ours faster by that factor, < 1 = ours slower)'].join(
+    '\n',
+  );
+}
+
+/** Flash vs naive attention (issue 2's targets): time and peak bytes, per dtype. */
+export function flashVsNaive(ms: Measurement[], gpuTimes = false): Record<string, number | string> {
+  const time = (m: Measurement) => (gpuTimes ? (m.gpuMs ?? m.ms) : m.ms);
+  const s: Record<string, number | string> = {};
+  for (const dtype of new Set(ms.map((m) => m.dtype)))
+    for (const id of new Set(ms.map((m) => m.id))) {
+      const flash = ms.find((m) => m.id === id && m.dtype === dtype && m.impl === 'ours (flash) fwd+bwd');
+      const naive = ms.find((m) => m.id === id && m.dtype === dtype && m.impl === 'naive fwd+bwd');
+      if (!flash || !naive) continue;
+      const key = `${id} ${dtype}`;
+      if (Number.isFinite(naive.ms)) s[`${key}: naive/flash time (target >= 2)`] = time(naive) / time(flash);
+      else s[`${key}: naive/flash time (target >= 2)`] = `not measured (${naive.note ?? 'naive not run'})`;
+      if (naive.peakBytes !== undefined && flash.peakBytes !== undefined)
+        s[`${key}: naive/flash peak bytes (target >= 10)`] = naive.peakBytes / flash.peakBytes;
+      else if (naive.plannedPeakBytes !== undefined && flash.plannedPeakBytes !== undefined) {
+        s[`${key}: naive/flash peak bytes, planned by a dry run (target >= 10)`] = naive.plannedPeakBytes / flash.plannedPeakBytes;
       }
     }
-  }
   return s;
 }
 
@@ -285,18 +440,34 @@ export function table(ms: Measurement[]): string {
   const mib = (b?: number) => (b !== undefined ? (b / 2 ** 20).toFixed(1) : '');
   const rows = ms.map((m) => [
     m.label,
-    m.impl,
+    m.pass === 'fwdbwd' && !m.impl.includes('fwd+bwd') ? `${m.impl} fwd+bwd` : m.impl,
     m.dtype,
-    Number.isFinite(m.ms) ? m.ms.toFixed(2) : '-',
+    Number.isFinite(m.ms) ? m.ms.toFixed(3) : '-',
     m.gpuMs !== undefined ? m.gpuMs.toFixed(3) : '',
     Number.isFinite(m.gflops) ? m.gflops.toFixed(1) : '-',
     `${m.all.length || ''}`,
+    `${m.repeat ?? ''}`,
     mib(m.peakBytes),
     mib(m.plannedPeakBytes),
-    m.note ?? '',
+    (m.note ?? '').slice(0, 120),
   ]);
-  const head = ['shape', 'impl', 'dtype', 'wall ms', 'GPU ms', 'GFLOP/s', 'reps', 'peak MiB', 'planned MiB', 'note'];
+  const head = ['shape', 'impl', 'dtype', 'wall ms', 'GPU ms', 'GFLOP/s', 'reps', 'R', 'peak MiB', 'planned MiB', 'note'];
   const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
   const line = (r: string[]) => r.map((c, i) => c.padEnd(w[i])).join('  ');
   return [line(head), line(w.map((x) => '-'.repeat(x))), ...rows.map(line)].join('\n');
+}
+
+/** A file-name slug for an adapter: 'swiftshader', 'lavapipe', or the GPU's name ('nvidia-h200'). */
+export function adapterSlug(a: { vendor: string; architecture: string; device: string; description: string }): string {
+  const all = `${a.vendor} ${a.architecture} ${a.device} ${a.description}`.toLowerCase();
+  if (all.includes('swiftshader')) return 'swiftshader';
+  if (all.includes('llvmpipe') || all.includes('lavapipe')) return 'lavapipe';
+  const model = /\b([a-z]{0,3}\d{2,4}[a-z]*)\b/.exec(`${a.device} ${a.description}`.toLowerCase().replace(/nvidia|geforce|rtx|tesla/g, ''));
+  const name = [a.vendor || 'gpu', model?.[1] ?? a.architecture].filter(Boolean).join('-');
+  return (
+    name
+      .replace(/[^a-z0-9]+/gi, '-')
+      .replace(/^-|-$/g, '')
+      .toLowerCase() || 'gpu'
+  );
 }

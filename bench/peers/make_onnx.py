@@ -17,8 +17,12 @@ class MatMul(torch.nn.Module):
 
 
 class Conv(torch.nn.Module):
+    def __init__(self, r):
+        super().__init__()
+        self.padding = (r - 1) // 2
+
     def forward(self, x, w, b):
-        return torch.nn.functional.conv2d(x, w, b, stride=1, padding=1)
+        return torch.nn.functional.conv2d(x, w, b, stride=1, padding=self.padding)
 
 
 class Attention(torch.nn.Module):
@@ -37,12 +41,16 @@ def export(name, module, inputs, names):
 
 
 os.makedirs(OUT, exist_ok=True)
+for old in os.listdir(OUT):
+    if old.endswith(".onnx"):
+        os.remove(os.path.join(OUT, old))
 for size in ("full", "quick"):
     for c in SHAPES[size]:
         tag = f"{size}-{c['id']}"
         if c["op"] == "matmul":
             export(tag, MatMul(), [[c["M"], c["K"]], [c["K"], c["N"]]], ["a", "b"])
         elif c["op"] == "conv":
-            export(tag, Conv(), [[1, c["C"], c["H"], c["W"]], [c["C"], c["C"], 3, 3], [c["C"]]], ["x", "w", "b"])
+            r = c.get("R", 3)
+            export(tag, Conv(r), [[1, c["C"], c["H"], c["W"]], [c["C"], c["C"], r, r], [c["C"]]], ["x", "w", "b"])
         else:
             export(tag, Attention(c["D"]), [[c["H"], c["N"], c["D"]], [c["H"], c["M"], c["D"]], [c["H"], c["M"], c["D"]]], ["q", "k", "v"])

@@ -1,62 +1,118 @@
-"""PyTorch peer for bench/kernels-node.ts: the same shapes on CUDA (when present), f16 and f32
-(TF32 off), median ms over reps after warm-up, timed with CUDA events. Prints one JSON line.
-Usage: python3 bench/peers/torch_kernels.py <full|quick> <reps>"""
+"""PyTorch peer for bench/kernels-node.ts: the shapes of bench/shapes.json, timed like ours: R back-to-back
+runs per measurement (R fills --target-ms), median of <reps> measurements after a warm-up.
+f32 with TF32 off; fp16 where the device has it (CUDA). On CUDA the time is CUDA events around the R runs;
+on the CPU it is wall time (torch has no fast CPU fp16 path in 1.x: fp16 is reported as not run).
+Attention: scaled_dot_product_attention (torch >= 2.0; flash / memory-efficient kernels on CUDA) and the
+naive softmax(QKᵀ/√d)V, forward and forward+backward.
+Prints one JSON line. Usage: python3 bench/peers/torch_kernels.py <full|quick> <reps> [--device cpu|cuda]
+[--dtypes f32,f16] [--target-ms 5] [--only id,id]"""
+import argparse
 import json
 import math
 import os
-import sys
+import statistics
+import time
 
 import torch
 
-size, reps = sys.argv[1], int(sys.argv[2])
-shapes = json.load(open(os.path.join(os.path.dirname(__file__), "..", "shapes.json")))[size]
-if not torch.cuda.is_available():
+ap = argparse.ArgumentParser()
+ap.add_argument("size", choices=["full", "quick"])
+ap.add_argument("reps", type=int)
+ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+ap.add_argument("--dtypes", default="f32,f16")
+ap.add_argument("--target-ms", type=float, default=5.0)
+ap.add_argument("--only", default="")
+args = ap.parse_args()
+
+shapes = json.load(open(os.path.join(os.path.dirname(__file__), "..", "shapes.json")))[args.size]
+if args.only:
+    shapes = [c for c in shapes if c["id"] in args.only.split(",")]
+cuda = args.device.startswith("cuda")
+if cuda and not torch.cuda.is_available():
     print(json.dumps({"error": "no CUDA device"}))
-    sys.exit(0)
+    raise SystemExit(0)
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
-dev = torch.device("cuda")
+dev = torch.device(args.device)
+sdpa = getattr(torch.nn.functional, "scaled_dot_product_attention", None)
+not_run = {}
+if sdpa is None:
+    not_run["torch sdpa"] = f"torch {torch.__version__} has no scaled_dot_product_attention (added in 2.0)"
+
+
+def sync():
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def measure(fn, n):
+    """Milliseconds of n back-to-back runs (CUDA events on a GPU, wall time on the CPU)."""
+    sync()
+    if cuda:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(n):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        return a.elapsed_time(b)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) * 1e3
 
 
 def timed(fn):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+    fn()  # warm-up
+    one = measure(fn, 1)
+    repeat = max(1, min(500, int(args.target_ms / max(one, 1e-3))))
+    per_run = [one] if repeat == 1 else []
+    while len(per_run) < args.reps:
+        per_run.append(measure(fn, repeat) / repeat)
+    return {"ms": statistics.median(per_run), "all": per_run, "repeat": repeat}
 
 
 out = []
-for dtype in (torch.float16, torch.float32):
-    name = "f16" if dtype == torch.float16 else "f32"
-    for c in shapes:
-        r = lambda *s: torch.randn(*s, device=dev, dtype=dtype) * 0.5  # noqa: E731
-        if c["op"] == "matmul":
-            a, b = r(c["M"], c["K"]), r(c["K"], c["N"])
-            out.append({"id": c["id"], "impl": f"torch {name}", "ms": timed(lambda: a @ b)})
-        elif c["op"] == "conv":
-            x, w, bias = r(1, c["C"], c["H"], c["W"]), r(c["C"], c["C"], 3, 3), r(c["C"])
-            out.append({"id": c["id"], "impl": f"torch {name}", "ms": timed(lambda: torch.nn.functional.conv2d(x, w, bias, padding=1))})
-        else:
-            q, k, v = r(1, c["H"], c["N"], c["D"]), r(1, c["H"], c["M"], c["D"]), r(1, c["H"], c["M"], c["D"])
-            sdpa = torch.nn.functional.scaled_dot_product_attention
-            out.append({"id": c["id"], "impl": f"torch sdpa {name}", "ms": timed(lambda: sdpa(q, k, v))})
+for name in args.dtypes.split(","):
+    dtype = {"f32": torch.float32, "f16": torch.float16}[name]
+    if name == "f16" and not cuda:
+        not_run[f"torch {name}"] = "fp16 not run on the CPU (no fast CPU fp16 kernels in this torch)"
+        continue
 
-            def naive():
-                return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(c["D"]), -1) @ v
-            out.append({"id": c["id"], "impl": f"torch naive {name}", "ms": timed(naive)})
+    def r(*s):
+        return torch.randn(*s, device=dev, dtype=dtype) * 0.5
+
+    def add(c, impl, pass_, fn):
+        out.append({"id": c["id"], "impl": impl, "pass": pass_, "dtype": name, **timed(fn)})
+
+    with torch.no_grad():
+        for c in shapes:
+            if c["op"] == "matmul":
+                a, b = r(c["M"], c["K"]), r(c["K"], c["N"])
+                add(c, "torch", "fwd", lambda: a @ b)
+            elif c["op"] == "conv":
+                k = c.get("R", 3)
+                x, w, bias = r(1, c["C"], c["H"], c["W"]), r(c["C"], c["C"], k, k), r(c["C"])
+                add(c, "torch", "fwd", lambda: torch.nn.functional.conv2d(x, w, bias, padding=(k - 1) // 2))
+    for c in [c for c in shapes if c["op"] == "attention"]:
+        q, k, v = r(1, c["H"], c["N"], c["D"]), r(1, c["H"], c["M"], c["D"]), r(1, c["H"], c["M"], c["D"])
+        do = r(1, c["H"], c["N"], c["D"])
+        scale = 1 / math.sqrt(c["D"])
+
+        def naive(q, k, v):
+            return torch.softmax((q @ k.transpose(-1, -2)) * scale, -1) @ v
+
+        impls = [("torch naive", naive)] + ([("torch sdpa", sdpa)] if sdpa else [])
+        for impl, f in impls:
+            with torch.no_grad():
+                add(c, impl, "fwd", lambda: f(q, k, v))
             qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-            do = r(1, c["H"], c["N"], c["D"])
 
             def fb():
-                y = sdpa(qg, kg, vg)
-                y.backward(do)
-            out.append({"id": c["id"], "impl": f"torch sdpa fwd+bwd {name}", "ms": timed(fb)})
-print(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "results": out}))
+                y = f(qg, kg, vg)
+                torch.autograd.grad(y, (qg, kg, vg), do)
+
+            add(c, impl, "fwdbwd", fb)
+
+device_name = torch.cuda.get_device_name(0) if cuda else f"CPU ({torch.get_num_threads()} threads)"
+print(json.dumps({"device": device_name, "torch": torch.__version__, "time": "CUDA events" if cuda else "wall (CPU)", "notRun": not_run, "results": out}))
