@@ -457,13 +457,16 @@ export function table(ms: Measurement[]): string {
   return [line(head), line(w.map((x) => '-'.repeat(x))), ...rows.map(line)].join('\n');
 }
 
-/** A file-name slug for an adapter: 'swiftshader', 'lavapipe', or the GPU's name ('nvidia-h200'). */
+/**
+ * A file-name slug for an adapter: 'swiftshader', 'lavapipe', or the vendor and model ('nvidia-h200') from the
+ * device name (Dawn in Node reports it; Chrome may not, leaving the vendor and architecture: 'nvidia-hopper').
+ */
 export function adapterSlug(a: { vendor: string; architecture: string; device: string; description: string }): string {
   const all = `${a.vendor} ${a.architecture} ${a.device} ${a.description}`.toLowerCase();
   if (all.includes('swiftshader')) return 'swiftshader';
   if (all.includes('llvmpipe') || all.includes('lavapipe')) return 'lavapipe';
-  const model = /\b([a-z]{0,3}\d{2,4}[a-z]*)\b/.exec(`${a.device} ${a.description}`.toLowerCase().replace(/nvidia|geforce|rtx|tesla/g, ''));
-  const name = [a.vendor || 'gpu', model?.[1] ?? a.architecture].filter(Boolean).join('-');
+  const model = /\b([a-z]{0,3}\d{2,4}[a-z]*)\b/.exec(a.device.toLowerCase().replace(/nvidia|geforce|rtx|tesla|amd|radeon|intel/g, ''))?.[1];
+  const name = [a.vendor || 'gpu', model ?? a.architecture].filter(Boolean).join('-');
   return (
     name
       .replace(/[^a-z0-9]+/gi, '-')

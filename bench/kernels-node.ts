@@ -10,6 +10,7 @@
 // (default /usr/bin/python3, Debian's python3-torch).
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { cpus, loadavg } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { nodeGpu, DAWN_DISABLE, DAWN_ENABLE } from '../src/gpu/node.ts';
@@ -30,6 +31,7 @@ import {
 import { gitCommit } from './git.ts';
 
 const started = performance.now();
+const loadAtStart = loadavg();
 const here = dirname(fileURLToPath(import.meta.url));
 const args = process.argv.slice(2);
 const arg = (name: string) => (args.includes(name) ? args[args.indexOf(name) + 1] : undefined);
@@ -122,6 +124,12 @@ writeFileSync(
     {
       date: new Date().toISOString(),
       commit,
+      machine: {
+        cpus: cpus().length,
+        loadAverage1mAtStart: loadAtStart[0],
+        loadAverage1mAtEnd: loadavg()[0],
+        note: 'load averages above the core count mean other work shared the CPU: timings are then noisy',
+      },
       host: 'node (Dawn, the webgpu package)',
       dawnToggles: { enabled: DAWN_ENABLE, disabled: DAWN_DISABLE },
       adapter,

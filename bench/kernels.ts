@@ -9,6 +9,7 @@
 // --out FILE.
 import { execFileSync } from 'node:child_process';
 import { cpSync, mkdirSync, readdirSync, writeFileSync } from 'node:fs';
+import { cpus, loadavg } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
@@ -17,6 +18,7 @@ import { adapterSlug, compare, comparisonTable, flashVsNaive, pickLimits, table,
 import { gitCommit } from './git.ts';
 
 const started = performance.now();
+const loadAtStart = loadavg();
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, '..');
 const args = process.argv.slice(2);
@@ -100,6 +102,12 @@ try {
       {
         date: new Date().toISOString(),
         commit,
+        machine: {
+          cpus: cpus().length,
+          loadAverage1mAtStart: loadAtStart[0],
+          loadAverage1mAtEnd: loadavg()[0],
+          note: 'load averages above the core count mean other work shared the CPU: timings are then noisy',
+        },
         host: `chromium ${browser.version()}`,
         chromiumSwitches: DAWN_SWITCHES,
         adapter,
