@@ -3,6 +3,7 @@
 // built from batched matmul + softmax, which materialises it (the benchmark baseline).
 import type { Gpu } from '../gpu/device.ts';
 import { kernel } from '../gpu/kernel.ts';
+import type { Defs } from '../gpu/shaders.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { expectSameDType, Tensor } from '../gpu/tensor.ts';
 import { scale as scaleOp } from './elementwise.ts';
@@ -18,6 +19,11 @@ export interface AttentionOptions {
   layout?: AttentionLayout;
   /** Query i attends to keys j <= i only (CLIP's text encoder). Needs M = N. */
   causal?: boolean;
+  /**
+   * Forward tile shape (tests): an FA-2 tile, or null for the one-row-per-invocation general path.
+   * Defaults to fwdTile(D, the device's workgroup memory).
+   */
+  tile?: FwdTile | null;
 }
 
 /** Largest head dim: each invocation keeps a few D-vectors in registers. */
@@ -90,12 +96,179 @@ const SPLIT_DIMS = [...DIMS, { name: 'q_split', type: 'u32' }] as const;
 const read = (name: string, type = 'T') => ({ name, type, access: 'read' }) as const;
 const write = (name: string, type = 'T') => ({ name, type, access: 'read_write' }) as const;
 
+/**
+ * FA-2 forward tile: TR x TC invocations; each owns RM query rows x RN key columns of the BR x BC score
+ * tile (BR = TR * RM, BC = TC * RN) and RM rows x DC vec4 chunks of O (DC = ceil(D4 / TC)).
+ */
+export interface FwdTile {
+  RM: number;
+  RN: number;
+  TC: number;
+  TR: number;
+}
+
+/** Workgroup bytes of the FA-2 forward: Q block, K/V tile (f32 vec4 chunks), P tile, row partials. */
+function fwdBytes(t: FwdTile, D4: number): number {
+  const BR = t.TR * t.RM;
+  const BC = t.TC * t.RN;
+  return (BR + BC) * D4 * 16 + BR * BC * 4 + BR * t.TC * 4;
+}
+
+/**
+ * The FA-2 tile for head dim D under a workgroup-memory limit, or null (then the one-row-per-invocation
+ * path runs). TC divides D4 where it can (no idle O chunks: D40 -> 5, D64/D80/D160 -> 4); about 64
+ * invocations; 4 x 4 register blocks, halved until the tiles fit.
+ */
+export function fwdTile(D: number, wgBytes: number): FwdTile | null {
+  const D4 = Math.ceil(D / 4);
+  const TC = [4, 5, 8, 2].find((t) => D4 % t === 0) ?? Math.min(4, D4);
+  const TR = Math.min(16, Math.floor(64 / TC));
+  for (const [RM, RN] of [
+    [4, 4],
+    [4, 2],
+    [2, 4],
+    [2, 2],
+    [1, 2],
+    [1, 1],
+  ]) {
+    const t = { RM, RN, TC, TR };
+    if (fwdBytes(t, D4) <= wgBytes) return t;
+  }
+  return null;
+}
+
+const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+
+/**
+ * The FA-2 forward entry point, unrolled for one tile shape: every register block (scores a/s/p, O
+ * chunks o, prefetched K/V kp/vp) is a separate variable, so nothing is indexed by a loop counter.
+ * The loops over the D4 chunks and the BC keys of a tile have constant bounds.
+ */
+function fwdCode(defs: Defs): string {
+  const n = (k: string) => defs[k] as number;
+  const [R, J, I, L] = [range(n('RM')), range(n('RN')), range(n('DC')), range(n('KL'))];
+  const RJ = R.flatMap((r) => J.map((j) => [r, j]));
+  const RI = R.flatMap((r) => I.map((i) => [r, i]));
+  const lines = (xs: number[][] | number[], f: (...a: number[]) => string) => xs.map((x) => (Array.isArray(x) ? f(...x) : f(x))).join('\n    ');
+  const maxOf = (xs: string[]) => xs.reduce((a, b) => `max(${a}, ${b})`);
+  const sumOf = (xs: string[]) => xs.reduce((a, b) => `(${a} + ${b})`);
+  return `
+@compute @workgroup_size(TR * TC)
+fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let t = task(wid);
+  let tr = lid / TC;
+  let tc = lid % TC;
+  stage_q(t, lid);
+  ${lines(
+    R,
+    (r) => `let lr${r} = tr * RM + ${r}u;
+    var m${r} = NEG_BIG;
+    var l${r} = 0.0;`,
+  )}
+  ${lines(RI, (r, i) => `var o${r}_${i} = vec4<f32>(0.0);`)}
+  ${lines(
+    L,
+    (l) => `var kp${l} = load_k(t, 0u, lid + ${l}u * WG);
+    var vp${l} = vec4<f32>(0.0);`,
+  )}
+  let tiles = key_tiles(t.row0);
+  for (var ti = 0u; ti < tiles; ti++) {
+    let kt = ti * BC;
+    // K tile into workgroup memory; this tile's V into registers meanwhile.
+    ${lines(
+      L,
+      (l) => `store_kv(lid + ${l}u * WG, kp${l});
+    vp${l} = load_v(t, kt, lid + ${l}u * WG);`,
+    )}
+    workgroupBarrier();
+    // S block = Q rows . K columns (scale folded into Q).
+    ${lines(RJ, (r, j) => `var a${r}_${j} = vec4<f32>(0.0);`)}
+    for (var c = 0u; c < D4; c++) {
+      ${lines(R, (r) => `let q${r} = qs[lr${r} * D4 + c];`)}
+      ${lines(J, (j) => `let k${j} = kv[(${j}u * TC + tc) * D4 + c];`)}
+      ${lines(RJ, (r, j) => `a${r}_${j} = fma(q${r}, k${j}, a${r}_${j});`)}
+    }
+    ${lines(RJ, (r, j) => `var s${r}_${j} = hsum(a${r}_${j});`)}
+    if (CAUSAL || kt + BC > p.m) {
+      ${lines(RJ, (r, j) => `s${r}_${j} = mask_score(s${r}_${j}, t.row0 + lr${r}, kt + ${j}u * TC + tc);`)}
+    }
+    // Row max across the TC invocations sharing the row; rescale l and O to it.
+    ${lines(R, (r) => `red[lr${r} * TC + tc] = ${maxOf(J.map((j) => `s${r}_${j}`))};`)}
+    workgroupBarrier();
+    ${lines(
+      R,
+      (r) => `let mn${r} = max(m${r}, row_max(lr${r}));
+    let corr${r} = exp(m${r} - mn${r});
+    m${r} = mn${r};`,
+    )}
+    ${lines(
+      RJ,
+      (r, j) => `let p${r}_${j} = exp(s${r}_${j} - mn${r});
+    ps[lr${r} * BC + ${j}u * TC + tc] = p${r}_${j};`,
+    )}
+    ${lines(R, (r) => `l${r} = l${r} * corr${r} + ${sumOf(J.map((j) => `p${r}_${j}`))};`)}
+    ${lines(RI, (r, i) => `o${r}_${i} *= corr${r};`)}
+    workgroupBarrier(); // K and the row maxima read, P written
+    // V tile into workgroup memory; the next K tile into registers meanwhile.
+    ${lines(L, (l) => `store_kv(lid + ${l}u * WG, vp${l});`)}
+    if (ti + 1u < tiles) {
+      ${lines(L, (l) => `kp${l} = load_k(t, kt + BC, lid + ${l}u * WG);`)}
+    }
+    workgroupBarrier();
+    // O block += P block . V tile.
+    for (var j = 0u; j < BC; j++) {
+      ${lines(R, (r) => `let pw${r} = vec4<f32>(ps[lr${r} * BC + j]);`)}
+      ${lines(I, (i) => `let v${i} = kv[j * D4 + min(${i}u * TC + tc, D4 - 1u)];`)}
+      ${lines(RI, (r, i) => `o${r}_${i} = fma(pw${r}, v${i}, o${r}_${i});`)}
+    }
+    workgroupBarrier();
+  }
+  // Row sums across the TC invocations, in a fixed order; O = o / l, LSE = m + log l.
+  ${lines(R, (r) => `red[lr${r} * TC + tc] = l${r};`)}
+  workgroupBarrier();
+  ${lines(
+    R,
+    (r) => `let lt${r} = row_sum(lr${r});
+    if (tc == 0u) { store_lse(t, lr${r}, m${r}, lt${r}); }`,
+  )}
+  ${lines(RI, (r, i) => `store_out(t, lr${r}, ${i}u * TC + tc, o${r}_${i} / lt${r});`)}
+}
+`;
+}
+
 const ATTN_FWD = kernel({
   shader: 'attention',
   entry: 'attn_fwd',
   uniforms: DIMS,
   bindings: [read('q'), read('k'), read('v'), write('out'), write('lse', 'f32')],
+  code: fwdCode,
 });
+
+/** General forward path (head dims whose FA-2 tiles do not fit): one invocation per query row. */
+const ATTN_FWD_ROWS = kernel({
+  shader: 'attention',
+  entry: 'attn_fwd_rows',
+  uniforms: DIMS,
+  bindings: [read('q'), read('k'), read('v'), write('out'), write('lse', 'f32')],
+});
+
+/** Defs of the FA-2 forward for these dims and tile. */
+function fwdDefs(d: Dims, dtype: Tensor['dtype'], t: FwdTile): Defs {
+  const D4 = Math.ceil(d.D / 4);
+  const WG = t.TR * t.TC;
+  const BC = t.TC * t.RN;
+  return {
+    T: dtype,
+    D: d.D,
+    D4,
+    BR: t.TR * t.RM,
+    BC,
+    ...t,
+    DC: Math.ceil(D4 / t.TC),
+    KL: Math.ceil((BC * D4) / WG),
+    CAUSAL: d.causal,
+  };
+}
 
 const ATTN_BWD_DELTA = kernel({
   shader: 'attention',
@@ -177,7 +350,12 @@ export function flashAttention(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor, opts: 
   const out = gpu.tensor(q.shape, q.dtype, 'activations', 'attention.out');
   const lse = gpu.tensor([d.B, d.H, d.N], 'f32', 'activations', 'attention.lse');
   checkBindable(gpu, 'flashAttention', q, k, v, out);
-  gpu.run(ATTN_FWD, { defs: shaderDefs(d, q.dtype), uniforms: uniforms(d), bindings: { q, k, v, out, lse }, workgroups: rowGroups(d, d.N) });
+  const bindings = { q, k, v, out, lse };
+  const tile = opts.tile === undefined ? fwdTile(d.D, gpu.device.limits.maxComputeWorkgroupStorageSize) : opts.tile;
+  if (tile) {
+    const BR = tile.TR * tile.RM;
+    gpu.run(ATTN_FWD, { defs: fwdDefs(d, q.dtype, tile), uniforms: uniforms(d), bindings, workgroups: [Math.ceil(d.N / BR), d.B * d.H] });
+  } else gpu.run(ATTN_FWD_ROWS, { defs: shaderDefs(d, q.dtype), uniforms: uniforms(d), bindings, workgroups: rowGroups(d, d.N) });
   return { out, lse };
 }
 
