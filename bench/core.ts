@@ -107,8 +107,8 @@ export interface TimingOptions {
 
 /**
  * Times `fn` (records one run: dispatches only, returns its outputs, which are freed) as the GPU sees it:
- * a warm-up run (pipelines compiled, per-adapter choices made), one run that measures the peak bytes
- * allocated above the inputs, one or two runs that calibrate R, then `reps` measurements of R back-to-back runs.
+ * a warm-up run (pipelines compiled, per-adapter choices made), one or two runs that calibrate R (the first
+ * also measures the peak bytes allocated above the inputs), then `reps` measurements of R back-to-back runs.
  * With timestamps, the R runs are recorded into one compute pass between one timestamp pair
  * (Gpu.gpuTime); where an op splits the pass (it submits mid-way), per-dispatch timestamps (startProfile)
  * are summed instead. Each measurement's wall time (record to completion, read-back of the timestamps
@@ -119,11 +119,6 @@ export async function timeOurs(gpu: Gpu, fn: () => Tensor[], opts: TimingOptions
   const minReps = Math.min(opts.reps, opts.minReps ?? 3);
   gpu.free(...fn()); // warm-up
   await gpu.sync();
-  const base = gpu.allocator.report().current;
-  gpu.allocator.resetPeak();
-  gpu.free(...fn());
-  await gpu.sync();
-  const peak = gpu.allocator.report().peak - base;
   let method: Timing['method'] = gpu.hasTimestamps ? 'pass' : 'wall';
   const runs = (n: number) => {
     for (let i = 0; i < n; i++) gpu.free(...fn());
@@ -152,7 +147,10 @@ export async function timeOurs(gpu: Gpu, fn: () => Tensor[], opts: TimingOptions
     return [performance.now() - t0, ns];
   };
   const perRun = ([wall, ns]: [number, number]) => (Number.isFinite(ns) ? ns / 1e6 : wall);
-  let first = await measure(1);
+  const base = gpu.allocator.report().current;
+  gpu.allocator.resetPeak();
+  let first = await measure(1); // also the run whose peak bytes above the inputs are reported
+  const peak = gpu.allocator.report().peak - base;
   // A short run is calibrated again: the first timed pass pays one-off costs (query sets, the resolve path)
   // that would make R far too small. A run longer than the target is stable enough to count as a measurement.
   const short = perRun(first) < targetMs;
@@ -261,7 +259,7 @@ export function planPeaks(planner: Gpu, c: ShapeCase): Map<string, number> {
 export interface BenchOptions {
   /** Measurements per variant (median over them). */
   reps: number;
-  /** Measurements of naive attention, the baseline (slow on software adapters); `reps` when absent. */
+  /** Measurements of naive attention, the baseline (slow on software adapters); `reps` when absent, 0: not timed. */
   naiveReps?: number;
   /** Time budget per variant (ms): past it, no further measurement starts once 3 are done. */
   budgetMs?: number;
@@ -291,7 +289,7 @@ export async function benchOurs(gpu: Gpu, c: ShapeCase, opts: BenchOptions, rawN
   for (const v of list) {
     const base = { id: c.id, label: c.label, impl: v.impl, dtype, pass: v.pass, plannedPeakBytes: planned.get(v.impl) };
     const naive = v.impl.startsWith('naive');
-    const skip = naive ? naiveSkipReason(gpu, c, opts.naiveMaxScoreBytes ?? Infinity) : undefined;
+    const skip = naive ? naiveSkipReason(gpu, c, opts.naiveMaxScoreBytes ?? Infinity, opts.naiveReps) : undefined;
     if (skip) {
       out.push({ ...base, ms: NaN, all: [], gflops: NaN, note: `not run: ${skip}` });
       continue;
@@ -330,7 +328,8 @@ export async function benchOurs(gpu: Gpu, c: ShapeCase, opts: BenchOptions, rawN
 export const firstLine = (message: string): string => message.split('\n')[0].slice(0, 200);
 
 /** Why naive attention is not run on this shape (undefined: it is). */
-function naiveSkipReason(gpu: Gpu, c: ShapeCase, maxScoreBytes: number): string | undefined {
+function naiveSkipReason(gpu: Gpu, c: ShapeCase, maxScoreBytes: number, reps?: number): string | undefined {
+  if (reps === 0) return 'naive attention not timed (--naive-reps 0, the --quick default; its peak is planned)';
   const scoreBytes = c.H! * c.N! * c.M! * (gpu.computeDType === 'f16' ? 2 : 4);
   const mib = (b: number) => `${(b / 2 ** 20).toFixed(0)} MiB`;
   if (scoreBytes > gpu.device.limits.maxBufferSize) return `scores of ${mib(scoreBytes)} exceed maxBufferSize ${mib(gpu.device.limits.maxBufferSize)}`;

@@ -4,7 +4,7 @@
 // CUDA events around R runs (or CPU wall time where torch has no CUDA), median of --reps measurements (>= 10).
 // Writes bench/results/kernels-<adapter>.json: kernels-lavapipe.json, kernels-node-nvidia-h200.json, ...
 // Flags: --quick (scaled-down shapes), --reps N (default 10), --dtypes f16,f32, --only id,id, --out FILE,
-// --budget SECONDS (per variant), --target-ms MS (length of one measurement, default 5), --naive-reps N,
+// --budget SECONDS (per variant), --target-ms MS (length of one measurement, default 5), --naive-reps N (quick: 0, not timed),
 // --naive-max-mib MIB (naive attention not timed past this much of scores; its peak is still planned),
 // --no-torch, --torch-device cpu|cuda (default: cuda when torch has it). PYTHON picks the interpreter
 // (default /usr/bin/python3, Debian's python3-torch).
@@ -37,7 +37,8 @@ const args = process.argv.slice(2);
 const arg = (name: string) => (args.includes(name) ? args[args.indexOf(name) + 1] : undefined);
 const quick = args.includes('--quick');
 const reps = Number(arg('--reps')) || 10;
-const naiveReps = Number(arg('--naive-reps')) || (quick ? 3 : reps);
+// Naive attention is issue 2's baseline, not a peer: --quick does not time it unless --naive-reps N asks.
+const naiveReps = arg('--naive-reps') !== undefined ? Number(arg('--naive-reps')) : quick ? 0 : reps;
 const budgetMs = (Number(arg('--budget')) || 600) * 1000;
 const targetMs = Number(arg('--target-ms')) || 5;
 const naiveMaxScoreBytes = arg('--naive-max-mib') ? Number(arg('--naive-max-mib')) * 2 ** 20 : Infinity;
