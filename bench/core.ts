@@ -356,11 +356,12 @@ export interface CaseComparison {
 
 const isOurs = (m: Measurement) => m.impl.startsWith('ours');
 
-/** Does a peer that was not run ('torch f16', 'torch sdpa', 'torch') concern this measurement of ours? */
+/** Does a peer that was not run ('torch f16', 'torch sdpa', 'onnxruntime-web fwd+bwd') concern this measurement of ours? */
 function notRunApplies(peer: string, ours: Measurement): boolean {
   const dtype = /\b(f16|f32)\b/.exec(peer)?.[1];
   if (dtype && dtype !== ours.dtype) return false;
   if (peer.includes('sdpa') && !ours.impl.includes('flash')) return false;
+  if (peer.includes('fwd+bwd') && ours.pass !== 'fwdbwd') return false;
   return true;
 }
 const isNaive = (m: Measurement) => m.impl.startsWith('naive');
