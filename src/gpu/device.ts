@@ -7,7 +7,7 @@ import { Allocator, sizeClass, type Tag } from './allocator.ts';
 import { GpuDeviceLostError, GpuValidationError, NoWebGpuError, ShapeError } from './errors.ts';
 import { fromF16Bits, toF16Bits } from '../util/half.ts';
 import { kernel, kernelModule, orderBindings, packUniforms, type BindingArgs, type KernelDecl, type UniformArgs } from './kernel.ts';
-import { defsKey, specialise, type Defs, type ShaderSource } from './shaders.ts';
+import { defsKey, type Defs, type ShaderSource } from './shaders.ts';
 import { BYTES, numel, Tensor, type DType } from './tensor.ts';
 
 /** Limits we raise to the adapter's maximum when requesting the device. */
@@ -83,53 +83,12 @@ export interface BufferWindow {
 
 export type Bindable = Tensor | BufferWindow;
 
-export interface DispatchSpec {
-  shader: string;
-  entry: string;
-  defs: Defs;
-  /** Scalar parameters, bound at @binding(0) as a uniform struct of 4-byte fields. */
-  uniforms?: Uniforms;
-  /** Storage bindings: element i is bound at @binding(i + 1); null leaves that binding out. */
-  bindings: (Bindable | null)[];
-  workgroups: readonly [number, number?, number?];
-}
-
 /** One call of a declared kernel (src/gpu/kernel.ts): uniforms and bindings by name. */
 export interface KernelCall<D extends KernelDecl> {
   defs: Defs;
   uniforms: UniformArgs<D>;
   bindings: BindingArgs<D, Bindable>;
   workgroups: readonly [number, number?, number?];
-}
-
-/** Builds the bytes of a uniform struct whose fields are all u32 / i32 / f32. */
-export class Uniforms {
-  private readonly values: { kind: 'u' | 'i' | 'f'; v: number }[] = [];
-  u32(...v: number[]): this {
-    for (const x of v) {
-      if (!Number.isInteger(x) || x < 0 || x > 0xffffffff) throw new Error(`uniform u32 out of range: ${x}`);
-      this.values.push({ kind: 'u', v: x });
-    }
-    return this;
-  }
-  i32(...v: number[]): this {
-    for (const x of v) this.values.push({ kind: 'i', v: x });
-    return this;
-  }
-  f32(...v: number[]): this {
-    for (const x of v) this.values.push({ kind: 'f', v: x });
-    return this;
-  }
-  bytes(): ArrayBuffer {
-    const buf = new ArrayBuffer(Math.max(16, Math.ceil((this.values.length * 4) / 16) * 16));
-    const dv = new DataView(buf);
-    this.values.forEach(({ kind, v }, i) => {
-      if (kind === 'u') dv.setUint32(i * 4, v, true);
-      else if (kind === 'i') dv.setInt32(i * 4, v, true);
-      else dv.setFloat32(i * 4, v, true);
-    });
-    return buf;
-  }
 }
 
 export interface GpuStats {
@@ -408,16 +367,17 @@ export class Gpu {
 
   // ---- dispatch ------------------------------------------------------------------------------
 
-  pipeline(shader: string, entry: string, defs: Defs): GPUComputePipeline {
-    return this.pipelineEntry(shader, entry, defs).pipeline;
+  /** The compute pipeline of a declared kernel under these defs (compiled once, then cached). */
+  pipeline(k: KernelDecl, defs: Defs): GPUComputePipeline {
+    return this.pipelineEntry(k, defs).pipeline;
   }
 
-  private pipelineEntry(shader: string, entry: string, defs: Defs, decl?: KernelDecl): { pipeline: GPUComputePipeline; key: string } {
+  private pipelineEntry(k: KernelDecl, defs: Defs): { pipeline: GPUComputePipeline; key: string } {
+    const { shader, entry } = k;
     const key = `${shader}:${entry}:${defsKey(defs)}`;
     let p = this.pipelines.get(key);
     if (!p) {
-      const source = this.shaders.get(shader);
-      const code = decl ? kernelModule(source, decl, defs) : specialise(source, defs);
+      const code = kernelModule(this.shaders.get(shader), k, defs);
       const module = this.device.createShaderModule({ code, label: key });
       p = this.device.createComputePipeline({ layout: 'auto', compute: { module, entryPoint: entry }, label: key });
       this.pipelines.set(key, p);
@@ -442,59 +402,28 @@ export class Gpu {
     return this.pipelines.size;
   }
 
-  /** Records one dispatch of a declared kernel, its uniforms and bindings given by name. */
+  /**
+   * Records one dispatch of a declared kernel (src/gpu/kernel.ts): its uniforms packed into the ring at
+   * @binding(0), its storage windows bound by name at @binding(i + 1).
+   */
   run<D extends KernelDecl>(k: D, call: KernelCall<D>): void {
     this.checkAlive();
     if (this.dryRun) return;
     const label = `${k.shader}.${k.entry}`;
-    const bytes = k.uniforms.length > 0 ? packUniforms(k, call.uniforms) : null;
-    const bindings = orderBindings<Bindable>(k, call.defs, call.bindings as Record<string, Bindable | undefined>);
-    this.record(
-      label,
-      call.workgroups,
-      () => this.pipelineEntry(k.shader, k.entry, call.defs, k),
-      bytes,
-      bindings,
-      (i) => k.bindings[i].name,
-    );
-  }
-
-  dispatch(spec: DispatchSpec): void {
-    this.checkAlive();
-    if (this.dryRun) return;
-    const label = `${spec.shader}.${spec.entry}`;
-    const bytes = spec.uniforms ? spec.uniforms.bytes() : null;
-    this.record(
-      label,
-      spec.workgroups,
-      () => this.pipelineEntry(spec.shader, spec.entry, spec.defs),
-      bytes,
-      spec.bindings,
-      (i) => `binding ${i + 1}`,
-    );
-  }
-
-  /** Binds uniforms at @binding(0) and storage windows at @binding(i + 1), then records the dispatch. */
-  private record(
-    label: string,
-    workgroups: readonly [number, number?, number?],
-    pipelineFor: () => { pipeline: GPUComputePipeline; key: string },
-    uniformBytes: ArrayBuffer | null,
-    bindings: readonly (Bindable | null)[],
-    bindingName: (i: number) => string,
-  ): void {
-    const [x, y = 1, z = 1] = workgroups;
+    const [x, y = 1, z = 1] = call.workgroups;
     const maxWg = this.device.limits.maxComputeWorkgroupsPerDimension;
     if (x > maxWg || y > maxWg || z > maxWg) throw new ShapeError(label, `dispatch ${x}x${y}x${z} exceeds ${maxWg} workgroups per dimension`);
+    const uniformBytes = k.uniforms.length > 0 ? packUniforms(k, call.uniforms) : null;
+    const bindings = orderBindings<Bindable>(k, call.defs, call.bindings as Record<string, Bindable | undefined>);
     if (x === 0 || y === 0 || z === 0) return;
-    const { pipeline, key: pipelineKey } = pipelineFor();
+    const { pipeline, key: pipelineKey } = this.pipelineEntry(k, call.defs);
     const entries: GPUBindGroupEntry[] = [];
     if (uniformBytes) entries.push({ binding: 0, resource: this.uniformSlot(uniformBytes) });
     bindings.forEach((b, i) => {
       if (!b) return;
       const w = b instanceof Tensor ? this.window(b) : b;
       if (w.size > this.device.limits.maxStorageBufferBindingSize)
-        throw new ShapeError(label, `${bindingName(i)} spans ${w.size} bytes, over the device's storage binding limit`);
+        throw new ShapeError(label, `binding '${k.bindings[i].name}' spans ${w.size} bytes, over the device's storage binding limit`);
       entries.push({ binding: i + 1, resource: { buffer: w.buffer, offset: w.offset, size: w.size } });
     });
     const bindGroup = this.bindGroupFor(pipeline, pipelineKey, entries);

@@ -4,12 +4,24 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { GpuDeviceLostError, GpuOutOfMemoryError, GpuValidationError, NoWebGpuError, ShapeError } from '../../src/gpu/errors.ts';
 import { Gpu } from '../../src/gpu/device.ts';
+import { kernel } from '../../src/gpu/kernel.ts';
 import { specialise } from '../../src/gpu/shaders.ts';
 import { nodeShaderSource } from '../../src/gpu/shaders-node.ts';
 import { add, cast } from '../../src/ops/elementwise.ts';
 import { testGpu } from '../helpers.ts';
 
 const MiB = 1 << 20;
+
+/** A kernel of the project's own shaders for runtime checks: elementwise's convert (out = U(x)). */
+const COPY = kernel({
+  shader: 'elementwise',
+  entry: 'convert',
+  uniforms: [{ name: 'n', type: 'u32' }],
+  bindings: [
+    { name: 'x', type: 'T', access: 'read' },
+    { name: 'out', type: 'U', access: 'read_write' },
+  ],
+});
 
 describe('gpu runtime', () => {
   it('requests the adapter maximum limits and the features we use', async () => {
@@ -75,11 +87,12 @@ describe('gpu runtime', () => {
 
   it('caches pipelines by shader, entry and defs', async () => {
     const gpu = await testGpu();
-    const p1 = gpu.pipeline('elementwise', 'add', { T: 'f32', U: 'f32', WG: 256, ACT: 0 });
+    const p1 = gpu.pipeline(COPY, { T: 'f32', U: 'f32', WG: 64 });
     const n = gpu.pipelineCount;
-    assert.equal(gpu.pipeline('elementwise', 'add', { ACT: 0, WG: 256, U: 'f32', T: 'f32' }), p1);
+    assert.equal(gpu.pipeline(COPY, { WG: 64, U: 'f32', T: 'f32' }), p1, 'same defs in another order: the cached pipeline');
     assert.equal(gpu.pipelineCount, n);
-    assert.notEqual(gpu.pipeline('elementwise', 'add', { T: 'f16', U: 'f16', WG: 256, ACT: 0 }), p1);
+    assert.notEqual(gpu.pipeline(COPY, { T: 'f16', U: 'f32', WG: 64 }), p1);
+    assert.equal(gpu.pipelineCount, n + 1);
   });
 
   it('specialises WGSL by dtype and constants, without copying the source', () => {
@@ -102,9 +115,10 @@ describe('gpu runtime', () => {
       (e: Error) => e instanceof ShapeError && /add: dtype mismatch: f32\[4\] vs f16\[4\]/.test(e.message),
     );
     assert.throws(() => add(gpu, x, gpu.upload([1, 2, 3], [3], 'f32')), /add: shapes differ: a \[4\] vs b \[3\]/);
-    // ...and a dispatch the device rejects surfaces as GpuValidationError.
-    gpu.dispatch({ shader: 'elementwise', entry: 'add', defs: { T: 'f32', U: 'f32', WG: 256, ACT: 0 }, bindings: [x, x, x], workgroups: [1] });
-    await assert.rejects(gpu.sync(), GpuValidationError);
+    // ...and a dispatch the device rejects (one buffer bound as both read-only and writable storage) surfaces
+    // as GpuValidationError.
+    gpu.run(COPY, { defs: { T: 'f32', U: 'f32', WG: 64 }, uniforms: { n: 4 }, bindings: { x, out: x }, workgroups: [1] });
+    await assert.rejects(gpu.sync(), (e: Error) => e instanceof GpuValidationError && /writable|aliasing|usage/i.test(e.message));
   });
 
   it('splits element-wise work over tensors larger than one storage binding (forced small limit)', async () => {
