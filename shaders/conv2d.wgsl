@@ -1,176 +1,183 @@
 // 2-D convolution, NCHW (PyTorch semantics), as implicit GEMM: the im2col matrix is never stored;
-// the tile loaders gather it from x (or dy) on the fly. One tiled GEMM core serves the forward and
-// both gradients; MODE picks what A, B and C are (r = kh * KW + kw runs over the KH x KW taps):
+// the tile loaders gather it from x (or dy) on the fly. One register-tiled GEMM core (generated per tile
+// shape by src/ops/conv2d.ts: `conv_gemm`, with constant register indices) serves the forward and both
+// gradients; each entry point below says what A, B and C are (r = kh * KW + kw runs over the KH x KW taps):
 //
-//   MODE 0 forward      y[n]  [Co, Ho*Wo]   = w [Co, Ci*KHW]          · im2col(x[n]) [Ci*KHW, Ho*Wo]  (+ bias[co])
-//   MODE 1 grad input   dx[n] [Ci, H*W]     = wᵀ [Ci, Co*KHW]         · col2im-gather(dy[n]) [Co*KHW, H*W]
-//   MODE 2 grad weight  dw    [Co, Ci*KHW]  = dy [Co, (n, Ho*Wo)]     · im2col(x)ᵀ [(n, Ho*Wo), Ci*KHW]
+//   conv_fwd  y[n]  [CO, HO*WO]  = w [CO, CI*KHW]       · im2col(x[n]) [CI*KHW, HO*WO]  (+ bias[co])
+//   conv_dx   dx[n] [CI, H*W]    = wᵀ [CI, CO*KHW]      · col2im-gather(dy[n]) [CO*KHW, H*W]
+//   conv_dw   dw    [CO, CI*KHW] = dy [CO, (n, HO*WO)]  · im2col(x)ᵀ [(n, HO*WO), CI*KHW]
 //
 // Grad input: dx[ci, ih, iw] = Σ_{co,kh,kw} w[co, ci, kh, kw] · dy[co, oh, ow] where ih = oh*S - P + kh,
 // i.e. oh = (ih + P - kh) / S when that divides exactly and lands inside dy (the stride-2 zeros of
 // the transposed convolution are skipped by that test, not stored).
 //
-// Specialised by: T (storage of x, w, dy, bias), TC (storage of the output: T or f32), MODE,
-// KH, KW, STRIDE, tiles BM, BN, BK, TM, TN (as in matmul.wgsl), HAS_BIAS, ACCUMULATE.
-// `bias_grad` (db[co] = Σ_{n, pixels} dy[n, co, ·]) uses T, TC and ACCUMULATE.
+// Every size fixed by the layer is a pipeline constant (def): CI, H, W, CO, KH, KW, STRIDE, PAD, HO, WO, so
+// every division and modulo below is by a constant (a shift when it is a power of two). Per output
+// column the core computes its tap origin once (`b_col`), per row its base (`a_row`); per K step only the
+// reduction index k is split (by constants). Offsets of the bound sample windows (off_*) and, for the
+// weight gradient, the reduction length of this sample chunk (k_len) and of one K split (k_split) are
+// uniforms: they vary per call.
 //
-// Bindings: src_a = w (modes 0, 1) or dy (mode 2); src_b = x (modes 0, 2) or dy (mode 1); out = y,
-// dx or dw. The host binds windows of whole samples and passes element offsets (off_*), so tensors
-// larger than one storage binding run in sample chunks.
+// Each GEMM entry point supplies, for the core:
+//   GM, GN        GEMM rows and columns (constants)
+//   a_row(m)      per-row base of A, hoisted out of the K loop;  a_load(row, k)  A[m, k]
+//   b_col(n)      per-column tap origin, hoisted;                b_load(col, k, z) B[k, n] of sample/split z
+//   store_c(m, n, v, z)   the epilogue for C[m, n .. n+3] (bias, accumulate, bounds on n)
+// a_load / b_load are only called with k inside the reduction: the core zeroes the rest.
+// Declared per entry point (src/ops/conv2d.ts): the uniforms and bindings named in each section.
 
-struct Params {
-  GM: u32,        // GEMM rows (Co, Ci, Co)
-  GN: u32,        // GEMM columns (Ho*Wo, H*W, Ci*KHW)
-  GK: u32,        // reduction (Ci*KHW, Co*KHW, samples*Ho*Wo)
-  Ci: u32,
-  H: u32,
-  W: u32,
-  Co: u32,
-  Ho: u32,
-  Wo: u32,
-  pad: u32,
-  off_a: u32,
-  off_b: u32,
-  off_c: u32,
-  off_bias: u32,
-  stride_b: u32,  // elements between samples of src_b (modes 0, 1: z = sample)
-  stride_c: u32,  // elements between samples of out
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> src_a: array<T>;
-@group(0) @binding(2) var<storage, read> src_b: array<T>;
-@group(0) @binding(3) var<storage, read_write> out: array<TC>;
-// Always bound (layout 'auto'); without HAS_BIAS the host binds any read-only window here.
-@group(0) @binding(4) var<storage, read> bias: array<T>;
-
+//#entry conv_fwd conv_dx conv_dw
 const KHW = KH * KW;
-const VM = TM / 4u;
-const VN = TN / 4u;
-const WG_X = BN / TN;
-const WG_Y = BM / TM;
-const WG_SIZE = WG_X * WG_Y;
-const A_GROUPS = BM * BK / 4u;
-const B_GROUPS = BK * BN / 4u;
-// Which GEMM index runs fastest across invocations while staging B, for coalesced reads: the pixel
-// (GEMM column) in modes 0 and 1, the reduction index (pixels of a sample) in mode 2. A is always
-// staged reduction-fastest (w rows are contiguous in k; dy rows in pixels).
-const B_COL_FAST = MODE != 2u;
+const HW = H * W;
+const HWO = HO * WO;
+const X_SAMPLE = CI * HW;
+const Y_SAMPLE = CO * HWO;
 
-var<workgroup> tile_a: array<vec4<f32>, BK * BM / 4u>;
-var<workgroup> tile_b: array<vec4<f32>, BK * BN / 4u>;
-
-// x[sample base, ci, oh*S - P + kh, ow*S - P + kw], 0 in the padding.
-fn x_tap(base: u32, ci: u32, oh: u32, ow: u32, r: u32) -> f32 {
-  let ih = i32(oh * STRIDE + r / KW) - i32(p.pad);
-  let iw = i32(ow * STRIDE + r % KW) - i32(p.pad);
-  if (ih < 0 || iw < 0 || ih >= i32(p.H) || iw >= i32(p.W)) { return 0.0; }
-  return f32(src_b[base + (ci * p.H + u32(ih)) * p.W + u32(iw)]);
+// Whether (ih, iw) lies inside the input image (negative values wrap to large u32s).
+fn inside(ih: i32, iw: i32, h: u32, w: u32) -> bool {
+  return u32(ih) < h && u32(iw) < w;
 }
 
-// A[m, k] of the GEMM, 0 outside it.
-fn load_a(m: u32, k: u32) -> f32 {
-  if (m >= p.GM || k >= p.GK) { return 0.0; }
-  if (MODE == 0u) { return f32(src_a[p.off_a + m * p.GK + k]); }                 // w[co, (ci, r)]
-  if (MODE == 1u) { return f32(src_a[p.off_a + ((k / KHW) * p.Ci + m) * KHW + k % KHW]); } // w[co, ci, r]
-  let hw = p.Ho * p.Wo;                                                           // dy[n, co, pixel]
-  return f32(src_a[p.off_a + ((k / hw) * p.Co + m) * hw + k % hw]);
+//#entry conv_fwd
+// A = w [CO, CI*KHW] (rows contiguous), B[k = (ci, r), n = (oh, ow)] = x[z, ci, oh*S - P + kh, ow*S - P + kw].
+const GM = CO;
+const GN = HWO;
+const GK = CI * KHW;
+
+fn a_row(m: u32) -> u32 { return p.off_w + m * GK; }
+fn a_load(row: u32, k: u32) -> f32 { return f32(w[row + k]); }
+
+// The column's top-left tap (ih, iw) at kh = kw = 0.
+fn b_col(n: u32) -> vec3<i32> {
+  return vec3<i32>(i32((n / WO) * STRIDE) - i32(PAD), i32((n % WO) * STRIDE) - i32(PAD), 0);
+}
+fn b_load(col: vec3<i32>, k: u32, z: u32) -> f32 {
+  let ci = k / KHW;
+  let r = k % KHW;
+  let ih = col.x + i32(r / KW);
+  let iw = col.y + i32(r % KW);
+  if (!inside(ih, iw, H, W)) { return 0.0; }
+  return f32(x[p.off_x + z * X_SAMPLE + ci * HW + u32(ih) * W + u32(iw)]);
 }
 
-// B[k, n] of the GEMM for sample z (modes 0, 1), 0 outside it.
-fn load_b(z: u32, k: u32, n: u32) -> f32 {
-  if (k >= p.GK || n >= p.GN) { return 0.0; }
-  let base = p.off_b + z * p.stride_b;
-  if (MODE == 0u) { return x_tap(base, k / KHW, n / p.Wo, n % p.Wo, k % KHW); }
-  if (MODE == 1u) {
-    // dy[co, (ih + P - kh) / S, (iw + P - kw) / S] where exact and inside dy.
-    let co = k / KHW;
-    let r = k % KHW;
-    let th = i32(n / p.W + p.pad) - i32(r / KW);
-    let tw = i32(n % p.W + p.pad) - i32(r % KW);
-    if (th < 0 || tw < 0) { return 0.0; }
-    let oh = u32(th) / STRIDE;
-    let ow = u32(tw) / STRIDE;
-    if (oh * STRIDE != u32(th) || ow * STRIDE != u32(tw) || oh >= p.Ho || ow >= p.Wo) { return 0.0; }
-    return f32(src_b[base + (co * p.Ho + oh) * p.Wo + ow]);
+fn store_c(m: u32, n: u32, v: vec4<f32>, z: u32) {
+  var b = 0.0;
+  if (HAS_BIAS) { b = f32(bias[p.off_bias + m]); }
+  let base = p.off_y + z * Y_SAMPLE + m * GN;
+  for (var q = 0u; q < 4u; q++) {
+    if (!FIT_N && n + q >= GN) { break; }
+    var s = v[q] + b;
+    if (ACCUMULATE) { s += f32(y[base + n + q]); }
+    y[base + n + q] = TC(s);
   }
-  // MODE 2: k = (sample, pixel), n = (ci, r).
-  let hw = p.Ho * p.Wo;
-  let s = k / hw;
-  let pix = k % hw;
-  return x_tap(base + s * p.Ci * p.H * p.W, n / KHW, pix / p.Wo, pix % p.Wo, n % KHW);
 }
 
 @compute @workgroup_size(WG_X, WG_Y)
-fn conv_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-             @builtin(local_invocation_index) tid: u32) {
-  let row0 = wg.y * BM;
-  let col0 = wg.x * BN;
-  let z = wg.z;
-  var acc: array<vec4<f32>, TM * VN>;
+fn conv_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+            @builtin(local_invocation_index) tid: u32) {
+  conv_gemm(tid, lid.x, lid.y, wg.y * BM, wg.x * BN, wg.z, 0u, GK);
+}
 
-  for (var k0 = 0u; k0 < p.GK; k0 += BK) {
-    for (var g = tid; g < A_GROUPS; g += WG_SIZE) {
-      let k = g % BK;
-      let m4 = g / BK;
-      let m = row0 + m4 * 4u;
-      tile_a[k * (BM / 4u) + m4] = vec4<f32>(load_a(m, k0 + k), load_a(m + 1u, k0 + k),
-                                             load_a(m + 2u, k0 + k), load_a(m + 3u, k0 + k));
-    }
-    for (var g = tid; g < B_GROUPS; g += WG_SIZE) {
-      var k: u32;
-      var n4: u32;
-      if (B_COL_FAST) { n4 = g % (BN / 4u); k = g / (BN / 4u); } else { k = g % BK; n4 = g / BK; }
-      let n = col0 + n4 * 4u;
-      tile_b[k * (BN / 4u) + n4] = vec4<f32>(load_b(z, k0 + k, n), load_b(z, k0 + k, n + 1u),
-                                             load_b(z, k0 + k, n + 2u), load_b(z, k0 + k, n + 3u));
-    }
-    workgroupBarrier();
+//#entry conv_dx
+// A[m = ci, k = (co, r)] = w[co, ci, r], B[k = (co, r), n = (ih, iw)] = dy[z, co, (ih + P - kh) / S, (iw + P - kw) / S].
+const GM = CI;
+const GN = HW;
+const GK = CO * KHW;
 
-    for (var k = 0u; k < BK; k++) {
-      var bv: array<vec4<f32>, VN>;
-      for (var j = 0u; j < VN; j++) { bv[j] = tile_b[k * (BN / 4u) + j * WG_X + lid.x]; }
-      for (var i = 0u; i < VM; i++) {
-        let av = tile_a[k * (BM / 4u) + i * WG_Y + lid.y];
-        for (var j = 0u; j < VN; j++) {
-          acc[(i * 4u + 0u) * VN + j] = fma(vec4<f32>(av.x), bv[j], acc[(i * 4u + 0u) * VN + j]);
-          acc[(i * 4u + 1u) * VN + j] = fma(vec4<f32>(av.y), bv[j], acc[(i * 4u + 1u) * VN + j]);
-          acc[(i * 4u + 2u) * VN + j] = fma(vec4<f32>(av.z), bv[j], acc[(i * 4u + 2u) * VN + j]);
-          acc[(i * 4u + 3u) * VN + j] = fma(vec4<f32>(av.w), bv[j], acc[(i * 4u + 3u) * VN + j]);
-        }
-      }
-    }
-    workgroupBarrier();
-  }
+fn a_row(m: u32) -> u32 { return p.off_w + m * KHW; }
+fn a_load(row: u32, k: u32) -> f32 { return f32(w[row + (k / KHW) * (CI * KHW) + k % KHW]); }
 
-  // C is row-major [GM, GN] per sample in all three modes: y[n, co, pixel], dx[n, ci, pixel], dw[co, (ci, r)].
-  let base_c = p.off_c + z * p.stride_c;
-  for (var i = 0u; i < VM; i++) {
-    for (var r = 0u; r < 4u; r++) {
-      let m = row0 + (i * WG_Y + lid.y) * 4u + r;
-      if (m >= p.GM) { continue; }
-      var bias_m = 0.0;
-      if (HAS_BIAS) { bias_m = f32(bias[p.off_bias + m]); }
-      for (var j = 0u; j < VN; j++) {
-        let n0 = col0 + (j * WG_X + lid.x) * 4u;
-        let v = acc[(i * 4u + r) * VN + j];
-        for (var q = 0u; q < 4u; q++) {
-          let n = n0 + q;
-          if (n >= p.GN) { break; }
-          var s = v[q] + bias_m;
-          let idx = base_c + m * p.GN + n;
-          if (ACCUMULATE) { s += f32(out[idx]); }
-          out[idx] = TC(s);
-        }
-      }
-    }
+// The column's (ih + P, iw + P).
+fn b_col(n: u32) -> vec3<i32> {
+  return vec3<i32>(i32(n / W + PAD), i32(n % W + PAD), 0);
+}
+fn b_load(col: vec3<i32>, k: u32, z: u32) -> f32 {
+  let co = k / KHW;
+  let r = k % KHW;
+  let th = col.x - i32(r / KW);
+  let tw = col.y - i32(r % KW);
+  // A negative th or tw wraps to a huge u32, which fails the range test below.
+  if (STRIDE != 1u && ((th | tw) & i32(STRIDE - 1u)) != 0) { return 0.0; }
+  let oh = u32(th) / STRIDE;
+  let ow = u32(tw) / STRIDE;
+  if (th < 0 || tw < 0 || oh >= HO || ow >= WO) { return 0.0; }
+  return f32(dy[p.off_dy + z * Y_SAMPLE + co * HWO + oh * WO + ow]);
+}
+
+fn store_c(m: u32, n: u32, v: vec4<f32>, z: u32) {
+  let base = p.off_dx + z * X_SAMPLE + m * GN;
+  for (var q = 0u; q < 4u; q++) {
+    if (!FIT_N && n + q >= GN) { break; }
+    var s = v[q];
+    if (ACCUMULATE) { s += f32(dx[base + n + q]); }
+    dx[base + n + q] = TC(s);
   }
 }
 
-// ---- bias gradient: db[co] = Σ_{n, pixel} dy[n, co, pixel] -----------------------------------------
-// One workgroup per channel; p.GK = samples in this window, p.GN = pixels per sample, p.Co channels;
-// dy is bound as src_a at p.off_a.
+@compute @workgroup_size(WG_X, WG_Y)
+fn conv_dx(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+           @builtin(local_invocation_index) tid: u32) {
+  conv_gemm(tid, lid.x, lid.y, wg.y * BM, wg.x * BN, wg.z, 0u, GK);
+}
 
+//#entry conv_dw
+// A[m = co, k = (s, pixel)] = dy[s, co, pixel], B[k = (s, oh, ow), n = (ci, r)] = x[s, ci, oh*S - P + kh, ow*S - P + kw].
+// Workgroup z is the K split: it sums k in [z * k_split, min(k_len, (z + 1) * k_split)) and writes its own
+// [GM, GN] slab of `dw` at off_dw + z * GM * GN (f32 partials, summed by dw_reduce), or dw itself when unsplit.
+const GM = CO;
+const GN = CI * KHW;
+
+fn a_row(m: u32) -> u32 { return p.off_dy + m * HWO; }
+fn a_load(row: u32, k: u32) -> f32 { return f32(dy[row + (k / HWO) * Y_SAMPLE + k % HWO]); }
+
+// The column's (channel offset in x, kh - P, kw - P).
+fn b_col(n: u32) -> vec3<i32> {
+  let r = n % KHW;
+  return vec3<i32>(i32((n / KHW) * HW), i32(r / KW) - i32(PAD), i32(r % KW) - i32(PAD));
+}
+fn b_load(col: vec3<i32>, k: u32, z: u32) -> f32 {
+  let s = k / HWO;
+  let pix = k % HWO;
+  let ih = i32((pix / WO) * STRIDE) + col.y;
+  let iw = i32((pix % WO) * STRIDE) + col.z;
+  if (!inside(ih, iw, H, W)) { return 0.0; }
+  return f32(x[p.off_x + s * X_SAMPLE + u32(col.x) + u32(ih) * W + u32(iw)]);
+}
+
+fn store_c(m: u32, n: u32, v: vec4<f32>, z: u32) {
+  let base = p.off_dw + z * (GM * GN) + m * GN;
+  for (var q = 0u; q < 4u; q++) {
+    if (!FIT_N && n + q >= GN) { break; }
+    var s = v[q];
+    if (ACCUMULATE) { s += f32(dw[base + n + q]); }
+    dw[base + n + q] = TC(s);
+  }
+}
+
+@compute @workgroup_size(WG_X, WG_Y)
+fn conv_dw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+           @builtin(local_invocation_index) tid: u32) {
+  let k_begin = wg.z * p.k_split;
+  conv_gemm(tid, lid.x, lid.y, wg.y * BM, wg.x * BN, wg.z, k_begin, min(p.k_len, k_begin + p.k_split));
+}
+
+//#entry dw_reduce
+// out[i] (+)= Σ_s partial[s * len + i]: the K splits of conv_dw summed in f32, one invocation per element.
+const RED_WG = 256u;
+
+@compute @workgroup_size(RED_WG)
+fn dw_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) tid: u32) {
+  let i = (wg.y * nwg.x + wg.x) * RED_WG + tid;
+  if (i >= p.len) { return; }
+  var s = 0.0;
+  for (var k = 0u; k < p.splits; k++) { s += partial[k * p.len + i]; }
+  if (ACCUMULATE) { s += f32(out[p.off_out + i]); }
+  out[p.off_out + i] = TC(s);
+}
+
+//#entry bias_grad
+// db[co] = Σ_{n, pixel} dy[n, co, pixel]: one workgroup per channel over the n_samples samples of this window.
 const SUM_WG = 256u;
 var<workgroup> partial_sums: array<f32, SUM_WG>;
 
@@ -178,9 +185,9 @@ var<workgroup> partial_sums: array<f32, SUM_WG>;
 fn bias_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
   let co = wg.x;
   var s = 0.0;
-  for (var n = 0u; n < p.GK; n++) {
-    let base = p.off_a + (n * p.Co + co) * p.GN;
-    for (var i = tid; i < p.GN; i += SUM_WG) { s += f32(src_a[base + i]); }
+  for (var n = 0u; n < p.n_samples; n++) {
+    let base = p.off_dy + (n * p.channels + co) * p.plane;
+    for (var i = tid; i < p.plane; i += SUM_WG) { s += f32(dy[base + i]); }
   }
   partial_sums[tid] = s;
   workgroupBarrier();
@@ -190,8 +197,21 @@ fn bias_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
   }
   if (tid == 0u) {
     var t = partial_sums[0];
-    let idx = p.off_c + co;
-    if (ACCUMULATE) { t += f32(out[idx]); }
-    out[idx] = TC(t);
+    let idx = p.off_db + co;
+    if (ACCUMULATE) { t += f32(db[idx]); }
+    db[idx] = TC(t);
   }
+}
+
+//#entry bias_fill
+// y[n, co, pixel] = bias[co] over the `count` elements of this window (a 1x1 convolution's GEMM then adds
+// W · x onto it): CO and HWO are constants.
+const FILL_WG = 256u;
+
+@compute @workgroup_size(FILL_WG)
+fn bias_fill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) tid: u32) {
+  let i = (wg.y * nwg.x + wg.x) * FILL_WG + tid;
+  if (i >= p.count) { return; }
+  y[p.off_y + i] = bias[p.off_bias + (i / HWO) % CO];
 }
