@@ -11,7 +11,8 @@
 // tc, tc+TC, ..., so S is a register micro-matmul (RM x RN vec4 accumulators over the D4 chunks); the
 // body is generated unrolled (src/ops/attention.ts, fwdCode) so those registers are indexed by
 // constants only. A row's max is reduced across its TC invocations through workgroup memory (`red`,
-// fixed order); its sum l is kept per invocation (the max is shared, so partial sums rescale alike)
+// fixed order; a subgroup-shuffle variant needs `enable subgroups;` ahead of the generated
+// declarations, which src/gpu/kernel.ts cannot place yet); its sum l is kept per invocation (the max is shared, so partial sums rescale alike)
 // and reduced once at the end. P goes through workgroup memory (`ps`) to the O update, where each
 // invocation owns its RM rows x DC vec4 chunks of O (chunk tc, tc+TC, ...). Loop bounds are
 // constants (D4, BC); only the last key tile (and causal tiles) mask. The next tile's K (and this
@@ -23,7 +24,10 @@
 //   dQ_i = scale sum_j dS_ij k_j      (attn_bwd_dq: one invocation per query row, loops over key tiles)
 //   dK_j = scale sum_i dS_ij q_i,  dV_j = sum_i P_ij dO_i
 //                                     (attn_bwd_dkv: one invocation per key row, loops over query tiles)
-// so no atomics are needed. Specialised by T (storage), D (head dim), D4 = ceil(D/4) (vec4 chunks
+// so no atomics are needed. Where workgroup memory and a scratch cap allow (FUSED_DQ), attn_bwd_dkv
+// also writes per-key-block dQ partials from the dS it already has and attn_bwd_dq_reduce sums
+// them: the scores are then computed once in the backward instead of twice (see dq_partials).
+// Specialised by T (storage), D (head dim), D4 = ceil(D/4) (vec4 chunks
 // per row), BR (rows per workgroup), BC (rows per staged tile), the FA-2 shape (RM, RN, TC, TR, DC,
 // KL) and CAUSAL (query i attends to keys j <= i only; self-attention).
 //
@@ -313,13 +317,34 @@ fn stage_q(b: u32, h: u32, r0: u32, lid: u32) {
   }
 }
 
+// FUSED_DQ: the key block's (scaled) K rows and the dS tile, for the block's dQ partials.
+var<workgroup> k_blk: array<vec4<f32>, KB_LEN>;   // BR * D4 (1 without FUSED_DQ)
+var<workgroup> ds_t: array<f32, DS_LEN>;          // BC * BR: dS[query i][key j] at i * BR + j
+
+// With FUSED_DQ the dK/dV kernels also produce dQ from the same scores: per query tile, the
+// block's partial dQ_i = scale sum_{j in block} dS_ij k_j (a [BC, BR] x [BR, D] product of the dS
+// tile and the block's K, both in workgroup memory) goes to dq_part[key block][b*h][row] (f32, D4
+// vec4 chunks), one writer per element; attn_bwd_dq_reduce sums the key blocks in a fixed order. So
+// S and dP are computed once per (query, key) pair and dQ is deterministic (no float atomics, whose
+// order would change the sums from run to run and break bit-identical resume). The partials take
+// ceil(M / BR) x B x H x N x D4 x 16 bytes; past a cap the separate dQ kernel runs instead.
+fn dq_partials(blk: u32, bh: u32, bhs: u32, qt: u32, rows: u32, lid: u32) {
+  for (var e = lid; e < rows * D4; e += BR) {
+    let i = e / D4;
+    let c = e % D4;
+    var acc = vec4<f32>(0.0);
+    for (var j = 0u; j < BR; j++) { acc = fma(vec4<f32>(ds_t[i * BR + j]), k_blk[j * D4 + c], acc); }
+    dq_part[((blk * bhs + bh) * p.n + qt + i) * D4 + c] = acc;
+  }
+}
+
 // dK/dV accumulators of one key row over query rows [q_begin, q_end) (before the final scale of dK).
 struct DkvSums {
   dk: array<vec4<f32>, D4>,
   dv: array<vec4<f32>, D4>,
 }
 
-fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32) -> DkvSums {
+fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32, blk: u32, bh: u32, bhs: u32) -> DkvSums {
   var kr: array<vec4<f32>, D4>;
   var vr: array<vec4<f32>, D4>;
   var acc: DkvSums;
@@ -329,6 +354,11 @@ fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32) -
     vr[c] = v_chunk(kb, c);
     acc.dk[c] = vec4<f32>(0.0);
     acc.dv[c] = vec4<f32>(0.0);
+    if (FUSED_DQ) {
+      var kz = vec4<f32>(0.0);
+      if (live) { kz = kr[c]; }
+      k_blk[lid * D4 + c] = kz;
+    }
   }
   var pw: array<f32, BC>;
   var ds: array<f32, BC>;
@@ -357,6 +387,15 @@ fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32) -
         }
       }
     }
+    if (FUSED_DQ) {
+      for (var i = 0u; i < BC; i++) {
+        var x = 0.0;
+        if (live && i >= first && i < rows) { x = ds[i]; }
+        ds_t[i * BR + lid] = x;
+      }
+      workgroupBarrier();
+      dq_partials(blk, bh, bhs, qt, rows, lid);
+    }
     workgroupBarrier();
   }
   return acc;
@@ -365,11 +404,11 @@ fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32) -
 //#entry attn_bwd_dkv
 // One invocation per key row over all query rows; writes dK, dV in T.
 @compute @workgroup_size(BR)
-fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let t = task(wid);
   let row = t.row0 + lid;
   let live = row < p.m;
-  let acc = dkv_sums(t, row, live, lid, 0u, p.n);
+  let acc = dkv_sums(t, row, live, lid, 0u, p.n, wid.x, wid.y, nwg.y);
   if (!live) { return; }
   let kb = k_base(t.b, t.h, row);
   for (var d = 0u; d < D; d++) {
@@ -386,7 +425,7 @@ fn attn_bwd_dkv_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
   let row = t.row0 + lid;
   let live = row < p.m;
   let q_begin = wid.z * p.q_split;
-  let acc = dkv_sums(t, row, live, lid, q_begin, min(p.n, q_begin + p.q_split));
+  let acc = dkv_sums(t, row, live, lid, q_begin, min(p.n, q_begin + p.q_split), wid.x, wid.y, nwg.y);
   if (!live) { return; }
   let base = ((wid.z * nwg.y + wid.y) * p.m + row) * D;
   for (var d = 0u; d < D; d++) {
@@ -416,4 +455,19 @@ fn attn_bwd_dkv_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
   let kb = k_base(bh / p.heads, bh % p.heads, row) + d;
   dk[kb] = T(sk);
   dv[kb] = T(sv);
+}
+
+//#entry attn_bwd_dq_reduce
+// dQ from the FUSED_DQ partials: one invocation per (b, h, query row, d), key blocks summed in order.
+@compute @workgroup_size(BR)
+fn attn_bwd_dq_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = gid.x;
+  if (i >= p.n * D) { return; }
+  let bh = gid.y;   // nwg.y = B * heads
+  let row = i / D;
+  let d = i % D;
+  let blocks = (p.m + BR - 1u) / BR;
+  var acc = 0.0;
+  for (var blk = 0u; blk < blocks; blk++) { acc += dq_part[((blk * nwg.y + bh) * p.n + row) * D4 + d / 4u][d % 4u]; }
+  dq[q_base(bh / p.heads, bh % p.heads, row) + d] = T(acc);
 }

@@ -24,6 +24,11 @@ export interface AttentionOptions {
    * Defaults to fwdTile(D, the device's workgroup memory).
    */
   tile?: FwdTile | null;
+  /**
+   * Backward (tests): true forces the fused dQ path (scores once; an error where it does not fit),
+   * false the separate dQ kernel. Default: fused where workgroup memory and its scratch cap allow.
+   */
+  fusedDq?: boolean;
 }
 
 /** Largest head dim: each invocation keeps a few D-vectors in registers. */
@@ -287,18 +292,28 @@ const ATTN_BWD_DQ = kernel({
   bindings: [...BWD_INPUTS, write('dq')],
 });
 
+/** FUSED_DQ: per-key-block f32 dQ partials written by the dK/dV kernels (shaders/attention.wgsl dq_partials). */
+const DQ_PART = { name: 'dq_part', type: 'vec4<f32>', access: 'read_write', when: 'FUSED_DQ' } as const;
+
 const ATTN_BWD_DKV = kernel({
   shader: 'attention',
   entry: 'attn_bwd_dkv',
   uniforms: DIMS,
-  bindings: [...BWD_INPUTS, write('dk'), write('dv')],
+  bindings: [...BWD_INPUTS, write('dk'), write('dv'), DQ_PART],
 });
 
 const ATTN_BWD_DKV_SPLIT = kernel({
   shader: 'attention',
   entry: 'attn_bwd_dkv_split',
   uniforms: SPLIT_DIMS,
-  bindings: [...BWD_INPUTS, write('dk_part', 'f32'), write('dv_part', 'f32')],
+  bindings: [...BWD_INPUTS, write('dk_part', 'f32'), write('dv_part', 'f32'), DQ_PART],
+});
+
+const ATTN_BWD_DQ_REDUCE = kernel({
+  shader: 'attention',
+  entry: 'attn_bwd_dq_reduce',
+  uniforms: DIMS,
+  bindings: [read('dq_part', 'vec4<f32>'), write('dq')],
 });
 
 const ATTN_BWD_DKV_REDUCE = kernel({
@@ -320,12 +335,28 @@ function uniforms(d: Dims) {
  * workgroup per 64 keys leaves the GPU idle, so the query rows are split and partial sums reduced;
  * with many keys (self-attention) there is one split.
  */
-function querySplit(d: Dims): number {
+function querySplit(d: Dims, bc: number): number {
   const workgroups = Math.ceil(d.M / BR) * d.B * d.H;
   const want = Math.ceil(256 / workgroups);
-  const bc = tileRows(d.D);
   const splits = Math.max(1, Math.min(want, Math.ceil(d.N / (4 * bc))));
   return Math.ceil(Math.ceil(d.N / splits) / bc) * bc;
+}
+
+/** Cap on the fused backward's dQ partials; past it the separate dQ kernel runs. */
+const DQ_PARTIALS_MAX_BYTES = 64 * 2 ** 20;
+
+/**
+ * Query rows per staged tile of the fused backward (dK/dV kernel that also writes dQ partials), or null
+ * when it does not fit: besides the Q and dO tiles it keeps the key block's K (BR x D4 vec4) and the dS
+ * tile (BC x BR f32) in workgroup memory, and its partials take ceil(M / BR) x B x H x N x D4 x 16 bytes.
+ */
+export function fusedDqTileRows(D: number, M: number, rows: number, wgBytes: number, maxBinding: number): number | null {
+  const D4 = Math.ceil(D / 4);
+  const perRow = 2 * 16 * D4 + 8 + 4 * BR;
+  const fit = Math.floor((wgBytes - BR * D4 * 16) / perRow);
+  const bc = Math.min(32, fit - (fit % 4));
+  const partials = Math.ceil(M / BR) * rows * D4 * 16;
+  return bc >= 4 && partials <= Math.min(maxBinding, DQ_PARTIALS_MAX_BYTES) ? bc : null;
 }
 
 /** Refuses tensors larger than one storage binding (attention binds whole tensors). */
@@ -396,19 +427,31 @@ export function flashAttentionBackward(
   const dk = gpu.tensor(k.shape, k.dtype, 'gradients', 'attention.dk');
   const dv = gpu.tensor(v.shape, v.dtype, 'gradients', 'attention.dv');
   const inputs = { q, k, v, dy, lse, delta };
-  gpu.run(ATTN_BWD_DQ, { defs, uniforms: u, bindings: { ...inputs, dq }, workgroups: rowGroups(d, d.N) });
-  const qSplit = querySplit(d);
+  // Fused: the dK/dV kernel also writes dQ partials from its dS (scores computed once); otherwise the
+  // dQ kernel recomputes them.
+  const fusedBc = opts.fusedDq === false ? null : fusedDqTileRows(d.D, d.M, d.B * d.H * d.N, gpu.device.limits.maxComputeWorkgroupStorageSize, gpu.maxBinding);
+  if (opts.fusedDq === true && fusedBc === null) throw new ShapeError(op, `the fused dQ path does not fit this device for q ${fmtShape(q.shape)}`);
+  const bc = fusedBc ?? defs.BC;
+  const dkvDefs = { ...defs, BC: bc, FUSED_DQ: fusedBc !== null, KB_LEN: fusedBc ? BR * defs.D4 : 1, DS_LEN: fusedBc ? bc * BR : 1 };
+  const dq_part = fusedBc ? gpu.tensor([Math.ceil(d.M / BR) * d.B * d.H * d.N * defs.D4 * 4], 'f32', 'scratch', 'attention.dq-partials') : null;
+  const fused: { dq_part?: Tensor } = dq_part ? { dq_part } : {};
+  if (!dq_part) gpu.run(ATTN_BWD_DQ, { defs, uniforms: u, bindings: { ...inputs, dq }, workgroups: rowGroups(d, d.N) });
+  const qSplit = querySplit(d, bc);
   const splits = Math.ceil(d.N / qSplit);
-  if (splits === 1) gpu.run(ATTN_BWD_DKV, { defs, uniforms: u, bindings: { ...inputs, dk, dv }, workgroups: rowGroups(d, d.M) });
+  if (splits === 1) gpu.run(ATTN_BWD_DKV, { defs: dkvDefs, uniforms: u, bindings: { ...inputs, dk, dv, ...fused }, workgroups: rowGroups(d, d.M) });
   else {
     const part = [splits * d.B * d.H * d.M * d.D];
     const dk_part = gpu.tensor(part, 'f32', 'scratch', 'attention.dk-partials');
     const dv_part = gpu.tensor(part, 'f32', 'scratch', 'attention.dv-partials');
     checkBindable(gpu, op, dk_part);
     const su = { ...u, q_split: qSplit };
-    gpu.run(ATTN_BWD_DKV_SPLIT, { defs, uniforms: su, bindings: { ...inputs, dk_part, dv_part }, workgroups: rowGroups(d, d.M, splits) });
+    gpu.run(ATTN_BWD_DKV_SPLIT, { defs: dkvDefs, uniforms: su, bindings: { ...inputs, dk_part, dv_part, ...fused }, workgroups: rowGroups(d, d.M, splits) });
     gpu.run(ATTN_BWD_DKV_REDUCE, { defs, uniforms: su, bindings: { dk_part, dv_part, dk, dv }, workgroups: [Math.ceil((d.M * d.D) / BR), d.B * d.H] });
     gpu.free(dk_part, dv_part);
+  }
+  if (dq_part) {
+    gpu.run(ATTN_BWD_DQ_REDUCE, { defs, uniforms: u, bindings: { dq_part, dq }, workgroups: [Math.ceil((d.N * d.D) / BR), d.B * d.H] });
+    gpu.free(dq_part);
   }
   gpu.free(delta);
   return { dq, dk, dv };
