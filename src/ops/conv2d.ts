@@ -530,7 +530,7 @@ function convGradWeight(gpu: Gpu, op: string, s: ConvShape, dy: Tensor, x: Tenso
         ...gemmDefs(s, tile, M, N, kSplit % tile.BK === 0 && g.kLen % tile.BK === 0),
         ACCUMULATE: partial ? false : accumulate || g.n0 > 0,
       },
-      uniforms: { off_dy: wdy.offset, off_x: wx.offset, off_dw: wout.offset + slab * len, k_len: g.kLen, k_split: kSplit },
+      uniforms: { off_dy: wdy.offset, off_x: wx.offset, off_dw: wout.offset + (direct ? 0 : slab * len), k_len: g.kLen, k_split: kSplit },
       bindings: { dy: wdy.window, x: wx.window, dw: wout.window },
       workgroups: [Math.ceil(N / tile.BN), Math.ceil(M / tile.BM), splits],
     });
