@@ -105,6 +105,7 @@ export function declarations(decl: KernelDecl, defs: Defs): string {
 }
 
 const MARKER = /^\/\/#entry\b(.*)$/;
+const DIRECTIVE = /^[ \t]*(enable|requires|diagnostic)\b[^;\n]*;[ \t]*$/gm;
 
 /** The common text of a WGSL file plus the sections that belong to `entry`. */
 export function sectionsFor(source: string, entry: string): string {
@@ -131,7 +132,15 @@ export function sectionsFor(source: string, entry: string): string {
 /** The full module for one entry point: prelude of defs, generated interface, then its text. */
 export function kernelModule(source: string, decl: KernelDecl, defs: Defs): string {
   const generated = decl.code ? `${decl.code(defs)}\n` : '';
-  return specialise(`${declarations(decl, defs)}\n${generated}${sectionsFor(source, decl.entry)}`, defs);
+  const body = specialise(`${declarations(decl, defs)}\n${generated}${sectionsFor(source, decl.entry)}`, defs);
+  // WGSL wants directives (`enable subgroups;`) before every declaration: lift those of the generated code and
+  // the sections above the prelude (blank lines keep the line count).
+  const directives = new Set<string>();
+  const rest = body.replace(DIRECTIVE, (line) => {
+    directives.add(line.trim());
+    return '';
+  });
+  return directives.size ? `${[...directives].join('\n')}\n${rest}` : rest;
 }
 
 /** Packs a call's uniforms in declaration order (4 bytes each, the struct padded to 16 bytes). */

@@ -66,6 +66,11 @@ describe('named kernel interfaces', () => {
     assert.match(sectionsFor('fn plain() {}', 'anything'), /fn plain/, 'a file without markers is all common');
     const m = kernelModule(SOURCE, AXPY, { T: 'f16', HAS_BIAS: false });
     assert.match(m, /^enable f16;/);
+    // A directive inside a section is lifted above the generated declarations (WGSL wants directives first).
+    const withEnable = kernelModule(SOURCE.replace('//#entry axpy\n', '//#entry axpy\nenable subgroups;\n'), AXPY, { T: 'f16', HAS_BIAS: false });
+    const lines = withEnable.split('\n');
+    assert.ok(lines.indexOf('enable subgroups;') >= 0 && lines.indexOf('enable subgroups;') < lines.findIndex((l) => l.startsWith('alias')), withEnable);
+    assert.equal(lines.filter((l) => /enable subgroups/.test(l)).length, 1);
   });
 
   it('packs uniforms by name and type, refusing unknown, missing and out-of-range values', () => {
