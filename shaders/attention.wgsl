@@ -1,35 +1,18 @@
 // Flash attention (forward and backward) and the delta term of its backward.
 //
-// Per (batch b, head h): S = scale * Q K^T [N, M], P = softmax_rows(S), O = P V. The softmax is
-// computed online over key tiles: per tile, m' = max(m, max_j s_j), l = l e^(m-m') + sum_j e^(s_j-m'),
-// o = o e^(m-m') + sum_j e^(s_j-m') v_j; at the end O = o / l and LSE = m + log l is saved, so the
-// backward can rebuild P = exp(S - LSE) tile by tile. The N x M matrices S and P never exist in memory.
-//
-// Forward, attn_fwd (FlashAttention-2): a workgroup owns a block of BR = TR * RM query rows, staged
-// once (scaled) in workgroup memory, and walks key tiles of BC = TC * RN rows. Its TR x TC invocations
-// tile the BR x BC score tile: invocation (tr, tc) owns rows tr*RM .. tr*RM+RM-1 and key columns
-// tc, tc+TC, ..., so S is a register micro-matmul (RM x RN vec4 accumulators over the D4 chunks); the
-// body is generated unrolled (src/ops/attention.ts, fwdCode) so those registers are indexed by
-// constants only. A row's max is reduced across its TC invocations through workgroup memory (`red`,
-// fixed order; a subgroup-shuffle variant needs `enable subgroups;` ahead of the generated
-// declarations, which src/gpu/kernel.ts cannot place yet); its sum l is kept per invocation (the max is shared, so partial sums rescale alike)
-// and reduced once at the end. P goes through workgroup memory (`ps`) to the O update, where each
-// invocation owns its RM rows x DC vec4 chunks of O (chunk tc, tc+TC, ...). Loop bounds are
-// constants (D4, BC); only the last key tile (and causal tiles) mask. The next tile's K (and this
-// tile's V) are loaded into registers while the current one is used.
-// attn_fwd_rows is the general path (one invocation per query row, K/V tiles staged) for head dims
-// whose FA-2 tiles do not fit the device's workgroup memory.
-//
+// Per (batch b, head h): S = scale * Q K^T [N, M], P = softmax_rows(S), O = P V.
+// Forward: one invocation per query row; key/value tiles of BC rows are staged in workgroup memory
+// and the softmax is computed online: per tile, s_j = scale q.k_j, m' = max(m, max_j s_j),
+// l = l e^(m-m') + sum_j e^(s_j-m'), o = o e^(m-m') + sum_j e^(s_j-m') v_j. At the end O = o / l and
+// LSE = m + log l is saved, so the backward can rebuild P = exp(S - LSE) tile by tile. The N x M
+// matrices S and P never exist in memory.
 // Backward (with dO): Delta_i = sum_d dO_id O_id; dS_ij = P_ij (dO_i . v_j - Delta_i);
 //   dQ_i = scale sum_j dS_ij k_j      (attn_bwd_dq: one invocation per query row, loops over key tiles)
 //   dK_j = scale sum_i dS_ij q_i,  dV_j = sum_i P_ij dO_i
 //                                     (attn_bwd_dkv: one invocation per key row, loops over query tiles)
-// so no atomics are needed. Where workgroup memory and a scratch cap allow (FUSED_DQ), attn_bwd_dkv
-// also writes per-key-block dQ partials from the dS it already has and attn_bwd_dq_reduce sums
-// them: the scores are then computed once in the backward instead of twice (see dq_partials).
-// Specialised by T (storage), D (head dim), D4 = ceil(D/4) (vec4 chunks
-// per row), BR (rows per workgroup), BC (rows per staged tile), the FA-2 shape (RM, RN, TC, TR, DC,
-// KL) and CAUSAL (query i attends to keys j <= i only; self-attention).
+// so no atomics are needed. Specialised by T (storage), D (head dim), D4 = ceil(D/4) (vec4 chunks
+// per row), BR (rows per workgroup = invocations), BC (tile rows staged in workgroup memory, as f32,
+// a multiple of 4) and CAUSAL (query i attends to keys j <= i only; self-attention).
 //
 // Layouts are given by strides: element (b, h, row, d) of a tensor lives at
 // b*s_b + h*s_h + row*s_row + d, which covers [B,H,N,D] and [B,N,H,D] alike.
@@ -43,20 +26,19 @@
 // out, dy (T); lse, delta (f32 [B,H,N]); dq, dk, dv (T); dk_part, dv_part (f32 partials of the split
 // dK/dV path, dense [split][b][h][key][d], summed by attn_bwd_dkv_reduce).
 
-const NEG_BIG = -3.0e38;        // "minus infinity" for masked scores: exp(NEG_BIG - m) = 0
-const D_EXACT = (D % 4u) == 0u;  // no zero padding in the last chunk
-
-fn q_base(b: u32, h: u32, row: u32) -> u32 { return b * p.q_sb + h * p.q_sh + row * p.q_sn; }
-fn k_base(b: u32, h: u32, row: u32) -> u32 { return b * p.k_sb + h * p.k_sh + row * p.k_sn; }
-
-//#entry attn_fwd_rows attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split
 // Tiles hold rows of D4 = ceil(D/4) vec4 chunks (zero past D), so every dot product and
 // accumulation runs 4 lanes wide and each workgroup-memory read feeds 4 FMAs.
 var<workgroup> tile_a: array<vec4<f32>, BC * D4>;   // K (forward, dQ) or Q (dK/dV)
 var<workgroup> tile_b: array<vec4<f32>, BC * D4>;   // V (forward, dQ) or dO (dK/dV)
 var<workgroup> tile_r: array<vec2<f32>, BC>;        // dK/dV: (LSE, Delta) of the staged query rows
 
-//#entry attn_fwd attn_fwd_rows attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split
+const NEG_BIG = -3.0e38;        // "minus infinity" for masked scores: exp(NEG_BIG - m) = 0
+const D_EXACT = (D % 4u) == 0u;  // no zero padding in the last chunk
+
+fn q_base(b: u32, h: u32, row: u32) -> u32 { return b * p.q_sb + h * p.q_sh + row * p.q_sn; }
+fn k_base(b: u32, h: u32, row: u32) -> u32 { return b * p.k_sb + h * p.k_sh + row * p.k_sn; }
+
+//#entry attn_fwd attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split
 // Chunk c (elements 4c..4c+3, zero past D) of the row starting at `base` of each input.
 fn q_chunk(base: u32, c: u32) -> vec4<f32> {
   var r = vec4<f32>(0.0);
@@ -80,17 +62,17 @@ fn do_chunk(base: u32, c: u32) -> vec4<f32> {
   return r;
 }
 
-//#entry attn_fwd attn_fwd_rows attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split
+//#entry attn_fwd attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split
 fn hsum(x: vec4<f32>) -> f32 { return (x.x + x.y) + (x.z + x.w); }
 
-//#entry attn_fwd attn_fwd_rows attn_bwd_delta attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split
+//#entry attn_fwd attn_bwd_delta attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split
 // Workgroup id -> (b, h, first row): x walks row tiles, y walks b*heads.
 struct Task { b: u32, h: u32, row0: u32 }
 fn task(wid: vec3<u32>) -> Task {
   return Task(wid.y / p.heads, wid.y % p.heads, wid.x * BR);
 }
 
-//#entry attn_fwd_rows attn_bwd_dq
+//#entry attn_fwd attn_bwd_dq
 // Keys of the tile starting at kt that query `row` attends to: all of them, or with CAUSAL (a
 // decoder-style mask, CLIP's text encoder) only keys kt + j <= row.
 fn visible_keys(row: u32, kt: u32) -> u32 {
@@ -118,83 +100,11 @@ fn stage_kv(b: u32, h: u32, r0: u32, lid: u32) {
 }
 
 //#entry attn_fwd
-// ---- FA-2 forward helpers (the entry point itself is generated: src/ops/attention.ts fwdCode) ----
-
-var<workgroup> qs: array<vec4<f32>, BR * D4>;   // the block's query rows, scaled (zero past n)
-var<workgroup> kv: array<vec4<f32>, BC * D4>;   // the current key tile, then its value tile (zero past m)
-var<workgroup> ps: array<f32, BR * BC>;         // P of the current tile
-var<workgroup> red: array<f32, BR * TC>;        // per-row partials of the TC invocations sharing a row
-
-const WG = TR * TC;
-
-fn stage_q(t: Task, lid: u32) {
-  for (var e = lid; e < BR * D4; e += WG) {
-    let row = t.row0 + e / D4;
-    var x = vec4<f32>(0.0);
-    if (row < p.n) { x = q_chunk(q_base(t.b, t.h, row), e % D4) * p.scale; }
-    qs[e] = x;
-  }
-}
-
-// Element e of the key (value) tile starting at key kt: key row kt + e / D4, chunk e % D4.
-fn load_k(t: Task, kt: u32, e: u32) -> vec4<f32> {
-  let key = kt + e / D4;
-  if (e >= BC * D4 || key >= p.m) { return vec4<f32>(0.0); }
-  return k_chunk(k_base(t.b, t.h, key), e % D4);
-}
-fn load_v(t: Task, kt: u32, e: u32) -> vec4<f32> {
-  let key = kt + e / D4;
-  if (e >= BC * D4 || key >= p.m) { return vec4<f32>(0.0); }
-  return v_chunk(k_base(t.b, t.h, key), e % D4);
-}
-fn store_kv(e: u32, x: vec4<f32>) {
-  if (KL * WG == BC * D4 || e < BC * D4) { kv[e] = x; }
-}
-
-// Key tiles the block visits: all, or with CAUSAL those holding a key <= its last row.
-fn key_tiles(row0: u32) -> u32 {
-  let all = (p.m + BC - 1u) / BC;
-  if (!CAUSAL) { return all; }
-  return min(all, (min(row0 + BR, p.n) - 1u) / BC + 1u);
-}
-
-// Score of query `row` and key `key` on a masked tile: past m or (CAUSAL) after the row, none.
-fn mask_score(s: f32, row: u32, key: u32) -> f32 {
-  if (key >= p.m || (CAUSAL && key > row)) { return NEG_BIG; }
-  return s;
-}
-
-// Max (sum) of the TC partials of local row lr in `red`, in a fixed order.
-fn row_max(lr: u32) -> f32 {
-  var x = red[lr * TC];
-  for (var i = 1u; i < TC; i++) { x = max(x, red[lr * TC + i]); }
-  return x;
-}
-fn row_sum(lr: u32) -> f32 {
-  var x = red[lr * TC];
-  for (var i = 1u; i < TC; i++) { x += red[lr * TC + i]; }
-  return x;
-}
-
-// Writes chunk c of local row lr of O (and, from the invocation with tc = 0, its LSE).
-fn store_out(t: Task, lr: u32, c: u32, o: vec4<f32>) {
-  let row = t.row0 + lr;
-  if (row >= p.n || c >= D4) { return; }
-  let base = q_base(t.b, t.h, row) + 4u * c;
-  for (var e = 0u; e < 4u; e++) { if (D_EXACT || 4u * c + e < D) { out[base + e] = T(o[e]); } }
-}
-fn store_lse(t: Task, lr: u32, m: f32, l: f32) {
-  let row = t.row0 + lr;
-  if (row < p.n) { lse[(t.b * p.heads + t.h) * p.n + row] = m + log(l); }
-}
-
-//#entry attn_fwd_rows
-// General path: one invocation per query row.
 // Each tile is processed in two sweeps over its visible rows: first all the dot products
 // (independent of each other, so they overlap), then the accumulation. (Loops run to the visible
 // count, not the constant BC: fully unrolled BC x D4 bodies make Mesa's f16 compile take minutes.)
 @compute @workgroup_size(BR)
-fn attn_fwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let t = task(wid);
   let row = t.row0 + lid;
   let live = row < p.n;
@@ -317,34 +227,13 @@ fn stage_q(b: u32, h: u32, r0: u32, lid: u32) {
   }
 }
 
-// FUSED_DQ: the key block's (scaled) K rows and the dS tile, for the block's dQ partials.
-var<workgroup> k_blk: array<vec4<f32>, KB_LEN>;   // BR * D4 (1 without FUSED_DQ)
-var<workgroup> ds_t: array<f32, DS_LEN>;          // BC * BR: dS[query i][key j] at i * BR + j
-
-// With FUSED_DQ the dK/dV kernels also produce dQ from the same scores: per query tile, the
-// block's partial dQ_i = scale sum_{j in block} dS_ij k_j (a [BC, BR] x [BR, D] product of the dS
-// tile and the block's K, both in workgroup memory) goes to dq_part[key block][b*h][row] (f32, D4
-// vec4 chunks), one writer per element; attn_bwd_dq_reduce sums the key blocks in a fixed order. So
-// S and dP are computed once per (query, key) pair and dQ is deterministic (no float atomics, whose
-// order would change the sums from run to run and break bit-identical resume). The partials take
-// ceil(M / BR) x B x H x N x D4 x 16 bytes; past a cap the separate dQ kernel runs instead.
-fn dq_partials(blk: u32, bh: u32, bhs: u32, qt: u32, rows: u32, lid: u32) {
-  for (var e = lid; e < rows * D4; e += BR) {
-    let i = e / D4;
-    let c = e % D4;
-    var acc = vec4<f32>(0.0);
-    for (var j = 0u; j < BR; j++) { acc = fma(vec4<f32>(ds_t[i * BR + j]), k_blk[j * D4 + c], acc); }
-    dq_part[((blk * bhs + bh) * p.n + qt + i) * D4 + c] = acc;
-  }
-}
-
 // dK/dV accumulators of one key row over query rows [q_begin, q_end) (before the final scale of dK).
 struct DkvSums {
   dk: array<vec4<f32>, D4>,
   dv: array<vec4<f32>, D4>,
 }
 
-fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32, blk: u32, bh: u32, bhs: u32) -> DkvSums {
+fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32) -> DkvSums {
   var kr: array<vec4<f32>, D4>;
   var vr: array<vec4<f32>, D4>;
   var acc: DkvSums;
@@ -354,11 +243,6 @@ fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32, b
     vr[c] = v_chunk(kb, c);
     acc.dk[c] = vec4<f32>(0.0);
     acc.dv[c] = vec4<f32>(0.0);
-    if (FUSED_DQ) {
-      var kz = vec4<f32>(0.0);
-      if (live) { kz = kr[c]; }
-      k_blk[lid * D4 + c] = kz;
-    }
   }
   var pw: array<f32, BC>;
   var ds: array<f32, BC>;
@@ -387,15 +271,6 @@ fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32, b
         }
       }
     }
-    if (FUSED_DQ) {
-      for (var i = 0u; i < BC; i++) {
-        var x = 0.0;
-        if (live && i >= first && i < rows) { x = ds[i]; }
-        ds_t[i * BR + lid] = x;
-      }
-      workgroupBarrier();
-      dq_partials(blk, bh, bhs, qt, rows, lid);
-    }
     workgroupBarrier();
   }
   return acc;
@@ -404,11 +279,11 @@ fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32, b
 //#entry attn_bwd_dkv
 // One invocation per key row over all query rows; writes dK, dV in T.
 @compute @workgroup_size(BR)
-fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let t = task(wid);
   let row = t.row0 + lid;
   let live = row < p.m;
-  let acc = dkv_sums(t, row, live, lid, 0u, p.n, wid.x, wid.y, nwg.y);
+  let acc = dkv_sums(t, row, live, lid, 0u, p.n);
   if (!live) { return; }
   let kb = k_base(t.b, t.h, row);
   for (var d = 0u; d < D; d++) {
@@ -425,7 +300,7 @@ fn attn_bwd_dkv_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
   let row = t.row0 + lid;
   let live = row < p.m;
   let q_begin = wid.z * p.q_split;
-  let acc = dkv_sums(t, row, live, lid, q_begin, min(p.n, q_begin + p.q_split), wid.x, wid.y, nwg.y);
+  let acc = dkv_sums(t, row, live, lid, q_begin, min(p.n, q_begin + p.q_split));
   if (!live) { return; }
   let base = ((wid.z * nwg.y + wid.y) * p.m + row) * D;
   for (var d = 0u; d < D; d++) {
@@ -455,19 +330,4 @@ fn attn_bwd_dkv_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
   let kb = k_base(bh / p.heads, bh % p.heads, row) + d;
   dk[kb] = T(sk);
   dv[kb] = T(sv);
-}
-
-//#entry attn_bwd_dq_reduce
-// dQ from the FUSED_DQ partials: one invocation per (b, h, query row, d), key blocks summed in order.
-@compute @workgroup_size(BR)
-fn attn_bwd_dq_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x;
-  if (i >= p.n * D) { return; }
-  let bh = gid.y;   // nwg.y = B * heads
-  let row = i / D;
-  let d = i % D;
-  let blocks = (p.m + BR - 1u) / BR;
-  var acc = 0.0;
-  for (var blk = 0u; blk < blocks; blk++) { acc += dq_part[((blk * nwg.y + bh) * p.n + row) * D4 + d / 4u][d % 4u]; }
-  dq[q_base(bh / p.heads, bh % p.heads, row) + d] = T(acc);
 }

@@ -1,102 +1,126 @@
-// Batched, tiled matmul  C[b] = op(A[b]) · op(B[b]) (+ bias) (+ C[b] when accumulating), f32 accumulation.
+// Batched, tiled matmul  C[b] = op(A[b]) · op(B[b]) (+ bias) (+ C[b] when accumulating).
 //
-// Specialised by (defs, chosen per problem by src/ops/matmul.ts):
-//   T                storage type of A, B and bias (f16 or f32)
+// Specialised by:
+//   T                storage type of A, B and bias (f16 or f32); every product is accumulated in f32
 //   TC               storage type of C: T, or f32 for f32 gradient buffers fed by f16 operands
 //   BM, BN, BK       workgroup tile: BM rows x BN columns of C, stepping BK along the reduction
-//   TM, TN           register block of one invocation (multiples of 4): the workgroup is (BN/TN) x (BM/TM)
-//   TRANS_A/TRANS_B  A stored [K, M] / B stored [N, K] instead of [M, K] / [K, N]
-//   VEC_A/VEC_B      the operand is bound as vec4<T> and staged with one 16-byte load per group of 4
-//                    contiguous elements (the host's choice when ld, offsets, batch stride and the
-//                    contiguous dimension are multiples of 4)
-//   CHECK_M/N/K      bounds checks along that dimension; false when it is a multiple of the tile
-//   HAS_BIAS         add bias[n] in the epilogue;  ACCUMULATE  C += result instead of C = result
+//   TM, TN           register block of one invocation (both multiples of 4), so the workgroup is
+//                    (BN/TN) x (BM/TM) invocations
+//   TRANS_A          A is stored [K, M] (op(A) = Aᵀ) instead of [M, K]
+//   TRANS_B          B is stored [N, K] (op(B) = Bᵀ) instead of [K, N]
+//   HAS_BIAS         add bias[n] in the epilogue
+//   ACCUMULATE       C += result instead of C = result (gradient accumulation, split-K chunks)
 //
 // Addressing is BLAS-like: element (r, c) of a row-major operand is base + r * ld + c, where base is
-// an element offset into the bound window plus batch * batch stride (0 broadcasts an operand).
+// an element offset into the bound window plus batch * batch stride. The host binds windows of
+// tensors (never more than one storage binding), so a huge operand is walked in row or K chunks.
 //
-// The tile loop, the register micro-kernel and the staging are generated per tile shape by
-// `gemmCode` in src/ops/matmul.ts (`gemm_tile`), so every register (accumulators, A and B fragments,
-// the prefetched next tile) is a named variable: nothing indexes a register array with a loop counter
-// (software adapters would keep such arrays in memory). Shared tiles hold f32 vec4s copied as stored:
-// the contiguous dimension of each operand is the vec4 axis, so staging never transposes; a tile whose
-// vec4s run along K has its rows padded by one vec4 (conflict-free reads down a column). While one
-// BK-deep tile is multiplied, the next is loaded into registers.
-//
-// Invocation (tx, ty) owns rows (i * WG_Y + ty) * 4 + 0..3 for i < TM / 4 and columns
-// (j * WG_X + tx) * 4 + 0..3 for j < TN / 4, so neighbouring invocations touch neighbouring vec4s.
-//
-// Split-K: `matmul_partial` runs the same tile over the K range [z * k_split, (z + 1) * k_split) of
-// workgroup z and writes f32 partial sums [splits, M, N]; `matmul_reduce` adds them in parallel (one
-// invocation per output element) and applies bias, accumulation and the conversion to TC.
-//
+// Each invocation owns TM rows x TN columns of the output tile, interleaved so that neighbouring
+// invocations read neighbouring vec4s of the shared tiles (no bank conflicts) and write neighbouring
+// vec4s of C (coalesced): row block i of invocation (tx, ty) covers rows (i * WG_Y + ty) * 4 + 0..3,
+// column block j covers columns (j * WG_X + tx) * 4 + 0..3.
+
 // Uniforms and bindings are declared per entry point in src/ops/matmul.ts (src/gpu/kernel.ts generates
-// them).
+// them): matmul reads a, b (and bias with HAS_BIAS) and writes c; M, N, K, leading dimensions lda/ldb/ldc,
+// element offsets off_* of each operand inside its bound window, batch strides stride_* (0 broadcasts).
 
 //#entry matmul
-fn store_c1(row_base: u32, n: u32, s: f32) {
-  if (CHECK_N && n >= p.N) { return; }
-  var t = s;
-  if (HAS_BIAS) { t += f32(bias[p.off_bias + n]); }
-  let idx = row_base + n;
-  if (ACCUMULATE) { t += f32(c[idx]); }
-  c[idx] = TC(t);
+const VM = TM / 4u;            // vec4 row blocks per invocation
+const VN = TN / 4u;            // vec4 column blocks per invocation
+const WG_X = BN / TN;
+const WG_Y = BM / TM;
+const WG_SIZE = WG_X * WG_Y;
+const A_GROUPS = BM * BK / 4u; // the A tile is loaded as vec4 groups of 4 consecutive rows
+const B_GROUPS = BK * BN / 4u; // the B tile as vec4 groups of 4 consecutive columns
+
+// Shared tiles in f32, k-major: tile_a[k][m/4], tile_b[k][n/4]. 4 * (BM + BN) * BK bytes.
+var<workgroup> tile_a: array<vec4<f32>, BK * BM / 4u>;
+var<workgroup> tile_b: array<vec4<f32>, BK * BN / 4u>;
+
+// op(A)[m, k] of this batch, 0 outside the matrix.
+fn load_a(base: u32, m: u32, k: u32) -> f32 {
+  if (m >= p.M || k >= p.K) { return 0.0; }
+  if (TRANS_A) { return f32(a[base + k * p.lda + m]); }
+  return f32(a[base + m * p.lda + k]);
 }
 
-// Columns n..n+3 of row m (masked at the matrix edges).
-fn store_out(base_c: u32, m: u32, n: u32, v: vec4<f32>) {
-  if (CHECK_M && m >= p.M) { return; }
-  let rb = base_c + m * p.ldc;
-  store_c1(rb, n, v.x);
-  store_c1(rb, n + 1u, v.y);
-  store_c1(rb, n + 2u, v.z);
-  store_c1(rb, n + 3u, v.w);
+// op(B)[k, n] of this batch, 0 outside the matrix.
+fn load_b(base: u32, k: u32, n: u32) -> f32 {
+  if (k >= p.K || n >= p.N) { return 0.0; }
+  if (TRANS_B) { return f32(b[base + n * p.ldb + k]); }
+  return f32(b[base + k * p.ldb + n]);
 }
 
-@compute @workgroup_size(BN / TN, BM / TM)
+@compute @workgroup_size(WG_X, WG_Y)
 fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
           @builtin(local_invocation_index) tid: u32) {
-  gemm_tile(wg.y * BM, wg.x * BN, p.off_a + wg.z * p.stride_a, p.off_b + wg.z * p.stride_b,
-            p.off_c + wg.z * p.stride_c, 0u, p.K, lid.x, lid.y, tid);
-}
+  let row0 = wg.y * BM;
+  let col0 = wg.x * BN;
+  let base_a = p.off_a + wg.z * p.stride_a;
+  let base_b = p.off_b + wg.z * p.stride_b;
+  let base_c = p.off_c + wg.z * p.stride_c;
 
-//#entry matmul_partial
-fn store_p1(row_base: u32, n: u32, s: f32) {
-  if (CHECK_N && n >= p.N) { return; }
-  partial[row_base + n] = s;
-}
+  var acc: array<vec4<f32>, TM * VN>; // acc[row r][column block j], zero-initialised
 
-fn store_out(base_c: u32, m: u32, n: u32, v: vec4<f32>) {
-  if (CHECK_M && m >= p.M) { return; }
-  let rb = base_c + m * p.N;
-  store_p1(rb, n, v.x);
-  store_p1(rb, n + 1u, v.y);
-  store_p1(rb, n + 2u, v.z);
-  store_p1(rb, n + 3u, v.w);
-}
+  for (var k0 = 0u; k0 < p.K; k0 += BK) {
+    // Stage the A tile. The memory-contiguous index runs fastest across invocations (k when A is
+    // [M, K], m when A is [K, M]) so a workgroup's reads coalesce.
+    for (var g = tid; g < A_GROUPS; g += WG_SIZE) {
+      var k: u32;
+      var m4: u32;
+      if (TRANS_A) { m4 = g % (BM / 4u); k = g / (BM / 4u); } else { k = g % BK; m4 = g / BK; }
+      let m = row0 + m4 * 4u;
+      tile_a[k * (BM / 4u) + m4] = vec4<f32>(load_a(base_a, m, k0 + k), load_a(base_a, m + 1u, k0 + k),
+                                             load_a(base_a, m + 2u, k0 + k), load_a(base_a, m + 3u, k0 + k));
+    }
+    // Stage the B tile the same way (n fastest for [K, N], k fastest for [N, K]).
+    for (var g = tid; g < B_GROUPS; g += WG_SIZE) {
+      var k: u32;
+      var n4: u32;
+      if (TRANS_B) { k = g % BK; n4 = g / BK; } else { n4 = g % (BN / 4u); k = g / (BN / 4u); }
+      let n = col0 + n4 * 4u;
+      tile_b[k * (BN / 4u) + n4] = vec4<f32>(load_b(base_b, k0 + k, n), load_b(base_b, k0 + k, n + 1u),
+                                             load_b(base_b, k0 + k, n + 2u), load_b(base_b, k0 + k, n + 3u));
+    }
+    workgroupBarrier();
 
-// Workgroup z multiplies the K range [z * k_split, min(K, (z + 1) * k_split)) into partial[z].
-@compute @workgroup_size(BN / TN, BM / TM)
-fn matmul_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-                  @builtin(local_invocation_index) tid: u32) {
-  let k_begin = wg.z * p.k_split;
-  gemm_tile(wg.y * BM, wg.x * BN, p.off_a, p.off_b, wg.z * p.M * p.N, k_begin, min(p.K, k_begin + p.k_split),
-            lid.x, lid.y, tid);
-}
+    // Rank-1 updates of the register block, one per k of the tile.
+    for (var k = 0u; k < BK; k++) {
+      var bv: array<vec4<f32>, VN>;
+      for (var j = 0u; j < VN; j++) { bv[j] = tile_b[k * (BN / 4u) + j * WG_X + lid.x]; }
+      for (var i = 0u; i < VM; i++) {
+        let av = tile_a[k * (BM / 4u) + i * WG_Y + lid.y];
+        for (var j = 0u; j < VN; j++) {
+          acc[(i * 4u + 0u) * VN + j] = fma(vec4<f32>(av.x), bv[j], acc[(i * 4u + 0u) * VN + j]);
+          acc[(i * 4u + 1u) * VN + j] = fma(vec4<f32>(av.y), bv[j], acc[(i * 4u + 1u) * VN + j]);
+          acc[(i * 4u + 2u) * VN + j] = fma(vec4<f32>(av.z), bv[j], acc[(i * 4u + 2u) * VN + j]);
+          acc[(i * 4u + 3u) * VN + j] = fma(vec4<f32>(av.w), bv[j], acc[(i * 4u + 3u) * VN + j]);
+        }
+      }
+    }
+    workgroupBarrier();
+  }
 
-//#entry matmul_reduce
-// C[m, n] = Σ_z partial[z, m, n] (+ bias[n]) (+ C[m, n]), one invocation per element.
-@compute @workgroup_size(64, 4)
-fn matmul_reduce(@builtin(global_invocation_id) gid: vec3<u32>) {
-  let n = gid.x;
-  let m = gid.y;
-  if (n >= p.N || m >= p.M) { return; }
-  var t = 0.0;
-  for (var z = 0u; z < p.splits; z++) { t += partial[(z * p.M + m) * p.N + n]; }
-  if (HAS_BIAS) { t += f32(bias[p.off_bias + n]); }
-  let idx = p.off_c + m * p.ldc + n;
-  if (ACCUMULATE) { t += f32(c[idx]); }
-  c[idx] = TC(t);
+  // Epilogue: bias, accumulation into C, conversion to T; masked at the matrix edges.
+  for (var i = 0u; i < VM; i++) {
+    for (var r = 0u; r < 4u; r++) {
+      let m = row0 + (i * WG_Y + lid.y) * 4u + r;
+      if (m >= p.M) { continue; }
+      for (var j = 0u; j < VN; j++) {
+        let n0 = col0 + (j * WG_X + lid.x) * 4u;
+        let v = acc[(i * 4u + r) * VN + j];
+        for (var q = 0u; q < 4u; q++) {
+          let n = n0 + q;
+          if (n >= p.N) { break; }
+          var s = v[q];
+          if (HAS_BIAS) { s += f32(bias[p.off_bias + n]); }
+          let idx = base_c + m * p.ldc + n;
+          if (ACCUMULATE) { s += f32(c[idx]); }
+          c[idx] = TC(s);
+        }
+      }
+    }
+  }
 }
 
 // ---- column sums (bias gradient): out[n] = sum over rows r of x[r, n] ----------------------------

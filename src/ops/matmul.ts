@@ -8,8 +8,7 @@
 import type { BufferWindow, Gpu } from '../gpu/device.ts';
 import { kernel } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
-import type { Defs } from '../gpu/shaders.ts';
-import { BYTES, expectSameDType, expectShape, numel, Tensor, type DType } from '../gpu/tensor.ts';
+import { BYTES, expectSameDType, expectShape, numel, Tensor } from '../gpu/tensor.ts';
 
 export interface MatmulOptions {
   /** a is stored [..., K, M]. */
@@ -22,10 +21,8 @@ export interface MatmulOptions {
   out?: Tensor;
   /** out += a·b (+ bias) instead of out = ... (needs `out`). */
   accumulate?: boolean;
-  /** Force a workgroup tile (tests, benchmarks, the tuner); by default picked from the problem size. */
+  /** Force a workgroup tile (tests, benchmarks); by default picked from the problem size. */
   tile?: Tile;
-  /** Force the number of split-K ranges (1: none); by default picked with the tile. */
-  splitK?: number;
 }
 
 /** Workgroup tile: BM x BN outputs, BK-deep steps, TM x TN outputs per invocation (multiples of 4). */
@@ -47,15 +44,16 @@ export function tileSharedBytes(t: Tile): number {
   return 4 * (t.BM + t.BN) * t.BK;
 }
 
-function checkTile(gpu: Gpu, t: Tile, transA: boolean, transB: boolean): void {
+function checkTile(gpu: Gpu, t: Tile): void {
   const ok =
     t.TM % 4 === 0 &&
     t.TN % 4 === 0 &&
-    t.BK % 4 === 0 &&
     t.BM % t.TM === 0 &&
     t.BN % t.TN === 0 &&
+    t.BM % 4 === 0 &&
+    t.BN % 4 === 0 &&
     (t.BM / t.TM) * (t.BN / t.TN) <= gpu.device.limits.maxComputeInvocationsPerWorkgroup &&
-    gemmSharedBytes(t, transA, transB) <= gpu.device.limits.maxComputeWorkgroupStorageSize;
+    tileSharedBytes(t) <= gpu.device.limits.maxComputeWorkgroupStorageSize;
   if (!ok) throw new ShapeError('matmul', `invalid tile ${JSON.stringify(t)}`);
 }
 
@@ -132,7 +130,6 @@ interface Gemm {
   strideC: number;
   accumulate: boolean;
   tile?: Tile;
-  splitK?: number;
 }
 
 /** Element span [first, last] of rows [r0, r0+rc) x cols [c0, c0+cc) over batches [b0, b0+nb). */
@@ -225,201 +222,15 @@ function planGemm(gpu: Gpu, g: Gemm, tile: Tile): Block[] {
   }
 }
 
-// ---- the generated tile loop -----------------------------------------------------------------
-
-/** The shared-memory layout of one operand's tile (f32 vec4s along the operand's contiguous dim). */
-interface TileLayout {
-  /** Stored rows of the tile (K when the vec4s run along M or N, else BM / BN). */
-  rows: number;
-  /** vec4 groups per stored row. */
-  groups: number;
-  /** vec4s between rows: `groups`, plus one of padding when the vec4s run along K. */
-  pitch: number;
-}
-
-/** A's tile: [BK][BM/4] when A is stored [K, M] (vec4s along M), else [BM][BK/4 + 1] (along K, padded). */
-function layoutA(t: Tile, transA: boolean): TileLayout {
-  return transA ? { rows: t.BK, groups: t.BM / 4, pitch: t.BM / 4 } : { rows: t.BM, groups: t.BK / 4, pitch: t.BK / 4 + 1 };
-}
-
-/** B's tile: [BK][BN/4] when B is stored [K, N], else [BN][BK/4 + 1]. */
-function layoutB(t: Tile, transB: boolean): TileLayout {
-  return transB ? { rows: t.BN, groups: t.BK / 4, pitch: t.BK / 4 + 1 } : { rows: t.BK, groups: t.BN / 4, pitch: t.BN / 4 };
-}
-
-/** Workgroup-memory bytes of the generated kernel's two tiles. */
-export function gemmSharedBytes(t: Tile, transA: boolean, transB: boolean): number {
-  const a = layoutA(t, transA);
-  const b = layoutB(t, transB);
-  return 16 * (a.rows * a.pitch + b.rows * b.pitch);
-}
-
-/**
- * WGSL of `gemm_tile` for one tile shape: staging loads (global -> registers), staging stores (registers
- * -> shared), the register micro-kernel and the epilogue, unrolled so that every register is a named
- * variable. See shaders/matmul.wgsl for the layout.
- */
-export function gemmCode(defs: Defs): string {
-  const num = (k: string) => defs[k] as number;
-  const flag = (k: string) => defs[k] === true;
-  const t: Tile = { BM: num('BM'), BN: num('BN'), BK: num('BK'), TM: num('TM'), TN: num('TN') };
-  const [transA, transB] = [flag('TRANS_A'), flag('TRANS_B')];
-  const wgX = t.BN / t.TN;
-  const wgY = t.BM / t.TM;
-  const wg = wgX * wgY;
-  const la = layoutA(t, transA);
-  const lb = layoutB(t, transB);
-  const out: string[] = [];
-  out.push(`alias AE = ${flag('VEC_A') ? 'vec4<T>' : 'T'};`, `alias BE = ${flag('VEC_B') ? 'vec4<T>' : 'T'};`);
-  out.push(`var<workgroup> tile_a: array<vec4<f32>, ${la.rows * la.pitch}>;`, `var<workgroup> tile_b: array<vec4<f32>, ${lb.rows * lb.pitch}>;`);
-
-  // Loads of one group of 4 contiguous elements at stored (row, col), 0 outside the matrix. Branch-free:
-  // indices are clamped into the bound array and `select` zeroes what lies outside (branches per element,
-  // inlined at every staging load, cost lavapipe's compiler a minute on skinny tiles).
-  const loader = (name: string, buf: string, ld: string, vec: boolean, rowLimit: string, colLimit: string, checkRow: boolean, checkCol: boolean) => {
-    const body: string[] = [`  let i = base + row * p.${ld} + col;`, `  let last = arrayLength(&${buf}) - 1u;`];
-    const at = (idx: string) => (checkRow || checkCol ? `${buf}[min(${idx}, last)]` : `${buf}[${idx}]`);
-    if (vec) body.push(`  let v = vec4<f32>(${at('i / 4u')});`);
-    else body.push(`  let v = vec4<f32>(f32(${at('i')}), f32(${at('i + 1u')}), f32(${at('i + 2u')}), f32(${at('i + 3u')}));`);
-    const inside: string[] = [];
-    if (checkRow) inside.push(`vec4<bool>(row < ${rowLimit})`);
-    // vec4 groups are wholly inside or outside (the contiguous dim is a multiple of 4).
-    if (checkCol) inside.push(vec ? `vec4<bool>(col < ${colLimit})` : `vec4<u32>(col) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(${colLimit})`);
-    if (inside.length === 0) body.push(`  return v;`);
-    else body.push(`  return select(vec4<f32>(0.0), v, ${inside.map((c) => `(${c})`).join(' & ')});`);
-    return `fn ${name}(base: u32, row: u32, col: u32, k_end: u32) -> vec4<f32> {\n${body.join('\n')}\n}`;
-  };
-  const [cm, cn, ck] = [flag('CHECK_M'), flag('CHECK_N'), flag('CHECK_K')];
-  out.push(
-    transA ? loader('load_a', 'a', 'lda', flag('VEC_A'), 'k_end', 'p.M', ck, cm) : loader('load_a', 'a', 'lda', flag('VEC_A'), 'p.M', 'k_end', cm, ck),
-    transB ? loader('load_b', 'b', 'ldb', flag('VEC_B'), 'p.N', 'k_end', cn, ck) : loader('load_b', 'b', 'ldb', flag('VEC_B'), 'k_end', 'p.N', ck, cn),
-  );
-
-  // Staging: invocation tid moves groups tid, tid + WG, ... of each tile. Up to 4 groups per invocation go
-  // through named registers (the next tile is loaded while this one is multiplied); skinny tiles, whose few
-  // invocations move many groups each, copy straight from global to shared memory in a loop instead (an
-  // unrolled copy of 16+ groups costs lavapipe's compiler most of a minute).
-  const staging = (op: 'a' | 'b', l: TileLayout, stored: (r: string, c: string) => [string, string]) => {
-    const total = l.rows * l.groups;
-    const n = Math.ceil(total / wg);
-    const at = (g: string, k0: string) => stored(`(${g} / ${l.groups}u)`, `(${g} % ${l.groups}u * 4u)`).map((x) => x.replaceAll('K0', k0));
-    const slot = (g: string) => `tile_${op}[${g} / ${l.groups}u * ${l.pitch}u + ${g} % ${l.groups}u]`;
-    if (n > 4) {
-      const copy = (k0: string) => {
-        const [row, col] = at('g', k0);
-        return [`    for (var g = tid; g < ${total}u; g += ${wg}u) { ${slot('g')} = load_${op}(base_${op}, ${row}, ${col}, k_end); }`];
-      };
-      return { decl: [] as string[], load: (_k0: string) => [] as string[], store: copy };
-    }
-    const regs = Array.from({ length: n }, (_, i) => `p${op}${i}`);
-    const guard = (i: number) => (total % wg !== 0 && (i + 1) * wg > total ? `if (tid + ${i * wg}u < ${total}u) ` : '');
-    return {
-      decl: regs.map((r) => `  var ${r} = vec4<f32>(0.0);`),
-      load: (k0: string) =>
-        regs.map((r, i) => {
-          const [row, col] = at(`(tid + ${i * wg}u)`, k0);
-          return `    ${guard(i)}{ ${r} = load_${op}(base_${op}, ${row}, ${col}, k_end); }`;
-        }),
-      store: (_k0: string) => regs.map((r, i) => `    ${guard(i)}{ ${slot(`(tid + ${i * wg}u)`)} = ${r}; }`),
-    };
-  };
-  // Stored (row, col) of a group at tile (row r, vec4 column c); K0 is replaced by the tile's first k.
-  const sa = staging('a', la, (r, c) => (transA ? [`K0 + ${r}`, `row0 + ${c}`] : [`row0 + ${r}`, `K0 + ${c}`]));
-  const sb = staging('b', lb, (r, c) => (transB ? [`col0 + ${r}`, `K0 + ${c}`] : [`K0 + ${r}`, `col0 + ${c}`]));
-
-  // The micro-kernel for 4 k values (kk * 4 + q): fragments, then TM x TN/4 vec4 FMAs per q.
-  const VM = t.TM / 4;
-  const VN = t.TN / 4;
-  const micro: string[] = [];
-  const aOf: string[][] = []; // aOf[r][q]: WGSL expression of op(A)[row r of the block, k q]
-  const comp = ['x', 'y', 'z', 'w'];
-  for (let r = 0; r < t.TM; r++) aOf.push([]);
-  if (transA) {
-    for (let q = 0; q < 4; q++)
-      for (let i = 0; i < VM; i++) {
-        micro.push(`      let a${q}_${i} = tile_a[(kk * 4u + ${q}u) * ${la.pitch}u + ${i * wgY}u + ty];`);
-        for (let e = 0; e < 4; e++) aOf[i * 4 + e][q] = `a${q}_${i}.${comp[e]}`;
-      }
-  } else {
-    for (let i = 0; i < VM; i++)
-      for (let e = 0; e < 4; e++) {
-        micro.push(`      let a${i}_${e} = tile_a[((${i * wgY}u + ty) * 4u + ${e}u) * ${la.pitch}u + kk];`);
-        for (let q = 0; q < 4; q++) aOf[i * 4 + e][q] = `a${i}_${e}.${comp[q]}`;
-      }
-  }
-  const bOf: string[][] = []; // bOf[q][j]: vec4 of op(B)[k q, columns of block j]
-  for (let q = 0; q < 4; q++) bOf.push([]);
-  if (!transB) {
-    for (let q = 0; q < 4; q++)
-      for (let j = 0; j < VN; j++) {
-        micro.push(`      let b${q}_${j} = tile_b[(kk * 4u + ${q}u) * ${lb.pitch}u + ${j * wgX}u + tx];`);
-        bOf[q][j] = `b${q}_${j}`;
-      }
-  } else {
-    for (let j = 0; j < VN; j++)
-      for (let e = 0; e < 4; e++) micro.push(`      let bn${j}_${e} = tile_b[((${j * wgX}u + tx) * 4u + ${e}u) * ${lb.pitch}u + kk];`);
-    for (let q = 0; q < 4; q++)
-      for (let j = 0; j < VN; j++) {
-        micro.push(`      let b${q}_${j} = vec4<f32>(${[0, 1, 2, 3].map((e) => `bn${j}_${e}.${comp[q]}`).join(', ')});`);
-        bOf[q][j] = `b${q}_${j}`;
-      }
-  }
-  for (let q = 0; q < 4; q++)
-    for (let r = 0; r < t.TM; r++) for (let j = 0; j < VN; j++) micro.push(`      acc${r}_${j} = fma(vec4<f32>(${aOf[r][q]}), ${bOf[q][j]}, acc${r}_${j});`);
-
-  const accs: string[] = [];
-  const epilogue: string[] = [];
-  for (let i = 0; i < VM; i++)
-    for (let e = 0; e < 4; e++)
-      for (let j = 0; j < VN; j++) {
-        const r = i * 4 + e;
-        accs.push(`  var acc${r}_${j} = vec4<f32>(0.0);`);
-        epilogue.push(`  store_out(base_c, row0 + (${i * wgY}u + ty) * 4u + ${e}u, col0 + (${j * wgX}u + tx) * 4u, acc${r}_${j});`);
-      }
-
-  const next = [...sa.load(`(k0 + ${t.BK}u)`), ...sb.load(`(k0 + ${t.BK}u)`)];
-  const prefetch = next.length
-    ? [`    // The next tile into registers while this one is multiplied.`, `    if (k0 + ${t.BK}u < k_end) {`, ...next.map((s) => `  ${s}`), `    }`]
-    : [];
-  return [
-    ...out,
-    `// One ${t.BM}x${t.BN} tile of C over k in [k_begin, k_end): ${t.TM}x${t.TN} outputs per invocation.`,
-    `fn gemm_tile(row0: u32, col0: u32, base_a: u32, base_b: u32, base_c: u32, k_begin: u32, k_end: u32, tx: u32, ty: u32, tid: u32) {`,
-    ...accs,
-    ...sa.decl,
-    ...sb.decl,
-    `  if (k_begin < k_end) {`,
-    ...sa.load('k_begin'),
-    ...sb.load('k_begin'),
-    `  }`,
-    `  for (var k0 = k_begin; k0 < k_end; k0 += ${t.BK}u) {`,
-    ...sa.store('k0'),
-    ...sb.store('k0'),
-    `    workgroupBarrier();`,
-    ...prefetch,
-    `    for (var kk = 0u; kk < ${t.BK / 4}u; kk++) {`,
-    ...micro,
-    `    }`,
-    `    workgroupBarrier();`,
-    `  }`,
-    ...epilogue,
-    `}`,
-  ].join('\n');
-}
-
-const GEMM_DIMS = [
-  { name: 'M', type: 'u32' },
-  { name: 'N', type: 'u32' },
-  { name: 'K', type: 'u32' },
-  { name: 'lda', type: 'u32' },
-  { name: 'ldb', type: 'u32' },
-] as const;
-
 const MATMUL = kernel({
   shader: 'matmul',
   entry: 'matmul',
   uniforms: [
-    ...GEMM_DIMS,
+    { name: 'M', type: 'u32' },
+    { name: 'N', type: 'u32' },
+    { name: 'K', type: 'u32' },
+    { name: 'lda', type: 'u32' },
+    { name: 'ldb', type: 'u32' },
     { name: 'ldc', type: 'u32' },
     { name: 'off_a', type: 'u32' },
     { name: 'off_b', type: 'u32' },
@@ -430,242 +241,18 @@ const MATMUL = kernel({
     { name: 'stride_c', type: 'u32' },
   ],
   bindings: [
-    { name: 'a', type: 'AE', access: 'read' },
-    { name: 'b', type: 'BE', access: 'read' },
-    { name: 'c', type: 'TC', access: 'read_write' },
-    { name: 'bias', type: 'T', access: 'read', when: 'HAS_BIAS' },
-  ],
-  code: gemmCode,
-});
-
-const MATMUL_PARTIAL = kernel({
-  shader: 'matmul',
-  entry: 'matmul_partial',
-  uniforms: [...GEMM_DIMS, { name: 'off_a', type: 'u32' }, { name: 'off_b', type: 'u32' }, { name: 'k_split', type: 'u32' }],
-  bindings: [
-    { name: 'a', type: 'AE', access: 'read' },
-    { name: 'b', type: 'BE', access: 'read' },
-    { name: 'partial', type: 'f32', access: 'read_write' },
-  ],
-  code: gemmCode,
-});
-
-const MATMUL_REDUCE = kernel({
-  shader: 'matmul',
-  entry: 'matmul_reduce',
-  uniforms: [
-    { name: 'M', type: 'u32' },
-    { name: 'N', type: 'u32' },
-    { name: 'ldc', type: 'u32' },
-    { name: 'off_c', type: 'u32' },
-    { name: 'off_bias', type: 'u32' },
-    { name: 'splits', type: 'u32' },
-  ],
-  bindings: [
-    { name: 'partial', type: 'f32', access: 'read' },
+    { name: 'a', type: 'T', access: 'read' },
+    { name: 'b', type: 'T', access: 'read' },
     { name: 'c', type: 'TC', access: 'read_write' },
     { name: 'bias', type: 'T', access: 'read', when: 'HAS_BIAS' },
   ],
 });
-
-// ---- choosing a configuration ----------------------------------------------------------------
-
-/** How one GEMM runs: the workgroup tile and the number of K ranges (1: no split-K). */
-export interface GemmConfig {
-  tile: Tile;
-  splitK: number;
-}
-
-/** Candidate tiles for the cost model and the tuner, biggest register blocks first. */
-export const GEMM_TILES: readonly Tile[] = [
-  { BM: 128, BN: 128, BK: 32, TM: 8, TN: 8 },
-  { BM: 128, BN: 64, BK: 32, TM: 8, TN: 8 },
-  { BM: 64, BN: 128, BK: 32, TM: 8, TN: 8 },
-  { BM: 64, BN: 64, BK: 32, TM: 8, TN: 8 },
-  { BM: 64, BN: 64, BK: 32, TM: 4, TN: 4 },
-  { BM: 32, BN: 64, BK: 32, TM: 4, TN: 4 },
-  { BM: 64, BN: 32, BK: 32, TM: 4, TN: 4 },
-  { BM: 32, BN: 32, BK: 32, TM: 4, TN: 4 },
-];
-
-/** Skinny tiles for M or N at most 4 or 16 (see TILE_ROWS_4 ...), 32 deep. */
-const SKINNY = {
-  rows4: { BM: 4, BN: 128, BK: 32, TM: 4, TN: 4 },
-  rows16: { BM: 16, BN: 64, BK: 32, TM: 4, TN: 4 },
-  cols4: { BM: 128, BN: 4, BK: 32, TM: 4, TN: 4 },
-  cols16: { BM: 64, BN: 16, BK: 32, TM: 4, TN: 4 },
-} as const;
-
-/** The tile with BK halved (down to 8) until its shared tiles fit the device; null if they never do. */
-export function fitTile(gpu: Gpu, t: Tile, transA: boolean, transB: boolean): Tile | null {
-  const lim = gpu.device.limits;
-  if ((t.BM / t.TM) * (t.BN / t.TN) > lim.maxComputeInvocationsPerWorkgroup) return null;
-  if (t.BN / t.TN > lim.maxComputeWorkgroupSizeX || t.BM / t.TM > lim.maxComputeWorkgroupSizeY) return null;
-  let f = t;
-  while (gemmSharedBytes(f, transA, transB) > lim.maxComputeWorkgroupStorageSize) {
-    if (f.BK <= 8) return null;
-    f = { ...f, BK: f.BK / 2 };
-  }
-  return f;
-}
-
-/** The problem a configuration is chosen for. */
-export interface GemmProblem {
-  M: number;
-  N: number;
-  K: number;
-  batch: number;
-  dtype: DType;
-  transA: boolean;
-  transB: boolean;
-}
-
-const pow2 = (x: number) => 2 ** Math.ceil(Math.log2(Math.max(1, x)));
-
-/** The tuning class of a problem: M, N, K and batch rounded up to powers of two, dtype and transposes. */
-export function gemmClass(p: GemmProblem): string {
-  return `${p.dtype}:${p.transA ? 't' : 'n'}${p.transB ? 't' : 'n'}:m${pow2(p.M)}:n${pow2(p.N)}:k${pow2(p.K)}:b${pow2(p.batch)}`;
-}
-
-/** Configurations tuned for a Gpu (src/ops/tune.ts), by gemmClass; consulted before the heuristic. */
-const tuned = new WeakMap<Gpu, Map<string, GemmConfig>>();
-
-export function tunedGemms(gpu: Gpu): Map<string, GemmConfig> {
-  let m = tuned.get(gpu);
-  if (!m) tuned.set(gpu, (m = new Map()));
-  return m;
-}
-
-/** Output tiles of a problem under a tile. */
-function tileCount(p: GemmProblem, t: Tile): number {
-  return Math.ceil(p.M / t.BM) * Math.ceil(p.N / t.BN) * p.batch;
-}
-
-/**
- * Split-K for problems with few output tiles and a long K (weight gradients: M = N = 320, K = 8192): K
- * ranges of whole BK steps, enough of them to give the device `fillWorkgroups` workgroups, each at least
- * 256 deep. Single-batch problems only.
- */
-export function pickSplitK(p: GemmProblem, t: Tile, fill: number): number {
-  if (p.batch !== 1) return 1;
-  const tiles = tileCount(p, t);
-  if (tiles >= fill || p.K < 1024) return 1;
-  return Math.max(1, Math.min(Math.ceil(fill / tiles), Math.floor(p.K / 256), 32));
-}
-
-/**
- * The heuristic: skinny tiles where one side is at most 16; otherwise the candidate with the lowest cost
- * = padded work / (register-block intensity x occupancy), where intensity TM·TN / (TM + TN) counts the
- * FMAs per shared load and occupancy min(1, tiles / fillWorkgroups) the device's use. Rectangular tiles
- * win where they pad less (N = 320: 64-wide columns, not 384).
- */
-export function heuristicGemm(gpu: Gpu, p: GemmProblem): GemmConfig {
-  const fit = (t: Tile) => fitTile(gpu, t, p.transA, p.transB);
-  const skinny = p.M <= 4 && p.N > p.M ? SKINNY.rows4 : p.N <= 4 ? SKINNY.cols4 : p.M <= 16 && p.N > p.M ? SKINNY.rows16 : p.N <= 16 ? SKINNY.cols16 : null;
-  if (skinny) {
-    const t = fit(skinny) ?? TILE_64;
-    return { tile: t, splitK: pickSplitK(p, t, gpu.fillWorkgroups) };
-  }
-  let best: { tile: Tile; cost: number } | null = null;
-  for (const cand of GEMM_TILES) {
-    const t = fit(cand);
-    if (!t) continue;
-    const padded = Math.ceil(p.M / t.BM) * t.BM * Math.ceil(p.N / t.BN) * t.BN * p.batch;
-    const occupancy = Math.min(1, tileCount(p, t) / gpu.fillWorkgroups);
-    const cost = padded / (((t.TM * t.TN) / (t.TM + t.TN)) * occupancy);
-    if (!best || cost < best.cost) best = { tile: t, cost };
-  }
-  const tile = best?.tile ?? TILE_64;
-  return { tile, splitK: pickSplitK(p, tile, gpu.fillWorkgroups) };
-}
-
-/** A tuned configuration for the problem's class when there is one, else the heuristic's. */
-export function chooseGemm(gpu: Gpu, p: GemmProblem): GemmConfig {
-  return tuned.get(gpu)?.get(gemmClass(p)) ?? heuristicGemm(gpu, p);
-}
-
-// ---- running one GEMM ------------------------------------------------------------------------
-
-/** The specialisation of one block: vec4 loads where the operand allows, bounds checks where needed. */
-export interface GemmVariant {
-  vecA: boolean;
-  vecB: boolean;
-  checkM: boolean;
-  checkN: boolean;
-  checkK: boolean;
-}
-
-/**
- * vec4 loads of an operand need its contiguous dimension, leading dimension, batch stride and window
- * offset to be multiples of 4 (every group of 4 is then aligned and either wholly inside or outside).
- */
-function vecOk(contiguous: number, ld: number, stride: number, offset: number): boolean {
-  return contiguous % 4 === 0 && ld % 4 === 0 && stride % 4 === 0 && offset % 4 === 0;
-}
-
-function variantOf(g: Gemm, k: Block, t: Tile, kc: number, offA: number, offB: number): GemmVariant {
-  return {
-    vecA: vecOk(g.transA ? k.mc : k.kc, g.lda, g.strideA, offA),
-    vecB: vecOk(g.transB ? k.kc : k.nc, g.ldb, g.strideB, offB),
-    checkM: k.mc % t.BM !== 0,
-    checkN: k.nc % t.BN !== 0,
-    checkK: kc % t.BK !== 0,
-  };
-}
-
-function variantDefs(g: Gemm, t: Tile, v: GemmVariant): Defs {
-  return {
-    T: g.a.dtype,
-    ...t,
-    TRANS_A: g.transA,
-    TRANS_B: g.transB,
-    VEC_A: v.vecA,
-    VEC_B: v.vecB,
-    CHECK_M: v.checkM,
-    CHECK_N: v.checkN,
-    CHECK_K: v.checkK,
-  };
-}
-
-/** What the last GEMM dispatched ran as (tests assert that a fast path is really taken). */
-export interface GemmTrace {
-  config: GemmConfig;
-  variants: GemmVariant[];
-}
-
-let trace: GemmTrace[] | null = null;
-
-/** Records the configuration and variants of every GEMM `fn` runs. */
-export function traceGemms<R>(fn: () => R): { result: R; gemms: GemmTrace[] } {
-  const prev = trace;
-  trace = [];
-  try {
-    const result = fn();
-    return { result, gemms: trace };
-  } finally {
-    trace = prev;
-  }
-}
 
 function runGemm(gpu: Gpu, g: Gemm): void {
   if (g.M === 0 || g.N === 0 || g.batch === 0) return;
-  const problem: GemmProblem = { M: g.M, N: g.N, K: g.K, batch: g.batch, dtype: g.a.dtype, transA: g.transA, transB: g.transB };
-  const chosen: GemmConfig = g.tile ? { tile: g.tile, splitK: g.splitK ?? 1 } : { ...chooseGemm(gpu, problem), ...(g.splitK ? { splitK: g.splitK } : {}) };
-  // A forced tile too deep for this device's workgroup memory runs with a shallower BK.
-  const tile = fitTile(gpu, chosen.tile, g.transA, g.transB) ?? chosen.tile;
-  checkTile(gpu, tile, g.transA, g.transB);
-  const blocks = planGemm(gpu, g, tile);
-  const record: GemmTrace = { config: chosen, variants: [] };
-  trace?.push(record);
-  // Split-K needs the whole problem in one block and its partial sums in one binding.
-  const splits = blocks.length === 1 && blocks[0].nb === 1 && g.K > 0 ? Math.min(chosen.splitK, Math.ceil(g.K / tile.BK)) : 1;
-  if (splits > 1 && 4 * splits * g.M * g.N <= gpu.maxBinding) {
-    record.config = { tile, splitK: splits };
-    runSplitK(gpu, g, blocks[0], tile, splits, record);
-    return;
-  }
-  record.config = { tile, splitK: 1 };
-  for (const k of blocks) {
+  const tile = g.tile ?? pickTile(g.M, g.N, g.batch, gpu.fillWorkgroups);
+  checkTile(gpu, tile);
+  for (const k of planGemm(gpu, g, tile)) {
     const [sa, sb, sc] = operands(g, k).map((o) => o.span);
     const firstK = k.k0 === 0;
     // K = 0 gives C = bias (or leaves C as is when accumulating): the kernel's K loop is empty.
@@ -673,10 +260,16 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     const wb = elemWindow(gpu, g.b, sb[0], sb[1] - sb[0] + 1);
     const wc = elemWindow(gpu, g.c, sc[0], sc[1] - sc[0] + 1);
     const wbias = firstK && g.bias !== null ? elemWindow(gpu, g.bias, k.n0, k.nc) : null;
-    const v = variantOf(g, k, tile, k.kc, wa.offset, wb.offset);
-    record.variants.push(v);
     gpu.run(MATMUL, {
-      defs: { ...variantDefs(g, tile, v), TC: g.c.dtype, HAS_BIAS: wbias !== null, ACCUMULATE: g.accumulate || !firstK },
+      defs: {
+        T: g.a.dtype,
+        TC: g.c.dtype,
+        ...tile,
+        TRANS_A: g.transA,
+        TRANS_B: g.transB,
+        HAS_BIAS: wbias !== null,
+        ACCUMULATE: g.accumulate || !firstK,
+      },
       uniforms: {
         M: k.mc,
         N: k.nc,
@@ -696,36 +289,6 @@ function runGemm(gpu: Gpu, g: Gemm): void {
       workgroups: [Math.ceil(k.nc / tile.BN), Math.ceil(k.mc / tile.BM), k.nb],
     });
   }
-}
-
-/** Split-K: `splits` K ranges of whole BK steps into f32 partials, then their parallel reduction into C. */
-function runSplitK(gpu: Gpu, g: Gemm, k: Block, tile: Tile, splits: number, record: GemmTrace): void {
-  const [sa, sb, sc] = operands(g, k).map((o) => o.span);
-  const kSplit = Math.ceil(Math.ceil(g.K / splits) / tile.BK) * tile.BK;
-  const used = Math.ceil(g.K / kSplit);
-  const partial = gpu.tensor([used, g.M, g.N], 'f32', 'scratch', 'matmul-splitk');
-  const wa = elemWindow(gpu, g.a, sa[0], sa[1] - sa[0] + 1);
-  const wb = elemWindow(gpu, g.b, sb[0], sb[1] - sb[0] + 1);
-  const wc = elemWindow(gpu, g.c, sc[0], sc[1] - sc[0] + 1);
-  const wp = elemWindow(gpu, partial, 0, partial.numel);
-  const v = variantOf(g, k, tile, g.K, wa.offset, wb.offset);
-  record.config = { tile, splitK: used };
-  record.variants.push(v);
-  gpu.run(MATMUL_PARTIAL, {
-    defs: variantDefs(g, tile, v),
-    uniforms: { M: g.M, N: g.N, K: g.K, lda: g.lda, ldb: g.ldb, off_a: wa.offset, off_b: wb.offset, k_split: kSplit },
-    bindings: { a: wa.window, b: wb.window, partial: wp.window },
-    workgroups: [Math.ceil(g.N / tile.BN), Math.ceil(g.M / tile.BM), used],
-  });
-  const wbias = g.bias ? elemWindow(gpu, g.bias, 0, g.N) : null;
-  gpu.run(MATMUL_REDUCE, {
-    defs: { T: g.a.dtype, TC: g.c.dtype, HAS_BIAS: wbias !== null, ACCUMULATE: g.accumulate },
-    uniforms: { M: g.M, N: g.N, ldc: g.ldc, off_c: wc.offset, off_bias: wbias?.offset ?? 0, splits: used },
-    bindings: { partial: wp.window, c: wc.window, ...(wbias ? { bias: wbias.window } : {}) },
-    workgroups: [Math.ceil(g.N / 64), Math.ceil(g.M / 4)],
-  });
-  // Freeing before the submit is safe: the buffer's next user runs after these commands.
-  gpu.free(partial);
 }
 
 /** An output is stored in the input dtype, or in f32 (f32 gradient buffers of f16 operands). */
@@ -805,7 +368,6 @@ export function matmul(gpu: Gpu, a: Tensor, b: Tensor, opts: MatmulOptions = {})
     strideC: s.M * s.N,
     accumulate: opts.accumulate ?? false,
     tile: opts.tile,
-    splitK: opts.splitK,
   };
   // A broadcast B over rows of A [M, K] is one big GEMM over batch * M rows.
   if (!s.bBatched && s.aBatched && !transA) {

@@ -3,23 +3,8 @@
 // that span several tiles; accumulation into f32 gradient buffers; finite differences (stride 2).
 import { roundToF16 } from '../../util/half.ts';
 import type { DType } from '../../gpu/tensor.ts';
-import {
-  CONV_TILE_128,
-  CONV_TILE_128x64,
-  CONV_TILE_64,
-  CONV_TILE_64_4x4,
-  CONV_TILE_64x128,
-  CONV_TILE_COLS_16,
-  CONV_TILE_COLS_4,
-  CONV_TILE_ROWS_16,
-  CONV_TILE_ROWS_4,
-  conv2d,
-  conv2dBackward,
-  conv2dBackwardRef,
-  conv2dRef,
-  type Conv2dOptions,
-  type ConvTile,
-} from '../../ops/conv2d.ts';
+import { conv2d, conv2dBackward, conv2dBackwardRef, conv2dRef, type Conv2dOptions } from '../../ops/conv2d.ts';
+import { TILE_128, TILE_64, TILE_COLS_16, TILE_COLS_4, TILE_ROWS_16, TILE_ROWS_4, type Tile } from '../../ops/matmul.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 import { finiteDiff, sampleIndices, shapeCheck } from './matmul.ts';
 
@@ -86,7 +71,7 @@ function rand(n: number, seed: number, scale = 1): Float32Array {
 }
 
 /** Several tiles in every GEMM dimension (Co = 70 rows, 144 / 36 pixels, K up to 288), vs TS ref. */
-function tileCase(tile: ConvTile, label: string): KernelCase {
+function tileCase(tile: Tile, label: string): KernelCase {
   return {
     family: 'conv2d',
     name: `${label} tile, x [2,9,12,12] -> 70 ch, 3x3 s1 and s2 (ts ref)`,
@@ -122,64 +107,14 @@ function tileCase(tile: ConvTile, label: string): KernelCase {
   };
 }
 
-/**
- * 1x1 convolutions run as plain GEMMs through matmul() (no tile given) or through the implicit-GEMM kernel
- * (a forced tile); both against the TS reference on ragged sizes: odd channel counts, odd H/W, batch 3,
- * with and without bias.
- */
-const pointwiseCase: KernelCase = {
-  family: 'conv2d',
-  name: '1x1 as matmul GEMMs and as implicit GEMM, x [3,13,5,7] -> 11 ch, bias and none (ts ref)',
-  async run({ gpu, dtype }) {
-    const xShape = [3, 13, 5, 7];
-    const wShape = [11, 13, 1, 1];
-    const x = rand(3 * 13 * 35, 91);
-    const w = rand(11 * 13, 92, 0.3);
-    const b = rand(11, 93);
-    const tx = gpu.upload(x, xShape, dtype);
-    const tw = gpu.upload(w, wShape, dtype);
-    const tb = gpu.upload(b, [11], dtype);
-    const dyv = rand(3 * 11 * 35, 94);
-    const tdy = gpu.upload(dyv, [3, 11, 5, 7], dtype);
-    const tol = convTol(dtype);
-    const checks: Check[] = [];
-    const ref = conv2dBackwardRef(x, xShape, w, wShape, dyv, { stride: 1, padding: 0 });
-    for (const [label, tile] of [
-      ['matmul', undefined],
-      ['kernel', CONV_TILE_64_4x4],
-    ] as const) {
-      const opts = { stride: 1, padding: 0, tile };
-      for (const bias of [tb, null]) {
-        const y = conv2d(gpu, tx, tw, bias, opts);
-        checks.push(compare(`${label} y${bias ? ' + bias' : ''}`, await gpu.read(y), conv2dRef(x, xShape, w, wShape, bias ? b : null, opts), tol));
-        gpu.free(y);
-      }
-      const gr = conv2dBackward(gpu, tx, tw, tdy, opts);
-      checks.push(
-        compare(`${label} dx`, await gpu.read(gr.dx), ref.dx, tol),
-        compare(`${label} dw`, await gpu.read(gr.dw), ref.dw, tol),
-        compare(`${label} db`, await gpu.read(gr.db), ref.db, tol),
-      );
-      gpu.free(gr.dx, gr.dw, gr.db);
-    }
-    gpu.free(tx, tw, tb, tdy);
-    return checks;
-  },
-};
-
 export const cases: KernelCase[] = [
-  pointwiseCase,
   ...GOLDEN.map(goldenCase),
-  tileCase(CONV_TILE_64, '64x64'),
-  tileCase(CONV_TILE_64_4x4, '64x64 (4x4 blocks)'),
-  tileCase(CONV_TILE_128, '128x128'),
-  tileCase({ ...CONV_TILE_128, BK: 16 }, '128x128 BK 16'),
-  tileCase(CONV_TILE_128x64, '128x64'),
-  tileCase(CONV_TILE_64x128, '64x128'),
-  tileCase(CONV_TILE_ROWS_4, '4-row'),
-  tileCase(CONV_TILE_ROWS_16, '16-row'),
-  tileCase(CONV_TILE_COLS_4, '4-column'),
-  tileCase(CONV_TILE_COLS_16, '16-column'),
+  tileCase(TILE_64, '64x64'),
+  tileCase(TILE_128, '128x128'),
+  tileCase(TILE_ROWS_4, '4-row'),
+  tileCase(TILE_ROWS_16, '16-row'),
+  tileCase(TILE_COLS_4, '4-column'),
+  tileCase(TILE_COLS_16, '16-column'),
   {
     family: 'conv2d',
     name: 'backward twice into f32 gradient buffers (accumulate), 1x1 and 3x3 s2 (ts ref)',
