@@ -60,6 +60,12 @@ export interface KernelDecl {
   readonly code?: (defs: Defs) => string;
 }
 
+/** Shorthands for declarations: a u32 / f32 uniform, and a storage array read or written (elements T by default). */
+export const u32 = <N extends string>(name: N) => ({ name, type: 'u32' as const });
+export const f32 = <N extends string>(name: N) => ({ name, type: 'f32' as const });
+export const read = <N extends string>(name: N, type = 'T') => ({ name, type, access: 'read' as const });
+export const write = <N extends string>(name: N, type = 'T') => ({ name, type, access: 'read_write' as const });
+
 /** Declares a kernel; `const` keeps the literal names so calls are checked against them. */
 export function kernel<const D extends KernelDecl>(decl: D): D {
   const names = new Set<string>();

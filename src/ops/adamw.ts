@@ -15,7 +15,7 @@
 // so a caller can prove a step safe without touching the state (train/optimizer.ts uses both).
 import type { Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
-import { kernel } from '../gpu/kernel.ts';
+import { f32, kernel, u32 } from '../gpu/kernel.ts';
 import { expectDType, type DType, type Tensor } from '../gpu/tensor.ts';
 import { checkFinite, clearFlag, elementWindow, globalNorm, windowCapacity, type ElementWindow } from './reduce.ts';
 
@@ -107,9 +107,6 @@ export function masterLimit(copy: DType | undefined): number {
 }
 
 // ---- kernel interfaces (shaders/adamw.wgsl) ------------------------------------------------------
-
-const u32 = <N extends string>(name: N) => ({ name, type: 'u32' as const });
-const f32 = <N extends string>(name: N) => ({ name, type: 'f32' as const });
 
 /** The update's element count, window skips and f32 factors (PyTorch's, computed on the host). */
 const UPDATE_UNIFORMS = [

@@ -2,7 +2,7 @@
 // backward recomputes P tile by tile; the N x M score matrix never exists), and naive attention
 // built from batched matmul + softmax, which materialises it (the benchmark baseline).
 import type { Gpu } from '../gpu/device.ts';
-import { kernel } from '../gpu/kernel.ts';
+import { kernel, read, write } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { expectSameDType, Tensor } from '../gpu/tensor.ts';
 import { scale as scaleOp } from './elementwise.ts';
@@ -86,9 +86,6 @@ const DIMS = [
   { name: 'k_sn', type: 'u32' },
 ] as const;
 const SPLIT_DIMS = [...DIMS, { name: 'q_split', type: 'u32' }] as const;
-
-const read = (name: string, type = 'T') => ({ name, type, access: 'read' }) as const;
-const write = (name: string, type = 'T') => ({ name, type, access: 'read_write' }) as const;
 
 const ATTN_FWD = kernel({
   shader: 'attention',

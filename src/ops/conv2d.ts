@@ -6,7 +6,7 @@
 //   dw[co, ci, kh, kw] = Σ_{n, oh, ow} dy[n, co, oh, ow] · x[n, ci, oh*S - P + kh, ow*S - P + kw]
 //   db[co] = Σ_{n, oh, ow} dy[n, co, oh, ow]
 import type { Gpu } from '../gpu/device.ts';
-import { kernel } from '../gpu/kernel.ts';
+import { kernel, u32 } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, type Tensor } from '../gpu/tensor.ts';
 import { elemWindow, pickTile, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
@@ -76,8 +76,6 @@ function wholeFits(gpu: Gpu, op: string, t: Tensor, name: string): void {
 }
 
 /** Runs one implicit-GEMM mode over sample groups that fit the storage bindings. */
-const u32 = <N extends string>(name: N) => ({ name, type: 'u32' }) as const;
-
 /** The implicit-GEMM core (forward, grad input, grad weight by MODE); see shaders/conv2d.wgsl. */
 const CONV_GEMM = kernel({
   shader: 'conv2d',

@@ -2,7 +2,7 @@
 // Math is in shaders/elementwise.wgsl; all of it computes in f32 and stores T (f16 or f32).
 import type { Bindable, Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
-import { kernel, type BindingArgs, type KernelDecl, type UniformArgs } from '../gpu/kernel.ts';
+import { type BindingArgs, f32, kernel, type KernelDecl, read, u32, type UniformArgs, write } from '../gpu/kernel.ts';
 import type { Defs } from '../gpu/shaders.ts';
 import { BYTES, expectDType, expectSameDType, type DType, Tensor } from '../gpu/tensor.ts';
 
@@ -14,13 +14,6 @@ function sameShape(op: string, a: Tensor, b: Tensor, names = ['a', 'b']): void {
 }
 
 // ---- kernel interfaces (shaders/elementwise.wgsl) ----------------------------------------------------
-
-const u32 = <N extends string>(name: N) => ({ name, type: 'u32' as const });
-const f32 = <N extends string>(name: N) => ({ name, type: 'f32' as const });
-/** A storage array the kernel reads; elements of type `type` (T, the tensor dtype, by default). */
-const read = <N extends string>(name: N, type = 'T') => ({ name, type, access: 'read' as const });
-/** A storage array the kernel writes. */
-const write = <N extends string>(name: N, type = 'T') => ({ name, type, access: 'read_write' as const });
 
 /** Every entry walks `n` elements (or planes); the host passes the count of each range. */
 const N = u32('n');

@@ -12,7 +12,7 @@
 // "skip"), so any element range of any tensor, views at odd offsets included, can be bound.
 import type { BufferWindow, Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
-import { kernel } from '../gpu/kernel.ts';
+import { f32, kernel, u32 } from '../gpu/kernel.ts';
 import { BYTES, expectSameDType, type DType, Tensor } from '../gpu/tensor.ts';
 import { elemWindow } from './matmul.ts';
 
@@ -25,8 +25,6 @@ const MAX_WORKGROUPS_Y = 65535;
 
 // ---- kernel interfaces (shaders/reduce.wgsl) -----------------------------------------------------
 
-const u32 = <N extends string>(name: N) => ({ name, type: 'u32' as const });
-const f32 = <N extends string>(name: N) => ({ name, type: 'f32' as const });
 const X = { name: 'x', type: 'T', access: 'read' } as const;
 const Y = { name: 'y', type: 'T', access: 'read' } as const;
 const OUT = { name: 'out', type: 'O', access: 'read_write' } as const;
