@@ -10,13 +10,17 @@
 // nothing backed, no dispatch) and runs real train steps, so the peak it reports is the allocator's peak of
 // the actual code path: weights, gradients, activations, optimizer chunks, staging, scratch.
 //
-// Policy (fastest first): no checkpointing before checkpointing (no recompute), and for each, as many
-// resident chunks as fit (least store traffic). The peak grows with the resident count (each resident
-// chunk adds its state; streaming adds one staging set the size of the largest streamed chunk), so the
-// most resident chunks that fit are found by a search over the count: all resident, none resident, then
-// a first probe where the chunk layout predicts the limit (and the count after it), then bisection. Every
-// answer is a measured dry run; the prediction only orders the probes. Typically 4 dry runs per setting,
-// at most 4 + log2(chunks).
+// Policy: the placement with the fewest store bytes per step that fits the budget. Storage is the slow
+// resource (IndexedDB moves ~100-300 MB/s; one streamed full-SD 1.5 step moved ~20 GB), while checkpointing
+// costs about one more forward per step, so for each checkpointing setting the planner finds the most
+// resident chunks that fit (least store traffic), and takes the setting that streams less; on a tie (both
+// stream nothing, or the same chunks) no checkpointing wins (no recompute). No checkpointing with every
+// chunk resident is tried first and ends the search when it fits. The peak grows with the resident count
+// (each resident chunk adds its state; streaming adds one staging set the size of the largest streamed
+// chunk), so the most resident chunks that fit are found by a search over the count: all resident, none
+// resident, then a first probe where the chunk layout predicts the limit (and the count after it), then
+// bisection. Every answer is a measured dry run; the prediction only orders the probes. Typically 4 dry
+// runs per setting, at most 4 + log2(chunks).
 import type { Gpu } from '../gpu/device.ts';
 import type { DType } from '../gpu/tensor.ts';
 import type { ClipTextConfig } from '../nn/clip.ts';
@@ -79,6 +83,8 @@ export interface Plan extends PlanTrial {
   tried: PlanTrial[];
   /** Why nothing fits, and the least memory the run needs. */
   message?: string;
+  /** When nothing fits: the smallest budget that would (the least peak of any placement). */
+  neededBytes?: number;
 }
 
 /** What one dry run measured. */
@@ -177,6 +183,10 @@ export async function dryRunPeak(makeGpu: () => Promise<Gpu>, model: PlanModel, 
 
 // ---------------------------------------------------------------------------------------------- policy
 
+/** Bytes the optimizer moves through the store (read + written) per applied step. */
+export const storeBytesPerStep = (r: Pick<DryRunResult, 'storeReadBytesPerStep' | 'storeWriteBytesPerStep'>) =>
+  r.storeReadBytesPerStep + r.storeWriteBytesPerStep;
+
 /** "3.75 GiB"; MiB below a tenth of a GiB (tiny test models), so the figure never reads 0.00. */
 const gib = (n: number) => formatBytes(n, { digits: 2, unit: n >= GiB / 10 ? 'GiB' : 'MiB' });
 
@@ -206,8 +216,8 @@ export function predictResident(chunkElems: number[], streamedPeak: number, budg
 }
 
 /**
- * Picks the fastest placement whose peak fits `budgetBytes` (see the file comment for the order), by dry
- * runs of the real trainer. `settings`' own activationCheckpointing and residentChunks are ignored: they are
+ * Picks the placement with the fewest store bytes per step whose peak fits `budgetBytes` (no checkpointing
+ * on a tie; see the file comment), by dry runs of the real trainer. `settings`' own activationCheckpointing and residentChunks are ignored: they are
  * what is being chosen. When nothing fits, `fits` is false, the plan is the smallest one tried, and
  * `message` says how much memory the run needs.
  */
@@ -227,6 +237,7 @@ export async function planTraining(
     return r;
   };
   const plan = (r: DryRunResult, fits: boolean, message?: string): Plan => ({
+    ...(fits ? {} : { neededBytes: r.peakBytes }),
     activationCheckpointing: r.activationCheckpointing,
     residentChunks: r.residentChunks,
     peakBytes: r.peakBytes,
@@ -240,11 +251,12 @@ export async function planTraining(
     ...(message ? { message } : {}),
   });
 
-  for (const ckpt of [false, true]) {
+  // The most resident chunks that fit with this checkpointing setting, or null when nothing does.
+  const mostResident = async (ckpt: boolean): Promise<DryRunResult | null> => {
     const all = await measure(ckpt, chunks);
-    if (all.peakBytes <= budgetBytes) return plan(all, true);
+    if (all.peakBytes <= budgetBytes) return all;
     const none = await measure(ckpt, 0);
-    if (none.peakBytes > budgetBytes) continue;
+    if (none.peakBytes > budgetBytes) return null;
     // Invariant: `lo` resident chunks fit, `hi` do not.
     let best = none;
     let lo = 0;
@@ -259,8 +271,14 @@ export async function planTraining(
     const guess = predictResident(layout, none.peakBytes, budgetBytes);
     for (const n of [guess, guess + 1]) if (n > lo && n < hi) await probe(n);
     while (hi - lo > 1) await probe((lo + hi) >> 1);
-    return plan(best, true);
-  }
+    return best;
+  };
+  const fast = await mostResident(false);
+  if (fast && storeBytesPerStep(fast) === 0) return plan(fast, true);
+  const lean = await mostResident(true);
+  // Checkpointing only when it streams strictly less.
+  const best = fast && lean ? (storeBytesPerStep(lean) < storeBytesPerStep(fast) ? lean : fast) : (fast ?? lean);
+  if (best) return plan(best, true);
   // Nothing fits: report the smallest configuration (checkpointing, everything streamed).
   const least = tried.reduce((a, b) => (b.peakBytes < a.peakBytes ? b : a));
   const px = dataShape.latentShape[1] * (dataShape.vaeFactor ?? 8);
