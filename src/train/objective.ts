@@ -1,11 +1,12 @@
 // DreamBooth's denoising objective (diffusers' train_dreambooth semantics): noise the latents at
 // per-sample timesteps, the epsilon or v target, per-sample loss weights (min-SNR-gamma, prior
-// preservation), and the weighted MSE with its gradient. Noise with an offset is formed on the host.
+// preservation), and the weighted MSE with its gradient, optionally under a per-photo loss mask (sd-scripts'
+// masked loss). Noise with an offset is formed on the host.
 import type { Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { kernel } from '../gpu/kernel.ts';
 import { expectSameDType, Tensor } from '../gpu/tensor.ts';
-import { mseLoss } from '../ops/reduce.ts';
+import { mseLoss, sumRows } from '../ops/reduce.ts';
 
 const WG = 256;
 
@@ -36,6 +37,33 @@ const WMSE_GRAD = kernel({
     { name: 'x', type: 'T', access: 'read' },
     { name: 'y', type: 'T', access: 'read' },
     { name: 'weight', type: 'f32', access: 'read' },
+    { name: 'out', type: 'T', access: 'read_write' },
+  ],
+});
+
+/** The masked loss's per-element terms m[b, s] (pred - target)^2 in f32 (summed per sample by sumRows). */
+const MASKED_SQ_ERR = kernel({
+  shader: 'objective',
+  entry: 'masked_sq_err',
+  uniforms: [...PER_SAMPLE, { name: 'plane', type: 'u32' }],
+  bindings: [
+    { name: 'x', type: 'T', access: 'read' },
+    { name: 'y', type: 'T', access: 'read' },
+    { name: 'mask', type: 'f32', access: 'read' },
+    { name: 'out', type: 'f32', access: 'read_write' },
+  ],
+});
+
+/** out = alpha * weight[b] * m[b, s] * (x - y): the masked weighted MSE's gradient. */
+const MASKED_WMSE_GRAD = kernel({
+  shader: 'objective',
+  entry: 'masked_wmse_grad',
+  uniforms: [...PER_SAMPLE, { name: 'plane', type: 'u32' }, { name: 'alpha', type: 'f32' }],
+  bindings: [
+    { name: 'x', type: 'T', access: 'read' },
+    { name: 'y', type: 'T', access: 'read' },
+    { name: 'weight', type: 'f32', access: 'read' },
+    { name: 'mask', type: 'f32', access: 'read' },
     { name: 'out', type: 'T', access: 'read_write' },
   ],
 });
@@ -103,9 +131,25 @@ export function lossWeights(
   });
 }
 
-/** sum_b w_b mean_b((pred - target)^2) / B, read back as a number (one small read per sample). */
-export async function weightedMse(gpu: Gpu, pred: Tensor, target: Tensor, weights: number[]): Promise<number> {
+/**
+ * A loss mask's plane: mask is f32 [B, h, w] for pred [B, C, h, w] (one weight per latent position, shared by
+ * the channels, as sd-scripts' apply_masked_loss broadcasts its [B, 1, h, w] mask).
+ */
+function maskPlane(op: string, pred: Tensor, mask: Tensor): number {
+  const [B, , h, w] = pred.shape;
+  if (pred.shape.length !== 4 || mask.dtype !== 'f32' || mask.shape.length !== 3 || mask.shape[0] !== B || mask.shape[1] !== h || mask.shape[2] !== w)
+    throw new ShapeError(op, `a loss mask for ${fmtShape(pred.shape)} must be f32 [${B}, ${h}, ${w}], got ${mask.dtype} ${fmtShape(mask.shape)}`);
+  return h * w;
+}
+
+/**
+ * sum_b w_b mean_b(m_b (pred - target)^2) / B, read back as a number; without a mask m = 1. The masked mean
+ * divides by every element, not by the mask's sum (sd-scripts: loss * mask, then .mean([1, 2, 3])), so a
+ * mask that keeps half the photo halves the loss, and the weights keep their meaning.
+ */
+export async function weightedMse(gpu: Gpu, pred: Tensor, target: Tensor, weights: number[], mask: Tensor | null = null): Promise<number> {
   const { batch, per } = perSample('weightedMse', pred, target);
+  if (mask) return maskedWeightedMse(gpu, pred, target, weights, mask, batch, per);
   const bytes = (per * pred.byteSize) / pred.numel;
   const align = gpu.device.limits.minStorageBufferOffsetAlignment;
   if (batch > 1 && bytes % align !== 0)
@@ -120,18 +164,60 @@ export async function weightedMse(gpu: Gpu, pred: Tensor, target: Tensor, weight
   return loss / batch;
 }
 
-/** Gradient of weightedMse with respect to pred, times the loss scale, in pred's dtype. */
-export function weightedMseBackward(gpu: Gpu, pred: Tensor, target: Tensor, weights: number[], lossScale = 1): Tensor {
+async function maskedWeightedMse(gpu: Gpu, pred: Tensor, target: Tensor, weights: number[], mask: Tensor, batch: number, per: number): Promise<number> {
+  const plane = maskPlane('weightedMse', pred, mask);
+  const terms = gpu.tensor([batch, per], 'f32', 'scratch', 'masked-sq-err');
+  gpu.run(MASKED_SQ_ERR, {
+    defs: { T: pred.dtype, WG },
+    uniforms: { n: pred.numel, per_sample: per, plane },
+    bindings: { x: pred, y: target, mask, out: terms },
+    workgroups: gpu.grid(Math.ceil(pred.numel / WG)),
+  });
+  const sums = sumRows(gpu, terms);
+  gpu.free(terms);
+  const perSampleSums = await gpu.read(sums);
+  gpu.free(sums);
+  let loss = 0;
+  for (let b = 0; b < batch; b++) loss += (weights[b] * perSampleSums[b]) / per;
+  return loss / batch;
+}
+
+/** Gradient of weightedMse (same arguments) with respect to pred, times the loss scale, in pred's dtype. */
+export function weightedMseBackward(gpu: Gpu, pred: Tensor, target: Tensor, weights: number[], mask: Tensor | null = null, lossScale = 1): Tensor {
   const { batch, per } = perSample('weightedMseBackward', pred, target);
   if (weights.length !== batch) throw new ShapeError('weightedMseBackward', `${weights.length} weights for a batch of ${batch}`);
   const w = gpu.upload(weights, [batch], 'f32', 'scratch', 'loss-weights');
   const out = gpu.tensor(pred.shape, pred.dtype, 'gradients', 'dpred');
-  gpu.run(WMSE_GRAD, {
-    defs: { T: pred.dtype, WG },
-    uniforms: { n: pred.numel, per_sample: per, alpha: (2 * lossScale) / (per * batch) },
-    bindings: { x: pred, y: target, weight: w, out },
-    workgroups: gpu.grid(Math.ceil(pred.numel / WG)),
-  });
+  const alpha = (2 * lossScale) / (per * batch);
+  const workgroups = gpu.grid(Math.ceil(pred.numel / WG));
+  if (mask)
+    gpu.run(MASKED_WMSE_GRAD, {
+      defs: { T: pred.dtype, WG },
+      uniforms: { n: pred.numel, per_sample: per, plane: maskPlane('weightedMseBackward', pred, mask), alpha },
+      bindings: { x: pred, y: target, weight: w, mask, out },
+      workgroups,
+    });
+  else
+    gpu.run(WMSE_GRAD, {
+      defs: { T: pred.dtype, WG },
+      uniforms: { n: pred.numel, per_sample: per, alpha },
+      bindings: { x: pred, y: target, weight: w, out },
+      workgroups,
+    });
   gpu.free(w);
+  return out;
+}
+
+/**
+ * A photo's loss mask at latent resolution: the mask at the training resolution ([R, R] in [0, 1]) averaged over
+ * each factor x factor block (torch's interpolate(mode="area") for an integer factor, what sd-scripts applies).
+ */
+export function latentMask(pixels: Float32Array, side: number, factor: number): Float32Array {
+  if (pixels.length !== side * side || side % factor !== 0)
+    throw new ShapeError('latentMask', `a ${side}x${side} mask (${pixels.length} values) does not pool by ${factor}`);
+  const h = side / factor;
+  const out = new Float32Array(h * h);
+  for (let y = 0; y < side; y++) for (let x = 0; x < side; x++) out[Math.floor(y / factor) * h + Math.floor(x / factor)] += pixels[y * side + x];
+  for (let i = 0; i < out.length; i++) out[i] /= factor * factor;
   return out;
 }

@@ -359,7 +359,7 @@ export class DreamBoothTrainer {
     const pred = unetForward(gpu, this.model.config, this.model.weights, xt, tT, ctx, tape, this.loraScale, this.settings.activationCheckpointing);
     const loss = await weightedMse(gpu, pred, target, weights);
     const scale = this.scaler.scale;
-    tape.backward(pred, weightedMseBackward(gpu, pred, target, weights, scale));
+    tape.backward(pred, weightedMseBackward(gpu, pred, target, weights, null, scale));
     const grads = new Map<string, Tensor>();
     for (const [name, t] of this.trainable) {
       const g = tape.take(t);

@@ -1,13 +1,17 @@
 // The DreamBooth objective pieces against plain-TS references of diffusers' formulas, f32 and f16:
 // add_noise and get_velocity with one timestep per sample, min-SNR-gamma and prior weights, the
-// weighted MSE and its gradient (also by finite differences).
+// weighted MSE and its gradient (also by finite differences); the masked loss (sd-scripts' apply_masked_loss)
+// against PyTorch (tests/fixtures/train/gen_masked.py).
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { roundToF16 } from '../../src/util/half.ts';
 import { alphasCumprod, SD_SCHEDULE } from '../../src/sample/schedulers.ts';
 import { compare, randomValues } from '../../src/selftest/check.ts';
-import { addNoise, lossWeights, velocity, weightedMse, weightedMseBackward } from '../../src/train/objective.ts';
-import { assertChecks, testGpu } from '../helpers.ts';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { readSafetensors } from '../../src/io/safetensors.ts';
+import { addNoise, latentMask, lossWeights, velocity, weightedMse, weightedMseBackward } from '../../src/train/objective.ts';
+import { assertChecks, FIXTURES, testGpu } from '../helpers.ts';
 
 const acp = alphasCumprod(SD_SCHEDULE);
 const shape = [3, 4, 8, 8];
@@ -55,7 +59,7 @@ describe('DreamBooth objective', () => {
     }
     ref /= 3;
     const loss = await weightedMse(gpu, tp, tt, weights);
-    const grad = await gpu.read(weightedMseBackward(gpu, tp, tt, weights, 1024));
+    const grad = await gpu.read(weightedMseBackward(gpu, tp, tt, weights, null, 1024));
     const refGrad = pred.map((p, i) => ((2 * 1024 * weights[Math.floor(i / per)]) / (per * 3)) * (p - target[i]));
     const h = 1e-2;
     const fd: number[] = [];
@@ -83,4 +87,53 @@ describe('DreamBooth objective', () => {
       ),
     ]);
   });
+
+  // The masked loss against PyTorch: the instance photo's painted mask (a disc of 1, a grey band of 0.5, 0
+  // elsewhere) pooled to latent resolution, the class image unmasked. Inputs are f16-representable, so the f16
+  // run sees the same values; its gradient is stored in f16 (rtol 1e-3 > f16's 2^-11 rounding).
+  const golden = readSafetensors(new Uint8Array(readFileSync(join(FIXTURES, 'train', 'masked_loss.safetensors'))));
+  const g = (name: string) => golden.tensors.get(name)!;
+  for (const dtype of ['f32', 'f16'] as const)
+    it(`masked loss and gradient = PyTorch (interpolate "area", loss * mask, plain mean) [${dtype}]`, async () => {
+      const gpu = await testGpu();
+      const [B, C, h, w] = g('pred').shape;
+      const pixels = g('mask').data;
+      const plane = pixels.length / B;
+      const side = Math.sqrt(plane);
+      const perSampleMask = Array.from({ length: B }, (_, b) => latentMask(pixels.subarray(b * plane, (b + 1) * plane), side, side / h));
+      const maskData = new Float32Array(B * h * w);
+      perSampleMask.forEach((m, b) => maskData.set(m, b * h * w));
+      const weights = Array.from(g('weights').data);
+      const scale = Number(golden.metadata.scale);
+      const tp = gpu.upload(g('pred').data, [B, C, h, w], dtype);
+      const tt = gpu.upload(g('target').data, [B, C, h, w], dtype);
+      const mask = gpu.upload(maskData, [B, h, w], 'f32');
+      const loss = await weightedMse(gpu, tp, tt, weights, mask);
+      const grad = await gpu.read(weightedMseBackward(gpu, tp, tt, weights, mask, scale));
+      const unmaskedLoss = await weightedMse(gpu, tp, tt, weights);
+      const unmaskedGrad = await gpu.read(weightedMseBackward(gpu, tp, tt, weights, null, scale));
+      const gradTol = dtype === 'f32' ? { atol: 1e-5, rtol: 1e-5 } : { atol: 1e-3, rtol: 1e-3 };
+      assertChecks([
+        // sums of 64 values in {0, 0.5, 1} and a division by 64: exact in f32
+        compare('mask at latent resolution', maskData, g('mask_latent').data, { atol: 0, rtol: 0 }),
+        // f32 squares summed over 256 elements per sample against float64
+        compare('masked loss', [loss], g('loss').data, { atol: 1e-6, rtol: 1e-5 }),
+        compare('masked dpred x scale', grad, g('grad').data, gradTol),
+      ]);
+      // The mask does something: the loss drops well past the tolerance, positions the mask zeroes get no
+      // gradient at all, the rest does, and the unmasked class sample's gradient is the unmasked one.
+      assert.ok(unmaskedLoss - loss > 0.1, `masked ${loss} vs unmasked ${unmaskedLoss}`);
+      const per = C * h * w;
+      let zeroed = 0;
+      for (let i = 0; i < per; i++) {
+        const m = maskData[i % (h * w)];
+        if (m === 0) {
+          assert.ok(grad[i] === 0, `element ${i} under a zero mask: ${grad[i]}`);
+          zeroed++;
+        } else assert.notEqual(grad[i], 0, `element ${i} under mask ${m}`);
+      }
+      assert.ok(zeroed > per / 4, `${zeroed} of ${per} instance elements masked out`);
+      assert.deepEqual(Array.from(grad.subarray(per)), Array.from(unmaskedGrad.subarray(per)), 'the class sample (mask of ones) is unchanged');
+      await assert.rejects(async () => weightedMse(gpu, tp, tt, weights, gpu.upload(maskData.subarray(0, h * w), [1, h, w], 'f32')), /must be f32 \[2, 8, 8\]/);
+    });
 });
