@@ -56,6 +56,8 @@ export interface PlanDataShape {
   withClass: boolean;
   /** Image pixels per latent pixel, for messages (the VAE's factor: 8 for SD). */
   vaeFactor?: number;
+  /** Some photo has a loss mask (each step then holds a [B, h, w] f32 mask). */
+  masked?: boolean;
 }
 
 /** One configuration that was dry-run. */
@@ -131,7 +133,8 @@ function dryData(d: PlanDataShape): TrainData {
   const [c, h, w] = d.latentShape;
   const [l, e] = d.contextShape;
   const sample = () => ({ latent: new Float32Array(c * h * w), context: new Float32Array(l * e), ids: new Int32Array(l) });
-  return { latentShape: d.latentShape, contextShape: d.contextShape, instance: [sample()], classes: d.withClass ? [sample()] : [] };
+  const instance = d.masked ? { ...sample(), mask: new Float32Array(h * w) } : sample();
+  return { latentShape: d.latentShape, contextShape: d.contextShape, instance: [instance], classes: d.withClass ? [sample()] : [] };
 }
 
 /**

@@ -13,6 +13,7 @@ import { txt2img } from '../sample/txt2img.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
 import type { TrainData, TrainSample } from './trainer.ts';
+import { latentMask } from './objective.ts';
 
 /** One image's latent: the mean of the VAE posterior times the scaling factor (kohya's cached latents). */
 export async function encodeImage(gpu: Gpu, vae: LoadedModel['vae'], image: Float32Array, resolution: number): Promise<Float32Array> {
@@ -72,6 +73,8 @@ export async function generateClassImage(
 export interface PreparedSet {
   /** [3, R, R] in [-1, 1] per image. */
   images: Float32Array[];
+  /** Per image: its loss mask [R, R] in [0, 1] (cropped and resized like the image), or null; absent: none. */
+  masks?: (Float32Array | null)[];
   /** Per image: its caption, or the set's prompt. */
   prompts: string[];
 }
@@ -93,19 +96,21 @@ export async function encodeTrainData(
     if (!contexts.has(p)) contexts.set(p, await encodePrompt(gpu, model.textEncoder, tokenizer, p));
     return contexts.get(p)!;
   };
+  const f = 2 ** (model.vae.config.blockOutChannels.length - 1);
   const encodeSet = async (set: PreparedSet) => {
     const out: TrainData['instance'] = [];
     for (let i = 0; i < set.images.length; i++) {
+      const mask = set.masks?.[i];
       out.push({
         latent: await encodeImage(gpu, model.vae, set.images[i], resolution),
         context: await context(set.prompts[i]),
         ids: tokenizer.encodePadded(set.prompts[i]),
+        ...(mask ? { mask: latentMask(mask, resolution, f) } : {}),
       });
       onProgress?.(++done, total);
     }
     return out;
   };
-  const f = 2 ** (model.vae.config.blockOutChannels.length - 1);
   const h = resolution / f;
   const D = model.textEncoder.config.hiddenSize;
   const inst = await encodeSet(instance);
@@ -139,6 +144,7 @@ export async function saveTrainData(store: ChunkStore, runId: string, d: TrainDa
     files.set(`${p}${i}-latent`, f32(x.latent));
     files.set(`${p}${i}-context`, f32(x.context));
     if (x.ids) files.set(`${p}${i}-ids`, new Uint8Array(x.ids.buffer, x.ids.byteOffset, x.ids.byteLength));
+    if (x.mask) files.set(`${p}${i}-mask`, f32(x.mask));
   };
   d.instance.forEach(put('i'));
   d.classes.forEach(put('c'));
@@ -156,10 +162,12 @@ export async function loadTrainData(store: ChunkStore, runId: string): Promise<T
     const out: TrainSample[] = [];
     for (let i = 0; i < n; i++) {
       const ids = snap.names.includes(`${p}${i}-ids`) ? await snap.read(`${p}${i}-ids`) : null;
+      const mask = snap.names.includes(`${p}${i}-mask`) ? await read(`${p}${i}-mask`) : null;
       out.push({
         latent: await read(`${p}${i}-latent`),
         context: await read(`${p}${i}-context`),
         ...(ids ? { ids: new Int32Array(ids.buffer, ids.byteOffset, ids.byteLength / 4) } : {}),
+        ...(mask ? { mask } : {}),
       });
     }
     return out;

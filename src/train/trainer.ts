@@ -115,6 +115,8 @@ export interface TrainSample {
   context: Float32Array;
   /** The prompt's token ids [L] (the text encoder runs on them when it trains). */
   ids?: Int32Array;
+  /** A loss mask at latent resolution [h, w] in [0, 1] (the photo's painted subject mask, pooled); none: all ones. */
+  mask?: Float32Array;
 }
 
 /** Everything random about one step (drawn from the run's Rng, or injected by a test). */
@@ -356,10 +358,22 @@ export class DreamBoothTrainer {
     const classWeights = samples.map((_, i) => (i === 0 ? 1 : this.settings.priorLossWeight) * B);
     const weights = lossWeights(inputs.timesteps, this.acp, { prediction, minSnrGamma: this.settings.minSnrGamma ?? undefined, classWeights });
 
+    // A masked photo weights its loss per latent position; a batch without masks runs the plain loss.
+    const mask = samples.some((s) => s.mask)
+      ? gpu.upload(
+          cat((s) => s.mask ?? new Float32Array(h * w).fill(1)),
+          [B, h, w],
+          'f32',
+          'activations',
+          'loss-mask',
+        )
+      : null;
+
     const pred = unetForward(gpu, this.model.config, this.model.weights, xt, tT, ctx, tape, this.loraScale, this.settings.activationCheckpointing);
-    const loss = await weightedMse(gpu, pred, target, weights);
+    const loss = await weightedMse(gpu, pred, target, weights, mask);
     const scale = this.scaler.scale;
-    tape.backward(pred, weightedMseBackward(gpu, pred, target, weights, null, scale));
+    tape.backward(pred, weightedMseBackward(gpu, pred, target, weights, mask, scale));
+    if (mask) gpu.free(mask);
     const grads = new Map<string, Tensor>();
     for (const [name, t] of this.trainable) {
       const g = tape.take(t);
@@ -514,4 +528,13 @@ function validate(data: TrainData, s: TrainSettings): void {
   const [c, h, w] = data.latentShape;
   for (const [i, x] of data.instance.entries())
     if (x.latent.length !== c * h * w) throw new Error(`instance latent ${i} has ${x.latent.length} values, expected ${c}x${h}x${w}`);
+  for (const [what, set] of [
+    ['instance', data.instance],
+    ['class', data.classes],
+  ] as const)
+    for (const [i, x] of set.entries()) {
+      if (!x.mask) continue;
+      if (x.mask.length !== h * w) throw new Error(`${what} image ${i}'s loss mask has ${x.mask.length} values, expected ${h}x${w}`);
+      if (!x.mask.every((v) => v >= 0 && v <= 1)) throw new Error(`${what} image ${i}'s loss mask has values outside [0, 1] (or non-finite ones)`);
+    }
 }
