@@ -4,7 +4,8 @@
 //       [--config <config.json>] [--dtype f32|f16]
 //   grad unet --model <path> --in <in.safetensors> --out <grads.safetensors> [--config <json>] [--dtype f32|f16]
 //   train --model <path> --images <dir> --prompt "..." --mode lora|full --steps N --out <dir> (see train.ts) | train --resume <dir>
-//   sample --model <path> --prompt "..." --out image.png [--steps --seed --guidance --negative --sampler ...]
+//   sample --model <path> --prompt "..." --out image.png [--steps --seed --guidance --negative --sampler ...] [--lora <file> [--lora-scale x]]
+//   export --model <path> [--lora <file>] --format <format> --out <file>   (results trained elsewhere, export.ts)
 import { existsSync, statSync } from 'node:fs';
 import { NodeFileSource } from '../io/source-node.ts';
 import { nodeFolder } from '../models/folder-node.ts';
@@ -55,9 +56,10 @@ const run = (args: string[]) => withGpu(async () => (await import('./run.ts')).r
 const sample = (args: string[]) => withGpu(async () => (await import('./sample.ts')).sampleCommand, args);
 const grad = (args: string[]) => withGpu(async () => (await import('./run.ts')).gradCommand, args);
 const train = (args: string[]) => withGpu(async () => (await import('./train.ts')).trainCommand, args);
+const exportModel = async (args: string[]) => (await import('./export.ts')).exportCommand(args);
 
 const [command, ...rest] = process.argv.slice(2);
-const commands: Record<string, (a: string[]) => Promise<void>> = { inspect, run, grad, sample, train };
+const commands: Record<string, (a: string[]) => Promise<void>> = { inspect, run, grad, sample, train, export: exportModel };
 try {
   if (!command || !commands[command]) throw new Error(`usage: npm run cli -- <${Object.keys(commands).join('|')}> ...`);
   await commands[command](rest);

@@ -1,5 +1,8 @@
 // `cli sample --model <path> --prompt "..." [--negative "..."] [--steps 25] [--guidance 7.5] [--seed 1]
-//  [--sampler dpm++2m|ddim] [--width 512] [--height 512] [--tokenizer <dir>] [--config <json>] --out image.png`
+//  [--sampler dpm++2m|ddim] [--width 512] [--height 512] [--tokenizer <dir>] [--config <json>]
+//  [--lora <file.safetensors> [--lora-scale 1]] --out image.png`
+// --lora: a LoRA from diffusers' train_dreambooth_lora.py (pytorch_lora_weights.safetensors) or kohya, or one
+// of our exports, applied to the UNet (and text encoder) at its own alpha / rank times --lora-scale.
 import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { encode } from 'fast-png';
@@ -10,6 +13,9 @@ import { promptWarning } from '../pipeline/run.ts';
 import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flags } from './args.ts';
 import { scheduleFromJson, SD_SCHEDULE } from '../sample/schedulers.ts';
 import { configOverrides, loadModel } from './run.ts';
+import { SafetensorsFile } from '../io/safetensors.ts';
+import { NodeFileSource } from '../io/source-node.ts';
+import { applyLora, checkImportedLora, loadedShapes, readImportedLora, type ReadLora } from '../pipeline/imported.ts';
 
 /** The tokenizer folder: --tokenizer, or <model folder>/tokenizer. */
 export function loadTokenizer(dir: string): ClipTokenizer {
@@ -22,13 +28,26 @@ export function loadTokenizer(dir: string): ClipTokenizer {
 }
 
 const SAMPLE_FLAGS: Flags = Object.fromEntries(
-  ['model', 'prompt', 'out', 'negative', 'steps', 'guidance', 'seed', 'sampler', 'width', 'height', 'tokenizer', 'config'].map((k) => [
+  ['model', 'prompt', 'out', 'negative', 'steps', 'guidance', 'seed', 'sampler', 'width', 'height', 'tokenizer', 'config', 'lora', 'lora-scale'].map((k) => [
     k,
     { type: 'string' as const },
   ]),
 );
 const SAMPLE_USAGE =
-  'usage: sample --model <path> --prompt "..." --out image.png [--steps 25] [--seed 1] [--guidance 7.5] [--negative "..."] [--sampler dpm++2m|ddim] [--width 512] [--height 512] [--tokenizer <dir>] [--config <json>]';
+  'usage: sample --model <path> --prompt "..." --out image.png [--steps 25] [--seed 1] [--guidance 7.5] [--negative "..."] [--sampler dpm++2m|ddim] [--width 512] [--height 512] [--tokenizer <dir>] [--config <json>] [--lora <file.safetensors> [--lora-scale 1]]';
+
+/** A LoRA file read (and refused by key when it is for another architecture or rank layout) before the model loads. */
+export async function readLoraFile(path: string, flag = '--lora'): Promise<ReadLora> {
+  if (!existsSync(path)) throw new UsageError(`${flag} ${path}: no such file`);
+  if (statSync(path).isDirectory())
+    throw new UsageError(`${flag} ${path} is a folder: give the LoRA file (e.g. ${join(path, 'pytorch_lora_weights.safetensors')})`);
+  const file = await SafetensorsFile.open(await NodeFileSource.open(path));
+  try {
+    return await readImportedLora(file);
+  } finally {
+    await file.source.close?.();
+  }
+}
 
 export async function sampleCommand(gpu: Gpu, args: string[]): Promise<void> {
   const { values } = parseFlags(args, SAMPLE_FLAGS, SAMPLE_USAGE);
@@ -47,6 +66,10 @@ export async function sampleCommand(gpu: Gpu, args: string[]): Promise<void> {
   const seed = numberFlag(values, 'seed', 1, { min: 0, max: Number.MAX_SAFE_INTEGER, integer: true });
   const width = numberFlag(values, 'width', 512, { min: 8, max: MAX_IMAGE_SIDE, integer: true });
   const height = numberFlag(values, 'height', 512, { min: 8, max: MAX_IMAGE_SIDE, integer: true });
+  const loraPath = arg('lora');
+  if (values['lora-scale'] !== undefined && !loraPath) throw new UsageError('--lora-scale needs --lora <file>');
+  const loraStrength = numberFlag(values, 'lora-scale', 1, { min: -10, max: 10 });
+  const lora = loraPath ? await readLoraFile(loraPath) : null;
   const isDir = statSync(modelPath).isDirectory();
   const tokDir = arg('tokenizer') ?? (isDir ? join(modelPath, 'tokenizer') : undefined);
   if (!tokDir) throw new UsageError('a single-file checkpoint carries no tokenizer: pass --tokenizer <folder with vocab.json and merges.txt>');
@@ -60,6 +83,17 @@ export async function sampleCommand(gpu: Gpu, args: string[]): Promise<void> {
   }
   const overrides = configOverrides(arg('config'), 'unet');
   const model = await loadModel(gpu, modelPath, { dtype: gpu.computeDType, overrides });
+  if (lora) {
+    checkImportedLora(lora, loadedShapes(model), loraPath!, modelPath);
+    applyLora(gpu, model, lora);
+    console.error(
+      `lora: ${lora.adapters.size} adapted layers (${lora.format}, rank ${lora.rank}, scale ${lora.scale} x ${loraStrength}), ${lora.skipped.length} keys skipped`,
+    );
+    if (lora.skipped.length)
+      console.error(
+        `warning: ${loraPath}: ${lora.skipped.length} keys adapt layers the engine has no LoRA on (e.g. ${lora.skipped.slice(0, 3).join(', ')}); they are left out`,
+      );
+  }
   const schedJson =
     isDir && existsSync(join(modelPath, 'scheduler/scheduler_config.json'))
       ? readJsonFile(join(modelPath, 'scheduler/scheduler_config.json'), 'the scheduler config')
@@ -77,10 +111,21 @@ export async function sampleCommand(gpu: Gpu, args: string[]): Promise<void> {
     height,
     sampler,
     schedule,
+    ...(lora ? { loraScale: lora.scale * loraStrength } : {}),
     onStep: (i, n) => process.stderr.write(`step ${i}/${n} ${((performance.now() - t0) / 1000).toFixed(1)} s\n`),
   }).catch((e: unknown) => {
     throw e instanceof SampleOptionError ? new UsageError(`--${e.message}`) : e;
   });
   writeFileSync(out, encode({ width: img.width, height: img.height, data: img.rgb, channels: 3, depth: 8 }));
-  console.log(JSON.stringify({ out, width: img.width, height: img.height, sampler, steps, seed }));
+  console.log(
+    JSON.stringify({
+      out,
+      width: img.width,
+      height: img.height,
+      sampler,
+      steps,
+      seed,
+      ...(lora ? { lora: loraPath, loraScale: lora.scale * loraStrength } : {}),
+    }),
+  );
 }

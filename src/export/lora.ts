@@ -293,6 +293,8 @@ export interface LoraPair {
   A: NamedTensor;
   /** [out, r], scaled so that every pair applies with the same `scale`. */
   B: NamedTensor;
+  /** The file's keys of A and B (for messages). */
+  keys: { A: string; B: string };
 }
 
 export interface ReadLora {
@@ -360,14 +362,51 @@ function mostCommon(values: number[]): number {
 }
 
 /**
+ * Keys that belong to another architecture than SD 1.x/2.x (whose UNet and text encoder the engine runs):
+ * SDXL's second text encoder and kohya's SGM-style UNet names (input_blocks / middle_block / output_blocks,
+ * what sd-scripts writes for SDXL), SD3/FLUX transformers. Such a file is refused, naming the key: applying
+ * only the layers whose names happen to match would run a different model's adapters.
+ */
+function foreignArchitecture(key: string): string | null {
+  if (/^(?:lora_te[12]_|text_encoder_2\.|lora_te2\.)/.test(key)) return 'SDXL (it adapts a second text encoder)';
+  if (/^lora_unet_(?:input_blocks|middle_block|output_blocks|label_emb)_/.test(key))
+    return 'SDXL (kohya names its UNet input_blocks/middle_block/output_blocks)';
+  if (/^(?:unet\.)?add_embedding\./.test(key)) return 'SDXL (its UNet has add_embedding)';
+  if (/^(?:transformer\.|lora_transformer_|text_encoder_3\.)/.test(key)) return 'SD3 or FLUX (a transformer, not a UNet)';
+  return null;
+}
+
+/** The first index of a NaN or +-Inf value, or -1. */
+function firstNonFinite(values: Float32Array): number {
+  for (let i = 0; i < values.length; i++) if (values[i] - values[i] !== 0) return i;
+  return -1;
+}
+
+/** A tensor of the LoRA file, read and checked: finite values only (a non-finite adapter would poison every weight it touches). */
+async function readFinite(file: SafetensorsFile, key: string): Promise<NamedTensor> {
+  const t = await file.read(key);
+  const bad = firstNonFinite(t.data);
+  if (bad >= 0)
+    throw new ExportError(`${file.source.name}: '${key}' holds a non-finite value (${t.data[bad]} at element ${bad}): the LoRA is corrupt, use another file`);
+  return t;
+}
+
+/**
  * Reads a LoRA in kohya or PEFT/diffusers layout back into engine layers. kohya pairs apply with their
- * alpha / r; PEFT pairs with 1 (or lora_alpha / r when the file carries diffusers' adapter config).
+ * alpha / r; PEFT pairs with 1 (or lora_alpha / r when the file carries diffusers' adapter config, or a
+ * network alpha `<module>.alpha` as diffusers' converted files do).
  * Modules whose own scale differs from the most common one get the ratio folded into B, so one
- * `scale` serves the whole file.
+ * `scale` serves the whole file. Refused, naming the key: another architecture's keys, a down weight
+ * without its up weight (or the reverse), down/up that do not share a rank, an alpha that is not one
+ * positive number, non-finite values.
  */
 export async function readLora(file: SafetensorsFile): Promise<ReadLora> {
   const names = file.names;
-  const kohya = names.some((n) => /^lora_(unet|te\d?)_/.test(n));
+  for (const n of names) {
+    const arch = foreignArchitecture(n);
+    if (arch) throw new ExportError(`${file.source.name}: '${n}' is a key of a LoRA for ${arch}; this engine runs SD 1.x and 2.x: use a LoRA made for those`);
+  }
+  const kohya = names.some((n) => /^lora_(unet|te)_/.test(n));
   const configAlpha = kohya ? {} : peftConfigAlpha(file.metadata);
   // Keys grouped by module; a key of no engine target is skipped.
   const modules = new Map<string, { component: LoraComponent; layer: string; keys: [string, string][] }>();
@@ -403,16 +442,27 @@ export async function readLora(file: SafetensorsFile): Promise<ReadLora> {
     }
     const get = (part: string) => keys.find(([, p]) => p === part)?.[0];
     const [a, b, al] = [get('A'), get('B'), get('alpha')];
-    if (!a || !b) throw new ExportError(`${file.source.name}: LoRA module '${layer}' has no ${a ? 'up (lora_B)' : 'down (lora_A)'} weight`);
-    const A = await file.read(a);
-    const B = await file.read(b);
+    if (!a || !b)
+      throw new ExportError(
+        `${file.source.name}: '${a ?? b}' has no matching ${a ? 'up (lora_B / lora_up)' : 'down (lora_A / lora_down)'} weight for module '${layer}': the LoRA file is incomplete`,
+      );
+    const A = await readFinite(file, a);
+    const B = await readFinite(file, b);
     const r = A.shape[0];
-    if (A.shape.length !== 2 || B.shape.length !== 2 || B.shape[1] !== r)
-      throw new ExportError(`${file.source.name}: LoRA module '${layer}': down [${A.shape}] and up [${B.shape}] do not share a rank`);
-    const alpha = al ? (await file.read(al)).data[0] : configAlpha[component];
+    if (A.shape.length !== 2 || B.shape.length !== 2 || B.shape[1] !== r || r < 1)
+      throw new ExportError(
+        `${file.source.name}: '${a}' [${A.shape}] and '${b}' [${B.shape}] do not share a rank (down must be [r, in] and up [out, r]): the LoRA's rank layout is not one the engine applies`,
+      );
+    let alpha = configAlpha[component];
+    if (al) {
+      const t = await readFinite(file, al);
+      if (t.data.length !== 1 || t.data[0] < 0)
+        throw new ExportError(`${file.source.name}: '${al}' must be one number of at least 0, got [${t.shape}] ${t.data.slice(0, 4).join(', ')}`);
+      alpha = t.data[0];
+    }
     // kohya: "if alpha == 0 or None, alpha is rank (no scaling)".
     scales.set(layer, alpha === undefined || alpha === 0 ? 1 : alpha / r);
-    adapters.set(layer, { component, A, B });
+    adapters.set(layer, { component, A, B, keys: { A: a, B: b } });
   }
   if (!adapters.size)
     throw new ExportError(
@@ -425,6 +475,36 @@ export async function readLora(file: SafetensorsFile): Promise<ReadLora> {
     if (f !== 1) p.B = { shape: p.B.shape, data: p.B.data.map((v) => v * f) };
   }
   return { format: kohya ? 'kohya' : 'peft', rank, alpha: rank * scale, scale, adapters, skipped, metadata: file.metadata };
+}
+
+/**
+ * The adapters against the model they are to run on: every adapted layer exists there (`<layer>.weight`)
+ * and the down weight's in-features and the up weight's out-features are the layer's. A LoRA for another
+ * model (SD2's 1024-wide cross-attention on SD1's 768, another UNet's block layout) is refused naming the
+ * key and both shapes.
+ */
+export function checkLoraForModel(
+  lora: Pick<ReadLora, 'adapters'>,
+  shapes: Record<LoraComponent, ReadonlyMap<string, readonly number[]>>,
+  fileName: string,
+  modelName: string,
+): void {
+  for (const [layer, { component, A, B, keys }] of lora.adapters) {
+    const w = shapes[component].get(`${layer}.weight`);
+    if (!w)
+      throw new ExportError(
+        `${fileName}: '${keys.A}' adapts ${component === 'unet' ? 'the UNet' : 'the text encoder'} layer '${layer}', which ${modelName} does not have: the LoRA was made for another model architecture`,
+      );
+    const inFeatures = w.slice(1).reduce((x, y) => x * y, 1);
+    if (A.shape[1] !== inFeatures)
+      throw new ExportError(
+        `${fileName}: '${keys.A}' is [${A.shape}], made for a layer with ${A.shape[1]} inputs, but ${modelName}'s '${layer}.weight' is [${w}] (${inFeatures} inputs): the LoRA was made for another model (e.g. SD 2.x's 1024-wide text on SD 1.x's 768)`,
+      );
+    if (B.shape[0] !== w[0])
+      throw new ExportError(
+        `${fileName}: '${keys.B}' is [${B.shape}], made for a layer with ${B.shape[0]} outputs, but ${modelName}'s '${layer}.weight' is [${w}]: the LoRA was made for another model`,
+      );
+  }
 }
 
 /** One component's adapters as engine weights: `<layer>.lora_A.weight` / `<layer>.lora_B.weight`. */
