@@ -7,8 +7,8 @@
 // The run folder holds run.json (the run's inputs and settings, validated on resume), store/ (cached latents
 // and embeddings, optimizer chunks, checkpoints), samples/ (with --sample-every), the exports, and a lock
 // while a process trains in it. A folder that holds another run is refused unless --resume or --overwrite.
-import { existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync, openSync, closeSync, writeSync } from 'node:fs';
-import { basename, join, resolve } from 'node:path';
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync, openSync, closeSync, writeSync } from 'node:fs';
+import { basename, extname, join, resolve } from 'node:path';
 import { encode as encodePng } from 'fast-png';
 import type { Gpu } from '../gpu/device.ts';
 import { nodeGpu } from '../gpu/node.ts';
@@ -57,6 +57,7 @@ const INPUT_FLAGS: Flags = {
   tokenizer: { type: 'string' },
   config: { type: 'string' },
   'class-images': { type: 'string' },
+  masks: { type: 'string' },
   export: { type: 'string' },
 };
 const SETTING_FLAGS: Flags = Object.fromEntries(SETTINGS.filter((s) => s.flag).map((s) => [s.flag!, { type: s.kind === 'bool' ? 'boolean' : 'string' }]));
@@ -69,7 +70,7 @@ const FLAGS: Flags = { ...INPUT_FLAGS, ...SETTING_FLAGS };
 const RESUME_FLAGS = new Set(['resume', 'model', 'steps', 'export']);
 
 export const TRAIN_USAGE =
-  'usage: train --model <path> --images <dir> --prompt "a photo of sks dog" --out <dir> [--class-prompt "a photo of a dog" [--class-images <dir|count>]] ' +
+  'usage: train --model <path> --images <dir> --prompt "a photo of sks dog" --out <dir> [--class-prompt "a photo of a dog" [--class-images <dir|count>]] [--masks <dir>] ' +
   '[--tokenizer dir] [--config json] [--export lora-kohya,lora-diffusers,full-single-file,diffusers-zip] [--overwrite] ' +
   SETTINGS.filter((s) => s.flag && s.key !== 'classPrompt')
     .map((s) => (s.kind === 'bool' ? `[--${s.flag}]` : `[--${s.flag} x]`))
@@ -79,7 +80,17 @@ export const TRAIN_USAGE =
 /** What run.json keeps: the run's inputs and its validated settings. */
 interface RunFile {
   version: 2;
-  inputs: { model: string; images: string; prompt: string; classImages?: string; tokenizer?: string; config?: string; exports: ExportFormat[] };
+  inputs: {
+    model: string;
+    images: string;
+    prompt: string;
+    classImages?: string;
+    /** Loss masks: a folder of images named like the photos (kohya's convention). */
+    masks?: string;
+    tokenizer?: string;
+    config?: string;
+    exports: ExportFormat[];
+  };
   settings: RunSettings;
   /** The model's architecture when the run started (a moved model must be the same one). */
   modelKey?: string;
@@ -142,6 +153,11 @@ function newRun(values: ParsedFlags): RunFile {
   needFolder(images, 'images');
   const classImages = stringFlag(values, 'class-images');
   if (classImages !== undefined && !/^\d+$/.test(classImages)) needFolder(classImages, 'class-images');
+  const masks = stringFlag(values, 'masks');
+  if (masks !== undefined) {
+    needFolder(masks, 'masks');
+    needMaskNames(images, masks);
+  }
   const tokenizer = stringFlag(values, 'tokenizer');
   if (tokenizer !== undefined && !existsSync(tokenizer)) throw new UsageError(`--tokenizer ${tokenizer}: no such folder`);
   const config = stringFlag(values, 'config');
@@ -154,6 +170,7 @@ function newRun(values: ParsedFlags): RunFile {
       prompt,
       exports: exportsFrom(stringFlag(values, 'export'), settings.mode),
       ...(classImages !== undefined ? { classImages: /^\d+$/.test(classImages) ? classImages : resolve(classImages) } : {}),
+      ...(masks !== undefined ? { masks: resolve(masks) } : {}),
       ...(tokenizer !== undefined ? { tokenizer: resolve(tokenizer) } : {}),
       ...(config !== undefined ? { config: resolve(config) } : {}),
     },
@@ -175,6 +192,8 @@ function readRunFile(dir: string): RunFile {
     throw new UsageError(`${path}: not a run record of this version (no version 2 inputs and settings): start a new run with another --out`);
   for (const k of ['model', 'images', 'prompt'] as const)
     if (typeof j.inputs[k] !== 'string') throw new UsageError(`${path}: inputs.${k} is ${JSON.stringify(j.inputs[k])}, not text: the run record is damaged`);
+  if (j.inputs.masks !== undefined && typeof j.inputs.masks !== 'string')
+    throw new UsageError(`${path}: inputs.masks is ${JSON.stringify(j.inputs.masks)}, not text: the run record is damaged`);
   try {
     validateSettings({ ...defaultSettings(j.settings.mode === 'full' ? 'full' : 'lora'), ...j.settings }, (k) => `settings.${k}`);
   } catch (e) {
@@ -332,6 +351,43 @@ async function folderImages(dir: string, caption: boolean): Promise<ImageInput[]
   return images.map((im, i) => ({ id: String(i), name: im.name, pixels: im.image, ...(caption && im.caption !== undefined ? { caption: im.caption } : {}) }));
 }
 
+/** Stems of a folder's image files (not captions, not hidden files). */
+function imageStems(dir: string): Map<string, string> {
+  const files = readdirSync(dir).filter((f) => !f.startsWith('.') && extname(f).toLowerCase() !== '.txt');
+  return new Map(files.map((f) => [basename(f, extname(f)), f]));
+}
+
+/** Before any work: every photo in `images` has a file of the same name in `masks` (decoding checks the rest). */
+function needMaskNames(images: string, masks: string): void {
+  const have = imageStems(masks);
+  const missing = [...imageStems(images)].filter(([stem]) => !have.has(stem)).map(([, file]) => file);
+  if (missing.length) throw new UsageError(noMaskMessage(masks, missing));
+}
+
+const noMaskMessage = (dir: string, photos: string[]) =>
+  `--masks ${dir} has no mask for ${photos.join(', ')}: add an image with the same name (any image type) for each photo, ` +
+  `white where the subject is (a white image trains the photo whole)`;
+
+/**
+ * Attaches each photo's loss mask from `dir`: the image with the photo's name (any image type; kohya's
+ * convention). Every photo needs one (a white image trains a photo whole), so a missing mask is an error that
+ * names the photos, not a silently unmasked photo; a mask that matches no photo is named and ignored.
+ */
+async function attachMasks(images: ImageInput[], dir: string): Promise<ImageInput[]> {
+  const { images: masks, errors } = await loadImageDir(dir, { onWarning: (m) => console.error(`warning: --masks ${m}`) });
+  if (errors.length) throw new UsageError(`--masks ${dir}: ${errors.map((e) => e.message).join('; ')}`);
+  const stemOf = (name: string) => basename(name, extname(name));
+  const byStem = new Map(masks.map((m) => [stemOf(m.name), m]));
+  const missing = images.filter((im) => !byStem.has(stemOf(im.name))).map((im) => im.name);
+  if (missing.length) throw new UsageError(noMaskMessage(dir, missing));
+  const photoStems = new Set(images.map((im) => stemOf(im.name)));
+  for (const m of masks) if (!photoStems.has(stemOf(m.name))) console.error(`warning: --masks ${join(dir, m.name)} matches no photo; ignored`);
+  return images.map((im) => {
+    const m = byStem.get(stemOf(im.name))!;
+    return { ...im, mask: { name: join(basename(dir), m.name), pixels: m.image } };
+  });
+}
+
 const mib = (b: number) => formatBytes(b, { unit: 'MiB' });
 
 function clock(seconds: number): string {
@@ -390,7 +446,8 @@ async function trainIn(gpu: Gpu, out: string, run: RunFile, resuming: boolean): 
   if (!resuming) writeFileSync(join(out, 'run.json'), JSON.stringify(run, null, 2));
   const { opened, close } = await openModel(run);
   try {
-    const images = await folderImages(inputs.images, true);
+    const photos = await folderImages(inputs.images, true);
+    const images = inputs.masks ? await attachMasks(photos, inputs.masks) : photos;
     const classImages = inputs.classImages && !/^\d+$/.test(inputs.classImages) ? await folderImages(inputs.classImages, false) : [];
     const store = await FsChunkStore.open(join(out, 'store'));
     try {

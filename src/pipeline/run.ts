@@ -14,6 +14,7 @@
 import type { Gpu } from '../gpu/device.ts';
 import { GpuOutOfMemoryError } from '../gpu/errors.ts';
 import { checkImageSet, prepareImage, scaleCrop, type CropBox, type ImageSize, type RgbaImage } from '../io/image.ts';
+import { prepareMask } from '../io/mask.ts';
 import { SafetensorsFile, type ByteSink } from '../io/safetensors.ts';
 import type { TensorProvider } from '../io/tensor-provider.ts';
 import { CLIP_MAX_LENGTH, ClipTokenizer, type ClipTokenizerFiles } from '../io/tokenizer.ts';
@@ -59,6 +60,15 @@ export interface ImageInput {
   crop?: CropBox;
   /** Replaces the prompt for this photo (kohya-style captions). */
   caption?: string;
+  /** The photo's loss mask: white where the subject is (trained), black where not (src/io/mask.ts). */
+  mask?: MaskInput;
+}
+
+/** A loss mask image: a file the host decodes, or pixels already decoded upright (at any size of the photo's shape). */
+export interface MaskInput {
+  name: string;
+  blob?: Blob;
+  pixels?: RgbaImage;
 }
 
 export interface RunInput {
@@ -325,7 +335,13 @@ export class TrainingRun {
     const plan: Plan = await planTraining(
       host.dryRunGpu,
       planModel,
-      { latentShape: data.latentShape, contextShape: data.contextShape, withClass: data.classes.length > 0, vaeFactor: factor },
+      {
+        latentShape: data.latentShape,
+        contextShape: data.contextShape,
+        withClass: data.classes.length > 0,
+        vaeFactor: factor,
+        masked: data.instance.some((x) => x.mask),
+      },
       settings,
       s.budgetBytes - samplingBytes,
     );
@@ -401,9 +417,13 @@ export class TrainingRun {
       const caption = item.caption?.trim();
       const w = caption ? promptWarning(tokenizer, caption, `the caption of ${item.name}`) : null;
       if (w) host.emit({ type: 'warning', message: w });
+      if (item.mask && !item.mask.pixels && !item.mask.blob) throw new RunError(`${item.mask.name}: the mask has neither a file nor pixels`);
+      const maskPixels = item.mask ? (item.mask.pixels ?? (await host.decode(item.mask.blob!, item.mask.name, resolution))) : null;
       for (const f of flip ? [false, true] : [false]) {
         set.images.push(prepareImage(img, { resolution, crop, flip: f, name: item.name }));
         set.prompts.push(caption || prompt);
+        const mask = maskPixels ? prepareMask(maskPixels, img, { resolution, crop, flip: f, photoName: item.name, maskName: item.mask!.name }) : null;
+        (set.masks ??= []).push(mask);
       }
     }
     return set;

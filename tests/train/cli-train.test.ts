@@ -1,15 +1,17 @@
 // `npm run cli -- train` on the tiny model: LoRA with engine-generated class images (prior preservation) and
 // exports whose headers are checked; a run killed mid-way and continued with --resume ends with exactly the
 // uninterrupted run's LoRA; full DreamBooth from the single file exports the base's key set, which loads
-// back; bad input exits 1 with a specific message.
+// back; --masks trains with kohya-style mask images and refuses a photo without one before any work; bad input
+// exits 1 with a specific message.
 import assert from 'node:assert/strict';
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
-import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { unzipSync } from 'fflate';
+import { encode as encodePng } from 'fast-png';
 import { readSafetensors } from '../../src/io/safetensors.ts';
 import { writeTinyModel } from '../fixtures/models/make-tiny.ts';
 import { FIXTURES } from '../helpers.ts';
@@ -179,6 +181,44 @@ describe('cli train', () => {
     // The exported file is a model the engine loads (inspect reads it as SD1).
     const inspect = execFileSync(process.execPath, cliArgs('inspect', join(out, 'model.safetensors')), { encoding: 'utf8' });
     assert.equal(JSON.parse(inspect).architecture, 'sd1');
+  });
+
+  it('--masks: each photo trains under the mask named like it (cached with its latents); a photo without one is refused before any work', () => {
+    // White left half, black right half, at each photo's upright size (the EXIF-rotated JPEG is 32x48 upright).
+    const mask = (w: number, h: number) => {
+      const data = new Uint8Array(w * h * 3);
+      for (let i = 0; i < w * h; i++) data.fill(i % w < w / 2 ? 255 : 0, i * 3, i * 3 + 3);
+      return encodePng({ width: w, height: h, data, channels: 3 });
+    };
+    const masks = join(dir, 'masks');
+    mkdirSync(masks);
+    writeFileSync(join(masks, 'quadrants.png'), mask(48, 32));
+    writeFileSync(join(masks, 'rgba.png'), mask(48, 32));
+    const partial = join(dir, 'masks-partial');
+    mkdirSync(partial);
+    writeFileSync(join(partial, 'quadrants.png'), mask(48, 32));
+    const args = (m: string, out: string) =>
+      ['train', '--model', tiny.folder, '--images', images, '--masks', m, '--prompt', 'a photo of sks dog', '--steps', '2', '--resolution', '32'].concat([
+        '--mode',
+        'lora',
+        '--rank',
+        '4',
+        '--export',
+        'lora-kohya',
+        '--out',
+        out,
+      ]);
+    let r = cli(...args(partial, join(dir, 'masked-bad')));
+    assert.equal(r.code, 1);
+    assert.match(r.err, /--masks \S+masks-partial has no mask for quadrants-o6\.jpg, rgba\.png: add an image with the same name/);
+    assert.equal(existsSync(join(dir, 'masked-bad', 'run.json')), false, 'nothing written');
+    writeFileSync(join(masks, 'quadrants-o6.png'), mask(32, 48));
+    const out = join(dir, 'masked');
+    r = cli(...args(masks, out));
+    assert.equal(r.code, 0, r.err);
+    assert.equal(r.out.split('\n').filter((l) => l.startsWith('step ')).length, 2);
+    const cached = readdirSync(join(out, 'store'), { recursive: true }).map(String);
+    assert.ok(cached.some((f) => /i0-mask/.test(f)) && cached.some((f) => /i2-mask/.test(f)), `masks cached: ${cached.join(', ')}`);
   });
 
   it('bad input: a folder with no images, a missing folder, a wrong mode', () => {
