@@ -240,6 +240,8 @@ export class TrainingRun {
     readonly trainer: DreamBoothTrainer,
     readonly run: RunInput,
     readonly plan: PlanSummary,
+    /** When the run first started (kept in the store, so a resumed run keeps it): kohya's ss_training_started_at. */
+    readonly startedAt: Date,
   ) {}
 
   get step(): number {
@@ -252,6 +254,7 @@ export class TrainingRun {
 
   /** Everything before the first step; resumes from the store's last checkpoint of `run.runId`. */
   static async prepare(host: RunHost, opened: OpenedModel, run: RunInput): Promise<TrainingRun> {
+    const preparedFrom = new Date();
     const { gpu, emit } = host;
     const name = host.settingName ?? flagName;
     const s = run.settings;
@@ -266,7 +269,7 @@ export class TrainingRun {
       // Ranges that need the model's shape, before its weights reach the GPU or any photo is read.
       validateForModel(s, modelShapeOf(source, s.mode === 'lora' && s.trainTextEncoder), name);
       model = await loadModel(gpu, source, gpu.computeDType);
-      return await TrainingRun.prepareLoaded(host, opened, run, trainSettings(s), source, model, tokenizer);
+      return await TrainingRun.prepareLoaded(host, opened, run, trainSettings(s), source, model, tokenizer, preparedFrom);
     } catch (e) {
       // Nothing stays on the GPU after a refusal (the store keeps what was cached, e.g. encoded latents).
       if (model) for (const part of [model.unet.weights, model.vae.weights, model.textEncoder.weights]) gpu.free(...part.values());
@@ -283,6 +286,7 @@ export class TrainingRun {
     source: ModelSource,
     model: LoadedModel,
     tokenizer: ClipTokenizer,
+    preparedFrom: Date,
   ): Promise<TrainingRun> {
     const { gpu, store, emit } = host;
     const s = run.settings;
@@ -369,6 +373,9 @@ export class TrainingRun {
     // (the VAE encoder, decoding) left in it.
     gpu.trimPool();
     gpu.allocator.reserveLimit = s.budgetBytes;
+    // Written once the run's settings, photos and plan are known to be good (a refused run stores nothing of
+    // its own), read back on every resume.
+    const startedAt = await runStartedAt(store, run.runId, preparedFrom);
     const trainer = await DreamBoothTrainer.create(
       gpu,
       { config: model.unet.config, weights: model.unet.weights, schedule, textEncoder: model.textEncoder },
@@ -384,7 +391,7 @@ export class TrainingRun {
       throw new RunError(`this run's checkpoint is at step ${step}, past the ${s.steps} steps asked for: ask for at least ${step} steps to continue it`);
     }
     emit({ type: 'phase', phase: 'ready', message: trainer.step ? `Ready to continue from step ${trainer.step}` : 'Ready to train' });
-    return new TrainingRun(host, model, opened, source, tokenizer, schedule, trainer, run, summary);
+    return new TrainingRun(host, model, opened, source, tokenizer, schedule, trainer, run, summary, startedAt);
   }
 
   /** Decodes, checks and crops one set of photos (instance or class); `flip` adds mirrored copies. */
@@ -405,8 +412,10 @@ export class TrainingRun {
       if (!pixels && !blob) throw new RunError(`${name}: the image has neither a file nor pixels`);
       decoded.push({ item: items[i], img: pixels ?? (await host.decode(blob!, name, resolution)) });
     }
+    // A crop the host gives was chosen by the user (the studio sends one only when the slider moved): no
+    // "not square" note for it.
     const report = checkImageSet(
-      decoded.map(({ item, img }) => ({ name: item.name, ...(img.original ?? img) })),
+      decoded.map(({ item, img }) => ({ name: item.name, ...(img.original ?? img), ...(item.crop ? { crop: item.crop } : {}) })),
       { resolution },
     );
     for (const w of report.warnings) host.emit({ type: 'warning', message: w });
@@ -619,6 +628,7 @@ export class TrainingRun {
         baseModelName: this.opened.name,
         title,
         date: new Date(),
+        startedAt: this.startedAt,
         seed: s.seed,
       };
       const te = provider((n) => n.startsWith('text_model.'));
@@ -669,6 +679,21 @@ export class TrainingRun {
   static async discard(store: ChunkStore, runId: string): Promise<void> {
     for (const k of await store.keys(`${runId}/`)) await store.delete(k);
   }
+}
+
+/** Store key of a run's start time (ISO 8601 text). */
+const startedKey = (runId: string) => `${runId}/started`;
+
+/**
+ * When run `runId` first started: the time kept in the store, or `now` (then written there) for a new run or
+ * one from before the time was kept. Unreadable text counts as absent.
+ */
+export async function runStartedAt(store: ChunkStore, runId: string, now: Date): Promise<Date> {
+  const kept = await store.read(startedKey(runId));
+  const t = kept ? new Date(new TextDecoder().decode(kept)) : null;
+  if (t && Number.isFinite(t.getTime())) return t;
+  await store.write(startedKey(runId), new TextEncoder().encode(now.toISOString()));
+  return now;
 }
 
 /** An export's file name: the base model's name, the mode and the step, and the format's suffix. */

@@ -174,6 +174,14 @@ for (const dtype of ['f32', 'f16'] as const) {
         assert.equal(s.width, DEMO_RESOLUTION);
       }
       assert.notDeepEqual(refSamples[0].png, refSamples[2].png, 'training changes the sample');
+      // "Not square" only for the photo left at its centre crop (a.png); b.png's crop was chosen. Nothing is
+      // "blurry" or "upscaled": every photo's short side (32 px) is at the demo model's 32 px resolution.
+      const warnings = refEvents.flatMap((e) => (e.type === 'warning' ? [e.message] : []));
+      assert.ok(
+        warnings.some((w) => /^a\.png is not square/.test(w)),
+        warnings.join(' | '),
+      );
+      assert.ok(!warnings.some((w) => /^b\.png is not square/.test(w) || /blurry|upscaled/.test(w)), warnings.join(' | '));
       const steps = refEvents.filter((e): e is Extract<StudioEvent, { type: 'step' }> => e.type === 'step');
       assert.equal(steps.length, 4);
       for (const s of steps) assert.ok(Number.isFinite(s.report.loss) && s.report.gpuBytes > 0 && s.storageBytes > 0);
@@ -183,6 +191,7 @@ for (const dtype of ['f32', 'f16'] as const) {
       // Interrupted run: pause after step 2 (checkpoint), a fresh session on the same store resumes.
       const store = new MemoryChunkStore();
       const events: StudioEvent[] = [];
+      const beforeFirst = Date.now();
       let first: StudioSession | null = null;
       first = await StudioSession.prepare(
         host(gpu, store, events, (e) => e.type === 'step' && e.report.step === 2 && first!.pause()),
@@ -192,6 +201,9 @@ for (const dtype of ['f32', 'f16'] as const) {
       assert.equal(await first.train(), 'paused');
       assert.equal(first.step, 2);
       await first.destroy();
+      // The clock moves on before the resume, so a start time taken at the resume (or at the export) is told apart.
+      await new Promise((r) => setTimeout(r, 20));
+      const beforeSecond = Date.now();
       const events2: StudioEvent[] = [];
       const second = await StudioSession.prepare(host(gpu, store, events2), await demoModel(), run());
       const resumed = events2.find((e) => e.type === 'resumed');
@@ -211,6 +223,10 @@ for (const dtype of ['f32', 'f16'] as const) {
         'kohya names',
       );
       assert.equal(kohya.metadata.ss_network_dim, String(DEFAULT_SETTINGS.rank));
+      // The run's real start, kept across the pause and the new session: not the resume's, not the export's time.
+      const started = Number(kohya.metadata.ss_training_started_at) * 1000;
+      assert.ok(started >= beforeFirst && started < beforeSecond, `ss_training_started_at ${started} in [${beforeFirst}, ${beforeSecond})`);
+      assert.ok(Number(kohya.metadata.ss_training_finished_at) * 1000 >= beforeSecond, 'finished at the export');
       const peft = readSafetensors(await sinkBytes(second, 'lora-diffusers'));
       assert.ok(
         [...peft.tensors.keys()].every((k) => k.startsWith('unet.') && /lora_[AB]\.weight$/.test(k)),
