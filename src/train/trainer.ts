@@ -142,6 +142,24 @@ export interface StepReport {
   gpuPeakBytes: number;
 }
 
+/**
+ * Validation loss at one step: the plain MSE (no min-SNR or prior weights) of the model at fixed noise and
+ * timesteps, averaged over the instance photos and, separately, the class images. The instance loss falling
+ * says the subject is being learnt; the class loss rising says the model is drifting from the class
+ * (overfitting, language drift): what prior preservation is there to stop.
+ */
+export interface ValidationReport {
+  step: number;
+  instance: number;
+  /** null without class images. */
+  class: number | null;
+}
+
+/** The timesteps every validation image is noised at, as fractions of the schedule's length (spread over it). */
+const VALIDATION_T = [0.1, 0.3, 0.5, 0.7, 0.9];
+/** Mixed into the run's seed so the validation noise never equals the training draws. */
+const VALIDATION_SEED = 0x5eed_7a11;
+
 export interface TrainerModel {
   config: UnetConfig;
   /** UNet weights in the compute dtype (diffusers names); LoRA adapters are added to this map. */
@@ -158,6 +176,8 @@ interface CheckpointMeta {
   versions: Record<number, number>;
   applied: number;
   losses: number[];
+  /** Validation losses up to this step (absent in checkpoints made before validation existed). */
+  validation?: ValidationReport[];
   settings: TrainSettings;
   /**
    * The run of skipped steps the checkpoint ends on (count and the last reason), so a resumed run stops
@@ -194,6 +214,7 @@ export class DreamBoothTrainer {
   /** Steps done (applied or skipped). */
   step = 0;
   readonly losses: number[] = [];
+  readonly validation: ValidationReport[] = [];
   readonly rng: Rng;
   readonly scaler: DynamicLossScaler;
   /** Skipped steps since the last applied one, and the last one's reason. */
@@ -426,6 +447,55 @@ export class DreamBoothTrainer {
     return report;
   }
 
+  /**
+   * The validation loss now (see ValidationReport), recorded in `validation` (and kept by checkpoints). Every
+   * call sees the same noise and timesteps, drawn from the run's seed but not from its Rng, so validating
+   * changes nothing about training. One forward per image and timestep, batch 1, no tape: less memory than
+   * a training step.
+   */
+  async validate(): Promise<ValidationReport> {
+    const setLoss = async (set: TrainSample[], which: number) => {
+      let sum = 0;
+      for (let i = 0; i < set.length; i++) sum += await this.validationLoss(set[i], which * 1_000_003 + i);
+      return sum / set.length;
+    };
+    const report: ValidationReport = {
+      step: this.step,
+      instance: await setLoss(this.data.instance, 0),
+      class: this.data.classes.length ? await setLoss(this.data.classes, 1) : null,
+    };
+    if (this.validation.at(-1)?.step === this.step) this.validation.pop();
+    this.validation.push(report);
+    return report;
+  }
+
+  /** One sample's plain MSE averaged over VALIDATION_T, with noise fixed by (the run's seed, `key`). */
+  private async validationLoss(sample: TrainSample, key: number): Promise<number> {
+    const gpu = this.gpu;
+    const [c, h, w] = this.data.latentShape;
+    const [L, D] = this.data.contextShape;
+    const rng = new Rng((this.settings.seed ^ VALIDATION_SEED ^ Math.imul(key, 0x9e3779b1)) >>> 0);
+    const te = this.settings.textEncoderLora ? this.model.textEncoder! : null;
+    const T = this.model.schedule.numTrainTimesteps;
+    let sum = 0;
+    for (const frac of VALIDATION_T) {
+      const t = Math.round(frac * (T - 1));
+      const x0 = gpu.upload(sample.latent, [1, c, h, w], this.dtype, 'activations', 'val-x0');
+      const eps = gpu.upload(rng.normals(c * h * w), [1, c, h, w], this.dtype, 'activations', 'val-noise');
+      const ctx = te
+        ? clipTextForward(gpu, te.config, te.weights, Float32Array.from(sample.ids!), 1, null, this.loraScale)
+        : gpu.upload(sample.context, [1, L, D], this.dtype, 'activations', 'val-context');
+      const tT = gpu.upload([t], [1], 'f32', 'activations', 'val-timestep');
+      const xt = addNoise(gpu, x0, eps, [t], this.acp);
+      const target = this.model.schedule.prediction === 'epsilon' ? eps : velocity(gpu, x0, eps, [t], this.acp);
+      const pred = unetForward(gpu, this.model.config, this.model.weights, xt, tT, ctx, null, this.loraScale);
+      const mask = sample.mask ? gpu.upload(sample.mask, [1, h, w], 'f32', 'activations', 'val-mask') : null;
+      sum += await weightedMse(gpu, pred, target, [1], mask);
+      gpu.free(x0, eps, ctx, tT, xt, pred, ...(target !== eps ? [target] : []), ...(mask ? [mask] : []));
+    }
+    return sum / VALIDATION_T.length;
+  }
+
   private get ckptPrefix(): string {
     return `${this.runId}/ckpt`;
   }
@@ -440,6 +510,7 @@ export class DreamBoothTrainer {
       versions: st.versions,
       applied: st.applied,
       losses: this.losses,
+      validation: this.validation,
       settings: this.settings,
       skipRun: this.skipRun,
     };
@@ -466,6 +537,8 @@ export class DreamBoothTrainer {
     this.skipRun = m.skipRun ? { ...m.skipRun } : { count: 0, last: '' };
     this.losses.length = 0;
     this.losses.push(...m.losses);
+    this.validation.length = 0;
+    this.validation.push(...(m.validation ?? []));
     await this.gpu.sync();
     return true;
   }
@@ -501,6 +574,12 @@ function checkCheckpointMeta(m: CheckpointMeta, chunks: number): void {
   if (!whole(m.settings.steps, 1, Number.MAX_SAFE_INTEGER)) bad(`its run has ${m.settings.steps} steps`);
   if (!whole(m.step, 0, m.settings.steps)) bad(`step ${m.step} is not within 0..${m.settings.steps}`);
   if (!whole(m.applied, 0, m.step)) bad(`${m.applied} applied steps at step ${m.step}`);
+  if (
+    m.validation !== undefined &&
+    (!Array.isArray(m.validation) ||
+      !m.validation.every((v) => whole(v?.step, 0, m.step) && [v.instance, v.class].every((l) => l === null || typeof l === 'number')))
+  )
+    bad('validation losses');
   if (!Array.isArray(m.losses) || m.losses.length !== m.step || !m.losses.every((l) => l === null || typeof l === 'number'))
     bad(`${Array.isArray(m.losses) ? m.losses.length : 'no'} losses for ${m.step} steps`);
   if (!whole(m.rng, 0, 2 ** 32 - 1)) bad(`random state ${m.rng}`);
