@@ -27,6 +27,7 @@ const TYPES: Record<string, string> = {
   '.wasm': 'application/wasm',
   '.json': 'application/json',
   '.png': 'image/png',
+  '.svg': 'image/svg+xml',
 };
 
 /** Serves `dir` on a free loopback port. */

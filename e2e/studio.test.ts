@@ -105,6 +105,50 @@ async function tinySettings(page: Page, o: { steps: number; sampleEvery: number;
 
 const progressText = (page: Page) => page.getByTestId('train-progress-text').textContent();
 
+/**
+ * Text fields and selects (outside the photo cards' free-text captions) whose value or longest option is wider
+ * than the room inside the field: measured with the field's own font on a canvas.
+ */
+async function cutOffFields(page: Page): Promise<string[]> {
+  return page.evaluate(() => {
+    const ctx = document.createElement('canvas').getContext('2d')!;
+    const out: string[] = [];
+    for (const el of document.querySelectorAll<HTMLInputElement | HTMLSelectElement>('form input[type="text"], form input:not([type]), form select')) {
+      if (!el.offsetParent || el.closest('li.photo')) continue;
+      const cs = getComputedStyle(el);
+      ctx.font = `${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+      const texts = el instanceof HTMLSelectElement ? [...el.options].map((o) => o.text) : [el.value];
+      const need = Math.max(...texts.map((t) => ctx.measureText(t).width));
+      // A select's arrow takes about 20 px of its box.
+      const room = el.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight) - (el instanceof HTMLSelectElement ? 20 : 0);
+      if (need > room) out.push(`${el.name || el.tagName}: needs ${need.toFixed(0)} px, has ${room.toFixed(0)} px`);
+    }
+    return out;
+  });
+}
+
+/**
+ * Records every change of the progress line together with the sample's own progress line (null when none
+ * shows), from now until the page goes away; `progressRecords` reads them back.
+ */
+async function watchProgress(page: Page): Promise<void> {
+  await page.evaluate(() => {
+    const w = window as unknown as { __progress: { progress: string; sample: string | null }[] };
+    w.__progress = [];
+    const read = () => ({
+      progress: document.querySelector('[data-testid="train-progress-text"]')?.textContent ?? '',
+      sample: document.querySelector('[data-testid="sample-progress"]')?.textContent ?? null,
+    });
+    new MutationObserver(() => {
+      const r = read();
+      const last = w.__progress.at(-1);
+      if (!last || last.progress !== r.progress || last.sample !== r.sample) w.__progress.push(r);
+    }).observe(document.body, { subtree: true, childList: true, characterData: true });
+  });
+}
+
+const progressRecords = (page: Page) => page.evaluate(() => (window as unknown as { __progress: { progress: string; sample: string | null }[] }).__progress);
+
 async function waitForStep(page: Page, step: number, timeout = 300_000): Promise<void> {
   await page.waitForFunction(
     (n) => {
@@ -132,8 +176,20 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       const page = await context.newPage();
       const pageErrors: string[] = [];
       page.on('pageerror', (e) => pageErrors.push(e.message));
+      // Nothing the page asks for is missing (the favicon was a 404 on every load).
+      const failed: string[] = [];
+      page.on('response', (r) => r.status() >= 400 && failed.push(`${r.status()} ${r.url()}`));
       await openStudio(page, server.url);
       assert.ok(await page.getByTestId('no-f16').isVisible(), 'SwiftShader has no shader-f16: the f32 notice shows');
+      const icon = await page.evaluate(async () => {
+        const href = document.querySelector<HTMLLinkElement>('link[rel="icon"]')?.href ?? '';
+        const r = await fetch(href);
+        return { href, status: r.status, svg: /<svg[\s>]/.test(await r.text()) };
+      });
+      assert.deepEqual(icon, { href: `${server.url}/favicon.svg`, status: 200, svg: true }, 'the favicon is in the build');
+      // No chart (and no legend) before the first step: a line says where the loss will appear.
+      assert.ok(await page.getByTestId('loss-chart').isHidden(), 'no empty chart before step 1');
+      assert.equal(await page.getByTestId('loss-legend').count(), 0);
       await shot(page, 'studio-1-start');
 
       // Keyboard: Tab to the demo button and press Enter.
@@ -165,6 +221,8 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       );
       assert.deepEqual(unlabelled, []);
       await tinySettings(page, { steps: 6, sampleEvery: 3, checkpointEvery: 2 });
+      // At 1280 px the hub model and the export format (every option) fit their fields.
+      assert.deepEqual(await cutOffFields(page), [], 'no field cut off at 1280 px');
       await shot(page, 'studio-2-photos');
 
       // Phone width: the same page in one column, nothing wider than the screen.
@@ -180,6 +238,7 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       await page.screenshot({ path: screenshotPath('studio-phone.png'), fullPage: false });
       await page.setViewportSize({ width: 1280, height: 800 });
 
+      await watchProgress(page);
       await page.getByRole('button', { name: 'Train', exact: true }).click();
       await page.waitForFunction(
         () => /checkpoint at step [2-9]/.test(document.querySelector('[data-testid="train-progress-text"]')?.textContent ?? ''),
@@ -188,23 +247,67 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       );
       await page.getByTestId('samples').waitFor();
       assert.match((await page.getByTestId('loss-text').textContent()) ?? '', /Loss at step \d+: \d/);
+      // The legend says numbers (the latest step's) without the pointer over the chart.
+      assert.match((await page.getByTestId('loss-legend').textContent()) ?? '', /step \d+.*loss \d+\.\d{4}.*average of 10 \d+\.\d{4}/);
+      // While it trains, the model and the photos stay as they are.
+      for (const control of [
+        page.getByRole('button', { name: 'Use the demo model' }),
+        page.getByRole('button', { name: 'Download from the hub' }),
+        page.getByLabel('Choose a checkpoint file'),
+        page.getByLabel('Add photos'),
+        page.getByRole('button', { name: 'Remove subject-1.png' }),
+        page.getByLabel('Replace photo 1'),
+        page.getByLabel('Crop position for subject-2.png'),
+        page.getByLabel('Caption for subject-3.png'),
+      ])
+        assert.ok(await control.isDisabled(), `${control} is disabled while training`);
+      // Photo warnings: sizes judged at the demo model's 32 px (48x40 is not small there), and "not square"
+      // only for the photo whose crop nobody chose (subject-2's was moved, subject-3 is square).
+      const warnings = (await page.getByRole('list', { name: 'Warnings' }).textContent()) ?? '';
+      assert.match(warnings, /subject-1\.png is not square/);
+      assert.doesNotMatch(warnings, /subject-2\.png is not square|blurry|upscaled/);
       // The page stays responsive while the worker trains: a click on the advanced panel answers at once.
       const t0 = Date.now();
       await page.evaluate(() => new Promise((r) => requestAnimationFrame(() => r(null))));
       assert.ok(Date.now() - t0 < 2000, 'the page renders frames during training');
       await shot(page, 'studio-3-training');
       const stepBefore = Number(/Step (\d+)/.exec((await progressText(page)) ?? '')![1]);
+      // Honest time: the sample before step 1 showed its denoising steps; step 1 was shown as warm-up (the
+      // pipelines compile) and s/step appeared only from warm steps, with the warm-up beside it.
+      const early = await progressRecords(page);
+      assert.ok(
+        early.some((r) => /Sample at step 0: denoising step [0-2] of 2/.test(r.sample ?? '')),
+        early.map((r) => r.sample).join(' | '),
+      );
+      assert.ok(
+        early.some((r) => /^Step 1 \/ 6 · warm-up: the first step took \d+\.\d s \(compiling GPU pipelines\) · ETA about \d+:\d\d/.test(r.progress)),
+        early.map((r) => r.progress).join(' | '),
+      );
+      assert.ok(!early.some((r) => /^Step 1 \/.*s\/step/.test(r.progress)), 'no s/step from the warm-up step alone');
+      assert.ok(
+        early.some((r) => /^Step [2-6] \/ 6 · warm-up \d+\.\d s · \d+\.\d\d s\/step · ETA/.test(r.progress)),
+        early.map((r) => r.progress).join(' | '),
+      );
 
       // Reload mid-run: the run is remembered, resumes from the checkpoint after the model is loaded again.
       await page.reload();
       await page.getByTestId('interrupted').waitFor({ timeout: 60_000 });
       assert.match((await page.getByTestId('interrupted').textContent()) ?? '', /checkpoint at step \d/);
+      assert.equal(await page.getByText(/The page was closed during training/).count(), 1, 'the interrupted message is said once');
+      assert.match((await page.getByTestId('train-status').textContent()) ?? '', /^Interrupted\.\s*$/);
       assert.equal(await page.locator('[data-testid="photos"] li').count(), 3, 'photos survive the reload');
       assert.equal(await page.getByLabel('Caption for subject-3.png').inputValue(), 'a photo of sks disc on a table');
       await shot(page, 'studio-4-reloaded');
       await loadDemo(page);
+      await watchProgress(page);
       await page.getByRole('button', { name: 'Resume' }).click();
       await waitForStatus(page, /Done/, 600_000);
+      // The final sample (step 6) showed its progress, and the ETA did not read 0:00 when it started: it
+      // counts the sample and the final checkpoint.
+      const late = await progressRecords(page);
+      const finalSample = late.find((r) => /Sample at step 6: denoising step 0 of 2/.test(r.sample ?? ''));
+      assert.ok(finalSample, late.map((r) => `${r.progress} [${r.sample}]`).join(' | '));
+      assert.match(finalSample.progress, /^Step 6 \/ 6 .*ETA (about )?(0:0[1-9]|0:[1-5]\d|[1-9]\d*:\d\d)/);
       const after = (await progressText(page)) ?? '';
       assert.match(after, /Step 6 \/ 6/);
       assert.ok(stepBefore >= 2);
@@ -241,6 +344,9 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
         );
       await page.getByTestId('exports').filter({ hasText: 'KiB' }).waitFor();
       assert.equal(await page.locator('[data-testid="exports"] li').count(), 2);
+      // The export says what it did on its own line; the run's status stays the run's.
+      assert.match((await page.getByTestId('export-status').textContent()) ?? '', /^Exported demo-sd1-tiny-dreambooth-lora-step6\.safetensors \(/);
+      assert.match((await page.getByTestId('train-status').textContent()) ?? '', /^Done\. Done: 6 steps/);
       // Through the save dialog: the worker streams into the chosen file. The OS dialog is replaced by one that
       // answers with a file in the origin-private file system; everything after it is the real path.
       {
@@ -263,7 +369,16 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
         assert.match((await page.getByTestId('exports').textContent()) ?? '', /diffusers\.zip \(saved where you chose\) — \d/);
       }
       await shot(page, 'studio-5-export');
+      assert.match((await page.getByTestId('train-status').textContent()) ?? '', /^Done\./, "still the run's status after the save-dialog export");
+
+      // "Choose where to save" is remembered across a reload (turned off here, off after it).
+      await dialog.uncheck();
+      await page.waitForTimeout(1000); // the project autosaves at most every 500 ms
+      await page.reload();
+      await page.getByRole('button', { name: 'Use the demo model' }).waitFor({ timeout: 60_000 });
+      assert.equal(await page.getByLabel('Choose where to save (streams large files straight to disk)').isChecked(), false);
       assert.deepEqual(pageErrors, []);
+      assert.deepEqual(failed, [], 'no request failed');
     } finally {
       await browser.close();
     }

@@ -416,8 +416,12 @@ function printEvent(e: RunEvent, out: string): void {
       break;
     case 'step': {
       const r = e.report;
+      // The session's first step compiles the GPU pipelines: shown as warm-up, not as s/step. The ETA counts
+      // samples and checkpoints too; "~" marks one that rests on a first estimate (timing.ts).
+      const pace = e.secondsPerStep === null ? `warm-up ${(e.warmupSeconds ?? r.seconds).toFixed(2)} s` : `${e.secondsPerStep.toFixed(2)} s/step`;
+      const eta = e.etaSeconds === null ? '?' : `${e.provisional ? '~' : ''}${clock(e.etaSeconds)}`;
       console.log(
-        `step ${r.step}/${e.steps} loss ${r.loss.toFixed(5)} ${e.secondsPerStep.toFixed(2)} s/step ETA ${clock(e.etaSeconds)} ` +
+        `step ${r.step}/${e.steps} loss ${r.loss.toFixed(5)} ${pace} ETA ${eta} ` +
           `gpu ${mib(r.gpuBytes)} (peak ${mib(r.gpuPeakBytes)}) storage ${mib(e.storageBytes)}${r.skipped ? ` SKIPPED: ${r.skipped}` : ''}`,
       );
       break;
@@ -426,7 +430,7 @@ function printEvent(e: RunEvent, out: string): void {
       mkdirSync(join(out, 'samples'), { recursive: true });
       const file = join(out, 'samples', `step-${String(e.step).padStart(6, '0')}.png`);
       writeFileSync(file, e.png);
-      console.error(`sample: ${file}`);
+      console.error(`sample: ${file} (${e.seconds.toFixed(1)} s)`);
       break;
     }
     case 'checkpoint':

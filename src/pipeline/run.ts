@@ -35,6 +35,7 @@ import { writeKohyaLora, writePeftLora, type LoraInfo } from '../export/lora.ts'
 import { mergedLoraProvider } from '../export/merge.ts';
 import { pipeToSink } from '../export/stream.ts';
 import { formatBytes } from '../util/bytes.ts';
+import { RunClock } from './timing.ts';
 import {
   RunError,
   validatePrompt,
@@ -115,8 +116,23 @@ export type RunEvent =
   | { type: 'warning'; message: string }
   | { type: 'plan'; plan: PlanSummary }
   | { type: 'resumed'; step: number; losses: number[] }
-  | { type: 'step'; report: StepReport; steps: number; secondsPerStep: number; etaSeconds: number; storageBytes: number }
-  | { type: 'sample'; step: number; png: Uint8Array; width: number; height: number }
+  | {
+      type: 'step';
+      report: StepReport;
+      steps: number;
+      /** Median of the recent warm steps; null after the session's first step, which is warm-up. */
+      secondsPerStep: number | null;
+      /** The session's first step (it compiles the GPU pipelines), seconds. */
+      warmupSeconds: number | null;
+      /** Steps, samples and checkpoints still to come (timing.ts). */
+      etaSeconds: number | null;
+      /** The ETA rests partly on first estimates (nothing of that kind measured yet). */
+      provisional: boolean;
+      storageBytes: number;
+    }
+  /** A sample being drawn: `denoised` of `total` denoising steps done. */
+  | { type: 'sample-progress'; step: number; denoised: number; total: number; etaSeconds: number | null }
+  | { type: 'sample'; step: number; png: Uint8Array; width: number; height: number; seconds: number }
   | { type: 'checkpoint'; step: number };
 
 export interface PlanSummary {
@@ -216,18 +232,13 @@ function tensorBytes(ws: Iterable<{ byteSize: number }>): number {
   return n;
 }
 
-/** Median of the last `n` values. */
-function recentMedian(xs: number[], n = 10): number {
-  const r = xs.slice(-n).sort((a, b) => a - b);
-  return r.length ? r[Math.floor(r.length / 2)] : 0;
-}
-
 // ---- the run ------------------------------------------------------------------------------------------
 
 export class TrainingRun {
   private pauseAsked = false;
   private cancelAsked = false;
-  private times: number[] = [];
+  /** This session's measured step, sample and checkpoint times, and the ETA from them (timing.ts). */
+  private clock: RunClock;
   private running = false;
 
   private constructor(
@@ -242,7 +253,10 @@ export class TrainingRun {
     readonly plan: PlanSummary,
     /** When the run first started (kept in the store, so a resumed run keeps it): kohya's ss_training_started_at. */
     readonly startedAt: Date,
-  ) {}
+  ) {
+    const s = run.settings;
+    this.clock = new RunClock({ steps: s.steps, sampleEvery: s.sampleEvery, sampleSteps: s.sampleSteps, checkpointEvery: s.checkpointEvery });
+  }
 
   get step(): number {
     return this.trainer.step;
@@ -519,24 +533,35 @@ export class TrainingRun {
         if (this.cancelAsked) return 'cancelled';
         if (this.pauseAsked) {
           emit({ type: 'phase', phase: 'checkpoint', message: `Saving a checkpoint at step ${t.step}` });
-          await t.checkpoint();
+          await this.timedCheckpoint();
           emit({ type: 'checkpoint', step: t.step });
           return 'paused';
         }
-        emit({ type: 'phase', phase: 'training', message: `Training step ${t.step + 1} of ${s.steps}` });
+        const warmup = this.clock.warmupSeconds === null;
+        emit({
+          type: 'phase',
+          phase: 'training',
+          message: `Training step ${t.step + 1} of ${s.steps}${warmup ? ' (the first step of a session also compiles the GPU pipelines)' : ''}`,
+        });
+        const t0 = performance.now();
         const r = await t.trainStep();
-        this.times.push(r.seconds);
-        const secondsPerStep = recentMedian(this.times);
+        // trainStep checkpoints on its own schedule (settings.checkpointEvery) after timing the step: the
+        // rest of its wall time is the checkpoint's.
+        const checkpointed = s.checkpointEvery > 0 && r.step % s.checkpointEvery === 0;
+        this.clock.recordStep(r.seconds);
+        if (checkpointed) this.clock.recordCheckpoint(Math.max(0, (performance.now() - t0) / 1000 - r.seconds));
+        const time = this.clock.afterStep(r.step);
         emit({
           type: 'step',
           report: r,
           steps: s.steps,
-          secondsPerStep,
-          etaSeconds: secondsPerStep * (s.steps - r.step),
+          secondsPerStep: time.secondsPerStep,
+          warmupSeconds: time.warmupSeconds,
+          etaSeconds: time.etaSeconds,
+          provisional: time.provisional,
           storageBytes: await store.bytesUsed(),
         });
-        // trainStep checkpoints on its own schedule (settings.checkpointEvery); tell the host when it did.
-        if (s.checkpointEvery > 0 && r.step % s.checkpointEvery === 0) emit({ type: 'checkpoint', step: r.step });
+        if (checkpointed) emit({ type: 'checkpoint', step: r.step });
         if (s.sampleEvery > 0 && (r.step % s.sampleEvery === 0 || r.step === s.steps)) await this.sample();
       }
       if (t.appliedSteps === 0)
@@ -544,7 +569,8 @@ export class TrainingRun {
           `none of the ${t.step} steps changed the weights (every update was skipped: non-finite loss, gradients or weights), so there is nothing trained to export: ` +
             `lower the learning rate (${(this.host.settingName ?? flagName)('lr')}), check the model, or train in f32`,
         );
-      await t.checkpoint();
+      emit({ type: 'phase', phase: 'checkpoint', message: `Saving the final checkpoint at step ${t.step}` });
+      await this.timedCheckpoint();
       emit({ type: 'checkpoint', step: t.step });
       return 'done';
     } catch (e) {
@@ -576,11 +602,32 @@ export class TrainingRun {
     );
   }
 
-  /** A sample with the run's fixed seed and prompt at the current weights. */
+  /** A checkpoint of the trainer, timed for the ETA. */
+  private async timedCheckpoint(): Promise<void> {
+    const t0 = performance.now();
+    await this.trainer.checkpoint();
+    this.clock.recordCheckpoint((performance.now() - t0) / 1000);
+  }
+
+  /**
+   * A sample with the run's fixed seed and prompt at the current weights; reports each denoising step
+   * (sample-progress, with the ETA counting down inside the sample) and its time.
+   */
   async sample(): Promise<void> {
     const s = this.run.settings;
     if (!this.model.vae.weights.size || !this.model.textEncoder.weights.size) return;
-    this.host.emit({ type: 'phase', phase: 'sampling', message: `Sampling "${s.samplePrompt || this.run.prompt}" at step ${this.trainer.step}` });
+    const step = this.trainer.step;
+    this.host.emit({ type: 'phase', phase: 'sampling', message: `Sampling "${s.samplePrompt || this.run.prompt}" at step ${step}` });
+    const t0 = performance.now();
+    const progress = (denoised: number, total: number) =>
+      this.host.emit({
+        type: 'sample-progress',
+        step,
+        denoised,
+        total,
+        etaSeconds: this.clock.duringSample(step, denoised, total, (performance.now() - t0) / 1000).etaSeconds,
+      });
+    progress(0, s.sampleSteps);
     const img = await txt2img(this.host.gpu, this.model, this.tokenizer, {
       prompt: s.samplePrompt || this.run.prompt,
       negativePrompt: '',
@@ -592,8 +639,11 @@ export class TrainingRun {
       sampler: 'dpm++2m',
       schedule: this.schedule,
       loraScale: this.trainer.loraScale,
+      onStep: progress,
     });
-    this.host.emit({ type: 'sample', step: this.trainer.step, png: this.host.encodePng(img.rgb, img.width, img.height), width: img.width, height: img.height });
+    const seconds = (performance.now() - t0) / 1000;
+    this.clock.recordSample(seconds);
+    this.host.emit({ type: 'sample', step, png: this.host.encodePng(img.rgb, img.width, img.height), width: img.width, height: img.height, seconds });
   }
 
   /** The export's file name for a download (see exportFileName). */

@@ -185,6 +185,27 @@ for (const dtype of ['f32', 'f16'] as const) {
       const steps = refEvents.filter((e): e is Extract<StudioEvent, { type: 'step' }> => e.type === 'step');
       assert.equal(steps.length, 4);
       for (const s of steps) assert.ok(Number.isFinite(s.report.loss) && s.report.gpuBytes > 0 && s.storageBytes > 0);
+      // Honest time: step 1 is warm-up (no s/step yet), later steps have s/step from warm steps only; every
+      // sample reports denoising steps 0..N of its own; the ETA after the last step still counts the final
+      // sample and checkpoint.
+      assert.equal(steps[0].secondsPerStep, null);
+      assert.equal(steps[0].warmupSeconds, steps[0].report.seconds);
+      for (const s of steps.slice(1)) assert.ok(s.secondsPerStep !== null && s.secondsPerStep > 0 && s.warmupSeconds === steps[0].report.seconds);
+      assert.ok(steps[3].etaSeconds !== null && steps[3].etaSeconds > 0, `ETA after the last step: ${steps[3].etaSeconds}`);
+      for (const sample of refSamples) {
+        const progress = refEvents.filter((e) => e.type === 'sample-progress' && e.step === sample.step);
+        assert.deepEqual(
+          progress.map((e) => e.type === 'sample-progress' && `${e.denoised}/${e.total}`),
+          ['0/2', '1/2', '2/2'],
+          `sample at step ${sample.step}`,
+        );
+        assert.ok(sample.seconds > 0);
+      }
+      const finalProgress = refEvents.filter((e) => e.type === 'sample-progress' && e.step === 4);
+      assert.ok(
+        finalProgress.every((e) => e.type === 'sample-progress' && e.etaSeconds !== null && e.etaSeconds > 0),
+        'the ETA is not 0 while the final sample is drawn (the final checkpoint is still to come)',
+      );
       const plan = refEvents.find((e) => e.type === 'plan');
       assert.ok(plan && plan.type === 'plan' && plan.plan.peakBytes <= plan.plan.budgetBytes && plan.plan.samplingBytes > 0 && plan.plan.trainableParams > 0);
 

@@ -3,8 +3,9 @@
 import 'fake-indexeddb/auto';
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { cropAt } from '../../src/ui/studio/actions.ts';
-import { fmtBytes, fmtDuration, storageShortfall } from '../../src/ui/studio/state.ts';
+import { cropAt, photoInput } from '../../src/ui/studio/actions.ts';
+import { legendValues } from '../../src/ui/studio/chart-values.ts';
+import { fmtBytes, fmtDuration, progressLine, runBusy, statusMessage, storageShortfall } from '../../src/ui/studio/state.ts';
 import { storageNeed } from '../../src/studio/session.ts';
 
 describe('studio page helpers', () => {
@@ -26,6 +27,51 @@ describe('studio page helpers', () => {
     assert.deepEqual(cropAt({ width: 300, height: 500 }, 0.5), { x: 0, y: 100, size: 300 });
     assert.deepEqual(cropAt({ width: 300, height: 500 }, 7), { x: 0, y: 200, size: 300 });
     assert.deepEqual(cropAt({ width: 256, height: 256 }, 0.3), { x: 0, y: 0, size: 256 });
+  });
+
+  it('a crop goes to the run only once chosen (the run warns "not square" for the others)', () => {
+    const blob = new Blob(['x']);
+    const p = { id: 'p1', name: 'a.png', blob, width: 48, height: 40, crop: { x: 4, y: 0, size: 40 }, caption: '' };
+    assert.equal('crop' in photoInput(p), false, "a centred crop nobody moved is the run's own centre crop");
+    assert.deepEqual(photoInput({ ...p, crop: { x: 0, y: 0, size: 40 }, cropChosen: true }).crop, { x: 0, y: 0, size: 40 });
+  });
+
+  it('the model and photos are locked while the run prepares or trains; the status line says a message once', () => {
+    for (const s of ['preparing', 'training', 'pausing'] as const) assert.equal(runBusy(s), true, s);
+    for (const s of ['idle', 'paused', 'done', 'cancelled', 'error', 'interrupted', 'device-lost', 'quota'] as const) assert.equal(runBusy(s), false, s);
+    // The interrupted note and the lost-device alert show the message; the status line then only names the state.
+    assert.equal(statusMessage({ status: 'interrupted', message: 'The page was closed during training.' }), '');
+    assert.equal(statusMessage({ status: 'device-lost', message: 'The GPU device was lost.' }), '');
+    assert.equal(statusMessage({ status: 'paused', message: 'Paused at step 3 (checkpoint saved).' }), 'Paused at step 3 (checkpoint saved).');
+  });
+
+  it("the chart legend shows numbers: the latest step's, or the hovered step's; nothing before step 1", () => {
+    assert.equal(legendValues([], null), null);
+    const losses = [0.5, 0.3, 0.4].map((loss, i) => ({ step: i + 1, loss }));
+    const latest = legendValues(losses, null)!;
+    assert.deepEqual(
+      { ...latest, average: Math.round(latest.average * 1e9) / 1e9 },
+      { step: 3, loss: 0.4, average: 0.4, latest: true },
+      'mean of 0.5, 0.3, 0.4 (to 1e-9: float sums)',
+    );
+    const hovered = legendValues(losses, 1)!;
+    assert.equal(hovered.step, 2);
+    assert.equal(hovered.latest, false);
+    assert.ok(Math.abs(hovered.average - 0.4) < 1e-12, 'the average of the steps up to the hovered one (0.5, 0.3)');
+    assert.equal(legendValues(losses, 7)!.step, 3, 'an index past the data shows the latest');
+  });
+
+  it('the progress line: warm-up apart from s/step, the ETA (about, while it rests on a first estimate)', () => {
+    const run = { step: 0, steps: 6, secondsPerStep: null, warmupSeconds: null, etaSeconds: null, etaProvisional: false, lastCheckpoint: 0 };
+    assert.equal(progressLine(run), 'Step 0 / 6', 'nothing timed: no pace, no ETA');
+    assert.equal(
+      progressLine({ ...run, step: 1, warmupSeconds: 13.4, etaSeconds: 95, etaProvisional: true }),
+      'Step 1 / 6 · warm-up: the first step took 13.4 s (compiling GPU pipelines) · ETA about 1:35',
+    );
+    assert.equal(
+      progressLine({ ...run, step: 4, warmupSeconds: 13.4, secondsPerStep: 0.5, etaSeconds: 12, lastCheckpoint: 4 }),
+      'Step 4 / 6 · warm-up 13.4 s · 0.50 s/step · ETA 0:12 · checkpoint at step 4',
+    );
   });
 
   it('formats bytes and durations', () => {
@@ -83,5 +129,21 @@ describe('studio project persistence (IndexedDB via fake-indexeddb)', () => {
     assert.equal(r.run.status, 'interrupted');
     assert.match(r.run.message, /checkpoint at step 5/);
     assert.equal(await r.run.samples[0].blob.text(), 'S0');
+  });
+
+  it('"Choose where to save" is remembered across a reload (on when the saved project predates it)', async () => {
+    const { useStudioStore, saveProject, restoreProject } = await import('../../src/ui/studio/state.ts');
+    const { createStore, get, set } = await import('idb-keyval');
+    const st = useStudioStore.getState();
+    st.set({ restored: true, saveWithDialog: false });
+    await saveProject();
+    st.set({ saveWithDialog: true, restored: false });
+    await restoreProject();
+    assert.equal(useStudioStore.getState().saveWithDialog, false, 'turned off before the reload, off after it');
+    const store = createStore('dreambooth-studio-project', 'project');
+    const { saveWithDialog: _, ...older } = (await get('project', store)) as Record<string, unknown>;
+    await set('project', older, store);
+    await restoreProject();
+    assert.equal(useStudioStore.getState().saveWithDialog, true);
   });
 });

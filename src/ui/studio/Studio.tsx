@@ -27,7 +27,7 @@ import {
   loadModelFolder,
 } from './actions.ts';
 import { LossChart } from './LossChart.tsx';
-import { autosave, fmtBytes, fmtDuration, restoreProject, useStudioStore, type PhotoItem } from './state.ts';
+import { autosave, fmtBytes, progressLine, restoreProject, runBusy, statusMessage, useStudioStore, type PhotoItem } from './state.ts';
 
 export function Studio() {
   useEffect(() => {
@@ -140,10 +140,13 @@ function DropZone({ label, onDrop, children, testId }: { label: string; onDrop: 
 
 function ModelPanel() {
   const model = useStudioStore((s) => s.model);
+  const training = useStudioStore((s) => runBusy(s.run.status));
   const [endpoint, setEndpoint] = useState('https://huggingface.co');
   const [repo, setRepo] = useState('stable-diffusion-v1-5/stable-diffusion-v1-5');
-  const busy = model.status === 'loading';
+  // The run trains on the model it loaded: no other model while it trains.
+  const busy = model.status === 'loading' || training;
   const onDrop = async (e: DragEvent) => {
+    if (busy) return;
     const { files, folder } = await filesFromDrop(e.dataTransfer.items);
     if (folder) await loadModelFolder(files, folder);
     else if (files.length === 1) await loadModelFile(files[0].file);
@@ -188,13 +191,18 @@ function ModelPanel() {
         <label>
           Model hub <input name="endpoint" value={endpoint} onChange={(e) => setEndpoint(e.target.value)} />
         </label>
-        <label>
+        <label className="span-2">
           Hub model (diffusers layout) <input name="repo" value={repo} onChange={(e) => setRepo(e.target.value)} />
         </label>
         <button type="submit" disabled={busy}>
           Download from the hub
         </button>
       </form>
+      {training && (
+        <p className="hint" data-testid="model-locked">
+          The model cannot change while the run trains: pause or cancel it first.
+        </p>
+      )}
       {model.download && (
         <div className="progress-line">
           <label htmlFor="dl-progress">Downloading {model.download.path}</label>
@@ -227,7 +235,7 @@ function ModelPanel() {
 
 // ---- photos --------------------------------------------------------------------------------------------
 
-function Thumb({ p, index }: { p: PhotoItem; index: number }) {
+function Thumb({ p, index, locked }: { p: PhotoItem; index: number; locked: boolean }) {
   const long = Math.max(p.width, p.height);
   const slack = long - p.crop.size;
   const t = slack > 0 ? (p.width >= p.height ? p.crop.x : p.crop.y) / slack : 0.5;
@@ -256,20 +264,26 @@ function Thumb({ p, index }: { p: PhotoItem; index: number }) {
             min={0}
             max={100}
             value={Math.round(t * 100)}
+            disabled={locked}
             onChange={(e) => updatePhoto(p.id, { crop: cropAt(p, Number(e.target.value) / 100) })}
           />
         </label>
       )}
       <label>
         Caption for {p.name}
-        <input type="text" placeholder="(the prompt)" value={p.caption} onChange={(e) => updatePhoto(p.id, { caption: e.target.value })} />
+        <input type="text" placeholder="(the prompt)" value={p.caption} disabled={locked} onChange={(e) => updatePhoto(p.id, { caption: e.target.value })} />
       </label>
       <div className="row-wrap">
         <label className="file-button small">
           Replace photo {index + 1}
-          <input type="file" accept="image/jpeg,image/png,image/webp" onChange={(e) => e.target.files?.[0] && void replacePhoto(p.id, e.target.files[0])} />
+          <input
+            type="file"
+            accept="image/jpeg,image/png,image/webp"
+            disabled={locked}
+            onChange={(e) => e.target.files?.[0] && void replacePhoto(p.id, e.target.files[0])}
+          />
         </label>
-        <button type="button" className="small secondary" onClick={() => removePhoto(p.id)} aria-label={`Remove ${p.name}`}>
+        <button type="button" className="small secondary" disabled={locked} onClick={() => removePhoto(p.id)} aria-label={`Remove ${p.name}`}>
           Remove
         </button>
       </div>
@@ -280,15 +294,28 @@ function Thumb({ p, index }: { p: PhotoItem; index: number }) {
 function PhotosPanel() {
   const photos = useStudioStore((s) => s.photos);
   const errors = useStudioStore((s) => s.photoErrors);
+  // The run reads its photos while it prepares and trains: they stay as they are until it pauses or stops.
+  const locked = useStudioStore((s) => runBusy(s.run.status));
   return (
     <section aria-labelledby="photos-title">
       <h2 id="photos-title">2. Photos of your subject</h2>
-      <DropZone label="Drop photos here" onDrop={(e) => void addPhotos(Array.from(e.dataTransfer.files))} testId="photo-drop">
+      <DropZone label="Drop photos here" onDrop={(e) => !locked && void addPhotos(Array.from(e.dataTransfer.files))} testId="photo-drop">
         <p>Drop 3 to 5 photos (JPEG, PNG or WebP) of the same subject, or</p>
         <label className="file-button">
           Add photos
-          <input type="file" multiple accept="image/jpeg,image/png,image/webp" onChange={(e) => void addPhotos(Array.from(e.target.files ?? []))} />
+          <input
+            type="file"
+            multiple
+            accept="image/jpeg,image/png,image/webp"
+            disabled={locked}
+            onChange={(e) => void addPhotos(Array.from(e.target.files ?? []))}
+          />
         </label>
+        {locked && (
+          <p className="hint" data-testid="photos-locked">
+            Photos cannot change while the run trains: pause or cancel it first.
+          </p>
+        )}
       </DropZone>
       {errors.length > 0 && (
         <div role="alert" className="bad" data-testid="photo-errors">
@@ -303,7 +330,7 @@ function PhotosPanel() {
       </p>
       <ul className="photos" data-testid="photos">
         {photos.map((p, i) => (
-          <Thumb key={p.id} p={p} index={i} />
+          <Thumb key={p.id} p={p} index={i} locked={locked} />
         ))}
       </ul>
     </section>
@@ -355,6 +382,7 @@ function SettingsPanel() {
   const s = useStudioStore((st) => st.settings);
   const set = useStudioStore((st) => st.setSettings);
   const classPhotos = useStudioStore((st) => st.classPhotos);
+  const runStatus = useStudioStore((st) => st.run.status);
   const setAll = useStudioStore((st) => st.set);
   return (
     <section aria-labelledby="settings-title">
@@ -444,6 +472,7 @@ function SettingsPanel() {
                   type="file"
                   multiple
                   accept="image/jpeg,image/png,image/webp"
+                  disabled={runBusy(runStatus)}
                   onChange={(e) => void addPhotos(Array.from(e.target.files ?? []), 'classPhotos')}
                 />
               </label>
@@ -475,7 +504,7 @@ function TrainPanel() {
   const storage = useStudioStore((s) => s.storage);
   const photos = useStudioStore((s) => s.photos);
   const modelStatus = useStudioStore((s) => s.model.status);
-  const busy = run.status === 'preparing' || run.status === 'training' || run.status === 'pausing';
+  const busy = runBusy(run.status);
   const canResume =
     run.runId !== null && run.startedWith !== null && ['paused', 'interrupted', 'device-lost', 'error', 'quota'].includes(run.status) && run.step < run.steps;
   const ready = modelStatus === 'ready' && modelReady();
@@ -547,15 +576,19 @@ function TrainPanel() {
       <div className="progress-line">
         <label htmlFor="train-progress">Progress</label>
         <progress id="train-progress" max={run.steps || 1} value={run.step} />
-        <span data-testid="train-progress-text">
-          Step {run.step} / {run.steps || '—'}
-          {run.secondsPerStep > 0 && ` · ${run.secondsPerStep.toFixed(2)} s/step · ETA ${fmtDuration(run.etaSeconds)}`}
-          {run.lastCheckpoint > 0 && ` · checkpoint at step ${run.lastCheckpoint}`}
-        </span>
+        <span data-testid="train-progress-text">{progressLine(run)}</span>
       </div>
+      {run.sampling && busy && (
+        <div className="progress-line" data-testid="sample-progress">
+          <label htmlFor="sample-progress">
+            Sample at step {run.sampling.step}: denoising step {run.sampling.denoised} of {run.sampling.total}
+          </label>
+          <progress id="sample-progress" max={run.sampling.total} value={run.sampling.denoised} />
+        </div>
+      )}
       <p role="status" data-testid="train-status">
         {run.status !== 'idle' && <strong>{statusLabel(run.status)}. </strong>}
-        {run.message}
+        {statusMessage(run)}
       </p>
       {run.status === 'error' && run.error && (
         <p role="alert" className="bad" data-testid="train-error">
@@ -633,6 +666,7 @@ function ExportPanel() {
   const exports = useStudioStore((s) => s.exports);
   const exporting = useStudioStore((s) => s.exporting);
   const error = useStudioStore((s) => s.exportError);
+  const exportMessage = useStudioStore((s) => s.exportMessage);
   const saveWithDialog = useStudioStore((s) => s.saveWithDialog);
   const hasDialog = savePicker() !== null;
   const mode = run.startedWith?.settings.mode ?? useStudioStore.getState().settings.mode;
@@ -651,7 +685,7 @@ function ExportPanel() {
           void exportRun(chosen);
         }}
       >
-        <label>
+        <label className="span-2">
           Format
           <select name="format" value={chosen} onChange={(e) => setFormat(e.target.value as ExportFormat)}>
             {formats.map((f) => (
@@ -672,6 +706,11 @@ function ExportPanel() {
         </button>
       </form>
       {!canExport && !exporting && <p className="hint">Train (or pause a run) to export it.</p>}
+      {exportMessage && (
+        <p role="status" data-testid="export-status">
+          {exportMessage}
+        </p>
+      )}
       {error && (
         <p role="alert" className="bad">
           {error}

@@ -195,8 +195,16 @@ export async function replacePhoto(id: string, file: File): Promise<void> {
   S().set((s) => ({ photos: s.photos.map((x) => (x.id === id ? { ...added[0], caption: x.caption } : x)), photoErrors: [] }));
 }
 
+/** Changes a photo's crop (then a chosen crop) or caption. */
 export function updatePhoto(id: string, p: Partial<Pick<PhotoItem, 'crop' | 'caption'>>): void {
-  S().set((s) => ({ photos: s.photos.map((x) => (x.id === id ? { ...x, ...p } : x)) }));
+  const chosen = p.crop ? { cropChosen: true } : {};
+  S().set((s) => ({ photos: s.photos.map((x) => (x.id === id ? { ...x, ...p, ...chosen } : x)) }));
+}
+
+/** What the run gets of a photo: its crop only when the user chose one (the run centre-crops the others, and says so). */
+export function photoInput(p: PhotoItem): RunInput['images'][number] {
+  const { id, name, blob, crop, caption } = p;
+  return { id, name, blob, caption, ...(p.cropChosen ? { crop } : {}) };
 }
 
 /** Moves the square crop along the photo's long side: `t` from 0 (left/top) to 1 (right/bottom). */
@@ -213,11 +221,15 @@ export function applyPreset(name: PresetName): void {
 
 // ---- training ---------------------------------------------------------------------------------------------
 
+/** An export is under way: the worker's phase messages are the export's, not the run's. */
+let exportInProgress = false;
+
 function onEvent(e: WorkerEvent): void {
   const { setRun } = S();
   switch (e.type) {
     case 'phase':
-      setRun({ message: e.message });
+      if (exportInProgress || e.phase === 'exporting') S().set({ exportMessage: e.message });
+      else setRun({ message: e.message });
       break;
     case 'warning':
       setRun((r) => ({ warnings: [...r.warnings, e.message] }));
@@ -234,7 +246,9 @@ function onEvent(e: WorkerEvent): void {
         step: e.report.step,
         steps: e.steps,
         secondsPerStep: e.secondsPerStep,
+        warmupSeconds: e.warmupSeconds,
         etaSeconds: e.etaSeconds,
+        etaProvisional: e.provisional,
         gpuBytes: e.report.gpuBytes,
         gpuPeakBytes: Math.max(e.report.gpuPeakBytes, e.report.step === 1 ? 0 : r.gpuPeakBytes),
         storageBytes: e.storageBytes,
@@ -242,9 +256,12 @@ function onEvent(e: WorkerEvent): void {
         ...(e.report.skipped ? { warnings: [...r.warnings, e.report.skipped] } : {}),
       }));
       break;
+    case 'sample-progress':
+      setRun({ sampling: { step: e.step, denoised: e.denoised, total: e.total }, ...(e.etaSeconds !== null ? { etaSeconds: e.etaSeconds } : {}) });
+      break;
     case 'sample': {
       const blob = new Blob([e.png as BlobPart], { type: 'image/png' });
-      setRun((r) => ({ samples: [...r.samples.filter((s) => s.step !== e.step), { step: e.step, blob, url: URL.createObjectURL(blob) }] }));
+      setRun((r) => ({ sampling: null, samples: [...r.samples.filter((s) => s.step !== e.step), { step: e.step, blob, url: URL.createObjectURL(blob) }] }));
       break;
     }
     case 'checkpoint':
@@ -278,7 +295,7 @@ function runInput(r: RunProgress): RunInput {
     ids
       .map((id) => byId.get(id))
       .filter((p): p is PhotoItem => !!p)
-      .map(({ id, name, blob, crop, caption }) => ({ id, name, blob, crop, caption }));
+      .map(photoInput);
   return { runId: r.runId!, prompt: w.prompt, settings: w.settings, images: pick(w.photoIds), classImages: pick(w.classIds) };
 }
 
@@ -328,7 +345,7 @@ export async function startTraining(): Promise<void> {
   for (const s of st.run.samples) if (s.url) URL.revokeObjectURL(s.url);
   const runId = `run-${Date.now().toString(36)}`;
   const settings = { ...st.settings, classCount: st.settings.priorPreservation && st.classPhotos.length ? st.classPhotos.length : st.settings.classCount };
-  st.set({ exports: [], exportError: null });
+  st.set({ exports: [], exportError: null, exportMessage: '' });
   st.setRun({
     ...EMPTY_RUN,
     runId,
@@ -421,7 +438,8 @@ export function savePicker(): SavePicker | null {
 export async function exportRun(format: ExportFormat): Promise<void> {
   const st = S();
   if (!api || !st.run.runId || !st.run.startedWith) return;
-  st.set({ exporting: true, exportError: null });
+  st.set({ exporting: true, exportError: null, exportMessage: '' });
+  exportInProgress = true;
   try {
     if (!modelChoice) throw new Error('Load the model first (see Model above): exports are built on the base model.');
     // The dialog first, while the click still counts as a user gesture.
@@ -440,8 +458,10 @@ export async function exportRun(format: ExportFormat): Promise<void> {
     if (!(await api.hasSession())) await api.start(modelChoice, runInput(st.run), Comlink.proxy(onEvent), false, SETTING_LABELS);
     if (handle) {
       const out = await api.exportToFile(format, handle);
-      S().set((s) => ({ exports: [...s.exports, { format, name: out.name, size: out.size, url: '' }] }));
-      S().setRun({ message: `Saved ${out.name} (${fmtBytes(out.size)}).` });
+      S().set((s) => ({
+        exports: [...s.exports, { format, name: out.name, size: out.size, url: '' }],
+        exportMessage: `Saved ${out.name} (${fmtBytes(out.size)}).`,
+      }));
       return;
     }
     const out = await api.exportModel(format);
@@ -452,11 +472,14 @@ export async function exportRun(format: ExportFormat): Promise<void> {
     document.body.append(a);
     a.click();
     a.remove();
-    S().set((s) => ({ exports: [...s.exports, { format, name: out.name, size: out.size, url }] }));
-    S().setRun({ message: `Exported ${out.name} (${fmtBytes(out.size)}).` });
+    S().set((s) => ({
+      exports: [...s.exports, { format, name: out.name, size: out.size, url }],
+      exportMessage: `Exported ${out.name} (${fmtBytes(out.size)}).`,
+    }));
   } catch (e) {
-    S().set({ exportError: (e as Error).message });
+    S().set({ exportError: (e as Error).message, exportMessage: '' });
   } finally {
+    exportInProgress = false;
     S().set({ exporting: false });
     void refreshStorage();
   }

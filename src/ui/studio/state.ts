@@ -27,6 +27,8 @@ export interface PhotoItem {
   width: number;
   height: number;
   crop: CropBox;
+  /** The crop was moved by the user (else the centred square): the run gets it and does not warn "not square". */
+  cropChosen?: boolean;
   caption: string;
   /** Object URL for thumbnails (not persisted). */
   url?: string;
@@ -54,8 +56,16 @@ export interface RunProgress {
   step: number;
   steps: number;
   losses: { step: number; loss: number }[];
-  secondsPerStep: number;
-  etaSeconds: number;
+  /** Median of the recent warm steps; null (or 0, in projects saved before) until one is timed. */
+  secondsPerStep: number | null;
+  /** The session's first step, which compiles the GPU pipelines (not counted in s/step). */
+  warmupSeconds?: number | null;
+  /** Steps, samples and checkpoints still to come; null while nothing is timed. */
+  etaSeconds: number | null;
+  /** The ETA rests partly on first estimates. */
+  etaProvisional?: boolean;
+  /** The sample being drawn: denoising step `denoised` of `total`. */
+  sampling?: { step: number; denoised: number; total: number } | null;
   gpuBytes: number;
   gpuPeakBytes: number;
   storageBytes: number;
@@ -91,6 +101,8 @@ export interface StudioState {
   exports: ExportItem[];
   exporting: boolean;
   exportError: string | null;
+  /** What the last export did or is doing (its own line: the run's status stays as it was). */
+  exportMessage: string;
   /** Export through the browser's save dialog (streams to disk) where it exists. */
   saveWithDialog: boolean;
   restored: boolean;
@@ -106,8 +118,11 @@ export const EMPTY_RUN: RunProgress = {
   step: 0,
   steps: 0,
   losses: [],
-  secondsPerStep: 0,
-  etaSeconds: 0,
+  secondsPerStep: null,
+  warmupSeconds: null,
+  etaSeconds: null,
+  etaProvisional: false,
+  sampling: null,
   gpuBytes: 0,
   gpuPeakBytes: 0,
   storageBytes: 0,
@@ -133,6 +148,7 @@ export const useStudioStore = create<StudioState>((set) => ({
   exports: [],
   exporting: false,
   exportError: null,
+  exportMessage: '',
   saveWithDialog: true,
   restored: false,
   set: (p) => set(p),
@@ -160,6 +176,8 @@ interface SavedProject {
   photos: PhotoMeta[];
   classPhotos: PhotoMeta[];
   run: Omit<RunProgress, 'samples'> & { samples: { step: number }[] };
+  /** The export panel's "Choose where to save" (absent in projects saved before it was kept: on). */
+  saveWithDialog?: boolean;
 }
 
 const photoKey = (id: string) => `photo:${id}`;
@@ -183,6 +201,7 @@ function snapshot(s: StudioState): { project: SavedProject; blobs: Map<string, B
     photos: s.photos.map(meta),
     classPhotos: s.classPhotos.map(meta),
     run: { ...s.run, samples: s.run.samples.map((x) => (blobs.set(sampleKey(s.run.runId, x.step), x.blob), { step: x.step })) },
+    saveWithDialog: s.saveWithDialog,
   };
   return { project, blobs };
 }
@@ -274,6 +293,7 @@ export async function restoreProject(): Promise<void> {
     photos,
     classPhotos,
     run,
+    saveWithDialog: saved.saveWithDialog ?? true,
     model: {
       ref,
       summary: null,
@@ -302,7 +322,8 @@ export function autosave(): () => void {
       s.classPhotos === prev.classPhotos &&
       s.run === prev.run &&
       s.model.ref === prev.model.ref &&
-      s.preset === prev.preset
+      s.preset === prev.preset &&
+      s.saveWithDialog === prev.saveWithDialog
     )
       return;
     if (timer) return;
@@ -311,6 +332,19 @@ export function autosave(): () => void {
       void saveProject();
     }, 500);
   });
+}
+
+/** While the run is being prepared or trained: the model and the photos it uses must not change then. */
+export function runBusy(status: RunStatus): boolean {
+  return status === 'preparing' || status === 'training' || status === 'pausing';
+}
+
+/**
+ * The status line's message: empty where a panel of its own already says it (the interrupted note, the
+ * lost-device alert), so the page says it once.
+ */
+export function statusMessage(run: Pick<RunProgress, 'status' | 'message'>): string {
+  return run.status === 'interrupted' || run.status === 'device-lost' ? '' : run.message;
 }
 
 /**
@@ -331,6 +365,23 @@ export function fmtBytes(n: number): string {
   if (!Number.isFinite(n)) return '—';
   if (Math.abs(n) < 2 ** 10) return `${n} B`;
   return formatBytes(n, { digits: Math.abs(n) >= 2 ** 30 ? 2 : 1 });
+}
+
+/**
+ * The progress line: the step, the pace (the warm-up step apart from s/step), the ETA (steps, samples and
+ * checkpoints; "about" while it rests on a first estimate) and the last checkpoint.
+ */
+export function progressLine(
+  run: Pick<RunProgress, 'step' | 'steps' | 'secondsPerStep' | 'warmupSeconds' | 'etaSeconds' | 'etaProvisional' | 'lastCheckpoint'>,
+): string {
+  const parts = [`Step ${run.step} / ${run.steps || '—'}`];
+  const warm = run.secondsPerStep !== null && run.secondsPerStep > 0;
+  if (run.warmupSeconds != null)
+    parts.push(warm ? `warm-up ${run.warmupSeconds.toFixed(1)} s` : `warm-up: the first step took ${run.warmupSeconds.toFixed(1)} s (compiling GPU pipelines)`);
+  if (warm) parts.push(`${run.secondsPerStep!.toFixed(2)} s/step`);
+  if (run.etaSeconds != null && (warm || run.warmupSeconds != null)) parts.push(`ETA ${run.etaProvisional ? 'about ' : ''}${fmtDuration(run.etaSeconds)}`);
+  if (run.lastCheckpoint > 0) parts.push(`checkpoint at step ${run.lastCheckpoint}`);
+  return parts.join(' · ');
 }
 
 export function fmtDuration(seconds: number): string {

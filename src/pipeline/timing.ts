@@ -1,0 +1,161 @@
+// A run's time, honestly: what its steps, samples and checkpoints took, and what is left of all three.
+// Pure (no GPU, no clock of its own: the run hands it measured seconds), so the CLI's progress lines and the
+// studio's ETA come from the same numbers and a Node test checks them.
+//
+// - Warm-up: the first step a session trains compiles the GPU pipelines it uses (seconds on a software
+//   adapter, where a warm step takes a fraction of that). It is reported on its own and left out of s/step,
+//   the median of the last warm steps.
+// - Samples and checkpoints are part of the run's time: the ETA counts the ones the schedule still holds, at
+//   their measured cost (the median of the warm ones; the session's first sample also compiles pipelines, so
+//   it counts only until a warm one is measured) or, before any is measured, at a first estimate.
+// - A sample reports its own progress (denoising step i of n), and the ETA then counts down inside it.
+
+/** The parts of a run's settings that set its schedule. */
+export interface RunSchedule {
+  /** The run's last step. */
+  steps: number;
+  /** A sample every N steps (and after the last step); 0: none. */
+  sampleEvery: number;
+  /** Denoising steps per sample. */
+  sampleSteps: number;
+  /** A checkpoint every N steps; 0: only the final one (and one on pause). */
+  checkpointEvery: number;
+}
+
+export interface TimeReport {
+  /** Median seconds of the last warm steps; null until one warm step was measured. */
+  secondsPerStep: number | null;
+  /** The session's first step (it compiles the GPU pipelines), in seconds; null before it. */
+  warmupSeconds: number | null;
+  /** Seconds left: steps, samples and checkpoints still to come (and the rest of a sample being drawn); null
+   * while steps remain and none has been timed. */
+  etaSeconds: number | null;
+  /** Part of the ETA rests on a first estimate (no warm step, or no sample or checkpoint measured yet). */
+  provisional: boolean;
+}
+
+/**
+ * First estimate of one denoising step, as a fraction of a training step: a sample's UNet forward runs on a
+ * batch of 2 (classifier-free guidance), a training step runs a forward and a backward (about twice a
+ * forward) on a batch of 1, so about 2 / 3. Replaced by the measured cost after the first warm sample.
+ */
+export const DENOISE_STEP_PER_TRAIN_STEP = 2 / 3;
+
+/** First estimate of a checkpoint, in training steps (replaced by the measured cost after the first one). */
+export const CHECKPOINT_PER_TRAIN_STEP = 1;
+
+/** How many recent warm steps s/step is the median of. */
+const RECENT = 10;
+
+function median(xs: readonly number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+}
+
+/** Samples the schedule draws at steps `from`..`to` (from >= 1): every `sampleEvery` steps, and after the last. */
+function samplesIn(from: number, to: number, s: RunSchedule): number {
+  if (s.sampleEvery <= 0 || from > to) return 0;
+  const every = Math.floor(to / s.sampleEvery) - Math.floor((from - 1) / s.sampleEvery);
+  return every + (to === s.steps && s.steps % s.sampleEvery !== 0 ? 1 : 0);
+}
+
+/** Samples still to draw once step `done` is trained: the one at `done` itself (if any) and all after it. */
+export function samplesFrom(done: number, s: RunSchedule): number {
+  return samplesIn(Math.max(done, 1), s.steps, s);
+}
+
+/**
+ * Checkpoints still to write once step `done` is trained (its own checkpoint, if any, already written with
+ * it): every `checkpointEvery` steps after it, and the final one after the last step.
+ */
+export function checkpointsAfter(done: number, s: RunSchedule): number {
+  if (done > s.steps) return 0;
+  const every = s.checkpointEvery > 0 ? Math.floor(s.steps / s.checkpointEvery) - Math.floor(done / s.checkpointEvery) : 0;
+  return every + 1;
+}
+
+export class RunClock {
+  private warmup: number | null = null;
+  private warmSteps: number[] = [];
+  /** Samples drawn in this session: seconds, and whether it was the session's first (pipelines compiled). */
+  private samples: { seconds: number; first: boolean }[] = [];
+  private checkpoints: number[] = [];
+
+  constructor(private readonly schedule: RunSchedule) {}
+
+  /** A training step took `seconds` (its checkpoint, if any, not included). Returns whether it was the warm-up. */
+  recordStep(seconds: number): 'warm-up' | 'warm' {
+    if (this.warmup === null) {
+      this.warmup = seconds;
+      return 'warm-up';
+    }
+    this.warmSteps.push(seconds);
+    return 'warm';
+  }
+
+  recordSample(seconds: number): void {
+    this.samples.push({ seconds, first: this.samples.length === 0 });
+  }
+
+  recordCheckpoint(seconds: number): void {
+    this.checkpoints.push(seconds);
+  }
+
+  get secondsPerStep(): number | null {
+    return this.warmSteps.length ? median(this.warmSteps.slice(-RECENT)) : null;
+  }
+
+  get warmupSeconds(): number | null {
+    return this.warmup;
+  }
+
+  /** Seconds per step for the ETA: the warm median, else the warm-up step (an over-estimate), else unknown. */
+  private get stepEstimate(): number | null {
+    return this.secondsPerStep ?? this.warmup;
+  }
+
+  /** One sample: the median of the warm samples, else the first (it compiled), else a first estimate from s/step. */
+  sampleEstimate(): { seconds: number; measured: boolean } {
+    const warm = this.samples.filter((x) => !x.first).map((x) => x.seconds);
+    if (warm.length) return { seconds: median(warm), measured: true };
+    if (this.samples.length) return { seconds: this.samples[0].seconds, measured: true };
+    return { seconds: this.schedule.sampleSteps * DENOISE_STEP_PER_TRAIN_STEP * (this.stepEstimate ?? 0), measured: false };
+  }
+
+  checkpointEstimate(): { seconds: number; measured: boolean } {
+    if (this.checkpoints.length) return { seconds: median(this.checkpoints), measured: true };
+    return { seconds: CHECKPOINT_PER_TRAIN_STEP * (this.stepEstimate ?? 0), measured: false };
+  }
+
+  /** What is left with `samples` samples and the steps and checkpoints after step `done`. */
+  private left(done: number, samples: number): TimeReport {
+    const s = this.schedule;
+    const checkpoints = checkpointsAfter(done, s);
+    const sample = this.sampleEstimate();
+    const checkpoint = this.checkpointEstimate();
+    const steps = Math.max(0, s.steps - done);
+    const step = this.stepEstimate;
+    const eta = step === null && steps > 0 ? null : steps * (step ?? 0) + samples * sample.seconds + checkpoints * checkpoint.seconds;
+    const provisional = (steps > 0 && this.secondsPerStep === null) || (samples > 0 && !sample.measured) || (checkpoints > 0 && !checkpoint.measured);
+    return { secondsPerStep: this.secondsPerStep, warmupSeconds: this.warmup, etaSeconds: eta, provisional };
+  }
+
+  /** The time report once step `done` is trained (its sample, later steps, samples and checkpoints to come). */
+  afterStep(done: number): TimeReport {
+    return this.left(done, samplesFrom(done, this.schedule));
+  }
+
+  /**
+   * The time report while the sample at step `done` is drawn (step 0: the one before training):
+   * `denoised` of `total` denoising steps done in `elapsed` seconds. What is left of it is the larger of its
+   * own pace (seconds per denoising step so far) and its estimate less the time spent (the VAE decode comes
+   * after the last denoising step); then the rest of the run after it.
+   */
+  duringSample(done: number, denoised: number, total: number, elapsed: number): TimeReport {
+    const rest = this.left(done, samplesIn(done + 1, this.schedule.steps, this.schedule));
+    const byPace = denoised > 0 ? (elapsed / denoised) * (total - denoised) : 0;
+    const byEstimate = this.sampleEstimate().seconds - elapsed;
+    const thisSample = Math.max(0, byPace, byEstimate);
+    return { ...rest, etaSeconds: rest.etaSeconds === null ? null : rest.etaSeconds + thisSample };
+  }
+}

@@ -1,0 +1,102 @@
+// The run's time accounting (src/pipeline/timing.ts), without a GPU: the first step's pipeline compilation
+// is warm-up (not s/step), and the ETA counts the samples and checkpoints still to come at their measured
+// cost, so it does not read 0:00 while a final sample is drawn.
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import {
+  checkpointsAfter,
+  CHECKPOINT_PER_TRAIN_STEP,
+  DENOISE_STEP_PER_TRAIN_STEP,
+  RunClock,
+  samplesFrom,
+  type RunSchedule,
+} from '../../src/pipeline/timing.ts';
+
+/** The e2e run's schedule: 6 steps, a sample every 3 (8 denoising steps), a checkpoint every 2. */
+const SIX: RunSchedule = { steps: 6, sampleEvery: 3, sampleSteps: 8, checkpointEvery: 2 };
+
+/** Seconds are sums of a few binary fractions here; 1e-9 only absorbs float rounding in the sums. */
+const close = (a: number | null, b: number, what: string) => assert.ok(a !== null && Math.abs(a - b) < 1e-9, `${what}: ${a} vs ${b}`);
+
+describe('run time accounting', () => {
+  it('counts the samples and checkpoints the schedule still holds', () => {
+    // Samples at 3 and 6 (the one before step 1 is drawn before any step is trained).
+    assert.deepEqual(
+      [0, 1, 2, 3, 4, 5, 6, 7].map((d) => samplesFrom(d, SIX)),
+      [2, 2, 2, 2, 1, 1, 1, 0],
+      'the sample at the step just trained is still to come',
+    );
+    // 7 steps: samples at 3, 6 and after the last (7).
+    assert.deepEqual(
+      [0, 6, 7].map((d) => samplesFrom(d, { ...SIX, steps: 7 })),
+      [3, 2, 1],
+    );
+    assert.equal(samplesFrom(0, { ...SIX, sampleEvery: 0 }), 0, 'samples off');
+    // Checkpoints at 2, 4, 6 (each written with its step) and the final one after the last step.
+    assert.deepEqual(
+      [0, 1, 2, 5, 6].map((d) => checkpointsAfter(d, SIX)),
+      [4, 4, 3, 2, 1],
+    );
+    assert.equal(checkpointsAfter(0, { ...SIX, checkpointEvery: 0 }), 1, 'only the final checkpoint');
+  });
+
+  it('the first step is warm-up, left out of s/step; s/step is the median of the recent warm steps', () => {
+    const clock = new RunClock(SIX);
+    assert.equal(clock.recordStep(13.4), 'warm-up');
+    assert.equal(clock.secondsPerStep, null, 'no warm step yet');
+    assert.equal(clock.warmupSeconds, 13.4);
+    for (const s of [0.5, 0.75, 0.625]) assert.equal(clock.recordStep(s), 'warm');
+    assert.equal(clock.secondsPerStep, 0.625);
+    assert.equal(clock.afterStep(4).warmupSeconds, 13.4);
+  });
+
+  it('nothing timed: no ETA; then first estimates, marked provisional, until each part is measured', () => {
+    const clock = new RunClock(SIX);
+    assert.equal(clock.afterStep(0).etaSeconds, null, 'no step timed: no ETA');
+    clock.recordStep(4);
+    // The warm-up step stands in for s/step; a sample is 8 denoising steps of 2/3 of a step; a checkpoint 1 step
+    // (at 2, 4, 6 and the final one).
+    const first = clock.afterStep(1);
+    const sample = 8 * DENOISE_STEP_PER_TRAIN_STEP * 4;
+    close(first.etaSeconds, 5 * 4 + 2 * sample + 4 * CHECKPOINT_PER_TRAIN_STEP * 4, 'first estimate');
+    assert.equal(first.provisional, true);
+    clock.recordStep(0.5);
+    clock.recordSample(6); // the session's first sample compiled its pipelines
+    clock.recordSample(2);
+    clock.recordCheckpoint(0.25);
+    const measured = clock.afterStep(3);
+    // 3 steps of 0.5, the samples at 3 and 6 at the warm sample's 2 s, checkpoints at 4, 6 and the final one.
+    close(measured.etaSeconds, 3 * 0.5 + 2 * 2 + 3 * 0.25, 'measured');
+    assert.equal(measured.provisional, false);
+  });
+
+  it('the first sample counts until a warm one is measured', () => {
+    const clock = new RunClock(SIX);
+    clock.recordStep(1);
+    clock.recordStep(1);
+    clock.recordSample(6);
+    assert.deepEqual(clock.sampleEstimate(), { seconds: 6, measured: true });
+    clock.recordSample(2);
+    clock.recordSample(3);
+    assert.deepEqual(clock.sampleEstimate(), { seconds: 2.5, measured: true }, 'median of the warm ones (2, 3)');
+  });
+
+  it('after the last step the ETA is the final sample and checkpoint, and it counts down inside the sample, never 0 before its end', () => {
+    const clock = new RunClock(SIX);
+    clock.recordStep(10);
+    for (let i = 0; i < 5; i++) clock.recordStep(1);
+    clock.recordSample(20);
+    clock.recordSample(8);
+    clock.recordCheckpoint(0.5);
+    const last = clock.afterStep(6);
+    close(last.etaSeconds, 8 + 0.5, 'the final sample and the final checkpoint');
+    // Denoising step 2 of 8 after 2 s: 6 more at 1 s (pace) vs 8 - 2 (estimate): 6 s, plus the checkpoint.
+    close(clock.duringSample(6, 2, 8, 2).etaSeconds, 6 + 0.5, 'inside the sample');
+    // All 8 denoised after 7 s: the decode is left; the estimate says 1 s more.
+    close(clock.duringSample(6, 8, 8, 7).etaSeconds, 1 + 0.5, 'decoding');
+    // Slower than its estimate: the pace rules (2 s per denoising step, 4 left).
+    close(clock.duringSample(6, 4, 8, 8).etaSeconds, 8 + 0.5, 'slower than estimated');
+    // The sample at step 3 is followed by 3 steps, the sample at 6 and checkpoints at 4, 6 and the final one.
+    close(clock.duringSample(3, 0, 8, 0).etaSeconds, 8 + 3 * 1 + 8 + 3 * 0.5, 'a mid-run sample and the rest of the run');
+  });
+});
