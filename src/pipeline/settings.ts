@@ -43,6 +43,8 @@ export interface RunSettings {
   trainTextEncoder: boolean;
   /** Checkpoint every N steps (0: only at the end, on pause and on storage trouble). */
   checkpointEvery: number;
+  /** A validation loss every N steps (0: none): fixed noise and timesteps on the instance and class images. */
+  validateEvery: number;
   /** A sample image every N steps (0: none), always with the same seed so runs are comparable. */
   sampleEvery: number;
   /** The samples' prompt ('' : the instance prompt). */
@@ -165,6 +167,15 @@ export const SETTINGS: readonly SettingSpec[] = [
     max: 1_000_000,
     default: { lora: 50, full: 100 },
     help: 'checkpoint every N steps (0: at the end only)',
+  },
+  {
+    key: 'validateEvery',
+    kind: 'int',
+    flag: 'validate-every',
+    min: 0,
+    max: 1_000_000,
+    default: { lora: 100, full: 200 },
+    help: 'a validation loss every N steps (0: none): fixed noise and timesteps on up to 4 instance and 4 class images; a rising class loss shows drift',
   },
   { key: 'sampleEvery', kind: 'int', flag: 'sample-every', min: 0, max: 1_000_000, default: 0, help: 'a sample image every N steps (0: none)' },
   { key: 'samplePrompt', kind: 'string', flag: 'sample-prompt', default: '', help: 'prompt of the samples (default: the instance prompt)' },

@@ -144,7 +144,7 @@ export interface StepReport {
 
 /**
  * Validation loss at one step: the plain MSE (no min-SNR or prior weights) of the model at fixed noise and
- * timesteps, averaged over the instance photos and, separately, the class images. The instance loss falling
+ * timesteps, averaged over the first VALIDATION_IMAGES instance photos and, separately, class images. The instance loss falling
  * says the subject is being learnt; the class loss rising says the model is drifting from the class
  * (overfitting, language drift): what prior preservation is there to stop.
  */
@@ -157,6 +157,8 @@ export interface ValidationReport {
 
 /** The timesteps every validation image is noised at, as fractions of the schedule's length (spread over it). */
 const VALIDATION_T = [0.1, 0.3, 0.5, 0.7, 0.9];
+/** Images per set (instance, class) that validation uses: the first ones; a class set may hold hundreds. */
+const VALIDATION_IMAGES = 4;
 /** Mixed into the run's seed so the validation noise never equals the training draws. */
 const VALIDATION_SEED = 0x5eed_7a11;
 
@@ -454,7 +456,8 @@ export class DreamBoothTrainer {
    * a training step.
    */
   async validate(): Promise<ValidationReport> {
-    const setLoss = async (set: TrainSample[], which: number) => {
+    const setLoss = async (all: TrainSample[], which: number) => {
+      const set = all.slice(0, VALIDATION_IMAGES);
       let sum = 0;
       for (let i = 0; i < set.length; i++) sum += await this.validationLoss(set[i], which * 1_000_003 + i);
       return sum / set.length;

@@ -37,6 +37,7 @@ export const SETTING_LABELS: Record<SettingKey, string> = {
   flip: 'Also train on mirrored photos',
   trainTextEncoder: 'Also train the text encoder (LoRA)',
   checkpointEvery: 'Checkpoint every N steps',
+  validateEvery: 'Validation loss every N steps (0: never)',
   sampleEvery: 'Sample every N steps (0: never)',
   samplePrompt: 'Sample prompt',
   sampleSteps: 'Sampling steps',
