@@ -4,6 +4,7 @@
 //       [--config <config.json>] [--dtype f32|f16]
 //   grad unet --model <path> --in <in.safetensors> --out <grads.safetensors> [--config <json>] [--dtype f32|f16]
 //   train --model <path> --images <dir> --prompt "..." --mode lora|full --steps N --out <dir> (see train.ts) | train --resume <dir>
+//   train <the same, no --out> --bundle <dir> [--hub-id <repo> [--revision <rev>]]  (a job for diffusers / Ray Train, bundle.ts)
 //   sample --model <path> --prompt "..." --out image.png [--steps --seed --guidance --negative --sampler ...] [--lora <file> [--lora-scale x]]
 //   export --model <path> [--lora <file>] --format <format> --out <file>   (results trained elsewhere, export.ts)
 import { existsSync, statSync } from 'node:fs';
@@ -55,7 +56,11 @@ async function withGpu(load: () => Promise<(gpu: import('../gpu/device.ts').Gpu,
 const run = (args: string[]) => withGpu(async () => (await import('./run.ts')).runCommand, args);
 const sample = (args: string[]) => withGpu(async () => (await import('./sample.ts')).sampleCommand, args);
 const grad = (args: string[]) => withGpu(async () => (await import('./run.ts')).gradCommand, args);
-const train = (args: string[]) => withGpu(async () => (await import('./train.ts')).trainCommand, args);
+const train = (args: string[]) =>
+  // --bundle writes the run as a job for diffusers' scripts / Ray Train instead of training: no GPU (bundle.ts).
+  args.some((a) => a === '--bundle' || a.startsWith('--bundle='))
+    ? import('./bundle.ts').then((m) => m.bundleCommand(args))
+    : withGpu(async () => (await import('./train.ts')).trainCommand, args);
 const exportModel = async (args: string[]) => (await import('./export.ts')).exportCommand(args);
 
 const [command, ...rest] = process.argv.slice(2);

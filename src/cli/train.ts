@@ -61,7 +61,7 @@ const INPUT_FLAGS: Flags = {
   export: { type: 'string' },
 };
 const SETTING_FLAGS: Flags = Object.fromEntries(SETTINGS.filter((s) => s.flag).map((s) => [s.flag!, { type: s.kind === 'bool' ? 'boolean' : 'string' }]));
-const FLAGS: Flags = { ...INPUT_FLAGS, ...SETTING_FLAGS };
+export const FLAGS: Flags = { ...INPUT_FLAGS, ...SETTING_FLAGS };
 /**
  * What may change when a run is resumed: where the model is now, how long the run is, what it exports. Not
  * the budget: the plan it gives decides which optimizer chunks the checkpoint keeps on the GPU and which in
@@ -97,7 +97,7 @@ interface RunFile {
 }
 
 /** The settings from the flags over the schema's defaults for the mode; options of the other mode refused. */
-function settingsFromFlags(values: ParsedFlags): RunSettings {
+export function settingsFromFlags(values: ParsedFlags): RunSettings {
   const mode = (stringFlag(values, 'mode') ?? 'lora') as TrainMode;
   if (mode !== 'lora' && mode !== 'full') throw new SettingsError(`--mode must be lora or full, got ${JSON.stringify(mode)}`, 'mode');
   const s = defaultSettings(mode) as unknown as Record<SettingKey, unknown>;

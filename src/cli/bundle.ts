@@ -1,0 +1,125 @@
+// `cli train ... --bundle <dir> [--hub-id <repo> [--revision <rev>]] [--overwrite]`: instead of training, writes
+// the run as a job for diffusers' DreamBooth scripts and Ray Train (pipeline/bundle.ts) into <dir>. The
+// same flags, settings schema and checks as a run (the settings against the model's shape too, read from
+// its headers: no GPU); --out is not needed. A model in the Hugging Face cache
+// (models--<org>--<name>/snapshots/<commit>) gives its hub id and revision itself.
+import { chmodSync, existsSync, mkdirSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { basename, dirname, extname, join, resolve } from 'node:path';
+import { encode as encodePng } from 'fast-png';
+import { loadImageDir } from '../io/image-node.ts';
+import { SafetensorsFile } from '../io/safetensors.ts';
+import { NodeFileSource } from '../io/source-node.ts';
+import { nodeFolder } from '../models/folder-node.ts';
+import { openDiffusers, openSingleFile, type ModelSource } from '../models/source.ts';
+import { jobBundle, type BundleModel, type BundlePhoto } from '../pipeline/bundle.ts';
+import { modelShapeOf } from '../pipeline/run.ts';
+import { validatePrompt, validateForModel } from '../pipeline/settings.ts';
+import { parseFlags, stringFlag, UsageError, type Flags } from './args.ts';
+import { configOverrides } from './run.ts';
+import { FLAGS, settingsFromFlags, TRAIN_USAGE } from './train.ts';
+
+const BUNDLE_FLAGS: Flags = { ...FLAGS, bundle: { type: 'string' }, 'hub-id': { type: 'string' }, revision: { type: 'string' } };
+const BUNDLE_USAGE = `${TRAIN_USAGE}\n       train <the same flags, no --out> --bundle <dir> [--hub-id <hub repo of --model> [--revision <commit or branch>]] [--overwrite]`;
+
+/** The model reference: --hub-id, or a Hugging Face cache snapshot's own repo and commit, or the local path's kind. */
+export function bundleModel(path: string, hubId: string | undefined, revision: string | undefined): BundleModel {
+  const dir = statSync(path).isDirectory();
+  const kind = dir ? 'diffusers' : 'single-file';
+  const name = basename(path);
+  if (hubId) return { kind: 'hub', name, hubId, ...(revision ? { revision } : {}) };
+  const cached = /(?:^|\/)models--([^/]+)--([^/]+)\/snapshots\/([0-9a-f]{40})\/?$/.exec(resolve(path));
+  if (dir && cached) return { kind: 'hub', name, hubId: `${cached[1]}/${cached[2]}`, revision: cached[3] };
+  return { kind, name };
+}
+
+async function openSource(path: string, config: string | undefined): Promise<{ source: ModelSource; close: () => Promise<void> }> {
+  const overrides = config ? configOverrides(config, 'unet') : undefined;
+  const o = overrides ? { overrides } : {};
+  if (statSync(path).isDirectory()) {
+    const source = await openDiffusers(nodeFolder(path), o);
+    return { source, close: () => source.close() };
+  }
+  const file = await SafetensorsFile.open(await NodeFileSource.open(path));
+  const source = await openSingleFile(file, o);
+  return { source, close: async () => (await source.close(), await file.source.close?.()) };
+}
+
+async function photos(dir: string, captions: boolean): Promise<BundlePhoto[]> {
+  const { images, errors } = await loadImageDir(dir, { onWarning: (m) => console.error(`warning: ${m}`) });
+  for (const e of errors) console.error(`warning: skipped ${e.message}`);
+  return images.map((im) => ({ name: im.name, image: im.image, ...(captions && im.caption !== undefined ? { caption: im.caption } : {}) }));
+}
+
+/** Each photo's loss mask from --masks (the image with the photo's name, kohya's convention); a photo without one is refused. */
+async function withMasks(list: BundlePhoto[], dir: string): Promise<BundlePhoto[]> {
+  const { images: masks, errors } = await loadImageDir(dir, { onWarning: (m) => console.error(`warning: --masks ${m}`) });
+  if (errors.length) throw new UsageError(`--masks ${dir}: ${errors.map((e) => e.message).join('; ')}`);
+  const stem = (name: string) => basename(name, extname(name));
+  const byStem = new Map(masks.map((m) => [stem(m.name), m]));
+  const missing = list.filter((p) => !byStem.has(stem(p.name))).map((p) => p.name);
+  if (missing.length)
+    throw new UsageError(`--masks ${dir} has no mask for ${missing.join(', ')}: add an image with the same name for each photo (white trains the whole photo)`);
+  return list.map((p) => ({ ...p, mask: { name: byStem.get(stem(p.name))!.name, image: byStem.get(stem(p.name))!.image } }));
+}
+
+function needFolder(path: string, flag: string): void {
+  if (!existsSync(path) || !statSync(path).isDirectory()) throw new UsageError(`--${flag} ${path} is not a folder of images`);
+}
+
+/** What a bundle writes at its top level. */
+const BUNDLE_ENTRIES = ['instance_images', 'class_images', 'prompts.jsonl', 'job.json', 'train.sh', 'ray_train.py', 'requirements.txt', 'README.md'];
+
+export async function bundleCommand(argv: string[]): Promise<void> {
+  const { values } = parseFlags(argv, BUNDLE_FLAGS, BUNDLE_USAGE);
+  const out = stringFlag(values, 'bundle');
+  if (!out) throw new UsageError(`--bundle needs the folder to write the job into\n${BUNDLE_USAGE}`);
+  for (const k of ['resume', 'out', 'export'])
+    if (values[k] !== undefined) throw new UsageError(`--${k} does not apply to --bundle: a bundle is not trained here (leave --${k} out)`);
+  if (values.revision !== undefined && values['hub-id'] === undefined) throw new UsageError('--revision needs --hub-id (the hub repo it is a revision of)');
+  const missing = ['model', 'images', 'prompt'].filter((k) => values[k] === undefined);
+  if (missing.length) throw new UsageError(`train --bundle needs ${missing.map((k) => `--${k}`).join(', ')}\n${BUNDLE_USAGE}`);
+  const settings = settingsFromFlags(values);
+  const prompt = stringFlag(values, 'prompt')!;
+  validatePrompt(prompt, '--prompt');
+  const model = stringFlag(values, 'model')!;
+  if (!existsSync(model)) throw new UsageError(`--model ${model}: no such file or folder`);
+  const images = stringFlag(values, 'images')!;
+  needFolder(images, 'images');
+  const classArg = stringFlag(values, 'class-images');
+  if (classArg !== undefined && !/^\d+$/.test(classArg)) needFolder(classArg, 'class-images');
+  if (existsSync(out) && !statSync(out).isDirectory()) throw new UsageError(`--bundle ${out} is a file: give a folder (it is created if missing)`);
+  if (existsSync(out) && readdirSync(out).some((f) => BUNDLE_ENTRIES.includes(f)) && values.overwrite !== true)
+    throw new UsageError(`--bundle ${out} holds a bundle already: choose another folder, or add --overwrite to replace it`);
+  // The settings against the model's shape (rank, resolution factor) from its headers, as a run checks them.
+  const { source, close } = await openSource(model, stringFlag(values, 'config'));
+  try {
+    validateForModel(settings, modelShapeOf(source, settings.mode === 'lora' && settings.trainTextEncoder));
+  } finally {
+    await close();
+  }
+  const masks = stringFlag(values, 'masks');
+  if (masks !== undefined) needFolder(masks, 'masks');
+  const ref = bundleModel(model, stringFlag(values, 'hub-id'), stringFlag(values, 'revision'));
+  const instance = await photos(images, true);
+  const files = jobBundle(
+    {
+      prompt,
+      images: masks !== undefined ? await withMasks(instance, masks) : instance,
+      classImages: classArg !== undefined && !/^\d+$/.test(classArg) ? await photos(classArg, false) : [],
+      settings,
+      model: ref,
+    },
+    (rgb, width, height) => encodePng({ width, height, data: rgb, channels: 3, depth: 8 }),
+  );
+  // --overwrite replaces what a bundle writes, nothing else of the folder.
+  if (values.overwrite === true) for (const f of BUNDLE_ENTRIES) rmSync(join(out, f), { recursive: true, force: true });
+  for (const f of files) {
+    const path = join(out, f.path);
+    mkdirSync(dirname(path), { recursive: true });
+    writeFileSync(path, f.data);
+    if (f.executable) chmodSync(path, 0o755);
+  }
+  if (settings.priorPreservation) mkdirSync(join(out, 'class_images'), { recursive: true });
+  if (!ref.hubId) console.error(`warning: ${JSON.parse(files.find((f) => f.path === 'job.json')!.data as string).model.note}`);
+  console.log(JSON.stringify({ bundle: out, script: settings.mode === 'lora' ? 'train_dreambooth_lora.py' : 'train_dreambooth.py', files: files.length }));
+}
