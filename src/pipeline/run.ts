@@ -193,6 +193,8 @@ export function trainSettings(s: RunSettings): TrainSettings {
     minSnrGamma: s.minSnrGamma > 0 ? s.minSnrGamma : null,
     checkpointEvery: s.checkpointEvery,
     textEncoderLora: lora && s.trainTextEncoder,
+    optimizer: s.optimizer,
+    master: s.master,
   };
 }
 

@@ -7,6 +7,7 @@
 //   validateSettings(s)         types and ranges that need nothing but the values;
 //   validateForModel(s, model)  what needs the model's shape (LoRA rank against the layer widths, the
 //                               resolution against the VAE and UNet down-sampling factor).
+import { MASTER_KINDS, OPTIMIZER_KINDS, type MasterKind, type OptimizerKind } from '../train/packed-state.ts';
 import type { TrainMode } from '../train/trainer.ts';
 import { formatBytes, parseBytes } from '../util/bytes.ts';
 
@@ -41,6 +42,10 @@ export interface RunSettings {
   flip: boolean;
   /** LoRA adapters on the text encoder's attention too. */
   trainTextEncoder: boolean;
+  /** AdamW moments: f32, or 8-bit blockwise (bitsandbytes' Adam8bit; parameters under 4096 elements stay f32). */
+  optimizer: OptimizerKind;
+  /** Master weights: a separate fp32 copy, or compact (the f16 weight + a 16-bit extension: 27 bits). */
+  master: MasterKind;
   /** Checkpoint every N steps (0: only at the end, on pause and on storage trouble). */
   checkpointEvery: number;
   /** A validation loss every N steps (0: none): fixed noise and timesteps on the instance and class images. */
@@ -159,6 +164,22 @@ export const SETTINGS: readonly SettingSpec[] = [
   { key: 'minSnrGamma', kind: 'number', flag: 'min-snr', min: 0, max: 1000, default: 0, help: 'min-SNR-gamma loss weighting, e.g. 5 (0: off)' },
   { key: 'flip', kind: 'bool', flag: 'flip', default: false, help: 'also train on mirrored copies of the photos' },
   { key: 'trainTextEncoder', kind: 'bool', flag: 'train-text-encoder', default: false, onlyMode: 'lora', help: 'LoRA on the text encoder too' },
+  {
+    key: 'optimizer',
+    kind: 'enum',
+    flag: 'optimizer',
+    values: OPTIMIZER_KINDS,
+    default: { lora: 'adamw', full: 'adamw8bit' },
+    help: 'AdamW moments: adamw (f32) or adamw8bit (8-bit blockwise, as bitsandbytes; a third of the state)',
+  },
+  {
+    key: 'master',
+    kind: 'enum',
+    flag: 'master',
+    values: MASTER_KINDS,
+    default: { lora: 'fp32', full: 'compact' },
+    help: 'master weights: fp32 (a separate copy) or compact (the f16 weight + a 16-bit extension, 27 significant bits)',
+  },
   {
     key: 'checkpointEvery',
     kind: 'int',

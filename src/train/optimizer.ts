@@ -41,8 +41,11 @@ import {
   type AdamWStateStats,
   type AdamWStep,
 } from '../ops/adamw.ts';
+import { adamwPacked, CODES, extOf, f16Of, mastersOf, momentsOf, type PackedParam } from '../ops/adamw-packed.ts';
 import { checkFinite, clearFlag, globalNorm, newFlag, readFlag } from '../ops/reduce.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
+import { fromF16Bits } from '../util/half.ts';
+import { FP32_MODE, hostState, initialBytes, isFp32Mode, packChunk, packedViews, type ChunkPack, type OptimizerMode } from './packed-state.ts';
 
 export interface ParamSlot {
   name: string;
@@ -57,8 +60,10 @@ export interface Chunk {
   params: ParamSlot[];
   /** Elements used (<= chunkElems). */
   elems: number;
-  /** GPU state [master | m | v] as three f32 tensors of `elems`, or null when the chunk lives in the store. */
+  /** GPU state [master | m | v] as three f32 tensors of `elems` (fp32 mode), or null (stored, or a compact mode). */
   resident: { master: Tensor; m: Tensor; v: Tensor } | null;
+  /** Compact modes: the chunk's packed state on the GPU (packed-state.ts layout), or null when it lives in the store. */
+  packed: Tensor | null;
   /** Store version of a stored chunk (the step that wrote it). */
   version: number;
   /** Statistics of a stored chunk's state at `version` (for the step bound); null for a resident chunk. */
@@ -66,8 +71,8 @@ export interface Chunk {
 }
 
 /** Packs parameters (in order) into chunks of at most `chunkElems` elements (a bigger tensor gets its own). */
-export function planChunks(params: { name: string; shape: number[] }[], chunkElems: number): Omit<Chunk, 'resident' | 'version' | 'stats'>[] {
-  const chunks: Omit<Chunk, 'resident' | 'version' | 'stats'>[] = [];
+export function planChunks(params: { name: string; shape: number[] }[], chunkElems: number): ChunkPlan[] {
+  const chunks: ChunkPlan[] = [];
   let cur: ParamSlot[] = [];
   let used = 0;
   const close = () => {
@@ -85,6 +90,8 @@ export function planChunks(params: { name: string; shape: number[] }[], chunkEle
   return chunks;
 }
 
+type ChunkPlan = Omit<Chunk, 'resident' | 'packed' | 'version' | 'stats'>;
+
 export interface ChunkedAdamWOptions {
   cfg: AdamWConfig;
   chunkElems: number;
@@ -94,6 +101,8 @@ export interface ChunkedAdamWOptions {
   /** Store key prefix of this run's optimizer chunks. */
   prefix: string;
   maxGradNorm?: number;
+  /** How moments and masters are kept (packed-state.ts); default fp32 AdamW. */
+  mode?: OptimizerMode;
 }
 
 export interface OptimizerStepResult {
@@ -126,15 +135,35 @@ export class ChunkedAdamW {
   private constructor(
     private readonly gpu: Gpu,
     private readonly o: ChunkedAdamWOptions,
-    chunks: Omit<Chunk, 'resident' | 'version' | 'stats'>[],
+    chunks: ChunkPlan[],
     /** The compute-dtype weight each parameter's update writes (f16(master) or the f32 master copy). */
     private readonly weights: Map<string, Tensor>,
   ) {
-    this.chunks = chunks.map((c) => ({ ...c, resident: null, version: 0, stats: null }));
+    this.chunks = chunks.map((c) => ({ ...c, resident: null, packed: null, version: 0, stats: null }));
     this.flag = newFlag(gpu);
     this.updateFlag = newFlag(gpu);
     this.statsOut = gpu.tensor([4], 'f32', 'scratch', 'opt.stats');
+    this.mode = o.mode ?? FP32_MODE;
+    if (!isFp32Mode(this.mode)) {
+      const dtype = [...weights.values()][0]?.dtype ?? 'f32';
+      this.packs = this.chunks.map((c) =>
+        packChunk(
+          c.params.map((p) => p.numel),
+          this.mode,
+          dtype,
+        ),
+      );
+      this.codes = gpu.upload(CODES, [CODES.length], 'f32', 'optimizer', 'opt.codes');
+    }
   }
+
+  /** How this optimizer keeps its state. */
+  readonly mode: OptimizerMode;
+  /** Compact modes: each chunk's byte layout (null in fp32 mode). */
+  private readonly packs: ChunkPack[] | null = null;
+  /** Compact modes: the 8-bit code tables on the GPU. */
+  private readonly codes: Tensor | null = null;
+  private packedStaging: Tensor | null = null;
 
   /**
    * Places the state: resident chunks get GPU buffers; stored chunks are written to the store (version 0).
@@ -148,6 +177,10 @@ export class ChunkedAdamW {
     o: ChunkedAdamWOptions,
   ): Promise<ChunkedAdamW> {
     const opt = new ChunkedAdamW(gpu, o, planChunks(params, o.chunkElems), weights);
+    if (opt.packs) {
+      await opt.createPacked(initial);
+      return opt;
+    }
     for (const c of opt.chunks) {
       const master = new Float32Array(c.elems);
       for (const p of c.params) master.set(await initial(p.name), p.offset);
@@ -167,8 +200,127 @@ export class ChunkedAdamW {
     return opt;
   }
 
+  /** Compact modes: every chunk's starting bytes; resident chunks uploaded, the others written to the store. */
+  private async createPacked(initial: (name: string) => Promise<Float32Array>): Promise<void> {
+    for (const c of this.chunks) {
+      const values = await Promise.all(c.params.map((p) => initial(p.name)));
+      // The f16 weights hold f16(initial) (the trainer uploads them so): the extension keeps the rest.
+      const w16 = values.map((v, i) => (this.weightOf(c.params[i]).dtype === 'f16' ? v.map(f16Of) : undefined));
+      const bytes = initialBytes(this.packs![c.index], values, w16, extOf);
+      if (c.index < this.o.residentChunks) {
+        c.packed = this.gpu.tensor([bytes.byteLength / 4], 'f32', 'optimizer', `opt${c.index}.packed`);
+        this.gpu.writeRaw(c.packed, bytes);
+      } else {
+        await this.o.store.write(this.key(c.index, 0), bytes);
+        c.stats = this.packedStats(c, bytes, (i) => w16[i] ?? values[i]);
+      }
+    }
+  }
+
+  private weightOf(p: ParamSlot): Tensor {
+    return this.weights.get(p.name) ?? fail(p.name);
+  }
+
+  /** Whether a chunk's state is on the GPU (either layout). */
+  private onGpu(c: Chunk): boolean {
+    return c.resident !== null || c.packed !== null;
+  }
+
   get storedChunks(): number {
-    return this.chunks.filter((c) => !c.resident).length;
+    return this.chunks.filter((c) => !this.onGpu(c)).length;
+  }
+
+  /** Views of one parameter's state inside a packed chunk buffer (or the staging buffer), for adamw_packed. */
+  private packedParam(buf: Tensor, c: Chunk, i: number): PackedParam {
+    return packedViews(buf, this.packs![c.index].params[i], this.weightOf(c.params[i]));
+  }
+
+  /** Statistics of a packed chunk's state measured on the host (weightValues: each parameter's f16 weights, compact f16 only). */
+  private packedStats(c: Chunk, bytes: Uint8Array, weightValues: (i: number) => Float32Array): AdamWStateStats {
+    const pack = this.packs![c.index];
+    const all: AdamWStateStats = { maxAbsMaster: 0, maxAbsM: 0, maxV: 0, maxRatio: 0 };
+    pack.params.forEach((p, i) => {
+      const st = hostState(bytes, p, p.ext >= 0 ? weightValues(i) : undefined);
+      const master = p.master < 0 && p.ext < 0 ? weightValues(i) : mastersOf(st, p.numel);
+      const { m, v } = momentsOf(st, p.numel);
+      const s = adamwStateStats(master, m, v, this.o.cfg);
+      const max = (a: number, b: number) => (Number.isNaN(a) || Number.isNaN(b) ? NaN : Math.max(a, b));
+      all.maxAbsMaster = max(all.maxAbsMaster, s.maxAbsMaster);
+      all.maxAbsM = max(all.maxAbsM, s.maxAbsM);
+      all.maxV = max(all.maxV, s.maxV);
+      all.maxRatio = max(all.maxRatio, s.maxRatio);
+    });
+    return all;
+  }
+
+  /** Each parameter's compute weights of a chunk, read from the GPU (the compact master's high part). */
+  private async chunkWeights(c: Chunk): Promise<Float32Array[]> {
+    return Promise.all(c.params.map((p) => this.gpu.read(this.weightOf(p))));
+  }
+
+  private async readBytes(t: Tensor): Promise<Uint8Array> {
+    if (this.gpu.dryRun) return new Uint8Array(t.byteSize);
+    return new Uint8Array(await this.gpu.readBytes(t.buffer, t.byteOffset, t.byteSize));
+  }
+
+  private ensurePackedStaging(): Tensor {
+    if (!this.packedStaging) {
+      const bytes = Math.max(...this.chunks.filter((c) => !this.onGpu(c)).map((c) => this.packs![c.index].bytes));
+      this.packedStaging = this.gpu.tensor([bytes / 4], 'f32', 'optimizer', 'opt.staging.packed');
+    }
+    return this.packedStaging;
+  }
+
+  /** Streams stored packed chunks through the staging buffer, reading chunk i + 1 while `visit` works on i. */
+  private async streamPacked(chunks: Chunk[], visit: (buf: Tensor, c: Chunk) => Promise<void>): Promise<void> {
+    let next = chunks.length ? this.readRaw(chunks[0]) : null;
+    for (let i = 0; i < chunks.length; i++) {
+      const c = chunks[i];
+      const bytes = await next!;
+      next = i + 1 < chunks.length ? this.readRaw(chunks[i + 1]) : null;
+      next?.catch(() => {}); // awaited on the next turn
+      const st = this.ensurePackedStaging();
+      const view = new Tensor(st.alloc, [bytes.byteLength / 4], 'f32', st.byteOffset, false);
+      this.gpu.writeRaw(view, bytes);
+      await visit(view, c);
+    }
+  }
+
+  private async readRaw(c: Chunk): Promise<Uint8Array> {
+    const b = await this.o.store.read(this.key(c.index, c.version));
+    if (!b) throw new Error(`optimizer chunk ${c.index} (version ${c.version}) is missing from the ${this.o.store.kind} store`);
+    return this.checkPackedSize(c, b.byteOffset % 4 === 0 ? b : b.slice(), `optimizer chunk ${c.index} (version ${c.version})`);
+  }
+
+  private checkPackedSize(c: Chunk, b: Uint8Array, what: string): Uint8Array {
+    const want = this.packs![c.index].bytes;
+    if (b.byteLength !== want)
+      throw new Error(
+        `${what} holds ${b.byteLength} bytes, not the ${want} of this run's optimizer layout: it is damaged or from another run; start the run again`,
+      );
+    return b;
+  }
+
+  /** Compact modes' step, after the checks: resident chunks updated in place, stored ones streamed. */
+  private async stepPacked(grads: Map<string, Tensor>, s: AdamWStep): Promise<void> {
+    const gpu = this.gpu;
+    const run = { codes: this.codes!, updateFlag: this.updateFlag, stats: this.statsOut, check: false };
+    const update = (buf: Tensor, c: Chunk) => c.params.forEach((p, i) => adamwPacked(gpu, this.packedParam(buf, c, i), grads.get(p.name)!, this.o.cfg, s, run));
+    for (const c of this.chunks) if (c.packed) update(c.packed, c);
+    let writing: Promise<void> | null = null;
+    await this.streamPacked(
+      this.chunks.filter((c) => !this.onGpu(c)),
+      async (buf, c) => {
+        gpu.write(this.statsOut, [0, 0, 0, 0]);
+        update(buf, c);
+        const bytes = await this.readBytes(buf);
+        const [maxAbsMaster, maxAbsM, maxV, maxRatio] = await gpu.read(this.statsOut);
+        if (writing) await writing;
+        writing = this.writeChunkBytes(c, s.step, bytes, { maxAbsMaster, maxAbsM, maxV, maxRatio });
+        writing.catch(() => {}); // awaited below
+      },
+    );
+    if (writing) await writing;
   }
 
   private key(index: number, version: number): string {
@@ -254,6 +406,12 @@ export class ChunkedAdamW {
       gpu.free(normT);
       return { applied: false, skipped: 'update', gradNorm };
     }
+    if (this.packs) {
+      await this.stepPacked(grads, s);
+      gpu.free(normT);
+      this.applied = t;
+      return { applied: true, gradNorm };
+    }
     const update = (state: { master: Tensor; m: Tensor; v: Tensor }, c: Chunk) => {
       for (const p of c.params) adamw(gpu, this.paramState(state, p), grads.get(p.name)!, this.o.cfg, s);
     };
@@ -293,12 +451,17 @@ export class ChunkedAdamW {
     const check = (state: { master: Tensor; m: Tensor; v: Tensor }, c: Chunk) => {
       for (const p of c.params) adamwCheck(gpu, this.paramState(state, p), grads.get(p.name)!, this.o.cfg, s, this.updateFlag);
     };
+    const run = this.codes && { codes: this.codes, updateFlag: this.updateFlag, stats: this.statsOut, check: true };
+    const checkPacked = (buf: Tensor, c: Chunk) =>
+      c.params.forEach((p, i) => adamwPacked(gpu, this.packedParam(buf, c, i), grads.get(p.name)!, this.o.cfg, s, run!));
     for (const c of this.chunks) if (c.resident) check(c.resident, c);
-    const stored = this.chunks.filter((c) => !c.resident);
+    for (const c of this.chunks) if (c.packed) checkPacked(c.packed, c);
+    const stored = this.chunks.filter((c) => !this.onGpu(c));
     if (stored.length) {
       const gradMax = await this.gradientBound(s, all, gradNorm);
       const unproven = stored.filter((c) => !adamwStepSafe(c.stats!, this.o.cfg, s.step, gradMax, this.chunkLimit(c)));
-      await this.streamChunks(unproven, async (st, c) => check(st, c));
+      if (this.packs) await this.streamPacked(unproven, async (buf, c) => checkPacked(buf, c));
+      else await this.streamChunks(unproven, async (st, c) => check(st, c));
     }
     return readFlag(gpu, this.updateFlag);
   }
@@ -328,7 +491,11 @@ export class ChunkedAdamW {
 
   /** New version first, then the superseded one goes (unless a checkpoint still names it). */
   private async writeChunk(c: Chunk, version: number, packed: Float32Array, stats: AdamWStateStats): Promise<void> {
-    await this.o.store.write(this.key(c.index, version), f32Bytes(packed));
+    await this.writeChunkBytes(c, version, f32Bytes(packed), stats);
+  }
+
+  private async writeChunkBytes(c: Chunk, version: number, bytes: Uint8Array, stats: AdamWStateStats): Promise<void> {
+    await this.o.store.write(this.key(c.index, version), bytes);
     const old = c.version;
     c.version = version;
     c.stats = stats;
@@ -347,6 +514,17 @@ export class ChunkedAdamW {
   /** The fp32 masters of one chunk (its first `elems` values), from the GPU or the store. */
   async chunkMasters(index: number): Promise<Float32Array> {
     const c = this.chunks[index];
+    if (this.packs) {
+      const bytes = c.packed ? await this.readBytes(c.packed) : await this.readRaw(c);
+      const weights = await this.chunkWeights(c);
+      const out = new Float32Array(c.elems);
+      this.packs[index].params.forEach((p, i) => {
+        // An fp32 master from the bytes; a compact one is the weight (+ its extension words).
+        const master = p.master < 0 && p.ext < 0 ? weights[i] : mastersOf(hostState(bytes, p, weights[i]), p.numel);
+        out.set(master, c.params[i].offset);
+      });
+      return out;
+    }
     const src = c.resident ? await this.gpu.read(c.resident.master) : await this.readChunk(c);
     return src.subarray(0, c.elems);
   }
@@ -371,7 +549,10 @@ export class ChunkedAdamW {
         packed.set(await this.gpu.read(c.resident.m), c.elems);
         packed.set(await this.gpu.read(c.resident.v), 2 * c.elems);
         files.set(`opt-c${c.index}`, f32Bytes(packed));
-      } else versions[c.index] = c.version;
+      } else if (c.packed) files.set(`opt-c${c.index}`, await this.readBytes(c.packed));
+      else versions[c.index] = c.version;
+      // A compact master's high part is the compute weight: the checkpoint keeps it (as its raw bits).
+      if (this.mode.master === 'compact') files.set(`opt-w${c.index}`, await this.weightBits(c));
     }
     return { files, versions, applied: this.applied };
   }
@@ -388,7 +569,8 @@ export class ChunkedAdamW {
    * written after it, by a run that then crashed, are deleted), and the weights recomputed from the masters.
    */
   async restore(read: (name: string) => Promise<Uint8Array>, versions: Record<number, number>, applied: number): Promise<void> {
-    for (const c of this.chunks) {
+    if (this.packs) await this.restorePacked(read, versions);
+    for (const c of this.packs ? [] : this.chunks) {
       let packed: Float32Array;
       if (c.resident) {
         const b = await read(`opt-c${c.index}`);
@@ -412,12 +594,70 @@ export class ChunkedAdamW {
       }
     }
     this.pinned = new Map(Object.entries(versions).map(([k, v]) => [Number(k), v]));
-    const keep = new Set(this.chunks.filter((c) => !c.resident).map((c) => this.key(c.index, c.version)));
+    const keep = new Set(this.chunks.filter((c) => !this.onGpu(c)).map((c) => this.key(c.index, c.version)));
     for (const k of await this.o.store.keys(`${this.o.prefix}/`)) if (!keep.has(k)) await this.o.store.delete(k);
     this.applied = applied;
   }
 
+  /** The compute weights of a chunk's parameters as raw bits, concatenated (f16: 2 bytes each, f32: 4). */
+  private async weightBits(c: Chunk): Promise<Uint8Array> {
+    const parts = await Promise.all(
+      c.params.map(async (p) => {
+        const w = this.weightOf(p);
+        if (this.gpu.dryRun) return new Uint8Array(w.byteSize);
+        return new Uint8Array(await this.gpu.readBytes(w.buffer, w.byteOffset, w.byteSize));
+      }),
+    );
+    const out = new Uint8Array(parts.reduce((n, b) => n + b.byteLength, 0));
+    let at = 0;
+    for (const b of parts) {
+      out.set(b, at);
+      at += b.byteLength;
+    }
+    return out;
+  }
+
+  /** Compact modes' restore: packed bytes (files or store versions) and the weights (their bits, or f(fp32 master)). */
+  private async restorePacked(read: (name: string) => Promise<Uint8Array>, versions: Record<number, number>): Promise<void> {
+    for (const c of this.chunks) {
+      const pack = this.packs![c.index];
+      let bytes: Uint8Array;
+      if (c.packed) {
+        bytes = this.checkPackedSize(c, (await read(`opt-c${c.index}`)).slice(), `the checkpoint's optimizer chunk ${c.index}`);
+        this.gpu.writeRaw(c.packed, bytes);
+      } else {
+        c.version = versions[c.index];
+        if (c.version === undefined) throw new Error(`checkpoint names no version for optimizer chunk ${c.index}`);
+        bytes = await this.readRaw(c);
+      }
+      const weights = this.mode.master === 'compact' ? this.decodeWeights(c, await read(`opt-w${c.index}`)) : null;
+      pack.params.forEach((p, i) => {
+        const values = weights ? weights[i] : hostState(bytes, p).master!;
+        this.gpu.write(this.weightOf(c.params[i]), values);
+      });
+      if (!c.packed) c.stats = this.packedStats(c, bytes, (i) => weights?.[i] ?? hostState(bytes, pack.params[i]).master!);
+    }
+  }
+
+  /** The weight values of a chunk's checkpointed bits (weightBits), checked for size. */
+  private decodeWeights(c: Chunk, bits: Uint8Array): Float32Array[] {
+    const sizes = c.params.map((p) => this.weightOf(p).byteSize);
+    const want = sizes.reduce((a, b) => a + b, 0);
+    if (bits.byteLength !== want)
+      throw new Error(
+        `the checkpoint's weights of optimizer chunk ${c.index} hold ${bits.byteLength} bytes, not ${want}: the checkpoint is damaged or from another run; start the run again`,
+      );
+    let at = 0;
+    return c.params.map((p, i) => {
+      const raw = bits.slice(at, at + sizes[i]);
+      at += sizes[i];
+      return this.weightOf(p).dtype === 'f16' ? fromF16Bits(new Uint16Array(raw.buffer, 0, p.numel)) : new Float32Array(raw.buffer, 0, p.numel);
+    });
+  }
+
   destroy(): void {
+    for (const c of this.chunks) if (c.packed) this.gpu.free(c.packed);
+    this.gpu.free(this.packedStaging, this.codes);
     for (const c of this.chunks) if (c.resident) this.gpu.free(c.resident.master, c.resident.m, c.resident.v);
     if (this.staging) this.gpu.free(this.staging.master, this.staging.m, this.staging.v);
     this.gpu.free(this.flag, this.updateFlag, this.statsOut);

@@ -26,6 +26,7 @@ import type { ChunkStore } from '../store/chunkstore.ts';
 import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
 import { addNoise, lossWeights, velocity, weightedMse, weightedMseBackward } from './objective.ts';
 import { ChunkedAdamW } from './optimizer.ts';
+import { MASTER_KINDS, OPTIMIZER_KINDS, type MasterKind, type OptimizerKind } from './packed-state.ts';
 import { Rng } from '../util/rng.ts';
 
 export type TrainMode = 'lora' | 'full';
@@ -57,6 +58,10 @@ export interface TrainSettings {
   residentChunks: number;
   /** Skipped steps in a row after which trainStep throws TrainingStalledError. */
   maxConsecutiveSkips: number;
+  /** AdamW moments: f32 ('adamw') or 8-bit blockwise ('adamw8bit', bitsandbytes' Adam8bit); see train/packed-state.ts. */
+  optimizer: OptimizerKind;
+  /** Master weights: a separate fp32 copy, or 'compact' (the f16 weight + a 16-bit extension; the f32 weight itself). */
+  master: MasterKind;
 }
 
 export const TRAIN_DEFAULTS: Record<TrainMode, TrainSettings> = {
@@ -78,6 +83,8 @@ export const TRAIN_DEFAULTS: Record<TrainMode, TrainSettings> = {
     chunkElems: 1 << 22,
     residentChunks: Infinity,
     maxConsecutiveSkips: 10,
+    optimizer: 'adamw',
+    master: 'fp32',
   },
   full: {
     mode: 'full',
@@ -97,6 +104,9 @@ export const TRAIN_DEFAULTS: Record<TrainMode, TrainSettings> = {
     chunkElems: 1 << 24,
     residentChunks: Infinity,
     maxConsecutiveSkips: 10,
+    // A full fine-tune's state is what streams through the store: 4.03 bytes per element instead of 12.
+    optimizer: 'adamw8bit',
+    master: 'compact',
   },
 };
 
@@ -156,9 +166,9 @@ export interface ValidationReport {
 }
 
 /** The timesteps every validation image is noised at, as fractions of the schedule's length (spread over it). */
-const VALIDATION_T = [0.1, 0.3, 0.5, 0.7, 0.9];
+export const VALIDATION_T = [0.1, 0.3, 0.5, 0.7, 0.9];
 /** Images per set (instance, class) that validation uses: the first ones; a class set may hold hundreds. */
-const VALIDATION_IMAGES = 4;
+export const VALIDATION_IMAGES = 4;
 /** Mixed into the run's seed so the validation noise never equals the training draws. */
 const VALIDATION_SEED = 0x5eed_7a11;
 
@@ -303,6 +313,7 @@ export class DreamBoothTrainer {
       store,
       prefix: `${runId}/opt`,
       maxGradNorm: settings.maxGradNorm > 0 ? settings.maxGradNorm : undefined,
+      mode: { optimizer: settings.optimizer, master: settings.master },
     });
     return new DreamBoothTrainer(gpu, model, data, settings, store, runId, trainable, optimizer, rng);
   }
@@ -530,6 +541,15 @@ export class DreamBoothTrainer {
     if (!snap) return false;
     const m = snap.meta;
     checkCheckpointMeta(m, this.optimizer.chunks.length);
+    // The optimizer's state is kept differently per mode: a checkpoint resumes only in its own (checkpoints
+    // made before the modes existed are fp32 AdamW).
+    const old: Partial<TrainSettings> = m.settings;
+    const was = { optimizer: old.optimizer ?? 'adamw', master: old.master ?? 'fp32' };
+    for (const k of ['optimizer', 'master'] as const)
+      if (was[k] !== this.settings[k])
+        throw new Error(
+          `this run's checkpoint was made with ${k} = '${was[k]}', not '${this.settings[k]}': its optimizer state is kept differently; resume with ${k} '${was[k]}' (or start a new run)`,
+        );
     for (const k of ['mode', 'rank', 'alpha', 'lr', 'seed', 'chunkElems', 'textEncoderLora'] as const)
       if (m.settings[k] !== this.settings[k])
         throw new Error(`this run's checkpoint was made with ${k} = ${m.settings[k]}, not ${this.settings[k]}: resume with the run's own settings`);
@@ -605,6 +625,8 @@ function validate(data: TrainData, s: TrainSettings): void {
   if (!(s.lr > 0)) throw new Error(`learning rate must be > 0, got ${s.lr}`);
   if (!Number.isInteger(s.steps) || s.steps < 1) throw new Error(`steps must be a positive integer, got ${s.steps}`);
   if (s.mode === 'lora' && (!Number.isInteger(s.rank) || s.rank < 1)) throw new Error(`LoRA rank must be a positive integer, got ${s.rank}`);
+  if (!OPTIMIZER_KINDS.includes(s.optimizer)) throw new Error(`optimizer must be one of ${OPTIMIZER_KINDS.join(', ')}, got ${String(s.optimizer)}`);
+  if (!MASTER_KINDS.includes(s.master)) throw new Error(`master must be one of ${MASTER_KINDS.join(', ')}, got ${String(s.master)}`);
   if (!Number.isInteger(s.maxConsecutiveSkips) || s.maxConsecutiveSkips < 1)
     throw new Error(`maxConsecutiveSkips (skipped steps in a row before the run stops) must be a positive integer, got ${s.maxConsecutiveSkips}`);
   const [c, h, w] = data.latentShape;

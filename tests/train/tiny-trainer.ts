@@ -37,6 +37,9 @@ export function fixture(mode: 'lora' | 'full') {
     weightDecay: Number(m.weight_decay),
     checkpointEvery: 0,
     chunkElems: 4096,
+    // The PyTorch reference runs are fp32 AdamW; tests of the compact modes (tests/train/compact-modes.test.ts) override these.
+    optimizer: 'adamw',
+    master: 'fp32',
   };
   const inputs: StepInputs[] = Array.from({ length: settings.steps }, (_, s) => ({
     instance: s % 2,

@@ -36,6 +36,8 @@ export const SETTING_LABELS: Record<SettingKey, string> = {
   minSnrGamma: 'Min-SNR gamma (0: off)',
   flip: 'Also train on mirrored photos',
   trainTextEncoder: 'Also train the text encoder (LoRA)',
+  optimizer: 'Optimizer moments (adamw8bit: 8-bit, a third of the state)',
+  master: 'Master weights (compact: f16 + 16-bit extension)',
   checkpointEvery: 'Checkpoint every N steps',
   validateEvery: 'Validation loss every N steps (0: never)',
   sampleEvery: 'Sample every N steps (0: never)',
