@@ -11,13 +11,17 @@
 //                                     the UNet and text encoder then run them with loraScale = lora.scale
 //   exportImported(...)               kohya / PEFT LoRA files, or the base with the LoRA merged
 //                                     (W + scale B A) as a single file or a diffusers zip
+//   tryLora(gpu, opened, lora, ...)   the studio's "Try it": one image of the base with the LoRA
 import type { Gpu } from '../gpu/device.ts';
 import type { Tensor } from '../gpu/tensor.ts';
 import type { ByteSink, SafetensorsFile } from '../io/safetensors.ts';
 import type { TensorProvider } from '../io/tensor-provider.ts';
 import type { LoadedModel } from '../models/load.ts';
-import { countBadValues } from '../models/load.ts';
-import type { ModelSource } from '../models/source.ts';
+import { countBadValues, loadModel } from '../models/load.ts';
+import { openDiffusers, openSingleFile, type Json, type ModelSource } from '../models/source.ts';
+import { ClipTokenizer } from '../io/tokenizer.ts';
+import { scheduleFromJson, SD_SCHEDULE } from '../sample/schedulers.ts';
+import { txt2img } from '../sample/txt2img.ts';
 import { writeSingleFile, zipDiffusers } from '../export/full.ts';
 import {
   adapterTensors,
@@ -170,4 +174,56 @@ export async function exportImported(o: ImportedExport): Promise<void> {
       }),
       sink,
     );
+}
+
+/** The base model's source, as the run pipeline opens it. */
+export function openSource(opened: OpenedModel): Promise<ModelSource> {
+  const o = opened.overrides ? { overrides: opened.overrides } : {};
+  return opened.kind === 'diffusers' ? openDiffusers(opened.reader, o) : openSingleFile(opened.file, o);
+}
+
+export interface TryOptions {
+  prompt: string;
+  seed: number;
+  steps: number;
+  /** Square image side (a multiple of the model's factor). */
+  size: number;
+  guidance?: number;
+  /** LoRA strength: a multiple of the file's own alpha / rank. */
+  strength?: number;
+}
+
+/**
+ * "Try it": one image from the base model with the LoRA applied (DPM-Solver++ 2M, CFG), everything freed
+ * afterwards. The LoRA is checked against the model before its weights reach the GPU.
+ */
+export async function tryLora(
+  gpu: Gpu,
+  opened: OpenedModel,
+  lora: ReadLora | null,
+  loraName: string,
+  o: TryOptions,
+): Promise<{ rgb: Uint8Array; width: number; height: number }> {
+  const source = await openSource(opened);
+  let model: LoadedModel | null = null;
+  try {
+    if (lora) checkImportedLora(lora, { unet: source.shapes('unet'), text_encoder: source.shapes('text_encoder') }, loraName, opened.name);
+    model = await loadModel(gpu, source, gpu.computeDType);
+    if (lora) applyLora(gpu, model, lora);
+    const schedule = { ...SD_SCHEDULE, ...scheduleFromJson(source.scheduler as Json, model.prediction) };
+    return await txt2img(gpu, model, ClipTokenizer.fromFiles(opened.tokenizer), {
+      prompt: o.prompt,
+      steps: o.steps,
+      guidance: o.guidance ?? 7.5,
+      seed: o.seed,
+      width: o.size,
+      height: o.size,
+      sampler: 'dpm++2m',
+      schedule,
+      ...(lora ? { loraScale: lora.scale * (o.strength ?? 1) } : {}),
+    });
+  } finally {
+    if (model) for (const part of [model.unet.weights, model.vae.weights, model.textEncoder.weights]) gpu.free(...part.values());
+    await source.close();
+  }
 }

@@ -30,6 +30,9 @@ import {
 } from '../pipeline/run.ts';
 import type { SettingKey } from '../pipeline/settings.ts';
 import { TOKENIZER_FILES } from '../export/full.ts';
+import { jobBundle, type BundleModel } from '../pipeline/bundle.ts';
+import { exportImported, openSource, readImportedLora, tryLora, type ReadLora } from '../pipeline/imported.ts';
+import { downloadZip } from 'client-zip';
 
 /** Where the model comes from (what the page persists, minus the File objects). */
 export type ModelChoice =
@@ -256,6 +259,80 @@ class StudioWorker {
   /** Whether a run is loaded (exports need one). */
   hasSession(): boolean {
     return this.session !== null;
+  }
+
+  // ---- outgrowing the tab (issue 17) ----------------------------------------------------------------------
+
+  /**
+   * The run as a job bundle for diffusers' DreamBooth scripts and Ray Train (pipeline/bundle.ts), zipped:
+   * the photos decoded here and cropped as the run would train them.
+   */
+  async bundle(choice: ModelChoice, run: Omit<RunInput, 'runId'>): Promise<{ blob: Blob; name: string; size: number }> {
+    const r = run.settings.resolution;
+    const decode = async (items: RunInput['images']) =>
+      Promise.all(
+        items.map(async (p) => ({
+          name: p.name,
+          image: p.pixels ?? (await decodeImageBrowser(p.blob!, p.name, r)),
+          ...(p.crop ? { crop: p.crop } : {}),
+          ...(p.caption ? { caption: p.caption } : {}),
+          ...(p.mask ? { mask: { name: p.mask.name, image: p.mask.pixels ?? (await decodeImageBrowser(p.mask.blob!, p.mask.name, r)) } } : {}),
+        })),
+      );
+    const model: BundleModel =
+      choice.kind === 'hub'
+        ? { kind: 'hub', name: choice.repo, hubId: choice.repo }
+        : choice.kind === 'file'
+          ? { kind: 'single-file', name: choice.file.name }
+          : choice.kind === 'folder'
+            ? { kind: 'diffusers', name: choice.name }
+            : { kind: 'demo', name: 'demo-sd1-tiny' };
+    const files = jobBundle(
+      { prompt: run.prompt, images: await decode(run.images), classImages: await decode(run.classImages), settings: run.settings, model },
+      (rgb, width, height) => encodePng({ width, height, data: rgb, channels: 3, depth: 8 }),
+    );
+    const folder = 'dreambooth-job';
+    const blob = await downloadZip(files.map((f) => ({ name: `${folder}/${f.path}`, input: f.data, lastModified: new Date(0) }))).blob();
+    return { blob, name: `${folder}.zip`, size: blob.size };
+  }
+
+  private async importedLora(file: File | null): Promise<ReadLora | null> {
+    return file ? readImportedLora(await SafetensorsFile.open(new BlobSource(file, file.name))) : null;
+  }
+
+  /** "Try it": one image of `choice` with a LoRA trained elsewhere (or none), as PNG bytes. */
+  async tryLora(
+    choice: ModelChoice,
+    loraFile: File | null,
+    o: { prompt: string; seed: number; steps: number; size: number; strength: number },
+  ): Promise<Uint8Array> {
+    const gpu = this.gpu;
+    if (!gpu) throw new StudioError('the GPU is not ready');
+    if (this.session?.isRunning) throw new StudioError('pause the run first: trying a LoRA needs the GPU');
+    const lora = await this.importedLora(loraFile);
+    const img = await tryLora(gpu, await this.open(choice), lora, loraFile?.name ?? '', o);
+    return encodePng({ width: img.width, height: img.height, data: img.rgb, channels: 3, depth: 8 });
+  }
+
+  /** A LoRA trained elsewhere (or a full model alone) in one of our formats, as a Blob. */
+  async exportImported(
+    choice: ModelChoice,
+    loraFile: File | null,
+    format: ExportFormat,
+  ): Promise<{ blob: Blob; name: string; size: number; warnings: string[] }> {
+    const lora = await this.importedLora(loraFile);
+    const opened = await this.open(choice);
+    const source = await openSource(opened);
+    const sink = blobSink(EXPORT_FORMATS[format].type);
+    const warnings: string[] = [];
+    try {
+      await exportImported({ opened, source, lora, loraName: loraFile?.name ?? '', format, sink, onWarning: (m) => warnings.push(m) });
+    } finally {
+      await source.close();
+    }
+    const blob = sink.blob();
+    const stem = (loraFile?.name ?? opened.name).replace(/\.safetensors$/i, '');
+    return { blob, name: `${stem}${EXPORT_FORMATS[format].suffix}`, size: blob.size, warnings };
   }
 
   async storageBytes(): Promise<number> {

@@ -4,6 +4,7 @@
 import { useEffect, useState, type DragEvent, type ReactNode } from 'react';
 import { EXPORT_FORMATS, type ExportFormat } from '../../pipeline/run.ts';
 import { EXPORT_LABELS, PRESETS, SETTING_LABELS, type PresetName } from './presets.ts';
+import { OutgrowPanel } from './Outgrow.tsx';
 import {
   addPhotos,
   applyPreset,
@@ -51,6 +52,7 @@ export function Studio() {
           <SettingsPanel />
           <TrainPanel />
           <ExportPanel />
+          <OutgrowPanel />
           <p className="footer">
             <a href="?tools">GPU details, kernel self-test and text-to-image</a>
           </p>

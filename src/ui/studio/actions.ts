@@ -484,3 +484,52 @@ export async function exportRun(format: ExportFormat): Promise<void> {
     void refreshStorage();
   }
 }
+
+// ---- outgrowing the tab (issue 17): a job bundle out, results trained elsewhere back in --------------------
+
+/** Downloads a Blob under `name` (an <a download> click). */
+function download(blob: Blob, name: string): void {
+  const url = URL.createObjectURL(blob);
+  const a = document.createElement('a');
+  a.href = url;
+  a.download = name;
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60_000);
+}
+
+/**
+ * The page's current run (prompt, settings, photos with their crops and captions, class photos) as a job
+ * bundle for diffusers' DreamBooth scripts and Ray Train, downloaded as a zip. Nothing is trained here.
+ */
+export async function downloadBundle(): Promise<{ name: string; size: number }> {
+  const st = S();
+  if (!api) throw new Error('the engine is not ready');
+  if (!modelChoice) throw new Error('Choose the base model first (see Model above): the bundle names it.');
+  if (st.photos.length === 0) throw new Error('Add the photos of your subject first: the bundle carries them.');
+  const settings = { ...st.settings, classCount: st.settings.priorPreservation && st.classPhotos.length ? st.classPhotos.length : st.settings.classCount };
+  const out = await api.bundle(modelChoice, {
+    prompt: st.prompt,
+    settings,
+    images: st.photos.map(photoInput),
+    classImages: settings.priorPreservation ? st.classPhotos.map(photoInput) : [],
+  });
+  download(out.blob, out.name);
+  return { name: out.name, size: out.size };
+}
+
+/** "Try it" with a LoRA trained elsewhere (or none): an image of the loaded base model, as an object URL. */
+export async function tryImportedLora(lora: File | null, o: { prompt: string; seed: number; steps: number; strength: number }): Promise<string> {
+  if (!api || !modelChoice || S().model.status !== 'ready') throw new Error('Load the base model first (see Model above): the LoRA runs on it.');
+  const png = await api.tryLora(modelChoice, lora, { ...o, size: S().settings.resolution });
+  return URL.createObjectURL(new Blob([png as Uint8Array<ArrayBuffer>], { type: 'image/png' }));
+}
+
+/** A LoRA trained elsewhere (or the loaded full model alone) exported in one of our formats and downloaded. */
+export async function exportImportedLora(lora: File | null, format: ExportFormat): Promise<{ name: string; size: number; warnings: string[] }> {
+  if (!api || !modelChoice || S().model.status !== 'ready') throw new Error('Load the base model first (see Model above).');
+  const out = await api.exportImported(modelChoice, lora, format);
+  download(out.blob, out.name);
+  return { name: out.name, size: out.size, warnings: out.warnings };
+}

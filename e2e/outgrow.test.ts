@@ -1,0 +1,156 @@
+// Issue 17 in the studio (headless Chromium, SwiftShader, demo model): "Download job bundle" saves a zip with
+// the photos cropped at the training resolution, train.sh / ray_train.py / README / job.json (the demo model
+// named as one to replace); "Bring results back" takes a LoRA in diffusers' training-script layout
+// (unet.<module>.lora.down/up + .alpha) made for the demo model, draws an image with it ("Try it") and
+// exports it as a kohya file; a LoRA for SDXL is refused naming its key.
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { after, before, describe, it } from 'node:test';
+import { decode, encode } from 'fast-png';
+import type { Page } from 'playwright-core';
+import { writeSafetensors, readSafetensors, type NamedTensor } from '../src/io/safetensors.ts';
+import { demoModelFiles } from '../src/models/demo.ts';
+import { launch, screenshotPath, serve } from './browser.ts';
+
+/** Entries of a zip whose entries are stored (client-zip): read through the central directory. */
+function unzip(bytes: Buffer): Map<string, Buffer> {
+  const eocd = bytes.lastIndexOf(Buffer.from([0x50, 0x4b, 0x05, 0x06]));
+  const count = bytes.readUInt16LE(eocd + 10);
+  let p = bytes.readUInt32LE(eocd + 16);
+  const out = new Map<string, Buffer>();
+  for (let i = 0; i < count; i++) {
+    assert.equal(bytes.readUInt32LE(p), 0x02014b50, 'central directory entry');
+    const [method, size, nameLen, extraLen, commentLen, local] = [
+      bytes.readUInt16LE(p + 10),
+      bytes.readUInt32LE(p + 20),
+      bytes.readUInt16LE(p + 28),
+      bytes.readUInt16LE(p + 30),
+      bytes.readUInt16LE(p + 32),
+      bytes.readUInt32LE(p + 42),
+    ];
+    assert.equal(method, 0, 'stored');
+    const name = bytes.subarray(p + 46, p + 46 + nameLen).toString('utf8');
+    const start = local + 30 + bytes.readUInt16LE(local + 26) + bytes.readUInt16LE(local + 28);
+    out.set(name, bytes.subarray(start, start + size));
+    p += 46 + nameLen + extraLen + commentLen;
+  }
+  return out;
+}
+
+function photo(w: number, h: number, k: number): number[] {
+  const data = new Uint8Array(w * h * 3);
+  for (let i = 0; i < w * h; i++) data.set([(i * 7 + 60 * k) % 256, (i * 3) % 256, 100], 3 * i);
+  return [...encode({ width: w, height: h, data, channels: 3, depth: 8 })];
+}
+
+/** A LoRA for the demo model's UNet in the layout diffusers' train_dreambooth_lora.py writes (old spelling + alphas). */
+function demoLora(): Buffer {
+  const unet = readSafetensors(demoModelFiles(1).get('unet/diffusion_pytorch_model.safetensors')!).tensors;
+  const out = new Map<string, NamedTensor>();
+  let seed = 1;
+  const rand = () => ((seed = (seed * 16807) % 2147483647) / 2147483647 - 0.5) * 0.6;
+  for (const [n, t] of unet) {
+    const m = /^(.*\.attn[12]\.(?:to_q|to_k|to_v|to_out\.0))\.weight$/.exec(n);
+    if (!m) continue;
+    const [o, i] = t.shape;
+    out.set(`unet.${m[1]}.lora.down.weight`, { shape: [4, i], data: Float32Array.from({ length: 4 * i }, rand) });
+    out.set(`unet.${m[1]}.lora.up.weight`, { shape: [o, 4], data: Float32Array.from({ length: o * 4 }, rand) });
+    out.set(`unet.${m[1]}.alpha`, { shape: [], data: Float32Array.of(4) });
+  }
+  return Buffer.from(writeSafetensors(out));
+}
+
+async function download(page: Page, click: () => Promise<void>): Promise<{ name: string; bytes: Buffer }> {
+  const [d] = await Promise.all([page.waitForEvent('download', { timeout: 300_000 }), click()]);
+  const path = await d.path();
+  return { name: d.suggestedFilename(), bytes: readFileSync(path!) };
+}
+
+describe('studio: bigger machines (Chromium, SwiftShader, demo model)', () => {
+  let server: Awaited<ReturnType<typeof serve>>;
+  before(async () => (server = await serve()));
+  after(async () => server?.close());
+
+  it('downloads a job bundle; tries and exports a LoRA trained elsewhere; refuses an SDXL LoRA by key', { timeout: 900_000 }, async () => {
+    const browser = await launch(true);
+    try {
+      const context = await browser.newContext({ viewport: { width: 1280, height: 800 }, acceptDownloads: true });
+      const page = await context.newPage();
+      const pageErrors: string[] = [];
+      page.on('pageerror', (e) => pageErrors.push(e.message));
+      await page.goto(server.url);
+      await page.getByRole('button', { name: 'Use the demo model' }).click({ timeout: 60_000 });
+      await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-tiny' }).waitFor({ timeout: 60_000 });
+      const dt = await page.evaluateHandle(
+        (fs) => {
+          const d = new DataTransfer();
+          for (const f of fs) d.items.add(new File([new Uint8Array(f.bytes)], f.name, { type: 'image/png' }));
+          return d;
+        },
+        [
+          { name: 'dog-1.png', bytes: photo(48, 40, 0) },
+          { name: 'dog-2.png', bytes: photo(40, 40, 1) },
+        ],
+      );
+      await page.getByTestId('photo-drop').dispatchEvent('drop', { dataTransfer: dt });
+      await page.getByText('dog-2.png').first().waitFor({ timeout: 60_000 });
+
+      // The job bundle.
+      const zip = await download(page, () => page.getByRole('button', { name: 'Download job bundle (.zip)' }).click());
+      assert.equal(zip.name, 'dreambooth-job.zip');
+      const files = unzip(zip.bytes);
+      const names = [...files.keys()].sort();
+      for (const n of [
+        'README.md',
+        'job.json',
+        'prompts.jsonl',
+        'ray_train.py',
+        'requirements.txt',
+        'train.sh',
+        'instance_images/001-dog-1.png',
+        'instance_images/002-dog-2.png',
+      ])
+        assert.ok(names.includes(`dreambooth-job/${n}`), `${n} in ${names.join(', ')}`);
+      const job = JSON.parse(files.get('dreambooth-job/job.json')!.toString('utf8'));
+      assert.equal(job.model.kind, 'demo');
+      const img = decode(files.get('dreambooth-job/instance_images/001-dog-1.png')!);
+      assert.deepEqual([img.width, img.height], [job.settings.resolution, job.settings.resolution], 'cropped to the training square');
+      assert.match(files.get('dreambooth-job/train.sh')!.toString('utf8'), /accelerate launch "\$DIFFUSERS_EXAMPLES\/train_dreambooth_lora\.py"/);
+      assert.match(files.get('dreambooth-job/README.md')!.toString('utf8'), /\*\*Provide it:\*\* the studio's demo model is generated in the browser/);
+
+      // A LoRA from diffusers' script layout: Try it, then export as kohya.
+      await page
+        .locator('input[name="imported-lora"]')
+        .setInputFiles({ name: 'pytorch_lora_weights.safetensors', mimeType: 'application/octet-stream', buffer: demoLora() });
+      await page.getByLabel('Try-it steps').fill('2');
+      await page.getByRole('button', { name: 'Try it' }).click();
+      await page.getByTestId('imported-sample').waitFor({ timeout: 600_000 });
+      const size = await page.getByTestId('imported-sample').evaluate(async (el) => {
+        const im = el as HTMLImageElement;
+        await im.decode();
+        return [im.naturalWidth, im.naturalHeight];
+      });
+      assert.ok(size[0] > 0 && size[0] === size[1], `a square image (${size})`);
+      await page.getByLabel('Export as').selectOption('lora-kohya');
+      const kohya = await download(page, () => page.getByRole('button', { name: 'Export the imported result' }).click());
+      const n = Number(kohya.bytes.readBigUInt64LE(0));
+      const keys = Object.keys(JSON.parse(kohya.bytes.subarray(8, 8 + n).toString('utf8'))).filter((k) => k !== '__metadata__');
+      assert.ok(keys.length > 0 && keys.every((k) => k.startsWith('lora_unet_')), keys.slice(0, 3).join(', '));
+      await page.screenshot({ path: screenshotPath('studio-outgrow.png'), fullPage: true });
+
+      // An SDXL LoRA is refused by key.
+      const sdxl = Buffer.from(
+        writeSafetensors(new Map([['lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight', { shape: [4, 8], data: new Float32Array(32) }]])),
+      );
+      await page.locator('input[name="imported-lora"]').setInputFiles({ name: 'sdxl.safetensors', mimeType: 'application/octet-stream', buffer: sdxl });
+      await page.getByRole('button', { name: 'Export the imported result' }).click();
+      await page
+        .getByRole('alert')
+        .filter({ hasText: "'lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight' is a key of a LoRA for SDXL" })
+        .waitFor({ timeout: 60_000 });
+      assert.deepEqual(pageErrors, []);
+    } finally {
+      await browser.close();
+    }
+  });
+});
