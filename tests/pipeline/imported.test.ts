@@ -50,6 +50,13 @@ function styles(): Record<string, { tensors: Map<string, NamedTensor>; metadata?
   const old = new Map<string, NamedTensor>();
   const processor = new Map<string, NamedTensor>();
   const kohya = new Map<string, NamedTensor>();
+  // What train_dreambooth_lora.py of diffusers 0.40 saves: convert_state_dict_to_diffusers(get_peft_model_state_dict(..))
+  // (utils/state_dict_utils.py PEFT_TO_DIFFUSERS): the UNet's lora_A/B become lora.down/up, the text encoder's
+  // lora_linear_layer.down/up; no alphas (lora_alpha = rank), so alpha / rank is in up here.
+  const script = new Map<string, NamedTensor>();
+  for (const l of layersOf(ownUnet)) script.set(`unet.${l}.lora.down.weight`, A(ownUnet, l)).set(`unet.${l}.lora.up.weight`, B2(B(ownUnet, l)));
+  for (const l of layersOf(ownTe))
+    script.set(`text_encoder.${l}.lora_linear_layer.down.weight`, A(ownTe, l)).set(`text_encoder.${l}.lora_linear_layer.up.weight`, B2(B(ownTe, l)));
   for (const l of layersOf(ownUnet)) {
     peft.set(`unet.${l}.lora_A.weight`, A(ownUnet, l)).set(`unet.${l}.lora_B.weight`, B(ownUnet, l));
     old.set(`unet.${l}.lora.down.weight`, A(ownUnet, l)).set(`unet.${l}.lora.up.weight`, B(ownUnet, l)).set(`unet.${l}.alpha`, scalar(ALPHA));
@@ -77,6 +84,7 @@ function styles(): Record<string, { tensors: Map<string, NamedTensor>; metadata?
         lora_adapter_metadata: JSON.stringify({ 'unet.r': RANK, 'unet.lora_alpha': ALPHA, 'text_encoder.r': RANK, 'text_encoder.lora_alpha': ALPHA }),
       },
     },
+    'train_dreambooth_lora.py 0.40 output (unet lora.down/up, text_encoder lora_linear_layer)': { tensors: script },
     'diffusers lora.down/lora.up + .alpha network alphas': { tensors: old },
     'diffusers attention processors (to_q_lora.down/up, alpha folded)': { tensors: processor },
     'kohya lora_unet_/lora_te_ + alpha': { tensors: kohya },
