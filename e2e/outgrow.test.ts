@@ -2,7 +2,8 @@
 // the photos cropped at the training resolution, train.sh / ray_train.py / README / job.json (the demo model
 // named as one to replace); "Bring results back" takes a LoRA in diffusers' training-script layout
 // (unet.<module>.lora.down/up + .alpha) made for the demo model, draws an image with it ("Try it") and
-// exports it as a kohya file; a LoRA for SDXL is refused naming its key.
+// exports it as a kohya file; the loaded (diffusers-layout) model alone exports as a single file; a LoRA for
+// SDXL is refused naming its key.
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
@@ -137,6 +138,17 @@ describe('studio: bigger machines (Chromium, SwiftShader, demo model)', () => {
       const keys = Object.keys(JSON.parse(kohya.bytes.subarray(8, 8 + n).toString('utf8'))).filter((k) => k !== '__metadata__');
       assert.ok(keys.length > 0 && keys.every((k) => k.startsWith('lora_unet_')), keys.slice(0, 3).join(', '));
       await page.screenshot({ path: screenshotPath('studio-outgrow.png'), fullPage: true });
+
+      // No LoRA: the loaded model itself (a diffusers folder: what train_dreambooth.py writes) as one file.
+      await page.locator('input[name="imported-lora"]').setInputFiles([]);
+      await page.getByLabel('Export as').selectOption('full-single-file');
+      const full = await download(page, () => page.getByRole('button', { name: 'Export the imported result' }).click());
+      const fn = Number(full.bytes.readBigUInt64LE(0));
+      const fullKeys = Object.keys(JSON.parse(full.bytes.subarray(8, 8 + fn).toString('utf8')));
+      assert.ok(
+        fullKeys.some((k) => k.startsWith('model.diffusion_model.')) && fullKeys.some((k) => k.startsWith('first_stage_model.')),
+        'a single-file checkpoint',
+      );
 
       // An SDXL LoRA is refused by key.
       const sdxl = Buffer.from(
