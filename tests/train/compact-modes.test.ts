@@ -10,7 +10,11 @@ import { chunkStateBytes, stateBytesPerElement, type OptimizerMode } from '../..
 import type { DreamBoothTrainer, TrainSettings } from '../../src/train/trainer.ts';
 import { TRAIN_DEFAULTS } from '../../src/train/trainer.ts';
 import { testGpu } from '../helpers.ts';
-import { base, makeTrainer } from './tiny-trainer.ts';
+import { nodeGpu } from '../../src/gpu/node.ts';
+import { unetConfigFromJson } from '../../src/nn/unet.ts';
+import { SD_SCHEDULE } from '../../src/sample/schedulers.ts';
+import { dryRunPeak } from '../../src/train/plan.ts';
+import { base, fixture, makeTrainer } from './tiny-trainer.ts';
 
 const COMPACT_MODES: OptimizerMode[] = [
   { optimizer: 'adamw8bit', master: 'compact' },
@@ -233,4 +237,43 @@ describe('compact modes against the 20-step PyTorch reference (fp32 AdamW in flo
         `${mode} f16 ${label(opt)} vs PyTorch: worst loss ${(worstLoss * 100).toFixed(3)}%, worst final-weight error ${(worst * 100).toFixed(2)}% of the largest change`,
       );
     });
+});
+
+describe("the planner's dry run in the compact default", () => {
+  // plan.ts measures a placement by running the real trainer on a dry-run Gpu: in the compact modes too, its peak
+  // must equal a real run's to the byte and its store bytes per step the layout's.
+  it('full [f16] adamw8bit/compact, checkpointing, 2 chunks resident: dry-run peak = real peak; store bytes = the layout', async () => {
+    const over: Partial<TrainSettings> = { ...COMPACT_MODES[0], activationCheckpointing: true, residentChunks: 2 };
+    const fx = fixture('full');
+    const cfg = unetConfigFromJson(JSON.parse(base.metadata.config));
+    const plan = await dryRunPeak(
+      () => nodeGpu({ dryRun: true }),
+      { config: cfg, dtype: 'f16', schedule: { ...SD_SCHEDULE, prediction: fx.prediction }, name: 'tiny' },
+      { latentShape: [4, 8, 8], contextShape: [7, 32], withClass: true },
+      { ...fx.settings, ...over },
+    );
+    const gpu = await nodeGpu();
+    try {
+      const { trainer, free } = await makeTrainer(gpu, 'f16', 'full', new MemoryChunkStore(), over);
+      let peak = 0;
+      for (const inputs of fx.inputs.slice(0, 2)) peak = Math.max(peak, (await trainer.trainStep(inputs)).gpuPeakBytes);
+      const stored = trainer.optimizer.chunks.filter((c) => !c.packed);
+      const layoutBytes = stored.reduce(
+        (n, c) =>
+          n +
+          chunkStateBytes(
+            c.params.map((p) => p.numel),
+            COMPACT_MODES[0],
+            'f16',
+          ),
+        0,
+      );
+      free();
+      assert.equal(plan.peakBytes, peak, 'planned peak = real peak');
+      assert.equal(plan.storeReadBytesPerStep, layoutBytes);
+      assert.equal(plan.storeWriteBytesPerStep, layoutBytes);
+    } finally {
+      gpu.destroy();
+    }
+  });
 });
