@@ -13,6 +13,8 @@ import { testGpu } from '../helpers.ts';
 import { nodeGpu } from '../../src/gpu/node.ts';
 import { unetConfigFromJson } from '../../src/nn/unet.ts';
 import { SD_SCHEDULE } from '../../src/sample/schedulers.ts';
+import { trainSettings } from '../../src/pipeline/run.ts';
+import { defaultSettings, validateSettings } from '../../src/pipeline/settings.ts';
 import { dryRunPeak } from '../../src/train/plan.ts';
 import { base, fixture, makeTrainer } from './tiny-trainer.ts';
 
@@ -55,6 +57,15 @@ describe('compact optimizer modes: defaults, bytes per element', () => {
     assert.equal(TRAIN_DEFAULTS.full.master, 'compact');
     assert.equal(TRAIN_DEFAULTS.lora.optimizer, 'adamw');
     assert.equal(TRAIN_DEFAULTS.lora.master, 'fp32');
+    // The run schema (CLI flags and the page) has the same defaults and names a bad value by its flag.
+    assert.equal(defaultSettings('full').optimizer, 'adamw8bit');
+    assert.equal(defaultSettings('full').master, 'compact');
+    assert.equal(defaultSettings('lora').optimizer, 'adamw');
+    assert.equal(defaultSettings('lora').master, 'fp32');
+    assert.throws(() => validateSettings({ ...defaultSettings('full'), optimizer: 'sgd' as never }), /--optimizer must be adamw or adamw8bit, got "sgd"/);
+    assert.throws(() => validateSettings({ ...defaultSettings('full'), master: 'bf16' as never }), /--master must be fp32 or compact, got "bf16"/);
+    assert.equal(trainSettings(defaultSettings('full')).optimizer, 'adamw8bit');
+    assert.equal(trainSettings({ ...defaultSettings('full'), master: 'fp32' }).master, 'fp32');
     // State bytes per element of a large tensor: 4 (fp32 master) or 2 (extension) + 8 (f32 m, v) or 2 + 8/256.
     assert.equal(stateBytesPerElement({ optimizer: 'adamw', master: 'fp32' }, 'f16'), 12);
     assert.equal(stateBytesPerElement({ optimizer: 'adamw8bit', master: 'compact' }, 'f16'), 4.03125);
