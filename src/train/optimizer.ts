@@ -46,6 +46,8 @@ import { checkFinite, clearFlag, globalNorm, newFlag, readFlag } from '../ops/re
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { fromF16Bits } from '../util/half.ts';
 import { FP32_MODE, hostState, initialBytes, isFp32Mode, packChunk, packedViews, type ChunkPack, type OptimizerMode } from './packed-state.ts';
+/** For the planner (train/plan.ts): optimizer state bytes per element and per chunk in each mode (packed-state.ts). */
+export { chunkStateBytes, stateBytesPerElement, type OptimizerMode } from './packed-state.ts';
 
 export interface ParamSlot {
   name: string;
