@@ -594,6 +594,118 @@ export const CASES: Case[] = [
       return { args: tinyBudgetRun(ws, dir) };
     },
   },
+  // ---- issue 17: job bundles out, LoRAs trained elsewhere back in -----------------------------------------
+  {
+    name: 'a job bundle for a local single file with no hub id says what to provide',
+    before: 'clear',
+    args: (ws) => [
+      'train',
+      '--model',
+      ws.tiny.singleFile,
+      '--images',
+      ws.images,
+      '--prompt',
+      'a photo of sks dog',
+      '--resolution',
+      '32',
+      '--bundle',
+      ws.path('bundle'),
+    ],
+    code: 0,
+    message: /warning: "tiny-sd1\.safetensors" is a single checkpoint file, which diffusers' training scripts cannot load: set MODEL to the Hub repo id/,
+    out: /"bundle"/,
+  },
+  {
+    name: '--out given with --bundle',
+    before: 'clear',
+    args: (ws) => [...trainArgs(ws, ws.path('out')), '--bundle', ws.path('bundle')],
+    code: 1,
+    message: /--out does not apply to --bundle: a bundle is not trained here/,
+  },
+  {
+    name: '--revision without --hub-id',
+    before: 'clear',
+    args: (ws) => ['train', '--model', ws.tiny.folder, '--images', ws.images, '--prompt', 'x', '--revision', 'main', '--bundle', ws.path('bundle')],
+    code: 1,
+    message: /--revision needs --hub-id/,
+  },
+  {
+    name: 'sample --lora with an SDXL LoRA (second text encoder)',
+    before: 'clear',
+    args: () => [],
+    code: 1,
+    message: /'lora_te2_text_model_encoder_layers_0_self_attn_q_proj\.lora_down\.weight' is a key of a LoRA for SDXL/,
+    setup: (ws) => {
+      const f = ws.path('sdxl.safetensors');
+      writeFileSync(
+        f,
+        writeSafetensors(new Map([['lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight', { shape: [4, 8], data: new Float32Array(32) }]])),
+      );
+      return { args: sample(ws, '--lora', f), unchanged: [f] };
+    },
+  },
+  {
+    name: 'sample --lora with a down weight but no up weight',
+    before: 'clear',
+    args: () => [],
+    code: 1,
+    message: /'unet\.down_blocks\.0\.attentions\.0\.transformer_blocks\.0\.attn1\.to_q\.lora_A\.weight' has no matching up/,
+    setup: (ws) => {
+      const f = ws.path('half.safetensors');
+      const l = 'unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q';
+      writeFileSync(f, writeSafetensors(new Map([[`${l}.lora_A.weight`, { shape: [4, 16], data: new Float32Array(64) }]])));
+      return { args: sample(ws, '--lora', f) };
+    },
+  },
+  {
+    name: 'sample --lora with an SD 2.x LoRA (1024-wide text) on an SD 1.x model',
+    before: 'clear',
+    args: () => [],
+    code: 1,
+    message: /'unet\.down_blocks\.0\.attentions\.0\.transformer_blocks\.0\.attn2\.to_k\.lora_A\.weight' is \[4,1024\], made for a layer with 1024 inputs/,
+    setup: (ws) => {
+      const f = ws.path('sd2.safetensors');
+      const layer = 'down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_k';
+      const unet = readSafetensors(new Uint8Array(readFileSync(join(ws.tiny.folder, 'unet', 'diffusion_pytorch_model.safetensors')))).tensors;
+      const out = unet.get(`${layer}.weight`)!.shape[0];
+      writeFileSync(
+        f,
+        writeSafetensors(
+          new Map([
+            [`unet.${layer}.lora_A.weight`, { shape: [4, 1024], data: new Float32Array(4096) }],
+            [`unet.${layer}.lora_B.weight`, { shape: [out, 4], data: new Float32Array(out * 4) }],
+          ]),
+        ),
+      );
+      return { args: sample(ws, '--lora', f) };
+    },
+  },
+  {
+    name: 'sample --lora-scale without --lora',
+    before: 'clear',
+    args: (ws) => sample(ws, '--lora-scale', '0.5'),
+    code: 1,
+    message: /--lora-scale needs --lora <file>/,
+  },
+  {
+    name: 'export of a LoRA format without --lora',
+    before: 'clear',
+    args: (ws) => ['export', '--model', ws.tiny.folder, '--format', 'lora-kohya', '--out', ws.path('x.safetensors')],
+    code: 1,
+    message: /--format lora-kohya holds LoRA adapters: give --lora <file>/,
+  },
+  {
+    name: 'export --lora given a folder (the training output) instead of its file',
+    before: 'clear',
+    args: () => [],
+    code: 1,
+    message: /--lora \S*output\S* is a folder: give the LoRA file \(e\.g\. .*pytorch_lora_weights\.safetensors\)/,
+    setup: (ws) => {
+      const output = ws.path('output');
+      mkdirSync(output);
+      return { args: ['export', '--model', ws.tiny.folder, '--lora', output, '--format', 'lora-kohya', '--out', ws.path('x.safetensors')] };
+    },
+  },
 ];
 
 /**
