@@ -96,6 +96,32 @@ describe('studio: bigger machines (Chromium, SwiftShader, demo model)', () => {
       await page.getByTestId('photo-drop').dispatchEvent('drop', { dataTransfer: dt });
       await page.getByText('dog-2.png').first().waitFor({ timeout: 60_000 });
 
+      // The panel's controls are labelled, nothing is cut off at 1280 px, and nothing is wider than a phone.
+      const panel = page.locator('section[aria-labelledby="outgrow-title"]');
+      const unlabelled = await panel.evaluate((sec) =>
+        [...sec.querySelectorAll('input, select, button')]
+          .filter((el) => !((el as HTMLInputElement).labels?.length || el.getAttribute('aria-label') || (el.tagName === 'BUTTON' && el.textContent?.trim())))
+          .map((el) => el.outerHTML.slice(0, 80)),
+      );
+      assert.deepEqual(unlabelled, []);
+      const cut = await panel.evaluate((sec) => {
+        const ctx = document.createElement('canvas').getContext('2d')!;
+        return [...sec.querySelectorAll<HTMLInputElement | HTMLSelectElement>('input[type="text"], select')]
+          .filter((el) => {
+            const cs = getComputedStyle(el);
+            ctx.font = `${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+            const texts = el instanceof HTMLSelectElement ? [...el.options].map((o) => o.text) : [el.value];
+            const room = el.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight) - (el instanceof HTMLSelectElement ? 20 : 0);
+            return Math.max(...texts.map((t) => ctx.measureText(t).width)) > room;
+          })
+          .map((el) => el.getAttribute('name'));
+      });
+      assert.deepEqual(cut, [], 'no field of the panel cut off at 1280 px');
+      await page.setViewportSize({ width: 390, height: 844 });
+      const overflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+      assert.ok(overflow <= 1, `no horizontal scrolling at phone width (${overflow} px)`);
+      await page.setViewportSize({ width: 1280, height: 800 });
+
       // The job bundle.
       const zip = await download(page, () => page.getByRole('button', { name: 'Download job bundle (.zip)' }).click());
       assert.equal(zip.name, 'dreambooth-job.zip');
