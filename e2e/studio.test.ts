@@ -132,15 +132,15 @@ async function cutOffFields(page: Page): Promise<string[]> {
  * shows), from now until the page goes away; `progressRecords` reads them back.
  */
 async function watchProgress(page: Page): Promise<void> {
+  // No named functions inside: the test runner's transform would wrap them in a helper the page lacks.
   await page.evaluate(() => {
     const w = window as unknown as { __progress: { progress: string; sample: string | null }[] };
     w.__progress = [];
-    const read = () => ({
-      progress: document.querySelector('[data-testid="train-progress-text"]')?.textContent ?? '',
-      sample: document.querySelector('[data-testid="sample-progress"]')?.textContent ?? null,
-    });
     new MutationObserver(() => {
-      const r = read();
+      const r = {
+        progress: document.querySelector('[data-testid="train-progress-text"]')?.textContent ?? '',
+        sample: document.querySelector('[data-testid="sample-progress"]')?.textContent ?? null,
+      };
       const last = w.__progress.at(-1);
       if (!last || last.progress !== r.progress || last.sample !== r.sample) w.__progress.push(r);
     }).observe(document.body, { subtree: true, childList: true, characterData: true });
