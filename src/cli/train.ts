@@ -433,6 +433,12 @@ function printEvent(e: RunEvent, out: string): void {
       console.error(`sample: ${file} (${e.seconds.toFixed(1)} s)`);
       break;
     }
+    case 'validation': {
+      const v = e.report;
+      const cls = v.class === null ? '' : `, class images ${v.class.toFixed(5)}`;
+      console.error(`validation loss at step ${v.step}: photos ${v.instance.toFixed(5)}${cls} (${e.seconds.toFixed(1)} s)`);
+      break;
+    }
     case 'checkpoint':
       break;
   }

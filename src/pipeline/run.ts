@@ -28,7 +28,15 @@ import type { ChunkStore } from '../store/chunkstore.ts';
 import { StorageFullError } from '../store/chunkstore.ts';
 import { encodeTrainData, generateClassImage, loadTrainData, saveTrainData, type PreparedSet } from '../train/preprocess.ts';
 import { planTraining, trainableShapes, type Plan } from '../train/plan.ts';
-import { DreamBoothTrainer, TRAIN_DEFAULTS, type StepReport, type TrainSettings } from '../train/trainer.ts';
+import {
+  DreamBoothTrainer,
+  TRAIN_DEFAULTS,
+  VALIDATION_IMAGES,
+  VALIDATION_T,
+  type StepReport,
+  type TrainSettings,
+  type ValidationReport,
+} from '../train/trainer.ts';
 import { chunkedProvider } from '../export/chunked.ts';
 import { writeSingleFile, zipDiffusers } from '../export/full.ts';
 import { writeKohyaLora, writePeftLora, type LoraInfo } from '../export/lora.ts';
@@ -109,13 +117,20 @@ export interface RunHost {
 
 // ---- what the run reports -----------------------------------------------------------------------------
 
-export type Phase = 'loading' | 'images' | 'class-images' | 'encoding' | 'planning' | 'ready' | 'training' | 'sampling' | 'checkpoint' | 'exporting';
+/** Batch-1 UNet forwards one validation runs (DreamBoothTrainer.validate). */
+function validationForwards(t: DreamBoothTrainer): number {
+  return (Math.min(VALIDATION_IMAGES, t.data.instance.length) + Math.min(VALIDATION_IMAGES, t.data.classes.length)) * VALIDATION_T.length;
+}
+
+export type Phase =
+  'loading' | 'images' | 'class-images' | 'encoding' | 'planning' | 'ready' | 'training' | 'validating' | 'sampling' | 'checkpoint' | 'exporting';
 
 export type RunEvent =
   | { type: 'phase'; phase: Phase; message: string; done?: number; total?: number }
   | { type: 'warning'; message: string }
   | { type: 'plan'; plan: PlanSummary }
-  | { type: 'resumed'; step: number; losses: number[] }
+  | { type: 'resumed'; step: number; losses: number[]; validation: ValidationReport[] }
+  | { type: 'validation'; report: ValidationReport; seconds: number }
   | {
       type: 'step';
       report: StepReport;
@@ -257,7 +272,14 @@ export class TrainingRun {
     readonly startedAt: Date,
   ) {
     const s = run.settings;
-    this.clock = new RunClock({ steps: s.steps, sampleEvery: s.sampleEvery, sampleSteps: s.sampleSteps, checkpointEvery: s.checkpointEvery });
+    this.clock = new RunClock({
+      steps: s.steps,
+      sampleEvery: s.sampleEvery,
+      sampleSteps: s.sampleSteps,
+      checkpointEvery: s.checkpointEvery,
+      validateEvery: s.validateEvery,
+      validationForwards: validationForwards(trainer),
+    });
   }
 
   get step(): number {
@@ -400,7 +422,7 @@ export class TrainingRun {
       store,
       run.runId,
     );
-    if (await trainer.resume()) emit({ type: 'resumed', step: trainer.step, losses: [...trainer.losses] });
+    if (await trainer.resume()) emit({ type: 'resumed', step: trainer.step, losses: [...trainer.losses], validation: [...trainer.validation] });
     if (trainer.step > s.steps) {
       const step = trainer.step;
       trainer.destroy();
@@ -530,6 +552,9 @@ export class TrainingRun {
     const t = this.trainer;
     const s = this.run.settings;
     try {
+      // The validation at the step training starts from (step 0, or a resumed run's checkpoint, which is written
+      // before that step's validation runs), unless the run has it.
+      if (s.validateEvery > 0 && t.step % s.validateEvery === 0 && t.validation.at(-1)?.step !== t.step) await this.validate();
       if (t.step === 0 && s.sampleEvery > 0) await this.sample();
       while (t.step < s.steps) {
         if (this.cancelAsked) return 'cancelled';
@@ -564,6 +589,7 @@ export class TrainingRun {
           storageBytes: await store.bytesUsed(),
         });
         if (checkpointed) emit({ type: 'checkpoint', step: r.step });
+        if (s.validateEvery > 0 && (r.step % s.validateEvery === 0 || r.step === s.steps)) await this.validate();
         if (s.sampleEvery > 0 && (r.step % s.sampleEvery === 0 || r.step === s.steps)) await this.sample();
       }
       if (t.appliedSteps === 0)
@@ -609,6 +635,17 @@ export class TrainingRun {
     const t0 = performance.now();
     await this.trainer.checkpoint();
     this.clock.recordCheckpoint((performance.now() - t0) / 1000);
+  }
+
+  /** The validation loss at the current step (DreamBoothTrainer.validate), timed for the ETA. */
+  async validate(): Promise<void> {
+    const { emit } = this.host;
+    emit({ type: 'phase', phase: 'validating', message: `Validation loss at step ${this.trainer.step}` });
+    const t0 = performance.now();
+    const report = await this.trainer.validate();
+    const seconds = (performance.now() - t0) / 1000;
+    this.clock.recordValidation(seconds);
+    emit({ type: 'validation', report, seconds });
   }
 
   /**

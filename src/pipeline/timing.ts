@@ -9,6 +9,7 @@
 //   their measured cost (the median of the warm ones; the session's first sample also compiles pipelines, so
 //   it counts only until a warm one is measured) or, before any is measured, at a first estimate.
 // - A sample reports its own progress (denoising step i of n), and the ETA then counts down inside it.
+// - Validation losses (every `validateEvery` steps, after the step and before its sample) count the same way.
 
 /** The parts of a run's settings that set its schedule. */
 export interface RunSchedule {
@@ -20,6 +21,10 @@ export interface RunSchedule {
   sampleSteps: number;
   /** A checkpoint every N steps; 0: only the final one (and one on pause). */
   checkpointEvery: number;
+  /** A validation loss every N steps (and after the last step); 0 or absent: none. */
+  validateEvery?: number;
+  /** Batch-1 UNet forwards one validation runs (images x timesteps), for its first estimate. */
+  validationForwards?: number;
 }
 
 export interface TimeReport {
@@ -44,6 +49,12 @@ export const DENOISE_STEP_PER_TRAIN_STEP = 2 / 3;
 /** First estimate of a checkpoint, in training steps (replaced by the measured cost after the first one). */
 export const CHECKPOINT_PER_TRAIN_STEP = 1;
 
+/**
+ * First estimate of one batch-1 UNet forward, in training steps: a step runs a forward and a backward (about
+ * three forwards) on a batch of 2 (instance + class), so about 1 / 6.
+ */
+export const FORWARD_PER_TRAIN_STEP = 1 / 6;
+
 /** How many recent warm steps s/step is the median of. */
 const RECENT = 10;
 
@@ -57,6 +68,13 @@ function samplesIn(from: number, to: number, s: RunSchedule): number {
   if (s.sampleEvery <= 0 || from > to) return 0;
   const every = Math.floor(to / s.sampleEvery) - Math.floor((from - 1) / s.sampleEvery);
   return every + (to === s.steps && s.steps % s.sampleEvery !== 0 ? 1 : 0);
+}
+
+/** Validations the schedule runs at steps `from`..`to` (from >= 1): every `validateEvery` steps, and after the last. */
+function validationsIn(from: number, to: number, s: RunSchedule): number {
+  const every = s.validateEvery ?? 0;
+  if (every <= 0 || from > to) return 0;
+  return Math.floor(to / every) - Math.floor((from - 1) / every) + (to === s.steps && s.steps % every !== 0 ? 1 : 0);
 }
 
 /** Samples still to draw once step `done` is trained: the one at `done` itself (if any) and all after it. */
@@ -80,6 +98,7 @@ export class RunClock {
   /** Samples drawn in this session: seconds, and whether it was the session's first (pipelines compiled). */
   private samples: { seconds: number; first: boolean }[] = [];
   private checkpoints: number[] = [];
+  private validations: number[] = [];
 
   constructor(private readonly schedule: RunSchedule) {}
 
@@ -99,6 +118,10 @@ export class RunClock {
 
   recordCheckpoint(seconds: number): void {
     this.checkpoints.push(seconds);
+  }
+
+  recordValidation(seconds: number): void {
+    this.validations.push(seconds);
   }
 
   get secondsPerStep(): number | null {
@@ -122,27 +145,39 @@ export class RunClock {
     return { seconds: this.schedule.sampleSteps * DENOISE_STEP_PER_TRAIN_STEP * (this.stepEstimate ?? 0), measured: false };
   }
 
+  /** One validation: the median of those measured (the first compiles nothing new: training did), else a first estimate. */
+  validationEstimate(): { seconds: number; measured: boolean } {
+    if (this.validations.length) return { seconds: median(this.validations), measured: true };
+    return { seconds: (this.schedule.validationForwards ?? 0) * FORWARD_PER_TRAIN_STEP * (this.stepEstimate ?? 0), measured: false };
+  }
+
   checkpointEstimate(): { seconds: number; measured: boolean } {
     if (this.checkpoints.length) return { seconds: median(this.checkpoints), measured: true };
     return { seconds: CHECKPOINT_PER_TRAIN_STEP * (this.stepEstimate ?? 0), measured: false };
   }
 
-  /** What is left with `samples` samples and the steps and checkpoints after step `done`. */
-  private left(done: number, samples: number): TimeReport {
+  /** What is left with `samples` samples, `validations` validations and the steps and checkpoints after step `done`. */
+  private left(done: number, samples: number, validations: number): TimeReport {
     const s = this.schedule;
     const checkpoints = checkpointsAfter(done, s);
     const sample = this.sampleEstimate();
     const checkpoint = this.checkpointEstimate();
+    const validation = this.validationEstimate();
     const steps = Math.max(0, s.steps - done);
     const step = this.stepEstimate;
-    const eta = step === null && steps > 0 ? null : steps * (step ?? 0) + samples * sample.seconds + checkpoints * checkpoint.seconds;
-    const provisional = (steps > 0 && this.secondsPerStep === null) || (samples > 0 && !sample.measured) || (checkpoints > 0 && !checkpoint.measured);
+    const eta =
+      step === null && steps > 0 ? null : steps * (step ?? 0) + samples * sample.seconds + checkpoints * checkpoint.seconds + validations * validation.seconds;
+    const provisional =
+      (steps > 0 && this.secondsPerStep === null) ||
+      (samples > 0 && !sample.measured) ||
+      (checkpoints > 0 && !checkpoint.measured) ||
+      (validations > 0 && !validation.measured);
     return { secondsPerStep: this.secondsPerStep, warmupSeconds: this.warmup, etaSeconds: eta, provisional };
   }
 
   /** The time report once step `done` is trained (its sample, later steps, samples and checkpoints to come). */
   afterStep(done: number): TimeReport {
-    return this.left(done, samplesFrom(done, this.schedule));
+    return this.left(done, samplesFrom(done, this.schedule), validationsIn(Math.max(done, 1), this.schedule.steps, this.schedule));
   }
 
   /**
@@ -152,7 +187,7 @@ export class RunClock {
    * after the last denoising step); then the rest of the run after it.
    */
   duringSample(done: number, denoised: number, total: number, elapsed: number): TimeReport {
-    const rest = this.left(done, samplesIn(done + 1, this.schedule.steps, this.schedule));
+    const rest = this.left(done, samplesIn(done + 1, this.schedule.steps, this.schedule), validationsIn(done + 1, this.schedule.steps, this.schedule));
     const byPace = denoised > 0 ? (elapsed / denoised) * (total - denoised) : 0;
     const byEstimate = this.sampleEstimate().seconds - elapsed;
     const thisSample = Math.max(0, byPace, byEstimate);

@@ -1,12 +1,13 @@
 // The run's time accounting (src/pipeline/timing.ts), without a GPU: the first step's pipeline compilation
 // is warm-up (not s/step), and the ETA counts the samples and checkpoints still to come at their measured
-// cost, so it does not read 0:00 while a final sample is drawn.
+// cost, so it does not read 0:00 while a final sample is drawn; validation losses count the same way.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import {
   checkpointsAfter,
   CHECKPOINT_PER_TRAIN_STEP,
   DENOISE_STEP_PER_TRAIN_STEP,
+  FORWARD_PER_TRAIN_STEP,
   RunClock,
   samplesFrom,
   type RunSchedule,
@@ -98,5 +99,26 @@ describe('run time accounting', () => {
     close(clock.duringSample(6, 4, 8, 8).etaSeconds, 8 + 0.5, 'slower than estimated');
     // The sample at step 3 is followed by 3 steps, the sample at 6 and checkpoints at 4, 6 and the final one.
     close(clock.duringSample(3, 0, 8, 0).etaSeconds, 8 + 3 * 1 + 8 + 3 * 0.5, 'a mid-run sample and the rest of the run');
+  });
+
+  it('validations: counted every validateEvery steps and after the last, first estimated from their forwards, then measured', () => {
+    // 6 steps, validation every 4 (at 4 and after the last, 6), 40 batch-1 forwards each; no samples, 1 final checkpoint.
+    const V: RunSchedule = { steps: 6, sampleEvery: 0, sampleSteps: 8, checkpointEvery: 0, validateEvery: 4, validationForwards: 40 };
+    const clock = new RunClock(V);
+    clock.recordStep(2);
+    clock.recordStep(1);
+    const estimate = 40 * FORWARD_PER_TRAIN_STEP * 1;
+    const checkpoint = CHECKPOINT_PER_TRAIN_STEP * 1;
+    const first = clock.afterStep(2);
+    close(first.etaSeconds, 4 * 1 + 2 * estimate + checkpoint, 'two validations to come, estimated');
+    assert.equal(first.provisional, true);
+    clock.recordValidation(0.5);
+    clock.recordCheckpoint(0.25);
+    const at4 = clock.afterStep(4);
+    close(at4.etaSeconds, 2 * 1 + 2 * 0.5 + 0.25, 'the one at step 4 (just trained) and the last, measured');
+    assert.equal(at4.provisional, false);
+    close(clock.afterStep(5).etaSeconds, 1 + 0.5 + 0.25, 'only the last');
+    close(clock.afterStep(6).etaSeconds, 0.5 + 0.25, 'the last validation and the final checkpoint');
+    close(new RunClock({ ...V, validateEvery: 0 }).afterStep(0).etaSeconds ?? 0, 0, 'nothing timed, nothing counted');
   });
 });

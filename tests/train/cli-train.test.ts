@@ -217,6 +217,9 @@ describe('cli train', () => {
     r = cli(...args(masks, out));
     assert.equal(r.code, 0, r.err);
     assert.equal(r.out.split('\n').filter((l) => l.startsWith('step ')).length, 2);
+    // The validation loss (default every 100 steps): before the first step and after the last.
+    assert.match(r.err, /validation loss at step 0: photos \d+\.\d{5} \(/);
+    assert.match(r.err, /validation loss at step 2: photos \d+\.\d{5} \(/);
     const cached = readdirSync(join(out, 'store'), { recursive: true }).map(String);
     assert.ok(cached.some((f) => /i0-mask/.test(f)) && cached.some((f) => /i2-mask/.test(f)), `masks cached: ${cached.join(', ')}`);
   });

@@ -4,7 +4,7 @@ import 'fake-indexeddb/auto';
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { cropAt, photoInput } from '../../src/ui/studio/actions.ts';
-import { legendValues } from '../../src/ui/studio/chart-values.ts';
+import { chartColumns, legendValues, validationAt } from '../../src/ui/studio/chart-values.ts';
 import { fmtBytes, fmtDuration, progressLine, runBusy, statusMessage, storageShortfall } from '../../src/ui/studio/state.ts';
 import { storageNeed } from '../../src/studio/session.ts';
 
@@ -145,5 +145,23 @@ describe('studio project persistence (IndexedDB via fake-indexeddb)', () => {
     await set('project', older, store);
     await restoreProject();
     assert.equal(useStudioStore.getState().saveWithDialog, true);
+  });
+
+  it('the chart aligns training and validation losses by step (validation from step 0, gaps as null)', () => {
+    const losses = [1, 2, 3, 4].map((step) => ({ step, loss: 1 / step }));
+    const validation = [
+      { step: 0, instance: 0.5, class: 0.25 },
+      { step: 2, instance: 0.4, class: 0.3 },
+      { step: 4, instance: 0.3, class: null },
+    ];
+    const c = chartColumns(losses, validation);
+    assert.deepEqual(c.steps, [0, 1, 2, 3, 4]);
+    assert.deepEqual(c.loss, [null, 1, 0.5, 1 / 3, 0.25]);
+    assert.deepEqual(c.instance, [0.5, null, 0.4, null, 0.3]);
+    assert.deepEqual(c.classes, [0.25, null, 0.3, null, null]);
+    assert.equal(c.average[0], null);
+    assert.equal(c.average[2], 0.75, 'the moving average of the training loss at step 2');
+    assert.deepEqual(validationAt(validation, 3), validation[1]);
+    assert.equal(validationAt(validation.slice(1), 1), null);
   });
 });

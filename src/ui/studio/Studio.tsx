@@ -618,7 +618,7 @@ function TrainPanel() {
           ; {(run.plan.trainableParams / 1e6).toFixed(2)} M trained parameters, about {fmtBytes(run.plan.storageNeedBytes)} of storage.
         </p>
       )}
-      <LossChart losses={run.losses} />
+      <LossChart losses={run.losses} validation={run.validation} />
       <h3>Samples</h3>
       {run.samples.length === 0 ? (
         <p className="hint">

@@ -238,7 +238,10 @@ function onEvent(e: WorkerEvent): void {
       setRun({ plan: e.plan });
       break;
     case 'resumed':
-      setRun({ step: e.step, lastCheckpoint: e.step, losses: e.losses.map((loss, i) => ({ step: i + 1, loss })) });
+      setRun({ step: e.step, lastCheckpoint: e.step, losses: e.losses.map((loss, i) => ({ step: i + 1, loss })), validation: e.validation });
+      break;
+    case 'validation':
+      setRun((r) => ({ validation: [...(r.validation ?? []).filter((v) => v.step < e.report.step), e.report] }));
       break;
     case 'step':
       setRun((r) => ({

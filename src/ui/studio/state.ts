@@ -11,6 +11,7 @@ import type { ExportFormat, PlanSummary } from '../../pipeline/run.ts';
 import type { RunSettings as StudioSettings } from '../../pipeline/settings.ts';
 import { PAGE_DEFAULTS as DEFAULT_SETTINGS, PRESETS, type PresetName } from './presets.ts';
 import type { ModelSummary } from '../../studio/worker.ts';
+import type { ValidationReport } from '../../train/trainer.ts';
 
 /** The model as remembered: demo and hub models reopen by themselves; files must be given again. */
 export type ModelRef =
@@ -56,6 +57,8 @@ export interface RunProgress {
   step: number;
   steps: number;
   losses: { step: number; loss: number }[];
+  /** Validation losses (photos, class images) at fixed noise, every few steps; absent in projects saved before. */
+  validation?: ValidationReport[];
   /** Median of the recent warm steps; null (or 0, in projects saved before) until one is timed. */
   secondsPerStep: number | null;
   /** The session's first step, which compiles the GPU pipelines (not counted in s/step). */
@@ -118,6 +121,7 @@ export const EMPTY_RUN: RunProgress = {
   step: 0,
   steps: 0,
   losses: [],
+  validation: [],
   secondsPerStep: null,
   warmupSeconds: null,
   etaSeconds: null,
