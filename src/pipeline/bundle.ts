@@ -245,7 +245,16 @@ export function mapSettings(
   );
   // Every setting of the schema appears: one added to settings.ts after this table is listed, not dropped.
   const seen = new Set<string>(rows.map((r) => r.setting));
-  for (const spec of SETTINGS) if (!seen.has(spec.key)) add(spec.key, s[spec.key], null, `no counterpart in ${scriptFor(s)} (${spec.help})`);
+  for (const spec of SETTINGS)
+    if (!seen.has(spec.key))
+      add(
+        spec.key,
+        s[spec.key],
+        null,
+        spec.onlyMode && spec.onlyMode !== s.mode
+          ? `not used: ${spec.onlyMode === 'lora' ? 'LoRA' : 'full'} runs only`
+          : `no counterpart in ${scriptFor(s)} (${spec.help})`,
+      );
   return rows;
 }
 
