@@ -365,7 +365,10 @@ Pinned to what the engine does: ${fixedOptions(s)
 ${none.map((m) => `- **${m.setting}** = ${cell(m.value)}: ${m.note ?? 'no option'}`).join('\n')}
 
 Also different by design: the engine trains on the VAE posterior mean of each image (cached once), the scripts
-sample the posterior every step; and the same seed does not give the same random draws in PyTorch.
+sample the posterior every step; the engine averages its loss over the batch (instance and class sample), the
+scripts add instance and weighted prior loss (the same gradient direction, twice the size, which AdamW mostly
+absorbs); with prior preservation train_dreambooth.py's --snr_gamma weights only the instance term, the engine
+(and ray_train.py) every sample; and the same seed does not give the same random draws in PyTorch.
 `;
 }
 
