@@ -28,6 +28,7 @@ import {
   loadModelFolder,
 } from './actions.ts';
 import { LossChart } from './LossChart.tsx';
+import { MaskEditor } from './MaskEditor.tsx';
 import { autosave, fmtBytes, progressLine, restoreProject, runBusy, statusMessage, useStudioStore, type PhotoItem } from './state.ts';
 
 export function Studio() {
@@ -238,6 +239,7 @@ function ModelPanel() {
 // ---- photos --------------------------------------------------------------------------------------------
 
 function Thumb({ p, index, locked }: { p: PhotoItem; index: number; locked: boolean }) {
+  const [painting, setPainting] = useState(false);
   const long = Math.max(p.width, p.height);
   const slack = long - p.crop.size;
   const t = slack > 0 ? (p.width >= p.height ? p.crop.x : p.crop.y) / slack : 0.5;
@@ -288,7 +290,23 @@ function Thumb({ p, index, locked }: { p: PhotoItem; index: number; locked: bool
         <button type="button" className="small secondary" disabled={locked} onClick={() => removePhoto(p.id)} aria-label={`Remove ${p.name}`}>
           Remove
         </button>
+        <button
+          type="button"
+          className="small secondary"
+          disabled={locked}
+          aria-expanded={painting}
+          onClick={() => setPainting((v) => !v)}
+          aria-label={`${p.mask ? 'Edit the mask of' : 'Paint a mask on'} ${p.name}`}
+        >
+          {p.mask ? 'Edit mask' : 'Paint mask'}
+        </button>
       </div>
+      {p.mask && !painting && (
+        <span className="hint" data-testid="mask-status">
+          Masked: only the painted subject counts in the loss
+        </span>
+      )}
+      {painting && !locked && <MaskEditor p={p} onClose={() => setPainting(false)} />}
     </li>
   );
 }

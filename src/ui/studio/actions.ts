@@ -201,10 +201,18 @@ export function updatePhoto(id: string, p: Partial<Pick<PhotoItem, 'crop' | 'cap
   S().set((s) => ({ photos: s.photos.map((x) => (x.id === id ? { ...x, ...p, ...chosen } : x)) }));
 }
 
-/** What the run gets of a photo: its crop only when the user chose one (the run centre-crops the others, and says so). */
+/** Sets (or with null removes) a photo's loss mask. */
+export function setPhotoMask(id: string, mask: Blob | null): void {
+  S().set((s) => ({ photos: s.photos.map((x) => (x.id !== id ? x : mask ? { ...x, mask } : (({ mask: _m, ...rest }) => rest)(x))) }));
+}
+
+/**
+ * What the run gets of a photo: its crop only when the user chose one (the run centre-crops the others, and says
+ * so), and its loss mask when one is painted.
+ */
 export function photoInput(p: PhotoItem): RunInput['images'][number] {
   const { id, name, blob, crop, caption } = p;
-  return { id, name, blob, caption, ...(p.cropChosen ? { crop } : {}) };
+  return { id, name, blob, caption, ...(p.cropChosen ? { crop } : {}), ...(p.mask ? { mask: { name: `the mask of ${name}`, blob: p.mask } } : {}) };
 }
 
 /** Moves the square crop along the photo's long side: `t` from 0 (left/top) to 1 (right/bottom). */

@@ -33,6 +33,8 @@ export interface PhotoItem {
   caption: string;
   /** Object URL for thumbnails (not persisted). */
   url?: string;
+  /** The loss mask painted on it (a PNG of the photo's shape, white = subject; ui/studio/MaskEditor.tsx), if any. */
+  mask?: Blob;
 }
 
 export type RunStatus = 'idle' | 'preparing' | 'training' | 'pausing' | 'paused' | 'done' | 'cancelled' | 'error' | 'interrupted' | 'device-lost' | 'quota';
@@ -169,7 +171,7 @@ const PROJECT_DB = 'dreambooth-studio-project';
 let idb: UseStore | null = null;
 const db = () => (idb ??= createStore(PROJECT_DB, 'project'));
 
-type PhotoMeta = Omit<PhotoItem, 'url' | 'blob'>;
+type PhotoMeta = Omit<PhotoItem, 'url' | 'blob' | 'mask'> & { hasMask?: boolean };
 
 interface SavedProject {
   version: 2;
@@ -185,6 +187,7 @@ interface SavedProject {
 }
 
 const photoKey = (id: string) => `photo:${id}`;
+const maskKey = (id: string) => `mask:${id}`;
 const sampleKey = (runId: string | null, step: number) => `sample:${runId ?? 'none'}:${step}`;
 /** Blob keys already in the database (so each Blob is written once). */
 const written = new Set<string>();
@@ -193,8 +196,9 @@ function snapshot(s: StudioState): { project: SavedProject; blobs: Map<string, B
   const blobs = new Map<string, Blob>();
   const meta = (p: PhotoItem): PhotoMeta => {
     blobs.set(photoKey(p.id), p.blob);
-    const { url: _u, blob: _b, ...rest } = p;
-    return rest;
+    if (p.mask) blobs.set(maskKey(p.id), p.mask);
+    const { url: _u, blob: _b, mask: _m, ...rest } = p;
+    return { ...rest, ...(p.mask ? { hasMask: true } : {}) };
   };
   const project: SavedProject = {
     version: 2,
@@ -256,9 +260,13 @@ export async function restoreProject(): Promise<void> {
       const load = async (metas: PhotoMeta[], out: PhotoItem[]) => {
         for (const m of metas) {
           const blob = await get<Blob>(photoKey(m.id), store);
+          const { hasMask, ...meta } = m;
+          const mask = hasMask ? await get<Blob>(maskKey(m.id), store) : undefined;
+          if (hasMask && !mask) lost.push(`the mask of ${m.name}`);
+          if (mask) written.add(maskKey(m.id));
           if (blob) {
             written.add(photoKey(m.id));
-            out.push({ ...m, blob, url: URL.createObjectURL(blob) });
+            out.push({ ...meta, blob, url: URL.createObjectURL(blob), ...(mask ? { mask } : {}) });
           } else lost.push(m.name);
         }
       };
