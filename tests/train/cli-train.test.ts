@@ -183,6 +183,53 @@ describe('cli train', () => {
     assert.equal(JSON.parse(inspect).architecture, 'sd1');
   });
 
+  it("full DreamBooth in the compact default (adamw8bit + compact master): killed after a checkpoint and resumed, the uninterrupted run's model bit for bit", async () => {
+    const args = (out: string) => [
+      'train',
+      '--model',
+      tiny.folder,
+      '--images',
+      images,
+      '--prompt',
+      'a photo of sks dog',
+      '--mode',
+      'full',
+      '--steps',
+      '4',
+      '--seed',
+      '5',
+      '--resolution',
+      '32',
+      '--checkpoint-every',
+      '2',
+      '--export',
+      'full-single-file',
+      '--out',
+      out,
+    ];
+    const whole = join(dir, 'full-compact');
+    const r0 = cli(...args(whole));
+    assert.equal(r0.code, 0, r0.err);
+    assert.equal(JSON.parse(readFileSync(join(whole, 'run.json'), 'utf8')).settings.optimizer, 'adamw8bit', 'the full default');
+    const out = join(dir, 'full-compact-resumed');
+    await new Promise<void>((resolve, reject) => {
+      const p = spawn(process.execPath, cliArgs(...args(out)), { stdio: ['ignore', 'pipe', 'pipe'] });
+      let buf = '';
+      p.stdout.on('data', (d) => {
+        buf += d;
+        if (buf.includes('step 3/4')) p.kill('SIGKILL');
+      });
+      p.on('exit', (code, sig) => (sig === 'SIGKILL' ? resolve() : reject(new Error(`exited ${code} before the kill: ${buf}`))));
+    });
+    const r = cli('train', '--resume', out);
+    assert.equal(r.code, 0, r.err);
+    assert.match(r.err, /resumed at step 2/);
+    const want = tensorsOf(join(whole, 'model.safetensors')).tensors;
+    const got = tensorsOf(join(out, 'model.safetensors')).tensors;
+    assert.deepEqual([...got.keys()], [...want.keys()]);
+    for (const [k, t] of want) assert.deepEqual(got.get(k)!.data, t.data, `${k} differs after resume`);
+  });
+
   it('--masks: each photo trains under the mask named like it (cached with its latents); a photo without one is refused before any work', () => {
     // White left half, black right half, at each photo's upright size (the EXIF-rotated JPEG is 32x48 upright).
     const mask = (w: number, h: number) => {
