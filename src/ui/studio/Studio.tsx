@@ -3,6 +3,8 @@
 // whole flow works from the keyboard and with a screen reader.
 import { useEffect, useState, type DragEvent, type ReactNode } from 'react';
 import { EXPORT_FORMATS, type ExportFormat } from '../../pipeline/run.ts';
+import type { RunSettings } from '../../pipeline/settings.ts';
+import { MASTER_KINDS, OPTIMIZER_KINDS } from '../../train/packed-state.ts';
 import { EXPORT_LABELS, PRESETS, SETTING_LABELS, type PresetName } from './presets.ts';
 import { OutgrowPanel } from './Outgrow.tsx';
 import {
@@ -463,6 +465,26 @@ function SettingsPanel() {
           />
           <NumberField name="offsetNoise" label={L.offsetNoise} value={s.offsetNoise} min={0} max={1} step="any" onChange={(v) => set({ offsetNoise: v })} />
           <NumberField name="minSnrGamma" label={L.minSnrGamma} value={s.minSnrGamma} min={0} step="any" onChange={(v) => set({ minSnrGamma: v })} />
+          <label>
+            {L.optimizer}
+            <select name="optimizer" value={s.optimizer} onChange={(e) => set({ optimizer: e.target.value as RunSettings['optimizer'] })}>
+              {OPTIMIZER_KINDS.map((k) => (
+                <option key={k} value={k}>
+                  {k}
+                </option>
+              ))}
+            </select>
+          </label>
+          <label>
+            {L.master}
+            <select name="master" value={s.master} onChange={(e) => set({ master: e.target.value as RunSettings['master'] })}>
+              {MASTER_KINDS.map((k) => (
+                <option key={k} value={k}>
+                  {k}
+                </option>
+              ))}
+            </select>
+          </label>
           <label className="check">
             <input type="checkbox" name="flip" checked={s.flip} onChange={(e) => set({ flip: e.target.checked })} />
             {L.flip}

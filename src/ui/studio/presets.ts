@@ -7,10 +7,25 @@ export type PresetName = 'lora' | 'full';
 
 /** "LoRA (fast)" and "Full DreamBooth": diffusers' and kohya's usual starting points. */
 export const PRESETS: Record<PresetName, { label: string; settings: Partial<RunSettings> }> = {
-  lora: { label: 'LoRA (fast)', settings: { mode: 'lora', steps: 400, lr: 1e-4, rank: 8, alpha: 0, checkpointEvery: 50, trainTextEncoder: false } },
+  lora: {
+    label: 'LoRA (fast)',
+    settings: { mode: 'lora', steps: 400, lr: 1e-4, rank: 8, alpha: 0, checkpointEvery: 50, trainTextEncoder: false, optimizer: 'adamw', master: 'fp32' },
+  },
   full: {
     label: 'Full DreamBooth',
-    settings: { mode: 'full', steps: 800, lr: 5e-6, rank: 0, alpha: 0, checkpointEvery: 100, priorPreservation: true, trainTextEncoder: false },
+    settings: {
+      mode: 'full',
+      steps: 800,
+      lr: 5e-6,
+      rank: 0,
+      alpha: 0,
+      checkpointEvery: 100,
+      priorPreservation: true,
+      trainTextEncoder: false,
+      // 8-bit moments + compact master: 4 bytes of optimizer state per weight instead of 12.
+      optimizer: 'adamw8bit',
+      master: 'compact',
+    },
   },
 };
 
