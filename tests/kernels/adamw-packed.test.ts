@@ -208,6 +208,35 @@ describe('adamw_packed against the references', () => {
       }
     });
 
+  it('past a small storage binding (4 KiB: ranges of 768 elements): 8-bit moments + compact master over 7 ranges = the TS reference', async () => {
+    const gpu = await testGpu({ bindingLimit: 4096 });
+    try {
+      const n = 5000;
+      const init = randomValues(n, 41, 2);
+      const s = setup(gpu, n, { optimizer: 'adamw8bit', master: 'compact' }, 'f16', init);
+      const flag = newFlag(gpu);
+      const stats = gpu.zeros([4], 'f32');
+      const run = { codes: gpu.upload(CODES, [512], 'f32'), updateFlag: newFlag(gpu), stats, check: false };
+      for (let t = 1; t <= 2; t++) {
+        const gv = roundToF16(randomValues(n, 50 + t, 0.05).map((x, i) => x * 10 ** -((i >> 8) % 4)));
+        const grad = gpu.upload(gv, [n], 'f16');
+        gpu.write(stats, [0, 0, 0, 0]);
+        adamwPacked(gpu, s.views, grad, CFG, { step: t, lossScale: 1, flag }, run);
+        const want = adamwPackedRef(s.host, n, gv, CFG, t);
+        const st = await readState(gpu, s);
+        assertClose(mastersOf(st, n), mastersOf(s.host, n), 1e-12, 2 ** -26, `step ${t} master`);
+        assertCodesClose(st.m8!, s.host.m8!, `step ${t} m codes`);
+        assertCodesClose(st.v8!, s.host.v8!, `step ${t} v codes`);
+        assertClose(st.absm!, s.host.absm!, 0, 1e-6, `step ${t} absmax m`);
+        const got = await gpu.read(stats);
+        assert.ok(Math.abs(got[1] - want.maxAbsM) <= 1e-3 * want.maxAbsM, `step ${t}: max |m| over every range ${got[1]} vs ${want.maxAbsM}`);
+        gpu.free(grad);
+      }
+    } finally {
+      gpu.destroy();
+    }
+  });
+
   it('the check raises its flag for an update past f16 and writes nothing; a normal step passes it', async () => {
     const gpu = await testGpu();
     const n = 4096;
