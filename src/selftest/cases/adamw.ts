@@ -20,6 +20,18 @@ import {
   type AdamWConfig,
   type AdamWParam,
 } from '../../ops/adamw.ts';
+import {
+  adamwPacked,
+  adamwPackedRef,
+  CODES,
+  mastersOf,
+  momentsOf,
+  QBLOCK,
+  ZERO_M,
+  ZERO_V,
+  type PackedHostState,
+  type PackedParam,
+} from '../../ops/adamw-packed.ts';
 import { DynamicLossScaler } from '../../ops/lossscale.ts';
 import { checkFinite, clearFlag, globalNormRef, newFlag, readFlag } from '../../ops/reduce.ts';
 import { compare, randomValues, type Check, type KernelCase } from '../check.ts';
@@ -342,6 +354,74 @@ export const cases: KernelCase[] = [
       }
       checks.push(compare('the largest |master| came from the second state', [want[0]], [50], EXACT));
       gpu.free(out);
+      return checks;
+    },
+  },
+  {
+    family: 'adamw',
+    name: 'compact state (adamw_packed): 8-bit blockwise moments with the compact master (f16: weight + extension; f32: the weight itself), 3 clipped steps vs plain TS',
+    async run({ gpu, dtype }) {
+      // 4500 elements: 18 blocks of 256, the last one partly used; gradients over 4 decades block by block.
+      const n = 4500;
+      const blocks = Math.ceil(n / QBLOCK);
+      const cfg: AdamWConfig = { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, weightDecay: 0.01 };
+      const init = roundToF16(randomValues(n, 61, 2));
+      const weight = gpu.upload(init, [n], dtype, 'weights');
+      const words = (count: number, fill: number) => gpu.upload(new Float32Array(new Uint32Array(count).fill(fill).buffer), [count], 'f32', 'optimizer');
+      // The zero codes of m (127 in the signed map) and v (0), four to a word; absmax 0; extension words 0.
+      const zeroM = ZERO_M * 0x01010101;
+      const p: PackedParam = {
+        numel: n,
+        weight,
+        ...(dtype === 'f16' ? { ext: words(blocks * (QBLOCK / 2), 0) } : { master: weight }),
+        m8: words(blocks * (QBLOCK / 4), zeroM),
+        v8: words(blocks * (QBLOCK / 4), ZERO_V * 0x01010101),
+        absm: words(blocks, 0),
+        absv: words(blocks, 0),
+      };
+      const host: PackedHostState = {
+        ...(dtype === 'f16' ? { weight16: Float32Array.from(init), ext: new Int16Array(blocks * QBLOCK) } : { master: Float32Array.from(init) }),
+        m8: new Uint8Array(blocks * QBLOCK).fill(ZERO_M),
+        v8: new Uint8Array(blocks * QBLOCK).fill(ZERO_V),
+        absm: new Float32Array(blocks),
+        absv: new Float32Array(blocks),
+      };
+      const flag = newFlag(gpu);
+      const norm = gpu.upload([3], [1], 'f32');
+      const codes = gpu.upload(CODES, [CODES.length], 'f32');
+      const run = { codes, updateFlag: newFlag(gpu), stats: gpu.zeros([4], 'f32'), check: false };
+      const checks: Check[] = [];
+      const bytesOf = async (t: Tensor) => new Uint8Array(await gpu.readBytes(t.buffer, t.byteOffset, t.byteSize));
+      for (let step = 1; step <= 3; step++) {
+        const g = roundToF16(randomValues(n, 70 + step, 0.05 * 64).map((x, i) => x * 10 ** -((i >> 8) % 4)));
+        const grad = gpu.upload(g, [n], dtype, 'gradients');
+        adamwPacked(gpu, p, grad, cfg, { step, lossScale: 64, flag, clip: { norm, maxNorm: 1 } }, run);
+        adamwPackedRef(host, n, g, cfg, step, 64, Math.min(1, 1 / (3 + 1e-6)));
+        const got: PackedHostState = {
+          m8: await bytesOf(p.m8!),
+          v8: await bytesOf(p.v8!),
+          absm: await gpu.read(p.absm!),
+          absv: await gpu.read(p.absv!),
+          ...(dtype === 'f16' ? { weight16: await gpu.read(weight), ext: new Int16Array((await bytesOf(p.ext!)).buffer) } : { master: await gpu.read(weight) }),
+        };
+        const a = momentsOf(got, n);
+        const b = momentsOf(host, n);
+        // f32 operations in the same order (a GPU may fuse a multiply-add: an ulp); the compact master holds 27
+        // bits, the f32 weight 24. A value on a code midpoint may round to the neighbouring code: codes within one,
+        // dequantised moments within that code's spacing (the dynamic map's neighbours differ by at most ~10%
+        // outside its lowest decade, where values are below 1e-6 of the block maximum).
+        checks.push(
+          compare(`step ${step} master`, mastersOf(got, n), mastersOf(host, n), { atol: 1e-12, rtol: dtype === 'f16' ? 2 ** -26 : 2 ** -22 }),
+          compare(`step ${step} m codes within one`, got.m8!, host.m8!, { atol: 1, rtol: 0 }),
+          compare(`step ${step} v codes within one`, got.v8!, host.v8!, { atol: 1, rtol: 0 }),
+          compare(`step ${step} block absmax of m`, got.absm!, host.absm!, { atol: 0, rtol: 1e-6 }),
+          compare(`step ${step} block absmax of v`, got.absv!, host.absv!, { atol: 0, rtol: 1e-6 }),
+          compare(`step ${step} m dequantised`, a.m, b.m, { atol: 1e-6 * Math.max(...host.absm!), rtol: 0.1 }),
+          compare(`step ${step} v dequantised`, a.v, b.v, { atol: 1e-6 * Math.max(...host.absv!), rtol: 0.1 }),
+        );
+        gpu.free(grad);
+      }
+      gpu.free(weight, flag, norm, codes, run.updateFlag, run.stats, p.m8, p.v8, p.absm, p.absv, p.ext);
       return checks;
     },
   },
