@@ -502,11 +502,24 @@ function bilinearTaps(start: number, size: number, out: number, limit: number): 
 const taps = (start: number, size: number, out: number, limit: number) =>
   size >= out ? boxTaps(start, size, out, limit) : bilinearTaps(start, size, out, limit);
 
+/** A rectangular region of the oriented image, in its pixels (may be fractional). */
+export interface Region {
+  x: number;
+  y: number;
+  width: number;
+  height: number;
+}
+
 export interface PrepareOptions {
-  /** Output side R (SD1: 512; SD2: 512 or 768). */
+  /** Output side R (SD1: 512; SD2: 512 or 768) of a square output. */
   resolution: number;
   /** Square region in the oriented image's pixels; default: the centred largest square. */
   crop?: CropBox | 'center';
+  /**
+   * Instead of the square: a rectangular output (an aspect-ratio bucket, `bucketFor`) from a region of the same
+   * aspect ratio (`bucketRegion`). Both or neither.
+   */
+  bucket?: { size: ImageSize; region: Region };
   /** Mirror left-right (augmentation). */
   flip?: boolean;
   /** What transparent pixels are composited over, 0-255 per channel; default white. */
@@ -534,20 +547,21 @@ export function prepareImage(img: RgbaImage, opts: PrepareOptions): Float32Array
   if (!Number.isInteger(r) || r < 1) throw new ImageError(name, `${name}: resolution must be a positive integer, got ${r}`);
   if (img.data.length !== img.width * img.height * 4)
     throw new ImageError(name, `${name}: pixel buffer has ${img.data.length} bytes, expected ${img.width}x${img.height}x4`);
-  const crop = resolveCrop(img, opts.crop, name);
-  const xs = taps(crop.x, crop.size, r, img.width);
-  const ys = taps(crop.y, crop.size, r, img.height);
+  const { width: outW, height: outH } = opts.bucket?.size ?? { width: r, height: r };
+  const region = opts.bucket ? checkRegion(img, opts.bucket.region, name) : squareRegion(resolveCrop(img, opts.crop, name));
+  const xs = taps(region.x, region.width, outW, img.width);
+  const ys = taps(region.y, region.height, outH, img.height);
 
-  // Horizontal pass over only the source rows that the vertical taps read, into rows x R x 3 floats.
+  // Horizontal pass over only the source rows that the vertical taps read, into rows x outW x 3 floats.
   const row0 = ys[0].first;
   const row1 = Math.max(...ys.map((t) => t.first + t.weights.length - 1));
   const rows = row1 - row0 + 1;
-  const tmp = new Float32Array(rows * r * 3);
+  const tmp = new Float32Array(rows * outW * 3);
   const d = img.data;
   const [bgR, bgG, bgB] = background;
   for (let yy = 0; yy < rows; yy++) {
     const rowBase = (row0 + yy) * img.width;
-    for (let x = 0; x < r; x++) {
+    for (let x = 0; x < outW; x++) {
       const { first, weights } = xs[x];
       let sr = 0;
       let sg = 0;
@@ -561,7 +575,7 @@ export function prepareImage(img: RgbaImage, opts: PrepareOptions): Float32Array
         sg += w * (d[p + 1] * a + bgG * (1 - a));
         sb += w * (d[p + 2] * a + bgB * (1 - a));
       }
-      const t = (yy * r + x) * 3;
+      const t = (yy * outW + x) * 3;
       tmp[t] = sr;
       tmp[t + 1] = sg;
       tmp[t + 2] = sb;
@@ -569,22 +583,22 @@ export function prepareImage(img: RgbaImage, opts: PrepareOptions): Float32Array
   }
 
   // Vertical pass, scale to [-1, 1], write channel-first, mirrored if asked.
-  const out = new Float32Array(3 * r * r);
-  const plane = r * r;
-  for (let y = 0; y < r; y++) {
+  const out = new Float32Array(3 * outW * outH);
+  const plane = outW * outH;
+  for (let y = 0; y < outH; y++) {
     const { first, weights } = ys[y];
-    for (let x = 0; x < r; x++) {
+    for (let x = 0; x < outW; x++) {
       let sr = 0;
       let sg = 0;
       let sb = 0;
       for (let k = 0; k < weights.length; k++) {
-        const t = ((first - row0 + k) * r + x) * 3;
+        const t = ((first - row0 + k) * outW + x) * 3;
         const w = weights[k];
         sr += w * tmp[t];
         sg += w * tmp[t + 1];
         sb += w * tmp[t + 2];
       }
-      const o = y * r + (flip ? r - 1 - x : x);
+      const o = y * outW + (flip ? outW - 1 - x : x);
       // Weights sum to 1 only up to rounding: clamp so the range is exactly [-1, 1].
       out[o] = clampUnit(sr / 127.5 - 1);
       out[plane + o] = clampUnit(sg / 127.5 - 1);
@@ -595,6 +609,67 @@ export function prepareImage(img: RgbaImage, opts: PrepareOptions): Float32Array
 }
 
 const clampUnit = (v: number) => (v < -1 ? -1 : v > 1 ? 1 : v);
+
+const squareRegion = (c: CropBox): Region => ({ x: c.x, y: c.y, width: c.size, height: c.size });
+
+/** `r` inside an image of `size` (up to rounding slack, like resolveCrop), or an ImageError saying how it misses. */
+function checkRegion(size: ImageSize, r: Region, name: string): Region {
+  const eps = 1e-6 * Math.max(size.width, size.height);
+  const ok = [r.x, r.y, r.width, r.height].every(Number.isFinite) && r.width >= 1 && r.height >= 1 && r.x >= 0 && r.y >= 0;
+  if (!ok || r.x + r.width > size.width + eps || r.y + r.height > size.height + eps)
+    throw new ImageError(name, `${name}: region ${r.width}x${r.height} at (${r.x}, ${r.y}) does not fit in the ${size.width}x${size.height} image`);
+  return { x: r.x, y: r.y, width: Math.min(r.width, size.width - r.x), height: Math.min(r.height, size.height - r.y) };
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Aspect-ratio buckets (kohya sd-scripts, OneTrainer): a non-square photo trains at its own shape, at about the
+// square's pixel count, instead of losing its sides to a centre crop.
+
+/** Widest bucket aspect ratio (either way): past 2:1 a photo is cropped to it. */
+export const MAX_BUCKET_ASPECT = 2;
+
+/**
+ * The bucket a photo of `size` trains at: width and height multiples of `step` (the model's factor: VAE x UNet
+ * down-sampling, 64 for SD), with width x height <= resolution^2 and an aspect ratio at most MAX_BUCKET_ASPECT,
+ * the one whose aspect ratio is nearest the photo's (log distance; the larger area on a tie). A square photo gets
+ * the resolution x resolution square.
+ */
+export function bucketFor(size: ImageSize, resolution: number, step: number): ImageSize {
+  const area = resolution * resolution;
+  const target = Math.log(size.width / size.height);
+  let best: ImageSize = { width: resolution, height: resolution };
+  let bestScore = Math.abs(target);
+  for (let w = step; w <= resolution * MAX_BUCKET_ASPECT; w += step) {
+    const h = Math.floor(area / w / step) * step;
+    if (h < step || w / h > MAX_BUCKET_ASPECT || h / w > MAX_BUCKET_ASPECT) continue;
+    const score = Math.abs(Math.log(w / h) - target);
+    if (score < bestScore - 1e-12 || (Math.abs(score - bestScore) <= 1e-12 && w * h > best.width * best.height)) {
+      best = { width: w, height: h };
+      bestScore = score;
+    }
+  }
+  return best;
+}
+
+/**
+ * The region of a photo of `size` that fills `bucket`: the largest one of the bucket's aspect ratio, placed along
+ * the photo's slack by `t` (0: left/top, 0.5: centred, 1: right/bottom). A square crop a user chose gives its
+ * position along the long side (cropPosition).
+ */
+export function bucketRegion(size: ImageSize, bucket: ImageSize, t = 0.5): Region {
+  const aspect = bucket.width / bucket.height;
+  const width = Math.min(size.width, size.height * aspect);
+  const height = Math.min(size.height, size.width / aspect);
+  const u = Math.min(1, Math.max(0, t));
+  return { x: (size.width - width) * u, y: (size.height - height) * u, width, height };
+}
+
+/** Where a square crop sits along the photo's long side, 0..1 (0.5 when the photo is square). */
+export function cropPosition(size: ImageSize, crop: CropBox): number {
+  const slack = Math.max(size.width, size.height) - crop.size;
+  if (slack <= 0) return 0.5;
+  return (size.width >= size.height ? crop.x : crop.y) / slack;
+}
 
 // ---------------------------------------------------------------------------------------------------------
 // Browser decode size.
@@ -631,7 +706,11 @@ export interface ImageSetReport {
 }
 
 /** `width`/`height` are the displayed (oriented) sizes, e.g. from `probeImage`. */
-export function checkImageSet(items: readonly ImageSetItem[], opts: { resolution?: number; maxImages?: number } = {}): ImageSetReport {
+export function checkImageSet(
+  items: readonly ImageSetItem[],
+  /** `buckets`: non-square photos train at their own aspect ratio (no "not square" note). */
+  opts: { resolution?: number; maxImages?: number; buckets?: boolean } = {},
+): ImageSetReport {
   const { resolution, maxImages = MAX_IMAGES } = opts;
   const errors: string[] = [];
   const warnings: string[] = [];
@@ -650,7 +729,7 @@ export function checkImageSet(items: readonly ImageSetItem[], opts: { resolution
       );
     else if (resolution !== undefined && short < resolution)
       warnings.push(`${it.name} is ${it.width}x${it.height}, smaller than ${resolution} px: it will be upscaled and slightly soft`);
-    if (it.width !== it.height && (it.crop === undefined || it.crop === 'center'))
+    if (it.width !== it.height && !opts.buckets && (it.crop === undefined || it.crop === 'center'))
       warnings.push(`${it.name} is not square (${it.width}x${it.height}): it will be centre-cropped to ${short}x${short} unless you set a crop`);
   }
   return { errors, warnings };

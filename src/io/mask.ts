@@ -2,7 +2,7 @@
 // black where it is not (ignored), grey in between (127 weighs ~0.5). kohya sd-scripts' convention: the mask
 // image has the photo's name in its own folder and its R channel is the weight. The mask goes through the same
 // crop, resize and mirror as its photo, so every mask pixel stays over the photo pixel it was painted on.
-import { ImageError, prepareImage, resolveCrop, scaleCrop, type CropBox, type ImageSize, type RgbaImage } from './image.ts';
+import { ImageError, prepareImage, resolveCrop, scaleCrop, type CropBox, type ImageSize, type Region, type RgbaImage } from './image.ts';
 
 /** Relative aspect-ratio difference up to which a mask of another size is resized onto its photo. */
 const ASPECT_SLACK = 0.01;
@@ -12,6 +12,8 @@ export interface MaskOptions {
   resolution: number;
   /** The photo's crop in the upright photo's pixels ('center' or absent: the centred square). */
   crop?: CropBox | 'center';
+  /** Instead of the square: the photo's aspect-ratio bucket and its region in the photo's pixels (as prepareImage). */
+  bucket?: { size: ImageSize; region: Region };
   flip?: boolean;
   /** The photo's and the mask's names, for messages. */
   photoName: string;
@@ -19,7 +21,7 @@ export interface MaskOptions {
 }
 
 /**
- * The loss mask of a photo of upright size `photo`: Float32Array [R, R] in [0, 1] from the mask image's R
+ * The loss mask of a photo of upright size `photo`: Float32Array [R, R] (or the bucket's [H, W]) in [0, 1] from the mask image's R
  * channel (transparent pixels count as black: not trained). A mask of another size with the same aspect ratio
  * (within 1%) is resized onto the photo (the crop scaled to it); any other size is refused, naming both sizes.
  */
@@ -36,11 +38,21 @@ export function prepareMask(mask: RgbaImage, photo: ImageSize, opts: MaskOptions
           `paint the mask on the photo itself, or save it at the photo's size`,
       );
   }
-  const photoCrop = resolveCrop(photo, opts.crop, photoName);
-  const crop = sameSize ? photoCrop : scaleCrop(photoCrop, photo, mask);
-  const rgb = prepareImage(mask, { resolution, crop, flip: opts.flip ?? false, background: [0, 0, 0], name: maskName });
+  const common = { resolution, flip: opts.flip ?? false, background: [0, 0, 0] as const, name: maskName };
+  let rgb: Float32Array;
+  if (opts.bucket) {
+    // The region in the mask's pixels: the photo's region scaled per axis (same shape up to 1%).
+    const sx = mask.width / photo.width;
+    const sy = mask.height / photo.height;
+    const r = opts.bucket.region;
+    const region = sameSize ? r : { x: r.x * sx, y: r.y * sy, width: Math.min(r.width * sx, mask.width), height: Math.min(r.height * sy, mask.height) };
+    rgb = prepareImage(mask, { ...common, bucket: { size: opts.bucket.size, region } });
+  } else {
+    const photoCrop = resolveCrop(photo, opts.crop, photoName);
+    rgb = prepareImage(mask, { ...common, crop: sameSize ? photoCrop : scaleCrop(photoCrop, photo, mask) });
+  }
   // prepareImage maps 0..255 to [-1, 1]; the weight is the R plane mapped back to [0, 1].
-  const out = new Float32Array(resolution * resolution);
+  const out = new Float32Array(rgb.length / 3);
   for (let i = 0; i < out.length; i++) out[i] = Math.min(1, Math.max(0, (rgb[i] + 1) / 2));
   return out;
 }

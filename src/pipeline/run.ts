@@ -13,8 +13,8 @@
 // budget the planner gets); the VAE encoder leaves once the latents are cached.
 import type { Gpu } from '../gpu/device.ts';
 import { GpuOutOfMemoryError } from '../gpu/errors.ts';
-import { checkImageSet, prepareImage, scaleCrop, type CropBox, type ImageSize, type RgbaImage } from '../io/image.ts';
-import { prepareMask } from '../io/mask.ts';
+import { bucketFor, bucketRegion, checkImageSet, cropPosition, prepareImage, scaleCrop, type CropBox, type ImageSize, type RgbaImage } from '../io/image.ts';
+import { prepareMask, type MaskOptions } from '../io/mask.ts';
 import { SafetensorsFile, type ByteSink } from '../io/safetensors.ts';
 import type { TensorProvider } from '../io/tensor-provider.ts';
 import { CLIP_MAX_LENGTH, ClipTokenizer, type ClipTokenizerFiles } from '../io/tokenizer.ts';
@@ -36,6 +36,7 @@ import {
   type StepReport,
   type TrainSettings,
   type ValidationReport,
+  type TrainData,
 } from '../train/trainer.ts';
 import { chunkedProvider } from '../export/chunked.ts';
 import { writeSingleFile, zipDiffusers } from '../export/full.ts';
@@ -116,6 +117,13 @@ export interface RunHost {
 }
 
 // ---- what the run reports -----------------------------------------------------------------------------
+
+/** The instance photos' largest aspect-ratio bucket (by latent area), for the plan; none when all are square. */
+function largestBucket(data: TrainData): { instanceShape?: [number, number, number] } {
+  const shapes = data.instance.map((x) => x.latentShape).filter((s): s is [number, number, number] => !!s);
+  if (!shapes.length) return {};
+  return { instanceShape: shapes.reduce((a, b) => (b[1] * b[2] > a[1] * a[2] ? b : a)) };
+}
 
 /** Batch-1 UNet forwards one validation runs (DreamBoothTrainer.validate). */
 function validationForwards(t: DreamBoothTrainer): number {
@@ -342,11 +350,12 @@ export class TrainingRun {
 
     let data = await loadTrainData(store, run.runId);
     if (!data) {
-      const instance = await TrainingRun.prepareSet(host, tokenizer, run.images, run.prompt, s.resolution, s.flip, 'images');
+      const step = s.aspect === 'bucket' ? modelShapeOf(source, false).resolutionFactor : null;
+      const instance = await TrainingRun.prepareSet(host, tokenizer, run.images, run.prompt, s.resolution, s.flip, 'images', step);
       let classes: PreparedSet | null = null;
       if (s.priorPreservation) {
         if (run.classImages.length)
-          classes = await TrainingRun.prepareSet(host, tokenizer, run.classImages, s.classPrompt, s.resolution, false, 'class-images');
+          classes = await TrainingRun.prepareSet(host, tokenizer, run.classImages, s.classPrompt, s.resolution, false, 'class-images', step);
         else classes = await TrainingRun.generateClassImages(host, model, tokenizer, schedule, s);
       }
       emit({
@@ -383,6 +392,7 @@ export class TrainingRun {
         withClass: data.classes.length > 0,
         vaeFactor: factor,
         masked: data.instance.some((x) => x.mask),
+        ...largestBucket(data),
       },
       settings,
       s.budgetBytes - samplingBytes,
@@ -441,6 +451,8 @@ export class TrainingRun {
     resolution: number,
     flip: boolean,
     what: 'images' | 'class-images',
+    /** Aspect-ratio buckets with sides multiples of this (the model's factor); null: square crops. */
+    bucketStep: number | null = null,
   ): Promise<PreparedSet> {
     const label = what === 'images' ? 'photos' : 'class images';
     const decoded: { item: ImageInput; img: RgbaImage & { original?: ImageSize } }[] = [];
@@ -454,7 +466,7 @@ export class TrainingRun {
     // "not square" note for it.
     const report = checkImageSet(
       decoded.map(({ item, img }) => ({ name: item.name, ...(img.original ?? img), ...(item.crop ? { crop: item.crop } : {}) })),
-      { resolution },
+      { resolution, buckets: bucketStep !== null },
     );
     for (const w of report.warnings) host.emit({ type: 'warning', message: w });
     if (report.errors.length) throw new RunError(report.errors.join('; '));
@@ -466,11 +478,17 @@ export class TrainingRun {
       if (w) host.emit({ type: 'warning', message: w });
       if (item.mask && !item.mask.pixels && !item.mask.blob) throw new RunError(`${item.mask.name}: the mask has neither a file nor pixels`);
       const maskPixels = item.mask ? (item.mask.pixels ?? (await host.decode(item.mask.blob!, item.mask.name, resolution))) : null;
+      // A bucket: the photo's own aspect ratio at about the square's pixel count, from the largest region of that
+      // shape (placed where a chosen square crop sits along the long side, else centred).
+      const upright = img.original ?? img;
+      const size = bucketStep !== null ? bucketFor(upright, resolution, bucketStep) : null;
+      const bucket = size ? { size, region: bucketRegion(img, size, item.crop ? cropPosition(upright, item.crop) : 0.5) } : undefined;
       for (const f of flip ? [false, true] : [false]) {
-        set.images.push(prepareImage(img, { resolution, crop, flip: f, name: item.name }));
+        set.images.push(prepareImage(img, { resolution, crop, flip: f, name: item.name, ...(bucket ? { bucket } : {}) }));
         set.prompts.push(caption || prompt);
-        const mask = maskPixels ? prepareMask(maskPixels, img, { resolution, crop, flip: f, photoName: item.name, maskName: item.mask!.name }) : null;
-        (set.masks ??= []).push(mask);
+        (set.sizes ??= []).push(size);
+        const maskOpts: MaskOptions = { resolution, crop, flip: f, photoName: item.name, maskName: item.mask?.name ?? '', ...(bucket ? { bucket } : {}) };
+        (set.masks ??= []).push(maskPixels ? prepareMask(maskPixels, img, maskOpts) : null);
       }
     }
     return set;

@@ -40,6 +40,11 @@ export interface RunSettings {
   minSnrGamma: number;
   /** Mirrored copies of every instance photo as extra training images. */
   flip: boolean;
+  /**
+   * Non-square photos: 'bucket' trains each at its own aspect ratio (a bucket of about the square's pixel count,
+   * sides multiples of the model's factor: kohya's and OneTrainer's aspect-ratio bucketing); 'square' crops the square.
+   */
+  aspect: 'bucket' | 'square';
   /** LoRA adapters on the text encoder's attention too. */
   trainTextEncoder: boolean;
   /** AdamW moments: f32, or 8-bit blockwise (bitsandbytes' Adam8bit; parameters under 4096 elements stay f32). */
@@ -163,6 +168,14 @@ export const SETTINGS: readonly SettingSpec[] = [
   { key: 'offsetNoise', kind: 'number', flag: 'offset-noise', min: 0, max: 1, default: 0, help: 'offset noise strength (0: off)' },
   { key: 'minSnrGamma', kind: 'number', flag: 'min-snr', min: 0, max: 1000, default: 0, help: 'min-SNR-gamma loss weighting, e.g. 5 (0: off)' },
   { key: 'flip', kind: 'bool', flag: 'flip', default: false, help: 'also train on mirrored copies of the photos' },
+  {
+    key: 'aspect',
+    kind: 'enum',
+    flag: 'aspect',
+    values: ['bucket', 'square'],
+    default: 'square',
+    help: 'non-square photos: bucket (train at their own aspect ratio, about the same pixel count) or square (centre or chosen square crop)',
+  },
   { key: 'trainTextEncoder', kind: 'bool', flag: 'train-text-encoder', default: false, onlyMode: 'lora', help: 'LoRA on the text encoder too' },
   {
     key: 'optimizer',

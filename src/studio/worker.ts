@@ -16,10 +16,11 @@ import { BlobSource, BytesSource, type ByteSource } from '../io/source.ts';
 import { demoModelFiles } from '../models/demo.ts';
 import { detectSingleFile, ModelError } from '../models/detect.ts';
 import { inspectDiffusers, inspectSingleFile } from '../models/inspect.ts';
-import { folderFromSources, tokenizerFilesFrom } from '../models/source.ts';
+import { folderFromSources, openSingleFile, tokenizerFilesFrom, type ModelSource } from '../models/source.ts';
 import { IdbChunkStore } from '../store/idb-store.ts';
 import {
   EXPORT_FORMATS,
+  modelShapeOf,
   RunError as StudioError,
   RunStorageFullError,
   TrainingRun,
@@ -49,6 +50,8 @@ export interface ModelSummary {
   layout: string;
   prediction: string;
   parameters: number;
+  /** Image sides must be multiples of this (VAE x UNet down-sampling: 64 for SD); aspect-ratio buckets use it. */
+  resolutionFactor?: number;
 }
 
 export type InitResult = { ok: true; adapter: AdapterSummary; hasF16: boolean } | { ok: false; noWebGpu: boolean; message: string };
@@ -91,12 +94,14 @@ class StudioWorker {
           `${choice.file.name}: only .safetensors checkpoints can be loaded (a .ckpt is a pickle that could run code; convert it to safetensors first)`,
         );
       const info = await inspectSingleFile(src);
-      return { name: choice.file.name, family: info.family, layout: info.layout, prediction: info.prediction, parameters: total(info.components) };
+      const factor = await factorOf(async () => openSingleFile(await SafetensorsFile.open(src)));
+      return { name: choice.file.name, family: info.family, layout: info.layout, prediction: info.prediction, parameters: total(info.components), ...factor };
     }
     const opened = await this.open(choice);
     if (opened.kind !== 'diffusers') throw new Error('unreachable');
     const info = await inspectDiffusers(opened.reader);
-    return { name: opened.name, family: info.family, layout: info.layout, prediction: info.prediction, parameters: total(info.components) };
+    const factor = await factorOf(() => openSource(opened));
+    return { name: opened.name, family: info.family, layout: info.layout, prediction: info.prediction, parameters: total(info.components), ...factor };
   }
 
   private async open(choice: ModelChoice): Promise<OpenedModel> {
@@ -342,6 +347,15 @@ class StudioWorker {
   /** Test hook: destroys the device as a driver reset would, to exercise the device-lost path for real. */
   loseDevice(): void {
     this.gpu?.device.destroy();
+  }
+}
+
+/** The model's resolution factor, or nothing when its configs cannot say (inspect reports the problem). */
+async function factorOf(open: () => Promise<ModelSource>): Promise<{ resolutionFactor?: number }> {
+  try {
+    return { resolutionFactor: modelShapeOf(await open(), false).resolutionFactor };
+  } catch {
+    return {};
   }
 }
 

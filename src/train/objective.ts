@@ -209,15 +209,17 @@ export function weightedMseBackward(gpu: Gpu, pred: Tensor, target: Tensor, weig
 }
 
 /**
- * A photo's loss mask at latent resolution: the mask at the training resolution ([R, R] in [0, 1]) averaged over
- * each factor x factor block (torch's interpolate(mode="area") for an integer factor, what sd-scripts applies).
+ * A photo's loss mask at latent resolution: the mask at the training size ([height, width] in [0, 1]; `size` is
+ * the side of a square one) averaged over each factor x factor block (torch's interpolate(mode="area") for an
+ * integer factor, what sd-scripts applies).
  */
-export function latentMask(pixels: Float32Array, side: number, factor: number): Float32Array {
-  if (pixels.length !== side * side || side % factor !== 0)
-    throw new ShapeError('latentMask', `a ${side}x${side} mask (${pixels.length} values) does not pool by ${factor}`);
-  const h = side / factor;
-  const out = new Float32Array(h * h);
-  for (let y = 0; y < side; y++) for (let x = 0; x < side; x++) out[Math.floor(y / factor) * h + Math.floor(x / factor)] += pixels[y * side + x];
+export function latentMask(pixels: Float32Array, size: number | { width: number; height: number }, factor: number): Float32Array {
+  const { width, height } = typeof size === 'number' ? { width: size, height: size } : size;
+  if (pixels.length !== width * height || width % factor !== 0 || height % factor !== 0)
+    throw new ShapeError('latentMask', `a ${width}x${height} mask (${pixels.length} values) does not pool by ${factor}`);
+  const w = width / factor;
+  const out = new Float32Array(w * (height / factor));
+  for (let y = 0; y < height; y++) for (let x = 0; x < width; x++) out[Math.floor(y / factor) * w + Math.floor(x / factor)] += pixels[y * width + x];
   for (let i = 0; i < out.length; i++) out[i] /= factor * factor;
   return out;
 }

@@ -58,6 +58,11 @@ export interface PlanDataShape {
   vaeFactor?: number;
   /** Some photo has a loss mask (each step then holds a [B, h, w] f32 mask). */
   masked?: boolean;
+  /**
+   * The instance photos' largest aspect-ratio bucket's latent shape, when they train at buckets (a step then runs
+   * the photo and the class image as two passes); absent: latentShape.
+   */
+  instanceShape?: [number, number, number];
 }
 
 /** One configuration that was dry-run. */
@@ -133,7 +138,13 @@ function dryData(d: PlanDataShape): TrainData {
   const [c, h, w] = d.latentShape;
   const [l, e] = d.contextShape;
   const sample = () => ({ latent: new Float32Array(c * h * w), context: new Float32Array(l * e), ids: new Int32Array(l) });
-  const instance = d.masked ? { ...sample(), mask: new Float32Array(h * w) } : sample();
+  const [, ih, iw] = d.instanceShape ?? d.latentShape;
+  const bucketed = d.instanceShape && (ih !== h || iw !== w);
+  const instance = {
+    ...sample(),
+    ...(bucketed ? { latent: new Float32Array(c * ih * iw), latentShape: d.instanceShape } : {}),
+    ...(d.masked ? { mask: new Float32Array(ih * iw) } : {}),
+  };
   return { latentShape: d.latentShape, contextShape: d.contextShape, instance: [instance], classes: d.withClass ? [sample()] : [] };
 }
 

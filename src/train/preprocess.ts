@@ -16,8 +16,15 @@ import type { TrainData, TrainSample } from './trainer.ts';
 import { latentMask } from './objective.ts';
 
 /** One image's latent: the mean of the VAE posterior times the scaling factor (kohya's cached latents). */
-export async function encodeImage(gpu: Gpu, vae: LoadedModel['vae'], image: Float32Array, resolution: number): Promise<Float32Array> {
-  const x = gpu.upload(image, [1, 3, resolution, resolution], gpu.computeDType, 'activations', 'image');
+export async function encodeImage(
+  gpu: Gpu,
+  vae: LoadedModel['vae'],
+  image: Float32Array,
+  resolution: number,
+  /** A rectangular image (an aspect-ratio bucket) instead of the resolution x resolution square. */
+  size: { width: number; height: number } = { width: resolution, height: resolution },
+): Promise<Float32Array> {
+  const x = gpu.upload(image, [1, 3, size.height, size.width], gpu.computeDType, 'activations', 'image');
   const moments = vaeEncode(gpu, vae.config, vae.weights, x);
   const all = await gpu.read(moments);
   gpu.free(x, moments);
@@ -75,6 +82,8 @@ export interface PreparedSet {
   images: Float32Array[];
   /** Per image: its loss mask [R, R] in [0, 1] (cropped and resized like the image), or null; absent: none. */
   masks?: (Float32Array | null)[];
+  /** Per image: its size when it is an aspect-ratio bucket's ([3, H, W], mask [H, W]), or null (the square); absent: all square. */
+  sizes?: ({ width: number; height: number } | null)[];
   /** Per image: its caption, or the set's prompt. */
   prompts: string[];
 }
@@ -101,11 +110,14 @@ export async function encodeTrainData(
     const out: TrainData['instance'] = [];
     for (let i = 0; i < set.images.length; i++) {
       const mask = set.masks?.[i];
+      const size = set.sizes?.[i] ?? null;
+      const bucket = size && (size.width !== resolution || size.height !== resolution) ? size : null;
       out.push({
-        latent: await encodeImage(gpu, model.vae, set.images[i], resolution),
+        latent: await encodeImage(gpu, model.vae, set.images[i], resolution, size ?? undefined),
         context: await context(set.prompts[i]),
         ids: tokenizer.encodePadded(set.prompts[i]),
-        ...(mask ? { mask: latentMask(mask, resolution, f) } : {}),
+        ...(mask ? { mask: latentMask(mask, size ?? resolution, f) } : {}),
+        ...(bucket ? { latentShape: [model.vae.config.latentChannels, bucket.height / f, bucket.width / f] as [number, number, number] } : {}),
       });
       onProgress?.(++done, total);
     }
@@ -135,12 +147,16 @@ interface CacheMeta {
   contextShape: [number, number];
   instance: number;
   classes: number;
+  /** Latent shapes of samples at an aspect-ratio bucket, by file prefix (e.g. "i2"); absent: all square. */
+  shapes?: Record<string, [number, number, number]>;
 }
 
 /** Stores the encoded data under `${runId}/cache` (one snapshot: all of it or nothing). */
 export async function saveTrainData(store: ChunkStore, runId: string, d: TrainData): Promise<void> {
   const files = new Map<string, Uint8Array>();
+  const shapes: Record<string, [number, number, number]> = {};
   const put = (p: string) => (x: TrainSample, i: number) => {
+    if (x.latentShape) shapes[`${p}${i}`] = x.latentShape;
     files.set(`${p}${i}-latent`, f32(x.latent));
     files.set(`${p}${i}-context`, f32(x.context));
     if (x.ids) files.set(`${p}${i}-ids`, new Uint8Array(x.ids.buffer, x.ids.byteOffset, x.ids.byteLength));
@@ -148,7 +164,13 @@ export async function saveTrainData(store: ChunkStore, runId: string, d: TrainDa
   };
   d.instance.forEach(put('i'));
   d.classes.forEach(put('c'));
-  const meta: CacheMeta = { latentShape: d.latentShape, contextShape: d.contextShape, instance: d.instance.length, classes: d.classes.length };
+  const meta: CacheMeta = {
+    latentShape: d.latentShape,
+    contextShape: d.contextShape,
+    instance: d.instance.length,
+    classes: d.classes.length,
+    ...(Object.keys(shapes).length ? { shapes } : {}),
+  };
   await commitSnapshot(store, `${runId}/cache`, files, meta);
 }
 
@@ -168,6 +190,7 @@ export async function loadTrainData(store: ChunkStore, runId: string): Promise<T
         context: await read(`${p}${i}-context`),
         ...(ids ? { ids: new Int32Array(ids.buffer, ids.byteOffset, ids.byteLength / 4) } : {}),
         ...(mask ? { mask } : {}),
+        ...(m.shapes?.[`${p}${i}`] ? { latentShape: m.shapes[`${p}${i}`] } : {}),
       });
     }
     return out;

@@ -62,6 +62,8 @@ export interface TrainSettings {
   optimizer: OptimizerKind;
   /** Master weights: a separate fp32 copy, or 'compact' (the f16 weight + a 16-bit extension; the f32 weight itself). */
   master: MasterKind;
+  /** One UNet pass per sample even when the batch's samples share a shape (tests compare it with the batched pass). */
+  passPerSample?: boolean;
 }
 
 export const TRAIN_DEFAULTS: Record<TrainMode, TrainSettings> = {
@@ -127,6 +129,8 @@ export interface TrainSample {
   ids?: Int32Array;
   /** A loss mask at latent resolution [h, w] in [0, 1] (the photo's painted subject mask, pooled); none: all ones. */
   mask?: Float32Array;
+  /** Its own latent shape [C, h, w] when it trains at an aspect-ratio bucket; absent: TrainData.latentShape. */
+  latentShape?: [number, number, number];
 }
 
 /** Everything random about one step (drawn from the run's Rng, or injected by a test). */
@@ -134,7 +138,7 @@ export interface StepInputs {
   /** Which instance / class sample (indices into TrainData). */
   instance: number;
   classIndex: number | null;
-  /** Noise for the batch [B, C, h, w] (offset noise already added). */
+  /** Noise for the batch: each sample's [C, h, w] in batch order (offset noise already added). */
   noise: Float32Array;
   timesteps: number[];
 }
@@ -320,24 +324,34 @@ export class DreamBoothTrainer {
 
   /** Draws the next step's sample indices, noise and timesteps from the run's Rng. */
   drawInputs(): StepInputs {
-    const [c, h, w] = this.data.latentShape;
     const hasClass = this.data.classes.length > 0;
-    const B = hasClass ? 2 : 1;
-    const noise = this.rng.normals(B * c * h * w);
+    const instance = this.step % this.data.instance.length;
+    const classIndex = hasClass ? this.step % this.data.classes.length : null;
+    const shapes = this.batchOf(instance, classIndex).map((x) => this.shapeOf(x));
+    const c = shapes[0][0];
+    const planes = shapes.map(([, h, w]) => h * w);
+    const noise = this.rng.normals(c * planes.reduce((a, b) => a + b, 0));
     if (this.settings.offsetNoise > 0) {
       // Offset noise (Guttenberg): one extra normal per sample and channel shifts the whole plane, so the
       // model can learn to change an image's mean brightness.
-      const off = this.rng.normals(B * c);
-      for (let p = 0; p < B * c; p++) for (let i = 0; i < h * w; i++) noise[p * h * w + i] += this.settings.offsetNoise * off[p];
+      const off = this.rng.normals(shapes.length * c);
+      let start = 0;
+      for (let b = 0; b < shapes.length; b++)
+        for (let ch = 0; ch < c; ch++, start += planes[b]) for (let i = 0; i < planes[b]; i++) noise[start + i] += this.settings.offsetNoise * off[b * c + ch];
     }
     const T = this.model.schedule.numTrainTimesteps;
-    const timesteps = Array.from({ length: B }, () => this.rng.int(T));
-    return {
-      instance: this.step % this.data.instance.length,
-      classIndex: hasClass ? this.step % this.data.classes.length : null,
-      noise,
-      timesteps,
-    };
+    const timesteps = Array.from({ length: shapes.length }, () => this.rng.int(T));
+    return { instance, classIndex, noise, timesteps };
+  }
+
+  /** A step's samples: the instance photo, then the class image when there is one. */
+  private batchOf(instance: number, classIndex: number | null): TrainSample[] {
+    return [this.data.instance[instance], ...(classIndex !== null ? [this.data.classes[classIndex]] : [])];
+  }
+
+  /** A sample's latent shape: its bucket's, or the data's. */
+  private shapeOf(s: TrainSample): [number, number, number] {
+    return s.latentShape ?? this.data.latentShape;
   }
 
   /** One training step (inputs drawn from the Rng unless given). */
@@ -345,76 +359,35 @@ export class DreamBoothTrainer {
     const gpu = this.gpu;
     const t0 = performance.now();
     gpu.allocator.resetPeak();
-    const {
-      latentShape: [c, h, w],
-      contextShape: [L, D],
-    } = this.data;
-    const samples = [this.data.instance[inputs.instance], ...(inputs.classIndex !== null ? [this.data.classes[inputs.classIndex]] : [])];
+    const samples = this.batchOf(inputs.instance, inputs.classIndex);
     const B = samples.length;
-    const cat = (f: (s: (typeof samples)[0]) => Float32Array) => {
-      const out = new Float32Array(samples.reduce((n, s) => n + f(s).length, 0));
-      samples.forEach((s, i) => out.set(f(s), i * f(s).length));
-      return out;
-    };
-    const x0 = gpu.upload(
-      cat((s) => s.latent),
-      [B, c, h, w],
-      this.dtype,
-      'activations',
-      'x0',
-    );
-    const eps = gpu.upload(inputs.noise, [B, c, h, w], this.dtype, 'activations', 'noise');
-    const tape = new Tape(gpu, new Set(this.trainable.values()));
-    const te = this.settings.textEncoderLora ? this.model.textEncoder! : null;
-    // A trained text encoder runs on the tape (its output is freed by it); else the cached embeddings.
-    const ctx = te
-      ? clipTextForward(
-          gpu,
-          te.config,
-          te.weights,
-          cat((s) => Float32Array.from(s.ids!)),
-          B,
-          tape,
-          this.loraScale,
-        )
-      : gpu.upload(
-          cat((s) => s.context),
-          [B, L, D],
-          this.dtype,
-          'activations',
-          'context',
-        );
-    const tT = gpu.upload(inputs.timesteps, [B], 'f32', 'activations', 'timesteps');
-    const xt = addNoise(gpu, x0, eps, inputs.timesteps, this.acp);
     const prediction = this.model.schedule.prediction;
-    const target = prediction === 'epsilon' ? eps : velocity(gpu, x0, eps, inputs.timesteps, this.acp);
     // diffusers adds the prior term to the instance mean: per-sample weights times B undo weightedMse's 1/B.
     const classWeights = samples.map((_, i) => (i === 0 ? 1 : this.settings.priorLossWeight) * B);
     const weights = lossWeights(inputs.timesteps, this.acp, { prediction, minSnrGamma: this.settings.minSnrGamma ?? undefined, classWeights });
-
-    // A masked photo weights its loss per latent position; a batch without masks runs the plain loss.
-    const mask = samples.some((s) => s.mask)
-      ? gpu.upload(
-          cat((s) => s.mask ?? new Float32Array(h * w).fill(1)),
-          [B, h, w],
-          'f32',
-          'activations',
-          'loss-mask',
-        )
-      : null;
-
-    const pred = unetForward(gpu, this.model.config, this.model.weights, xt, tT, ctx, tape, this.loraScale, this.settings.activationCheckpointing);
-    const loss = await weightedMse(gpu, pred, target, weights, mask);
+    const tape = new Tape(gpu, new Set(this.trainable.values()));
     const scale = this.scaler.scale;
-    tape.backward(pred, weightedMseBackward(gpu, pred, target, weights, mask, scale));
-    if (mask) gpu.free(mask);
+    // One UNet pass over the batch when its samples share a latent shape; one pass per sample when they do not
+    // (a photo at its aspect-ratio bucket beside a square class image). The passes' weight gradients add up on
+    // the tape, and each pass's loss and gradient keep the whole batch's 1/B, so the sum is the batch's.
+    const sameShape = samples.every((x) => this.shapeOf(x).join() === this.shapeOf(samples[0]).join());
+    const passes = sameShape && !this.settings.passPerSample ? [samples.map((_, i) => i)] : samples.map((_, i) => [i]);
+    const noiseStart = samples.map((_, i) => samples.slice(0, i).reduce((n, x) => n + this.shapeOf(x).reduce((a, b) => a * b, 1), 0));
+    let loss = 0;
+    for (const pass of passes)
+      loss += await this.trainPass(
+        tape,
+        pass.map((i) => ({ sample: samples[i], t: inputs.timesteps[i], w: weights[i], noise: noiseStart[i] })),
+        inputs.noise,
+        B,
+        scale,
+      );
     const grads = new Map<string, Tensor>();
     for (const [name, t] of this.trainable) {
       const g = tape.take(t);
       if (g) grads.set(name, g);
     }
     tape.dropGrads();
-    gpu.free(x0, eps, tT, xt, ...(target !== eps ? [target] : []), ...(te ? [] : [ctx]));
     let applied = false;
     let gradNorm = NaN;
     let skipped: string | undefined;
@@ -486,7 +459,7 @@ export class DreamBoothTrainer {
   /** One sample's plain MSE averaged over VALIDATION_T, with noise fixed by (the run's seed, `key`). */
   private async validationLoss(sample: TrainSample, key: number): Promise<number> {
     const gpu = this.gpu;
-    const [c, h, w] = this.data.latentShape;
+    const [c, h, w] = this.shapeOf(sample);
     const [L, D] = this.data.contextShape;
     const rng = new Rng((this.settings.seed ^ VALIDATION_SEED ^ Math.imul(key, 0x9e3779b1)) >>> 0);
     const te = this.settings.textEncoderLora ? this.model.textEncoder! : null;
@@ -508,6 +481,83 @@ export class DreamBoothTrainer {
       gpu.free(x0, eps, ctx, tT, xt, pred, ...(target !== eps ? [target] : []), ...(mask ? [mask] : []));
     }
     return sum / VALIDATION_T.length;
+  }
+
+  /**
+   * The forward and backward of one pass over `items` (samples of one latent shape) on `tape`; returns its part of
+   * the batch's loss (sum over the pass of w_b mse_b / batch). `noise` is the whole batch's, each item's at its offset.
+   */
+  private async trainPass(
+    tape: Tape,
+    items: { sample: TrainSample; t: number; w: number; noise: number }[],
+    noise: Float32Array,
+    batch: number,
+    scale: number,
+  ): Promise<number> {
+    const gpu = this.gpu;
+    const n = items.length;
+    const [c, h, w] = this.shapeOf(items[0].sample);
+    const [L, D] = this.data.contextShape;
+    const cat = (f: (it: (typeof items)[number]) => Float32Array) => {
+      const parts = items.map(f);
+      const out = new Float32Array(parts.reduce((k, p) => k + p.length, 0));
+      parts.forEach((p, i) => out.set(p, i * p.length));
+      return out;
+    };
+    const timesteps = items.map((it) => it.t);
+    const x0 = gpu.upload(
+      cat((it) => it.sample.latent),
+      [n, c, h, w],
+      this.dtype,
+      'activations',
+      'x0',
+    );
+    const eps = gpu.upload(
+      cat((it) => noise.subarray(it.noise, it.noise + c * h * w)),
+      [n, c, h, w],
+      this.dtype,
+      'activations',
+      'noise',
+    );
+    const te = this.settings.textEncoderLora ? this.model.textEncoder! : null;
+    // A trained text encoder runs on the tape (its output is freed by it); else the cached embeddings.
+    const ctx = te
+      ? clipTextForward(
+          gpu,
+          te.config,
+          te.weights,
+          cat((it) => Float32Array.from(it.sample.ids!)),
+          n,
+          tape,
+          this.loraScale,
+        )
+      : gpu.upload(
+          cat((it) => it.sample.context),
+          [n, L, D],
+          this.dtype,
+          'activations',
+          'context',
+        );
+    const tT = gpu.upload(timesteps, [n], 'f32', 'activations', 'timesteps');
+    const xt = addNoise(gpu, x0, eps, timesteps, this.acp);
+    const target = this.model.schedule.prediction === 'epsilon' ? eps : velocity(gpu, x0, eps, timesteps, this.acp);
+    // weightedMse divides by this pass's size; times n / batch it divides by the batch's (exactly 1 for one pass).
+    const weights = items.map((it) => (it.w * n) / batch);
+    // A masked photo weights its loss per latent position; a pass without masks runs the plain loss.
+    const mask = items.some((it) => it.sample.mask)
+      ? gpu.upload(
+          cat((it) => it.sample.mask ?? new Float32Array(h * w).fill(1)),
+          [n, h, w],
+          'f32',
+          'activations',
+          'loss-mask',
+        )
+      : null;
+    const pred = unetForward(gpu, this.model.config, this.model.weights, xt, tT, ctx, tape, this.loraScale, this.settings.activationCheckpointing);
+    const loss = await weightedMse(gpu, pred, target, weights, mask);
+    tape.backward(pred, weightedMseBackward(gpu, pred, target, weights, mask, scale));
+    gpu.free(x0, eps, tT, xt, ...(target !== eps ? [target] : []), ...(te ? [] : [ctx]), ...(mask ? [mask] : []));
+    return loss;
   }
 
   private get ckptPrefix(): string {
@@ -629,14 +679,15 @@ function validate(data: TrainData, s: TrainSettings): void {
   if (!MASTER_KINDS.includes(s.master)) throw new Error(`master must be one of ${MASTER_KINDS.join(', ')}, got ${String(s.master)}`);
   if (!Number.isInteger(s.maxConsecutiveSkips) || s.maxConsecutiveSkips < 1)
     throw new Error(`maxConsecutiveSkips (skipped steps in a row before the run stops) must be a positive integer, got ${s.maxConsecutiveSkips}`);
-  const [c, h, w] = data.latentShape;
-  for (const [i, x] of data.instance.entries())
-    if (x.latent.length !== c * h * w) throw new Error(`instance latent ${i} has ${x.latent.length} values, expected ${c}x${h}x${w}`);
   for (const [what, set] of [
     ['instance', data.instance],
     ['class', data.classes],
   ] as const)
     for (const [i, x] of set.entries()) {
+      const [c, h, w] = x.latentShape ?? data.latentShape;
+      if (x.latentShape && (x.latentShape.length !== 3 || c !== data.latentShape[0] || !x.latentShape.every((d) => Number.isInteger(d) && d > 0)))
+        throw new Error(`${what} image ${i}'s latent shape [${x.latentShape.join(', ')}] is not [${data.latentShape[0]}, h, w]`);
+      if (x.latent.length !== c * h * w) throw new Error(`${what} latent ${i} has ${x.latent.length} values, expected ${c}x${h}x${w}`);
       if (!x.mask) continue;
       if (x.mask.length !== h * w) throw new Error(`${what} image ${i}'s loss mask has ${x.mask.length} values, expected ${h}x${w}`);
       if (!x.mask.every((v) => v >= 0 && v <= 1)) throw new Error(`${what} image ${i}'s loss mask has values outside [0, 1] (or non-finite ones)`);

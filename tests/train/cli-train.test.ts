@@ -271,6 +271,35 @@ describe('cli train', () => {
     assert.ok(cached.some((f) => /i0-mask/.test(f)) && cached.some((f) => /i2-mask/.test(f)), `masks cached: ${cached.join(', ')}`);
   });
 
+  it('--aspect bucket: the 48x32 photos train at their own aspect ratio (a bucket shape in the cache), the upright JPEG at its own', () => {
+    const out = join(dir, 'bucketed');
+    const r = cli(
+      ...['train', '--model', tiny.folder, '--images', images, '--prompt', 'a photo of sks dog', '--steps', '2', '--resolution', '32'],
+      ...['--aspect', 'bucket', '--mode', 'lora', '--rank', '4', '--export', 'lora-kohya', '--out', out],
+    );
+    assert.equal(r.code, 0, r.err);
+    assert.doesNotMatch(r.err, /not square/, 'no centre-crop warning with buckets');
+    assert.equal(r.out.split('\n').filter((l) => l.startsWith('step ')).length, 2);
+    // The cache snapshot's record names each bucketed sample's latent shape: landscape for the PNGs, portrait for
+    // the EXIF-rotated JPEG (32x48 upright).
+    const texts = readdirSync(join(out, 'store'), { recursive: true })
+      .map(String)
+      .filter((f) => /cache/.test(f))
+      .map((f) => {
+        try {
+          return readFileSync(join(out, 'store', f), 'utf8');
+        } catch {
+          return '';
+        }
+      })
+      .join('\n');
+    const shapes = /"shapes":(\{[^}]*\})/.exec(texts);
+    assert.ok(shapes, 'a shapes record in the cache');
+    const byPrefix = JSON.parse(shapes[1]) as Record<string, number[]>;
+    const kinds = Object.values(byPrefix).map(([, h, w]) => (w > h ? 'landscape' : h > w ? 'portrait' : 'square'));
+    assert.deepEqual(kinds.sort(), ['landscape', 'landscape', 'portrait']);
+  });
+
   it('bad input: a folder with no images, a missing folder, a wrong mode', () => {
     const empty = join(dir, 'empty');
     mkdirSync(empty);

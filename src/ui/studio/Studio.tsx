@@ -29,6 +29,7 @@ import {
   loadModelFile,
   loadModelFolder,
 } from './actions.ts';
+import { bucketFor, bucketRegion } from '../../io/image.ts';
 import { LossChart } from './LossChart.tsx';
 import { MaskEditor } from './MaskEditor.tsx';
 import { autosave, fmtBytes, progressLine, restoreProject, runBusy, statusMessage, useStudioStore, type PhotoItem } from './state.ts';
@@ -245,20 +246,33 @@ function Thumb({ p, index, locked }: { p: PhotoItem; index: number; locked: bool
   const long = Math.max(p.width, p.height);
   const slack = long - p.crop.size;
   const t = slack > 0 ? (p.width >= p.height ? p.crop.x : p.crop.y) / slack : 0.5;
-  // The thumbnail shows exactly the square that trains: the crop scaled to 128 px.
-  const scale = 128 / p.crop.size;
+  // The thumbnail shows exactly the region that trains: the square crop, or with aspect-ratio buckets the region
+  // of the bucket's shape (placed by the same slider), its long side at 128 px.
+  const aspect = useStudioStore((s) => s.settings.aspect);
+  const resolution = useStudioStore((s) => s.settings.resolution);
+  const factor = useStudioStore((s) => s.model.summary?.resolutionFactor);
+  const bucket = aspect === 'bucket' && factor ? bucketFor(p, resolution, factor) : null;
+  const region = bucket ? bucketRegion(p, bucket, t) : { x: p.crop.x, y: p.crop.y, width: p.crop.size, height: p.crop.size };
+  const scale = 128 / Math.max(region.width, region.height);
   return (
     <li className="photo">
       <div
         className="crop-preview"
         role="img"
-        aria-label={`Crop of ${p.name}`}
+        aria-label={bucket ? `${p.name} trains at ${bucket.width}×${bucket.height}` : `Crop of ${p.name}`}
         style={{
+          width: `${Math.round(region.width * scale)}px`,
+          height: `${Math.round(region.height * scale)}px`,
           backgroundImage: `url(${p.url})`,
           backgroundSize: `${p.width * scale}px ${p.height * scale}px`,
-          backgroundPosition: `${-p.crop.x * scale}px ${-p.crop.y * scale}px`,
+          backgroundPosition: `${-region.x * scale}px ${-region.y * scale}px`,
         }}
       />
+      {bucket && (
+        <span className="hint" data-testid="bucket">
+          Trains at {bucket.width}×{bucket.height} (its own aspect ratio)
+        </span>
+      )}
       <span className="name" title={p.name}>
         {p.name} ({p.width}×{p.height})
       </span>
@@ -483,6 +497,13 @@ function SettingsPanel() {
                   {k}
                 </option>
               ))}
+            </select>
+          </label>
+          <label>
+            {L.aspect}
+            <select name="aspect" value={s.aspect} onChange={(e) => set({ aspect: e.target.value as RunSettings['aspect'] })}>
+              <option value="bucket">own aspect (buckets)</option>
+              <option value="square">square crop</option>
             </select>
           </label>
           <label className="check">

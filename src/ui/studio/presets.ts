@@ -30,7 +30,13 @@ export const PRESETS: Record<PresetName, { label: string; settings: Partial<RunS
 };
 
 /** The page starts from the schema's LoRA defaults with samples every 50 steps and example prompts. */
-export const PAGE_DEFAULTS: RunSettings = { ...defaultSettings('lora'), sampleEvery: 50, classPrompt: 'a photo of a dog', samplePrompt: 'a photo of sks dog' };
+export const PAGE_DEFAULTS: RunSettings = {
+  ...defaultSettings('lora'),
+  aspect: 'bucket',
+  sampleEvery: 50,
+  classPrompt: 'a photo of a dog',
+  samplePrompt: 'a photo of sks dog',
+};
 
 /** Each setting's label on the page (messages name settings by these). */
 export const SETTING_LABELS: Record<SettingKey, string> = {
@@ -55,6 +61,7 @@ export const SETTING_LABELS: Record<SettingKey, string> = {
   master: 'Master weights (compact: f16 + 16-bit extension)',
   checkpointEvery: 'Checkpoint every N steps',
   validateEvery: 'Validation loss every N steps (0: never)',
+  aspect: 'Non-square photos train at',
   sampleEvery: 'Sample every N steps (0: never)',
   samplePrompt: 'Sample prompt',
   sampleSteps: 'Sampling steps',
