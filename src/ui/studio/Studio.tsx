@@ -259,7 +259,7 @@ function Thumb({ p, index, locked }: { p: PhotoItem; index: number; locked: bool
       <div
         className="crop-preview"
         role="img"
-        aria-label={bucket ? `${p.name} trains at ${bucket.width}×${bucket.height}` : `Crop of ${p.name}`}
+        aria-label={`Crop of ${p.name}`}
         style={{
           width: `${Math.round(region.width * scale)}px`,
           height: `${Math.round(region.height * scale)}px`,
