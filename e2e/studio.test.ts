@@ -105,6 +105,17 @@ async function tinySettings(page: Page, o: { steps: number; sampleEvery: number;
 
 const progressText = (page: Page) => page.getByTestId('train-progress-text').textContent();
 
+/** At 390 px (a phone) nothing is wider than the screen: no sideways scrolling. */
+async function assertFitsPhone(page: Page, when: string): Promise<void> {
+  await page.setViewportSize({ width: 390, height: 844 });
+  const overflow = await page.evaluate(() => {
+    const w = document.documentElement.clientWidth;
+    const wide = [...document.querySelectorAll('body *')].filter((el) => el.getBoundingClientRect().right > w + 1).map((el) => `${el.tagName}.${el.className}`);
+    return { by: document.documentElement.scrollWidth - w, wide: wide.slice(0, 5) };
+  });
+  assert.ok(overflow.by <= 1, `no horizontal scrolling at phone width ${when} (overflow ${overflow.by}px: ${overflow.wide.join(', ')})`);
+}
+
 /**
  * Text fields and selects (outside the photo cards' free-text captions) whose value or longest option is wider
  * than the room inside the field: measured with the field's own font on a canvas.
@@ -226,15 +237,7 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       await shot(page, 'studio-2-photos');
 
       // Phone width: the same page in one column, nothing wider than the screen.
-      await page.setViewportSize({ width: 390, height: 844 });
-      const overflow = await page.evaluate(() => {
-        const w = document.documentElement.clientWidth;
-        const wide = [...document.querySelectorAll('body *')]
-          .filter((el) => el.getBoundingClientRect().right > w + 1)
-          .map((el) => `${el.tagName}.${el.className}`);
-        return { by: document.documentElement.scrollWidth - w, wide: wide.slice(0, 5) };
-      });
-      assert.ok(overflow.by <= 1, `no horizontal scrolling at phone width (overflow ${overflow.by}px: ${overflow.wide.join(', ')})`);
+      await assertFitsPhone(page, 'with photos and settings');
       await page.screenshot({ path: screenshotPath('studio-phone.png'), fullPage: false });
       await page.setViewportSize({ width: 1280, height: 800 });
 
@@ -374,6 +377,9 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
         assert.match((await page.getByTestId('exports').textContent()) ?? '', /diffusers\.zip \(saved where you chose\) — \d/);
       }
       await shot(page, 'studio-5-export');
+      // A finished run (chart, legend, samples, exports with long file names) also fits a phone.
+      await assertFitsPhone(page, 'after training and exports');
+      await page.setViewportSize({ width: 1280, height: 800 });
       assert.match((await page.getByTestId('train-status').textContent()) ?? '', /^Done\./, "still the run's status after the save-dialog export");
 
       // "Choose where to save" is remembered across a reload (turned off here, off after it).

@@ -8,7 +8,7 @@ import { DEMO_RESOLUTION } from '../../models/demo.ts';
 import { exportFileName, type ExportFormat, type RunInput } from '../../pipeline/run.ts';
 import { PRESETS, SETTING_LABELS, type PresetName } from './presets.ts';
 import type { ModelChoice, StudioWorkerApi, WorkerEvent } from '../../studio/worker.ts';
-import { EMPTY_RUN, fmtBytes, saveProject, storageShortfall, useStudioStore, type PhotoItem, type RunProgress } from './state.ts';
+import { EMPTY_RUN, fmtBytes, runBusy, saveProject, storageShortfall, useStudioStore, type PhotoItem, type RunProgress } from './state.ts';
 
 let worker: Worker | null = null;
 let api: Comlink.Remote<StudioWorkerApi> | null = null;
@@ -236,8 +236,10 @@ function onEvent(e: WorkerEvent): void {
   const { setRun } = S();
   switch (e.type) {
     case 'phase':
+      // Progress comes through its own message port, so it may land after the run's result: a late one
+      // never replaces what the page says of a run that has stopped (done, paused, ...).
       if (exportInProgress || e.phase === 'exporting') S().set({ exportMessage: e.message });
-      else setRun({ message: e.message });
+      else if (runBusy(S().run.status)) setRun({ message: e.message });
       break;
     case 'warning':
       setRun((r) => ({ warnings: [...r.warnings, e.message] }));
@@ -253,7 +255,7 @@ function onEvent(e: WorkerEvent): void {
       break;
     case 'step':
       setRun((r) => ({
-        status: r.status === 'pausing' ? 'pausing' : 'training',
+        status: r.status === 'pausing' || !runBusy(r.status) ? r.status : 'training',
         step: e.report.step,
         steps: e.steps,
         secondsPerStep: e.secondsPerStep,
