@@ -45,6 +45,7 @@ import { mergedLoraProvider } from '../export/merge.ts';
 import { pipeToSink } from '../export/stream.ts';
 import { formatBytes } from '../util/bytes.ts';
 import { RunClock } from './timing.ts';
+import { generateTryIt, type TryItOptions, type TryItResult } from './tryit.ts';
 import {
   RunError,
   validatePrompt,
@@ -701,6 +702,38 @@ export class TrainingRun {
     const seconds = (performance.now() - t0) / 1000;
     this.clock.recordSample(seconds);
     this.host.emit({ type: 'sample', step, png: this.host.encodePng(img.rgb, img.width, img.height), width: img.width, height: img.height, seconds });
+  }
+
+  /**
+   * "Try it" (pipeline/tryit.ts): the fine-tuned model and the base model for the same prompt and seed, as PNGs
+   * with A1111's parameters text. Only while the run is not training (it holds the GPU meanwhile, so train()
+   * refuses); refused with no finished step. The trained state and the checkpoint are only read.
+   */
+  async tryIt(o: TryItOptions): Promise<TryItResult> {
+    if (this.running) throw new RunError('the run is training: pause it (or let it finish) to try it, the GPU is busy with the steps');
+    this.running = true;
+    try {
+      const s = this.run.settings;
+      return await generateTryIt(
+        {
+          gpu: this.host.gpu,
+          model: this.model,
+          source: this.source,
+          tokenizer: this.tokenizer,
+          schedule: this.schedule,
+          mode: s.mode,
+          step: this.trainer.step,
+          appliedSteps: this.trainer.appliedSteps,
+          loraScale: this.trainer.loraScale,
+          resolution: s.resolution,
+          baseName: this.opened.name,
+          tunedName: this.exportName(s.mode === 'lora' ? 'lora-kohya' : 'full-single-file').replace(/\.safetensors$/, ''),
+        },
+        o,
+      );
+    } finally {
+      this.running = false;
+    }
   }
 
   /** The export's file name for a download (see exportFileName). */

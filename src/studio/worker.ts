@@ -33,6 +33,7 @@ import type { SettingKey } from '../pipeline/settings.ts';
 import { TOKENIZER_FILES } from '../export/full.ts';
 import { jobBundle, type BundleModel } from '../pipeline/bundle.ts';
 import { exportImported, openSource, readImportedLora, tryLora, type ReadLora } from '../pipeline/imported.ts';
+import type { TryItOptions, TryItResult } from '../pipeline/tryit.ts';
 import { downloadZip } from 'client-zip';
 
 /** Where the model comes from (what the page persists, minus the File objects). */
@@ -259,6 +260,15 @@ class StudioWorker {
       throw e;
     }
     return { name: handle.name, size: (await handle.getFile()).size };
+  }
+
+  /**
+   * "Try it" on the loaded run (paused or done): fine-tuned and base images for the same seed, PNGs with
+   * A1111's parameters text (TrainingRun.tryIt; refused while training and with no finished step).
+   */
+  async tryIt(o: Omit<TryItOptions, 'onStep'>, onStep?: (done: number, total: number) => void): Promise<TryItResult> {
+    if (!this.session) throw new StudioError('no run is loaded: Try it needs a run with a finished training step');
+    return this.session.tryIt({ ...o, ...(onStep ? { onStep } : {}) });
   }
 
   /** Whether a run is loaded (exports need one). */

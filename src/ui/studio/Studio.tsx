@@ -7,6 +7,7 @@ import type { RunSettings } from '../../pipeline/settings.ts';
 import { MASTER_KINDS, OPTIMIZER_KINDS } from '../../train/packed-state.ts';
 import { EXPORT_LABELS, PRESETS, SETTING_LABELS, type PresetName } from './presets.ts';
 import { OutgrowPanel } from './Outgrow.tsx';
+import { TryItPanel } from './TryIt.tsx';
 import {
   addPhotos,
   applyPreset,
@@ -55,6 +56,7 @@ export function Studio() {
           <PhotosPanel />
           <SettingsPanel />
           <TrainPanel />
+          <TryItPanel />
           <ExportPanel />
           <OutgrowPanel />
           <p className="footer">

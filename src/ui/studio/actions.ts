@@ -6,6 +6,7 @@ import { centerCrop, imageSize, exifOrientation, orientedSize, sniffImage, MAX_I
 import { storagePersistence } from '../../store/idb-store.ts';
 import { DEMO_RESOLUTION } from '../../models/demo.ts';
 import { exportFileName, type ExportFormat, type RunInput } from '../../pipeline/run.ts';
+import type { TryItOptions, TryItResult } from '../../pipeline/tryit.ts';
 import { PRESETS, SETTING_LABELS, type PresetName } from './presets.ts';
 import type { ModelChoice, StudioWorkerApi, WorkerEvent } from '../../studio/worker.ts';
 import { EMPTY_RUN, fmtBytes, runBusy, saveProject, storageShortfall, useStudioStore, type PhotoItem, type RunProgress } from './state.ts';
@@ -347,6 +348,7 @@ export function modelReady(): boolean {
 
 /** Starts a new run with the current photos and settings (discarding the previous run's checkpoints). */
 export async function startTraining(): Promise<void> {
+  await tryDone();
   const st = S();
   if (!api || !modelChoice) return;
   if (st.photos.length === 0) {
@@ -395,6 +397,7 @@ export async function pauseTraining(): Promise<void> {
 
 /** Continues a paused run; after a reload or a lost device, from the last checkpoint in storage. */
 export async function resumeTraining(): Promise<void> {
+  await tryDone();
   const st = S();
   if (!st.run.runId || !st.run.startedWith) return;
   if (!modelChoice) {
@@ -425,6 +428,7 @@ export async function resumeTraining(): Promise<void> {
 }
 
 export async function cancelTraining(): Promise<void> {
+  await tryDone();
   const st = S();
   if (st.run.status === 'training' || st.run.status === 'pausing' || st.run.status === 'preparing') {
     st.setRun({ message: 'Cancelling…' });
@@ -545,4 +549,27 @@ export async function exportImportedLora(lora: File | null, format: ExportFormat
   const out = await api.exportImported(modelChoice, lora, format);
   download(out.blob, out.name);
   return { name: out.name, size: out.size, warnings: out.warnings };
+}
+
+// ---- "Try it" on the run (ui/studio/TryIt.tsx) -----------------------------------------------------------
+
+/** The Try it under way: training, a new run or a cancel wait for it (they would take its GPU state away). */
+let trying: Promise<unknown> = Promise.resolve();
+const tryDone = () => trying.catch(() => undefined);
+
+/**
+ * Fine-tuned and base images of the run (paused or done) for the same seed, as PNGs with A1111's parameters
+ * text; after a reload the run is loaded from its last checkpoint first, as exports do.
+ */
+export function tryTrainedRun(o: Omit<TryItOptions, 'onStep'>, onStep: (done: number, total: number) => void): Promise<TryItResult> {
+  const go = async () => {
+    const st = S();
+    if (!api || !st.run.runId || !st.run.startedWith) throw new Error('Train a run first: Try it draws with its fine-tuned model.');
+    if (!modelChoice || st.model.status !== 'ready') throw new Error('Load the model first (see Model above): Try it runs on it.');
+    if (!(await api.hasSession())) await api.start(modelChoice, runInput(st.run), Comlink.proxy(onEvent), false, SETTING_LABELS);
+    return api.tryIt(o, Comlink.proxy(onStep));
+  };
+  const p = go();
+  trying = p;
+  return p;
 }

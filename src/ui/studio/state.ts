@@ -45,6 +45,25 @@ export interface SampleItem {
   url?: string;
 }
 
+/** A "Try it" result (ui/studio/TryIt.tsx): base and fine-tuned PNGs (with A1111's parameters text) for one seed. */
+export interface TryItem {
+  id: string;
+  /** The run's step the fine-tuned image was drawn at. */
+  step: number;
+  prompt: string;
+  negativePrompt: string;
+  steps: number;
+  guidance: number;
+  seed: number;
+  /** LoRA strength; null for a full fine-tune. */
+  strength: number | null;
+  base: Blob;
+  tuned: Blob;
+  /** Object URLs for display (not persisted). */
+  baseUrl?: string;
+  tunedUrl?: string;
+}
+
 export interface ExportItem {
   format: ExportFormat;
   name: string;
@@ -79,6 +98,8 @@ export interface RunProgress {
   warnings: string[];
   error: string | null;
   samples: SampleItem[];
+  /** "Try it" images of this run, newest first (absent in projects saved before). */
+  tries?: TryItem[];
   /** Settings, prompt and photos the run was started with (a resume uses these, not later edits). */
   startedWith: { prompt: string; settings: StudioSettings; photoIds: string[]; classIds: string[] } | null;
 }
@@ -181,7 +202,7 @@ interface SavedProject {
   model: ModelRef | null;
   photos: PhotoMeta[];
   classPhotos: PhotoMeta[];
-  run: Omit<RunProgress, 'samples'> & { samples: { step: number }[] };
+  run: Omit<RunProgress, 'samples' | 'tries'> & { samples: { step: number }[]; tries?: TryMeta[] };
   /** The export panel's "Choose where to save" (absent in projects saved before it was kept: on). */
   saveWithDialog?: boolean;
 }
@@ -189,6 +210,8 @@ interface SavedProject {
 const photoKey = (id: string) => `photo:${id}`;
 const maskKey = (id: string) => `mask:${id}`;
 const sampleKey = (runId: string | null, step: number) => `sample:${runId ?? 'none'}:${step}`;
+type TryMeta = Omit<TryItem, 'base' | 'tuned' | 'baseUrl' | 'tunedUrl'>;
+const tryKey = (runId: string | null, id: string, which: 'base' | 'tuned') => `try:${runId ?? 'none'}:${id}:${which}`;
 /** Blob keys already in the database (so each Blob is written once). */
 const written = new Set<string>();
 
@@ -208,7 +231,15 @@ function snapshot(s: StudioState): { project: SavedProject; blobs: Map<string, B
     model: s.model.ref,
     photos: s.photos.map(meta),
     classPhotos: s.classPhotos.map(meta),
-    run: { ...s.run, samples: s.run.samples.map((x) => (blobs.set(sampleKey(s.run.runId, x.step), x.blob), { step: x.step })) },
+    run: {
+      ...s.run,
+      samples: s.run.samples.map((x) => (blobs.set(sampleKey(s.run.runId, x.step), x.blob), { step: x.step })),
+      tries: (s.run.tries ?? []).map(({ base, tuned, baseUrl: _b, tunedUrl: _t, ...meta }) => {
+        blobs.set(tryKey(s.run.runId, meta.id, 'base'), base);
+        blobs.set(tryKey(s.run.runId, meta.id, 'tuned'), tuned);
+        return meta;
+      }),
+    },
     saveWithDialog: s.saveWithDialog,
   };
   return { project, blobs };
@@ -253,6 +284,7 @@ export async function restoreProject(): Promise<void> {
   const photos: PhotoItem[] = [];
   const classPhotos: PhotoItem[] = [];
   const samples: SampleItem[] = [];
+  const tries: TryItem[] = [];
   try {
     const store = db();
     saved = await get<SavedProject>('project', store);
@@ -279,6 +311,13 @@ export async function restoreProject(): Promise<void> {
           samples.push({ step: x.step, blob, url: URL.createObjectURL(blob) });
         }
       }
+      for (const t of saved.run.tries ?? []) {
+        const [base, tuned] = [await get<Blob>(tryKey(saved.run.runId, t.id, 'base'), store), await get<Blob>(tryKey(saved.run.runId, t.id, 'tuned'), store)];
+        if (!base || !tuned) continue;
+        written.add(tryKey(saved.run.runId, t.id, 'base'));
+        written.add(tryKey(saved.run.runId, t.id, 'tuned'));
+        tries.push({ ...t, base, tuned, baseUrl: URL.createObjectURL(base), tunedUrl: URL.createObjectURL(tuned) });
+      }
     }
   } catch {
     saved = undefined;
@@ -288,7 +327,7 @@ export async function restoreProject(): Promise<void> {
     return;
   }
   const busy: RunStatus[] = ['preparing', 'training', 'pausing'];
-  const run: RunProgress = { ...EMPTY_RUN, ...saved.run, samples };
+  const run: RunProgress = { ...EMPTY_RUN, ...saved.run, samples, tries };
   if (busy.includes(run.status)) {
     run.status = 'interrupted';
     run.message =
