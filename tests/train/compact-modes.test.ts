@@ -288,3 +288,24 @@ describe("the planner's dry run in the compact default", () => {
     }
   });
 });
+
+describe('steady state in the compact default', () => {
+  it('full [f16] adamw8bit/compact, chunks streamed, checkpointing: no GPUBuffer or bind group created after warm-up', async () => {
+    const gpu = await testGpu();
+    const { trainer, fx, free } = await makeTrainer(gpu, 'f16', 'full', new MemoryChunkStore(), {
+      ...COMPACT_MODES[0],
+      activationCheckpointing: true,
+      residentChunks: 1,
+    });
+    for (let s = 0; s < 3; s++) await trainer.trainStep(fx.inputs[s]);
+    const before = gpu.stats;
+    const bytes = gpu.allocator.report().current;
+    for (let s = 3; s < 6; s++) assert.ok((await trainer.trainStep(fx.inputs[s])).applied);
+    const after = gpu.stats;
+    assert.ok(after.dispatches - before.dispatches > 300, 'the steps dispatch work');
+    assert.equal(after.buffersCreated - before.buffersCreated, 0, 'GPUBuffers created in 3 warm steps');
+    assert.equal(after.bindGroupsCreated - before.bindGroupsCreated, 0, 'bind groups created in 3 warm steps');
+    assert.equal(gpu.allocator.report().current, bytes, 'GPU bytes grow across steps');
+    free();
+  });
+});
