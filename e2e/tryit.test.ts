@@ -121,7 +121,7 @@ describe('studio: Try it (Chromium, SwiftShader, demo model)', () => {
         ],
       );
       assert.equal(figures[0].top, figures[1].top, 'side by side');
-      await page.screenshot({ path: screenshotPath('tryit.png'), fullPage: false });
+      await panel.screenshot({ path: screenshotPath('tryit.png') });
 
       const tuned = await download(page, () => result.getByRole('link', { name: 'Download fine-tuned PNG' }).click());
       assert.match(tuned.name, /^tryit-step2-seed7-fine-tuned-.*\.png$/);
@@ -138,6 +138,8 @@ describe('studio: Try it (Chromium, SwiftShader, demo model)', () => {
         'a photo of sks dog\nNegative prompt: blurry\nSteps: 2, Sampler: DPM++ 2M, CFG scale: 7.5, Seed: 7, Size: 32x32, Model: demo-sd1-tiny',
       );
 
+      // Each result's Remove says which result it removes.
+      assert.equal(await result.getByRole('button', { name: /^Remove the result of step 2, seed 7/ }).count(), 1);
       await assertFitsPhone(page);
       await page.getByTestId('tryit').screenshot({ path: screenshotPath('tryit-phone.png') });
 

@@ -175,7 +175,12 @@ export function TryItPanel() {
                 Step {t.step} · “{t.prompt}”{t.negativePrompt ? ` · not “${t.negativePrompt}”` : ''} · {t.steps} steps · CFG {t.guidance} · seed {t.seed}
                 {t.strength !== null ? ` · strength ${t.strength}` : ''}
               </p>
-              <button type="button" className="secondary" onClick={() => remove(t.id)}>
+              <button
+                type="button"
+                className="secondary"
+                aria-label={`Remove the result of step ${t.step}, seed ${t.seed} ("${t.prompt}")`}
+                onClick={() => remove(t.id)}
+              >
                 Remove
               </button>
             </li>
