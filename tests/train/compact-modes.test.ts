@@ -309,3 +309,27 @@ describe('steady state in the compact default', () => {
     free();
   });
 });
+
+describe('resume after a lost device in the compact default', () => {
+  it('full [f16] adamw8bit/compact: the device is destroyed after step 5 (checkpoint at 3); a new device resumes to step 8 = uninterrupted', async () => {
+    const over: Partial<TrainSettings> = { ...COMPACT_MODES[0], residentChunks: 4, seed: 9 };
+    const gpu = await testGpu();
+    const a = await makeTrainer(gpu, 'f16', 'full', new MemoryChunkStore(), over);
+    for (let s = 0; s < 8; s++) await a.trainer.trainStep();
+    const want = await a.trainer.trainedValues();
+    a.free();
+    const store = new MemoryChunkStore();
+    const lost = await nodeGpu();
+    const b = await makeTrainer(lost, 'f16', 'full', store, over);
+    for (let s = 0; s < 3; s++) await b.trainer.trainStep();
+    await b.trainer.checkpoint();
+    for (let s = 0; s < 2; s++) await b.trainer.trainStep();
+    lost.destroy(); // the device is gone with every resident chunk and weight on it; nothing is freed
+    const c = await makeTrainer(gpu, 'f16', 'full', store, over);
+    assert.equal(await c.trainer.resume(), true);
+    while (c.trainer.step < 8) await c.trainer.trainStep();
+    const got = await c.trainer.trainedValues();
+    for (const [n, w] of want) assert.deepEqual(got.get(n), w, `${n} differs after resuming on a new device`);
+    c.free();
+  });
+});
