@@ -40,13 +40,13 @@ function photo(k: number): Blob {
   return new Blob([new Uint8Array(encode({ width: w, height: h, data, channels: 3, depth: 8 }))], { type: 'image/png' });
 }
 
-function host(gpu: Gpu, store: ChunkStore) {
+function host(gpu: Gpu, store: ChunkStore, onEvent: (e: RunEvent) => void = () => {}) {
   return {
     gpu,
     dryRunGpu: () => nodeGpu({ dryRun: true, disableF16: !gpu.hasF16 }),
     store,
     decode: async (blob: Blob, name: string) => decodeImageNode(new Uint8Array(await blob.arrayBuffer()), name),
-    emit: (_e: RunEvent) => {},
+    emit: onEvent,
     encodePng: (rgb: Uint8Array, width: number, height: number) => encode({ width, height, data: rgb, channels: 3, depth: 8 }),
   };
 }
@@ -125,11 +125,19 @@ for (const mode of ['lora', 'full'] as const)
       const opened = await demoModel();
       const store = new MemoryChunkStore();
       // LoRA without samples: the VAE decoder and text encoder were freed and come back from the source.
-      const run = await TrainingRun.prepare(host(gpu, store), opened, input(mode, mode === 'lora' ? 0 : 2));
+      // The run pauses after its first step (as the page's Pause does).
+      const pauseAfterStep1 = (e: RunEvent) => e.type === 'step' && e.report.step === 1 && run.pause();
+      const run: TrainingRun = await TrainingRun.prepare(host(gpu, store, pauseAfterStep1), opened, input(mode, mode === 'lora' ? 0 : 2));
       try {
         await assert.rejects(run.tryIt(OPTIONS), /needs a finished training step: this run has none yet/);
-        const training = run.train();
+        let training = run.train();
         await assert.rejects(run.tryIt(OPTIONS), /the run is training: pause it/);
+        assert.equal(await training, 'paused');
+        // While paused: both images at step 1.
+        const paused = await run.tryIt(OPTIONS);
+        assert.equal(paused.step, 1);
+        assert.equal(decode(paused.tuned.png).width, DEMO_RESOLUTION);
+        training = run.train();
         assert.equal(await training, 'done');
         assert.equal(run.step, 2);
 
