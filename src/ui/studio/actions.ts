@@ -471,6 +471,8 @@ export async function exportRun(format: ExportFormat): Promise<void> {
         throw e;
       }
     }
+    // A Try it under way holds the run's GPU state: the export follows it (after the dialog, which needs the click).
+    await tryDone();
     // After a reload the worker has no session: load the run from its last checkpoint first.
     if (!(await api.hasSession())) await api.start(modelChoice, runInput(st.run), Comlink.proxy(onEvent), false, SETTING_LABELS);
     if (handle) {
