@@ -15,6 +15,10 @@ describe('Try it availability', () => {
       assert.match(tryItBlocked({ status, step: 3, runId: 'r' }, true) ?? '', /busy training: pause the run/, status);
   });
 
+  it('says the engine is busy while an export runs', () => {
+    assert.match(tryItBlocked({ status: 'done', step: 2, runId: 'r' }, true, true) ?? '', /busy exporting/);
+  });
+
   it('says there is no finished step yet (no run, or step 0)', () => {
     assert.match(tryItBlocked({ status: 'idle', step: 0, runId: null }, true) ?? '', /No finished training step yet/);
     assert.match(tryItBlocked({ status: 'paused', step: 0, runId: 'r' }, true) ?? '', /No finished training step yet/);

@@ -8,8 +8,9 @@ import { tryTrainedRun } from './actions.ts';
 import { runBusy, useStudioStore, type RunProgress, type TryItem } from './state.ts';
 
 /** Why Try it cannot run now, or null when it can. */
-export function tryItBlocked(run: Pick<RunProgress, 'status' | 'step' | 'runId'>, modelReady: boolean): string | null {
+export function tryItBlocked(run: Pick<RunProgress, 'status' | 'step' | 'runId'>, modelReady: boolean, exporting = false): string | null {
   if (runBusy(run.status)) return 'The engine is busy training: pause the run (or wait until it is done) to try it.';
+  if (exporting) return 'The engine is busy exporting: Try it is available again when the export is done.';
   if (!run.runId || run.step === 0)
     return 'No finished training step yet: Try it needs at least one (the fine-tuned model would still be the base model). Train first.';
   if (run.status !== 'done' && run.status !== 'paused') return 'Try it works on a paused or finished run: resume it, then pause.';
@@ -34,6 +35,7 @@ function Field({ label, children }: { label: string; children: ReactNode }) {
 export function TryItPanel() {
   const run = useStudioStore((s) => s.run);
   const modelReady = useStudioStore((s) => s.model.status === 'ready');
+  const exporting = useStudioStore((s) => s.exporting);
   const lora = run.startedWith?.settings.mode !== 'full';
   const [prompt, setPrompt] = useState<string | null>(null);
   const [negative, setNegative] = useState('');
@@ -44,7 +46,7 @@ export function TryItPanel() {
   const [busy, setBusy] = useState(false);
   const [progress, setProgress] = useState<{ done: number; total: number } | null>(null);
   const [error, setError] = useState('');
-  const blocked = tryItBlocked(run, modelReady);
+  const blocked = tryItBlocked(run, modelReady, exporting);
   const started = run.startedWith;
   const shownPrompt = prompt ?? (started ? started.settings.samplePrompt || started.prompt : '');
   const shownSeed = seed ?? started?.settings.seed ?? 42;
