@@ -199,7 +199,10 @@ function readRunFile(dir: string): RunFile {
   } catch (e) {
     throw new UsageError(`${path}: ${(e as Error).message}: the run record is damaged`);
   }
-  j.settings = { ...defaultSettings(j.settings.mode), ...j.settings };
+  // Records made before the optimizer modes existed were fp32 AdamW runs (today's full default is 8-bit +
+  // compact): their checkpoints resume in the mode they were made in.
+  const before = { optimizer: 'adamw', master: 'fp32' } as const;
+  j.settings = { ...defaultSettings(j.settings.mode), ...before, ...j.settings };
   j.inputs.exports = exportsFrom(Array.isArray(j.inputs.exports) ? j.inputs.exports.join(',') : undefined, j.settings.mode);
   return j;
 }

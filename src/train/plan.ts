@@ -30,7 +30,7 @@ import { clipParams, unetParams } from '../models/shapes.ts';
 import { SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
 import { DryRunChunkStore } from '../store/dryrun-store.ts';
 import { formatBytes } from '../util/bytes.ts';
-import { planChunks } from './optimizer.ts';
+import { planChunks, stateBytesPerElement } from './optimizer.ts';
 import { DreamBoothTrainer, type TrainData, type TrainSettings } from './trainer.ts';
 
 const GiB = 2 ** 30;
@@ -209,21 +209,18 @@ function describeRun(model: PlanModel, s: TrainSettings): string {
   return `${model.name ? `${model.name} ` : ''}${kind}`;
 }
 
-/** Bytes of one chunk's fp32 state on the GPU: master, first and second moments. */
-const STATE_BYTES_PER_ELEM = 12;
-
 /**
  * The largest resident count whose peak the chunk layout predicts to fit, from the measured all-streamed
  * peak: each resident chunk adds its state, and the staging set shrinks to the largest chunk still streamed.
  * Only a starting point for the search (the answer is always measured).
  */
-export function predictResident(chunkElems: number[], streamedPeak: number, budgetBytes: number): number {
+export function predictResident(chunkElems: number[], streamedPeak: number, budgetBytes: number, bytesPerElem = 12): number {
   const maxFrom = (r: number) => Math.max(0, ...chunkElems.slice(r));
   let best = 0;
   let resident = 0;
   for (let r = 1; r < chunkElems.length; r++) {
     resident += chunkElems[r - 1];
-    const peak = streamedPeak + STATE_BYTES_PER_ELEM * (resident + maxFrom(r) - maxFrom(0));
+    const peak = streamedPeak + bytesPerElem * (resident + maxFrom(r) - maxFrom(0));
     if (peak <= budgetBytes) best = r;
   }
   return best;
@@ -282,7 +279,8 @@ export async function planTraining(
         best = r;
       } else hi = n;
     };
-    const guess = predictResident(layout, none.peakBytes, budgetBytes);
+    // The state's bytes per element in the run's optimizer mode (12 for fp32 AdamW, ~4 for 8-bit + compact).
+    const guess = predictResident(layout, none.peakBytes, budgetBytes, stateBytesPerElement(settings, model.dtype));
     for (const n of [guess, guess + 1]) if (n > lo && n < hi) await probe(n);
     while (hi - lo > 1) await probe((lo + hi) >> 1);
     return best;

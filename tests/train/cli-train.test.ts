@@ -300,6 +300,22 @@ describe('cli train', () => {
     assert.deepEqual(kinds.sort(), ['landscape', 'landscape', 'portrait']);
   });
 
+  it('a full run recorded before the optimizer modes (no optimizer / master in run.json) resumes as the fp32 AdamW run it was', () => {
+    const out = join(dir, 'old-full');
+    let r = cli(
+      ...['train', '--model', tiny.folder, '--images', images, '--prompt', 'a photo of sks dog', '--steps', '2', '--resolution', '32'],
+      ...['--mode', 'full', '--optimizer', 'adamw', '--master', 'fp32', '--checkpoint-every', '1', '--export', 'full-single-file', '--out', out],
+    );
+    assert.equal(r.code, 0, r.err);
+    const record = JSON.parse(readFileSync(join(out, 'run.json'), 'utf8'));
+    delete record.settings.optimizer;
+    delete record.settings.master;
+    writeFileSync(join(out, 'run.json'), JSON.stringify(record));
+    r = cli('train', '--resume', out, '--steps', '3');
+    assert.equal(r.code, 0, r.err);
+    assert.match(r.out, /^step 3\/3 /m);
+  });
+
   it('bad input: a folder with no images, a missing folder, a wrong mode', () => {
     const empty = join(dir, 'empty');
     mkdirSync(empty);
