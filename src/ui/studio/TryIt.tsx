@@ -4,6 +4,7 @@
 // (state.ts: the project's IndexedDB, like samples), listed newest first, and downloadable as PNGs that carry
 // the generation parameters the way AUTOMATIC1111 writes them (a "parameters" text chunk).
 import { useState, type ChangeEvent, type ReactNode } from 'react';
+import { MAX_STRENGTH } from '../../pipeline/tryit.ts';
 import { tryTrainedRun } from './actions.ts';
 import { runBusy, useStudioStore, type RunProgress, type TryItem } from './state.ts';
 
@@ -124,14 +125,14 @@ export function TryItPanel() {
           <input type="number" name="tryit-steps" min={1} max={150} step={1} value={steps} onChange={num((v) => setSteps(Math.max(1, v)), true)} />
         </Field>
         <Field label="Try-it guidance (CFG scale)">
-          <input type="number" name="tryit-guidance" min={0} max={30} step={0.5} value={guidance} onChange={num(setGuidance)} />
+          <input type="number" name="tryit-guidance" min={0} max={100} step="any" value={guidance} onChange={num(setGuidance)} />
         </Field>
         <Field label="Try-it seed">
           <input type="number" name="tryit-seed" min={0} step={1} value={shownSeed} onChange={num((v) => setSeed(Math.max(0, v)), true)} />
         </Field>
         {lora && (
           <Field label="Try-it LoRA strength">
-            <input type="number" name="tryit-strength" min={-2} max={2} step={0.1} value={strength} onChange={num(setStrength)} />
+            <input type="number" name="tryit-strength" min={-MAX_STRENGTH} max={MAX_STRENGTH} step="any" value={strength} onChange={num(setStrength)} />
           </Field>
         )}
         <button type="submit" disabled={blocked !== null || busy} aria-describedby={blocked ? 'tryit-blocked' : undefined}>
