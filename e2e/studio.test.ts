@@ -252,6 +252,8 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       assert.match((await page.getByTestId('loss-text').textContent()) ?? '', /Loss at step \d+: \d/);
       // The legend says numbers (the latest step's) without the pointer over the chart.
       assert.match((await page.getByTestId('loss-legend').textContent()) ?? '', /step \d+.*loss \d+\.\d{4}.*average of 10 \d+\.\d{4}/);
+      // The validation loss (every 100 steps by default: here the one before step 1) is in the legend too.
+      assert.match((await page.getByTestId('validation-legend').textContent()) ?? '', /validation at step 0: photos \d+\.\d{4}/);
       // While it trains, the model and the photos stay as they are.
       for (const control of [
         page.getByRole('button', { name: 'Use the demo model' }),
