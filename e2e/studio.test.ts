@@ -476,6 +476,10 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       await page.getByLabel('Full DreamBooth').check();
       await tinySettings(page, { steps: 4, sampleEvery: 0, checkpointEvery: 1 });
       await page.getByRole('checkbox', { name: 'Prior preservation (class images)' }).uncheck();
+      // fp32 AdamW state (12 bytes per weight), which the quota below is sized for (the full default, 8-bit
+      // moments and a compact master, keeps a sixth of it).
+      await page.locator('select[name="optimizer"]').selectOption('adamw');
+      await page.locator('select[name="master"]').selectOption('fp32');
       phase('training');
       await page.getByRole('button', { name: 'Train', exact: true }).click();
       await page.locator('[data-testid="quota"], [data-testid="train-error"]').first().waitFor({ timeout: 300_000 });

@@ -202,13 +202,13 @@ fn quantise(x: f32, a: f32, base: u32, zero: u32) -> u32 {
 fn adamw_packed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let blk = wid.x + wid.y * nwg.x;
   let e0 = blk * QB + lid * 4u;
-  let run = flag[0] == 0u;
+  let run = inputs[0] == 0u;
   if (Q8) {
     for (var k = lid; k < 512u; k = k + LANES) { code_tab[k] = codes[k]; }
   }
   workgroupBarrier();
   var clip = 1.0;
-  if (CLIP) { clip = min(1.0, p.max_norm / (norm[0] + 1e-6)); }
+  if (CLIP) { clip = min(1.0, p.max_norm / (bitcast<f32>(inputs[p.norm_at]) + 1e-6)); }
   let live = blk * QB < p.n;
   var am_old = 0.0;
   var av_old = 0.0;
@@ -291,7 +291,7 @@ fn adamw_packed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     }
   }
   if (CHECK) {
-    if (bad && run) { atomicStore(&update_flag[0], 0x3f800000u); }
+    if (bad && run) { atomicStore(&signals[0], 0x3f800000u); }
   }
   if (STATS) {
     var st = vec4<u32>(0u, 0u, 0u, 0u);
@@ -301,7 +301,7 @@ fn adamw_packed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     }
     let tot = wg_max(lid, st);
     if (lid == 0u && run && live) {
-      for (var k = 0u; k < 4u; k++) { atomicMax(&stats[k], tot[k]); }
+      for (var k = 0u; k < 4u; k++) { atomicMax(&signals[p.stats_at + k], tot[k]); }
     }
   }
   if (CHECK || !run || !live) { return; }

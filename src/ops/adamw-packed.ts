@@ -22,7 +22,7 @@
 import type { Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { f32, kernel, u32 } from '../gpu/kernel.ts';
-import type { Tensor } from '../gpu/tensor.ts';
+import { Tensor } from '../gpu/tensor.ts';
 import { f16BitsToF32, f32ToF16Bits } from '../util/half.ts';
 import { statsEps, type AdamWConfig, type AdamWStep } from './adamw.ts';
 import { elementWindow, windowCapacity } from './reduce.ts';
@@ -166,6 +166,8 @@ const PACKED = kernel({
     f32('inv_scale'),
     f32('max_norm'),
     f32('stats_eps'),
+    u32('stats_at'),
+    u32('norm_at'),
   ],
   bindings: [
     { name: 'grad', type: 'G', access: 'read' },
@@ -179,13 +181,49 @@ const PACKED = kernel({
     { name: 'absm', type: 'f32', access: 'read_write', when: 'Q8' },
     { name: 'absv', type: 'f32', access: 'read_write', when: 'Q8' },
     { name: 'codes', type: 'f32', access: 'read', when: 'Q8' },
-    { name: 'flag', type: 'u32', access: 'read' },
-    { name: 'norm', type: 'f32', access: 'read', when: 'CLIP' },
-    // Always bound (atomics cannot be private stand-ins): the check raises update_flag, the update raises stats.
-    { name: 'update_flag', type: 'atomic<u32>', access: 'read_write' },
-    { name: 'stats', type: 'atomic<u32>', access: 'read_write' },
+    // Two bindings for the step's flags, norm and statistics (packedSignals): inputs[0] is the gradients' non-finite
+    // flag and inputs[norm_at] the gradient norm (read); the check raises the update flag (signals[0]), the update
+    // the statistics (signals[stats_at..+4]). Separate buffers made the 8-bit compact entry point bind 12 storage
+    // buffers, past SwiftShader's 10 (its pipeline was refused); this way it binds at most 10.
+    { name: 'inputs', type: 'u32', access: 'read' },
+    { name: 'signals', type: 'atomic<u32>', access: 'read_write' },
   ],
 });
+
+/**
+ * The buffers of an adamw_packed run's flags, norm and statistics, two in all so the kernel binds two: `signals`
+ * (written by the kernel: the update flag at element 0, the 4 state statistics one storage-offset alignment later)
+ * and `inputs` (read by it: the gradients' non-finite flag at 0, the gradient norm one alignment later). Each part is
+ * a view the other kernels bind on its own (checkFinite and adamw's flag, globalNorm's output, adamwCheck's update
+ * flag, adamwStats' maxima); a buffer is never bound writable and read-only in one dispatch, as WebGPU requires.
+ * Free `buffers`.
+ */
+export function packedSignals(gpu: Gpu): { updateFlag: Tensor; stats: Tensor; flag: Tensor; norm: Tensor; buffers: Tensor[] } {
+  const at = gpu.device.limits.minStorageBufferOffsetAlignment / 4;
+  const signals = gpu.zeros([at + 4], 'f32', 'scratch', 'adamw.signals');
+  const inputs = gpu.zeros([at + 1], 'f32', 'scratch', 'adamw.inputs');
+  const view = (t: Tensor, offset: number, n: number) => new Tensor(t.alloc, [n], 'f32', t.byteOffset + offset * 4, false);
+  return { updateFlag: view(signals, 0, 1), stats: view(signals, at, 4), flag: view(inputs, 0, 1), norm: view(inputs, at, 1), buffers: [signals, inputs] };
+}
+
+/** Elements from `from` to `to` in one buffer (both from packedSignals), or a ShapeError. */
+function offsetIn(from: Tensor, to: Tensor, what: string): number {
+  const at = (to.byteOffset - from.byteOffset) / 4;
+  if (to.alloc !== from.alloc || at < 1 || !Number.isInteger(at)) throw new ShapeError('adamwPacked', `${what} must come from packedSignals`);
+  return at;
+}
+
+/** The two bindings over a run's flags, norm and statistics, and where the statistics and the norm sit in them. */
+function signalsOf(r: PackedRun, s: AdamWStep): { signals: Tensor; inputs: Tensor; stats_at: number; norm_at: number } {
+  const stats_at = offsetIn(r.updateFlag, r.stats, 'the update flag and the statistics');
+  const norm_at = s.clip ? offsetIn(s.flag, s.clip.norm, 'the gradient flag and the norm') : 0;
+  return {
+    signals: new Tensor(r.updateFlag.alloc, [stats_at + 4], 'f32', r.updateFlag.byteOffset, false),
+    inputs: new Tensor(s.flag.alloc, [norm_at + 1], 'f32', s.flag.byteOffset, false),
+    stats_at,
+    norm_at,
+  };
+}
 
 export interface PackedRun {
   /** f32 [512] CODES on the GPU (the caller owns it). */
@@ -219,6 +257,22 @@ function validate(op: string, p: PackedParam, grad: Tensor, s: AdamWStep): void 
   for (const [name, t, words] of want) if (t && t.numel !== words) throw new ShapeError(op, `${name} holds ${t.numel} words, not ${words}`);
   if (!Number.isInteger(s.step) || s.step < 1) throw new ShapeError(op, `step must be an integer >= 1, got ${s.step}`);
   if (!(s.lossScale > 0) || !Number.isFinite(s.lossScale)) throw new ShapeError(op, `loss scale must be finite and > 0, got ${s.lossScale}`);
+}
+
+/**
+ * Storage buffers adamw_packed binds for a state layout (its most, with gradient clipping): what a device's
+ * maxStorageBuffersPerShaderStage must allow (WebGPU guarantees 8; SwiftShader gives 10).
+ */
+export function packedStorageBuffers(layout: { q8: boolean; ext: boolean; master: boolean; copy: boolean }): number {
+  const on: Record<string, boolean> = {
+    HAS_W: layout.ext || layout.copy,
+    HAS_MASTER: layout.master,
+    EXT: layout.ext,
+    M32: !layout.q8,
+    Q8: layout.q8,
+    CLIP: true,
+  };
+  return PACKED.bindings.filter((b) => !('when' in b) || on[b.when as string]).length;
 }
 
 /**
@@ -288,17 +342,16 @@ export function adamwPacked(gpu: Gpu, p: PackedParam, grad: Tensor, cfg: AdamWCo
     const v8 = win(p.v8, b0 * (QBLOCK / 4), blocks * (QBLOCK / 4));
     const am = win(p.absm, b0, blocks);
     const av = win(p.absv, b0, blocks);
+    const sig = signalsOf(r, s);
     const bindings = {
       grad: g.window,
-      flag: one(s.flag),
-      update_flag: one(r.updateFlag),
-      stats: one(r.stats),
+      signals: sig.signals,
+      inputs: sig.inputs,
       ...(w && { weight: w.window }),
       ...(ms && { master: ms.window }),
       ...(e && { ext: e.window }),
       ...(m && v && { m: m.window, v: v.window }),
       ...(m8 && v8 && am && av && { m8: m8.window, v8: v8.window, absm: am.window, absv: av.window, codes: one(r.codes) }),
-      ...(s.clip && { norm: one(s.clip.norm) }),
     };
     const uniforms = {
       n: count,
@@ -312,6 +365,8 @@ export function adamwPacked(gpu: Gpu, p: PackedParam, grad: Tensor, cfg: AdamWCo
       v8_skip: v8?.skip ?? 0,
       am_skip: am?.skip ?? 0,
       av_skip: av?.skip ?? 0,
+      stats_at: sig.stats_at,
+      norm_at: sig.norm_at,
       ...factors,
     };
     gpu.run(PACKED, { defs, uniforms, bindings, workgroups: gpu.grid(blocks) });

@@ -364,7 +364,7 @@ export async function readFlag(gpu: Gpu, flag: Tensor): Promise<boolean> {
  * clip_grad_norm_ measures, of gradients that carry the loss scale. Each tensor's first pass writes
  * its partial sums of squares side by side into one buffer; one multi-pass reduction finishes it.
  */
-export function globalNorm(gpu: Gpu, tensors: Tensor[], lossScale = 1): Tensor {
+export function globalNorm(gpu: Gpu, tensors: Tensor[], lossScale = 1, /** f32 [1] to write into (else a new tensor). */ out?: Tensor): Tensor {
   if (tensors.length === 0) throw new ShapeError('globalNorm', 'no tensors given');
   if (!(lossScale > 0)) throw new ShapeError('globalNorm', `loss scale must be > 0, got ${lossScale}`);
   const plan = tensors.map((t) => {
@@ -379,10 +379,11 @@ export function globalNorm(gpu: Gpu, tensors: Tensor[], lossScale = 1): Tensor {
     if (t.numel > 0) rowPass(gpu, 'sumsq_rows', t, null, 1, t.numel, seg, partials, offset);
     offset += segs;
   }
-  const out = gpu.tensor([1], 'f32', 'scratch', 'globalNorm');
-  reduceRows(gpu, 'sum_rows', partials, null, 1, partials.numel, out, 0, 1 / lossScale, true);
+  const norm = out ?? gpu.tensor([1], 'f32', 'scratch', 'globalNorm');
+  if (norm.dtype !== 'f32' || norm.numel !== 1) throw new ShapeError('globalNorm', `out must be f32 [1], got ${norm.dtype}${fmtShape(norm.shape)}`);
+  reduceRows(gpu, 'sum_rows', partials, null, 1, partials.numel, norm, 0, 1 / lossScale, true);
   gpu.free(partials);
-  return out;
+  return norm;
 }
 
 export function globalNormRef(tensors: ArrayLike<number>[], lossScale = 1): number {

@@ -41,8 +41,8 @@ import {
   type AdamWStateStats,
   type AdamWStep,
 } from '../ops/adamw.ts';
-import { adamwPacked, CODES, extOf, f16Of, mastersOf, momentsOf, type PackedParam } from '../ops/adamw-packed.ts';
-import { checkFinite, clearFlag, globalNorm, newFlag, readFlag } from '../ops/reduce.ts';
+import { adamwPacked, CODES, extOf, f16Of, mastersOf, momentsOf, packedSignals, packedStorageBuffers, type PackedParam } from '../ops/adamw-packed.ts';
+import { checkFinite, clearFlag, globalNorm, readFlag } from '../ops/reduce.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { fromF16Bits } from '../util/half.ts';
 import { FP32_MODE, hostState, initialBytes, isFp32Mode, packChunk, packedViews, type ChunkPack, type OptimizerMode } from './packed-state.ts';
@@ -129,6 +129,9 @@ export class ChunkedAdamW {
   private readonly updateFlag: Tensor;
   /** f32 [4] adamwStats output for a streamed chunk. */
   private readonly statsOut: Tensor;
+  private readonly signals: Tensor[];
+  /** The step's gradient norm (written by globalNorm into packedSignals' inputs buffer). */
+  private readonly normOut: Tensor;
   /** Step count of applied updates (AdamW's t). */
   applied = 0;
   /** Versions that the latest committed checkpoint names (not deleted when superseded). */
@@ -142,12 +145,24 @@ export class ChunkedAdamW {
     private readonly weights: Map<string, Tensor>,
   ) {
     this.chunks = chunks.map((c) => ({ ...c, resident: null, packed: null, version: 0, stats: null }));
-    this.flag = newFlag(gpu);
-    this.updateFlag = newFlag(gpu);
-    this.statsOut = gpu.tensor([4], 'f32', 'scratch', 'opt.stats');
+    // The flags, the norm and the state statistics live in two buffers adamw_packed binds once each (packedSignals).
+    ({ buffers: this.signals, updateFlag: this.updateFlag, flag: this.flag, stats: this.statsOut, norm: this.normOut } = packedSignals(gpu));
     this.mode = o.mode ?? FP32_MODE;
     if (!isFp32Mode(this.mode)) {
       const dtype = [...weights.values()][0]?.dtype ?? 'f32';
+      // The device must bind as many storage buffers as the update kernel does in this mode.
+      const need = packedStorageBuffers({
+        q8: this.mode.optimizer === 'adamw8bit',
+        ext: this.mode.master === 'compact' && dtype === 'f16',
+        master: !(this.mode.master === 'compact' && dtype === 'f16'),
+        copy: this.mode.master === 'fp32',
+      });
+      const limit = gpu.device.limits.maxStorageBuffersPerShaderStage;
+      if (limit < need)
+        throw new Error(
+          `this GPU binds at most ${limit} storage buffers per shader; the optimizer mode ${this.mode.optimizer} + ${this.mode.master} master needs ${need}: ` +
+            `choose the optimizer adamw (f32 moments) and the fp32 master`,
+        );
       this.packs = this.chunks.map((c) =>
         packChunk(
           c.params.map((p) => p.numel),
@@ -391,7 +406,7 @@ export class ChunkedAdamW {
     const all = this.chunks.flatMap((c) => c.params.map((p) => grads.get(p.name) ?? fail(p.name)));
     clearFlag(gpu, this.flag);
     checkFinite(gpu, all, this.flag);
-    const normT = this.o.maxGradNorm !== undefined ? globalNorm(gpu, all, lossScale) : null;
+    const normT = this.o.maxGradNorm !== undefined ? globalNorm(gpu, all, lossScale, this.normOut) : null;
     const overflow = await readFlag(gpu, this.flag);
     let gradNorm = NaN;
     if (normT) {
@@ -662,7 +677,7 @@ export class ChunkedAdamW {
     this.gpu.free(this.packedStaging, this.codes);
     for (const c of this.chunks) if (c.resident) this.gpu.free(c.resident.master, c.resident.m, c.resident.v);
     if (this.staging) this.gpu.free(this.staging.master, this.staging.m, this.staging.v);
-    this.gpu.free(this.flag, this.updateFlag, this.statsOut);
+    this.gpu.free(...this.signals);
   }
 }
 

@@ -25,8 +25,10 @@ import {
   ZERO_M,
   ZERO_V,
   type PackedHostState,
+  packedSignals,
+  packedStorageBuffers,
 } from '../../src/ops/adamw-packed.ts';
-import { newFlag, readFlag } from '../../src/ops/reduce.ts';
+import { readFlag } from '../../src/ops/reduce.ts';
 import { randomValues } from '../../src/selftest/check.ts';
 import { hostState, initialBytes, packChunk, packedViews, type OptimizerMode } from '../../src/train/packed-state.ts';
 import { roundToF16 } from '../../src/util/half.ts';
@@ -143,8 +145,8 @@ describe('adamw_packed against the references', () => {
     const n = g('adam_p0').length;
     const s = setup(gpu, n, { optimizer: 'adamw8bit', master: 'fp32' }, 'f32', Float32Array.from(g('adam_p0')));
     // The weight copy is a separate f32 tensor here (an fp32 master with f32 compute copies it).
-    const flag = newFlag(gpu);
-    const run = { codes: gpu.upload(CODES, [512], 'f32'), updateFlag: newFlag(gpu), stats: gpu.zeros([4], 'f32'), check: false };
+    const { flag, ...signals } = packedSignals(gpu);
+    const run = { codes: gpu.upload(CODES, [512], 'f32'), ...signals, check: false };
     for (let t = 1; t <= 3; t++) {
       const grad = gpu.upload(g(`adam_g${t}`), [n], 'f32');
       adamwPacked(gpu, s.views, grad, GOLDEN_CFG, { step: t, lossScale: 1, flag }, run);
@@ -173,11 +175,10 @@ describe('adamw_packed against the references', () => {
       const gpu = await testGpu();
       const init = randomValues(n, 77, 2);
       const s = setup(gpu, n, mode, dtype, init);
-      const flag = newFlag(gpu);
-      const stats = gpu.zeros([4], 'f32');
-      const run = { codes: gpu.upload(CODES, [512], 'f32'), updateFlag: newFlag(gpu), stats, check: false };
+      const { flag, updateFlag, stats, norm } = packedSignals(gpu);
+      const run = { codes: gpu.upload(CODES, [512], 'f32'), updateFlag, stats, check: false };
       const scale = 256;
-      const norm = gpu.upload([3], [1], 'f32');
+      gpu.write(norm, [3]);
       for (let t = 1; t <= 3; t++) {
         // Gradients over 4 decades, block by block, so blocks have very different absmax.
         const gv = roundToF16(randomValues(n, 100 + t, 0.05 * scale).map((x, i) => x * 10 ** -((i >> 8) % 4)));
@@ -214,9 +215,8 @@ describe('adamw_packed against the references', () => {
       const n = 5000;
       const init = randomValues(n, 41, 2);
       const s = setup(gpu, n, { optimizer: 'adamw8bit', master: 'compact' }, 'f16', init);
-      const flag = newFlag(gpu);
-      const stats = gpu.zeros([4], 'f32');
-      const run = { codes: gpu.upload(CODES, [512], 'f32'), updateFlag: newFlag(gpu), stats, check: false };
+      const { flag, updateFlag, stats } = packedSignals(gpu);
+      const run = { codes: gpu.upload(CODES, [512], 'f32'), updateFlag, stats, check: false };
       for (let t = 1; t <= 2; t++) {
         const gv = roundToF16(randomValues(n, 50 + t, 0.05).map((x, i) => x * 10 ** -((i >> 8) % 4)));
         const grad = gpu.upload(gv, [n], 'f16');
@@ -243,9 +243,8 @@ describe('adamw_packed against the references', () => {
     const init = randomValues(n, 5, 1);
     init[4000] = 65000;
     const s = setup(gpu, n, { optimizer: 'adamw8bit', master: 'compact' }, 'f16', init);
-    const flag = newFlag(gpu);
-    const updateFlag = newFlag(gpu);
-    const run = { codes: gpu.upload(CODES, [512], 'f32'), updateFlag, stats: gpu.zeros([4], 'f32'), check: true };
+    const { flag, updateFlag, stats } = packedSignals(gpu);
+    const run = { codes: gpu.upload(CODES, [512], 'f32'), updateFlag, stats, check: true };
     const gv = randomValues(n, 6, 0.1);
     gv[4000] = -0.05; // Adam moves it up by ~lr
     const grad = gpu.upload(gv, [n], 'f16');
@@ -270,9 +269,9 @@ describe('compact master precision against an fp32 master', () => {
     const cfg: AdamWConfig = { ...CFG, lr: 1e-4 };
     const compact = setup(gpu, n, { optimizer: 'adamw', master: 'compact' }, 'f16', init);
     const fp32 = adamwParam(gpu, gpu.upload(init, [n], 'f16'), init);
-    const flag = newFlag(gpu);
-    const norm = gpu.upload([0.5], [1], 'f32');
-    const run = { codes: gpu.upload(CODES, [512], 'f32'), updateFlag: newFlag(gpu), stats: gpu.zeros([4], 'f32'), check: false };
+    const { flag, norm, ...signals } = packedSignals(gpu);
+    gpu.write(norm, [0.5]);
+    const run = { codes: gpu.upload(CODES, [512], 'f32'), ...signals, check: false };
     const pure = Float32Array.from(init);
     const pm = new Float32Array(n);
     const pv = new Float32Array(n);
@@ -308,6 +307,26 @@ describe('compact master precision against an fp32 master', () => {
     assert.ok(dev <= bound, `compact deviates ${dev} > ${bound}`);
     assert.ok(moved > 100 * bound, 'the weights really moved');
     assert.ok(pureDev > 100 * bound, `pure f16 deviates only ${pureDev}`);
+  });
+
+  it('binds at most 10 storage buffers in every mode (SwiftShader allows 10; the flags and statistics share one)', () => {
+    const modes = {
+      '8-bit + compact, f16': { q8: true, ext: true, master: false, copy: false },
+      '8-bit + compact, f32 (the weight is the master)': { q8: true, ext: false, master: true, copy: false },
+      '8-bit + fp32 master': { q8: true, ext: false, master: true, copy: true },
+      'f32 moments + compact, f16': { q8: false, ext: true, master: false, copy: false },
+    };
+    const counts = Object.fromEntries(Object.entries(modes).map(([k, m]) => [k, packedStorageBuffers(m)]));
+    assert.deepEqual(counts, {
+      // grad, weight, ext, m8, v8, absm, absv, codes, inputs (flag, norm), signals (update flag, statistics)
+      '8-bit + compact, f16': 10,
+      // grad, master, m8, v8, absm, absv, codes, inputs, signals
+      '8-bit + compact, f32 (the weight is the master)': 9,
+      // grad, weight, master, m8, v8, absm, absv, codes, inputs, signals
+      '8-bit + fp32 master': 10,
+      // grad, weight, ext, m, v, inputs, signals
+      'f32 moments + compact, f16': 7,
+    });
   });
 });
 

@@ -26,6 +26,7 @@ import {
   CODES,
   mastersOf,
   momentsOf,
+  packedSignals,
   QBLOCK,
   ZERO_M,
   ZERO_V,
@@ -386,10 +387,10 @@ export const cases: KernelCase[] = [
         absm: new Float32Array(blocks),
         absv: new Float32Array(blocks),
       };
-      const flag = newFlag(gpu);
-      const norm = gpu.upload([3], [1], 'f32');
       const codes = gpu.upload(CODES, [CODES.length], 'f32');
-      const run = { codes, updateFlag: newFlag(gpu), stats: gpu.zeros([4], 'f32'), check: false };
+      const { buffers, updateFlag, stats, flag, norm } = packedSignals(gpu);
+      gpu.write(norm, [3]);
+      const run = { codes, updateFlag, stats, check: false };
       const checks: Check[] = [];
       const bytesOf = async (t: Tensor) => new Uint8Array(await gpu.readBytes(t.buffer, t.byteOffset, t.byteSize));
       for (let step = 1; step <= 3; step++) {
@@ -421,7 +422,7 @@ export const cases: KernelCase[] = [
         );
         gpu.free(grad);
       }
-      gpu.free(weight, flag, norm, codes, run.updateFlag, run.stats, p.m8, p.v8, p.absm, p.absv, p.ext);
+      gpu.free(weight, codes, ...buffers, p.m8, p.v8, p.absm, p.absv, p.ext);
       return checks;
     },
   },
