@@ -80,6 +80,8 @@ describe('aspect-ratio buckets: training', () => {
     // Gradients differ by f32 rounding (dW summed per pass, then added); Adam's normalised steps of lr 1e-3 keep
     // that near 1e-7 of the values; a wrong weighting of a pass would move them by ~lr.
     assert.ok(diff < 1e-5, `trained values differ by ${diff} (values up to ${size})`);
+    // ...but they do differ: the per-sample passes ran (a switch that did nothing would give 0).
+    assert.ok(diff > 0, 'per-sample passes sum the gradients in another order, so some value differs in its last bits');
     batched.free();
     perSample.free();
   });
