@@ -177,6 +177,16 @@ export class IdbChunkStore implements ChunkStore {
     return sizes.reduce((a, b) => a + b, 0);
   }
 
+  /** Every key with its chunk's length (from the small `sizes` store: no chunk data is read). */
+  async keySizes(): Promise<[string, number][]> {
+    this.ensureOpen();
+    // Both requests in one transaction: the same records, in the same (key) order.
+    let keys: IDBRequest | null = null;
+    const sizes = (await this.readSizes('list chunk sizes', (os) => ((keys = os.getAllKeys()), os.getAll()))) as number[];
+    const names = (keys as IDBRequest | null)?.result as string[];
+    return names.map((k, i) => [k, sizes[i]]);
+  }
+
   async close(): Promise<void> {
     if (this.closedReason === null) this.db.close();
     this.closedReason ??= 'closed';

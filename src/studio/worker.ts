@@ -234,6 +234,19 @@ class StudioWorker {
     await TrainingRun.discard(await this.openStore(), runId);
   }
 
+  /** Unloads the run (its GPU state) and keeps its stored chunks: another run of the list is opened. */
+  async closeSession(): Promise<void> {
+    if (this.session) {
+      await this.session.destroy();
+      this.session = null;
+    }
+  }
+
+  /** Each chunk key with its byte length (the runs list sums them per run: keys are `<runId>/…`). */
+  async chunkSizes(): Promise<[string, number][]> {
+    return (await this.openStore()).keySizes();
+  }
+
   /** The trained model as a file: a Blob (kept by the browser's blob store, which spills to disk). */
   async exportModel(format: ExportFormat): Promise<{ blob: Blob; name: string; size: number }> {
     if (!this.session) throw new StudioError('no trained run to export: train first');

@@ -41,6 +41,24 @@ describe('IdbChunkStore specifics', () => {
     db.close();
   });
 
+  it('keySizes lists every key with its chunk length (the runs list sums them per run)', async () => {
+    const s = await fresh();
+    await s.write('run-b/x', testBytes(7, 1));
+    await s.write('run-a/latents', testBytes(100, 2));
+    await s.write('run-a/ckpt', testBytes(30, 3));
+    await s.write('run-a/ckpt', testBytes(40, 4));
+    assert.deepEqual(await s.keySizes(), [
+      ['run-a/ckpt', 40],
+      ['run-a/latents', 100],
+      ['run-b/x', 7],
+    ]);
+    await s.delete('run-b/x');
+    assert.deepEqual(
+      (await s.keySizes()).map(([k]) => k),
+      ['run-a/ckpt', 'run-a/latents'],
+    );
+  });
+
   it('maps a QuotaExceededError thrown by put() to StorageFullError, old version intact', async () => {
     const s = await fresh();
     await s.write('run/opt/0001', testBytes(500, 1));

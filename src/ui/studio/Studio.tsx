@@ -29,7 +29,9 @@ import {
   loadHubModel,
   loadModelFile,
   loadModelFolder,
+  refreshRuns,
 } from './actions.ts';
+import { RunsPanel } from './Runs.tsx';
 import { bucketFor, bucketRegion } from '../../io/image.ts';
 import { LossChart } from './LossChart.tsx';
 import { MaskEditor } from './MaskEditor.tsx';
@@ -37,7 +39,9 @@ import { autosave, fmtBytes, progressLine, restoreProject, runBusy, statusMessag
 
 export function Studio() {
   useEffect(() => {
-    void restoreProject().then(() => initStudio());
+    void restoreProject()
+      .then(() => initStudio())
+      .then(() => refreshRuns());
     return autosave();
   }, []);
   const env = useStudioStore((s) => s.env);
@@ -52,6 +56,7 @@ export function Studio() {
       {env.kind === 'ready' && (
         <>
           <Notices />
+          <RunsPanel />
           <ModelPanel />
           <PhotosPanel />
           <SettingsPanel />
@@ -609,7 +614,9 @@ function TrainPanel() {
               run.runId &&
               run.step > 0 &&
               run.status !== 'cancelled' &&
-              !confirm(`Start a new run? The current run (step ${run.step}) and its checkpoints will be deleted; export it first to keep it.`)
+              !confirm(
+                `Train this run again from the start? Its ${run.step} steps and checkpoints will be deleted; export it first, or use "New run" (Runs, above) to keep it.`,
+              )
             )
               return;
             void startTraining();

@@ -9,7 +9,23 @@ import { exportFileName, type ExportFormat, type RunInput } from '../../pipeline
 import type { TryItOptions, TryItResult } from '../../pipeline/tryit.ts';
 import { PRESETS, SETTING_LABELS, type PresetName } from './presets.ts';
 import type { ModelChoice, StudioWorkerApi, WorkerEvent } from '../../studio/worker.ts';
-import { EMPTY_RUN, fmtBytes, runBusy, saveProject, storageShortfall, useStudioStore, type PhotoItem, type RunProgress } from './state.ts';
+import {
+  EMPTY_RUN,
+  fmtBytes,
+  forgetWorkspace,
+  runBusy,
+  savedWorkspaces,
+  saveProject,
+  storageShortfall,
+  storedBlob,
+  storedBlobSizes,
+  switchWorkspace,
+  useStudioStore,
+  type PhotoItem,
+  type RunProgress,
+  type RunRow,
+} from './state.ts';
+import { byRecent, chunkBytesByRun, lostMessage, lostParts, photoUsers, runIdsOfChunks, runStorage, summarize, thumbKey, thumbSource } from './runs.ts';
 
 let worker: Worker | null = null;
 let api: Comlink.Remote<StudioWorkerApi> | null = null;
@@ -176,6 +192,7 @@ async function toPhotos(files: File[], list: PhotoItem[]): Promise<{ added: Phot
 export async function addPhotos(files: File[], which: 'photos' | 'classPhotos' = 'photos'): Promise<void> {
   const { added, errors } = await toPhotos(files, S()[which]);
   S().set((s) => ({ [which]: [...s[which], ...added], photoErrors: errors }) as Partial<typeof s>);
+  void saveProject().then(refreshRuns);
 }
 
 export function removePhoto(id: string, which: 'photos' | 'classPhotos' = 'photos'): void {
@@ -276,11 +293,12 @@ function onEvent(e: WorkerEvent): void {
     case 'sample': {
       const blob = new Blob([e.png as BlobPart], { type: 'image/png' });
       setRun((r) => ({ sampling: null, samples: [...r.samples.filter((s) => s.step !== e.step), { step: e.step, blob, url: URL.createObjectURL(blob) }] }));
+      void refreshRuns();
       break;
     }
     case 'checkpoint':
       setRun({ lastCheckpoint: e.step });
-      void saveProject();
+      void saveProject().then(refreshRuns);
       break;
     case 'device-lost':
       setRun({
@@ -313,7 +331,16 @@ function runInput(r: RunProgress): RunInput {
   return { runId: r.runId!, prompt: w.prompt, settings: w.settings, images: pick(w.photoIds), classImages: pick(w.classIds) };
 }
 
-async function drive(start: () => Promise<'done' | 'paused' | 'cancelled' | 'ready'>): Promise<void> {
+/** The run being driven (started, resumed): a delete of the training run cancels it and waits for this. */
+let driving: Promise<void> = Promise.resolve();
+
+function drive(start: () => Promise<'done' | 'paused' | 'cancelled' | 'ready'>): Promise<void> {
+  const p = driveRun(start);
+  driving = p;
+  return p;
+}
+
+async function driveRun(start: () => Promise<'done' | 'paused' | 'cancelled' | 'ready'>): Promise<void> {
   const { setRun } = S();
   try {
     const result = await start();
@@ -338,7 +365,7 @@ async function drive(start: () => Promise<'done' | 'paused' | 'cancelled' | 'rea
     else setRun({ status: 'error', error: err.message, message: '' });
   } finally {
     await saveProject();
-    void refreshStorage();
+    void refreshStorage().then(refreshRuns);
   }
 }
 
@@ -502,6 +529,153 @@ export async function exportRun(format: ExportFormat): Promise<void> {
     S().set({ exporting: false });
     void refreshStorage();
   }
+}
+
+// ---- the runs kept in this browser (issue 15, "Runs"; ui/studio/runs.ts, Runs.tsx) ---------------------------
+
+/** A small PNG of `blob` (at most 64 px a side) for the runs list; null where the browser cannot draw it. */
+async function thumbnailOf(blob: Blob): Promise<Blob | null> {
+  try {
+    const bmp = await createImageBitmap(blob);
+    const scale = Math.min(1, 64 / Math.max(bmp.width, bmp.height));
+    const [w, h] = [Math.max(1, Math.round(bmp.width * scale)), Math.max(1, Math.round(bmp.height * scale))];
+    const canvas = new OffscreenCanvas(w, h);
+    canvas.getContext('2d')!.drawImage(bmp, 0, 0, w, h);
+    bmp.close();
+    return await canvas.convertToBlob({ type: 'image/png' });
+  } catch {
+    return null;
+  }
+}
+
+/** Draws the open run's thumbnail again when its source changed (a new last sample, another first photo). */
+async function updateThumb(): Promise<void> {
+  const st = S();
+  const from = thumbSource({ photos: st.photos, run: { ...st.run, samples: st.run.samples.map((x) => ({ step: x.step })) } });
+  if (from === (st.workspace.thumbFrom ?? null)) return;
+  const last = [...st.run.samples].sort((a, b) => b.step - a.step)[0];
+  const source = last ? last.blob : st.photos[0]?.blob;
+  const thumb = source ? await thumbnailOf(source) : null;
+  S().set((s) => {
+    const { thumb: _t, thumbFrom: _f, ...info } = s.workspace;
+    return { workspace: thumb && from ? { ...info, thumb, thumbFrom: from } : info };
+  });
+}
+
+const thumbUrls = new Map<string, { blob: Blob; url: string }>();
+
+/** An object URL for a run's thumbnail Blob, kept while the Blob is the same. */
+function thumbUrl(id: string, blob: Blob | undefined): string | null {
+  const had = thumbUrls.get(id);
+  if (had && had.blob === blob) return had.url;
+  if (had) URL.revokeObjectURL(had.url);
+  if (!blob) {
+    thumbUrls.delete(id);
+    return null;
+  }
+  const url = URL.createObjectURL(blob);
+  thumbUrls.set(id, { blob, url });
+  return url;
+}
+
+let refreshing: Promise<void> | null = null;
+
+/**
+ * Lists the runs (the open one and those kept), each with its storage (training state in the chunk store plus
+ * its Blobs), and which lost their storage to the browser; then the browser's own storage estimate.
+ */
+export function refreshRuns(): Promise<void> {
+  refreshing ??= (async () => {
+    try {
+      await updateThumb();
+      // Without the chunk store's keys (no worker yet, or it failed) no run is called lost.
+      const [sizes, chunkSizes] = await Promise.all([storedBlobSizes(), api ? api.chunkSizes().catch(() => null) : Promise.resolve(null)]);
+      const chunkBytes = chunkBytesByRun(chunkSizes ?? []);
+      const withChunks = runIdsOfChunks((chunkSizes ?? []).map(([k]) => k));
+      const projects = savedWorkspaces();
+      const users = photoUsers(projects);
+      const openId = S().workspace.id;
+      const rows: RunRow[] = [];
+      const lost: { id: string; name: string; message: string }[] = [];
+      for (const p of projects) {
+        const sum = summarize(p);
+        const open = sum.id === openId;
+        const store = runStorage(p, sizes, chunkBytes, users);
+        const thumb = open ? S().workspace.thumb : p.workspace?.thumbFrom ? await storedThumb(sum.id) : undefined;
+        rows.push({ ...sum, open, bytes: store.bytes, sharedBytes: store.shared, thumbUrl: thumbUrl(sum.id, thumb) });
+        // The open run's photos are in memory: only its training state can be gone.
+        const parts = lostParts(p, open ? new Set([...sizes.keys(), ...S().photos.map((x) => `photo:${x.id}`)]) : new Set(sizes.keys()), withChunks);
+        if (parts.length && chunkSizes) lost.push({ id: sum.id, name: sum.name, message: lostMessage(sum.name, parts) });
+      }
+      const stored = [...sizes.values()].reduce((a, b) => a + b, 0) + [...chunkBytes.values()].reduce((a, b) => a + b, 0);
+      S().set({ runs: rows.sort(byRecent), lostRuns: lost, runsBytes: stored });
+      await refreshStorage();
+    } finally {
+      refreshing = null;
+    }
+  })();
+  return refreshing;
+}
+
+const storedThumb = (id: string) => storedBlob(thumbKey(id));
+
+/** A Try it, export or run under way keeps the open run: open another one after it. */
+function switchBlocked(): string | null {
+  if (runBusy(S().run.status)) return 'Pause or stop the training run first.';
+  if (S().exporting) return 'Wait for the export to finish.';
+  return null;
+}
+
+/** Keeps the open run in the list and starts a new one with the same photos and settings. */
+export async function newRun(): Promise<void> {
+  await tryDone();
+  const why = switchBlocked();
+  if (why) return void S().setRun({ error: why });
+  await switchWorkspace(null);
+  await api?.closeSession();
+  await refreshRuns();
+}
+
+/** Opens a kept run: its photos, settings, chart, samples and Try it images; resume, export and Try it act on it. */
+export async function openRun(id: string): Promise<void> {
+  await tryDone();
+  const why = switchBlocked();
+  if (why) return void S().setRun({ error: why });
+  await api?.closeSession();
+  await switchWorkspace(id);
+  await refreshRuns();
+}
+
+/**
+ * Deletes a run: stops it first when it is training (the page asks before), then frees its training state,
+ * its samples and Try it images, and the photos no other run uses. Deleting the open run opens the most
+ * recent other one (or a new, empty run).
+ */
+export async function deleteRun(id: string): Promise<void> {
+  await tryDone();
+  const st = S();
+  const open = st.workspace.id === id;
+  const runId = open ? st.run.runId : (st.runs.find((r) => r.id === id)?.runId ?? null);
+  if (open && runBusy(st.run.status)) {
+    st.setRun({ message: 'Stopping the run to delete it…' });
+    await api?.cancel();
+    await driving;
+  }
+  if (runId) await api?.discard(runId).catch(() => undefined);
+  if (open) {
+    await api?.closeSession();
+    const next = S()
+      .runs.filter((r) => r.id !== id)
+      .sort(byRecent)[0];
+    await switchWorkspace(next ? next.id : null);
+    // The only run went: the new, empty run keeps none of its photos.
+    if (!next) {
+      S().set({ photos: [], classPhotos: [] });
+      await saveProject();
+    }
+  }
+  await forgetWorkspace(id);
+  await refreshRuns();
 }
 
 // ---- outgrowing the tab (issue 17): a job bundle out, results trained elsewhere back in --------------------

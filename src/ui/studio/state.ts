@@ -2,7 +2,7 @@
 // prompt, the settings, the photos (as Blobs, with crops and captions), which model was used, and the run's
 // progress (id, step, losses, samples, last checkpoint). The training state itself is in the worker's chunk
 // store; a run interrupted by a reload or a lost device resumes from its last checkpoint.
-import { createStore, del, get, keys, set as idbSet, type UseStore } from 'idb-keyval';
+import { createStore, del, entries, get, keys, set as idbSet, type UseStore } from 'idb-keyval';
 import { create } from 'zustand';
 import type { AdapterSummary } from '../../gpu/device.ts';
 import type { CropBox } from '../../io/image.ts';
@@ -12,6 +12,22 @@ import type { RunSettings as StudioSettings } from '../../pipeline/settings.ts';
 import { PAGE_DEFAULTS as DEFAULT_SETTINGS, PRESETS, type PresetName } from './presets.ts';
 import type { ModelSummary } from '../../studio/worker.ts';
 import type { ValidationReport } from '../../train/trainer.ts';
+import {
+  legacyMaskKey,
+  legacyWorkspaceId,
+  maskKey,
+  OPEN_KEY,
+  photoKey,
+  projectBlobKeys,
+  sampleKey,
+  thumbKey,
+  tryKey,
+  workspaceKey,
+  type PhotoMeta,
+  type RunSummary,
+  type SavedProject,
+  type WorkspaceInfo,
+} from './runs.ts';
 
 /** The model as remembered: demo and hub models reopen by themselves; files must be given again. */
 export type ModelRef =
@@ -132,9 +148,26 @@ export interface StudioState {
   /** Export through the browser's save dialog (streams to disk) where it exists. */
   saveWithDialog: boolean;
   restored: boolean;
+  /** The open run's workspace: its id and dates, and its small thumbnail for the runs list. */
+  workspace: WorkspaceInfo & { thumb?: Blob };
+  /** The runs kept in this browser (ui/studio/Runs.tsx), the open one included; refreshed by actions.refreshRuns. */
+  runs: RunRow[];
+  /** What all runs store together (training state and Blobs, each shared photo once). */
+  runsBytes: number;
+  /** Runs whose storage the browser cleared, with what is gone. */
+  lostRuns: { id: string; name: string; message: string }[];
   set: (p: Partial<StudioState> | ((s: StudioState) => Partial<StudioState>)) => void;
   setRun: (p: Partial<RunProgress> | ((r: RunProgress) => Partial<RunProgress>)) => void;
   setSettings: (p: Partial<StudioSettings>) => void;
+}
+
+/** A row of the runs list: the summary, its storage and a thumbnail URL. */
+export interface RunRow extends RunSummary {
+  open: boolean;
+  bytes: number;
+  /** Bytes of photos also used by another run (counted in each). */
+  sharedBytes: number;
+  thumbUrl: string | null;
 }
 
 export const EMPTY_RUN: RunProgress = {
@@ -178,53 +211,49 @@ export const useStudioStore = create<StudioState>((set) => ({
   exportMessage: '',
   saveWithDialog: true,
   restored: false,
+  workspace: { id: `w-${Date.now().toString(36)}`, created: Date.now(), updated: Date.now() },
+  runs: [],
+  runsBytes: 0,
+  lostRuns: [],
   set: (p) => set(p),
-  setRun: (p) => set((s) => ({ run: { ...s.run, ...(typeof p === 'function' ? p(s.run) : p) } })),
+  setRun: (p) => set((s) => ({ run: { ...s.run, ...(typeof p === 'function' ? p(s.run) : p) }, workspace: { ...s.workspace, updated: Date.now() } })),
   setSettings: (p) => set((s) => ({ settings: { ...s.settings, ...p } })),
 }));
 
 // ---- persistence ----------------------------------------------------------------------------------------
-// One small 'project' record (settings, photo and sample metadata, run progress) rewritten on changes, and
-// each photo and sample Blob under its own key, written once: a training step rewrites a few KB, not the
-// photos.
+// One small record per workspace (settings, photo and sample metadata, run progress) rewritten on changes:
+// 'project' for the open run, `ws:<id>` for each other run kept in the list (ui/studio/runs.ts). Each photo,
+// mask and sample Blob lies under its own key, written once: a training step rewrites a few KB, not the
+// photos. A Blob no workspace refers to any more is deleted after the record that dropped it.
 
 const PROJECT_DB = 'dreambooth-studio-project';
 let idb: UseStore | null = null;
 const db = () => (idb ??= createStore(PROJECT_DB, 'project'));
 
-type PhotoMeta = Omit<PhotoItem, 'url' | 'blob' | 'mask'> & { hasMask?: boolean };
+/** Blobs already in the database, with the Blob written (a key whose Blob changed, e.g. a repainted mask, is written again). */
+const written = new Map<string, Blob>();
+/** The other runs' workspaces (not open), as stored: their Blobs are kept. */
+const closed = new Map<string, SavedProject>();
 
-interface SavedProject {
-  version: 2;
-  prompt: string;
-  preset: PresetName;
-  settings: StudioSettings;
-  model: ModelRef | null;
-  photos: PhotoMeta[];
-  classPhotos: PhotoMeta[];
-  run: Omit<RunProgress, 'samples' | 'tries'> & { samples: { step: number }[]; tries?: TryMeta[] };
-  /** The export panel's "Choose where to save" (absent in projects saved before it was kept: on). */
-  saveWithDialog?: boolean;
+function newWorkspaceInfo(): WorkspaceInfo {
+  const now = Date.now();
+  return { id: `w-${now.toString(36)}-${Math.floor(Math.random() * 1e6).toString(36)}`, created: now, updated: now };
 }
-
-const photoKey = (id: string) => `photo:${id}`;
-const maskKey = (id: string) => `mask:${id}`;
-const sampleKey = (runId: string | null, step: number) => `sample:${runId ?? 'none'}:${step}`;
-type TryMeta = Omit<TryItem, 'base' | 'tuned' | 'baseUrl' | 'tunedUrl'>;
-const tryKey = (runId: string | null, id: string, which: 'base' | 'tuned') => `try:${runId ?? 'none'}:${id}:${which}`;
-/** Blob keys already in the database (so each Blob is written once). */
-const written = new Set<string>();
 
 function snapshot(s: StudioState): { project: SavedProject; blobs: Map<string, Blob> } {
   const blobs = new Map<string, Blob>();
+  const ws = s.workspace.id;
   const meta = (p: PhotoItem): PhotoMeta => {
     blobs.set(photoKey(p.id), p.blob);
-    if (p.mask) blobs.set(maskKey(p.id), p.mask);
+    if (p.mask) blobs.set(maskKey(ws, p.id), p.mask);
     const { url: _u, blob: _b, mask: _m, ...rest } = p;
     return { ...rest, ...(p.mask ? { hasMask: true } : {}) };
   };
+  const { thumb, ...info } = s.workspace;
+  if (thumb && info.thumbFrom) blobs.set(thumbKey(ws), thumb);
   const project: SavedProject = {
     version: 2,
+    workspace: thumb ? info : { id: info.id, created: info.created, updated: info.updated },
     prompt: s.prompt,
     preset: s.preset,
     settings: s.settings,
@@ -247,17 +276,37 @@ function snapshot(s: StudioState): { project: SavedProject; blobs: Map<string, B
 
 let saving: Promise<void> = Promise.resolve();
 
+/** Runs `job` after the saves before it (one database change at a time). */
+function serial<T>(job: () => Promise<T>): Promise<T> {
+  const p = saving.then(job);
+  saving = p.then(
+    () => undefined,
+    () => undefined,
+  );
+  return p;
+}
+
 async function writeProject(project: SavedProject, blobs: Map<string, Blob>): Promise<void> {
   const store = db();
   for (const [k, b] of blobs)
-    if (!written.has(k)) {
+    if (written.get(k) !== b) {
       await idbSet(k, b, store);
-      written.add(k);
+      written.set(k, b);
     }
-  await idbSet('project', project, store);
-  // Blobs no longer referenced (removed photos, an earlier run's samples) go after the record that dropped them.
+  await idbSet(OPEN_KEY, project, store);
+  await sweep(new Set(blobs.keys()));
+}
+
+/** Deletes the Blobs and workspace records no workspace refers to (removed photos, an earlier run's samples, deleted runs). */
+async function sweep(openBlobs: Set<string>): Promise<void> {
+  const store = db();
+  const keep = new Set([OPEN_KEY, ...openBlobs]);
+  for (const [id, p] of closed) {
+    keep.add(workspaceKey(id));
+    for (const k of projectBlobKeys(p)) keep.add(k);
+  }
   for (const k of await keys(store))
-    if (typeof k === 'string' && k !== 'project' && !blobs.has(k)) {
+    if (typeof k === 'string' && !keep.has(k)) {
       await del(k, store);
       written.delete(k);
     }
@@ -266,66 +315,52 @@ async function writeProject(project: SavedProject, blobs: Map<string, Blob>): Pr
 /** Saves the project (serialised: one write at a time, the latest state wins). */
 export function saveProject(): Promise<void> {
   const { project, blobs } = snapshot(useStudioStore.getState());
-  saving = saving.then(() =>
+  return serial(() =>
     writeProject(project, blobs).catch((e: Error) => {
       // Storage full or unavailable: the page keeps working; the message says what will not survive a reload.
       const msg = `Could not save the project in this browser (${e.name}: ${e.message}); it will not survive a reload.`;
       useStudioStore.getState().setRun((r) => ({ warnings: r.warnings.includes(msg) ? r.warnings : [...r.warnings, msg] }));
     }),
   );
-  return saving;
 }
 
-/** Restores the saved project; a run that was training when the page went away becomes 'interrupted'. */
-export async function restoreProject(): Promise<void> {
-  const st = useStudioStore.getState();
-  let saved: SavedProject | undefined;
+/** A stored workspace read back into page state (photos, masks, samples, Try it images), with what could not be read. */
+async function readWorkspace(saved: SavedProject): Promise<{ state: Partial<StudioState>; lost: string[] }> {
+  const store = db();
+  const info = saved.workspace ?? { ...newWorkspaceInfo(), id: legacyWorkspaceId(saved) };
   const lost: string[] = [];
   const photos: PhotoItem[] = [];
   const classPhotos: PhotoItem[] = [];
   const samples: SampleItem[] = [];
   const tries: TryItem[] = [];
-  try {
-    const store = db();
-    saved = await get<SavedProject>('project', store);
-    if (saved?.version === 2) {
-      const load = async (metas: PhotoMeta[], out: PhotoItem[]) => {
-        for (const m of metas) {
-          const blob = await get<Blob>(photoKey(m.id), store);
-          const { hasMask, ...meta } = m;
-          const mask = hasMask ? await get<Blob>(maskKey(m.id), store) : undefined;
-          if (hasMask && !mask) lost.push(`the mask of ${m.name}`);
-          if (mask) written.add(maskKey(m.id));
-          if (blob) {
-            written.add(photoKey(m.id));
-            out.push({ ...meta, blob, url: URL.createObjectURL(blob), ...(mask ? { mask } : {}) });
-          } else lost.push(m.name);
-        }
-      };
-      await load(saved.photos, photos);
-      await load(saved.classPhotos ?? [], classPhotos);
-      for (const x of saved.run.samples) {
-        const blob = await get<Blob>(sampleKey(saved.run.runId, x.step), store);
-        if (blob) {
-          written.add(sampleKey(saved.run.runId, x.step));
-          samples.push({ step: x.step, blob, url: URL.createObjectURL(blob) });
-        }
-      }
-      for (const t of saved.run.tries ?? []) {
-        const [base, tuned] = [await get<Blob>(tryKey(saved.run.runId, t.id, 'base'), store), await get<Blob>(tryKey(saved.run.runId, t.id, 'tuned'), store)];
-        if (!base || !tuned) continue;
-        written.add(tryKey(saved.run.runId, t.id, 'base'));
-        written.add(tryKey(saved.run.runId, t.id, 'tuned'));
-        tries.push({ ...t, base, tuned, baseUrl: URL.createObjectURL(base), tunedUrl: URL.createObjectURL(tuned) });
-      }
+  const blob = async (k: string) => {
+    const b = await get<Blob>(k, store);
+    if (b) written.set(k, b);
+    return b;
+  };
+  const load = async (metas: PhotoMeta[], out: PhotoItem[]) => {
+    for (const m of metas) {
+      const photo = await blob(photoKey(m.id));
+      const { hasMask, ...meta } = m;
+      // Masks saved before workspaces had ids lie under the photo's id alone (written again under the workspace's key).
+      const mask = hasMask ? ((await blob(maskKey(info.id, m.id))) ?? (await get<Blob>(legacyMaskKey(m.id), store))) : undefined;
+      if (hasMask && !mask) lost.push(`the mask of ${m.name}`);
+      if (photo) out.push({ ...meta, blob: photo, url: URL.createObjectURL(photo), ...(mask ? { mask } : {}) });
+      else lost.push(m.name);
     }
-  } catch {
-    saved = undefined;
+  };
+  await load(saved.photos, photos);
+  await load(saved.classPhotos ?? [], classPhotos);
+  for (const x of saved.run.samples) {
+    const b = await blob(sampleKey(saved.run.runId, x.step));
+    if (b) samples.push({ step: x.step, blob: b, url: URL.createObjectURL(b) });
   }
-  if (!saved || saved.version !== 2) {
-    st.set({ restored: true });
-    return;
+  for (const t of saved.run.tries ?? []) {
+    const [base, tuned] = [await blob(tryKey(saved.run.runId, t.id, 'base')), await blob(tryKey(saved.run.runId, t.id, 'tuned'))];
+    if (!base || !tuned) continue;
+    tries.push({ ...t, base, tuned, baseUrl: URL.createObjectURL(base), tunedUrl: URL.createObjectURL(tuned) });
   }
+  const thumb = info.thumbFrom ? await blob(thumbKey(info.id)) : undefined;
   const busy: RunStatus[] = ['preparing', 'training', 'pausing'];
   const run: RunProgress = { ...EMPTY_RUN, ...saved.run, samples, tries };
   if (busy.includes(run.status)) {
@@ -337,27 +372,124 @@ export async function restoreProject(): Promise<void> {
   }
   if (lost.length) run.warnings = [...run.warnings, `Could not read back ${lost.join(', ')} from this browser's storage: add them again.`];
   const ref = saved.model;
-  st.set({
-    prompt: saved.prompt,
-    preset: saved.preset,
-    settings: { ...DEFAULT_SETTINGS, ...saved.settings },
-    photos,
-    classPhotos,
-    run,
-    saveWithDialog: saved.saveWithDialog ?? true,
-    model: {
-      ref,
-      summary: null,
-      download: null,
-      status: ref && (ref.kind === 'file' || ref.kind === 'folder') ? 'needs-file' : 'none',
-      message:
-        ref && ref.kind === 'file'
-          ? `Drop ${ref.name} again to continue (browsers do not keep access to files after a reload).`
-          : ref && ref.kind === 'folder'
-            ? `Choose the ${ref.name} folder again to continue.`
-            : '',
+  return {
+    lost,
+    state: {
+      workspace: { ...info, ...(thumb ? { thumb } : { thumbFrom: undefined }) },
+      prompt: saved.prompt,
+      preset: saved.preset,
+      settings: { ...DEFAULT_SETTINGS, ...saved.settings },
+      photos,
+      classPhotos,
+      run,
+      saveWithDialog: saved.saveWithDialog ?? true,
+      model: {
+        ref,
+        summary: null,
+        download: null,
+        status: ref && (ref.kind === 'file' || ref.kind === 'folder') ? 'needs-file' : 'none',
+        message:
+          ref && ref.kind === 'file'
+            ? `Drop ${ref.name} again to continue (browsers do not keep access to files after a reload).`
+            : ref && ref.kind === 'folder'
+              ? `Choose the ${ref.name} folder again to continue.`
+              : '',
+      },
     },
-    restored: true,
+  };
+}
+
+/**
+ * Restores the saved project: the open run (a run that was training when the page went away becomes
+ * 'interrupted') and the list of the other runs. A project saved before runs had ids becomes the first run.
+ */
+export async function restoreProject(): Promise<void> {
+  const st = useStudioStore.getState();
+  let saved: SavedProject | undefined;
+  let state: Partial<StudioState> | null = null;
+  try {
+    const store = db();
+    closed.clear();
+    for (const k of await keys(store))
+      if (typeof k === 'string' && k.startsWith('ws:')) {
+        const p = await get<SavedProject>(k, store);
+        if (p?.version === 2 && p.workspace) closed.set(p.workspace.id, p);
+      }
+    saved = await get<SavedProject>(OPEN_KEY, store);
+    if (saved?.version === 2) state = (await readWorkspace(saved)).state;
+  } catch {
+    state = null;
+  }
+  st.set(state ? { ...state, restored: true } : { restored: true });
+}
+
+/** The stored workspaces: the open one (as it is now) first, then the others. */
+export function savedWorkspaces(): SavedProject[] {
+  return [snapshot(useStudioStore.getState()).project, ...closed.values()];
+}
+
+/** A stored Blob (a kept run's thumbnail). */
+export function storedBlob(key: string): Promise<Blob | undefined> {
+  return get<Blob>(key, db());
+}
+
+/** The project database's Blob keys with their sizes. */
+export function storedBlobSizes(): Promise<Map<string, number>> {
+  return serial(async () => {
+    const store = db();
+    const out = new Map<string, number>();
+    for (const [k, v] of await entries(store)) if (typeof k === 'string' && v instanceof Blob) out.set(k, v.size);
+    return out;
+  });
+}
+
+/** Keeps the open workspace in the list and opens `next` (a stored run's id) or, with null, a new run with the same photos and settings. */
+export function switchWorkspace(next: string | null): Promise<boolean> {
+  return serial(async () => {
+    const st = useStudioStore.getState();
+    const { project, blobs } = snapshot(st);
+    const store = db();
+    const target = next === null ? null : closed.get(next);
+    if (next !== null && !target) return false;
+    // The current run first goes into the list (its record and Blobs stay).
+    for (const [k, b] of blobs)
+      if (written.get(k) !== b) {
+        await idbSet(k, b, store);
+        written.set(k, b);
+      }
+    await idbSet(workspaceKey(project.workspace!.id), project, store);
+    closed.set(project.workspace!.id, project);
+    for (const s of st.run.samples) if (s.url) URL.revokeObjectURL(s.url);
+    if (target) {
+      const { state } = await readWorkspace(target);
+      closed.delete(next!);
+      useStudioStore.setState({ ...state, exports: [], exportError: null, exportMessage: '' });
+    } else {
+      useStudioStore.setState((s) => ({
+        workspace: newWorkspaceInfo(),
+        run: { ...EMPTY_RUN },
+        // The same photos (shared, by id) with the masks copied: the new run keeps its own.
+        photos: s.photos.map((p) => ({ ...p })),
+        exports: [],
+        exportError: null,
+        exportMessage: '',
+      }));
+    }
+    const now = snapshot(useStudioStore.getState());
+    await writeProject(now.project, now.blobs);
+    return true;
+  });
+}
+
+/**
+ * Deletes a stored run's workspace (not the open one: open another first) and the Blobs only it used. The
+ * caller frees its training state in the chunk store.
+ */
+export function forgetWorkspace(id: string): Promise<void> {
+  return serial(async () => {
+    if (!closed.delete(id)) return;
+    const { blobs } = snapshot(useStudioStore.getState());
+    await sweep(new Set(blobs.keys()));
   });
 }
 
@@ -374,6 +506,7 @@ export function autosave(): () => void {
       s.run === prev.run &&
       s.model.ref === prev.model.ref &&
       s.preset === prev.preset &&
+      s.workspace.thumb === prev.workspace.thumb &&
       s.saveWithDialog === prev.saveWithDialog
     )
       return;

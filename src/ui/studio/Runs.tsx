@@ -1,0 +1,122 @@
+// The runs kept in this browser (issue 15, "Runs"): each with its thumbnail, mode, steps, date and the storage it
+// uses; Open makes it the page's run (photos, settings, chart, samples, Try it; resume and export act on it),
+// New run keeps the open one and starts another, Delete frees its storage (asking first, and stopping it
+// when it is training). Runs whose storage the browser cleared are named, with a Remove button.
+import { useEffect, useRef, useState } from 'react';
+import { deleteRun, newRun, openRun } from './actions.ts';
+import { fmtBytes, runBusy, useStudioStore, type RunRow } from './state.ts';
+
+const MODE_LABELS = { lora: 'LoRA', full: 'Full' } as const;
+
+function fmtDate(t: number): string {
+  return t ? new Date(t).toLocaleString(undefined, { dateStyle: 'medium', timeStyle: 'short' }) : '—';
+}
+
+export function RunsPanel() {
+  const runs = useStudioStore((s) => s.runs);
+  const lost = useStudioStore((s) => s.lostRuns);
+  const storage = useStudioStore((s) => s.storage);
+  const status = useStudioStore((s) => s.run.status);
+  const exporting = useStudioStore((s) => s.exporting);
+  const [asking, setAsking] = useState<RunRow | null>(null);
+  const [working, setWorking] = useState(false);
+  const busy = runBusy(status);
+  const blocked = busy ? 'Pause or stop the training run to open another.' : exporting ? 'Wait for the export to finish.' : null;
+  const total = useStudioStore((s) => s.runsBytes);
+  const act = async (f: () => Promise<void>) => {
+    setWorking(true);
+    try {
+      await f();
+    } finally {
+      setWorking(false);
+    }
+  };
+  return (
+    <section aria-labelledby="runs-title" data-testid="runs-panel">
+      <h2 id="runs-title">Runs in this browser</h2>
+      {lost.map((l) => (
+        <div key={l.id} className="error" role="alert" data-testid="lost-run">
+          <p>{l.message}</p>
+          <button type="button" className="secondary" onClick={() => void act(() => deleteRun(l.id))} disabled={working}>
+            Remove "{l.name}" from the list
+          </button>
+        </div>
+      ))}
+      <p className="hint" data-testid="runs-total">
+        {runs.length} {runs.length === 1 ? 'run uses' : 'runs use'} about {fmtBytes(total)}
+        {storage.usage !== null && ` · this site stores ${fmtBytes(storage.usage)}${storage.quota !== null ? ` of ${fmtBytes(storage.quota)} allowed` : ''}`}.
+      </p>
+      <ul className="runs" data-testid="runs">
+        {runs.map((r) => (
+          <li key={r.id} className={r.open ? 'open' : ''} aria-current={r.open ? 'true' : undefined} data-testid="run-row">
+            {r.thumbUrl ? <img src={r.thumbUrl} alt={`Thumbnail of ${r.name}`} width={56} height={56} /> : <span className="no-thumb" aria-hidden="true" />}
+            <div className="run-info">
+              <strong className="run-name">{r.name}</strong>
+              <span data-testid="run-facts">
+                {MODE_LABELS[r.mode]} · step {r.step} / {r.steps} · {r.status === 'idle' ? 'not started' : r.status} · {fmtDate(r.updated)} ·{' '}
+                <span data-testid="run-bytes">{fmtBytes(r.bytes)}</span>
+                {r.sharedBytes > 0 && ` (${fmtBytes(r.sharedBytes)} of photos shared with another run)`}
+              </span>
+            </div>
+            <div className="row-wrap">
+              {r.open ? (
+                <span className="hint">open</span>
+              ) : (
+                <button type="button" onClick={() => void act(() => openRun(r.id))} disabled={working || blocked !== null} aria-label={`Open ${r.name}`}>
+                  Open
+                </button>
+              )}
+              <button type="button" className="secondary" onClick={() => setAsking(r)} disabled={working} aria-label={`Delete ${r.name}`}>
+                Delete
+              </button>
+            </div>
+          </li>
+        ))}
+      </ul>
+      <div className="row-wrap">
+        <button type="button" onClick={() => void act(newRun)} disabled={working || blocked !== null}>
+          New run
+        </button>
+        <span className="hint">{blocked ?? 'keeps the open run here and starts another with the same photos and settings'}</span>
+      </div>
+      {asking && (
+        <ConfirmDelete
+          row={asking}
+          training={asking.open && busy}
+          onClose={(yes) => {
+            const r = asking;
+            setAsking(null);
+            if (yes) void act(() => deleteRun(r.id));
+          }}
+        />
+      )}
+    </section>
+  );
+}
+
+/** A modal dialog (the browser's <dialog>: focus kept inside, Escape cancels) asking before a delete. */
+function ConfirmDelete({ row, training, onClose }: { row: RunRow; training: boolean; onClose: (yes: boolean) => void }) {
+  const ref = useRef<HTMLDialogElement>(null);
+  useEffect(() => {
+    const d = ref.current;
+    if (d && !d.open) d.showModal();
+  }, []);
+  return (
+    <dialog ref={ref} aria-labelledby="delete-title" data-testid="delete-dialog" onCancel={() => onClose(false)}>
+      <h3 id="delete-title">Delete "{row.name}"?</h3>
+      <p>
+        {training ? 'This run is training now: it will be stopped first. ' : ''}
+        Its checkpoints, samples and Try it images are deleted ({fmtBytes(row.bytes)}
+        {row.sharedBytes ? `, less the photos another run still uses` : ''}); export it first to keep the result.
+      </p>
+      <div className="row-wrap">
+        <button type="button" className="danger" onClick={() => onClose(true)}>
+          {training ? 'Stop and delete' : 'Delete'}
+        </button>
+        <button type="button" className="secondary" autoFocus onClick={() => onClose(false)}>
+          Keep it
+        </button>
+      </div>
+    </dialog>
+  );
+}
