@@ -194,11 +194,16 @@ export class ChunkedAdamW {
     o: ChunkedAdamWOptions,
   ): Promise<ChunkedAdamW> {
     const opt = new ChunkedAdamW(gpu, o, planChunks(params, o.chunkElems), weights);
+    if (gpu.dryRun) {
+      await opt.createDry();
+      return opt;
+    }
     if (opt.packs) {
       await opt.createPacked(initial);
       return opt;
     }
     for (const c of opt.chunks) {
+      opt.hostPackedChunks++;
       const master = new Float32Array(c.elems);
       for (const p of c.params) master.set(await initial(p.name), p.offset);
       if (c.index < o.residentChunks) {
@@ -220,6 +225,7 @@ export class ChunkedAdamW {
   /** Compact modes: every chunk's starting bytes; resident chunks uploaded, the others written to the store. */
   private async createPacked(initial: (name: string) => Promise<Float32Array>): Promise<void> {
     for (const c of this.chunks) {
+      this.hostPackedChunks++;
       const values = await Promise.all(c.params.map((p) => initial(p.name)));
       // The f16 weights hold f16(initial) (the trainer uploads them so): the extension keeps the rest.
       const w16 = values.map((v, i) => (this.weightOf(c.params[i]).dtype === 'f16' ? v.map(f16Of) : undefined));
@@ -233,6 +239,40 @@ export class ChunkedAdamW {
       }
     }
   }
+
+  /**
+   * The planner's create (a dry-run Gpu: nothing is backed, every read gives zeros): the same GPU allocations
+   * in the same order (tags, labels, sizes) and the same store keys and byte lengths as create, without the
+   * starting values. Packing them on the host (f16 rounding, extension words, 8-bit codes, statistics over
+   * every element) was a minute per dry run of a full SD 1.5 fine-tune, for bytes the dry-run store drops and a
+   * dry GPU never holds. A stored chunk's statistics are those of an all-zero state: what the dry Gpu's zeros
+   * packed to before, and what its steps read back for the statistics after every update.
+   */
+  private async createDry(): Promise<void> {
+    const zero = new Float32Array(1);
+    const zeroStats = adamwStateStats(zero, zero, zero, this.o.cfg);
+    for (const c of this.chunks) {
+      const resident = c.index < this.o.residentChunks;
+      if (this.packs) {
+        const bytes = this.packs[c.index].bytes;
+        if (resident) c.packed = this.gpu.tensor([bytes / 4], 'f32', 'optimizer', `opt${c.index}.packed`);
+        else await this.o.store.write(this.key(c.index, 0), new Uint8Array(bytes));
+      } else if (resident) {
+        c.resident = {
+          master: this.gpu.tensor([c.elems], 'f32', 'optimizer', `opt${c.index}.master`),
+          m: this.gpu.zeros([c.elems], 'f32', 'optimizer', `opt${c.index}.m`),
+          v: this.gpu.zeros([c.elems], 'f32', 'optimizer', `opt${c.index}.v`),
+        };
+      } else await this.o.store.write(this.key(c.index, 0), new Uint8Array(12 * c.elems));
+      if (!resident) c.stats = { ...zeroStats };
+    }
+  }
+
+  /**
+   * Chunks whose starting state create() built on the host (read the initial values, packed them, measured their
+   * statistics): every chunk on a real Gpu, none on a dry-run one (the planner's test holds it to 0).
+   */
+  hostPackedChunks = 0;
 
   private weightOf(p: ParamSlot): Tensor {
     return this.weights.get(p.name) ?? fail(p.name);

@@ -3,12 +3,18 @@
 // Two knobs trade speed for GPU memory:
 //   activation checkpointing   each UNet block keeps only its inputs and re-runs its forward in the backward
 //                              (about one more forward per step, much smaller activation peak);
-//   resident optimizer chunks  fp32 master + AdamW moments (12 bytes per trainable element) stay on the GPU
-//                              for the first `residentChunks` chunks; the rest stream through the chunk store
-//                              (IndexedDB / files) every step via one staging set.
+//   resident optimizer chunks  the optimizer state of the first `residentChunks` chunks stays on the GPU (12
+//                              bytes per trainable element in fp32 AdamW, ~4 in 8-bit AdamW + compact master);
+//                              the rest stream through the chunk store (IndexedDB / files) every step via one
+//                              staging set.
 // The planner does not estimate: it builds the real trainer on a dry-run Gpu (every allocation accounted,
 // nothing backed, no dispatch) and runs real train steps, so the peak it reports is the allocator's peak of
-// the actual code path: weights, gradients, activations, optimizer chunks, staging, scratch.
+// the actual code path: weights, gradients, activations, optimizer chunks, staging, scratch; and the store
+// bytes are what the real optimizer writes and reads (DryRunChunkStore counts them, keeps only sizes). The
+// optimizer's create packs no starting state in a dry run (ChunkedAdamW.createDry: same allocations, same
+// store keys and byte lengths, no values): packing it on the host took a minute per dry run of full SD 1.5
+// in the compact default, and no dry-run figure depends on the values. A full SD 1.5 plan now takes seconds
+// (compact) to about a minute (fp32 AdamW, whose streamed step copies 200 MB chunks on the host).
 //
 // Policy: the placement with the fewest store bytes per step that fits the budget. Storage is the slow
 // resource (IndexedDB moves ~100-300 MB/s; one streamed full-SD 1.5 step moved ~20 GB), while checkpointing
@@ -100,6 +106,8 @@ export interface DryRunResult extends PlanTrial {
   storeReadBytesPerStep: number;
   storeWriteBytesPerStep: number;
   peakByTag: Record<string, number>;
+  /** Optimizer chunks whose starting state was packed on the host: 0 (a dry run allocates and counts, it packs nothing). */
+  hostPackedChunks: number;
 }
 
 // ---------------------------------------------------------------------------------------------- dry run
@@ -187,6 +195,7 @@ export async function dryRunPeak(makeGpu: () => Promise<Gpu>, model: PlanModel, 
       storeReadBytesPerStep: store.bytesRead,
       storeWriteBytesPerStep: store.bytesWritten,
       peakByTag: byTag,
+      hostPackedChunks: trainer.optimizer.hostPackedChunks,
     };
     trainer.destroy();
     return result;

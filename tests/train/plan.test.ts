@@ -188,6 +188,28 @@ describe('training planner (tiny UNet)', () => {
     assert.match(plan.message ?? '', new RegExp(`^tiny full DreamBooth needs at least ${mib} MiB of GPU memory at 64 px; the budget is 0\\.10 MiB`));
   });
 
+  // A dry run allocates every optimizer buffer and writes every stored chunk's bytes, but packs no starting state on the
+  // host (that was a minute per dry run of full SD 1.5 in the compact default): the optimizer counts the chunks it
+  // packed, and the count must be 0 in a dry run and every chunk in a real one (else the counter proves nothing).
+  for (const [label, dtype, over] of [
+    ['fp32 AdamW', 'f32', { optimizer: 'adamw', master: 'fp32' }],
+    ['adamw8bit + compact master', 'f16', { optimizer: 'adamw8bit', master: 'compact' }],
+  ] as const)
+    it(`a dry run packs no optimizer state on the host (${label}, 2 chunks resident, the rest streamed); a real trainer packs every chunk`, async () => {
+      const s = { ...over, activationCheckpointing: true, residentChunks: 2 };
+      const dry = await dryRunPeak(dryGpu, model('full', dtype), dataShape, settingsOf('full', s));
+      assert.ok(dry.chunks > 2 && dry.storeReadBytesPerStep > 0, `chunks are streamed (${dry.chunks} chunks)`);
+      assert.equal(dry.hostPackedChunks, 0, 'chunks packed on the host in the dry run');
+      const gpu = await nodeGpu();
+      try {
+        const { trainer, free } = await makeTrainer(gpu, dtype, 'full', new MemoryChunkStore(), s);
+        assert.equal(trainer.optimizer.hostPackedChunks, dry.chunks, 'a real trainer packs every chunk');
+        free();
+      } finally {
+        gpu.destroy();
+      }
+    });
+
   it('refuses a Gpu that is not a dry run', async () => {
     await assert.rejects(
       dryRunPeak(() => nodeGpu(), model('lora', 'f32'), dataShape, settingsOf('lora')),
