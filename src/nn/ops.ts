@@ -35,6 +35,14 @@ export class Tape {
   private readonly kept: Tensor[] = [];
   /** Gradient of each tensor that received one (activations are freed as they are consumed). */
   readonly grads = new Map<Tensor, Tensor>();
+  /**
+   * Each trainable weight's first use in the forward: the index of the first record that reads it.
+   * Records run in reverse, so once that record has run no later one touches the weight: its gradient
+   * is final (backwardFused hands it over then).
+   */
+  private readonly firstUse = new Map<Tensor, number>();
+  /** Weights whose gradient backwardFused has handed over (a gradient reaching one after that is a bug). */
+  private readonly handed = new Set<Tensor>();
 
   /**
    * `trainable`: the weights that get gradients. Other tensors tagged 'weights' are frozen: the ops
@@ -55,6 +63,14 @@ export class Tape {
     this.records.push(backward);
   }
 
+  /**
+   * Notes that the op about to be recorded (the next record) reads these weights. Only trainable
+   * weights matter; a use noted inside an activation-checkpointed segment belongs to the segment's record.
+   */
+  use(...ts: (Tensor | null | undefined)[]): void {
+    for (const t of ts) if (t && t.tag === 'weights' && this.trainable?.has(t) && !this.firstUse.has(t)) this.firstUse.set(t, this.records.length);
+  }
+
   /** Keeps t alive until the backward has run, then frees it. */
   keep(...ts: Tensor[]): void {
     this.kept.push(...ts);
@@ -65,6 +81,10 @@ export class Tape {
     if (!this.wants(t)) {
       this.gpu.free(g);
       return;
+    }
+    if (this.handed.has(t)) {
+      this.gpu.free(g);
+      throw new Error(`a gradient reached the weight ${t.alloc.label} after it was handed over as final: an op reads it without Tape.use (nn/ops.ts)`);
     }
     const prev = this.grads.get(t);
     if (!prev) {
@@ -93,6 +113,38 @@ export class Tape {
     this.records.length = 0;
     this.gpu.free(...this.kept);
     this.kept.length = 0;
+    this.firstUse.clear();
+  }
+
+  /**
+   * backward, handing each trainable weight to `onFinal` as soon as its gradient is final: right after
+   * the record of its first use in the forward has run (see `use`), in backward order. `onFinal` may
+   * take the gradients (take) and change the weights: no record still to run reads them. Trainable
+   * weights with a gradient but no noted use are handed over at the end. Needs a trainable set.
+   */
+  async backwardFused(y: Tensor, dy: Tensor, onFinal: (weights: Tensor[]) => Promise<void>): Promise<void> {
+    if (!this.trainable) throw new Error('backwardFused needs the tape to know its trainable weights');
+    const finalAfter = new Map<number, Tensor[]>();
+    for (const [t, i] of this.firstUse) finalAfter.set(i, [...(finalAfter.get(i) ?? []), t]);
+    this.grads.set(y, dy);
+    try {
+      for (let i = this.records.length - 1; i >= 0; i--) {
+        this.records[i]();
+        const ready = finalAfter.get(i);
+        if (!ready) continue;
+        for (const t of ready) this.handed.add(t);
+        await onFinal(ready);
+      }
+      const rest = [...this.grads.keys()].filter((t) => this.trainable!.has(t) && !this.handed.has(t));
+      for (const t of rest) this.handed.add(t);
+      if (rest.length) await onFinal(rest);
+    } finally {
+      this.records.length = 0;
+      this.gpu.free(...this.kept);
+      this.kept.length = 0;
+      this.firstUse.clear();
+      this.handed.clear();
+    }
   }
 
   /** Frees the gradients of every tensor not in `keep` (call after taking what the caller needs). */
@@ -109,6 +161,8 @@ export class Ops {
   constructor(
     readonly gpu: Gpu,
     readonly tape: Tape | null = null,
+    /** Where weight uses are noted (Tape.use): the tape, or the outer tape of a checkpointed segment's forward. */
+    private readonly uses: Tape | null = tape,
   ) {}
 
   /** Frees temporaries when not recording (a tape keeps what the backward needs). */
@@ -144,7 +198,7 @@ export class Ops {
   checkpoint(fn: (F: Ops) => Tensor): Tensor {
     const tape = this.tape;
     if (!tape) return fn(this);
-    const y = fn(new Ops(this.gpu, null));
+    const y = fn(new Ops(this.gpu, null, tape));
     tape.record(() => {
       const dy = tape.take(y);
       this.gpu.free(y);
@@ -165,6 +219,7 @@ export class Ops {
   }
 
   linear(x: Tensor, w: Tensor, b?: Tensor | null): Tensor {
+    this.uses?.use(w, b);
     const y = linear(this.gpu, x, w, b);
     this.rec(y, [], (dy) => {
       const tape = this.tape!;
@@ -185,6 +240,7 @@ export class Ops {
   }
 
   conv(x: Tensor, w: Tensor, b: Tensor | null, opts: Conv2dOptions): Tensor {
+    this.uses?.use(w, b);
     const y = conv2d(this.gpu, x, w, b, opts);
     this.rec(y, [], (dy) => {
       const tape = this.tape!;
@@ -201,6 +257,7 @@ export class Ops {
   }
 
   groupNorm(x: Tensor, gamma: Tensor, beta: Tensor, groups: number, eps: number): Tensor {
+    this.uses?.use(gamma, beta);
     const r = groupNorm(this.gpu, x, gamma, beta, groups, eps);
     if (!this.tape) this.gpu.free(r.mean, r.rstd);
     this.rec(r.y, [r.mean, r.rstd], (dy) => {
@@ -214,6 +271,7 @@ export class Ops {
   }
 
   layerNorm(x: Tensor, gamma: Tensor, beta: Tensor, eps: number): Tensor {
+    this.uses?.use(gamma, beta);
     const r = layerNorm(this.gpu, x, gamma, beta, eps);
     if (!this.tape) this.gpu.free(r.mean, r.rstd);
     this.rec(r.y, [r.mean, r.rstd], (dy) => {

@@ -365,24 +365,54 @@ export async function readFlag(gpu: Gpu, flag: Tensor): Promise<boolean> {
  * its partial sums of squares side by side into one buffer; one multi-pass reduction finishes it.
  */
 export function globalNorm(gpu: Gpu, tensors: Tensor[], lossScale = 1, /** f32 [1] to write into (else a new tensor). */ out?: Tensor): Tensor {
-  if (tensors.length === 0) throw new ShapeError('globalNorm', 'no tensors given');
   if (!(lossScale > 0)) throw new ShapeError('globalNorm', `loss scale must be > 0, got ${lossScale}`);
-  const plan = tensors.map((t) => {
+  const parts = normPartials(gpu, tensors);
+  tensors.forEach((t, i) => addNormPartial(gpu, parts, i, t));
+  return finishNorm(gpu, parts, lossScale, out);
+}
+
+/**
+ * globalNorm in pieces, for gradients that exist one at a time (fused optimizer updates): the partial
+ * sums of squares of tensor i go to its own segment range of one partials buffer, laid out from the
+ * shapes alone, so adding the tensors in any order and then finishing gives globalNorm's bits exactly.
+ */
+export interface NormPartials {
+  partials: Tensor;
+  /** Each tensor's first segment in `partials`, its segment length and its shape's element count. */
+  plan: { offset: number; seg: number; numel: number }[];
+}
+
+/** The partials buffer for tensors shaped like `like` (their values are not read). */
+export function normPartials(gpu: Gpu, like: Tensor[]): NormPartials {
+  if (like.length === 0) throw new ShapeError('globalNorm', 'no tensors given');
+  let offset = 0;
+  const plan = like.map((t) => {
     checkIndexable('globalNorm', t);
     const seg = segmentLength(gpu, t, null);
-    return { t, seg, segs: Math.ceil(t.numel / seg) };
+    const at = { offset, seg, numel: t.numel };
+    offset += Math.ceil(t.numel / seg);
+    return at;
   });
-  const total = plan.reduce((s, p) => s + p.segs, 0);
-  const partials = gpu.tensor([Math.max(1, total)], 'f32', 'scratch', 'globalNorm.partials');
-  let offset = 0;
-  for (const { t, seg, segs } of plan) {
-    if (t.numel > 0) rowPass(gpu, 'sumsq_rows', t, null, 1, t.numel, seg, partials, offset);
-    offset += segs;
+  return { partials: gpu.tensor([Math.max(1, offset)], 'f32', 'scratch', 'globalNorm.partials'), plan };
+}
+
+/** Writes tensor i's sums of squares into its range (t: shaped like the i-th tensor the partials were planned for). */
+export function addNormPartial(gpu: Gpu, parts: NormPartials, i: number, t: Tensor): void {
+  const { offset, seg, numel } = parts.plan[i];
+  if (t.numel !== numel) throw new ShapeError('globalNorm', `tensor ${i} has ${t.numel} elements, planned ${numel}`);
+  if (t.numel > 0) rowPass(gpu, 'sumsq_rows', t, null, 1, t.numel, seg, parts.partials, offset);
+}
+
+/** sqrt(sum of every partial) / lossScale into `out` (or a new f32 [1]); frees the partials. */
+export function finishNorm(gpu: Gpu, parts: NormPartials, lossScale = 1, out?: Tensor): Tensor {
+  if (!(lossScale > 0)) {
+    gpu.free(parts.partials);
+    throw new ShapeError('globalNorm', `loss scale must be > 0, got ${lossScale}`);
   }
   const norm = out ?? gpu.tensor([1], 'f32', 'scratch', 'globalNorm');
   if (norm.dtype !== 'f32' || norm.numel !== 1) throw new ShapeError('globalNorm', `out must be f32 [1], got ${norm.dtype}${fmtShape(norm.shape)}`);
-  reduceRows(gpu, 'sum_rows', partials, null, 1, partials.numel, norm, 0, 1 / lossScale, true);
-  gpu.free(partials);
+  reduceRows(gpu, 'sum_rows', parts.partials, null, 1, parts.partials.numel, norm, 0, 1 / lossScale, true);
+  gpu.free(parts.partials);
   return norm;
 }
 

@@ -219,6 +219,7 @@ export function trainSettings(s: RunSettings): TrainSettings {
     textEncoderLora: lora && s.trainTextEncoder,
     optimizer: s.optimizer,
     master: s.master,
+    fusedUpdates: !lora && s.fusedUpdates,
   };
 }
 

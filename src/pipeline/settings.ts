@@ -51,6 +51,8 @@ export interface RunSettings {
   optimizer: OptimizerKind;
   /** Master weights: a separate fp32 copy, or compact (the f16 weight + a 16-bit extension: 27 bits). */
   master: MasterKind;
+  /** Full fine-tuning: optimizer chunks updated inside the backward pass (no whole gradient set; one more forward and backward per step). */
+  fusedUpdates: boolean;
   /** Checkpoint every N steps (0: only at the end, on pause and on storage trouble). */
   checkpointEvery: number;
   /** A validation loss every N steps (0: none): fixed noise and timesteps on the instance and class images. */
@@ -192,6 +194,14 @@ export const SETTINGS: readonly SettingSpec[] = [
     values: MASTER_KINDS,
     default: { lora: 'fp32', full: 'compact' },
     help: 'master weights: fp32 (a separate copy) or compact (the f16 weight + a 16-bit extension, 27 significant bits)',
+  },
+  {
+    key: 'fusedUpdates',
+    kind: 'bool',
+    flag: 'fused-updates',
+    default: false,
+    onlyMode: 'full',
+    help: 'update each optimizer chunk inside the backward pass as its gradients become final (same weights bit for bit; the gradients never all exist at once, for one more forward and backward per step)',
   },
   {
     key: 'checkpointEvery',

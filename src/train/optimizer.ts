@@ -42,7 +42,7 @@ import {
   type AdamWStep,
 } from '../ops/adamw.ts';
 import { adamwPacked, CODES, extOf, f16Of, mastersOf, momentsOf, packedSignals, packedStorageBuffers, type PackedParam } from '../ops/adamw-packed.ts';
-import { checkFinite, clearFlag, globalNorm, readFlag } from '../ops/reduce.ts';
+import { addNormPartial, checkFinite, clearFlag, finishNorm, globalNorm, normPartials, readFlag, type NormPartials } from '../ops/reduce.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { fromF16Bits } from '../util/half.ts';
 import { FP32_MODE, hostState, initialBytes, isFp32Mode, packChunk, packedViews, type ChunkPack, type OptimizerMode } from './packed-state.ts';
@@ -68,7 +68,11 @@ export interface Chunk {
   packed: Tensor | null;
   /** Store version of a stored chunk (the step that wrote it). */
   version: number;
-  /** Statistics of a stored chunk's state at `version` (for the step bound); null for a resident chunk. */
+  /**
+   * Statistics of the chunk's state (for the step bound): a stored chunk's at `version`; a resident
+   * chunk's only while fused updates keep them current (measured by the first fused step, refreshed by
+   * each fused update, cleared by an unfused one and by restore); null when unknown.
+   */
   stats: AdamWStateStats | null;
 }
 
@@ -105,6 +109,27 @@ export interface ChunkedAdamWOptions {
   maxGradNorm?: number;
   /** How moments and masters are kept (packed-state.ts); default fp32 AdamW. */
   mode?: OptimizerMode;
+}
+
+/** One fused step's state between the trainer's passes (ChunkedAdamW.fusedBegin). */
+export interface FusedStep {
+  lossScale: number;
+  /** The norm's partial sums (pass 1), null once finished. */
+  parts: NormPartials | null;
+  phase: 'norm' | 'check' | 'apply' | 'over';
+  /** The step's AdamW parameters (decided after pass 1). */
+  s: AdamWStep | null;
+  gradNorm: number;
+  /** Chunks whose update the statistics could not prove finite (checked in pass 2). */
+  unproven: Set<number>;
+  /** Chunks handed over in the current pass. */
+  done: Set<number>;
+  /** Chunk indices in the order pass 1 saw their gradients complete. */
+  order: number[];
+  /** Stored chunks' bytes being read ahead of their gradients. */
+  reads: Map<number, Promise<Uint8Array>>;
+  /** The last stored chunk's write, still landing. */
+  writing: Promise<void> | null;
 }
 
 export interface OptimizerStepResult {
@@ -463,6 +488,8 @@ export class ChunkedAdamW {
       gpu.free(normT);
       return { applied: false, skipped: 'update', gradNorm };
     }
+    // This step moves resident chunks without measuring them: their statistics are stale from here.
+    for (const c of this.chunks) if (this.onGpu(c)) c.stats = null;
     if (this.packs) {
       await this.stepPacked(grads, s);
       gpu.free(normT);
@@ -533,6 +560,217 @@ export class ChunkedAdamW {
     const norm = (await this.gpu.read(normT))[0];
     this.gpu.free(normT);
     return norm;
+  }
+
+  // ---- fused updates (the trainer's fusedUpdates; ARCHITECTURE "Fused updates") -------------------------
+  //
+  // A step whose chunks update inside the backward pass, as each chunk's gradients become final, so the
+  // whole gradient set never exists at once. The trainer runs the step's forward and backward twice:
+  //   1. the norm pass (fusedNorm per chunk): each final gradient is checked for inf/NaN (the step's flag)
+  //      and its sums of squares go to its own range of one partials buffer; then it is freed. fusedDecide
+  //      finishes the norm: N = sqrt(sum over every element g^2) / lossScale, the bits globalNorm gives
+  //      (normPartials lays the partials out from the shapes, so the order of arrival does not matter).
+  //      An overflow anywhere, in the last chunk of the backward as well as the first, is known here, before
+  //      anything was written: the step is skipped whole (nothing to roll back). Clipping then scales every
+  //      gradient by min(1, maxNorm / N), exactly as the unfused step does.
+  //   2. (only when a chunk's update cannot be proven finite from its statistics) the check pass
+  //      (fusedCheck): adamwCheck on those chunks, still writing nothing.
+  //   3. the update pass (fusedApply): each chunk updated as its gradients become final, then freed. Its
+  //      forward and backward are those of pass 1 on the same weights (the trainer compares the loss bits
+  //      before the backward), so its gradients are the same and every decision taken holds.
+  // The update math is the unfused step's, chunk by chunk: the weights come out bit-identical to it. The
+  // price is one more forward and backward per step; the gain is the gradient memory (one chunk's at a
+  // time instead of every weight's), which the planner can give to resident chunks instead of the store.
+
+  /** The chunks in the order the last fused step's norm pass saw their gradients complete (backward order). */
+  lastFusedOrder: number[] = [];
+
+  /** Starts a fused step: clears the overflow flag and lays out the norm's partial sums. */
+  fusedBegin(lossScale: number): FusedStep {
+    clearFlag(this.gpu, this.flag);
+    const like = this.chunks.flatMap((c) => c.params.map((p) => this.weightOf(p)));
+    const parts = normPartials(this.gpu, like);
+    return { lossScale, parts, phase: 'norm', s: null, gradNorm: NaN, unproven: new Set(), done: new Set(), order: [], reads: new Map(), writing: null };
+  }
+
+  /** Pass 1, one chunk's final gradients: the inf/NaN flag and the norm's partial sums (nothing written). */
+  fusedNorm(run: FusedStep, index: number, grads: Map<string, Tensor>): void {
+    if (run.phase !== 'norm') throw new Error(`fusedNorm in the ${run.phase} phase`);
+    const c = this.chunks[index];
+    const gs = c.params.map((p) => grads.get(p.name) ?? fail(p.name));
+    checkFinite(this.gpu, gs, this.flag);
+    let at = this.chunks.slice(0, index).reduce((n, k) => n + k.params.length, 0);
+    for (const g of gs) addNormPartial(this.gpu, run.parts!, at++, g);
+    run.done.add(index);
+    run.order.push(index);
+  }
+
+  /**
+   * After pass 1: the step's gradient norm and overflow, and which chunks' updates the statistics cannot
+   * prove finite (those need the check pass). A skipped result ends the step (nothing was written).
+   */
+  async fusedDecide(run: FusedStep): Promise<{ skipped?: 'gradients'; gradNorm: number; needsCheck: boolean }> {
+    const gpu = this.gpu;
+    this.expectEvery(run, 'norm');
+    this.lastFusedOrder = [...run.order];
+    const normT = finishNorm(gpu, run.parts!, run.lossScale, this.normOut);
+    run.parts = null;
+    const overflow = await readFlag(gpu, this.flag);
+    if (overflow) {
+      run.phase = 'over';
+      return { skipped: 'gradients', gradNorm: NaN, needsCheck: false };
+    }
+    const norm = (await gpu.read(normT))[0];
+    run.gradNorm = this.o.maxGradNorm !== undefined ? norm : NaN;
+    const clip = this.o.maxGradNorm !== undefined ? { norm: normT, maxNorm: this.o.maxGradNorm } : undefined;
+    run.s = { step: this.applied + 1, lossScale: run.lossScale, flag: this.flag, clip };
+    // |unscaled, clipped g| <= min(maxNorm, N) with clipping, <= N without (gradientBound's rule).
+    const gradMax = clip ? Math.min(clip.maxNorm, norm) : norm;
+    for (const c of this.chunks) {
+      if (this.onGpu(c) && !c.stats) c.stats = await this.measureResident(c);
+      if (!adamwStepSafe(c.stats!, this.o.cfg, run.s.step, gradMax, this.chunkLimit(c))) run.unproven.add(c.index);
+    }
+    clearFlag(gpu, this.updateFlag);
+    run.phase = run.unproven.size ? 'check' : 'apply';
+    run.done = new Set();
+    if (run.phase === 'apply') this.prefetch(run);
+    return { gradNorm: run.gradNorm, needsCheck: run.unproven.size > 0 };
+  }
+
+  /** Pass 2, one chunk's final gradients: adamwCheck where the statistics proved nothing (writes nothing). */
+  async fusedCheck(run: FusedStep, index: number, grads: Map<string, Tensor>): Promise<void> {
+    if (run.phase !== 'check') throw new Error(`fusedCheck in the ${run.phase} phase`);
+    run.done.add(index);
+    if (!run.unproven.has(index)) return;
+    const c = this.chunks[index];
+    const s = run.s!;
+    if (this.packs) {
+      const buf = c.packed ?? this.stageBytes(c, await this.readRaw(c));
+      const r = { codes: this.codes!, updateFlag: this.updateFlag, stats: this.statsOut, check: true };
+      c.params.forEach((p, i) => adamwPacked(this.gpu, this.packedParam(buf, c, i), grads.get(p.name) ?? fail(p.name), this.o.cfg, s, r));
+    } else {
+      const st = c.resident ?? this.stage(c, await this.readChunk(c));
+      for (const p of c.params) adamwCheck(this.gpu, this.paramState(st, p), grads.get(p.name) ?? fail(p.name), this.o.cfg, s, this.updateFlag);
+    }
+  }
+
+  /** After pass 2: 'update' when some chunk's update would leave a non-finite value (the step is skipped whole). */
+  async fusedCheckResult(run: FusedStep): Promise<'update' | null> {
+    this.expectEvery(run, 'check');
+    if (await readFlag(this.gpu, this.updateFlag)) {
+      run.phase = 'over';
+      return 'update';
+    }
+    run.phase = 'apply';
+    run.done = new Set();
+    this.prefetch(run);
+    return null;
+  }
+
+  /**
+   * Pass 3, one chunk's final gradients: the chunk's AdamW update. A resident chunk updates in place; a
+   * stored one was read ahead (prefetch: the next stored chunk in the order the norm pass saw them
+   * complete, read while this one updates and the backward goes on) and its new state is written back
+   * while the following chunks update (write-behind). The statistics come back with every update.
+   */
+  async fusedApply(run: FusedStep, index: number, grads: Map<string, Tensor>): Promise<void> {
+    if (run.phase !== 'apply') throw new Error(`fusedApply in the ${run.phase} phase`);
+    const gpu = this.gpu;
+    const c = this.chunks[index];
+    const s = run.s!;
+    run.done.add(index);
+    // A stored chunk's bytes: read ahead, or now (the order changed); then the next one is read ahead.
+    let read: Promise<Uint8Array> = Promise.resolve(new Uint8Array(0));
+    if (!this.onGpu(c)) {
+      read = run.reads.get(index) ?? (this.packs ? this.readRaw(c) : this.readChunk(c).then(f32Bytes));
+      run.reads.delete(index);
+      this.prefetch(run);
+    }
+    gpu.write(this.statsOut, [0, 0, 0, 0]);
+    let bytes: Uint8Array | null = null;
+    if (this.packs) {
+      const buf = c.packed ?? this.stageBytes(c, await read);
+      const r = { codes: this.codes!, updateFlag: this.updateFlag, stats: this.statsOut, check: false };
+      c.params.forEach((p, i) => adamwPacked(gpu, this.packedParam(buf, c, i), grads.get(p.name) ?? fail(p.name), this.o.cfg, s, r));
+      if (!c.packed) bytes = await this.readBytes(buf);
+    } else {
+      const st = c.resident ?? this.stage(c, await read.then((b) => new Float32Array(b.buffer, b.byteOffset, b.byteLength / 4)));
+      for (const p of c.params) adamw(gpu, this.paramState(st, p), grads.get(p.name) ?? fail(p.name), this.o.cfg, s);
+      adamwStats(gpu, st, this.o.cfg, this.statsOut);
+      if (!c.resident) {
+        const packed = new Float32Array(3 * c.elems);
+        packed.set(await gpu.read(st.master), 0);
+        packed.set(await gpu.read(st.m), c.elems);
+        packed.set(await gpu.read(st.v), 2 * c.elems);
+        bytes = f32Bytes(packed);
+      }
+    }
+    const [maxAbsMaster, maxAbsM, maxV, maxRatio] = await gpu.read(this.statsOut);
+    const stats = { maxAbsMaster, maxAbsM, maxV, maxRatio };
+    if (!bytes) {
+      c.stats = stats;
+      return;
+    }
+    if (run.writing) await run.writing;
+    run.writing = this.writeChunkBytes(c, s.step, bytes, stats);
+    run.writing.catch(() => {}); // awaited by the next stored chunk or fusedEnd
+  }
+
+  /** After pass 3: the last write lands; the step counts as applied (every chunk must have been updated). */
+  async fusedEnd(run: FusedStep): Promise<{ gradNorm: number }> {
+    if (run.writing) await run.writing;
+    run.writing = null;
+    this.expectEvery(run, 'apply');
+    run.phase = 'over';
+    this.applied = run.s!.step;
+    return { gradNorm: run.gradNorm };
+  }
+
+  /** Ends a fused step early (a non-finite loss, an error): frees what it holds; nothing else changes. */
+  async fusedAbort(run: FusedStep): Promise<void> {
+    if (run.parts) this.gpu.free(run.parts.partials);
+    run.parts = null;
+    for (const r of run.reads.values()) r.catch(() => {});
+    run.reads.clear();
+    if (run.writing) await run.writing.catch(() => {});
+    run.phase = 'over';
+  }
+
+  /** Every chunk must have handed over its gradients in the phase (else a parameter got none). */
+  private expectEvery(run: FusedStep, phase: FusedStep['phase']): void {
+    if (run.phase !== phase) throw new Error(`the fused step is in the ${run.phase} phase, not ${phase}`);
+    const missing = this.chunks.filter((c) => !run.done.has(c.index));
+    if (missing.length) fail(missing[0].params[0].name);
+  }
+
+  /** Starts reading the next stored chunk not yet updated, in the order pass 1 saw them complete (one ahead). */
+  private prefetch(run: FusedStep): void {
+    if (run.reads.size > 0) return;
+    const next = run.order.map((i) => this.chunks[i]).find((c) => !this.onGpu(c) && !run.done.has(c.index));
+    if (!next) return;
+    const read = this.packs ? this.readRaw(next) : this.readChunk(next).then(f32Bytes);
+    read.catch(() => {}); // awaited when the chunk's gradients are final
+    run.reads.set(next.index, read);
+  }
+
+  /** Uploads a stored packed chunk's bytes into the staging buffer; returns the view. */
+  private stageBytes(c: Chunk, bytes: Uint8Array): Tensor {
+    const st = this.ensurePackedStaging();
+    const view = new Tensor(st.alloc, [bytes.byteLength / 4], 'f32', st.byteOffset, false);
+    this.gpu.writeRaw(view, bytes);
+    return view;
+  }
+
+  /** A resident chunk's statistics now: adamwStats on the GPU (fp32), or its packed bytes read back (compact). */
+  private async measureResident(c: Chunk): Promise<AdamWStateStats> {
+    if (c.resident) {
+      this.gpu.write(this.statsOut, [0, 0, 0, 0]);
+      adamwStats(this.gpu, c.resident, this.o.cfg, this.statsOut);
+      const [maxAbsMaster, maxAbsM, maxV, maxRatio] = await this.gpu.read(this.statsOut);
+      return { maxAbsMaster, maxAbsM, maxV, maxRatio };
+    }
+    const weights = await this.chunkWeights(c);
+    return this.packedStats(c, await this.readBytes(c.packed!), (i) => weights[i]);
   }
 
   /** The largest |master| a chunk's weight copies keep finite (F16_MAX when any copy is f16). */
@@ -639,6 +877,7 @@ export class ChunkedAdamW {
         this.gpu.write(c.resident.master, packed.subarray(0, c.elems));
         this.gpu.write(c.resident.m, packed.subarray(c.elems, 2 * c.elems));
         this.gpu.write(c.resident.v, packed.subarray(2 * c.elems));
+        c.stats = null;
       } else {
         c.version = versions[c.index];
         if (c.version === undefined) throw new Error(`checkpoint names no version for optimizer chunk ${c.index}`);
@@ -692,7 +931,7 @@ export class ChunkedAdamW {
         const values = weights ? weights[i] : hostState(bytes, p).master!;
         this.gpu.write(this.weightOf(c.params[i]), values);
       });
-      if (!c.packed) c.stats = this.packedStats(c, bytes, (i) => weights?.[i] ?? hostState(bytes, pack.params[i]).master!);
+      c.stats = c.packed ? null : this.packedStats(c, bytes, (i) => weights?.[i] ?? hostState(bytes, pack.params[i]).master!);
     }
   }
 

@@ -64,6 +64,13 @@ export interface TrainSettings {
   master: MasterKind;
   /** One UNet pass per sample even when the batch's samples share a shape (tests compare it with the batched pass). */
   passPerSample?: boolean;
+  /**
+   * Full fine-tuning: each optimizer chunk updates inside the backward pass as soon as its gradients are
+   * final, so the whole gradient set never exists at once (ChunkedAdamW's fused step: a norm pass first,
+   * then the update pass; one more forward and backward per step). Same weights as the unfused step, bit
+   * for bit. LoRA keeps it off (its gradients are small). Absent: off.
+   */
+  fusedUpdates?: boolean;
 }
 
 export const TRAIN_DEFAULTS: Record<TrainMode, TrainSettings> = {
@@ -359,29 +366,102 @@ export class DreamBoothTrainer {
     const gpu = this.gpu;
     const t0 = performance.now();
     gpu.allocator.resetPeak();
+    const scale = this.scaler.scale;
+    const r = this.settings.fusedUpdates ? await this.fusedStep(inputs, scale) : await this.unfusedStep(inputs, scale);
+    const { loss, applied, gradNorm, skipped } = r;
+    await gpu.sync();
+    this.step++;
+    this.losses.push(loss);
+    const mem = gpu.allocator.report();
+    const report: StepReport = {
+      step: this.step,
+      loss,
+      applied,
+      lossScale: this.scaler.scale,
+      gradNorm,
+      seconds: (performance.now() - t0) / 1000,
+      gpuBytes: mem.current,
+      gpuPeakBytes: mem.peak,
+    };
+    if (skipped) report.skipped = skipped;
+    this.skipRun = skipped ? { count: this.skipRun.count + 1, last: skipped } : { count: 0, last: '' };
+    if (this.settings.checkpointEvery > 0 && this.step % this.settings.checkpointEvery === 0) await this.checkpoint();
+    if (this.skipRun.count >= this.settings.maxConsecutiveSkips)
+      throw new TrainingStalledError(this.skipRun.count, this.step, this.skipRun.last, this.appliedSteps);
+    return report;
+  }
+
+  /**
+   * The forward and backward of a step's batch on a new tape: one UNet pass over it when its samples share a
+   * latent shape, one pass per sample when they do not (a photo at its aspect-ratio bucket beside a square
+   * class image). The passes' weight gradients add up on the tape, and each pass's loss and gradient keep the
+   * whole batch's 1/B, so the sum is the batch's. With `fused`, the last pass's backward hands each chunk's
+   * final gradients to `fused.chunk` (then frees them), after `fused.loss` has seen the batch's loss.
+   */
+  private async forwardBackward(
+    inputs: StepInputs,
+    scale: number,
+    fused?: { loss: (loss: number) => void; chunk: (index: number, grads: Map<string, Tensor>) => Promise<void> },
+  ): Promise<{ loss: number; tape: Tape }> {
     const samples = this.batchOf(inputs.instance, inputs.classIndex);
     const B = samples.length;
     const prediction = this.model.schedule.prediction;
     // diffusers adds the prior term to the instance mean: per-sample weights times B undo weightedMse's 1/B.
     const classWeights = samples.map((_, i) => (i === 0 ? 1 : this.settings.priorLossWeight) * B);
     const weights = lossWeights(inputs.timesteps, this.acp, { prediction, minSnrGamma: this.settings.minSnrGamma ?? undefined, classWeights });
-    const tape = new Tape(gpu, new Set(this.trainable.values()));
-    const scale = this.scaler.scale;
-    // One UNet pass over the batch when its samples share a latent shape; one pass per sample when they do not
-    // (a photo at its aspect-ratio bucket beside a square class image). The passes' weight gradients add up on
-    // the tape, and each pass's loss and gradient keep the whole batch's 1/B, so the sum is the batch's.
+    const tape = new Tape(this.gpu, new Set(this.trainable.values()));
     const sameShape = samples.every((x) => this.shapeOf(x).join() === this.shapeOf(samples[0]).join());
     const passes = sameShape && !this.settings.passPerSample ? [samples.map((_, i) => i)] : samples.map((_, i) => [i]);
     const noiseStart = samples.map((_, i) => samples.slice(0, i).reduce((n, x) => n + this.shapeOf(x).reduce((a, b) => a * b, 1), 0));
     let loss = 0;
-    for (const pass of passes)
+    for (const [k, pass] of passes.entries()) {
+      const last = k === passes.length - 1;
+      const before = loss;
       loss += await this.trainPass(
         tape,
         pass.map((i) => ({ sample: samples[i], t: inputs.timesteps[i], w: weights[i], noise: noiseStart[i] })),
         inputs.noise,
         B,
         scale,
+        fused && last ? { loss: (l) => fused.loss(before + l), onFinal: this.chunkHandover(tape, fused.chunk) } : undefined,
       );
+    }
+    return { loss, tape };
+  }
+
+  /**
+   * Tape.backwardFused's hook: collects the final gradients by optimizer chunk; a chunk whose parameters are
+   * all final goes to `chunk`, and its gradients are freed right after.
+   */
+  private chunkHandover(tape: Tape, chunk: (index: number, grads: Map<string, Tensor>) => Promise<void>): (weights: Tensor[]) => Promise<void> {
+    const names = new Map([...this.trainable].map(([n, t]) => [t, n]));
+    const chunks = this.optimizer.chunks;
+    const chunkOf = new Map(chunks.flatMap((c) => c.params.map((p) => [p.name, c.index] as const)));
+    const waiting = chunks.map((c) => c.params.length);
+    const held = chunks.map(() => new Map<string, Tensor>());
+    return async (ws) => {
+      for (const w of ws) {
+        const name = names.get(w);
+        if (name === undefined) continue;
+        const g = tape.take(w);
+        if (!g) throw new Error(`no gradient reached trainable parameter ${name}`);
+        const i = chunkOf.get(name)!;
+        held[i].set(name, g);
+        if (--waiting[i] > 0) continue;
+        try {
+          await chunk(i, held[i]);
+        } finally {
+          this.gpu.free(...held[i].values());
+          held[i].clear();
+        }
+      }
+    };
+  }
+
+  /** The unfused step: every gradient, then the optimizer's step over all of them. */
+  private async unfusedStep(inputs: StepInputs, scale: number): Promise<{ loss: number; applied: boolean; gradNorm: number; skipped?: string }> {
+    const gpu = this.gpu;
+    const { loss, tape } = await this.forwardBackward(inputs, scale);
     const grads = new Map<string, Tensor>();
     for (const [name, t] of this.trainable) {
       const g = tape.take(t);
@@ -403,34 +483,80 @@ export class DreamBoothTrainer {
         // The gradients were finite at this scale, so the scale is not the problem: Adam's update does not
         // depend on it (m / sqrt(v) divides it out). Lowering it would only push small f16 gradients toward
         // zero, so the scaler is left as it is (neither lowered nor counting a good step).
-        const f16 = this.dtype === 'f16' ? " or past f16's 65504" : '';
-        skipped = `the update would make weights non-finite${f16} (learning rate ${this.settings.lr} too high?) at step ${this.step + 1}: step skipped, loss scale kept at ${scale}`;
+        skipped = this.updateSkipped(scale);
       } else {
         this.scaler.update(!applied);
         if (!applied) skipped = `inf/NaN in the gradients at loss scale ${scale}: step skipped, scale lowered to ${this.scaler.scale}`;
       }
     }
     for (const g of grads.values()) gpu.free(g);
-    await gpu.sync();
-    this.step++;
-    this.losses.push(loss);
-    const mem = gpu.allocator.report();
-    const report: StepReport = {
-      step: this.step,
-      loss,
-      applied,
-      lossScale: this.scaler.scale,
-      gradNorm,
-      seconds: (performance.now() - t0) / 1000,
-      gpuBytes: mem.current,
-      gpuPeakBytes: mem.peak,
-    };
-    if (skipped) report.skipped = skipped;
-    this.skipRun = skipped ? { count: this.skipRun.count + 1, last: skipped } : { count: 0, last: '' };
-    if (this.settings.checkpointEvery > 0 && this.step % this.settings.checkpointEvery === 0) await this.checkpoint();
-    if (this.skipRun.count >= this.settings.maxConsecutiveSkips)
-      throw new TrainingStalledError(this.skipRun.count, this.step, this.skipRun.last, this.appliedSteps);
-    return report;
+    return { loss, applied, gradNorm, skipped };
+  }
+
+  /**
+   * The fused step (settings.fusedUpdates; ChunkedAdamW's fused step): the norm pass hands each chunk's
+   * final gradients to fusedNorm and frees them; an overflow or a non-finite loss skips the step with
+   * nothing written, exactly as the unfused step does (the scale halves); else (after a check pass when
+   * the statistics cannot prove every update finite) the update pass updates each chunk as its gradients
+   * become final. The passes run the same forward and backward on the same weights: the update pass
+   * compares its loss with the norm pass's, bit for bit, before its backward (a non-deterministic kernel
+   * would otherwise update chunks with gradients the decisions were not taken on).
+   */
+  private async fusedStep(inputs: StepInputs, scale: number): Promise<{ loss: number; applied: boolean; gradNorm: number; skipped?: string }> {
+    const opt = this.optimizer;
+    const run = opt.fusedBegin(scale);
+    try {
+      const pass = async (phase: string, chunk: (index: number, grads: Map<string, Tensor>) => Promise<void>, expect?: number) => {
+        const r = await this.forwardBackward(inputs, scale, {
+          loss: (l) => {
+            if (expect !== undefined && !Object.is(l, expect))
+              throw new Error(
+                `the ${phase} pass's loss ${l} differs from the norm pass's ${expect}: the GPU's kernels are not deterministic; turn fused updates off`,
+              );
+          },
+          chunk,
+        });
+        r.tape.dropGrads();
+        return r.loss;
+      };
+      const loss = await pass('norm', async (i, g) => opt.fusedNorm(run, i, g));
+      if (!Number.isFinite(loss)) {
+        await opt.fusedAbort(run);
+        this.scaler.update(true);
+        return {
+          loss,
+          applied: false,
+          gradNorm: NaN,
+          skipped: `non-finite loss (${loss}) at step ${this.step + 1}: step skipped, loss scale lowered to ${this.scaler.scale}`,
+        };
+      }
+      const d = await opt.fusedDecide(run);
+      if (d.skipped) {
+        this.scaler.update(true);
+        return {
+          loss,
+          applied: false,
+          gradNorm: d.gradNorm,
+          skipped: `inf/NaN in the gradients at loss scale ${scale}: step skipped, scale lowered to ${this.scaler.scale}`,
+        };
+      }
+      if (d.needsCheck) {
+        await pass('check', (i, g) => opt.fusedCheck(run, i, g), loss);
+        if (await opt.fusedCheckResult(run)) return { loss, applied: false, gradNorm: d.gradNorm, skipped: this.updateSkipped(scale) };
+      }
+      await pass('update', (i, g) => opt.fusedApply(run, i, g), loss);
+      const { gradNorm } = await opt.fusedEnd(run);
+      this.scaler.update(false);
+      return { loss, applied: true, gradNorm };
+    } finally {
+      await opt.fusedAbort(run);
+    }
+  }
+
+  /** Why a step whose update would overflow was skipped (the scale is kept: see unfusedStep). */
+  private updateSkipped(scale: number): string {
+    const f16 = this.dtype === 'f16' ? " or past f16's 65504" : '';
+    return `the update would make weights non-finite${f16} (learning rate ${this.settings.lr} too high?) at step ${this.step + 1}: step skipped, loss scale kept at ${scale}`;
   }
 
   /**
@@ -493,6 +619,8 @@ export class DreamBoothTrainer {
     noise: Float32Array,
     batch: number,
     scale: number,
+    /** The fused step's last pass: sees the batch's loss before the backward, which hands over final weights. */
+    fused?: { loss: (loss: number) => void; onFinal: (weights: Tensor[]) => Promise<void> },
   ): Promise<number> {
     const gpu = this.gpu;
     const n = items.length;
@@ -555,8 +683,15 @@ export class DreamBoothTrainer {
       : null;
     const pred = unetForward(gpu, this.model.config, this.model.weights, xt, tT, ctx, tape, this.loraScale, this.settings.activationCheckpointing);
     const loss = await weightedMse(gpu, pred, target, weights, mask);
-    tape.backward(pred, weightedMseBackward(gpu, pred, target, weights, mask, scale));
-    gpu.free(x0, eps, tT, xt, ...(target !== eps ? [target] : []), ...(te ? [] : [ctx]), ...(mask ? [mask] : []));
+    const dy = weightedMseBackward(gpu, pred, target, weights, mask, scale);
+    const inputs = [x0, eps, tT, xt, ...(target !== eps ? [target] : []), ...(te ? [] : [ctx]), ...(mask ? [mask] : [])];
+    try {
+      fused?.loss(loss);
+      if (fused) await tape.backwardFused(pred, dy, fused.onFinal);
+      else tape.backward(pred, dy);
+    } finally {
+      gpu.free(...inputs);
+    }
     return loss;
   }
 
@@ -676,6 +811,8 @@ function validate(data: TrainData, s: TrainSettings): void {
   if (!Number.isInteger(s.steps) || s.steps < 1) throw new Error(`steps must be a positive integer, got ${s.steps}`);
   if (s.mode === 'lora' && (!Number.isInteger(s.rank) || s.rank < 1)) throw new Error(`LoRA rank must be a positive integer, got ${s.rank}`);
   if (!OPTIMIZER_KINDS.includes(s.optimizer)) throw new Error(`optimizer must be one of ${OPTIMIZER_KINDS.join(', ')}, got ${String(s.optimizer)}`);
+  if (s.fusedUpdates && s.mode !== 'full')
+    throw new Error(`fused updates are for full fine-tuning (a LoRA run's gradients are small): turn fusedUpdates (--fused-updates) off for a ${s.mode} run`);
   if (!MASTER_KINDS.includes(s.master)) throw new Error(`master must be one of ${MASTER_KINDS.join(', ')}, got ${String(s.master)}`);
   if (!Number.isInteger(s.maxConsecutiveSkips) || s.maxConsecutiveSkips < 1)
     throw new Error(`maxConsecutiveSkips (skipped steps in a row before the run stops) must be a positive integer, got ${s.maxConsecutiveSkips}`);

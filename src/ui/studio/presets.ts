@@ -59,6 +59,7 @@ export const SETTING_LABELS: Record<SettingKey, string> = {
   trainTextEncoder: 'Also train the text encoder (LoRA)',
   optimizer: 'Optimizer moments (adamw8bit: 8-bit, a third of the state)',
   master: 'Master weights (compact: f16 + 16-bit extension)',
+  fusedUpdates: 'Update inside the backward pass (less GPU memory, one more pass per step)',
   checkpointEvery: 'Checkpoint every N steps',
   validateEvery: 'Validation loss every N steps (0: never)',
   aspect: 'Non-square photos train at',
