@@ -627,8 +627,10 @@ export class ChunkedAdamW {
     // |unscaled, clipped g| <= min(maxNorm, N) with clipping, <= N without (gradientBound's rule).
     const gradMax = clip ? Math.min(clip.maxNorm, norm) : norm;
     for (const c of this.chunks) {
-      if (this.onGpu(c) && !c.stats) c.stats = await this.measureResident(c);
-      if (!adamwStepSafe(c.stats!, this.o.cfg, run.s.step, gradMax, this.chunkLimit(c))) run.unproven.add(c.index);
+      // fp32 resident chunks are measured on the GPU; a compact one without statistics (the first fused step after
+      // create or restore) goes through the check pass once (measuring it would read its whole state back to the host).
+      if (c.resident && !c.stats) c.stats = await this.measureResident(c);
+      if (!c.stats || !adamwStepSafe(c.stats, this.o.cfg, run.s.step, gradMax, this.chunkLimit(c))) run.unproven.add(c.index);
     }
     clearFlag(gpu, this.updateFlag);
     run.phase = run.unproven.size ? 'check' : 'apply';
@@ -761,16 +763,12 @@ export class ChunkedAdamW {
     return view;
   }
 
-  /** A resident chunk's statistics now: adamwStats on the GPU (fp32), or its packed bytes read back (compact). */
+  /** An fp32 resident chunk's statistics now (adamwStats on the GPU, 16 bytes read back). */
   private async measureResident(c: Chunk): Promise<AdamWStateStats> {
-    if (c.resident) {
-      this.gpu.write(this.statsOut, [0, 0, 0, 0]);
-      adamwStats(this.gpu, c.resident, this.o.cfg, this.statsOut);
-      const [maxAbsMaster, maxAbsM, maxV, maxRatio] = await this.gpu.read(this.statsOut);
-      return { maxAbsMaster, maxAbsM, maxV, maxRatio };
-    }
-    const weights = await this.chunkWeights(c);
-    return this.packedStats(c, await this.readBytes(c.packed!), (i) => weights[i]);
+    this.gpu.write(this.statsOut, [0, 0, 0, 0]);
+    adamwStats(this.gpu, c.resident!, this.o.cfg, this.statsOut);
+    const [maxAbsMaster, maxAbsM, maxV, maxRatio] = await this.gpu.read(this.statsOut);
+    return { maxAbsMaster, maxAbsM, maxV, maxRatio };
   }
 
   /** The largest |master| a chunk's weight copies keep finite (F16_MAX when any copy is f16). */

@@ -135,6 +135,22 @@ describe('fused updates: an overflow in the last chunk of the backward', () => {
   });
 });
 
+describe('fused updates: an update that would overflow', () => {
+  it('full [f16] compact default, learning rate 1e30: the check pass finds it before any chunk updates; every byte unchanged, the scale kept', async () => {
+    const gpu = await testGpu();
+    const store = new MemoryChunkStore();
+    const t = await makeTrainer(gpu, 'f16', 'full', store, { chunkElems: 1 << 14, residentChunks: 4, fusedUpdates: true, lr: 1e30 });
+    const before = await snapshot(t.trainer, store);
+    const scale = t.trainer.scaler.scale;
+    const r = await t.trainer.trainStep(t.fx.inputs[0]);
+    assert.equal(r.applied, false);
+    assert.match(r.skipped!, /would make weights non-finite/);
+    assert.equal(t.trainer.scaler.scale, scale, 'the loss scale is kept');
+    assertSameBytes(await snapshot(t.trainer, store), before, 'after the refused update');
+    t.free();
+  });
+});
+
 /** Names of the trainable parameters whose gradient for `inputs` holds an inf or NaN (a plain, unfused backward). */
 async function nonFiniteGradients(trainer: DreamBoothTrainer, inputs: Parameters<DreamBoothTrainer['trainStep']>[0]): Promise<string[]> {
   const probe = trainer as unknown as {
