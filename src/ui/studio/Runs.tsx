@@ -5,6 +5,7 @@
 import { useEffect, useRef, useState } from 'react';
 import { deleteRun, newRun, openRun } from './actions.ts';
 import { fmtBytes, runBusy, useStudioStore, type RunRow } from './state.ts';
+import { summarize } from './runs.ts';
 
 const MODE_LABELS = { lora: 'LoRA', full: 'Full' } as const;
 
@@ -13,7 +14,17 @@ function fmtDate(t: number): string {
 }
 
 export function RunsPanel() {
-  const runs = useStudioStore((s) => s.runs);
+  const listed = useStudioStore((s) => s.runs);
+  const prompt = useStudioStore((s) => s.prompt);
+  const settings = useStudioStore((s) => s.settings);
+  const run = useStudioStore((s) => s.run);
+  // The open run's row follows the page as it changes (its storage and thumbnail come with the next refresh).
+  const runs = listed.map((r) => {
+    if (!r.open) return r;
+    const { id, created, updated, photoIds } = r;
+    const live = summarize({ version: 2, prompt, settings, preset: 'lora', model: null, photos: [], classPhotos: [], run: { ...run, samples: [], tries: [] } });
+    return { ...r, ...live, id, created, updated, photoIds };
+  });
   const lost = useStudioStore((s) => s.lostRuns);
   const storage = useStudioStore((s) => s.storage);
   const status = useStudioStore((s) => s.run.status);
@@ -97,9 +108,12 @@ export function RunsPanel() {
 /** A modal dialog (the browser's <dialog>: focus kept inside, Escape cancels) asking before a delete. */
 function ConfirmDelete({ row, training, onClose }: { row: RunRow; training: boolean; onClose: (yes: boolean) => void }) {
   const ref = useRef<HTMLDialogElement>(null);
+  const keep = useRef<HTMLButtonElement>(null);
   useEffect(() => {
     const d = ref.current;
     if (d && !d.open) d.showModal();
+    // The safe choice has the focus (showModal focuses the first button otherwise).
+    keep.current?.focus();
   }, []);
   return (
     <dialog ref={ref} aria-labelledby="delete-title" data-testid="delete-dialog" onCancel={() => onClose(false)}>
@@ -113,7 +127,7 @@ function ConfirmDelete({ row, training, onClose }: { row: RunRow; training: bool
         <button type="button" className="danger" onClick={() => onClose(true)}>
           {training ? 'Stop and delete' : 'Delete'}
         </button>
-        <button type="button" className="secondary" autoFocus onClick={() => onClose(false)}>
+        <button type="button" className="secondary" ref={keep} onClick={() => onClose(false)}>
           Keep it
         </button>
       </div>

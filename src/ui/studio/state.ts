@@ -463,7 +463,10 @@ export function switchWorkspace(next: string | null): Promise<boolean> {
     if (target) {
       const { state } = await readWorkspace(target);
       closed.delete(next!);
-      useStudioStore.setState({ ...state, exports: [], exportError: null, exportMessage: '' });
+      // The loaded model stays when the run was trained on it; another model must be loaded for the run.
+      const { model, ...rest } = state;
+      const same = JSON.stringify(st.model.ref) === JSON.stringify(target.model);
+      useStudioStore.setState({ ...rest, ...(same ? {} : { model }), exports: [], exportError: null, exportMessage: '' });
     } else {
       useStudioStore.setState((s) => ({
         workspace: newWorkspaceInfo(),

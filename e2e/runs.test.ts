@@ -1,0 +1,236 @@
+// The runs kept in the browser (issue 15, "Runs"; headless Chromium, SwiftShader, the demo model): two 1-step
+// LoRA runs (the second through "New run") are both listed with a thumbnail, mode, steps, date and storage;
+// the first opens again (its prompt, progress and chart); the second is deleted from the keyboard through the
+// confirmation dialog and the storage shown drops, its chunks gone from the run store; deleting a run while
+// it trains asks first (Escape keeps it) and stops it; a run whose training state the browser cleared is named
+// after a reload and can be removed. The list fits a 390 px screen.
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { encode } from 'fast-png';
+import type { Page } from 'playwright-core';
+import { launch, screenshotPath, serve } from './browser.ts';
+
+/** The worker's chunk store (src/studio/worker.ts RUN_DB; not imported: that module starts a worker). */
+const RUN_DB = 'dreambooth-studio-runs';
+
+function photo(w: number, h: number, k: number): number[] {
+  const data = new Uint8Array(w * h * 3);
+  for (let y = 0; y < h; y++)
+    for (let x = 0; x < w; x++) {
+      const inside = Math.hypot(x - w / 2, y - h / 2) < Math.min(w, h) / 3;
+      data.set(inside ? [220, 60 + 90 * k, 40] : [(x * 200) / w, (y * 200) / h, 120], 3 * (y * w + x));
+    }
+  return [...encode({ width: w, height: h, data, channels: 3, depth: 8 })];
+}
+
+/** The chunk keys of the run store with `prefix` (read from the page's origin, as the worker stored them). */
+async function chunkKeys(page: Page, prefix: string): Promise<string[]> {
+  return page.evaluate(
+    async ([db, prefix]) => {
+      const conn = await new Promise<IDBDatabase>((res, rej) => {
+        const r = indexedDB.open(db);
+        r.onsuccess = () => res(r.result);
+        r.onerror = () => rej(r.error);
+      });
+      const keys = await new Promise<IDBValidKey[]>((res) => {
+        const r = conn.transaction('sizes').objectStore('sizes').getAllKeys();
+        r.onsuccess = () => res(r.result);
+      });
+      conn.close();
+      return keys.map(String).filter((k) => k.startsWith(prefix));
+    },
+    [RUN_DB, prefix] as const,
+  );
+}
+
+/** What the browser's eviction of one run looks like to the page: its chunks gone from the run store. */
+async function evictChunks(page: Page, prefix: string): Promise<void> {
+  await page.evaluate(
+    async ([db, prefix]) => {
+      const conn = await new Promise<IDBDatabase>((res, rej) => {
+        const r = indexedDB.open(db);
+        r.onsuccess = () => res(r.result);
+        r.onerror = () => rej(r.error);
+      });
+      const tx = conn.transaction(['chunks', 'sizes'], 'readwrite');
+      const range = IDBKeyRange.bound(prefix, `${prefix}\uffff`);
+      tx.objectStore('chunks').delete(range);
+      tx.objectStore('sizes').delete(range);
+      await new Promise((res, rej) => ((tx.oncomplete = res), (tx.onerror = rej)));
+      conn.close();
+    },
+    [RUN_DB, prefix] as const,
+  );
+}
+
+const rows = (page: Page) => page.getByTestId('run-row');
+const runIdOf = (page: Page) =>
+  page.evaluate(() => (globalThis as { __studio?: { state: () => { run: { runId: string | null } } } }).__studio!.state().run.runId);
+const waitDone = (page: Page) =>
+  page.waitForFunction(() => /Done/.test(document.querySelector('[data-testid="train-status"]')?.textContent ?? ''), null, { timeout: 300_000 });
+/** The "N runs use X" line's byte figure (the list's own total), parsed back to bytes. */
+async function totalBytes(page: Page): Promise<number> {
+  const text = (await page.getByTestId('runs-total').textContent()) ?? '';
+  const m = /about ([\d.]+) (B|KiB|MiB|GiB)/.exec(text);
+  assert.ok(m, `the total says how much the runs use: ${text}`);
+  return Number(m[1]) * 1024 ** ['B', 'KiB', 'MiB', 'GiB'].indexOf(m[2]);
+}
+
+describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)', () => {
+  let server: Awaited<ReturnType<typeof serve>>;
+  // E2E_DIST: a build elsewhere than dist/ (several builds may share the tree).
+  before(async () => (server = await serve(process.env.E2E_DIST || undefined)));
+  after(async () => server?.close());
+
+  it(
+    'two runs listed; open the first; delete the second (storage drops); a training run asks first; evicted storage is named',
+    { timeout: 600_000 },
+    async () => {
+      const browser = await launch(true);
+      try {
+        const page = await (await browser.newContext({ viewport: { width: 1280, height: 900 } })).newPage();
+        const pageErrors: string[] = [];
+        page.on('pageerror', (e) => pageErrors.push(e.message));
+        page.on('dialog', (d) => void d.accept()); // the browser's confirm() of "Train again" (not used here)
+        await page.goto(server.url);
+        await page.getByRole('button', { name: 'Use the demo model' }).click({ timeout: 60_000 });
+        await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-tiny' }).waitFor({ timeout: 60_000 });
+        const dt = await page.evaluateHandle(
+          (bytes) => {
+            const d = new DataTransfer();
+            d.items.add(new File([new Uint8Array(bytes)], 'dog.png', { type: 'image/png' }));
+            return d;
+          },
+          photo(40, 40, 0),
+        );
+        await page.getByTestId('photo-drop').dispatchEvent('drop', { dataTransfer: dt });
+        await page.getByText('dog.png').first().waitFor({ timeout: 60_000 });
+
+        // Run 1: one LoRA step, no samples (the thumbnail is the photo), the final checkpoint only.
+        if (
+          !(await page
+            .locator('details')
+            .first()
+            .evaluate((d) => (d as HTMLDetailsElement).open))
+        )
+          await page.getByText('Advanced settings').click();
+        await page.getByLabel('Instance prompt', { exact: false }).fill('a photo of sks dog');
+        await page.getByLabel('Steps', { exact: true }).fill('1');
+        await page.getByLabel('Sample every N steps (0: never)').fill('0');
+        await page.getByLabel('Checkpoint every N steps').fill('0');
+        await page.getByRole('button', { name: 'Train', exact: true }).click();
+        await waitDone(page);
+        const dogRun = await runIdOf(page);
+        assert.ok(dogRun);
+
+        // Run 2 through "New run": the first stays listed; same photo and settings, another prompt.
+        await page.getByRole('button', { name: 'New run' }).click();
+        await rows(page).nth(1).waitFor({ timeout: 30_000 });
+        await page.getByLabel('Instance prompt', { exact: false }).fill('a photo of sks cat');
+        await page.getByRole('button', { name: 'Train', exact: true }).click();
+        await waitDone(page);
+        const catRun = await runIdOf(page);
+        assert.ok(catRun && catRun !== dogRun);
+        assert.ok((await chunkKeys(page, `${catRun}/`)).length > 0, 'the run store holds the second run');
+
+        // Both listed (most recent first): thumbnail drawn, mode, steps, status, date and storage.
+        await page.waitForFunction(() => document.querySelectorAll('[data-testid="run-row"] img').length === 2, null, { timeout: 30_000 });
+        const listed = await rows(page).evaluateAll((lis) =>
+          lis.map((li) => ({
+            name: li.querySelector('.run-name')?.textContent,
+            facts: li.querySelector('[data-testid="run-facts"]')?.textContent ?? '',
+            thumb: (li.querySelector('img') as HTMLImageElement | null)?.naturalWidth ?? 0,
+            open: li.getAttribute('aria-current') === 'true',
+          })),
+        );
+        assert.deepEqual(
+          listed.map((r) => [r.name, r.open]),
+          [
+            ['a photo of sks cat', true],
+            ['a photo of sks dog', false],
+          ],
+        );
+        const year = String(new Date().getFullYear());
+        for (const r of listed) {
+          assert.match(r.facts, /^LoRA · step 1 \/ 1 · done · .+ · [\d.]+ (KiB|MiB)/, r.facts);
+          assert.ok(r.facts.includes(year), `the date: ${r.facts}`);
+          assert.ok(r.thumb > 0 && r.thumb <= 64, `a small thumbnail (${r.thumb} px)`);
+        }
+        await page.getByTestId('runs-panel').screenshot({ path: screenshotPath('studio-runs.png') });
+        const before2 = await totalBytes(page);
+
+        // Open the first run: its prompt, progress and chart come back; the second is now the one in the list.
+        await page.getByRole('button', { name: 'Open a photo of sks dog' }).click();
+        await page.getByRole('button', { name: 'Open a photo of sks cat' }).waitFor({ timeout: 30_000 });
+        assert.equal(await page.getByLabel('Instance prompt', { exact: false }).inputValue(), 'a photo of sks dog');
+        assert.equal(await runIdOf(page), dogRun);
+        assert.match((await page.getByTestId('train-progress-text').textContent()) ?? '', /^Step 1 \/ 1/);
+        assert.match((await page.getByTestId('train-status').textContent()) ?? '', /Done/);
+
+        // Delete the second from the keyboard: the dialog opens on "Keep it"; Shift+Tab, Enter deletes.
+        await page.getByRole('button', { name: 'Delete a photo of sks cat' }).focus();
+        await page.keyboard.press('Enter');
+        const dialog = page.getByTestId('delete-dialog');
+        await dialog.waitFor();
+        assert.match((await dialog.textContent()) ?? '', /Delete "a photo of sks cat"\?/);
+        assert.equal(await page.evaluate(() => document.activeElement?.textContent), 'Keep it');
+        await page.keyboard.press('Shift+Tab');
+        await page.keyboard.press('Enter');
+        await page.waitForFunction(() => document.querySelectorAll('[data-testid="run-row"]').length === 1, null, { timeout: 30_000 });
+        assert.deepEqual(await chunkKeys(page, `${catRun}/`), [], "the second run's chunks are freed");
+        await page.waitForFunction((b) => {
+          const m = /about ([\d.]+) (B|KiB|MiB|GiB)/.exec(document.querySelector('[data-testid="runs-total"]')?.textContent ?? '');
+          return m && Number(m[1]) * 1024 ** ['B', 'KiB', 'MiB', 'GiB'].indexOf(m[2]) < b;
+        }, before2);
+        const after1 = await totalBytes(page);
+        assert.ok(after1 < before2, `the storage shown drops (${before2} -> ${after1} bytes)`);
+
+        // A run that is training: Delete asks first (Escape keeps it training), then stops and deletes it.
+        await page.getByRole('button', { name: 'New run' }).click();
+        await rows(page).nth(1).waitFor({ timeout: 30_000 });
+        await page.getByLabel('Instance prompt', { exact: false }).fill('a photo of sks bird');
+        await page.getByLabel('Steps', { exact: true }).fill('400');
+        await page.getByRole('button', { name: 'Train', exact: true }).click();
+        await page.getByRole('button', { name: 'New run' }).and(page.locator(':disabled')).waitFor({ timeout: 30_000 });
+        await page.getByRole('button', { name: 'Delete a photo of sks bird' }).click();
+        await dialog.waitFor();
+        assert.match((await dialog.textContent()) ?? '', /training now: it will be stopped first/);
+        await page.keyboard.press('Escape');
+        await dialog.waitFor({ state: 'detached' });
+        assert.match((await page.getByTestId('train-status').textContent()) ?? '', /Preparing|Training/);
+        await page.getByRole('button', { name: 'Delete a photo of sks bird' }).click();
+        await dialog.getByRole('button', { name: 'Stop and delete' }).click();
+        await page.waitForFunction(() => document.querySelectorAll('[data-testid="run-row"]').length === 1, null, { timeout: 120_000 });
+        assert.equal(await page.getByLabel('Instance prompt', { exact: false }).inputValue(), 'a photo of sks dog', 'the first run is open again');
+        assert.equal(await runIdOf(page), dogRun);
+
+        // Phone width: the list fits.
+        await page.setViewportSize({ width: 390, height: 844 });
+        const overflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+        assert.ok(overflow <= 1, `no horizontal scrolling at 390 px (${overflow} px)`);
+        await page.getByTestId('runs-panel').screenshot({ path: screenshotPath('studio-runs-phone.png') });
+        await page.setViewportSize({ width: 1280, height: 900 });
+
+        // The browser clears the first run's training state: after a reload the page names the run, and Remove
+        // takes it off the list.
+        await page.waitForTimeout(1500); // the autosave (at most every 500 ms)
+        await evictChunks(page, `${dogRun}/`);
+        await page.reload();
+        const lost = page.getByTestId('lost-run');
+        await lost.waitFor({ timeout: 60_000 });
+        assert.match(
+          (await lost.textContent()) ?? '',
+          /Storage for run "a photo of sks dog" was cleared by the browser: its training state \(checkpoints at step 1\)/,
+        );
+        await lost.getByRole('button', { name: 'Remove "a photo of sks dog" from the list' }).click();
+        await lost.waitFor({ state: 'detached', timeout: 30_000 });
+        const left = await rows(page).evaluateAll((lis) => lis.map((li) => li.querySelector('[data-testid="run-facts"]')?.textContent ?? ''));
+        assert.equal(left.length, 1);
+        assert.match(left[0], /not started/, 'an empty run is open');
+        assert.deepEqual(pageErrors, []);
+      } finally {
+        await browser.close();
+      }
+    },
+  );
+});
