@@ -261,6 +261,22 @@ async function nonFiniteGradients(trainer: DreamBoothTrainer, inputs: Parameters
   return bad;
 }
 
+describe('fused updates: steady state', () => {
+  it('full [f16] compact default, checkpointing, streamed chunks: no GPUBuffer or bind group created after warm-up', async () => {
+    const gpu = await testGpu();
+    const over: Partial<TrainSettings> = { chunkElems: 1 << 14, residentChunks: 4, activationCheckpointing: true, fusedUpdates: true };
+    const { trainer, fx, free } = await makeTrainer(gpu, 'f16', 'full', new MemoryChunkStore(), over);
+    for (let s = 0; s < 3; s++) await trainer.trainStep(fx.inputs[s]);
+    const before = gpu.stats;
+    for (let s = 3; s < 6; s++) assert.ok((await trainer.trainStep(fx.inputs[s])).applied);
+    const after = gpu.stats;
+    assert.ok(after.dispatches - before.dispatches > 300, 'the steps dispatch work');
+    assert.equal(after.buffersCreated - before.buffersCreated, 0, 'GPUBuffers created in 3 warm steps');
+    assert.equal(after.bindGroupsCreated - before.bindGroupsCreated, 0, 'bind groups created in 3 warm steps');
+    free();
+  });
+});
+
 describe('fused updates resume bit-identically', () => {
   it('full [f16] compact default, half the chunks streamed: checkpoint at step 3, crash after step 5, resume to step 8 = uninterrupted (and = unfused)', async () => {
     const gpu = await testGpu();
