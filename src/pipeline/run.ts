@@ -25,7 +25,7 @@ import { loraTargets } from '../nn/lora.ts';
 import { scheduleFromJson, SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
 import { txt2img } from '../sample/txt2img.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
-import { StorageFullError } from '../store/chunkstore.ts';
+import { crc32, StorageFullError } from '../store/chunkstore.ts';
 import { encodeTrainData, generateClassImage, loadTrainData, saveTrainData, type PreparedSet } from '../train/preprocess.ts';
 import { planTraining, trainableShapes, type Plan } from '../train/plan.ts';
 import {
@@ -350,7 +350,23 @@ export class TrainingRun {
       if (w) emit({ type: 'warning', message: w });
     }
 
+    // The cached latents hold the masks as they were when encoded: a mask painted, changed or removed since
+    // (a resumed run) encodes the photos again.
+    const masks = await maskFingerprint(run.images);
     let data = await loadTrainData(store, run.runId);
+    if (
+      data &&
+      !(await cachedMasksMatch(
+        store,
+        run.runId,
+        masks,
+        run.images,
+        data.instance.some((x) => x.mask),
+      ))
+    ) {
+      emit({ type: 'phase', phase: 'encoding', message: 'A mask changed since the photos were encoded: encoding them again' });
+      data = null;
+    }
     if (!data) {
       const step = s.aspect === 'bucket' ? modelShapeOf(source, false).resolutionFactor : null;
       const instance = await TrainingRun.prepareSet(host, tokenizer, run.images, run.prompt, s.resolution, s.flip, 'images', step);
@@ -371,6 +387,7 @@ export class TrainingRun {
         emit({ type: 'phase', phase: 'encoding', message: `Encoded ${done} of ${total} images`, done, total }),
       );
       await saveTrainData(store, run.runId, data);
+      await store.write(masksKey(run.runId), new TextEncoder().encode(masks));
     }
     // The VAE encoder is done; the decoder and the text encoder stay only for samples (or text-encoder LoRA).
     TrainingRun.releaseFor(gpu, model, sampling, settings.textEncoderLora);
@@ -820,6 +837,34 @@ export class TrainingRun {
   static async discard(store: ChunkStore, runId: string): Promise<void> {
     for (const k of await store.keys(`${runId}/`)) await store.delete(k);
   }
+}
+
+/** Store key of the fingerprint of the masks the cached latents were encoded with (maskFingerprint's text). */
+const masksKey = (runId: string) => `${runId}/cache-masks`;
+
+/** Which photos have masks and what each mask is (its bytes' CRC-32): the cached latents' validity. */
+export async function maskFingerprint(images: ImageInput[]): Promise<string> {
+  const parts: string[] = [];
+  for (const img of images) {
+    const m = img.mask;
+    if (!m) parts.push(`${img.id}:-`);
+    else if (m.pixels) {
+      const px = m.pixels.data;
+      parts.push(`${img.id}:${m.pixels.width}x${m.pixels.height}:${crc32(new Uint8Array(px.buffer, px.byteOffset, px.byteLength)).toString(16)}`);
+    } else if (m.blob) parts.push(`${img.id}:${crc32(new Uint8Array(await m.blob.arrayBuffer())).toString(16)}`);
+    else parts.push(`${img.id}:?`);
+  }
+  return parts.join(',');
+}
+
+/**
+ * Whether the cached latents were encoded with these masks. A cache from before the fingerprint was kept
+ * counts as matching when neither it nor the photos have masks.
+ */
+async function cachedMasksMatch(store: ChunkStore, runId: string, masks: string, images: ImageInput[], cacheHasMasks: boolean): Promise<boolean> {
+  const kept = await store.read(masksKey(runId));
+  if (kept) return new TextDecoder().decode(kept) === masks;
+  return !cacheHasMasks && !images.some((i) => i.mask);
 }
 
 /** Store key of a run's start time (ISO 8601 text). */
