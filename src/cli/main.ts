@@ -7,6 +7,7 @@
 //   train <the same, no --out> --bundle <dir> [--hub-id <repo> [--revision <rev>]]  (a job for diffusers / Ray Train, bundle.ts)
 //   sample --model <path> --prompt "..." --out image.png [--steps --seed --guidance --negative --sampler ...] [--lora <file> [--lora-scale x]]
 //   export --model <path> [--lora <file>] --format <format> --out <file>   (results trained elsewhere, export.ts)
+//   pretrain --out <dir> [--size small|tiny] [--steps N ...] | pretrain --resume <dir>   (the demo model, pretrain.ts)
 import { existsSync, statSync } from 'node:fs';
 import { NodeFileSource } from '../io/source-node.ts';
 import { nodeFolder } from '../models/folder-node.ts';
@@ -61,10 +62,11 @@ const train = (args: string[]) =>
   args.some((a) => a === '--bundle' || a.startsWith('--bundle='))
     ? import('./bundle.ts').then((m) => m.bundleCommand(args))
     : withGpu(async () => (await import('./train.ts')).trainCommand, args);
+const pretrain = (args: string[]) => withGpu(async () => (await import('./pretrain.ts')).pretrainCommand, args);
 const exportModel = async (args: string[]) => (await import('./export.ts')).exportCommand(args);
 
 const [command, ...rest] = process.argv.slice(2);
-const commands: Record<string, (a: string[]) => Promise<void>> = { inspect, run, grad, sample, train, export: exportModel };
+const commands: Record<string, (a: string[]) => Promise<void>> = { inspect, run, grad, sample, train, export: exportModel, pretrain };
 try {
   if (!command || !commands[command]) throw new Error(`usage: npm run cli -- <${Object.keys(commands).join('|')}> ...`);
   await commands[command](rest);

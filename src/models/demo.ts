@@ -81,6 +81,23 @@ export function byteTokenizer(): { vocab: Record<string, number>; merges: string
   return { vocab, merges: '#version: 0.2\n' };
 }
 
+/**
+ * CLIP's BPE tokenizer (vocab.json + merges.txt) from its merge list (bpe_simple_vocab_16e6.txt, one merge
+ * per line after a header): the 256 byte tokens, their "</w>" forms, one token per merge in order (each merge's
+ * result is the next id), then <|startoftext|> and <|endoftext|>; `size` 49408 is CLIP's own, a smaller one
+ * keeps the first merges (a tokenizer for a tiny text encoder).
+ */
+export function clipTokenizerFromBpe(bpeText: string, size = 49408): { vocab: Record<string, number>; merges: string } {
+  const merges = bpeText.split('\n').slice(1, 1 + size - 512 - 2);
+  if (merges.length !== size - 514 || merges.some((m) => m.split(' ').length !== 2))
+    throw new Error(`the BPE merge list has ${merges.length} usable merges; a ${size}-token CLIP tokenizer needs ${size - 514}`);
+  const bytes = byteAlphabet();
+  const tokens = [...bytes, ...bytes.map((t) => `${t}</w>`), ...merges.map((m) => m.split(' ').join('')), '<|startoftext|>', '<|endoftext|>'];
+  const vocab: Record<string, number> = {};
+  tokens.forEach((t, i) => (vocab[t] = i));
+  return { vocab, merges: `#version: 0.2\n${merges.join('\n')}\n` };
+}
+
 function initTensor(name: string, shape: number[], rng: Rng): NamedTensor {
   const n = shape.reduce((a, b) => a * b, 1);
   let data: Float32Array;
@@ -95,20 +112,36 @@ function initTensor(name: string, shape: number[], rng: Rng): NamedTensor {
   return { shape, data };
 }
 
-function initWeights(params: ParamShapes, rng: Rng): Map<string, NamedTensor> {
+/** Every tensor of `params` initialised as the file comment says, in order, from `rng`. */
+export function initWeights(params: ParamShapes, rng: Rng): Map<string, NamedTensor> {
   const out = new Map<string, NamedTensor>();
   for (const [name, shape] of params) out.set(name, initTensor(name, shape, rng));
   return out;
 }
 
-/** The demo model's files (diffusers layout, paths relative to the model folder). */
-export function demoModelFiles(seed = 1): Map<string, Uint8Array> {
-  const rng = new Rng(seed);
+/** A diffusers model folder's configs (config.json of each component, as diffusers writes them). */
+export interface DiffusersConfigs {
+  unet: Record<string, unknown>;
+  vae: Record<string, unknown>;
+  text_encoder: Record<string, unknown>;
+  scheduler: Record<string, unknown>;
+}
+
+/**
+ * The files of a diffusers StableDiffusionPipeline folder (paths relative to it): model_index.json, each
+ * component's config and safetensors (`dtype` F32 or F16), the scheduler config and a CLIP tokenizer.
+ */
+export function diffusersModelFiles(
+  configs: DiffusersConfigs,
+  weights: { unet: Map<string, NamedTensor>; vae: Map<string, NamedTensor>; text_encoder: Map<string, NamedTensor> },
+  tokenizer: { vocab: Record<string, number>; merges: string },
+  meta: Record<string, string>,
+  dtype: 'F32' | 'F16' = 'F32',
+): Map<string, Uint8Array> {
   const enc = new TextEncoder();
   const json = (o: unknown) => enc.encode(JSON.stringify(o, null, 2));
-  const tok = byteTokenizer();
+  const typed = (m: Map<string, NamedTensor>) => new Map([...m].map(([n, t]) => [n, { ...t, dtype }]));
   const files = new Map<string, Uint8Array>();
-  const meta = { format: 'pt', generator: 'DreamBooth Studio demo model', seed: String(seed) };
   files.set(
     'model_index.json',
     json({
@@ -121,18 +154,29 @@ export function demoModelFiles(seed = 1): Map<string, Uint8Array> {
       scheduler: ['diffusers', 'DDIMScheduler'],
     }),
   );
-  files.set('unet/config.json', json({ _class_name: 'UNet2DConditionModel', ...DEMO_CONFIGS.unet }));
-  files.set('vae/config.json', json({ _class_name: 'AutoencoderKL', ...DEMO_CONFIGS.vae }));
-  files.set('text_encoder/config.json', json({ architectures: ['CLIPTextModel'], model_type: 'clip_text_model', ...DEMO_CONFIGS.text_encoder }));
-  files.set('scheduler/scheduler_config.json', json(DEMO_CONFIGS.scheduler));
-  files.set('unet/diffusion_pytorch_model.safetensors', writeSafetensors(initWeights(unetParams(unetConfigFromJson(DEMO_CONFIGS.unet)), rng), meta));
-  files.set('vae/diffusion_pytorch_model.safetensors', writeSafetensors(initWeights(vaeParams(vaeConfigFromJson(DEMO_CONFIGS.vae)), rng), meta));
-  files.set('text_encoder/model.safetensors', writeSafetensors(initWeights(clipParams(clipConfigFromJson(DEMO_CONFIGS.text_encoder)), rng), meta));
-  files.set('tokenizer/vocab.json', json(tok.vocab));
-  files.set('tokenizer/merges.txt', enc.encode(tok.merges));
+  files.set('unet/config.json', json({ _class_name: 'UNet2DConditionModel', ...configs.unet }));
+  files.set('vae/config.json', json({ _class_name: 'AutoencoderKL', ...configs.vae }));
+  files.set('text_encoder/config.json', json({ architectures: ['CLIPTextModel'], model_type: 'clip_text_model', ...configs.text_encoder }));
+  files.set('scheduler/scheduler_config.json', json(configs.scheduler));
+  files.set('unet/diffusion_pytorch_model.safetensors', writeSafetensors(typed(weights.unet), meta));
+  files.set('vae/diffusion_pytorch_model.safetensors', writeSafetensors(typed(weights.vae), meta));
+  files.set('text_encoder/model.safetensors', writeSafetensors(typed(weights.text_encoder), meta));
+  files.set('tokenizer/vocab.json', json(tokenizer.vocab));
+  files.set('tokenizer/merges.txt', enc.encode(tokenizer.merges));
   files.set(
     'tokenizer/tokenizer_config.json',
     json({ model_max_length: 77, pad_token: '<|endoftext|>', bos_token: '<|startoftext|>', eos_token: '<|endoftext|>' }),
   );
   return files;
+}
+
+/** The demo model's files (diffusers layout, paths relative to the model folder). */
+export function demoModelFiles(seed = 1): Map<string, Uint8Array> {
+  const rng = new Rng(seed);
+  const meta = { format: 'pt', generator: 'DreamBooth Studio demo model', seed: String(seed) };
+  // The order of the draws (UNet, VAE, text encoder) is part of "same seed, same bytes".
+  const unet = initWeights(unetParams(unetConfigFromJson(DEMO_CONFIGS.unet)), rng);
+  const vae = initWeights(vaeParams(vaeConfigFromJson(DEMO_CONFIGS.vae)), rng);
+  const textEncoder = initWeights(clipParams(clipConfigFromJson(DEMO_CONFIGS.text_encoder)), rng);
+  return diffusersModelFiles(DEMO_CONFIGS, { unet, vae, text_encoder: textEncoder }, byteTokenizer(), meta);
 }

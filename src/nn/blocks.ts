@@ -54,7 +54,9 @@ export function resnetForward(F: Ops, x: Tensor, weights: Weights, prefix: strin
 /** W [C, C] applied to channel-first x [N, C, P] plus a per-channel bias (one row per sample): [N, C, P]. */
 function channelLinear(F: Ops, x: Tensor, w: Tensor, b: Tensor, n: number, p: number): Tensor {
   const c = w.shape[0];
-  const y = F.matmul(F.reshape(w, [c, w.numel / c]), x);
+  // A [C, C] weight is used as it is: a reshaped view would be a different tensor to the tape, which (with a
+  // trainable set) treats an unknown 'weights' tensor as frozen, and the weight would never get its gradient.
+  const y = F.matmul(w.shape.length === 2 ? w : F.reshape(w, [c, w.numel / c]), x);
   const bias = F.repeat(b, n);
   const out = F.addChannel(F.reshape(y, [n, c, p]), bias);
   F.release(y, bias);

@@ -706,6 +706,31 @@ export const CASES: Case[] = [
       return { args: ['export', '--model', ws.tiny.folder, '--lora', output, '--format', 'lora-kohya', '--out', ws.path('x.safetensors')] };
     },
   },
+  // ---- issue 16: pretraining the demo model: a dataset that cannot be honoured is refused before any work ----
+  {
+    name: 'pretrain at a size the VAE cannot divide (--resolution 60)',
+    before: 'clear',
+    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--resolution', '60'],
+    code: 1,
+    message: /dataset size 60: use a multiple of 8 \(the model's factor\) from 16 to 512 px/,
+    setup: (ws) => ({ unchanged: [ws.path('pt')] }),
+  },
+  {
+    name: 'pretrain excluding a shape the generator does not draw',
+    before: 'clear',
+    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--exclude', 'star,moon'],
+    code: 1,
+    message: /--exclude moon: not a shape the generator draws \(circle, square/,
+    setup: (ws) => ({ unchanged: [ws.path('pt')] }),
+  },
+  {
+    name: 'pretrain --resume of a folder that is not a pretraining run',
+    before: 'clear',
+    args: (ws) => ['pretrain', '--resume', ws.tiny.folder],
+    code: 1,
+    message: /--resume \S+: no pretrain\.json there \(not a pretraining run folder\)/,
+    setup: (ws) => ({ unchanged: [ws.tiny.folder] }),
+  },
 ];
 
 /**

@@ -1,0 +1,160 @@
+// `cli pretrain`: trains the demo model from scratch (src/train/pretrain.ts) on the procedural captioned
+// scenes (src/train/synthetic.ts), with checkpoints and resume, and writes it as a diffusers folder.
+//   pretrain --out <dir> [--size small|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px]
+//            [--data-size N] [--data-seed N] [--exclude star,...] [--seed N] [--lr x] [--vae-lr x]
+//            [--ema-decay x] [--checkpoint-every N] [--bpe <bpe_simple_vocab_16e6.txt.gz>] [--overwrite]
+//   pretrain --resume <dir> [--steps N]
+// The run folder holds pretrain.json (size and settings, validated on resume), tokenizer/ (vocab.json and
+// merges.txt, built once from CLIP's BPE list), store/ (checkpoints) and, at the end, model/ (the diffusers
+// folder: fp16 weights, configs, tokenizer).
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { gunzipSync } from 'node:zlib';
+import type { Gpu } from '../gpu/device.ts';
+import { ClipTokenizer } from '../io/tokenizer.ts';
+import { clipTokenizerFromBpe } from '../models/demo.ts';
+import { StorageFullError } from '../store/chunkstore.ts';
+import { FsChunkStore } from '../store/fs-store.ts';
+import { checkPretrainSettings, PRETRAIN_DEFAULTS, PRETRAIN_SIZES, Pretrainer, pretrainedModelFiles, type PretrainSettings } from '../train/pretrain.ts';
+import { SHAPES, type ShapeName } from '../train/synthetic.ts';
+import { numberFlag, parseFlags, stringFlag, UsageError, type Flags, type ParsedFlags } from './args.ts';
+
+const USAGE =
+  'usage: pretrain --out <dir> [--size small|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px] [--data-size N] [--data-seed N] ' +
+  '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--ema-decay x] [--checkpoint-every N] [--bpe <file.txt.gz>] [--overwrite] | pretrain --resume <dir> [--steps N]';
+
+/** Number flags and the setting each sets. */
+const NUMBER_FLAGS: [string, keyof PretrainSettings, { integer?: boolean; min?: number }][] = [
+  ['steps', 'steps', { integer: true, min: 0 }],
+  ['vae-steps', 'vaeSteps', { integer: true, min: 0 }],
+  ['batch', 'batch', { integer: true, min: 1 }],
+  ['resolution', 'resolution', { integer: true, min: 1 }],
+  ['data-size', 'dataSize', { integer: true, min: 1 }],
+  ['data-seed', 'dataSeed', { integer: true, min: 0 }],
+  ['seed', 'seed', { integer: true, min: 0 }],
+  ['lr', 'lr', {}],
+  ['vae-lr', 'vaeLr', {}],
+  ['ema-decay', 'emaDecay', {}],
+  ['checkpoint-every', 'checkpointEvery', { integer: true, min: 0 }],
+];
+const FLAGS: Flags = {
+  ...Object.fromEntries(NUMBER_FLAGS.map(([f]) => [f, { type: 'string' as const }])),
+  out: { type: 'string' },
+  resume: { type: 'string' },
+  size: { type: 'string' },
+  exclude: { type: 'string' },
+  bpe: { type: 'string' },
+  overwrite: { type: 'boolean' },
+};
+
+/** CLIP's BPE merge list as the tests use it (../shared/data/clip beside the repository). */
+const DEFAULT_BPE = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'shared', 'data', 'clip', 'bpe_simple_vocab_16e6.txt.gz');
+
+interface RunFile {
+  size: keyof typeof PRETRAIN_SIZES;
+  settings: PretrainSettings;
+}
+
+function settingsFrom(values: ParsedFlags, base: PretrainSettings): PretrainSettings {
+  const s: PretrainSettings = { ...base };
+  for (const [flag, key, o] of NUMBER_FLAGS) (s[key] as number) = numberFlag(values, flag, base[key] as number, o);
+  const exclude = stringFlag(values, 'exclude');
+  if (exclude !== undefined) {
+    const names = exclude === '' ? [] : exclude.split(',').map((x) => x.trim());
+    for (const n of names)
+      if (!(SHAPES as readonly string[]).includes(n)) throw new UsageError(`--exclude ${n}: not a shape the generator draws (${SHAPES.join(', ')})`);
+    s.exclude = names as ShapeName[];
+  }
+  return s;
+}
+
+/** The run folder's tokenizer: built once from the BPE list, then read back on resume. */
+function runTokenizer(dir: string, vocabSize: number, bpePath: string | undefined) {
+  const vocabPath = join(dir, 'tokenizer', 'vocab.json');
+  const mergesPath = join(dir, 'tokenizer', 'merges.txt');
+  if (!existsSync(vocabPath)) {
+    const bpe = bpePath ?? DEFAULT_BPE;
+    if (!existsSync(bpe)) throw new UsageError(`--bpe ${bpe}: no such file; give CLIP's merge list bpe_simple_vocab_16e6.txt.gz`);
+    const files = clipTokenizerFromBpe(gunzipSync(readFileSync(bpe)).toString('utf8'), vocabSize);
+    mkdirSync(join(dir, 'tokenizer'), { recursive: true });
+    writeFileSync(vocabPath, JSON.stringify(files.vocab));
+    writeFileSync(mergesPath, files.merges);
+  }
+  const files = { vocab: JSON.parse(readFileSync(vocabPath, 'utf8')) as Record<string, number>, merges: readFileSync(mergesPath, 'utf8') };
+  return { files, tokenizer: ClipTokenizer.fromFiles(files) };
+}
+
+export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
+  const { values } = parseFlags(args, FLAGS, USAGE);
+  const resumeDir = stringFlag(values, 'resume');
+  const outDir = stringFlag(values, 'out');
+  if (!!resumeDir === !!outDir) throw new UsageError(`pretrain needs --out <dir> (a new run) or --resume <dir>\n${USAGE}`);
+  const dir = (resumeDir ?? outDir)!;
+  const runPath = join(dir, 'pretrain.json');
+  let run: RunFile;
+  if (resumeDir) {
+    if (!existsSync(runPath)) throw new UsageError(`--resume ${dir}: no pretrain.json there (not a pretraining run folder)`);
+    for (const f of Object.keys(values))
+      if (!['resume', 'steps'].includes(f)) throw new UsageError(`--${f} cannot change on --resume (the run keeps its own settings); only --steps can`);
+    run = JSON.parse(readFileSync(runPath, 'utf8')) as RunFile;
+    run.settings.steps = numberFlag(values, 'steps', run.settings.steps, { integer: true, min: run.settings.steps });
+  } else {
+    const size = (stringFlag(values, 'size') ?? 'small') as RunFile['size'];
+    if (!(size in PRETRAIN_SIZES)) throw new UsageError(`--size ${size}: use ${Object.keys(PRETRAIN_SIZES).join(' or ')}`);
+    const base = size === 'tiny' ? { ...PRETRAIN_DEFAULTS, resolution: 16 } : PRETRAIN_DEFAULTS;
+    run = { size, settings: settingsFrom(values, base) };
+    // Checked before the folder is touched: a dataset seed or size that cannot be honoured costs nothing.
+    checkPretrainSettings(run.settings, PRETRAIN_SIZES[size]);
+    if (existsSync(runPath) && !values.overwrite)
+      throw new UsageError(`--out ${dir} already holds a pretraining run: continue it with --resume ${dir}, or pass --overwrite`);
+    if (existsSync(dir) && values.overwrite)
+      for (const sub of ['store', 'model', 'tokenizer', 'pretrain.json']) rmSync(join(dir, sub), { recursive: true, force: true });
+    mkdirSync(dir, { recursive: true });
+  }
+  const configs = PRETRAIN_SIZES[run.size];
+  const { files: tokFiles, tokenizer } = runTokenizer(dir, configs.text_encoder.vocab_size, stringFlag(values, 'bpe'));
+  if (!resumeDir) writeFileSync(runPath, JSON.stringify(run, null, 2));
+  const store = await FsChunkStore.open(join(dir, 'store'));
+  // The run's checkpoints are written with its original step count; a longer --steps on resume extends it.
+  const p = await Pretrainer.create(gpu, tokenizer, run.settings, store, 'pretrain', configs);
+  try {
+    if (await p.resume()) {
+      console.log(`resumed at ${p.stage} step ${p.step}`);
+      writeFileSync(runPath, JSON.stringify(run, null, 2)); // a longer --steps, once the checkpoint accepted it
+    }
+    const t0 = performance.now();
+    const recent: number[] = [];
+    let last = 0;
+    for (;;) {
+      const r = await p.trainStep();
+      if (!r) break;
+      recent.push(r.loss);
+      if (recent.length > 20) recent.shift();
+      const total = r.stage === 'vae' ? run.settings.vaeSteps : run.settings.steps;
+      if (r.step % 10 === 0 || r.step === total) {
+        const now = performance.now();
+        const mean = recent.reduce((a, b) => a + b, 0) / recent.length;
+        console.log(`${r.stage} ${r.step}/${total} loss ${mean.toFixed(4)} (last ${recent.length}) ${((now - (last || t0)) / 1000 / 10).toFixed(2)} s/step`);
+        last = now;
+      }
+      if (r.step === total) recent.length = 0;
+    }
+    const files = await pretrainedModelFiles(p, tokFiles);
+    for (const [path, bytes] of files) {
+      mkdirSync(dirname(join(dir, 'model', path)), { recursive: true });
+      writeFileSync(join(dir, 'model', path), bytes);
+    }
+    const mb = [...files.values()].reduce((a, b) => a + b.byteLength, 0) / 1e6;
+    console.log(
+      `wrote ${join(dir, 'model')} (${mb.toFixed(1)} MB; latent scale ${p.scalingFactor.toFixed(4)}) in ${((performance.now() - t0) / 1000).toFixed(0)} s`,
+    );
+  } catch (e) {
+    const hint = `the last checkpoint is kept: npm run cli -- pretrain --resume ${dir}`;
+    if (e instanceof StorageFullError) throw new Error(`${e.message}\nAfter freeing space, ${hint}`, { cause: e });
+    throw new Error(`${(e as Error).message}\n${hint}`, { cause: e });
+  } finally {
+    p.destroy();
+    await store.close();
+  }
+}

@@ -1,0 +1,560 @@
+// Pretraining a small SD-shaped latent diffusion model from scratch on the engine (issue 16): the demo model
+// that draws. Two stages, each an AdamW run over all of its component's weights:
+//   1. the VAE, as an autoencoder: encode a picture, decode the posterior's mean, mean squared error against
+//      the picture (deterministic: no KL term; see `finishVae` for the variance channels and the scale);
+//   2. the UNet and the text encoder together, on SD's noise-prediction loss
+//        L = mean || eps - unet(sqrt(acp_t) z0 + sqrt(1 - acp_t) eps, t, te(caption)) ||^2
+//      with z0 = the frozen VAE's latent of the picture times the scaling factor, cached the first time a
+//      picture is drawn (the data is a seeded generator: picture i is drawn again identically, so a cached
+//      latent and a recomputed one agree), and 10% of captions dropped to "" so classifier-free guidance
+//      works. The token and position tables of the text encoder stay at their random start (the engine's
+//      CLIP has no embedding-table gradient): fixed distinct vectors the trained layers learn to read.
+// EMA copies of the UNet and text encoder (diffusers' EMAModel warm-up decay, folded over `emaEvery` steps)
+// are what ships. Checkpoints are snapshots in a chunk store (optimizer state, EMA, the finished VAE, the
+// Rng, the step): a killed or lost-device run resumes to the same state.
+import type { Gpu } from '../gpu/device.ts';
+import type { Tensor } from '../gpu/tensor.ts';
+import { ADAMW_DEFAULTS } from '../ops/adamw.ts';
+import { concatChannels, splitChannels } from '../ops/elementwise.ts';
+import { readSafetensors, writeSafetensors, type NamedTensor } from '../io/safetensors.ts';
+import type { ClipTokenizer } from '../io/tokenizer.ts';
+import type { Weights } from '../nn/blocks.ts';
+import { clipConfigFromJson, clipTextForward, type ClipTextConfig } from '../nn/clip.ts';
+import { Tape } from '../nn/ops.ts';
+import { unetConfigFromJson, unetForward, type UnetConfig } from '../nn/unet.ts';
+import { vaeConfigFromJson, vaeDecode, vaeEncode, type VaeConfig } from '../nn/vae.ts';
+import { diffusersModelFiles, initWeights } from '../models/demo.ts';
+import { clipParams, unetParams, vaeParams } from '../models/shapes.ts';
+import { alphasCumprod, scheduleFromJson, type ScheduleConfig } from '../sample/schedulers.ts';
+import type { ChunkStore } from '../store/chunkstore.ts';
+import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
+import { Rng } from '../util/rng.ts';
+import { addNoise, weightedMse, weightedMseBackward } from './objective.ts';
+import { ChunkedAdamW } from './optimizer.ts';
+import { captionOf, checkDatasetOptions, drawScene, sceneAt, toModelInput, type ShapeName } from './synthetic.ts';
+
+/** diffusers config.json of each component: SD 1.x's layout (four UNet levels, factor-8 VAE) at a laptop's size. */
+export const PRETRAIN_CONFIGS = {
+  unet: {
+    block_out_channels: [32, 64, 64, 64],
+    layers_per_block: 1,
+    attention_head_dim: 4,
+    cross_attention_dim: 64,
+    norm_num_groups: 8,
+    use_linear_projection: false,
+    in_channels: 4,
+    out_channels: 4,
+    sample_size: 8,
+    down_block_types: ['CrossAttnDownBlock2D', 'CrossAttnDownBlock2D', 'CrossAttnDownBlock2D', 'DownBlock2D'],
+    up_block_types: ['UpBlock2D', 'CrossAttnUpBlock2D', 'CrossAttnUpBlock2D', 'CrossAttnUpBlock2D'],
+  },
+  vae: {
+    block_out_channels: [16, 32, 64, 64],
+    layers_per_block: 1,
+    norm_num_groups: 8,
+    latent_channels: 4,
+    scaling_factor: 1,
+    in_channels: 3,
+    out_channels: 3,
+    sample_size: 64,
+  },
+  text_encoder: {
+    vocab_size: 49408,
+    hidden_size: 64,
+    num_hidden_layers: 2,
+    num_attention_heads: 4,
+    intermediate_size: 256,
+    max_position_embeddings: 77,
+    hidden_act: 'quick_gelu',
+    layer_norm_eps: 1e-5,
+  },
+  scheduler: {
+    _class_name: 'DDIMScheduler',
+    prediction_type: 'epsilon',
+    beta_schedule: 'scaled_linear',
+    beta_start: 0.00085,
+    beta_end: 0.012,
+    num_train_timesteps: 1000,
+  },
+};
+export type PretrainConfigs = typeof PRETRAIN_CONFIGS;
+
+/**
+ * Model sizes: `small` is the demo model (64 px pictures, 8x8 latents); `tiny` the same layout at toy size (a
+ * factor-2 VAE for 16 px pictures, a two-level UNet, a 1024-token tokenizer) for tests and quick checks.
+ */
+export const PRETRAIN_SIZES: Record<'small' | 'tiny', PretrainConfigs> = {
+  small: PRETRAIN_CONFIGS,
+  tiny: {
+    ...PRETRAIN_CONFIGS,
+    unet: {
+      ...PRETRAIN_CONFIGS.unet,
+      block_out_channels: [16, 32],
+      attention_head_dim: 2,
+      cross_attention_dim: 32,
+      sample_size: 8,
+      down_block_types: ['CrossAttnDownBlock2D', 'DownBlock2D'],
+      up_block_types: ['UpBlock2D', 'CrossAttnUpBlock2D'],
+    },
+    vae: { ...PRETRAIN_CONFIGS.vae, block_out_channels: [8, 16], norm_num_groups: 4, sample_size: 16 },
+    text_encoder: { ...PRETRAIN_CONFIGS.text_encoder, vocab_size: 1024, hidden_size: 32, num_attention_heads: 2, intermediate_size: 64 },
+  },
+};
+
+export interface PretrainSettings {
+  /** Picture side in px (a multiple of the VAE's factor). */
+  resolution: number;
+  /** The dataset: pictures 0..dataSize-1 of the generator with this seed, never drawing `exclude`. */
+  dataSeed: number;
+  dataSize: number;
+  exclude: ShapeName[];
+  /** The run's own Rng (batches, noise, timesteps, caption dropout). */
+  seed: number;
+  batch: number;
+  vaeSteps: number;
+  vaeLr: number;
+  steps: number;
+  lr: number;
+  /** diffusers EMAModel's decay cap; the decay warms up as min(emaDecay, (1 + n) / (10 + n)). */
+  emaDecay: number;
+  /** EMA updated every this many steps (the decay raised to this power). */
+  emaEvery: number;
+  /** Probability a caption is replaced by "" (classifier-free guidance's unconditional branch). */
+  dropCaption: number;
+  checkpointEvery: number;
+}
+
+export const PRETRAIN_DEFAULTS: PretrainSettings = {
+  resolution: 64,
+  dataSeed: 1,
+  dataSize: 20000,
+  exclude: ['star'],
+  seed: 1,
+  batch: 16,
+  vaeSteps: 1500,
+  vaeLr: 1e-3,
+  steps: 6000,
+  lr: 5e-4,
+  emaDecay: 0.999,
+  emaEvery: 10,
+  dropCaption: 0.1,
+  checkpointEvery: 250,
+};
+
+/** Refuses settings the run cannot honour, before any work, naming the setting. */
+export function checkPretrainSettings(s: PretrainSettings, cfg: PretrainConfigs = PRETRAIN_CONFIGS): void {
+  const factor = 2 ** (cfg.vae.block_out_channels.length - 1);
+  checkDatasetOptions({ seed: s.dataSeed, size: s.resolution, factor, count: s.dataSize, exclude: s.exclude }, 'dataset');
+  const whole = (k: keyof PretrainSettings, lo: number, hi: number) => {
+    const v = s[k] as number;
+    if (!Number.isInteger(v) || v < lo || v > hi) throw new Error(`${k} ${v}: use a whole number from ${lo} to ${hi}`);
+  };
+  whole('seed', 0, 0xffffffff);
+  whole('batch', 1, 256);
+  whole('vaeSteps', 0, 1e7);
+  whole('steps', 0, 1e7);
+  whole('emaEvery', 1, 1000);
+  whole('checkpointEvery', 0, 1e7);
+  for (const k of ['vaeLr', 'lr'] as const) if (!(s[k] > 0 && s[k] < 1)) throw new Error(`${k} ${s[k]}: use a learning rate between 0 and 1 (e.g. 1e-3)`);
+  if (!(s.emaDecay >= 0 && s.emaDecay < 1)) throw new Error(`emaDecay ${s.emaDecay}: use a decay from 0 to below 1 (e.g. 0.999)`);
+  if (!(s.dropCaption >= 0 && s.dropCaption < 1)) throw new Error(`dropCaption ${s.dropCaption}: use a probability from 0 to below 1 (e.g. 0.1)`);
+}
+
+export type PretrainStage = 'vae' | 'unet' | 'done';
+
+export interface PretrainStepReport {
+  stage: Exclude<PretrainStage, 'done'>;
+  /** Step within the stage (1-based). */
+  step: number;
+  loss: number;
+  applied: boolean;
+  seconds: number;
+}
+
+interface PretrainMeta {
+  stage: PretrainStage;
+  step: number;
+  rng: number;
+  versions: Record<number, number>;
+  applied: number;
+  emaUpdates: number;
+  losses: { vae: number[]; unet: number[] };
+  /** The VAE's latent scale, fixed when its stage ends (1 before). */
+  scalingFactor: number;
+  settings: PretrainSettings;
+}
+
+type Component = 'unet' | 'vae' | 'text_encoder';
+
+/** The trainable weights of a component (the text encoder's embedding tables stay frozen). */
+const trainableNames = (c: Component, names: Iterable<string>) => [...names].filter((n) => c !== 'text_encoder' || !n.includes('embedding'));
+
+/** Pretrains the demo model; see the file comment. */
+export class Pretrainer {
+  readonly unetConfig: UnetConfig;
+  readonly vaeConfig: VaeConfig;
+  readonly teConfig: ClipTextConfig;
+  readonly weights: Record<Component, Weights>;
+  stage: PretrainStage = 'vae';
+  /** Steps done in the current stage. */
+  step = 0;
+  readonly losses = { vae: [] as number[], unet: [] as number[] };
+  scalingFactor = 1;
+  private optimizer: ChunkedAdamW | null = null;
+  private readonly rng: Rng;
+  private readonly acp: Float64Array;
+  private readonly latentCache = new Map<number, Float32Array>();
+  private readonly idsCache = new Map<string, Int32Array>();
+  /** EMA of the UNet and text-encoder weights (stage 2), by component/name. */
+  private ema = new Map<string, Float32Array>();
+  private emaUpdates = 0;
+
+  private constructor(
+    private readonly gpu: Gpu,
+    readonly configs: PretrainConfigs,
+    private readonly tokenizer: ClipTokenizer,
+    readonly settings: PretrainSettings,
+    private readonly store: ChunkStore,
+    private readonly runId: string,
+  ) {
+    this.unetConfig = unetConfigFromJson(configs.unet);
+    this.vaeConfig = vaeConfigFromJson(configs.vae);
+    this.teConfig = clipConfigFromJson(configs.text_encoder);
+    this.rng = new Rng(settings.seed);
+    this.acp = alphasCumprod(this.schedule);
+    // Every weight starts from the demo model's initialisation (LeCun normal, norms 1, biases 0), seeded.
+    const init = new Rng(settings.seed ^ 0x1517);
+    const upload = (shapes: Map<string, number[]>) => {
+      const w: Weights = new Map();
+      for (const [name, t] of initWeights(shapes, init)) w.set(name, gpu.upload(t.data, t.shape, 'f32', 'weights', name));
+      return w;
+    };
+    this.weights = { vae: upload(vaeParams(this.vaeConfig)), unet: upload(unetParams(this.unetConfig)), text_encoder: upload(clipParams(this.teConfig)) };
+  }
+
+  get schedule(): ScheduleConfig {
+    return scheduleFromJson(this.configs.scheduler);
+  }
+
+  static async create(
+    gpu: Gpu,
+    tokenizer: ClipTokenizer,
+    settings: PretrainSettings,
+    store: ChunkStore,
+    runId: string,
+    configs: PretrainConfigs = PRETRAIN_CONFIGS,
+  ): Promise<Pretrainer> {
+    checkPretrainSettings(settings, configs);
+    const p = new Pretrainer(gpu, configs, tokenizer, settings, store, runId);
+    await p.startStage(settings.vaeSteps > 0 ? 'vae' : 'unet');
+    return p;
+  }
+
+  /** The components a stage trains and the learning rate. */
+  private stageParams(stage: Exclude<PretrainStage, 'done'>): { comps: Component[]; lr: number } {
+    return stage === 'vae' ? { comps: ['vae'], lr: this.settings.vaeLr } : { comps: ['unet', 'text_encoder'], lr: this.settings.lr };
+  }
+
+  /** A stage's trainable weights, keyed "component/name" (the optimizer's parameter names). */
+  private trainable(stage: Exclude<PretrainStage, 'done'>): Map<string, Tensor> {
+    const out = new Map<string, Tensor>();
+    for (const c of this.stageParams(stage).comps) for (const n of trainableNames(c, this.weights[c].keys())) out.set(`${c}/${n}`, this.weights[c].get(n)!);
+    return out;
+  }
+
+  private async startStage(stage: PretrainStage): Promise<void> {
+    this.optimizer?.destroy();
+    this.optimizer = null;
+    this.stage = stage;
+    this.step = 0;
+    if (stage === 'done') return;
+    const trainable = this.trainable(stage);
+    const params = [...trainable].map(([name, t]) => ({ name, shape: [...t.shape] }));
+    const elems = params.reduce((a, p) => a + p.shape.reduce((x, y) => x * y, 1), 0);
+    // Everything resident (one chunk per 16 Mi elements, all kept on the GPU): a small model streams nothing.
+    const chunkElems = Math.max(1 << 24, ...params.map((p) => p.shape.reduce((x, y) => x * y, 1)));
+    this.optimizer = await ChunkedAdamW.create(this.gpu, params, trainable, (n) => this.gpu.read(trainable.get(n)!), {
+      cfg: { ...ADAMW_DEFAULTS, lr: this.stageParams(stage).lr, weightDecay: 0.01 },
+      chunkElems,
+      residentChunks: Math.ceil(elems / chunkElems) + 1,
+      store: this.store,
+      prefix: `${this.runId}/${stage}-opt`,
+      maxGradNorm: 1,
+    });
+    if (stage === 'unet') for (const [name, t] of trainable) this.ema.set(name, await this.gpu.read(t));
+  }
+
+  /** Picture `index` of the dataset: its model input [3, R, R] and caption. */
+  picture(index: number): { image: Float32Array; caption: string } {
+    const scene = sceneAt(this.settings.dataSeed, index, { exclude: this.settings.exclude });
+    const R = this.settings.resolution;
+    return { image: toModelInput(drawScene(scene, R), R), caption: captionOf(scene) };
+  }
+
+  private drawBatch(): number[] {
+    return Array.from({ length: this.settings.batch }, () => this.rng.int(this.settings.dataSize));
+  }
+
+  /** One step of the current stage; null once both stages are done. */
+  async trainStep(): Promise<PretrainStepReport | null> {
+    if (this.stage === 'done') return null;
+    const t0 = performance.now();
+    const stage = this.stage;
+    const tape = new Tape(this.gpu, new Set(this.trainable(stage).values()));
+    const loss = stage === 'vae' ? await this.vaeLoss(tape) : await this.diffusionLoss(tape);
+    const grads = new Map<string, Tensor>();
+    for (const [name, t] of this.trainable(stage)) {
+      const g = tape.take(t);
+      if (g) grads.set(name, g);
+    }
+    tape.dropGrads();
+    const r = Number.isFinite(loss) ? await this.optimizer!.step(grads, 1) : { applied: false };
+    for (const g of grads.values()) this.gpu.free(g);
+    this.step++;
+    this.losses[stage].push(loss);
+    if (stage === 'unet' && this.step % this.settings.emaEvery === 0) await this.updateEma();
+    const total = stage === 'vae' ? this.settings.vaeSteps : this.settings.steps;
+    if (this.step >= total) {
+      if (stage === 'vae') await this.finishVae();
+      await this.startStage(stage === 'vae' ? (this.settings.steps > 0 ? 'unet' : 'done') : 'done');
+      await this.checkpoint();
+    } else if (this.settings.checkpointEvery > 0 && this.step % this.settings.checkpointEvery === 0) await this.checkpoint();
+    await this.gpu.sync();
+    return { stage, step: stage === this.stage ? this.step : total, loss, applied: r.applied, seconds: (performance.now() - t0) / 1000 };
+  }
+
+  /** Stage 1's loss on the tape: MSE of decode(mean(encode(x))) against x. */
+  private async vaeLoss(tape: Tape): Promise<number> {
+    const gpu = this.gpu;
+    const R = this.settings.resolution;
+    const batch = this.drawBatch();
+    const images = new Float32Array(batch.length * 3 * R * R);
+    batch.forEach((i, b) => images.set(this.picture(i).image, b * 3 * R * R));
+    const x = gpu.upload(images, [batch.length, 3, R, R], 'f32', 'activations', 'pictures');
+    const moments = vaeEncode(gpu, this.vaeConfig, this.weights.vae, x, tape);
+    const C = this.vaeConfig.latentChannels;
+    // The mean channels, on the tape: their gradient is the moments' first C channels (the rest get none).
+    const mean = splitChannels(gpu, moments, 0, C);
+    tape.record(() => {
+      const dMean = tape.take(mean);
+      if (!dMean) return;
+      const zeros = gpu.zeros([mean.shape[0], C, ...mean.shape.slice(2)], 'f32', 'activations', 'd-logvar');
+      tape.acc(moments, concatChannels(gpu, dMean, zeros));
+      gpu.free(dMean, zeros, mean);
+    });
+    const recon = vaeDecode(gpu, this.vaeConfig, this.weights.vae, mean, tape);
+    const ones = batch.map(() => 1);
+    const loss = await weightedMse(gpu, recon, x, ones);
+    tape.backward(recon, weightedMseBackward(gpu, recon, x, ones));
+    gpu.free(x);
+    return loss;
+  }
+
+  /** The frozen VAE's scaled latent of picture `index` (computed once, then cached). */
+  private async latentOf(index: number): Promise<Float32Array> {
+    const hit = this.latentCache.get(index);
+    if (hit) return hit;
+    const R = this.settings.resolution;
+    const x = this.gpu.upload(this.picture(index).image, [1, 3, R, R], 'f32', 'activations', 'picture');
+    const moments = vaeEncode(this.gpu, this.vaeConfig, this.weights.vae, x);
+    const all = await this.gpu.read(moments);
+    this.gpu.free(x, moments);
+    const latent = all.slice(0, all.length / 2).map((v) => v * this.scalingFactor);
+    this.latentCache.set(index, latent);
+    return latent;
+  }
+
+  private idsOf(caption: string): Int32Array {
+    let ids = this.idsCache.get(caption);
+    if (!ids) {
+      ids = this.tokenizer.encodePadded(caption);
+      const vocab = this.teConfig.vocabSize;
+      if (ids.some((id) => id >= vocab))
+        throw new Error(`the tokenizer gives ids past the text encoder's vocab_size ${vocab} for "${caption}": use the tokenizer the model was made for`);
+      this.idsCache.set(caption, ids);
+    }
+    return ids;
+  }
+
+  /** Stage 2's loss on the tape: the noise-prediction MSE of the file comment. */
+  private async diffusionLoss(tape: Tape): Promise<number> {
+    const gpu = this.gpu;
+    const batch = this.drawBatch();
+    const latents = await Promise.all(batch.map((i) => this.latentOf(i)));
+    const per = latents[0].length;
+    const z0 = new Float32Array(batch.length * per);
+    latents.forEach((l, b) => z0.set(l, b * per));
+    const captions = batch.map((i) => (this.rng.uniform() < this.settings.dropCaption ? '' : this.picture(i).caption));
+    const ids = new Float32Array(batch.length * 77);
+    captions.forEach((c, b) => ids.set(this.idsOf(c), b * 77));
+    const T = this.schedule.numTrainTimesteps;
+    const timesteps = batch.map(() => this.rng.int(T));
+    const noise = this.rng.normals(z0.length);
+    const f = 2 ** (this.vaeConfig.blockOutChannels.length - 1);
+    const shape = [batch.length, this.vaeConfig.latentChannels, this.settings.resolution / f, this.settings.resolution / f];
+    const x0 = gpu.upload(z0, shape, 'f32', 'activations', 'z0');
+    const eps = gpu.upload(noise, shape, 'f32', 'activations', 'noise');
+    const ctx = clipTextForward(gpu, this.teConfig, this.weights.text_encoder, ids, batch.length, tape);
+    const tT = gpu.upload(timesteps, [batch.length], 'f32', 'activations', 'timesteps');
+    const xt = addNoise(gpu, x0, eps, timesteps, this.acp);
+    const pred = unetForward(gpu, this.unetConfig, this.weights.unet, xt, tT, ctx, tape);
+    const ones = batch.map(() => 1);
+    const loss = await weightedMse(gpu, pred, eps, ones);
+    tape.backward(pred, weightedMseBackward(gpu, pred, eps, ones));
+    gpu.free(x0, eps, tT, xt);
+    return loss;
+  }
+
+  /**
+   * Ends stage 1. The latent scale is 1 / (std of the mean latents over 256 pictures), as SD's 0.18215 was
+   * chosen, so the UNet sees unit-variance latents. The log-variance channels were never trained (the
+   * stage fits the mean only): their quant_conv rows are set to a constant log-variance of -10 (std 0.007,
+   * tiny beside unit-variance latents), so a loader that samples the posterior gets the mean, almost exactly.
+   */
+  private async finishVae(): Promise<void> {
+    const n = Math.min(256, this.settings.dataSize);
+    let sum = 0;
+    let sq = 0;
+    let count = 0;
+    this.scalingFactor = 1;
+    for (let i = 0; i < n; i++) {
+      for (const v of await this.latentOf(i)) {
+        sum += v;
+        sq += v * v;
+        count++;
+      }
+    }
+    this.latentCache.clear();
+    const std = Math.sqrt(Math.max(1e-12, sq / count - (sum / count) ** 2));
+    this.scalingFactor = 1 / std;
+    const C = this.vaeConfig.latentChannels;
+    const w = this.weights.vae.get('quant_conv.weight')!;
+    const b = this.weights.vae.get('quant_conv.bias')!;
+    const wv = await this.gpu.read(w);
+    const bv = await this.gpu.read(b);
+    const perOut = wv.length / (2 * C);
+    wv.fill(0, C * perOut);
+    bv.fill(-10, C);
+    this.gpu.write(w, wv);
+    this.gpu.write(b, bv);
+  }
+
+  /** ema = d ema + (1 - d) w with d = decay^emaEvery, decay = min(emaDecay, (1 + n) / (10 + n)) for update n. */
+  private async updateEma(): Promise<void> {
+    const n = this.emaUpdates * this.settings.emaEvery;
+    const decay = Math.min(this.settings.emaDecay, (1 + n) / (10 + n)) ** this.settings.emaEvery;
+    for (const [name, t] of this.trainable('unet')) {
+      const w = await this.gpu.read(t);
+      const e = this.ema.get(name)!;
+      for (let i = 0; i < e.length; i++) e[i] = decay * e[i] + (1 - decay) * w[i];
+    }
+    this.emaUpdates++;
+  }
+
+  private get ckptPrefix(): string {
+    return `${this.runId}/pretrain`;
+  }
+
+  /** Commits a checkpoint: stage, step, Rng, optimizer state, EMA, the VAE (once trained) and the latent scale. */
+  async checkpoint(): Promise<void> {
+    const st = this.optimizer ? await this.optimizer.checkpointState() : { files: new Map<string, Uint8Array>(), versions: {}, applied: 0 };
+    const files = new Map(st.files);
+    const tensors = async (c: Component) => {
+      const out = new Map<string, NamedTensor>();
+      for (const [name, t] of this.weights[c]) out.set(name, { shape: [...t.shape], data: await this.gpu.read(t) });
+      return writeSafetensors(out);
+    };
+    // The weights themselves (the optimizer's masters are the same values in f32; the frozen tables are not in it).
+    for (const c of ['vae', 'unet', 'text_encoder'] as const) files.set(`weights-${c}.safetensors`, await tensors(c));
+    if (this.ema.size) {
+      const out = new Map<string, NamedTensor>();
+      for (const [name, v] of this.ema) out.set(name, { shape: [v.length], data: v });
+      files.set('ema.safetensors', writeSafetensors(out));
+    }
+    const meta: PretrainMeta = {
+      stage: this.stage,
+      step: this.step,
+      rng: this.rng.state(),
+      versions: st.versions,
+      applied: st.applied,
+      emaUpdates: this.emaUpdates,
+      losses: this.losses,
+      scalingFactor: this.scalingFactor,
+      settings: this.settings,
+    };
+    await commitSnapshot(this.store, this.ckptPrefix, files, meta);
+    await this.optimizer?.pin(st.versions);
+  }
+
+  /** Continues from the last checkpoint (false when there is none); the settings must be the run's own. */
+  async resume(): Promise<boolean> {
+    const snap = await openSnapshot<PretrainMeta>(this.store, this.ckptPrefix);
+    if (!snap) return false;
+    const m = snap.meta;
+    // Every setting but the step count must be the run's own; more steps extend a run still in its stages.
+    if (this.settings.steps < m.settings.steps || (m.stage === 'done' && this.settings.steps !== m.settings.steps))
+      throw new Error(
+        m.stage === 'done'
+          ? `this pretraining run finished its ${m.settings.steps} steps: its optimizer state is gone, so start a new run for more`
+          : `this pretraining run was started for ${m.settings.steps} steps: resume with at least that many, not ${this.settings.steps}`,
+      );
+    for (const k of Object.keys(this.settings) as (keyof PretrainSettings)[])
+      if (k !== 'steps' && JSON.stringify(m.settings[k]) !== JSON.stringify(this.settings[k]))
+        throw new Error(
+          `this pretraining run's checkpoint was made with ${k} = ${JSON.stringify(m.settings[k])}, not ${JSON.stringify(this.settings[k])}: resume with the run's own settings`,
+        );
+    for (const c of ['vae', 'unet', 'text_encoder'] as const) {
+      const saved = readSafetensors(await snap.read(`weights-${c}.safetensors`)).tensors;
+      for (const [name, t] of this.weights[c]) this.gpu.write(t, saved.get(name)!.data);
+    }
+    await this.startStage(m.stage);
+    this.ema = new Map();
+    if (m.stage === 'unet' || m.stage === 'done') {
+      const saved = readSafetensors(await snap.read('ema.safetensors')).tensors;
+      for (const [name, t] of saved) this.ema.set(name, t.data);
+    }
+    if (this.optimizer) await this.optimizer.restore((n) => snap.read(n), m.versions, m.applied);
+    this.step = m.step;
+    this.rng.restore(m.rng);
+    this.emaUpdates = m.emaUpdates;
+    this.scalingFactor = m.scalingFactor;
+    this.losses.vae = [...m.losses.vae];
+    this.losses.unet = [...m.losses.unet];
+    this.latentCache.clear();
+    await this.gpu.sync();
+    return true;
+  }
+
+  /** The weights that ship, f32 by component: the trained VAE, and the EMA UNet and text encoder (frozen tables as they are). */
+  async finalWeights(): Promise<Record<Component, Map<string, NamedTensor>>> {
+    const out = { vae: new Map(), unet: new Map(), text_encoder: new Map() } as Record<Component, Map<string, NamedTensor>>;
+    for (const c of ['vae', 'unet', 'text_encoder'] as const)
+      for (const [name, t] of this.weights[c]) {
+        const ema = this.ema.get(`${c}/${name}`);
+        out[c].set(name, { shape: [...t.shape], data: ema ? Float32Array.from(ema) : await this.gpu.read(t) });
+      }
+    return out;
+  }
+
+  destroy(): void {
+    this.optimizer?.destroy();
+    for (const w of Object.values(this.weights)) for (const t of w.values()) this.gpu.free(t);
+  }
+}
+
+/**
+ * The pretrained model as a diffusers folder (fp16 safetensors): the final weights, the VAE's measured latent
+ * scale in its config, and the CLIP tokenizer it was trained with. Refuses (naming the tensor) a value that is
+ * not finite or past f16's range, so no export ever carries one.
+ */
+export async function pretrainedModelFiles(p: Pretrainer, tokenizer: { vocab: Record<string, number>; merges: string }): Promise<Map<string, Uint8Array>> {
+  if (p.stage !== 'done') throw new Error(`pretraining is not finished (stage ${p.stage}, step ${p.step}): resume it to the end first`);
+  const weights = await p.finalWeights();
+  for (const [c, m] of Object.entries(weights))
+    for (const [name, t] of m)
+      for (const v of t.data as Float32Array)
+        if (!Number.isFinite(v) || Math.abs(v) > 65504) throw new Error(`${c}/${name} holds ${v}, which fp16 cannot store: the model was not written`);
+  const configs = { ...p.configs, vae: { ...p.configs.vae, scaling_factor: p.scalingFactor } };
+  const meta = { format: 'pt', generator: 'DreamBooth Studio pretrain', settings: JSON.stringify(p.settings) };
+  return diffusersModelFiles(configs, weights, tokenizer, meta, 'F16');
+}

@@ -1,0 +1,142 @@
+// Pretraining the demo model (src/train/pretrain.ts) at a size lavapipe runs in seconds: both stages learn
+// (their losses must fall), a run killed at any checkpoint resumes to exactly the state an uninterrupted run
+// reaches (bit-identical weights, EMA and losses, across the stage boundary too), and settings that cannot
+// be honoured are refused before any work.
+import assert from 'node:assert/strict';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { describe, it } from 'node:test';
+import { ClipTokenizer } from '../../src/io/tokenizer.ts';
+import { loadDiffusers } from '../../src/models/load.ts';
+import { nodeFolder } from '../../src/models/folder-node.ts';
+import { MemoryChunkStore } from '../../src/store/chunkstore.ts';
+import { checkPretrainSettings, pretrainedModelFiles, Pretrainer, PRETRAIN_DEFAULTS, PRETRAIN_SIZES, type PretrainSettings } from '../../src/train/pretrain.ts';
+import { tinyTokenizer } from '../fixtures/models/make-tiny.ts';
+import { testGpu } from '../helpers.ts';
+import { roundToF16 } from '../../src/util/half.ts';
+
+/** The SD 1.x layout at toy size: a factor-2 VAE (16 px pictures, 8x8 latents), a two-level UNet. */
+const TINY = PRETRAIN_SIZES.tiny;
+const tok = tinyTokenizer(1024);
+const tokenizer = ClipTokenizer.fromFiles({ vocab: tok.vocab, merges: tok.merges });
+const SETTINGS: PretrainSettings = {
+  ...PRETRAIN_DEFAULTS,
+  resolution: 16,
+  dataSize: 64,
+  batch: 4,
+  vaeSteps: 6,
+  vaeLr: 3e-3,
+  steps: 6,
+  lr: 1e-3,
+  emaEvery: 2,
+  checkpointEvery: 0,
+};
+
+async function allState(p: Pretrainer) {
+  const w = await p.finalWeights();
+  const flat = new Map<string, Float32Array>();
+  for (const [c, m] of Object.entries(w)) for (const [n, t] of m) flat.set(`${c}/${n}`, t.data as Float32Array);
+  return { flat, losses: structuredClone(p.losses), stage: p.stage, step: p.step, scale: p.scalingFactor };
+}
+
+describe('pretraining the demo model', () => {
+  it('learns: the VAE reconstruction loss and then the noise-prediction loss fall', async () => {
+    const gpu = await testGpu();
+    const s: PretrainSettings = { ...SETTINGS, vaeSteps: 30, steps: 30 };
+    const p = await Pretrainer.create(gpu, tokenizer, s, new MemoryChunkStore(), 'learn', TINY);
+    try {
+      const enc0 = await gpu.read(p.weights.vae.get('encoder.conv_in.weight')!);
+      while (await p.trainStep());
+      const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
+      const { vae, unet } = p.losses;
+      assert.equal(vae.length, 30);
+      assert.equal(unet.length, 30);
+      // Reconstruction from random weights starts near the pictures' variance (~0.5); 30 steps of AdamW at 3e-3
+      // must bring it well down (to under 0.6 of the start; measured 0.44). A gradient that never reached the encoder (the mean's split) would leave
+      // conv_in unchanged, so that is checked too.
+      assert.ok(mean(vae.slice(-5)) < 0.6 * mean(vae.slice(0, 5)), `VAE loss ${mean(vae.slice(0, 5))} -> ${mean(vae.slice(-5))}`);
+      const enc1 = await gpu.read(p.weights.vae.get('encoder.conv_in.weight')!);
+      assert.ok(
+        enc1.some((v, i) => v !== enc0[i]),
+        'the encoder trained',
+      );
+      // The noise-prediction loss starts near 1 (unit-variance noise, near-zero predictions) and falls as the
+      // X: at least 20% lower (noisy: batch 4).
+      assert.ok(mean(unet.slice(-8)) < 0.8 * mean(unet.slice(0, 8)), `UNet loss ${mean(unet.slice(0, 8))} -> ${mean(unet.slice(-8))}`);
+      assert.ok(p.scalingFactor > 0 && Number.isFinite(p.scalingFactor));
+      assert.equal(p.stage, 'done');
+    } finally {
+      p.destroy();
+    }
+  });
+
+  it('resumes from a checkpoint in either stage to exactly the uninterrupted run, and ships a folder the loader reads', async () => {
+    const gpu = await testGpu();
+    const straight = await Pretrainer.create(gpu, tokenizer, SETTINGS, new MemoryChunkStore(), 'a', TINY);
+    while (await straight.trainStep());
+    const want = await allState(straight);
+    // What ships is a diffusers folder the project's own loader reads: EMA UNet weights in f16, the measured scale.
+    const dir = mkdtempSync(join(tmpdir(), 'pretrained-'));
+    try {
+      for (const [path, bytes] of await pretrainedModelFiles(straight, tok)) {
+        mkdirSync(dirname(join(dir, path)), { recursive: true });
+        writeFileSync(join(dir, path), bytes);
+      }
+      const model = await loadDiffusers(gpu, nodeFolder(dir), { dtype: 'f32' });
+      assert.equal(model.vae.config.scalingFactor, straight.scalingFactor);
+      const name = 'conv_in.weight';
+      const ema = want.flat.get(`unet/${name}`)!;
+      assert.deepEqual(await gpu.read(model.unet.weights.get(name)!), roundToF16(ema));
+      assert.notDeepEqual(ema, await gpu.read(straight.weights.unet.get(name)!), 'the EMA, not the last weights, ships');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+    straight.destroy();
+    // Killed after 4 VAE steps (mid stage 1), and after 3 UNet steps (mid stage 2, EMA mid-interval).
+    for (const killAt of [4, SETTINGS.vaeSteps + 3]) {
+      const store = new MemoryChunkStore();
+      const first = await Pretrainer.create(gpu, tokenizer, SETTINGS, store, 'b', TINY);
+      for (let i = 0; i < killAt; i++) await first.trainStep();
+      await first.checkpoint();
+      for (let i = 0; i < 2; i++) await first.trainStep(); // work after the checkpoint is lost with the process
+      first.destroy();
+      const second = await Pretrainer.create(gpu, tokenizer, SETTINGS, store, 'b', TINY);
+      assert.equal(await second.resume(), true);
+      while (await second.trainStep());
+      const got = await allState(second);
+      second.destroy();
+      assert.deepEqual(got.losses, want.losses, `losses after a kill at step ${killAt}`);
+      assert.equal(got.scale, want.scale);
+      for (const [name, v] of want.flat) assert.deepEqual(got.flat.get(name), v, `${name} after a kill at step ${killAt}`);
+    }
+  });
+
+  it('refuses a resume with other settings, naming the setting', async () => {
+    const gpu = await testGpu();
+    const store = new MemoryChunkStore();
+    const p = await Pretrainer.create(gpu, tokenizer, SETTINGS, store, 'c', TINY);
+    await p.trainStep();
+    await p.checkpoint();
+    p.destroy();
+    const q = await Pretrainer.create(gpu, tokenizer, { ...SETTINGS, dataSeed: 2 }, store, 'c', TINY);
+    await assert.rejects(q.resume(), /checkpoint was made with dataSeed = 1, not 2/);
+    q.destroy();
+  });
+
+  it('refuses settings it cannot honour before any work, naming them', () => {
+    const bad: [Partial<PretrainSettings>, RegExp][] = [
+      [{ resolution: 60 }, /dataset size 60: use a multiple of 8/],
+      [{ dataSeed: -3 }, /dataset seed -3/],
+      [{ dataSize: 0 }, /dataset count 0/],
+      [{ exclude: ['moon' as 'star'] }, /exclude "moon"/],
+      [{ batch: 0 }, /batch 0: use a whole number from 1 to 256/],
+      [{ lr: 0 }, /lr 0: use a learning rate between 0 and 1/],
+      [{ emaDecay: 1 }, /emaDecay 1/],
+      [{ dropCaption: 1 }, /dropCaption 1/],
+      [{ steps: 1.5 }, /steps 1\.5/],
+    ];
+    for (const [change, msg] of bad) assert.throws(() => checkPretrainSettings({ ...PRETRAIN_DEFAULTS, ...change }), msg);
+    assert.doesNotThrow(() => checkPretrainSettings(PRETRAIN_DEFAULTS));
+  });
+});
