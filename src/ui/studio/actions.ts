@@ -578,43 +578,42 @@ function thumbUrl(id: string, blob: Blob | undefined): string | null {
   return url;
 }
 
-let refreshing: Promise<void> | null = null;
+let refreshing: Promise<void> = Promise.resolve();
 
 /**
  * Lists the runs (the open one and those kept), each with its storage (training state in the chunk store plus
  * its Blobs), and which lost their storage to the browser; then the browser's own storage estimate.
  */
 export function refreshRuns(): Promise<void> {
-  refreshing ??= (async () => {
-    try {
-      await updateThumb();
-      // Without the chunk store's keys (no worker yet, or it failed) no run is called lost.
-      const [sizes, chunkSizes] = await Promise.all([storedBlobSizes(), api ? api.chunkSizes().catch(() => null) : Promise.resolve(null)]);
-      const chunkBytes = chunkBytesByRun(chunkSizes ?? []);
-      const withChunks = runIdsOfChunks((chunkSizes ?? []).map(([k]) => k));
-      const projects = savedWorkspaces();
-      const users = photoUsers(projects);
-      const openId = S().workspace.id;
-      const rows: RunRow[] = [];
-      const lost: { id: string; name: string; message: string }[] = [];
-      for (const p of projects) {
-        const sum = summarize(p);
-        const open = sum.id === openId;
-        const store = runStorage(p, sizes, chunkBytes, users);
-        const thumb = open ? S().workspace.thumb : p.workspace?.thumbFrom ? await storedThumb(sum.id) : undefined;
-        rows.push({ ...sum, open, bytes: store.bytes, sharedBytes: store.shared, thumbUrl: thumbUrl(sum.id, thumb) });
-        // The open run's photos are in memory: only its training state can be gone.
-        const parts = lostParts(p, open ? new Set([...sizes.keys(), ...S().photos.map((x) => `photo:${x.id}`)]) : new Set(sizes.keys()), withChunks);
-        if (parts.length && chunkSizes) lost.push({ id: sum.id, name: sum.name, message: lostMessage(sum.name, parts) });
-      }
-      const stored = [...sizes.values()].reduce((a, b) => a + b, 0) + [...chunkBytes.values()].reduce((a, b) => a + b, 0);
-      S().set({ runs: rows.sort(byRecent), lostRuns: lost, runsBytes: stored });
-      await refreshStorage();
-    } finally {
-      refreshing = null;
-    }
-  })();
+  // One at a time, each after the one before (a caller sees the state after its own change).
+  refreshing = refreshing.then(listRuns, listRuns);
   return refreshing;
+}
+
+async function listRuns(): Promise<void> {
+  await updateThumb();
+  // Without the chunk store's keys (no worker yet, or it failed) no run is called lost.
+  const [sizes, chunkSizes] = await Promise.all([storedBlobSizes(), api ? api.chunkSizes().catch(() => null) : Promise.resolve(null)]);
+  const chunkBytes = chunkBytesByRun(chunkSizes ?? []);
+  const withChunks = runIdsOfChunks((chunkSizes ?? []).map(([k]) => k));
+  const projects = savedWorkspaces();
+  const users = photoUsers(projects);
+  const openId = S().workspace.id;
+  const rows: RunRow[] = [];
+  const lost: { id: string; name: string; message: string }[] = [];
+  for (const p of projects) {
+    const sum = summarize(p);
+    const open = sum.id === openId;
+    const store = runStorage(p, sizes, chunkBytes, users);
+    const thumb = open ? S().workspace.thumb : p.workspace?.thumbFrom ? await storedThumb(sum.id) : undefined;
+    rows.push({ ...sum, open, bytes: store.bytes, sharedBytes: store.shared, thumbUrl: thumbUrl(sum.id, thumb) });
+    // The open run's photos are in memory: only its training state can be gone.
+    const parts = lostParts(p, open ? new Set([...sizes.keys(), ...S().photos.map((x) => `photo:${x.id}`)]) : new Set(sizes.keys()), withChunks);
+    if (parts.length && chunkSizes) lost.push({ id: sum.id, name: sum.name, message: lostMessage(sum.name, parts) });
+  }
+  const stored = [...sizes.values()].reduce((a, b) => a + b, 0) + [...chunkBytes.values()].reduce((a, b) => a + b, 0);
+  S().set({ runs: rows.sort(byRecent), lostRuns: lost, runsBytes: stored });
+  await refreshStorage();
 }
 
 const storedThumb = (id: string) => storedBlob(thumbKey(id));

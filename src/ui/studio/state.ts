@@ -416,7 +416,11 @@ export async function restoreProject(): Promise<void> {
         if (p?.version === 2 && p.workspace) closed.set(p.workspace.id, p);
       }
     saved = await get<SavedProject>(OPEN_KEY, store);
-    if (saved?.version === 2) state = (await readWorkspace(saved)).state;
+    if (saved?.version === 2) {
+      state = (await readWorkspace(saved)).state;
+      // A copy of the open run left in the list (the page closed while it was being opened) is the open run.
+      closed.delete(state.workspace!.id);
+    }
   } catch {
     state = null;
   }
