@@ -130,6 +130,8 @@ export interface FusedStep {
   reads: Map<number, Promise<Uint8Array>>;
   /** The last stored chunk's write, still landing. */
   writing: Promise<void> | null;
+  /** Resident chunks' statistics being read back (collected by fusedEnd). */
+  statsReads: Map<number, Promise<Float32Array>>;
 }
 
 export interface OptimizerStepResult {
@@ -590,7 +592,19 @@ export class ChunkedAdamW {
     clearFlag(this.gpu, this.flag);
     const like = this.chunks.flatMap((c) => c.params.map((p) => this.weightOf(p)));
     const parts = normPartials(this.gpu, like);
-    return { lossScale, parts, phase: 'norm', s: null, gradNorm: NaN, unproven: new Set(), done: new Set(), order: [], reads: new Map(), writing: null };
+    return {
+      lossScale,
+      parts,
+      phase: 'norm',
+      s: null,
+      gradNorm: NaN,
+      unproven: new Set(),
+      done: new Set(),
+      order: [],
+      reads: new Map(),
+      writing: null,
+      statsReads: new Map(),
+    };
   }
 
   /** Pass 1, one chunk's final gradients: the inf/NaN flag and the norm's partial sums (nothing written). */
@@ -707,12 +721,16 @@ export class ChunkedAdamW {
         bytes = f32Bytes(packed);
       }
     }
-    const [maxAbsMaster, maxAbsM, maxV, maxRatio] = await gpu.read(this.statsOut);
-    const stats = { maxAbsMaster, maxAbsM, maxV, maxRatio };
     if (!bytes) {
-      c.stats = stats;
+      // A resident chunk's statistics are read back without waiting (the copy is queued in order, so the next
+      // chunk's use of the same buffer cannot change it): no stall of the backward per chunk; fusedEnd collects them.
+      const read = gpu.read(this.statsOut);
+      read.catch(() => {});
+      run.statsReads.set(index, read);
       return;
     }
+    const [maxAbsMaster, maxAbsM, maxV, maxRatio] = await gpu.read(this.statsOut);
+    const stats = { maxAbsMaster, maxAbsM, maxV, maxRatio };
     if (run.writing) await run.writing;
     run.writing = this.writeChunkBytes(c, s.step, bytes, stats);
     run.writing.catch(() => {}); // awaited by the next stored chunk or fusedEnd
@@ -723,6 +741,11 @@ export class ChunkedAdamW {
     if (run.writing) await run.writing;
     run.writing = null;
     this.expectEvery(run, 'apply');
+    for (const [i, read] of run.statsReads) {
+      const [maxAbsMaster, maxAbsM, maxV, maxRatio] = await read;
+      this.chunks[i].stats = { maxAbsMaster, maxAbsM, maxV, maxRatio };
+    }
+    run.statsReads.clear();
     run.phase = 'over';
     this.applied = run.s!.step;
     return { gradNorm: run.gradNorm };
@@ -734,6 +757,7 @@ export class ChunkedAdamW {
     run.parts = null;
     for (const r of run.reads.values()) r.catch(() => {});
     run.reads.clear();
+    run.statsReads.clear();
     if (run.writing) await run.writing.catch(() => {});
     run.phase = 'over';
   }
