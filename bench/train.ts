@@ -16,7 +16,7 @@
 // Flags: --quick (fewer steps, 16 MiB chunks only), --out FILE, --budget-gib N (default 4).
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { cpus, tmpdir } from 'node:os';
+import { cpus, loadavg, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
@@ -316,7 +316,8 @@ async function machine(): Promise<{ line: string; adapter: string; cpu: string; 
 }
 
 const m = await machine();
-console.log(`machine: ${m.line}${quick ? '   [--quick]' : ''}\n`);
+const LOAD_START = loadavg()[0];
+console.log(`machine: ${m.line}, load average ${LOAD_START.toFixed(1)}${quick ? '   [--quick]' : ''}\n`);
 
 console.log(`1. tiny UNet DreamBooth step (batch 2: instance + class), median of ${STEPS.timed} after ${STEPS.warmup} warm-up`);
 const tiny: Record<string, unknown>[] = [];
@@ -415,6 +416,9 @@ writeFileSync(
       date: new Date().toISOString(),
       quick,
       machine: m,
+      // The 1-minute load average at the start and the end: this machine is shared, and the timings (tiny steps,
+      // IndexedDB rates, planSeconds) stretch with the load; the plans' bytes do not.
+      loadAverage: { start: LOAD_START, end: loadavg()[0] },
       tiny: { steps: STEPS, rows: tiny },
       sd15: { resolution: 512, latentShape: [4, 64, 64], contextShape: [77, 768], batch: 2, dtype: 'f16', budgetBytes: BUDGET, rows: sd15 },
       idb: 'error' in idb ? idb : { options: IDB, browser: idb.browser, rows: idb.rows, ratios: idbRatios },
