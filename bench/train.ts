@@ -4,7 +4,8 @@
 //      f16, against the same step in PyTorch on the CPU (bench/peers/torch_train.py, float32), LoRA and full;
 //   2. SD 1.5 at 512 px (64x64 latents, 77 tokens, batch 2 with prior preservation, f16): the placement
 //      src/train/plan.ts picks (dry runs of the real trainer) for LoRA rank 8 (and with the text encoder too),
-//      full fine-tuning with fp32 AdamW and with the default 8-bit AdamW + compact master, each under the
+//      full fine-tuning with fp32 AdamW and with the default 8-bit AdamW + compact master (each with its updates
+//      fused into the backward pass, TrainSettings.fusedUpdates, and without: the default), each under the
 //      --budget-gib budget (default 4 GiB) and under 8 GiB: its peak GPU bytes (and per allocator tag) against
 //      the targets (full <= 4 GiB, LoRA rank 8 <= 3 GiB), the no-checkpointing / all-resident peak beside it,
 //      the optimizer bytes that stream through the store per step (`store_bytes_per_step`, against issue 14's
@@ -157,6 +158,8 @@ interface Sd15Case {
   textEncoderLora: boolean;
   optimizer: OptimizerKind;
   master: MasterKind;
+  /** Optimizer updates fused into the backward pass (TrainSettings.fusedUpdates; full fine-tuning only). */
+  fusedUpdates: boolean;
   /** Short name for the log and the JSON ("full 8-bit + compact"). */
   label: string;
 }
@@ -168,6 +171,7 @@ interface Sd15Row {
   textEncoderLora: boolean;
   optimizer: OptimizerKind;
   master: MasterKind;
+  fusedUpdates: boolean;
   budgetBytes: number;
   /** Peak GPU target (full <= 4 GiB, LoRA <= 3 GiB). */
   targetBytes: number;
@@ -194,8 +198,8 @@ interface Sd15Row {
 const STORE_TARGET = 4e9;
 
 async function sd15Plan(c: Sd15Case, budgetBytes: number): Promise<Sd15Row> {
-  const { mode, textEncoderLora, optimizer, master } = c;
-  const settings = { ...TRAIN_DEFAULTS[mode], textEncoderLora, optimizer, master }; // LoRA: rank 8 (alpha 8)
+  const { mode, textEncoderLora, optimizer, master, fusedUpdates } = c;
+  const settings = { ...TRAIN_DEFAULTS[mode], textEncoderLora, optimizer, master, fusedUpdates }; // LoRA: rank 8 (alpha 8)
   const t0 = performance.now();
   const plan = await planTraining(
     () => nodeGpu({ dryRun: true }),
@@ -217,6 +221,7 @@ async function sd15Plan(c: Sd15Case, budgetBytes: number): Promise<Sd15Row> {
     textEncoderLora,
     optimizer,
     master,
+    fusedUpdates,
     budgetBytes,
     targetBytes: TARGETS[mode],
     pass: budgetBytes > BUDGET ? null : plan.fits && plan.peakBytes <= TARGETS[mode],
@@ -348,11 +353,14 @@ const sd15: Sd15Row[] = [];
 // Each plan under the --budget-gib budget (default 4 GiB) and under 8 GiB (issue 14: full SD 1.5 should stream
 // nothing there); the peak target stays the mode's (full <= 4 GiB, LoRA <= 3 GiB), the store target 4 GB per step.
 // The text-encoder LoRA row is extra (the text encoder then stays on the GPU); it is held to the LoRA target.
+// Full fine-tuning in both optimizer modes, with its updates fused into the backward pass and without (the default).
 const CASES: Sd15Case[] = [
-  { mode: 'lora', textEncoderLora: false, optimizer: 'adamw', master: 'fp32', label: 'LoRA rank 8' },
-  { mode: 'lora', textEncoderLora: true, optimizer: 'adamw', master: 'fp32', label: 'LoRA rank 8 + TE' },
-  { mode: 'full', textEncoderLora: false, optimizer: 'adamw', master: 'fp32', label: 'full fp32 AdamW' },
-  { mode: 'full', textEncoderLora: false, optimizer: 'adamw8bit', master: 'compact', label: 'full 8-bit + compact' },
+  { mode: 'lora', textEncoderLora: false, optimizer: 'adamw', master: 'fp32', fusedUpdates: false, label: 'LoRA rank 8' },
+  { mode: 'lora', textEncoderLora: true, optimizer: 'adamw', master: 'fp32', fusedUpdates: false, label: 'LoRA rank 8 + TE' },
+  { mode: 'full', textEncoderLora: false, optimizer: 'adamw', master: 'fp32', fusedUpdates: false, label: 'full fp32 AdamW' },
+  { mode: 'full', textEncoderLora: false, optimizer: 'adamw', master: 'fp32', fusedUpdates: true, label: 'full fp32 AdamW fused' },
+  { mode: 'full', textEncoderLora: false, optimizer: 'adamw8bit', master: 'compact', fusedUpdates: false, label: 'full 8-bit + compact' },
+  { mode: 'full', textEncoderLora: false, optimizer: 'adamw8bit', master: 'compact', fusedUpdates: true, label: 'full 8-bit + compact fused' },
 ];
 const BUDGETS = [...new Set([BUDGET, 8 * GiB])];
 for (const budget of BUDGETS)
