@@ -42,6 +42,8 @@ export function RunsPanel() {
       setWorking(false);
     }
   };
+  // Nothing to list yet (one run, not started): the panel appears with the first run there is to keep.
+  if (!lost.length && runs.length <= 1 && !run.runId && asking === null) return null;
   return (
     <section aria-labelledby="runs-title" data-testid="runs-panel">
       <h2 id="runs-title">Runs in this browser</h2>

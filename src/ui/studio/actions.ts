@@ -431,7 +431,8 @@ export async function resumeTraining(): Promise<void> {
     st.setRun({ error: 'Load the model first (see Model above).' });
     return;
   }
-  const fresh = ['interrupted', 'device-lost', 'error', 'quota'].includes(st.run.status);
+  // A paused run the worker does not hold (opened from the runs list, or after a reload) loads from its checkpoint.
+  const fresh = ['interrupted', 'device-lost', 'error', 'quota'].includes(st.run.status) || !(await api?.hasSession());
   st.setRun({ status: fresh ? 'preparing' : 'training', error: null, message: fresh ? 'Resuming from the last checkpoint…' : 'Resuming…' });
   if (st.run.status === 'device-lost' || S().run.status === 'preparing') {
     // A lost device cannot be used again: a new worker gets a new one.
