@@ -1,0 +1,149 @@
+// DreamBooth's quality measures (issue 16; the DreamBooth paper's DreamBench: subject fidelity, prompt fidelity,
+// language drift), on features this project can compute itself, for bench/quality.ts and its test.
+//
+// Features. The paper uses DINO / CLIP image embeddings; we have neither, so two extractors are used and both
+// reported:
+//  - the model's own VAE encoder: the posterior mean latents (times the scaling factor), compared by cosine
+//    similarity. The encoder was trained to keep what the pictures hold (shape outlines, fill pattern, colour),
+//    so two pictures of the same subject have nearby latents; it is spatial (a star moved across the picture
+//    moves its latents), which is why it is averaged over every sample/photo pair.
+//  - a colour histogram (4 bins per RGB channel, 64 bins, normalised), compared by histogram intersection
+//    (sum of bin minima, 1 for identical colour content). It ignores where things are, so it scores the
+//    subject's colours (a yellow star with purple dots) wherever the subject is drawn; it does not see shape.
+// Prompt fidelity ("a sks star on a red background"): the picture's border pixels, each given the nearest named
+// colour of the generator (synthetic.ts COLOURS); the score is the fraction of border pixels nearest red.
+// Drift: class-prompt samples of the fine-tuned model against the base model's for the same seeds: 1 - cosine of
+// the VAE features, averaged over seeds (0: the same pictures).
+import type { Gpu } from '../gpu/device.ts';
+import type { LoadedModel } from '../models/load.ts';
+import { encodeImage } from './preprocess.ts';
+import { COLOURS, toModelInput, type ColourName } from './synthetic.ts';
+
+/** Bins per RGB channel of colourHistogram. */
+export const HISTOGRAM_BINS = 4;
+
+function checkRgb(rgb: Uint8Array, size: number, what: string): void {
+  if (rgb.length !== size * size * 3) throw new Error(`${what}: ${rgb.length} bytes is not a ${size}x${size} RGB picture (${size * size * 3} bytes)`);
+}
+
+/** Normalised joint RGB histogram (HISTOGRAM_BINS^3 bins summing to 1) of RGB bytes. */
+export function colourHistogram(rgb: Uint8Array): Float64Array {
+  const b = HISTOGRAM_BINS;
+  const h = new Float64Array(b * b * b);
+  const pixels = rgb.length / 3;
+  if (!Number.isInteger(pixels) || pixels === 0) throw new Error(`colourHistogram: ${rgb.length} bytes is not RGB pixels (a multiple of 3, at least one)`);
+  const bin = (v: number) => Math.min(b - 1, Math.floor((v * b) / 256));
+  for (let i = 0; i < pixels; i++) h[(bin(rgb[3 * i]) * b + bin(rgb[3 * i + 1])) * b + bin(rgb[3 * i + 2])] += 1 / pixels;
+  return h;
+}
+
+/** Histogram intersection: sum of the bins' minima; 1 for the same colour content, 0 for none in common. */
+export function histogramIntersection(a: Float64Array, b: Float64Array): number {
+  if (a.length !== b.length) throw new Error(`histogramIntersection: ${a.length} bins vs ${b.length}`);
+  let s = 0;
+  for (let i = 0; i < a.length; i++) s += Math.min(a[i], b[i]);
+  return s;
+}
+
+/** Cosine similarity of two feature vectors (0 when either is all zeros). */
+export function cosine(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  if (a.length !== b.length) throw new Error(`cosine: vectors of ${a.length} and ${b.length} values`);
+  let ab = 0;
+  let aa = 0;
+  let bb = 0;
+  for (let i = 0; i < a.length; i++) {
+    ab += a[i] * b[i];
+    aa += a[i] * a[i];
+    bb += b[i] * b[i];
+  }
+  return aa > 0 && bb > 0 ? ab / Math.sqrt(aa * bb) : 0;
+}
+
+/** The VAE encoder's posterior mean (scaled latents) of an RGB picture: the feature of subject fidelity and drift. */
+export async function vaeFeature(gpu: Gpu, vae: LoadedModel['vae'], rgb: Uint8Array, size: number): Promise<Float32Array> {
+  checkRgb(rgb, size, 'vaeFeature');
+  return encodeImage(gpu, vae, toModelInput(rgb, size), size);
+}
+
+/** Mean of `score(s, p)` over every sample/photo pair. */
+function meanOverPairs<T>(samples: readonly T[], photos: readonly T[], score: (s: T, p: T) => number): number {
+  if (!samples.length || !photos.length) throw new Error('subject fidelity needs at least one sample and one photo');
+  let sum = 0;
+  for (const s of samples) for (const p of photos) sum += score(s, p);
+  return sum / (samples.length * photos.length);
+}
+
+/** Subject fidelity under the VAE features: mean cosine similarity over sample/photo pairs. */
+export function featureFidelity(samples: readonly Float32Array[], photos: readonly Float32Array[]): number {
+  return meanOverPairs(samples, photos, cosine);
+}
+
+/** Subject fidelity under the colour histogram: mean histogram intersection over sample/photo pairs. */
+export function colourFidelity(samples: readonly Uint8Array[], photos: readonly Uint8Array[]): number {
+  const hs = samples.map(colourHistogram);
+  const hp = photos.map(colourHistogram);
+  return meanOverPairs(hs, hp, histogramIntersection);
+}
+
+/** The generator's named colour nearest to an RGB value (squared sRGB distance). */
+export function nearestColour(r: number, g: number, b: number): ColourName {
+  let best: ColourName = 'red';
+  let bestD = Infinity;
+  for (const [name, c] of Object.entries(COLOURS) as [ColourName, readonly number[]][]) {
+    const d = (r - c[0]) ** 2 + (g - c[1]) ** 2 + (b - c[2]) ** 2;
+    if (d < bestD) [best, bestD] = [name, d];
+  }
+  return best;
+}
+
+/**
+ * Fraction of the picture's border pixels (the outer `width` rows and columns: where the background shows,
+ * the subject being placed away from the edges) whose nearest named colour is `colour`.
+ */
+export function borderColourShare(rgb: Uint8Array, size: number, colour: ColourName, width = Math.max(1, Math.round(size / 8))): number {
+  checkRgb(rgb, size, 'borderColourShare');
+  if (!(width >= 1 && 2 * width <= size)) throw new Error(`borderColourShare: border width ${width} does not fit a ${size} px picture`);
+  let hits = 0;
+  let n = 0;
+  for (let y = 0; y < size; y++)
+    for (let x = 0; x < size; x++) {
+      if (x >= width && x < size - width && y >= width && y < size - width) continue;
+      const o = (y * size + x) * 3;
+      if (nearestColour(rgb[o], rgb[o + 1], rgb[o + 2]) === colour) hits++;
+      n++;
+    }
+  return hits / n;
+}
+
+/** Prompt fidelity: the mean border share of `colour` over the samples of "... on a <colour> background". */
+export function promptFidelity(samples: readonly Uint8Array[], size: number, colour: ColourName): number {
+  if (!samples.length) throw new Error('prompt fidelity needs at least one sample');
+  return samples.reduce((s, rgb) => s + borderColourShare(rgb, size, colour), 0) / samples.length;
+}
+
+/** Drift: mean over seeds of 1 - cosine(fine-tuned sample's feature, base sample's feature); 0: unchanged. */
+export function featureDrift(tuned: readonly Float32Array[], base: readonly Float32Array[]): number {
+  if (tuned.length !== base.length || !tuned.length) throw new Error(`drift compares samples seed by seed: ${tuned.length} fine-tuned vs ${base.length} base`);
+  return tuned.reduce((s, t, i) => s + (1 - cosine(t, base[i])), 0) / tuned.length;
+}
+
+/** Drift in pixels: mean absolute difference of the 8-bit values over seeds, in [0, 1]. */
+export function pixelDrift(tuned: readonly Uint8Array[], base: readonly Uint8Array[]): number {
+  if (tuned.length !== base.length || !tuned.length) throw new Error(`drift compares samples seed by seed: ${tuned.length} fine-tuned vs ${base.length} base`);
+  let s = 0;
+  for (let i = 0; i < tuned.length; i++) {
+    if (tuned[i].length !== base[i].length) throw new Error(`pixelDrift: seed ${i}'s pictures differ in size`);
+    let d = 0;
+    for (let j = 0; j < tuned[i].length; j++) d += Math.abs(tuned[i][j] - base[i][j]);
+    s += d / (255 * tuned[i].length);
+  }
+  return s / tuned.length;
+}
+
+/** Median of a non-empty list. */
+export function median(xs: readonly number[]): number {
+  if (!xs.length) throw new Error('median of no values');
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+}
