@@ -440,7 +440,7 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       await waitForStatus(page, /Cancelled/);
       assert.match((await progressText(page)) ?? '', /Step 0/);
       assert.equal(asked.length, 2, asked.join(' | '));
-      assert.match(asked[0], /Start a new run\? The current run \(step 5\)/);
+      assert.match(asked[0], /Train this run again from the start\? Its 5 steps and checkpoints will be deleted/);
       assert.match(asked[1], /Cancel the run\?/);
     } finally {
       await browser.close();
