@@ -316,7 +316,10 @@ function onEvent(e: WorkerEvent): void {
 async function checkQuota(need: number): Promise<string | null> {
   await refreshStorage();
   const { quota, usage } = S().storage;
-  return storageShortfall(need, quota, usage, (await api?.storageBytes()) ?? 0);
+  // Only this run's chunks (its cached photos so far) count as part of its need: other kept runs stay.
+  const runId = S().run.runId;
+  const ours = api && runId ? (chunkBytesByRun(await api.chunkSizes()).get(runId) ?? 0) : 0;
+  return storageShortfall(need, quota, usage, ours);
 }
 
 function runInput(r: RunProgress): RunInput {
