@@ -1,0 +1,84 @@
+// Issue 16, Must show 3 at test size: DreamBooth on the tiny pretrained model (tests/fixtures/models/pretrained-tiny,
+// stars held out of its pretraining) through the product's run pipeline, scored by src/train/quality.ts
+// (bench/quality-run.ts, the code bench:quality runs). Same seeds for the base and the fine-tuned samples.
+import assert from 'node:assert/strict';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import type { Gpu } from '../../src/gpu/device.ts';
+import type { LoadedModel } from '../../src/models/load.ts';
+import { cosine, vaeFeature } from '../../src/train/quality.ts';
+import { drawScene, subjectScene } from '../../src/train/synthetic.ts';
+import { loadFeatureVae, modelResolution, PHOTO_SEED, qualityRun, SUBJECT, subjectPhotos, type QualitySettings } from '../../bench/quality-run.ts';
+import { FIXTURES, testGpu } from '../helpers.ts';
+
+const MODEL = join(FIXTURES, 'models', 'pretrained-tiny');
+
+/**
+ * A full fine-tune (fp32 AdamW) as bench:quality --quick runs it. LoRA is not the test's run: rank 4 on the tiny
+ * UNet's one cross-attention level barely moves this model's samples (subject fidelity 0.134 -> 0.135 after 100
+ * steps at lr 1e-2), while full fine-tuning moves them (0.134 -> 0.174 without prior, 0.218 with).
+ */
+const FULL: QualitySettings = {
+  mode: 'full',
+  prior: false,
+  steps: 100,
+  lr: 1e-3,
+  rank: 4,
+  seed: 1,
+  classCount: 8,
+  classSteps: 10,
+  priorWeight: 1,
+  samples: 3,
+  sampleSteps: 10,
+  guidance: 7.5,
+};
+
+describe('DreamBooth quality on the tiny pretrained model', () => {
+  let gpu: Gpu;
+  let vae: LoadedModel['vae'];
+  before(async () => {
+    gpu = await testGpu();
+    vae = await loadFeatureVae(gpu, MODEL);
+  });
+  after(() => gpu?.destroy());
+
+  it('the feature extractor (the model VAE encoder): a photo matches itself; the same star in other colours scores lower', async () => {
+    const size = modelResolution(MODEL);
+    const photo = subjectPhotos(size)[0];
+    const f = await vaeFeature(gpu, vae, photo, size);
+    assert.ok(cosine(f, await vaeFeature(gpu, vae, photo, size)) > 0.9999, 'the same picture twice');
+    // Photo 0's star (same place, size, angle and background) in other colours.
+    const recoloured = drawScene(
+      subjectScene({ ...SUBJECT, colour: 'blue', second: 'white' }, PHOTO_SEED, 0, subjectScene(SUBJECT, PHOTO_SEED, 0).background),
+      size,
+    );
+    const other = cosine(f, await vaeFeature(gpu, vae, recoloured, size));
+    console.log(`cosine(photo, recoloured star) ${other}`);
+    assert.ok(other < 0.99, `a blue and white star in the subject's place scored ${other}`);
+  });
+
+  it('subject fidelity after fine-tuning rises well above the base model; prior preservation reduces drift', async () => {
+    const without = await qualityRun(gpu, MODEL, vae, FULL);
+    const withPrior = await qualityRun(gpu, MODEL, vae, { ...FULL, prior: true });
+    console.log(JSON.stringify({ without, withPrior }));
+    // Measured on this fixture (lavapipe, these seeds): VAE-latent fidelity 0.134 before -> 0.174 without prior and
+    // 0.218 with; colour 0.063 -> 0.081 / 0.082. The margins are half the smaller rise: 0.02 of cosine (15% of the
+    // base model's 0.134) and 0.009 of histogram intersection (14% of 0.063). The base figures repeat exactly
+    // across runs (same seeds, same samples), and a run that does not learn the photos stays at them.
+    for (const [name, r] of [
+      ['without prior', without],
+      ['with prior', withPrior],
+    ] as const) {
+      assert.ok(
+        r.subject_fidelity_after > r.subject_fidelity_before + 0.02,
+        `${name}: VAE fidelity ${r.subject_fidelity_before} -> ${r.subject_fidelity_after}`,
+      );
+      assert.ok(r.subject_colour_after > r.subject_colour_before + 0.009, `${name}: colour fidelity ${r.subject_colour_before} -> ${r.subject_colour_after}`);
+    }
+    // Drift, fine-tuned vs base "a star" samples of the same seeds. Prior preservation lowers it in pixels
+    // (measured 0.085 without, 0.062-0.067 with at prior weights 1 and 4); the VAE-latent drift does NOT show it on
+    // this undertrained model (0.136 without, 0.137-0.225 with: it rises with the prior weight), so the test
+    // asserts the pixel measure and the bench reports both. Margin: 10% of the unpreserved drift.
+    assert.ok(withPrior.drift_pixels < 0.9 * without.drift_pixels, `pixel drift with prior ${withPrior.drift_pixels} vs without ${without.drift_pixels}`);
+  });
+});
