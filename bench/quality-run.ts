@@ -4,7 +4,7 @@
 // (src/pipeline/run.ts TrainingRun, as `cli train` builds it from a model folder, photos, prompts and class
 // images), then samples of the fine-tuned and the base model for the same seeds (TrainingRun.tryIt, the
 // studio's "Try it") scored by src/train/quality.ts.
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import { decode, encode } from 'fast-png';
 import type { Gpu } from '../src/gpu/device.ts';
@@ -63,7 +63,9 @@ export interface QualityResult {
 
 /** The model folder's picture side: the VAE's sample_size (the resolution it was pretrained at). */
 export function modelResolution(folder: string): number {
-  const cfg = JSON.parse(readFileSync(join(folder, 'vae', 'config.json'), 'utf8')) as { sample_size?: number };
+  const path = join(folder, 'vae', 'config.json');
+  if (!existsSync(path)) throw new Error(`--model ${folder}: no vae/config.json there: give a diffusers folder such as cli pretrain writes (<out>/model)`);
+  const cfg = JSON.parse(readFileSync(path, 'utf8')) as { sample_size?: number };
   if (!Number.isInteger(cfg.sample_size)) throw new Error(`${folder}/vae/config.json: no sample_size (the picture side the model was trained at)`);
   return cfg.sample_size!;
 }
