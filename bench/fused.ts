@@ -26,6 +26,7 @@ for (const fusedUpdates of [false, true]) {
     { latentShape: [4, 64, 64], contextShape: [77, 768], withClass: true },
     settings,
     budgetGiB * GiB,
+    'never', // the unfused row is the baseline; fused rows ask for fusing themselves
   );
   const row = {
     fused_updates: fusedUpdates,

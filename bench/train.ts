@@ -5,7 +5,8 @@
 //   2. SD 1.5 at 512 px (64x64 latents, 77 tokens, batch 2 with prior preservation, f16): the placement
 //      src/train/plan.ts picks (dry runs of the real trainer) for LoRA rank 8 (and with the text encoder too),
 //      full fine-tuning with fp32 AdamW and with the default 8-bit AdamW + compact master (each with its updates
-//      fused into the backward pass, TrainSettings.fusedUpdates, and without: the default), each under the
+//      fused into the backward pass, TrainSettings.fusedUpdates, and without: the baseline, planned with
+//      planTraining's 'never'; the product's planner fuses such a run when that streams less), each under the
 //      --budget-gib budget (default 4 GiB) and under 8 GiB: its peak GPU bytes (and per allocator tag) against
 //      the targets (full <= 4 GiB, LoRA rank 8 <= 3 GiB), the no-checkpointing / all-resident peak beside it,
 //      the optimizer bytes that stream through the store per step (`store_bytes_per_step`, against issue 14's
@@ -207,6 +208,8 @@ async function sd15Plan(c: Sd15Case, budgetBytes: number): Promise<Sd15Row> {
     { latentShape: [4, 64, 64], contextShape: [77, 768], withClass: true },
     settings,
     budgetBytes,
+    // The unfused rows are the baseline: the product's planner ('auto') would fuse them when that streams less.
+    'never',
   );
   const planSeconds = (performance.now() - t0) / 1000;
   // The planner always tries the fastest placement first.

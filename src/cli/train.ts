@@ -410,7 +410,7 @@ function printEvent(e: RunEvent, out: string): void {
     case 'plan': {
       const p = e.plan;
       console.error(
-        `plan: peak ${mib(p.peakBytes)} of the ${mib(p.budgetBytes)} budget, activation checkpointing ${p.activationCheckpointing ? 'on' : 'off'}, ${p.residentChunks}/${p.chunks} optimizer chunks resident`,
+        `plan: peak ${mib(p.peakBytes)} of the ${mib(p.budgetBytes)} budget, activation checkpointing ${p.activationCheckpointing ? 'on' : 'off'}, ${p.residentChunks}/${p.chunks} optimizer chunks resident${p.fusedUpdates ? ', fused updates' : ''}`,
       );
       break;
     }

@@ -164,6 +164,8 @@ export interface PlanSummary {
   budgetBytes: number;
   activationCheckpointing: boolean;
   residentChunks: number;
+  /** The planner fused the optimizer updates into the backward pass (or the settings asked for it). */
+  fusedUpdates: boolean;
   chunks: number;
   /** Bytes kept on the GPU for samples (VAE decoder, text encoder). */
   samplingBytes: number;
@@ -424,6 +426,7 @@ export class TrainingRun {
       budgetBytes: s.budgetBytes,
       activationCheckpointing: plan.activationCheckpointing,
       residentChunks: plan.residentChunks,
+      fusedUpdates: plan.fusedUpdates,
       chunks: plan.chunks,
       samplingBytes,
       trainableParams,
@@ -436,6 +439,7 @@ export class TrainingRun {
     if (!plan.fits) throw new RunError(summary.message ?? 'the run does not fit the GPU memory budget');
     settings.activationCheckpointing = plan.activationCheckpointing;
     settings.residentChunks = plan.residentChunks;
+    settings.fusedUpdates = plan.fusedUpdates;
     // The allocator's pool keeps freed buffers for reuse: within the budget, and without what preparation
     // (the VAE encoder, decoding) left in it.
     gpu.trimPool();
@@ -657,7 +661,7 @@ export class TrainingRun {
   private outOfMemoryMessage(e: GpuOutOfMemoryError): string {
     const name = this.host.settingName ?? flagName;
     const p = this.plan;
-    const placement = `${p.activationCheckpointing ? 'with' : 'without'} activation checkpointing, ${p.residentChunks} of ${p.chunks} optimizer chunks on the GPU`;
+    const placement = `${p.activationCheckpointing ? 'with' : 'without'} activation checkpointing, ${p.residentChunks} of ${p.chunks} optimizer chunks on the GPU${p.fusedUpdates ? ', updates fused into the backward pass' : ''}`;
     return (
       `The GPU ran out of memory at step ${this.trainer.step + 1} (${formatBytes(e.bytes)} for ${e.tag} '${e.label}'). ` +
       `This step needs about ${formatBytes(p.peakBytes)} of GPU memory (${placement}), planned under the budget of ${formatBytes(p.budgetBytes)}, ` +

@@ -201,7 +201,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     flag: 'fused-updates',
     default: false,
     onlyMode: 'full',
-    help: 'update each optimizer chunk inside the backward pass as its gradients become final (same weights bit for bit; the gradients never all exist at once, for one more forward and backward per step)',
+    help: 'always update each optimizer chunk inside the backward pass as its gradients become final (same weights bit for bit; the gradients never all exist at once, for one more forward and backward per step); off: the planner fuses only when that streams fewer bytes through storage',
   },
   {
     key: 'checkpointEvery',

@@ -75,6 +75,8 @@ export interface PlanDataShape {
 export interface PlanTrial {
   activationCheckpointing: boolean;
   residentChunks: number;
+  /** Optimizer updates fused into the backward pass (full fine-tuning; see TrainSettings.fusedUpdates). */
+  fusedUpdates: boolean;
   peakBytes: number;
 }
 
@@ -190,6 +192,7 @@ export async function dryRunPeak(makeGpu: () => Promise<Gpu>, model: PlanModel, 
     const result: DryRunResult = {
       activationCheckpointing: settings.activationCheckpointing,
       residentChunks: Math.min(settings.residentChunks, trainer.optimizer.chunks.length),
+      fusedUpdates: settings.mode === 'full' && !!settings.fusedUpdates,
       peakBytes: peak,
       chunks: trainer.optimizer.chunks.length,
       storeReadBytesPerStep: store.bytesRead,
@@ -247,12 +250,14 @@ export async function planTraining(
   dataShape: PlanDataShape,
   settings: TrainSettings,
   budgetBytes: number,
+  /** 'auto': fuse when it streams strictly less (the product's rule); 'never': the unfused placement only (a benchmark's baseline). */
+  fuse: 'auto' | 'never' = 'auto',
 ): Promise<Plan> {
   const layout = planChunks(trainableShapes(model, settings), settings.chunkElems).map((c) => c.elems);
   const chunks = layout.length;
   const tried: DryRunResult[] = [];
-  const measure = async (activationCheckpointing: boolean, residentChunks: number) => {
-    const r = await dryRunPeak(makeGpu, model, dataShape, { ...settings, activationCheckpointing, residentChunks });
+  const measure = async (activationCheckpointing: boolean, residentChunks: number, fusedUpdates: boolean) => {
+    const r = await dryRunPeak(makeGpu, model, dataShape, { ...settings, activationCheckpointing, residentChunks, fusedUpdates });
     tried.push(r);
     return r;
   };
@@ -260,6 +265,7 @@ export async function planTraining(
     ...(fits ? {} : { neededBytes: r.peakBytes }),
     activationCheckpointing: r.activationCheckpointing,
     residentChunks: r.residentChunks,
+    fusedUpdates: r.fusedUpdates,
     peakBytes: r.peakBytes,
     fits,
     budgetBytes,
@@ -267,22 +273,27 @@ export async function planTraining(
     storeReadBytesPerStep: r.storeReadBytesPerStep,
     storeWriteBytesPerStep: r.storeWriteBytesPerStep,
     peakByTag: r.peakByTag,
-    tried: tried.map(({ activationCheckpointing, residentChunks, peakBytes }) => ({ activationCheckpointing, residentChunks, peakBytes })),
+    tried: tried.map(({ activationCheckpointing, residentChunks, fusedUpdates, peakBytes }) => ({
+      activationCheckpointing,
+      residentChunks,
+      fusedUpdates,
+      peakBytes,
+    })),
     ...(message ? { message } : {}),
   });
 
-  // The most resident chunks that fit with this checkpointing setting, or null when nothing does.
-  const mostResident = async (ckpt: boolean): Promise<DryRunResult | null> => {
-    const all = await measure(ckpt, chunks);
+  // The most resident chunks that fit with this checkpointing setting (and fusing), or null when nothing does.
+  const mostResident = async (ckpt: boolean, fused: boolean): Promise<DryRunResult | null> => {
+    const all = await measure(ckpt, chunks, fused);
     if (all.peakBytes <= budgetBytes) return all;
-    const none = await measure(ckpt, 0);
+    const none = await measure(ckpt, 0, fused);
     if (none.peakBytes > budgetBytes) return null;
     // Invariant: `lo` resident chunks fit, `hi` do not.
     let best = none;
     let lo = 0;
     let hi = chunks;
     const probe = async (n: number) => {
-      const r = await measure(ckpt, n);
+      const r = await measure(ckpt, n, fused);
       if (r.peakBytes <= budgetBytes) {
         lo = n;
         best = r;
@@ -294,17 +305,31 @@ export async function planTraining(
     while (hi - lo > 1) await probe((lo + hi) >> 1);
     return best;
   };
-  const fast = await mostResident(false);
-  if (fast && storeBytesPerStep(fast) === 0) return plan(fast, true);
-  const lean = await mostResident(true);
-  // Checkpointing only when it streams strictly less.
-  const best = fast && lean ? (storeBytesPerStep(lean) < storeBytesPerStep(fast) ? lean : fast) : (fast ?? lean);
+  // The placement with the fewest store bytes among `fused`'s (no checkpointing on a tie), or null.
+  const bestOf = async (fused: boolean): Promise<DryRunResult | null> => {
+    const fast = await mostResident(false, fused);
+    if (fast && storeBytesPerStep(fast) === 0) return fast;
+    const lean = await mostResident(true, fused);
+    // Checkpointing only when it streams strictly less.
+    return fast && lean ? (storeBytesPerStep(lean) < storeBytesPerStep(fast) ? lean : fast) : (fast ?? lean);
+  };
+  // Fused updates cost one more forward and backward per step but free the gradient set, so more optimizer
+  // chunks stay on the GPU: they are tried when the unfused placement streams or does not fit, and chosen
+  // only when they stream strictly less (a store byte costs far more time than the GPU's extra pass: at the
+  // IndexedDB rates bench:train measures, 1 GB is seconds; SD 1.5's extra pass on a GPU is well under one).
+  // `settings.fusedUpdates` on asks for them always; LoRA never fuses (its gradients are small).
+  const canFuse = settings.mode === 'full';
+  let best = settings.fusedUpdates && canFuse ? await bestOf(true) : await bestOf(false);
+  if (canFuse && fuse === 'auto' && !settings.fusedUpdates && (!best || storeBytesPerStep(best) > 0)) {
+    const fused = await bestOf(true);
+    if (fused && (!best || storeBytesPerStep(fused) < storeBytesPerStep(best))) best = fused;
+  }
   if (best) return plan(best, true);
   // Nothing fits: report the smallest configuration (checkpointing, everything streamed).
   const least = tried.reduce((a, b) => (b.peakBytes < a.peakBytes ? b : a));
   const px = dataShape.latentShape[1] * (dataShape.vaeFactor ?? 8);
   const message =
     `${describeRun(model, settings)} needs at least ${gib(least.peakBytes)} of GPU memory at ${px} px; the budget is ${gib(budgetBytes)} ` +
-    `(${model.dtype}, batch ${dataShape.withClass ? 2 : 1}, even with activation checkpointing and every optimizer chunk streamed through storage)`;
+    `(${model.dtype}, batch ${dataShape.withClass ? 2 : 1}, even with activation checkpointing${canFuse ? ', updates fused into the backward pass' : ''} and every optimizer chunk streamed through storage)`;
   return plan(least, false, message);
 }

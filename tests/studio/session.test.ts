@@ -371,7 +371,7 @@ describe('studio session: bad input', () => {
       assert.match(e.message, /ran out of memory at step 2 \(64(\.0)? MiB for activations 'conv2d'\)/);
       assert.match(
         e.message,
-        /This step needs about [\d.]+ [KMG]i?B of GPU memory \((with|without) activation checkpointing, \d+ of \d+ optimizer chunks on the GPU\), planned under the budget of 1(\.0)? GiB/,
+        /This step needs about [\d.]+ [KMG]i?B of GPU memory \((with|without) activation checkpointing, \d+ of \d+ optimizer chunks on the GPU(, updates fused into the backward pass)?\), planned under the budget of 1(\.0)? GiB/,
       );
       assert.match(e.message, /--budget/);
       return true;

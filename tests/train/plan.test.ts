@@ -82,15 +82,22 @@ async function plannedPeak(mode: Mode, dtype: DType, over: Partial<TrainSettings
 /**
  * Asserts that `plan` streams the fewest store bytes of any placement that fits: one more resident chunk does not
  * fit with its checkpointing setting; without checkpointing, the other setting cannot keep one more chunk resident;
- * with checkpointing, no checkpointing cannot keep as many (on a tie no checkpointing wins).
+ * with checkpointing, no checkpointing cannot keep as many (on a tie no checkpointing wins). Full fine-tuning also
+ * weighs fused updates: chosen, no unfused placement keeps as many chunks resident (fusing only when it streams
+ * strictly less); not chosen while streaming, no fused placement keeps one more.
  */
 async function assertFewestStoreBytes(mode: Mode, plan: Plan, budget: number): Promise<void> {
-  const fits = async (activationCheckpointing: boolean, residentChunks: number) =>
-    (await plannedPeak(mode, 'f32', { activationCheckpointing, residentChunks })) <= budget;
+  const fits = async (activationCheckpointing: boolean, residentChunks: number, fusedUpdates = plan.fusedUpdates) =>
+    (await plannedPeak(mode, 'f32', { activationCheckpointing, residentChunks, fusedUpdates })) <= budget;
   const r = plan.residentChunks;
   if (r < plan.chunks) assert.ok(!(await fits(plan.activationCheckpointing, r + 1)), 'one more resident chunk would not fit');
   if (plan.activationCheckpointing) assert.ok(!(await fits(false, r)), 'no checkpointing cannot keep as many chunks resident');
   else if (r < plan.chunks) assert.ok(!(await fits(true, r + 1)), 'checkpointing cannot keep one more chunk resident');
+  if (mode !== 'full') assert.equal(plan.fusedUpdates, false, 'LoRA never fuses');
+  else if (plan.fusedUpdates)
+    for (const c of [false, true]) assert.ok(!(await fits(c, r, false)), `unfused (checkpointing ${c}) cannot keep as many chunks resident`);
+  else if (r < plan.chunks)
+    for (const c of [false, true]) assert.ok(!(await fits(c, r + 1, true)), `fused (checkpointing ${c}) cannot keep one more chunk resident`);
 }
 
 describe('training planner (tiny UNet)', () => {
@@ -141,20 +148,25 @@ describe('training planner (tiny UNet)', () => {
       const budget = Math.floor((least.peakBytes + most.peakBytes) / 2);
       const plan = await planTraining(dryGpu, m, dataShape, s, budget);
       t.diagnostic(
-        `budget ${budget}: checkpointing ${plan.activationCheckpointing}, ${plan.residentChunks}/${plan.chunks} resident, peak ${plan.peakBytes} (${plan.tried.length} dry runs)`,
+        `budget ${budget}: checkpointing ${plan.activationCheckpointing}, fused ${plan.fusedUpdates}, ${plan.residentChunks}/${plan.chunks} resident, peak ${plan.peakBytes} (${plan.tried.length} dry runs)`,
       );
       assert.equal(plan.fits, true);
       assert.ok(plan.peakBytes <= budget, `${plan.peakBytes} <= ${budget}`);
       assert.ok(plan.peakBytes < most.peakBytes);
-      // Few dry runs: per checkpointing setting all / none resident, a predicted probe and the count after it,
-      // then bisection over the resident count.
-      assert.ok(plan.tried.length <= 2 * (4 + Math.ceil(Math.log2(plan.chunks + 1))), `${plan.tried.length} dry runs`);
+      // Few dry runs: per checkpointing setting (and, full, fused or not) all / none resident, a predicted probe and
+      // the count after it, then bisection over the resident count.
+      const settingsTried = mode === 'full' ? 4 : 2;
+      assert.ok(plan.tried.length <= settingsTried * (4 + Math.ceil(Math.log2(plan.chunks + 1))), `${plan.tried.length} dry runs`);
       await assertFewestStoreBytes(mode, plan, budget);
       // Streaming moves each streamed chunk's [master | m | v] in and out once per step.
       const streamed = plan.chunks - plan.residentChunks;
       assert.equal(plan.storeReadBytesPerStep > 0, streamed > 0);
       assert.equal(plan.storeReadBytesPerStep, plan.storeWriteBytesPerStep);
-      const real = await realPeak(mode, 'f32', { activationCheckpointing: plan.activationCheckpointing, residentChunks: plan.residentChunks });
+      const real = await realPeak(mode, 'f32', {
+        activationCheckpointing: plan.activationCheckpointing,
+        residentChunks: plan.residentChunks,
+        fusedUpdates: plan.fusedUpdates,
+      });
       assert.equal(plan.peakBytes, real, 'the chosen placement peaks where it was planned');
     });
 
@@ -177,6 +189,28 @@ describe('training planner (tiny UNet)', () => {
     assert.equal(plan.storeReadBytesPerStep + plan.storeWriteBytesPerStep, 0);
   });
 
+  it('fused updates are chosen when they keep more optimizer state on the GPU: a budget only fused updates fit without streaming', async () => {
+    const m = model('full', 'f32');
+    const s = settingsOf('full');
+    const fusedAll = await dryRunPeak(dryGpu, m, dataShape, { ...s, activationCheckpointing: true, residentChunks: Infinity, fusedUpdates: true });
+    const unfusedAll = await dryRunPeak(dryGpu, m, dataShape, { ...s, activationCheckpointing: true, residentChunks: Infinity });
+    // The case: the gradient set the unfused step holds is what keeps the last chunks off the GPU.
+    assert.ok(fusedAll.peakBytes < unfusedAll.peakBytes, `fused peak ${fusedAll.peakBytes} < unfused ${unfusedAll.peakBytes}`);
+    const plan = await planTraining(dryGpu, m, dataShape, s, fusedAll.peakBytes);
+    assert.equal(plan.fits, true);
+    assert.equal(plan.fusedUpdates, true);
+    assert.equal(plan.residentChunks, plan.chunks);
+    assert.equal(plan.storeReadBytesPerStep + plan.storeWriteBytesPerStep, 0);
+    // A generous budget streams nothing unfused: no extra pass is bought (one dry run).
+    const roomy = await planTraining(dryGpu, m, dataShape, s, 1 << 30);
+    assert.equal(roomy.fusedUpdates, false);
+    assert.equal(roomy.tried.length, 1);
+    // LoRA never fuses, whatever the budget.
+    const lora = await planTraining(dryGpu, model('lora', 'f32'), dataShape, settingsOf('lora'), fusedAll.peakBytes);
+    assert.equal(lora.fusedUpdates, false);
+    assert.ok(lora.tried.every((t) => !t.fusedUpdates));
+  });
+
   it('an impossible budget: fits false, the smallest placement, and how much memory is needed', async () => {
     const plan = await planTraining(dryGpu, model('full', 'f32'), dataShape, settingsOf('full'), 100_000);
     assert.equal(plan.fits, false);
@@ -186,6 +220,7 @@ describe('training planner (tiny UNet)', () => {
     assert.equal(plan.neededBytes, plan.peakBytes, 'the smallest budget that would fit');
     const mib = (plan.peakBytes / 2 ** 20).toFixed(2);
     assert.match(plan.message ?? '', new RegExp(`^tiny full DreamBooth needs at least ${mib} MiB of GPU memory at 64 px; the budget is 0\\.10 MiB`));
+    assert.match(plan.message ?? '', /even with activation checkpointing, updates fused into the backward pass and every optimizer chunk streamed/);
   });
 
   // A dry run allocates every optimizer buffer and writes every stored chunk's bytes, but packs no starting state on the

@@ -685,7 +685,8 @@ function TrainPanel() {
           {run.plan.residentChunks >= run.plan.chunks
             ? 'optimizer state on the GPU'
             : `${run.plan.residentChunks} of ${run.plan.chunks} optimizer chunks on the GPU, the rest streamed from storage`}
-          ; {(run.plan.trainableParams / 1e6).toFixed(2)} M trained parameters, about {fmtBytes(run.plan.storageNeedBytes)} of storage.
+          {run.plan.fusedUpdates ? ' (updates fused into the backward pass, so fewer chunks stream)' : ''}; {(run.plan.trainableParams / 1e6).toFixed(2)} M
+          trained parameters, about {fmtBytes(run.plan.storageNeedBytes)} of storage.
         </p>
       )}
       <LossChart losses={run.losses} validation={run.validation} />
