@@ -88,7 +88,7 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
     async () => {
       const browser = await launch(true);
       try {
-        const page = await (await browser.newContext({ viewport: { width: 1280, height: 900 } })).newPage();
+        const page = await (await browser.newContext({ viewport: { width: 1280, height: 900 }, acceptDownloads: true })).newPage();
         const pageErrors: string[] = [];
         page.on('pageerror', (e) => pageErrors.push(e.message));
         page.on('dialog', (d) => void d.accept()); // the browser's confirm() of "Train again" (not used here)
@@ -184,6 +184,22 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
         }, before2);
         const after1 = await totalBytes(page);
         assert.ok(after1 < before2, `the storage shown drops (${before2} -> ${after1} bytes)`);
+
+        // The opened run is the one Try it and Export act on: a 1-step drawing with its weights, and its kohya LoRA.
+        const tryPanel = page.getByTestId('tryit');
+        await tryPanel.getByLabel('Try-it prompt').fill('a photo of sks dog');
+        await tryPanel.getByLabel('Try-it denoising steps').fill('1');
+        await tryPanel.getByRole('button', { name: 'Generate' }).click();
+        await tryPanel.getByTestId('tryit-result').first().waitFor({ timeout: 300_000 });
+        const saveDialog = page.getByLabel('Choose where to save (streams large files straight to disk)');
+        if (await saveDialog.count()) await saveDialog.uncheck();
+        const formats = await page.getByLabel('Format').locator('option').allTextContents();
+        await page.getByLabel('Format').selectOption({ label: formats.find((t) => /LoRA, kohya/.test(t))! });
+        const [download] = await Promise.all([
+          page.waitForEvent('download', { timeout: 300_000 }),
+          page.getByRole('button', { name: 'Export and download' }).click(),
+        ]);
+        assert.match(download.suggestedFilename(), /-step1-lora\.safetensors$/, 'the opened run (1 step) is exported');
 
         // A run that is training: Delete asks first (Escape keeps it training), then stops and deletes it.
         await page.getByRole('button', { name: 'New run' }).click();
