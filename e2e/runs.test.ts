@@ -201,6 +201,33 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
         ]);
         assert.match(download.suggestedFilename(), /-step1-lora\.safetensors$/, 'the opened run (1 step) is exported');
 
+        // A paused run, left for another and opened again from the list, resumes from its checkpoint to the end.
+        await page.getByRole('button', { name: 'New run' }).click();
+        await rows(page).nth(1).waitFor({ timeout: 30_000 });
+        await page.getByLabel('Instance prompt', { exact: false }).fill('a photo of sks fox');
+        await page.getByLabel('Steps', { exact: true }).fill('200');
+        await page.getByLabel('Checkpoint every N steps').fill('1');
+        await page.getByRole('button', { name: 'Train', exact: true }).click();
+        await page.waitForFunction(() => /^Step [1-9]/.test(document.querySelector('[data-testid="train-progress-text"]')?.textContent ?? ''), null, {
+          timeout: 300_000,
+        });
+        await page.getByRole('button', { name: 'Pause', exact: true }).click();
+        await page.waitForFunction(() => /Paused/.test(document.querySelector('[data-testid="train-status"]')?.textContent ?? ''), null, { timeout: 120_000 });
+        const pausedAt = Number(/^Step (\d+)/.exec((await page.getByTestId('train-progress-text').textContent()) ?? '')?.[1]);
+        await page.getByRole('button', { name: 'Open a photo of sks dog' }).click();
+        await page.getByRole('button', { name: 'Open a photo of sks fox' }).click({ timeout: 30_000 });
+        await page.getByRole('button', { name: 'Open a photo of sks dog' }).waitFor({ timeout: 30_000 });
+        assert.match((await page.getByTestId('train-status').textContent()) ?? '', /Paused/);
+        await page.getByRole('button', { name: 'Resume', exact: true }).click();
+        await page.waitForFunction(
+          (from) => Number(/^Step (\d+)/.exec(document.querySelector('[data-testid="train-progress-text"]')?.textContent ?? '')?.[1] ?? 0) > from,
+          pausedAt,
+          { timeout: 300_000 },
+        );
+        await page.getByRole('button', { name: 'Delete a photo of sks fox' }).click();
+        await dialog.getByRole('button', { name: 'Stop and delete' }).click();
+        await page.waitForFunction(() => document.querySelectorAll('[data-testid="run-row"]').length === 1, null, { timeout: 120_000 });
+
         // A run that is training: Delete asks first (Escape keeps it training), then stops and deletes it.
         await page.getByRole('button', { name: 'New run' }).click();
         await rows(page).nth(1).waitFor({ timeout: 30_000 });
