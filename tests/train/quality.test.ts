@@ -75,6 +75,11 @@ describe('DreamBooth quality on the tiny pretrained model', () => {
       );
       assert.ok(r.subject_colour_after > r.subject_colour_before + 0.009, `${name}: colour fidelity ${r.subject_colour_before} -> ${r.subject_colour_after}`);
     }
+    // Honest scope: these hold on run seed 1 (FULL.seed). Over run seeds 1-3 (bench:quality --quick --seeds 3) the
+    // full fine-tune without prior rises on seeds 1 and 3 but falls on seed 2 (0.099), and with prior only seed 1
+    // rises (0.218; 0.077 and 0.104 on seeds 2 and 3), with pixel drift 0.065 / 0.091 / 0.099 against 0.085 /
+    // 0.087 / 0.062 without: at this model's size the effects are seed-dependent, so this test is a regression
+    // check of the pipeline and measures on this fixture and seed, not a general claim.
     // Drift, fine-tuned vs base "a star" samples of the same seeds. Prior preservation lowers it in pixels
     // (measured 0.085 without, 0.062-0.067 with at prior weights 1 and 4); the VAE-latent drift does NOT show it on
     // this undertrained model (0.136 without, 0.137-0.225 with: it rises with the prior weight), so the test
