@@ -57,7 +57,7 @@ describe('DreamBooth quality on the tiny pretrained model', () => {
     assert.ok(other < 0.99, `a blue and white star in the subject's place scored ${other}`);
   });
 
-  it('subject fidelity after fine-tuning rises well above the base model; prior preservation reduces drift', async () => {
+  it('regression check on run seed 1 (not a general result on this model): full fine-tuning raises subject fidelity above the base model, prior preservation lowers pixel drift', async () => {
     const without = await qualityRun(gpu, MODEL, vae, FULL);
     const withPrior = await qualityRun(gpu, MODEL, vae, { ...FULL, prior: true });
     console.log(JSON.stringify({ without, withPrior }));
