@@ -23,7 +23,7 @@ import { clipConfigFromJson, clipTextForward, type ClipTextConfig } from '../nn/
 import { Tape } from '../nn/ops.ts';
 import { unetConfigFromJson, unetForward, type UnetConfig } from '../nn/unet.ts';
 import { vaeConfigFromJson, vaeDecode, vaeEncode, type VaeConfig } from '../nn/vae.ts';
-import { diffusersModelFiles, initWeights } from '../models/demo.ts';
+import { DEMO_CONFIGS, diffusersModelFiles, initWeights } from '../models/demo.ts';
 import { clipParams, unetParams, vaeParams } from '../models/shapes.ts';
 import { alphasCumprod, scheduleFromJson, type ScheduleConfig } from '../sample/schedulers.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
@@ -68,14 +68,8 @@ export const PRETRAIN_CONFIGS = {
     hidden_act: 'quick_gelu',
     layer_norm_eps: 1e-5,
   },
-  scheduler: {
-    _class_name: 'DDIMScheduler',
-    prediction_type: 'epsilon',
-    beta_schedule: 'scaled_linear',
-    beta_start: 0.00085,
-    beta_end: 0.012,
-    num_train_timesteps: 1000,
-  },
+  // SD's own schedule (DDIM, scaled-linear betas 0.00085-0.012 over 1000 steps), as the demo model has it.
+  scheduler: DEMO_CONFIGS.scheduler,
 };
 export type PretrainConfigs = typeof PRETRAIN_CONFIGS;
 
