@@ -11,6 +11,14 @@
 //   dgamma[c] = sum over all (n, spatial) of dy*xhat;  dbeta[c] = sum of dy.
 // Specialised by T (storage of x, y, dy, dx, gamma, beta) and WG. Parameter gradients are f32.
 
+// Lanes per segment. A workgroup of WG invocations works on WG / LANES segments (or, in the param-grad
+// kernel, channels) at once, LANES invocations each; LANES = p.lanes is a power of two from 1 to WG, picked
+// per call from the segment length by src/ops/norm.ts (normLanes). Software adapters (lavapipe, SwiftShader)
+// pay dearly for every workgroup barrier and idle lane, so short segments get few lanes: with LANES = 1 an
+// invocation owns a whole segment and no barrier runs at all. LANES = WG is the classic one workgroup per
+// segment; the sums then add up in the same order as before lanes existed (bit-identical results).
+// Invocation lid of workgroup w works on slot w * (WG / LANES) + lid / LANES as lane lid % LANES.
+
 // Uniforms and bindings are declared per entry point in src/ops/norm.ts (src/gpu/kernel.ts generates them):
 //   seg_len     L
 //   cpg         channels per group
@@ -18,6 +26,7 @@
 //   groups      segments per sample
 //   seg_offset  index of this dispatch's first segment (tensors bigger than one binding)
 //   n_segs      segments in this dispatch (param-grad kernel: segments to walk)
+//   lanes       LANES above
 //   eps         forward only
 //   accumulate  param-grad kernel: add into dgamma/dbeta instead of overwriting
 // mean and rstd are written (f32) by the forward and read by both backward kernels.
@@ -25,21 +34,29 @@
 var<workgroup> red_a: array<f32, WG>;
 var<workgroup> red_b: array<f32, WG>;
 
-// Tree sum of red_a (and red_b) across the workgroup; every invocation gets the totals.
+// Tree sums of a and b over the LANES lanes of each slot; every lane of the slot gets its slot's totals.
+// p.lanes is uniform, so the barriers stay in uniform control flow; with one lane there is nothing to add.
 fn reduce2(lid: u32, a: f32, b: f32) -> vec2<f32> {
+  if (p.lanes == 1u) { return vec2<f32>(a, b); }
+  let lane = lid % p.lanes;
   red_a[lid] = a;
   red_b[lid] = b;
   workgroupBarrier();
-  for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-    if (lid < stride) {
+  for (var stride = p.lanes / 2u; stride > 0u; stride = stride / 2u) {
+    if (lane < stride) {
       red_a[lid] += red_a[lid + stride];
       red_b[lid] += red_b[lid + stride];
     }
     workgroupBarrier();
   }
-  let r = vec2<f32>(red_a[0], red_b[0]);
+  let r = vec2<f32>(red_a[lid - lane], red_b[lid - lane]);
   workgroupBarrier();
   return r;
+}
+
+// The slot (segment of the dispatch, or channel) this invocation works on.
+fn slot_of(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+  return (wid.x + wid.y * nwg.x) * (WG / p.lanes) + lid / p.lanes;
 }
 
 fn channel_of(seg: u32, j: u32) -> u32 {
@@ -47,27 +64,29 @@ fn channel_of(seg: u32, j: u32) -> u32 {
 }
 
 //#entry norm_fwd
-// One workgroup per segment (workgroup id.x + id.y * 65535 counts segments within the dispatch).
+// Invocations past the last segment stay for the barriers with an empty loop (len 0) and write nothing.
 @compute @workgroup_size(WG)
 fn norm_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let local_seg = wid.x + wid.y * nwg.x;
-  if (local_seg >= p.n_segs) { return; }
+  let local_seg = slot_of(wid, nwg, lid);
+  let in_range = local_seg < p.n_segs;
+  let len = select(0u, p.seg_len, in_range);
+  let lane = lid % p.lanes;
   let seg = p.seg_offset + local_seg;
   let base = local_seg * p.seg_len;
   var s = 0.0;
-  for (var j = lid; j < p.seg_len; j += WG) { s += f32(x[base + j]); }
+  for (var j = lane; j < len; j += p.lanes) { s += f32(x[base + j]); }
   let mu = reduce2(lid, s, 0.0).x / f32(p.seg_len);
   var ss = 0.0;
-  for (var j = lid; j < p.seg_len; j += WG) {
+  for (var j = lane; j < len; j += p.lanes) {
     let d = f32(x[base + j]) - mu;
     ss += d * d;
   }
   let r = inverseSqrt(reduce2(lid, ss, 0.0).x / f32(p.seg_len) + p.eps);
-  for (var j = lid; j < p.seg_len; j += WG) {
+  for (var j = lane; j < len; j += p.lanes) {
     let c = channel_of(seg, j);
     y[base + j] = T((f32(x[base + j]) - mu) * r * f32(gamma[c]) + f32(beta[c]));
   }
-  if (lid == 0u) {
+  if (in_range && lane == 0u) {
     mean[seg] = mu;
     rstd[seg] = r;
   }
@@ -76,21 +95,23 @@ fn norm_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
 //#entry norm_bwd_input
 @compute @workgroup_size(WG)
 fn norm_bwd_input(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let local_seg = wid.x + wid.y * nwg.x;
-  if (local_seg >= p.n_segs) { return; }
-  let seg = p.seg_offset + local_seg;
+  let local_seg = slot_of(wid, nwg, lid);
+  let in_range = local_seg < p.n_segs;
+  let len = select(0u, p.seg_len, in_range);
+  let lane = lid % p.lanes;
+  let seg = p.seg_offset + select(0u, local_seg, in_range); // inactive lanes read a valid mean/rstd they do not use
   let base = local_seg * p.seg_len;
   let mu = mean[seg];
   let r = rstd[seg];
   var sg = 0.0;
   var sgx = 0.0;
-  for (var j = lid; j < p.seg_len; j += WG) {
+  for (var j = lane; j < len; j += p.lanes) {
     let g = f32(dy[base + j]) * f32(gamma[channel_of(seg, j)]);
     sg += g;
     sgx += g * (f32(x[base + j]) - mu) * r;
   }
   let sums = reduce2(lid, sg, sgx) / f32(p.seg_len);
-  for (var j = lid; j < p.seg_len; j += WG) {
+  for (var j = lane; j < len; j += p.lanes) {
     let g = f32(dy[base + j]) * f32(gamma[channel_of(seg, j)]);
     let xhat = (f32(x[base + j]) - mu) * r;
     dx[base + j] = T(r * (g - sums.x - xhat * sums.y));
@@ -98,21 +119,21 @@ fn norm_bwd_input(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
 }
 
 //#entry norm_bwd_params
-// One workgroup per affine channel c: walks every segment of this dispatch that holds channel c.
+// Slot = affine channel c: its lanes walk every element of channel c in the segments of this dispatch.
 @compute @workgroup_size(WG)
 fn norm_bwd_params(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let c = wid.x + wid.y * nwg.x;
+  let c = slot_of(wid, nwg, lid);
   let n_channels = p.groups * p.cpg;
-  if (c >= n_channels) { return; }
+  let lane = lid % p.lanes;
   let g = c / p.cpg;
   let within = (c % p.cpg) * p.inner;       // offset of channel c inside its segment
   // Segments of this dispatch that belong to group g: local segment indices ls with (seg_offset+ls) % groups == g.
   let first = (g + p.groups - (p.seg_offset % p.groups)) % p.groups;
   let n_mine = select(0u, (p.n_segs - first + p.groups - 1u) / p.groups, first < p.n_segs);
-  let items = n_mine * p.inner;
+  let items = select(0u, n_mine * p.inner, c < n_channels);
   var sdg = 0.0;
   var sdb = 0.0;
-  for (var i = lid; i < items; i += WG) {
+  for (var i = lane; i < items; i += p.lanes) {
     let ls = first + (i / p.inner) * p.groups;
     let k = i % p.inner;
     let seg = p.seg_offset + ls;
@@ -122,7 +143,7 @@ fn norm_bwd_params(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     sdb += d;
   }
   let sums = reduce2(lid, sdg, sdb);
-  if (lid == 0u) {
+  if (c < n_channels && lane == 0u) {
     if (p.accumulate != 0u) {
       dgamma[c] += sums.x;
       dbeta[c] += sums.y;

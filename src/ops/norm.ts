@@ -7,6 +7,37 @@ import { BYTES, expectSameDType, Tensor } from '../gpu/tensor.ts';
 
 const WG = 256;
 
+/**
+ * Lanes per segment (shaders/norm.wgsl LANES): a power of two from 1 to WG, a uniform, so every choice runs the
+ * same pipeline. Workgroup barriers and idle lanes cost software adapters far more than the arithmetic of a
+ * short segment, so a segment gets about one lane per LANE_ELEMS elements (rounded up to a power of two).
+ * Long segments (SD 1.5's GroupNorms) keep one workgroup of WG lanes each: their sums are bit-identical to the
+ * one-workgroup-per-segment kernel.
+ */
+const LANE_ELEMS = 1024;
+
+/** Lanes for a walk of `n` elements per slot (segment length, or a channel's element count). */
+export function normLanes(n: number): number {
+  if (lanesOverride !== null) return lanesOverride;
+  let lanes = 1;
+  while (lanes < WG && lanes * LANE_ELEMS < n) lanes *= 2;
+  return lanes;
+}
+
+let lanesOverride: number | null = null;
+
+/** Tests and benchmarks: run every norm kernel with this many lanes per slot (null: normLanes's choice). */
+export function setNormLanes(lanes: number | null): void {
+  if (lanes !== null && !(Number.isInteger(lanes) && lanes >= 1 && lanes <= WG && (lanes & (lanes - 1)) === 0))
+    throw new Error(`setNormLanes: lanes must be a power of two from 1 to ${WG}, got ${lanes}`);
+  lanesOverride = lanes;
+}
+
+/** Workgroups for `slots` segments or channels at `lanes` lanes each. */
+function slotGrid(gpu: Gpu, slots: number, lanes: number): [number, number] {
+  return gpu.grid(Math.ceil(slots / (WG / lanes)));
+}
+
 /** How a norm sees its input: segments of cpg*inner contiguous elements, `groups` per sample. */
 interface Layout {
   segs: number;
@@ -60,6 +91,7 @@ const SEGMENTS = [
   { name: 'groups', type: 'u32' },
   { name: 'seg_offset', type: 'u32' },
   { name: 'n_segs', type: 'u32' },
+  { name: 'lanes', type: 'u32' },
 ] as const;
 
 const NORM_FWD = kernel({
@@ -105,8 +137,8 @@ const NORM_BWD_PARAMS = kernel({
 });
 
 /** The segment-layout uniforms every norm kernel takes. */
-function segments(l: Layout, segOffset: number, nSegs: number) {
-  return { seg_len: l.cpg * l.inner, cpg: l.cpg, inner: l.inner, groups: l.groups, seg_offset: segOffset, n_segs: nSegs };
+function segments(l: Layout, segOffset: number, nSegs: number, lanes: number) {
+  return { seg_len: l.cpg * l.inner, cpg: l.cpg, inner: l.inner, groups: l.groups, seg_offset: segOffset, n_segs: nSegs, lanes };
 }
 
 function normForward(gpu: Gpu, op: string, x: Tensor, gamma: Tensor, beta: Tensor, eps: number, l: Layout): { y: Tensor } & NormSaved {
@@ -117,11 +149,12 @@ function normForward(gpu: Gpu, op: string, x: Tensor, gamma: Tensor, beta: Tenso
   const segBytes = l.cpg * l.inner * BYTES[x.dtype];
   for (const { start, count } of gpu.chunks(l.segs, segBytes)) {
     const xw = gpu.subWindow(x, start, count, segBytes);
+    const lanes = normLanes(l.cpg * l.inner);
     gpu.run(NORM_FWD, {
       defs: { T: x.dtype, WG },
-      uniforms: { ...segments(l, start, count), eps },
+      uniforms: { ...segments(l, start, count, lanes), eps },
       bindings: { x: xw, gamma, beta, y: gpu.subWindow(y, start, count, segBytes), mean, rstd },
-      workgroups: gpu.grid(count),
+      workgroups: slotGrid(gpu, count, lanes),
     });
   }
   return { y, mean, rstd };
@@ -146,17 +179,20 @@ function normBackward(
   const segBytes = l.cpg * l.inner * BYTES[x.dtype];
   gpu.chunks(l.segs, segBytes).forEach(({ start, count }, i) => {
     const win = (t: Tensor) => gpu.subWindow(t, start, count, segBytes);
+    const lanes = normLanes(l.cpg * l.inner);
     gpu.run(NORM_BWD_INPUT, {
       defs: { T: x.dtype, WG },
-      uniforms: segments(l, start, count),
+      uniforms: segments(l, start, count, lanes),
       bindings: { x: win(x), gamma, dy: win(dy), dx: win(dx), mean: saved.mean, rstd: saved.rstd },
-      workgroups: gpu.grid(count),
+      workgroups: slotGrid(gpu, count, lanes),
     });
+    // A channel's elements in this dispatch: inner per segment of its group.
+    const paramLanes = normLanes(Math.ceil(count / l.groups) * l.inner);
     gpu.run(NORM_BWD_PARAMS, {
       defs: { T: x.dtype, WG },
-      uniforms: { ...segments(l, start, count), accumulate: accumulate || i > 0 ? 1 : 0 },
+      uniforms: { ...segments(l, start, count, paramLanes), accumulate: accumulate || i > 0 ? 1 : 0 },
       bindings: { x: win(x), dy: win(dy), dgamma, dbeta, mean: saved.mean, rstd: saved.rstd },
-      workgroups: gpu.grid(l.channels),
+      workgroups: slotGrid(gpu, l.channels, paramLanes),
     });
   });
   return { dx, dgamma, dbeta };
