@@ -9,18 +9,21 @@ const WG = 256;
 
 /**
  * Lanes per segment (shaders/norm.wgsl LANES): a power of two from 1 to WG, a uniform, so every choice runs the
- * same pipeline. Workgroup barriers and idle lanes cost software adapters far more than the arithmetic of a
- * short segment, so a segment gets about one lane per LANE_ELEMS elements (rounded up to a power of two).
- * Long segments (SD 1.5's GroupNorms) keep one workgroup of WG lanes each: their sums are bit-identical to the
- * one-workgroup-per-segment kernel.
+ * same pipeline. On software adapters (gpu.cpuAdapter: lavapipe, SwiftShader) workgroup barriers and idle lanes
+ * cost far more than the arithmetic of a short segment, so a segment gets one lane per CPU_LANE_ELEMS elements
+ * (rounded up to a power of two; bench/norm.ts measured 1 lane best up to ~1000 elements). On GPUs (not measured
+ * here) a segment gets one lane per element up to WG: the lanes the old one-workgroup-per-segment kernel left
+ * idle only added zeros in its tree, so its results are bit-identical to that kernel's for every length.
+ * Segments of more than 256 * 1024 elements get WG lanes on both: again the old kernel's sums, bit for bit.
  */
-const LANE_ELEMS = 1024;
+const CPU_LANE_ELEMS = 1024;
 
 /** Lanes for a walk of `n` elements per slot (segment length, or a channel's element count). */
-export function normLanes(n: number): number {
+export function normLanes(n: number, cpuAdapter: boolean): number {
   if (lanesOverride !== null) return lanesOverride;
+  const perLane = cpuAdapter ? CPU_LANE_ELEMS : 1;
   let lanes = 1;
-  while (lanes < WG && lanes * LANE_ELEMS < n) lanes *= 2;
+  while (lanes < WG && lanes * perLane < n) lanes *= 2;
   return lanes;
 }
 
@@ -149,7 +152,7 @@ function normForward(gpu: Gpu, op: string, x: Tensor, gamma: Tensor, beta: Tenso
   const segBytes = l.cpg * l.inner * BYTES[x.dtype];
   for (const { start, count } of gpu.chunks(l.segs, segBytes)) {
     const xw = gpu.subWindow(x, start, count, segBytes);
-    const lanes = normLanes(l.cpg * l.inner);
+    const lanes = normLanes(l.cpg * l.inner, gpu.cpuAdapter);
     gpu.run(NORM_FWD, {
       defs: { T: x.dtype, WG },
       uniforms: { ...segments(l, start, count, lanes), eps },
@@ -179,7 +182,7 @@ function normBackward(
   const segBytes = l.cpg * l.inner * BYTES[x.dtype];
   gpu.chunks(l.segs, segBytes).forEach(({ start, count }, i) => {
     const win = (t: Tensor) => gpu.subWindow(t, start, count, segBytes);
-    const lanes = normLanes(l.cpg * l.inner);
+    const lanes = normLanes(l.cpg * l.inner, gpu.cpuAdapter);
     gpu.run(NORM_BWD_INPUT, {
       defs: { T: x.dtype, WG },
       uniforms: segments(l, start, count, lanes),
@@ -187,7 +190,7 @@ function normBackward(
       workgroups: slotGrid(gpu, count, lanes),
     });
     // A channel's elements in this dispatch: inner per segment of its group.
-    const paramLanes = normLanes(Math.ceil(count / l.groups) * l.inner);
+    const paramLanes = normLanes(Math.ceil(count / l.groups) * l.inner, gpu.cpuAdapter);
     gpu.run(NORM_BWD_PARAMS, {
       defs: { T: x.dtype, WG },
       uniforms: { ...segments(l, start, count, paramLanes), accumulate: accumulate || i > 0 ? 1 : 0 },

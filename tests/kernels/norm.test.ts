@@ -78,14 +78,19 @@ describe('GroupNorm larger than one storage binding (bindingLimit 2 KiB: one sam
 });
 
 describe('norm lanes per segment (one pipeline; lanes is a uniform)', () => {
-  it('normLanes: one lane up to 1024 elements, then one lane per 1024 (power of two), at most 256', () => {
+  it('normLanes: CPU adapters one lane up to 1024 elements, then one per 1024; GPUs one per element; at most 256', () => {
+    const sizes = [1, 3, 64, 65, 256, 1024, 1025, 2560, 40960, 1 << 20];
     assert.deepEqual(
-      [1, 64, 1024, 1025, 2560, 40960, 1 << 20].map((n) => normLanes(n)),
-      [1, 1, 1, 2, 4, 64, 256],
+      sizes.map((n) => normLanes(n, true)),
+      [1, 1, 1, 1, 1, 1, 2, 4, 64, 256],
+    );
+    assert.deepEqual(
+      sizes.map((n) => normLanes(n, false)),
+      [1, 4, 64, 128, 256, 256, 256, 256, 256, 256],
     );
     assert.throws(() => setNormLanes(3), /setNormLanes: lanes must be a power of two from 1 to 256, got 3/);
     assert.throws(() => setNormLanes(512), /got 512/);
-    assert.equal(normLanes(64), 1, 'a refused setNormLanes changes nothing');
+    assert.equal(normLanes(64, true), 1, 'a refused setNormLanes changes nothing');
   });
 
   // Ragged shapes: segment lengths 1, 3, 65 and 130 (not multiples of any lane count), segment and channel
