@@ -59,8 +59,28 @@ fn slot_of(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
   return (wid.x + wid.y * nwg.x) * (WG / p.lanes) + lid / p.lanes;
 }
 
-fn channel_of(seg: u32, j: u32) -> u32 {
-  return (seg % p.groups) * p.cpg + j / p.inner;
+// Splits elements i = lane, lane + lanes, lane + 2 lanes, ... of a walk into q = i / inner (plus `first`) and
+// k = i % inner without dividing per element (integer division has no SIMD instruction on CPUs; the divisor is
+// a uniform): in a segment q is the affine channel (first = its group's first channel), in the param-grad walk
+// the count of the channel's segments passed.
+struct ChannelWalk {
+  q: u32,
+  k: u32,
+  dq: u32,
+  dk: u32,
+}
+
+fn walk_start(first: u32, lane: u32) -> ChannelWalk {
+  return ChannelWalk(first + lane / p.inner, lane % p.inner, p.lanes / p.inner, p.lanes % p.inner);
+}
+
+fn walk_next(w: ptr<function, ChannelWalk>) {
+  (*w).q += (*w).dq;
+  (*w).k += (*w).dk;
+  if ((*w).k >= p.inner) {
+    (*w).k -= p.inner;
+    (*w).q += 1u;
+  }
 }
 
 //#entry norm_fwd
@@ -82,9 +102,10 @@ fn norm_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     ss += d * d;
   }
   let r = inverseSqrt(reduce2(lid, ss, 0.0).x / f32(p.seg_len) + p.eps);
+  var w = walk_start((seg % p.groups) * p.cpg, lane);
   for (var j = lane; j < len; j += p.lanes) {
-    let c = channel_of(seg, j);
-    y[base + j] = T((f32(x[base + j]) - mu) * r * f32(gamma[c]) + f32(beta[c]));
+    y[base + j] = T((f32(x[base + j]) - mu) * r * f32(gamma[w.q]) + f32(beta[w.q]));
+    walk_next(&w);
   }
   if (in_range && lane == 0u) {
     mean[seg] = mu;
@@ -105,14 +126,18 @@ fn norm_bwd_input(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
   let r = rstd[seg];
   var sg = 0.0;
   var sgx = 0.0;
+  var w = walk_start((seg % p.groups) * p.cpg, lane);
   for (var j = lane; j < len; j += p.lanes) {
-    let g = f32(dy[base + j]) * f32(gamma[channel_of(seg, j)]);
+    let g = f32(dy[base + j]) * f32(gamma[w.q]);
+    walk_next(&w);
     sg += g;
     sgx += g * (f32(x[base + j]) - mu) * r;
   }
   let sums = reduce2(lid, sg, sgx) / f32(p.seg_len);
+  w = walk_start((seg % p.groups) * p.cpg, lane);
   for (var j = lane; j < len; j += p.lanes) {
-    let g = f32(dy[base + j]) * f32(gamma[channel_of(seg, j)]);
+    let g = f32(dy[base + j]) * f32(gamma[w.q]);
+    walk_next(&w);
     let xhat = (f32(x[base + j]) - mu) * r;
     dx[base + j] = T(r * (g - sums.x - xhat * sums.y));
   }
@@ -133,11 +158,12 @@ fn norm_bwd_params(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
   let items = select(0u, n_mine * p.inner, c < n_channels);
   var sdg = 0.0;
   var sdb = 0.0;
+  var w = walk_start(0u, lane);
   for (var i = lane; i < items; i += p.lanes) {
-    let ls = first + (i / p.inner) * p.groups;
-    let k = i % p.inner;
+    let ls = first + w.q * p.groups;
     let seg = p.seg_offset + ls;
-    let idx = ls * p.seg_len + within + k;
+    let idx = ls * p.seg_len + within + w.k;
+    walk_next(&w);
     let d = f32(dy[idx]);
     sdg += d * (f32(x[idx]) - mean[seg]) * rstd[seg];
     sdb += d;
