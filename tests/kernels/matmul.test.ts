@@ -2,7 +2,22 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { ShapeError } from '../../src/gpu/errors.ts';
 import { roundToF16 } from '../../src/util/half.ts';
-import { linear, linearBackward, matmul, matmulBackward, matmulBackwardRef, matmulRef } from '../../src/ops/matmul.ts';
+import {
+  linear,
+  linearBackward,
+  matmul,
+  matmulBackward,
+  matmulBackwardRef,
+  matmulRef,
+  pickTile,
+  TILE_128,
+  TILE_32,
+  TILE_64,
+  TILE_COLS_16,
+  TILE_COLS_4,
+  TILE_ROWS_16,
+  TILE_ROWS_4,
+} from '../../src/ops/matmul.ts';
 import { compare, describeCheck, randomValues } from '../../src/selftest/check.ts';
 import { matmulTol } from '../../src/selftest/cases/matmul.ts';
 import { assertChecks, defineCaseTests, testGpu } from '../helpers.ts';
@@ -116,5 +131,26 @@ describe('matmul larger than one storage binding (bindingLimit 4096 bytes)', () 
     } finally {
       tiny.destroy();
     }
+  });
+});
+
+describe('pickTile', () => {
+  // Shapes from the demo model's UNet step (conv GEMMs per sample: Co x pixels, batch 8) and SD 1.5's linears.
+  it('small GEMMs get the 32x32 tile instead of a padded 128x128 one', () => {
+    assert.equal(pickTile(32, 64, 8, 8), TILE_32); // 3x3 conv 32 ch at 8x8: TILE_128 would pad 8x
+    assert.equal(pickTile(32, 288, 1, 8), TILE_32); // its weight gradient [Co, Ci*9]
+    assert.equal(pickTile(64, 64, 1, 8), TILE_32); // one 64x64 tile would leave the CPU's other threads idle
+  });
+  it('bigger tiles once their padding is small and they fill the device', () => {
+    assert.equal(pickTile(616, 64, 1, 8), TILE_64); // 77 tokens x 8 prompts; 10 workgroups fill a CPU adapter
+    assert.equal(pickTile(616, 64, 1, 64), TILE_32); // but not a GPU
+    assert.equal(pickTile(4096, 320, 1, 64), TILE_128); // 384 of 320 columns padded (1.2x), 96 workgroups
+    assert.equal(pickTile(4096, 320, 1, 8), TILE_128);
+  });
+  it('skinny tiles where one side is at most 16', () => {
+    assert.equal(pickTile(2, 320, 1, 8), TILE_ROWS_4);
+    assert.equal(pickTile(8, 128, 1, 8), TILE_ROWS_16);
+    assert.equal(pickTile(64, 1, 8, 8), TILE_COLS_4);
+    assert.equal(pickTile(64, 16, 8, 8), TILE_COLS_16);
   });
 });

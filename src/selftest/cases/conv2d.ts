@@ -4,7 +4,7 @@
 import { roundToF16 } from '../../util/half.ts';
 import type { DType } from '../../gpu/tensor.ts';
 import { conv2d, conv2dBackward, conv2dBackwardRef, conv2dRef, type Conv2dOptions } from '../../ops/conv2d.ts';
-import { TILE_128, TILE_64, TILE_COLS_16, TILE_COLS_4, TILE_ROWS_16, TILE_ROWS_4, type Tile } from '../../ops/matmul.ts';
+import { TILE_128, TILE_32, TILE_64, TILE_COLS_16, TILE_COLS_4, TILE_ROWS_16, TILE_ROWS_4, type Tile } from '../../ops/matmul.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 import { finiteDiff, sampleIndices, shapeCheck } from './matmul.ts';
 
@@ -111,6 +111,7 @@ export const cases: KernelCase[] = [
   ...GOLDEN.map(goldenCase),
   tileCase(TILE_64, '64x64'),
   tileCase(TILE_128, '128x128'),
+  tileCase(TILE_32, '32x32'),
   tileCase(TILE_ROWS_4, '4-row'),
   tileCase(TILE_ROWS_16, '16-row'),
   tileCase(TILE_COLS_4, '4-column'),

@@ -1,5 +1,5 @@
 // Matmul family cases: every transpose combination, batched and broadcast operands, bias, sizes that
-// are not tile multiples, nn.Linear, every tile config (64x64, 128x128 and the skinny 4/16-row and 4/16-column ones), accumulation, and finite-difference gradients.
+// are not tile multiples, nn.Linear, every tile config (32x32, 64x64, 128x128 and the skinny 4/16-row and 4/16-column ones), accumulation, and finite-difference gradients.
 // Each forward and gradient is compared with PyTorch (golden) and with the plain-TS reference.
 import type { Gpu } from '../../gpu/device.ts';
 import type { DType, Tensor } from '../../gpu/tensor.ts';
@@ -14,6 +14,7 @@ import {
   matmulBackwardRef,
   matmulRef,
   TILE_128,
+  TILE_32,
   TILE_64,
   TILE_COLS_16,
   TILE_COLS_4,
@@ -116,10 +117,10 @@ function rand(n: number, seed: number): Float32Array {
 function tileCase(tile: Tile, label: string): KernelCase {
   return {
     family: 'matmul',
-    name: `${label} tile, every transpose, [2,130,36]·[36,135] (ts ref)`,
+    name: `${label} tile, every transpose, [2,130,37]·[37,135] (ts ref)`,
     async run({ gpu, dtype }) {
       const checks: Check[] = [];
-      const [B, M, K, N] = [2, 130, 36, 135];
+      const [B, M, K, N] = [2, 130, 37, 135];
       for (const transA of [false, true])
         for (const transB of [false, true]) {
           const aShape = transA ? [B, K, M] : [B, M, K];
@@ -218,6 +219,7 @@ export const cases: KernelCase[] = [
   },
   tileCase(TILE_64, '64x64'),
   tileCase(TILE_128, '128x128'),
+  tileCase(TILE_32, '32x32'),
   tileCase(TILE_ROWS_4, '4-row'),
   tileCase(TILE_ROWS_16, '16-row'),
   tileCase(TILE_COLS_4, '4-column'),
