@@ -1,7 +1,7 @@
 // `cli pretrain`: trains the demo model from scratch (src/train/pretrain.ts) on the procedural captioned
 // scenes (src/train/synthetic.ts), with checkpoints and resume, and writes it as a diffusers folder.
 //   pretrain --out <dir> [--size small|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px]
-//            [--data-size N] [--data-seed N] [--exclude star,...] [--seed N] [--lr x] [--vae-lr x]
+//            [--data-size N] [--data-seed N] [--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px]
 //            [--ema-decay x] [--checkpoint-every N] [--bpe <bpe_simple_vocab_16e6.txt.gz>] [--overwrite]
 //   pretrain --resume <dir> [--steps N]
 // The run folder holds pretrain.json (size and settings, validated on resume), tokenizer/ (vocab.json and
@@ -22,7 +22,7 @@ import { numberFlag, parseFlags, stringFlag, UsageError, type Flags, type Parsed
 
 const USAGE =
   'usage: pretrain --out <dir> [--size small|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px] [--data-size N] [--data-seed N] ' +
-  '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--ema-decay x] [--checkpoint-every N] [--bpe <file.txt.gz>] [--overwrite] | pretrain --resume <dir> [--steps N]';
+  '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px] [--ema-decay x] [--checkpoint-every N] [--bpe <file.txt.gz>] [--overwrite] | pretrain --resume <dir> [--steps N]';
 
 /** Number flags and the setting each sets. */
 const NUMBER_FLAGS: [string, keyof PretrainSettings, { integer?: boolean; min?: number }][] = [
@@ -35,6 +35,7 @@ const NUMBER_FLAGS: [string, keyof PretrainSettings, { integer?: boolean; min?: 
   ['seed', 'seed', { integer: true, min: 0 }],
   ['lr', 'lr', {}],
   ['vae-lr', 'vaeLr', {}],
+  ['vae-crop', 'vaeCrop', { integer: true, min: 0 }],
   ['ema-decay', 'emaDecay', {}],
   ['checkpoint-every', 'checkpointEvery', { integer: true, min: 0 }],
 ];
@@ -98,6 +99,8 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
     for (const f of Object.keys(values))
       if (!['resume', 'steps'].includes(f)) throw new UsageError(`--${f} cannot change on --resume (the run keeps its own settings); only --steps can`);
     run = JSON.parse(readFileSync(runPath, 'utf8')) as RunFile;
+    // A setting added after the run began takes its default, which keeps the run's behaviour.
+    run.settings = { ...PRETRAIN_DEFAULTS, ...run.settings };
     run.settings.steps = numberFlag(values, 'steps', run.settings.steps, { integer: true, min: run.settings.steps });
   } else {
     const size = (stringFlag(values, 'size') ?? 'small') as RunFile['size'];
