@@ -152,17 +152,20 @@ fn conv_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
 //#entry bias_grad
 // ---- bias gradient: db[co] = Σ_{n, pixel} dy[n, co, pixel] -----------------------------------------
 // One workgroup per channel; p.samples in this window, p.pixels per sample, p.Co channels; dy at p.off_dy.
+// The lanes stride over the flattened (sample, pixel) index, so a layer with few pixels (4x4 down to 1x1 in a
+// small UNet's deep blocks) still keeps every lane busy; 64 lanes, as most channels sum a few thousand values.
 
-const SUM_WG = 256u;
+const SUM_WG = 64u;
 var<workgroup> partial_sums: array<f32, SUM_WG>;
 
 @compute @workgroup_size(SUM_WG)
 fn bias_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
   let co = wg.x;
   var s = 0.0;
-  for (var n = 0u; n < p.samples; n++) {
-    let base = p.off_dy + (n * p.Co + co) * p.pixels;
-    for (var i = tid; i < p.pixels; i += SUM_WG) { s += f32(dy[base + i]); }
+  let total = p.samples * p.pixels;
+  for (var i = tid; i < total; i += SUM_WG) {
+    let n = i / p.pixels;
+    s += f32(dy[p.off_dy + (n * p.Co + co) * p.pixels + (i - n * p.pixels)]);
   }
   partial_sums[tid] = s;
   workgroupBarrier();
