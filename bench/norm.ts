@@ -1,6 +1,8 @@
 // npm run bench:norm — GPU milliseconds of the GroupNorm/LayerNorm kernels (forward, backward dx, backward
 // parameter gradients) on the shapes of the pretraining model's step (batch 8) and a few SD 1.5 shapes (batch 1),
 // from GPU timestamps (gpu.startProfile), median of --reps runs (default 10, after one warm-up run).
+// SwiftShader instead of lavapipe (f32 only, it lacks shader-f16):
+//   bash scripts/gpu-env.sh env VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json npx tsx bench/norm.ts --dtypes f32
 // Flags: --reps N, --dtypes f32,f16 (default: f32, plus f16 where the adapter has it), --only name,name (substrings),
 // --lanes 1,8,256 (time each forced lanes-per-segment choice instead of normLanes's; for tuning it).
 import { nodeGpu } from '../src/gpu/node.ts';
