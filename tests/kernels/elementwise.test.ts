@@ -7,10 +7,12 @@ import {
   activation,
   activationBackward,
   activationRef,
+  add,
   addChannel,
   addChannelBackward,
   addChannelBackwardRef,
   addChannelRef,
+  addRef,
   cast,
   concatChannels,
   geglu,
@@ -23,6 +25,7 @@ import {
   pad2dBackward,
   pad2dRef,
   repeat,
+  scale,
   splitChannels,
   timestepEmbedding,
   timestepEmbeddingRef,
@@ -60,6 +63,33 @@ describe('element-wise bad input', () => {
     assert.throws(() => transpose2d(gpu, z([5])), shapeError('transpose2d', '[5]'));
     assert.throws(() => timestepEmbedding(gpu, z([3], 'f16'), 8, 'f32'), shapeError('timestepEmbedding', 'timesteps must be f32', 'f16 [3]'));
   });
+});
+
+describe('vec4 kernels (ranges of a multiple of 4 elements) against the scalar ones', () => {
+  for (const dtype of ['f32', 'f16'] as const)
+    it(`add, scale, SiLU and its backward give the same bits on 4k and 4k+3 elements [${dtype}]`, async () => {
+      const gpu = await testGpu();
+      // 4k elements run the vec4 entries, 4k+3 the scalar ones; the first 4k inputs are shared, so every
+      // output element of the vec4 run must equal the scalar run's bit for bit (the same f32 math per element).
+      const n = 1028;
+      const xa = roundToF16(randomValues(n + 3, 21, 4));
+      const xb = roundToF16(randomValues(n + 3, 22, 4));
+      const ops = (len: number) => {
+        const a = gpu.upload(xa.subarray(0, len), [len], dtype);
+        const b = gpu.upload(xb.subarray(0, len), [len], dtype);
+        return [add(gpu, a, b, -0.75), scale(gpu, a, 1 / 3), activation(gpu, 'silu', a), activationBackward(gpu, 'silu', a, b)];
+      };
+      const [vec, scalar] = [ops(n), ops(n + 3)];
+      for (const [i, name] of ['add', 'scale', 'silu', 'siluBackward'].entries()) {
+        const [v, s] = [await gpu.read(vec[i]), await gpu.read(scalar[i])];
+        assert.equal(v.length, n);
+        const differ = v.findIndex((value, j) => !Object.is(value, s[j]));
+        assert.equal(differ, -1, `${name}: element ${differ} is ${v[differ]} (vec4) vs ${s[differ]} (scalar)`);
+      }
+      // And the vec4 results are right, not just equal: add against its reference (one rounding to the storage type).
+      const tol = dtype === 'f32' ? { atol: 1e-6, rtol: 1e-6 } : { atol: 4e-3, rtol: 1e-3 };
+      assertChecks([compare('add (vec4)', await gpu.read(vec[0]), addRef(xa.subarray(0, n), xb.subarray(0, n), -0.75), tol)]);
+    });
 });
 
 describe('element-wise ops over tensors larger than one storage binding (bindingLimit 1 KiB)', () => {
