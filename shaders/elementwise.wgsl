@@ -118,20 +118,25 @@ fn repeat(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
 var<workgroup> red: array<f32, WG>;
 
 // Backward of add_channel for the channel operand: out[plane] = sum over the plane of dy (`inner` elements
-// each). n = planes, one workgroup per plane.
+// each). n = planes. Each plane gets `lanes` = 2^shift lanes (the host picks ~16 elements per lane, at most
+// 64 lanes), so a workgroup sums WG / lanes planes: lane l of a plane adds elements l, l + lanes, ...; after
+// one barrier the plane's first lane adds its `lanes` partial sums in order. (One barrier instead of a
+// log2(WG)-level tree: on CPU adapters each barrier switches through every lane group of the workgroup.)
 @compute @workgroup_size(WG)
 fn sum_planes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let plane = wid.x + wid.y * nwg.x;
-  if (plane >= p.n) { return; }
+  let plane = (wid.x + wid.y * nwg.x) * (WG >> p.shift) + (lid >> p.shift);
+  let lane = lid & (p.lanes - 1u);
   var s = 0.0;
-  for (var j = lid; j < p.inner; j += WG) { s += f32(dy[plane * p.inner + j]); }
+  if (plane < p.n) {
+    for (var j = lane; j < p.inner; j += p.lanes) { s += f32(dy[plane * p.inner + j]); }
+  }
   red[lid] = s;
   workgroupBarrier();
-  for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-    if (lid < stride) { red[lid] += red[lid + stride]; }
-    workgroupBarrier();
+  if (lane == 0u && plane < p.n) {
+    var total = 0.0;
+    for (var q = 0u; q < p.lanes; q++) { total += red[lid + q]; }
+    out[plane] = T(total);
   }
-  if (lid == 0u) { out[plane] = T(red[0]); }
 }
 
 // ---- activations ------------------------------------------------------------------------------

@@ -37,7 +37,11 @@ const ADD_CHANNEL = elementwise({
   uniforms: [N, u32('inner'), u32('elem0')],
   bindings: [read('x'), read('t'), write('out')],
 });
-const SUM_PLANES = elementwise({ entry: 'sum_planes', uniforms: [N, u32('inner')], bindings: [read('dy'), write('out')] });
+const SUM_PLANES = elementwise({
+  entry: 'sum_planes',
+  uniforms: [N, u32('inner'), u32('lanes'), u32('shift')],
+  bindings: [read('dy'), write('out')],
+});
 const ACT_FWD = elementwise({ entry: 'act_fwd', uniforms: [N], bindings: [read('x'), write('out')] });
 const ACT_BWD = elementwise({ entry: 'act_bwd', uniforms: [N], bindings: [read('x'), read('dy'), write('dx')] });
 const ACT_FWD4 = elementwise({ entry: 'act_fwd4', uniforms: [N], bindings: [read('x', V4), write('out', V4)] });
@@ -236,7 +240,9 @@ export function addChannelBackward(gpu: Gpu, x: Tensor, t: Tensor, dy: Tensor): 
   sameShape('addChannelBackward', x, dy, ['x', 'dy']);
   const dt = gpu.tensor(t.shape, t.dtype, 'gradients', 'addChannel.dt');
   const planes = { dy: { items: dy, perItem: inner }, out: { items: dt, perItem: 1 } };
-  const onePlanePerWorkgroup = WG;
+  // Lanes per plane: a power of two giving each lane ~16 elements, 1 to 64 (see sum_planes in the shader).
+  const shift = Math.min(6, Math.max(0, Math.floor(Math.log2(inner / 16))));
+  const lanes = 2 ** shift;
   itemRun(
     gpu,
     'addChannelBackward',
@@ -244,8 +250,8 @@ export function addChannelBackward(gpu: Gpu, x: Tensor, t: Tensor, dy: Tensor): 
     { T: x.dtype },
     t.numel,
     planes,
-    (count) => ({ invocations: count * WG, uniforms: { n: count, inner } }),
-    onePlanePerWorkgroup,
+    (count) => ({ invocations: count, uniforms: { n: count, inner, lanes, shift } }),
+    WG / lanes,
   );
   return { dx: dy, dt };
 }

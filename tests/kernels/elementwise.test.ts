@@ -92,6 +92,33 @@ describe('vec4 kernels (ranges of a multiple of 4 elements) against the scalar o
     });
 });
 
+describe('addChannelBackward plane sums with several lanes per plane', () => {
+  it('sums planes of 4096 (64 lanes each) and 300 (16 lanes, not a multiple) against float64 sums', async () => {
+    const gpu = await testGpu();
+    for (const shape of [
+      [2, 3, 64, 64],
+      [3, 5, 10, 30],
+    ]) {
+      const [n, c] = shape;
+      const inner = shape[2] * shape[3];
+      const dy = randomValues(n * c * inner, 31, 2);
+      const dt = await gpu.read(addChannelBackward(gpu, gpu.zeros(shape, 'f32'), gpu.zeros([n, c], 'f32'), gpu.upload(dy, shape, 'f32')).dt);
+      for (let plane = 0; plane < n * c; plane++) {
+        let exact = 0;
+        let magnitude = 0;
+        for (let j = 0; j < inner; j++) {
+          exact += dy[plane * inner + j];
+          magnitude += Math.abs(dy[plane * inner + j]);
+        }
+        // f32 partial sums of <= 64 terms, then <= 64 partials: each rounding is <= 2^-24 of the running sum,
+        // so the error is below (64 + 64) * 2^-24 * sum|dy| ~ 7.6e-6 sum|dy|.
+        const bound = 8e-6 * magnitude;
+        assert.ok(Math.abs(dt[plane] - exact) <= bound, `[${shape}] plane ${plane}: ${dt[plane]} vs ${exact} (bound ${bound})`);
+      }
+    }
+  });
+});
+
 describe('element-wise ops over tensors larger than one storage binding (bindingLimit 1 KiB)', () => {
   it('activations and softmax chunk their ranges', async () => {
     const gpu = await testGpu({ bindingLimit: 1024 });
