@@ -286,9 +286,11 @@ fn upsample2x_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     if (i >= p.n) { return; }
     let ow = p.ow;
     let oh = p.oh;
-    let plane = i / (ow * oh);
-    let oy = (i / ow) % oh;
-    let ox = i % ow;
+    // Two integer divisions per element, not four (CPU adapters divide lane by lane): row = plane * oh + oy.
+    let row = i / ow;
+    let ox = i - row * ow;
+    let plane = row / oh;
+    let oy = row - plane * oh;
     out[i] = x[(plane * (oh / 2u) + oy / 2u) * (ow / 2u) + ox / 2u];
   }
 }
@@ -303,9 +305,10 @@ fn upsample2x_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     if (i >= p.n) { return; }
     let w = p.w;
     let h = p.h;
-    let plane = i / (w * h);
-    let iy = (i / w) % h;
-    let ix = i % w;
+    let row = i / w; // plane * h + iy (two divisions, as in upsample2x_fwd)
+    let ix = i - row * w;
+    let plane = row / h;
+    let iy = row - plane * h;
     let base = (plane * 2u * h + 2u * iy) * 2u * w + 2u * ix;
     let s = f32(dy[base]) + f32(dy[base + 1u]) + f32(dy[base + 2u * w]) + f32(dy[base + 2u * w + 1u]);
     dx[i] = T(s);
@@ -350,9 +353,10 @@ fn pad2d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
   for (var k = 0u; k < PER; k++) {
     let i = i0 + k * WG;
     if (i >= p.n) { return; }
-    let plane = i / (p.ow * p.oh);
-    let oy = (i / p.ow) % p.oh;
-    let ox = i % p.ow;
+    let row = i / p.ow; // plane * oh + oy (two divisions, as in upsample2x_fwd)
+    let ox = i - row * p.ow;
+    let plane = row / p.oh;
+    let oy = row - plane * p.oh;
     var v = 0.0;
     if (oy >= p.top && oy < p.top + p.h && ox >= p.left && ox < p.left + p.w) {
       v = f32(x[(plane * p.h + oy - p.top) * p.w + ox - p.left]);
@@ -369,9 +373,10 @@ fn pad2d_crop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
   for (var k = 0u; k < PER; k++) {
     let i = i0 + k * WG;
     if (i >= p.n) { return; }
-    let plane = i / (p.w * p.h);
-    let y = (i / p.w) % p.h;
-    let xx = i % p.w;
+    let row = i / p.w; // plane * h + y (two divisions, as in upsample2x_fwd)
+    let xx = i - row * p.w;
+    let plane = row / p.h;
+    let y = row - plane * p.h;
     dx[i] = dy[(plane * p.oh + y + p.top) * p.ow + xx + p.left];
   }
 }
