@@ -50,37 +50,82 @@ fn x_tap(base: u32, ci: u32, oh: u32, ow: u32, r: u32) -> f32 {
   return f32(src_b[base + (ci * p.H + u32(ih)) * p.W + u32(iw)]);
 }
 
-// A[m, k] of the GEMM, 0 outside it.
-fn load_a(m: u32, k: u32) -> f32 {
-  if (m >= p.GM || k >= p.GK) { return 0.0; }
-  if (MODE == 0u) { return f32(src_a[p.off_a + m * p.GK + k]); }                 // w[co, (ci, r)]
-  if (MODE == 1u) { return f32(src_a[p.off_a + ((k / KHW) * p.Ci + m) * KHW + k % KHW]); } // w[co, ci, r]
-  let hw = p.Ho * p.Wo;                                                           // dy[n, co, pixel]
-  return f32(src_a[p.off_a + ((k / hw) * p.Co + m) * hw + k % hw]);
-}
+// The loaders fill one vec4 group of a tile at a time: 4 consecutive GEMM rows m (A) or columns n (B) at one
+// reduction index k. Divisions by the runtime sizes (Wo, W, Ho*Wo) are done once per group, not per element
+// (a CPU adapter has no vector instruction for them); the 4 columns of a B group step along the pixel row
+// with wrap. Divisions by KW, KHW and STRIDE are by constants and stay per element.
 
-// B[k, n] of the GEMM for sample z (modes 0, 1), 0 outside it.
-fn load_b(z: u32, k: u32, n: u32) -> f32 {
-  if (k >= p.GK || n >= p.GN) { return 0.0; }
-  let base = p.off_b + z * p.stride_b;
-  if (MODE == 0u) { return x_tap(base, k / KHW, n / p.Wo, n % p.Wo, k % KHW); }
-  if (MODE == 1u) {
-    // dy[co, (ih + P - kh) / S, (iw + P - kw) / S] where exact and inside dy.
+// A[m .. m+3, k] of the GEMM, 0 outside it.
+fn load_a4(m: u32, k: u32) -> vec4<f32> {
+  var v = vec4<f32>(0.0);
+  if (k >= p.GK) { return v; }
+  if (MODE == 0u) {                                                               // w[co, (ci, r)]
+    for (var j = 0u; j < 4u; j++) { if (m + j < p.GM) { v[j] = f32(src_a[p.off_a + (m + j) * p.GK + k]); } }
+    return v;
+  }
+  if (MODE == 1u) {                                                               // w[co, ci, r]
     let co = k / KHW;
     let r = k % KHW;
-    let th = i32(n / p.W + p.pad) - i32(r / KW);
-    let tw = i32(n % p.W + p.pad) - i32(r % KW);
-    if (th < 0 || tw < 0) { return 0.0; }
-    let oh = u32(th) / STRIDE;
-    let ow = u32(tw) / STRIDE;
-    if (oh * STRIDE != u32(th) || ow * STRIDE != u32(tw) || oh >= p.Ho || ow >= p.Wo) { return 0.0; }
-    return f32(src_b[base + (co * p.Ho + oh) * p.Wo + ow]);
+    for (var j = 0u; j < 4u; j++) { if (m + j < p.GM) { v[j] = f32(src_a[p.off_a + (co * p.Ci + m + j) * KHW + r]); } }
+    return v;
   }
-  // MODE 2: k = (sample, pixel), n = (ci, r).
+  let hw = p.Ho * p.Wo;                                                           // dy[s, co, pixel], k = (s, pixel)
+  let s = k / hw;
+  let pix = k - s * hw;
+  for (var j = 0u; j < 4u; j++) { if (m + j < p.GM) { v[j] = f32(src_a[p.off_a + (s * p.Co + m + j) * hw + pix]); } }
+  return v;
+}
+
+// B[k, n .. n+3] of the GEMM for sample z (modes 0, 1), 0 outside it.
+fn load_b4(z: u32, k: u32, n: u32) -> vec4<f32> {
+  var v = vec4<f32>(0.0);
+  if (k >= p.GK) { return v; }
+  let base = p.off_b + z * p.stride_b;
+  if (MODE == 0u) {                                                               // n = output pixel (oh, ow)
+    let ci = k / KHW;
+    let r = k % KHW;
+    var oh = n / p.Wo;
+    var ow = n - oh * p.Wo;
+    for (var j = 0u; j < 4u; j++) {
+      if (n + j < p.GN) { v[j] = x_tap(base, ci, oh, ow, r); }
+      ow += 1u;
+      if (ow == p.Wo) { ow = 0u; oh += 1u; }
+    }
+    return v;
+  }
+  if (MODE == 1u) {
+    // dy[co, (ih + P - kh) / S, (iw + P - kw) / S] where exact and inside dy; n = input pixel (ih, iw).
+    let co = k / KHW;
+    let r = k % KHW;
+    var ih = n / p.W;
+    var iw = n - ih * p.W;
+    for (var j = 0u; j < 4u; j++) {
+      if (n + j < p.GN) { v[j] = dy_tap(base, co, ih, iw, r); }
+      iw += 1u;
+      if (iw == p.W) { iw = 0u; ih += 1u; }
+    }
+    return v;
+  }
+  // MODE 2: k = (sample, output pixel), n = (ci, r).
   let hw = p.Ho * p.Wo;
   let s = k / hw;
-  let pix = k % hw;
-  return x_tap(base + s * p.Ci * p.H * p.W, n / KHW, pix / p.Wo, pix % p.Wo, n % KHW);
+  let pix = k - s * hw;
+  let oh = pix / p.Wo;
+  let ow = pix - oh * p.Wo;
+  let base_s = base + s * p.Ci * p.H * p.W;
+  for (var j = 0u; j < 4u; j++) { if (n + j < p.GN) { v[j] = x_tap(base_s, (n + j) / KHW, oh, ow, (n + j) % KHW); } }
+  return v;
+}
+
+// dy[base: co, (ih + P - kh) / S, (iw + P - kw) / S] for tap r, 0 where inexact or outside dy.
+fn dy_tap(base: u32, co: u32, ih: u32, iw: u32, r: u32) -> f32 {
+  let th = i32(ih + p.pad) - i32(r / KW);
+  let tw = i32(iw + p.pad) - i32(r % KW);
+  if (th < 0 || tw < 0) { return 0.0; }
+  let oh = u32(th) / STRIDE;
+  let ow = u32(tw) / STRIDE;
+  if (oh * STRIDE != u32(th) || ow * STRIDE != u32(tw) || oh >= p.Ho || ow >= p.Wo) { return 0.0; }
+  return f32(src_b[base + (co * p.Ho + oh) * p.Wo + ow]);
 }
 
 @compute @workgroup_size(WG_X, WG_Y)
@@ -96,16 +141,14 @@ fn conv_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
       let k = g % BK;
       let m4 = g / BK;
       let m = row0 + m4 * 4u;
-      tile_a[k * (BM / 4u) + m4] = vec4<f32>(load_a(m, k0 + k), load_a(m + 1u, k0 + k),
-                                             load_a(m + 2u, k0 + k), load_a(m + 3u, k0 + k));
+      tile_a[k * (BM / 4u) + m4] = load_a4(m, k0 + k);
     }
     for (var g = tid; g < B_GROUPS; g += WG_SIZE) {
       var k: u32;
       var n4: u32;
       if (B_COL_FAST) { n4 = g % (BN / 4u); k = g / (BN / 4u); } else { k = g % BK; n4 = g / BK; }
       let n = col0 + n4 * 4u;
-      tile_b[k * (BN / 4u) + n4] = vec4<f32>(load_b(z, k0 + k, n), load_b(z, k0 + k, n + 1u),
-                                             load_b(z, k0 + k, n + 2u), load_b(z, k0 + k, n + 3u));
+      tile_b[k * (BN / 4u) + n4] = load_b4(z, k0 + k, n);
     }
     workgroupBarrier();
 
