@@ -117,7 +117,7 @@ describe('gpu runtime', () => {
     assert.throws(() => add(gpu, x, gpu.upload([1, 2, 3], [3], 'f32')), /add: shapes differ: a \[4\] vs b \[3\]/);
     // ...and a dispatch the device rejects (one buffer bound as both read-only and writable storage) surfaces
     // as GpuValidationError.
-    gpu.run(COPY, { defs: { T: 'f32', U: 'f32', WG: 64 }, uniforms: { n: 4 }, bindings: { x, out: x }, workgroups: [1] });
+    gpu.run(COPY, { defs: { T: 'f32', U: 'f32', WG: 64, PER: 1 }, uniforms: { n: 4 }, bindings: { x, out: x }, workgroups: [1] });
     await assert.rejects(gpu.sync(), (e: Error) => e instanceof GpuValidationError && /writable|aliasing|usage/i.test(e.message));
   });
 
