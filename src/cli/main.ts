@@ -6,8 +6,9 @@
 //   train --model <path> --images <dir> --prompt "..." --mode lora|full --steps N --out <dir> (see train.ts) | train --resume <dir>
 //   train <the same, no --out> --bundle <dir> [--hub-id <repo> [--revision <rev>]]  (a job for diffusers / Ray Train, bundle.ts)
 //   sample --model <path> --prompt "..." --out image.png [--steps --seed --guidance --negative --sampler ...] [--lora <file> [--lora-scale x]]
+//   grid --model <folder> --prompts "a|b|..." --out grid.png [--seeds 1,2,3 --scale 4 ...]   (one row per prompt, grid.ts)
 //   export --model <path> [--lora <file>] --format <format> --out <file>   (results trained elsewhere, export.ts)
-//   pretrain --out <dir> [--size small|tiny] [--steps N ...] | pretrain --resume <dir>   (the demo model, pretrain.ts)
+//   pretrain --out <dir> [--size small|tiny] [--steps N ...] | pretrain --resume <dir> [--export]   (the demo model, pretrain.ts)
 import { existsSync, statSync } from 'node:fs';
 import { NodeFileSource } from '../io/source-node.ts';
 import { nodeFolder } from '../models/folder-node.ts';
@@ -56,6 +57,7 @@ async function withGpu(load: () => Promise<(gpu: import('../gpu/device.ts').Gpu,
 
 const run = (args: string[]) => withGpu(async () => (await import('./run.ts')).runCommand, args);
 const sample = (args: string[]) => withGpu(async () => (await import('./sample.ts')).sampleCommand, args);
+const grid = (args: string[]) => withGpu(async () => (await import('./grid.ts')).gridCommand, args);
 const grad = (args: string[]) => withGpu(async () => (await import('./run.ts')).gradCommand, args);
 const train = (args: string[]) =>
   // --bundle writes the run as a job for diffusers' scripts / Ray Train instead of training: no GPU (bundle.ts).
@@ -66,7 +68,7 @@ const pretrain = (args: string[]) => withGpu(async () => (await import('./pretra
 const exportModel = async (args: string[]) => (await import('./export.ts')).exportCommand(args);
 
 const [command, ...rest] = process.argv.slice(2);
-const commands: Record<string, (a: string[]) => Promise<void>> = { inspect, run, grad, sample, train, export: exportModel, pretrain };
+const commands: Record<string, (a: string[]) => Promise<void>> = { inspect, run, grad, sample, grid, train, export: exportModel, pretrain };
 try {
   if (!command || !commands[command]) throw new Error(`usage: npm run cli -- <${Object.keys(commands).join('|')}> ...`);
   await commands[command](rest);

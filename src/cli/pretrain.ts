@@ -4,6 +4,7 @@
 //            [--data-size N] [--data-seed N] [--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px]
 //            [--ema-decay x] [--checkpoint-every N] [--bpe <bpe_simple_vocab_16e6.txt.gz>] [--overwrite]
 //   pretrain --resume <dir> [--steps N]
+//   pretrain --resume <dir> --export      (writes <dir>/model from the last checkpoint, part-way, and trains nothing)
 // The run folder holds pretrain.json (size and settings, validated on resume), tokenizer/ (vocab.json and
 // merges.txt, built once from CLIP's BPE list), store/ (checkpoints) and, at the end, model/ (the diffusers
 // folder: fp16 weights, configs, tokenizer).
@@ -22,7 +23,7 @@ import { numberFlag, parseFlags, stringFlag, UsageError, type Flags, type Parsed
 
 const USAGE =
   'usage: pretrain --out <dir> [--size small|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px] [--data-size N] [--data-seed N] ' +
-  '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px] [--ema-decay x] [--checkpoint-every N] [--bpe <file.txt.gz>] [--overwrite] | pretrain --resume <dir> [--steps N]';
+  '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px] [--ema-decay x] [--checkpoint-every N] [--bpe <file.txt.gz>] [--overwrite] | pretrain --resume <dir> [--steps N] | pretrain --resume <dir> --export';
 
 /** Number flags and the setting each sets. */
 const NUMBER_FLAGS: [string, keyof PretrainSettings, { integer?: boolean; min?: number }][] = [
@@ -47,6 +48,7 @@ const FLAGS: Flags = {
   exclude: { type: 'string' },
   bpe: { type: 'string' },
   overwrite: { type: 'boolean' },
+  export: { type: 'boolean' },
 };
 
 /** CLIP's BPE merge list as the tests use it (../shared/data/clip beside the repository). */
@@ -86,6 +88,15 @@ function runTokenizer(dir: string, vocabSize: number, bpePath: string | undefine
   return { files, tokenizer: ClipTokenizer.fromFiles(files) };
 }
 
+/** Writes the diffusers folder to <dir>/model, replacing an earlier one. */
+function writeModel(dir: string, files: Map<string, Uint8Array>): void {
+  rmSync(join(dir, 'model'), { recursive: true, force: true });
+  for (const [path, bytes] of files) {
+    mkdirSync(dirname(join(dir, 'model', path)), { recursive: true });
+    writeFileSync(join(dir, 'model', path), bytes);
+  }
+}
+
 export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
   const { values } = parseFlags(args, FLAGS, USAGE);
   const resumeDir = stringFlag(values, 'resume');
@@ -97,12 +108,14 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
   if (resumeDir) {
     if (!existsSync(runPath)) throw new UsageError(`--resume ${dir}: no pretrain.json there (not a pretraining run folder)`);
     for (const f of Object.keys(values))
-      if (!['resume', 'steps'].includes(f)) throw new UsageError(`--${f} cannot change on --resume (the run keeps its own settings); only --steps can`);
+      if (!['resume', 'steps', 'export'].includes(f))
+        throw new UsageError(`--${f} cannot change on --resume (the run keeps its own settings); only --steps can`);
     run = JSON.parse(readFileSync(runPath, 'utf8')) as RunFile;
     // A setting added after the run began takes its default, which keeps the run's behaviour.
     run.settings = { ...PRETRAIN_DEFAULTS, ...run.settings };
     run.settings.steps = numberFlag(values, 'steps', run.settings.steps, { integer: true, min: run.settings.steps });
   } else {
+    if (values.export) throw new UsageError(`--export writes the model of an existing run: use it with --resume <dir>`);
     const size = (stringFlag(values, 'size') ?? 'small') as RunFile['size'];
     if (!(size in PRETRAIN_SIZES)) throw new UsageError(`--size ${size}: use ${Object.keys(PRETRAIN_SIZES).join(' or ')}`);
     const base = size === 'tiny' ? { ...PRETRAIN_DEFAULTS, resolution: 16 } : PRETRAIN_DEFAULTS;
@@ -126,6 +139,13 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
       console.log(`resumed at ${p.stage} step ${p.step}`);
       writeFileSync(runPath, JSON.stringify(run, null, 2)); // a longer --steps, once the checkpoint accepted it
     }
+    if (values.export) {
+      if (p.stage === 'vae' || (p.stage === 'unet' && p.step === 0))
+        throw new UsageError(`--export ${dir}: the UNet stage has no checkpoint yet (stage ${p.stage}, step ${p.step}), so there is no model to write`);
+      writeModel(dir, await pretrainedModelFiles(p, tokFiles, { partWay: true }));
+      console.log(`wrote ${join(dir, 'model')} from the checkpoint at ${p.stage} step ${p.step} (EMA weights; the run itself is unchanged)`);
+      return;
+    }
     const t0 = performance.now();
     const recent: number[] = [];
     let last = 0;
@@ -144,10 +164,7 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
       if (r.step === total) recent.length = 0;
     }
     const files = await pretrainedModelFiles(p, tokFiles);
-    for (const [path, bytes] of files) {
-      mkdirSync(dirname(join(dir, 'model', path)), { recursive: true });
-      writeFileSync(join(dir, 'model', path), bytes);
-    }
+    writeModel(dir, files);
     const mb = [...files.values()].reduce((a, b) => a + b.byteLength, 0) / 1e6;
     console.log(
       `wrote ${join(dir, 'model')} (${mb.toFixed(1)} MB; latent scale ${p.scalingFactor.toFixed(4)}) in ${((performance.now() - t0) / 1000).toFixed(0)} s`,

@@ -568,14 +568,20 @@ export class Pretrainer {
  * scale in its config, and the CLIP tokenizer it was trained with. Refuses (naming the tensor) a value that is
  * not finite or past f16's range, so no export ever carries one.
  */
-export async function pretrainedModelFiles(p: Pretrainer, tokenizer: { vocab: Record<string, number>; merges: string }): Promise<Map<string, Uint8Array>> {
-  if (p.stage !== 'done') throw new Error(`pretraining is not finished (stage ${p.stage}, step ${p.step}): resume it to the end first`);
+export async function pretrainedModelFiles(
+  p: Pretrainer,
+  tokenizer: { vocab: Record<string, number>; merges: string },
+  opts: { partWay?: boolean } = {},
+): Promise<Map<string, Uint8Array>> {
+  // Part-way (`pretrain --resume <dir> --export`) needs the UNet stage begun: before it the UNet is untrained.
+  if (p.stage === 'vae' || (p.stage !== 'done' && !opts.partWay))
+    throw new Error(`pretraining is not finished (stage ${p.stage}, step ${p.step}): resume it to the end first`);
   const weights = await p.finalWeights();
   for (const [c, m] of Object.entries(weights))
     for (const [name, t] of m)
       for (const v of t.data as Float32Array)
         if (!Number.isFinite(v) || Math.abs(v) > 65504) throw new Error(`${c}/${name} holds ${v}, which fp16 cannot store: the model was not written`);
   const configs = { ...p.configs, vae: { ...p.configs.vae, scaling_factor: p.scalingFactor } };
-  const meta = { format: 'pt', generator: 'DreamBooth Studio pretrain', settings: JSON.stringify(p.settings) };
+  const meta = { format: 'pt', generator: 'DreamBooth Studio pretrain', settings: JSON.stringify(p.settings), stage: p.stage, step: String(p.step) };
   return diffusersModelFiles(configs, weights, tokenizer, meta, 'F16');
 }

@@ -731,6 +731,30 @@ export const CASES: Case[] = [
     message: /--resume \S+: no pretrain\.json there \(not a pretraining run folder\)/,
     setup: (ws) => ({ unchanged: [ws.tiny.folder] }),
   },
+  {
+    name: 'pretrain --export without a run to write (--out instead of --resume)',
+    before: 'clear',
+    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--export'],
+    code: 1,
+    message: /--export writes the model of an existing run: use it with --resume <dir>/,
+    setup: (ws) => ({ unchanged: [ws.path('pt')] }),
+  },
+  {
+    name: 'grid with an empty prompt between the separators',
+    before: 'clear',
+    args: (ws) => ['grid', '--model', ws.tiny.folder, '--prompts', 'a dog||a cat', '--out', ws.path('grid.png')],
+    code: 1,
+    message: /--prompts a dog\|\|a cat: an empty prompt between the \| separators/,
+    setup: (ws) => ({ unchanged: [ws.tiny.folder, ws.path('grid.png')] }),
+  },
+  {
+    name: 'grid with a seed that is not a whole number',
+    before: 'clear',
+    args: (ws) => ['grid', '--model', ws.tiny.folder, '--prompts', 'a dog', '--seeds', '1,two', '--out', ws.path('grid.png')],
+    code: 1,
+    message: /--seeds 1,two: use whole numbers separated by commas/,
+    setup: (ws) => ({ unchanged: [ws.tiny.folder, ws.path('grid.png')] }),
+  },
 ];
 
 /**

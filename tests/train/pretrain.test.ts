@@ -25,6 +25,7 @@ import {
 import { tinyTokenizer } from '../fixtures/models/make-tiny.ts';
 import { testGpu } from '../helpers.ts';
 import { roundToF16 } from '../../src/util/half.ts';
+import { readSafetensors } from '../../src/io/safetensors.ts';
 
 /** The SD 1.x layout at toy size: a factor-2 VAE (16 px pictures, 8x8 latents), a two-level UNet. */
 const TINY = PRETRAIN_SIZES.tiny;
@@ -162,6 +163,34 @@ describe('pretraining the demo model', () => {
       assert.equal(got.scale, want.scale);
       for (const [name, v] of want.flat) assert.deepEqual(got.flat.get(name), v, `${name} after a kill at step ${killAt}`);
     }
+  });
+
+  it('writes the model part-way through the UNet stage (pretrain --export) without changing the run', async () => {
+    const gpu = await testGpu();
+    const straight = await Pretrainer.create(gpu, tokenizer, SETTINGS, new MemoryChunkStore(), 'e1', TINY);
+    while (await straight.trainStep());
+    const want = await allState(straight);
+    straight.destroy();
+    const p = await Pretrainer.create(gpu, tokenizer, SETTINGS, new MemoryChunkStore(), 'e2', TINY);
+    for (let i = 0; i < SETTINGS.vaeSteps - 1; i++) await p.trainStep();
+    // In stage 1 the UNet is untrained: nothing to write, part-way or not.
+    await assert.rejects(pretrainedModelFiles(p, tok, { partWay: true }), /pretraining is not finished \(stage vae, step 5\)/);
+    for (let i = 0; i < 4; i++) await p.trainStep(); // the last VAE step, then 3 UNet steps
+    await assert.rejects(pretrainedModelFiles(p, tok), /pretraining is not finished \(stage unet, step 3\)/, 'only part-way writes accept an unfinished run');
+    const files = await pretrainedModelFiles(p, tok, { partWay: true });
+    const unet = readSafetensors(files.get('unet/diffusion_pytorch_model.safetensors')!);
+    assert.equal(unet.metadata.step, '3');
+    assert.equal(unet.metadata.stage, 'unet');
+    const name = 'conv_in.weight';
+    const now = await allState(p);
+    assert.deepEqual(unet.tensors.get(name)!.data, roundToF16(now.flat.get(`unet/${name}`)!), 'the EMA weights of step 3 ship');
+    assert.notDeepEqual(now.flat.get(`unet/${name}`), want.flat.get(`unet/${name}`), 'step 3 is not the end of the run');
+    // Writing the model touched nothing: the run goes on to exactly the uninterrupted run's end.
+    while (await p.trainStep());
+    const got = await allState(p);
+    p.destroy();
+    assert.deepEqual(got.losses, want.losses);
+    for (const [n, v] of want.flat) assert.deepEqual(got.flat.get(n), v, n);
   });
 
   it('refuses a resume with other settings, naming the setting', async () => {
