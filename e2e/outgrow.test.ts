@@ -143,7 +143,10 @@ describe('studio: bigger machines (Chromium, SwiftShader, demo model)', () => {
       const img = decode(files.get('dreambooth-job/instance_images/001-dog-1.png')!);
       assert.deepEqual([img.width, img.height], [job.settings.resolution, job.settings.resolution], 'cropped to the training square');
       assert.match(files.get('dreambooth-job/train.sh')!.toString('utf8'), /accelerate launch "\$DIFFUSERS_EXAMPLES\/train_dreambooth_lora\.py"/);
-      assert.match(files.get('dreambooth-job/README.md')!.toString('utf8'), /\*\*Provide it:\*\* the studio's demo model is generated in the browser/);
+      assert.match(
+        files.get('dreambooth-job/README.md')!.toString('utf8'),
+        /\*\*Provide it:\*\* the studio's demo model ships with the studio \(public\/demo-model\//,
+      );
 
       // A LoRA from diffusers' script layout: Try it, then export as kohya.
       await page

@@ -114,7 +114,7 @@ export function modelReference(m: BundleModel): { value: string | null; note: st
     case 'demo':
       return {
         value: null,
-        note: "the studio's demo model is generated in the browser and exists nowhere else: set MODEL to the Hub repo id of a real Stable Diffusion 1.x/2.x model",
+        note: "the studio's demo model ships with the studio (public/demo-model/ in its repository, a diffusers folder): set MODEL to that folder, or to the Hub repo id of a real Stable Diffusion 1.x/2.x model",
       };
     default:
       return { value: null, note: `set MODEL to the Hub repo id or diffusers folder of "${m.name}"` };

@@ -13,7 +13,7 @@ import { decodeImageBrowser } from '../io/image-browser.ts';
 import { SafetensorsFile } from '../io/safetensors.ts';
 import { blobSink } from '../io/sink-blob.ts';
 import { BlobSource, BytesSource, type ByteSource } from '../io/source.ts';
-import { demoModelFiles } from '../models/demo.ts';
+import { fetchShippedDemo } from '../models/shipped-demo.ts';
 import { detectSingleFile, ModelError } from '../models/detect.ts';
 import { inspectDiffusers, inspectSingleFile } from '../models/inspect.ts';
 import { folderFromSources, openSingleFile, tokenizerFilesFrom, type ModelSource } from '../models/source.ts';
@@ -53,6 +53,8 @@ export interface ModelSummary {
   parameters: number;
   /** Image sides must be multiples of this (VAE x UNet down-sampling: 64 for SD); aspect-ratio buckets use it. */
   resolutionFactor?: number;
+  /** The picture side the model was trained at, where it is known (the shipped demo model's manifest says it). */
+  nativeResolution?: number;
 }
 
 export type InitResult = { ok: true; adapter: AdapterSummary; hasF16: boolean } | { ok: false; noWebGpu: boolean; message: string };
@@ -68,6 +70,8 @@ class StudioWorker {
   private session: TrainingRun | null = null;
   private onEvent: (e: WorkerEvent) => void = () => {};
   private hubEndpoint = 'https://huggingface.co';
+  /** The shipped demo model's own picture side, once it has been opened. */
+  private demoResolution: number | undefined;
   /** A pause or cancel that arrived while the run was still preparing (no session to tell yet). */
   private pendingStop: 'pause' | 'cancel' | null = null;
 
@@ -102,13 +106,25 @@ class StudioWorker {
     if (opened.kind !== 'diffusers') throw new Error('unreachable');
     const info = await inspectDiffusers(opened.reader);
     const factor = await factorOf(() => openSource(opened));
-    return { name: opened.name, family: info.family, layout: info.layout, prediction: info.prediction, parameters: total(info.components), ...factor };
+    return {
+      name: opened.name,
+      family: info.family,
+      layout: info.layout,
+      prediction: info.prediction,
+      parameters: total(info.components),
+      ...factor,
+      ...(choice.kind === 'demo' ? { nativeResolution: this.demoResolution } : {}),
+    };
   }
 
   private async open(choice: ModelChoice): Promise<OpenedModel> {
     if (choice.kind === 'demo') {
-      const files = new Map<string, ByteSource>([...demoModelFiles(1)].map(([p, b]) => [p, new BytesSource(b, p)]));
-      return this.diffusers('demo-sd1-tiny', files);
+      // The pretrained demo model the page ships (public/demo-model/), each file checked against its manifest.
+      const { manifest, files } = await fetchShippedDemo(import.meta.env.BASE_URL, {
+        onProgress: (loaded, total) => this.onEvent({ type: 'download', path: 'demo model', loaded, total }),
+      });
+      this.demoResolution = manifest.resolution;
+      return this.diffusers(manifest.name, new Map<string, ByteSource>([...files].map(([p, b]) => [p, new BytesSource(b, p)])));
     }
     if (choice.kind === 'folder') {
       const files = new Map<string, ByteSource>(choice.files.map(({ path, file }) => [path, new BlobSource(file, path)]));
@@ -314,7 +330,7 @@ class StudioWorker {
           ? { kind: 'single-file', name: choice.file.name }
           : choice.kind === 'folder'
             ? { kind: 'diffusers', name: choice.name }
-            : { kind: 'demo', name: 'demo-sd1-tiny' };
+            : { kind: 'demo', name: 'demo-sd1-small' };
     const files = jobBundle(
       { prompt: run.prompt, images: await decode(run.images), classImages: await decode(run.classImages), settings: run.settings, model },
       (rgb, width, height) => encodePng({ width, height, data: rgb, channels: 3, depth: 8 }),

@@ -234,7 +234,9 @@ function ModelPanel() {
           <>
             Loaded <strong>{model.summary.name}</strong>: {model.summary.family === 'sd1' ? 'Stable Diffusion 1.x' : 'Stable Diffusion 2.x'} (
             {model.summary.layout}, {model.summary.prediction}), {(model.summary.parameters / 1e6).toFixed(model.summary.parameters < 1e7 ? 2 : 0)} M parameters
-            {model.ref?.kind === 'demo' && ' (a small random model for trying the flow: its images are noise that training pulls toward your photos)'}.
+            {model.ref?.kind === 'demo' &&
+              ` (a small model pretrained from scratch on drawn, captioned shapes at ${model.summary.nativeResolution ?? 64} px, e.g. "a green triangle on a striped blue background": training teaches it your subject)`}
+            .
           </>
         )}
         {model.status === 'none' && model.ref?.kind === 'demo' && 'The last run used the demo model: press "Use the demo model" to continue.'}

@@ -4,7 +4,7 @@
 import * as Comlink from 'comlink';
 import { centerCrop, imageSize, exifOrientation, orientedSize, sniffImage, MAX_IMAGES, type CropBox } from '../../io/image.ts';
 import { storagePersistence } from '../../store/idb-store.ts';
-import { DEMO_RESOLUTION } from '../../models/demo.ts';
+import { SHIPPED_DEMO_RESOLUTION } from '../../models/shipped-demo.ts';
 import { exportFileName, type ExportFormat, type RunInput } from '../../pipeline/run.ts';
 import type { TryItOptions, TryItResult } from '../../pipeline/tryit.ts';
 import { PRESETS, SETTING_LABELS, type PresetName } from './presets.ts';
@@ -93,9 +93,9 @@ async function loadModelChoice(choice: ModelChoice): Promise<void> {
     modelChoice = choice;
     S().set({ model: { ref, summary, status: 'ready', message: '', download: null } });
     if (choice.kind === 'demo') {
-      // The demo model trains at 32 px; its photos and samples are tiny and fast.
+      // The demo model trains at its own pretraining size (64 px): its photos and samples are tiny and fast.
       S().setSettings({
-        resolution: DEMO_RESOLUTION,
+        resolution: summary.nativeResolution ?? SHIPPED_DEMO_RESOLUTION,
         budgetBytes: 512 * 2 ** 20,
         sampleEvery: 5,
         sampleSteps: 8,
