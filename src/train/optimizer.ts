@@ -472,13 +472,18 @@ export class ChunkedAdamW {
     const gpu = this.gpu;
     const all = this.chunks.flatMap((c) => c.params.map((p) => grads.get(p.name) ?? fail(p.name)));
     clearFlag(gpu, this.flag);
-    checkFinite(gpu, all, this.flag);
+    // With clipping the norm is measured anyway, and it is inf or NaN exactly when some gradient is (or when
+    // the f32 sum of squares overflows, past |g| ~ 1e19, which the step treats as the same overflow): one pass
+    // over the gradients instead of two. The GPU flag then stays clear, and the step goes on only when finite.
     const normT = this.o.maxGradNorm !== undefined ? globalNorm(gpu, all, lossScale, this.normOut) : null;
-    const overflow = await readFlag(gpu, this.flag);
+    if (!normT) checkFinite(gpu, all, this.flag);
     let gradNorm = NaN;
+    let overflow: boolean;
     if (normT) {
-      gradNorm = overflow ? NaN : (await gpu.read(normT))[0];
-    }
+      gradNorm = (await gpu.read(normT))[0];
+      overflow = !Number.isFinite(gradNorm);
+      if (overflow) gradNorm = NaN;
+    } else overflow = await readFlag(gpu, this.flag);
     if (overflow) {
       gpu.free(normT);
       return { applied: false, skipped: 'gradients', gradNorm };
@@ -540,7 +545,16 @@ export class ChunkedAdamW {
     const run = this.codes && { codes: this.codes, updateFlag: this.updateFlag, stats: this.statsOut, check: true };
     const checkPacked = (buf: Tensor, c: Chunk) =>
       c.params.forEach((p, i) => adamwPacked(gpu, this.packedParam(buf, c, i), grads.get(p.name)!, this.o.cfg, s, run!));
-    for (const c of this.chunks) if (c.resident) check(c.resident, c);
+    // Resident fp32 chunks: with clipping the gradient bound is known without another pass, so each chunk's
+    // update is proven finite from its state's statistics (one reduction per chunk, one read-back for all),
+    // and only a chunk the bound cannot prove is checked element by element. Without clipping the bound would
+    // cost a norm pass, so every resident chunk is checked.
+    const resident = this.chunks.filter((c) => c.resident);
+    if (s.clip && resident.length) {
+      const gradMax = Math.min(s.clip.maxNorm, Number.isNaN(gradNorm) ? Infinity : gradNorm);
+      await this.measureResidentStats(resident.filter((c) => !c.stats));
+      for (const c of resident) if (!adamwStepSafe(c.stats!, this.o.cfg, s.step, gradMax, this.chunkLimit(c))) check(c.resident!, c);
+    } else for (const c of resident) check(c.resident!, c);
     for (const c of this.chunks) if (c.packed) checkPacked(c.packed, c);
     const stored = this.chunks.filter((c) => !this.onGpu(c));
     if (stored.length) {
@@ -785,6 +799,26 @@ export class ChunkedAdamW {
     const view = new Tensor(st.alloc, [bytes.byteLength / 4], 'f32', st.byteOffset, false);
     this.gpu.writeRaw(view, bytes);
     return view;
+  }
+
+  /**
+   * Sets `stats` of fp32 resident chunks to their state's statistics now: adamwStats of each into its own
+   * 256-byte slot (storage bindings start at aligned offsets) of one buffer, then a single read-back.
+   */
+  private async measureResidentStats(chunks: Chunk[]): Promise<void> {
+    if (!chunks.length) return;
+    const SLOT = 64; // f32s per slot: 256 bytes, WebGPU's largest minStorageBufferOffsetAlignment
+    const out = this.gpu.zeros([SLOT * chunks.length], 'f32', 'scratch', 'opt.residentStats');
+    try {
+      chunks.forEach((c, i) => adamwStats(this.gpu, c.resident!, this.o.cfg, new Tensor(out.alloc, [4], 'f32', out.byteOffset + 4 * SLOT * i, false)));
+      const all = await this.gpu.read(out);
+      chunks.forEach((c, i) => {
+        const [maxAbsMaster, maxAbsM, maxV, maxRatio] = all.subarray(i * SLOT, i * SLOT + 4);
+        c.stats = { maxAbsMaster, maxAbsM, maxV, maxRatio };
+      });
+    } finally {
+      this.gpu.free(out);
+    }
   }
 
   /** An fp32 resident chunk's statistics now (adamwStats on the GPU, 16 bytes read back). */
