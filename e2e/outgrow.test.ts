@@ -6,12 +6,12 @@
 // SDXL is refused naming its key.
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { decode, encode } from 'fast-png';
 import type { Page } from 'playwright-core';
 import { writeSafetensors, readSafetensors, type NamedTensor } from '../src/io/safetensors.ts';
-import { demoModelFiles } from '../src/models/demo.ts';
-import { launch, screenshotPath, serve } from './browser.ts';
+import { launch, ROOT, screenshotPath, serve } from './browser.ts';
 
 /** Entries of a zip whose entries are stored (client-zip): read through the central directory. */
 function unzip(bytes: Buffer): Map<string, Buffer> {
@@ -44,9 +44,12 @@ function photo(w: number, h: number, k: number): number[] {
   return [...encode({ width: w, height: h, data, channels: 3, depth: 8 })];
 }
 
-/** A LoRA for the demo model's UNet in the layout diffusers' train_dreambooth_lora.py writes (old spelling + alphas). */
+/**
+ * A LoRA for the demo model's UNet in the layout diffusers' train_dreambooth_lora.py writes (old spelling +
+ * alphas): its keys and shapes from the UNet the page loads, the shipped public/demo-model/ (fp16 on disk).
+ */
 function demoLora(): Buffer {
-  const unet = readSafetensors(demoModelFiles(1).get('unet/diffusion_pytorch_model.safetensors')!).tensors;
+  const unet = readSafetensors(readFileSync(join(ROOT, 'public', 'demo-model', 'unet', 'diffusion_pytorch_model.safetensors'))).tensors;
   const out = new Map<string, NamedTensor>();
   let seed = 1;
   const rand = () => ((seed = (seed * 16807) % 2147483647) / 2147483647 - 0.5) * 0.6;
@@ -81,7 +84,7 @@ describe('studio: bigger machines (Chromium, SwiftShader, demo model)', () => {
       page.on('pageerror', (e) => pageErrors.push(e.message));
       await page.goto(server.url);
       await page.getByRole('button', { name: 'Use the demo model' }).click({ timeout: 60_000 });
-      await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-tiny' }).waitFor({ timeout: 60_000 });
+      await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-small' }).waitFor({ timeout: 60_000 });
       const dt = await page.evaluateHandle(
         (fs) => {
           const d = new DataTransfer();

@@ -94,7 +94,7 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
         page.on('dialog', (d) => void d.accept()); // the browser's confirm() of "Train again" (not used here)
         await page.goto(server.url);
         await page.getByRole('button', { name: 'Use the demo model' }).click({ timeout: 60_000 });
-        await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-tiny' }).waitFor({ timeout: 60_000 });
+        await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-small' }).waitFor({ timeout: 60_000 });
         const dt = await page.evaluateHandle(
           (bytes) => {
             const d = new DataTransfer();

@@ -50,8 +50,15 @@ async function shot(page: Page, name: string): Promise<void> {
   await page.screenshot({ path: screenshotPath(`${name}.png`), fullPage: true });
 }
 
-/** The storage quota of the storage-full test. */
-const QUOTA = 4 * 2 ** 20;
+/**
+ * The storage quota of the storage-full test: room for one checkpoint of the demo model's full fine-tune but
+ * not two. The demo UNet (public/demo-model/unet, the only part a full fine-tune trains) has 2,174,852
+ * weights; with fp32 masters and fp32 AdamW moments a checkpoint keeps 12 bytes per weight, 26.1 MB (24.9
+ * MiB). 40 MiB (41.9 MB) holds that plus the rest of the origin's storage (project, photos: well under 1 MB)
+ * with ~15 MB to spare, and refuses a second checkpoint (52.2 MB) by ~10 MB; the test checks both against the
+ * checkpoint's real size.
+ */
+const QUOTA = 40 * 2 ** 20;
 
 /** The worker's IndexedDB database of runs (src/studio/worker.ts RUN_DB; not imported: that module starts a worker). */
 const RUN_DB = 'dreambooth-studio-runs';
@@ -77,10 +84,11 @@ async function bundleStoreReader(): Promise<{ url: string; remove: () => void }>
   return { url: '/e2e-store-reader/store.js', remove: () => rmSync(out, { recursive: true, force: true }) };
 }
 
+/** Photos larger than the demo model's 64 px (so none is upscaled), two of them not square. */
 const PHOTOS = [
-  { name: 'subject-1.png', type: 'image/png', bytes: photo(48, 40, 0) },
-  { name: 'subject-2.png', type: 'image/png', bytes: photo(40, 56, 1) },
-  { name: 'subject-3.png', type: 'image/png', bytes: photo(40, 40, 2) },
+  { name: 'subject-1.png', type: 'image/png', bytes: photo(96, 80, 0) },
+  { name: 'subject-2.png', type: 'image/png', bytes: photo(80, 112, 1) },
+  { name: 'subject-3.png', type: 'image/png', bytes: photo(80, 80, 2) },
 ];
 
 async function openStudio(page: Page, url: string): Promise<void> {
@@ -90,7 +98,7 @@ async function openStudio(page: Page, url: string): Promise<void> {
 
 async function loadDemo(page: Page): Promise<void> {
   await page.getByRole('button', { name: 'Use the demo model' }).click();
-  await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-tiny' }).waitFor({ timeout: 60_000 });
+  await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-small' }).waitFor({ timeout: 60_000 });
 }
 
 /** Small, fast settings for software WebGPU. */
@@ -211,7 +219,7 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       }
       assert.equal(focused, 'Use the demo model', 'the demo button is reachable with Tab');
       await page.keyboard.press('Enter');
-      await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-tiny' }).waitFor({ timeout: 60_000 });
+      await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-small' }).waitFor({ timeout: 60_000 });
 
       await dropFiles(page, 'photo-drop', [...PHOTOS, { name: 'notes.txt', type: 'text/plain', bytes: [...Buffer.from('shopping list: milk, eggs')] }]);
       await page.getByTestId('photo-errors').waitFor();
@@ -266,17 +274,20 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
         page.getByLabel('Caption for subject-3.png'),
       ])
         assert.ok(await control.isDisabled(), `${control} is disabled while training`);
-      // Photo warnings: sizes judged at the demo model's 32 px (48x40 is not small there); the page trains
-      // non-square photos at their own aspect ratio (buckets of about 32x32 px, sides multiples of the demo's
-      // factor 4), so none is "not square": the cards say which bucket each trains at.
+      // Photo warnings: sizes judged at the demo model's 64 px (96x80 is not small there; at SD's 512 px all
+      // three would be "blurry"); the page trains non-square photos in aspect-ratio buckets, so none is "not
+      // square": the cards say which bucket each trains at. Bucket sides are multiples of the model's factor,
+      // VAE x UNet down-sampling = 8 x 8 = 64 for the demo model (4 blocks each), and a bucket holds at most
+      // 64x64 px: at 64 px the square is the only bucket, so every photo trains at 64x64 (a factor or
+      // resolution taken from anything but the loaded model would show other sides).
       // (With no warning at all the page shows no list.)
       const warningList = page.getByRole('list', { name: 'Warnings' });
       const warnings = (await warningList.count()) ? ((await warningList.textContent()) ?? '') : '';
       assert.doesNotMatch(warnings, /not square|blurry|upscaled/);
       assert.deepEqual(await page.getByTestId('bucket').allTextContents(), [
-        'Trains at 36×28 (its own aspect ratio)',
-        'Trains at 28×36 (its own aspect ratio)',
-        'Trains at 32×32 (its own aspect ratio)',
+        'Trains at 64×64 (its own aspect ratio)',
+        'Trains at 64×64 (its own aspect ratio)',
+        'Trains at 64×64 (its own aspect ratio)',
       ]);
       // The page stays responsive while the worker trains: a click on the advanced panel answers at once.
       const t0 = Date.now();
@@ -343,7 +354,7 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
         return { name: download.suggestedFilename(), bytes: readFileSync(path) };
       };
       const lora = await exportAs(/LoRA, kohya/);
-      assert.match(lora.name, /^demo-sd1-tiny-dreambooth-lora-step6-lora\.safetensors$/);
+      assert.match(lora.name, /^demo-sd1-small-dreambooth-lora-step6-lora\.safetensors$/);
       const lh = header(lora.bytes);
       assert.ok(lh.names.length > 0 && lh.names.every((n) => n.startsWith('lora_unet_')), lh.names.slice(0, 3).join(', '));
       assert.equal(lh.metadata.ss_network_dim, '8');
@@ -357,7 +368,7 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       await page.getByTestId('exports').filter({ hasText: 'KiB' }).waitFor();
       assert.equal(await page.locator('[data-testid="exports"] li').count(), 2);
       // The export says what it did on its own line; the run's status stays the run's.
-      assert.match((await page.getByTestId('export-status').textContent()) ?? '', /^Exported demo-sd1-tiny-dreambooth-lora-step6\.safetensors \(/);
+      assert.match((await page.getByTestId('export-status').textContent()) ?? '', /^Exported demo-sd1-small-dreambooth-lora-step6\.safetensors \(/);
       assert.match((await page.getByTestId('train-status').textContent()) ?? '', /^Done\. Done: 6 steps/);
       // Through the save dialog: the worker streams into the chosen file. The OS dialog is replaced by one that
       // answers with a file in the origin-private file system; everything after it is the real path.
@@ -373,7 +384,7 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
         await page.getByRole('button', { name: 'Export and download' }).click();
         await page.getByTestId('exports').filter({ hasText: 'saved where you chose' }).waitFor({ timeout: 300_000 });
         const saved = await page.evaluate(async () => {
-          const f = await (await (await navigator.storage.getDirectory()).getFileHandle('demo-sd1-tiny-dreambooth-lora-step6-diffusers.zip')).getFile();
+          const f = await (await (await navigator.storage.getDirectory()).getFileHandle('demo-sd1-small-dreambooth-lora-step6-diffusers.zip')).getFile();
           return { size: f.size, head: [...new Uint8Array(await f.slice(0, 2).arrayBuffer())] };
         });
         assert.deepEqual(saved.head, [0x50, 0x4b], 'a zip (PK)');
@@ -463,8 +474,8 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
     try {
       const page = context.pages()[0] ?? (await context.newPage());
       const cdp = await context.newCDPSession(page);
-      // 4 MiB for the whole origin: room for one checkpoint of the demo model's full fine-tune (fp32 masters
-      // and two moments, 12 bytes per UNet weight: ~2.4 MB, checked below) but not for the next, which is
+      // QUOTA for the whole origin: room for one checkpoint of the demo model's full fine-tune (fp32 masters
+      // and two moments, 12 bytes per UNet weight: ~26 MB, checked below) but not for the next, which is
       // written before the previous one is deleted. (Set before the page stores anything: Chromium's
       // IndexedDB caches an origin's quota once used.)
       await cdp.send('Storage.overrideQuotaForOrigin', { origin: server.url, quotaSize: QUOTA });

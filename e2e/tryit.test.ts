@@ -51,7 +51,7 @@ describe('studio: Try it (Chromium, SwiftShader, demo model)', () => {
       page.on('pageerror', (e) => pageErrors.push(e.message));
       await page.goto(server.url);
       await page.getByRole('button', { name: 'Use the demo model' }).click({ timeout: 60_000 });
-      await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-tiny' }).waitFor({ timeout: 60_000 });
+      await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-small' }).waitFor({ timeout: 60_000 });
       const dt = await page.evaluateHandle(
         (fs) => {
           const d = new DataTransfer();
@@ -106,7 +106,7 @@ describe('studio: Try it (Chromium, SwiftShader, demo model)', () => {
       const result = panel.getByTestId('tryit-result');
       await result.first().waitFor({ timeout: 300_000 });
       assert.equal(await result.count(), 1);
-      // Base and fine-tuned side by side, both drawn (decoded images of the run's 32 px).
+      // Base and fine-tuned side by side, both drawn (decoded images of the run's 64 px: the demo model's own resolution).
       const figures = await result.locator('figure').evaluateAll((fs) =>
         fs.map((f) => {
           const img = f.querySelector('img')!;
@@ -116,8 +116,8 @@ describe('studio: Try it (Chromium, SwiftShader, demo model)', () => {
       assert.deepEqual(
         figures.map((f) => [f.caption, f.width]),
         [
-          ['base', 32],
-          ['fine-tuned', 32],
+          ['base', 64],
+          ['fine-tuned', 64],
         ],
       );
       assert.equal(figures[0].top, figures[1].top, 'side by side');
@@ -126,16 +126,16 @@ describe('studio: Try it (Chromium, SwiftShader, demo model)', () => {
       const tuned = await download(page, () => result.getByRole('link', { name: 'Download fine-tuned PNG' }).click());
       assert.match(tuned.name, /^tryit-step2-seed7-fine-tuned-.*\.png$/);
       const png = decode(tuned.bytes, { checkCrc: true });
-      assert.equal(png.width, 32);
+      assert.equal(png.width, 64);
       assert.equal(
         png.text.parameters,
-        'a photo of sks dog <lora:demo-sd1-tiny-dreambooth-lora-step2-lora:0.8>\nNegative prompt: blurry\n' +
-          'Steps: 2, Sampler: DPM++ 2M, CFG scale: 7.5, Seed: 7, Size: 32x32, Model: demo-sd1-tiny',
+        'a photo of sks dog <lora:demo-sd1-small-dreambooth-lora-step2-lora:0.8>\nNegative prompt: blurry\n' +
+          'Steps: 2, Sampler: DPM++ 2M, CFG scale: 7.5, Seed: 7, Size: 64x64, Model: demo-sd1-small',
       );
       const base = await download(page, () => result.getByRole('link', { name: 'Download base PNG' }).click());
       assert.equal(
         decode(base.bytes).text.parameters,
-        'a photo of sks dog\nNegative prompt: blurry\nSteps: 2, Sampler: DPM++ 2M, CFG scale: 7.5, Seed: 7, Size: 32x32, Model: demo-sd1-tiny',
+        'a photo of sks dog\nNegative prompt: blurry\nSteps: 2, Sampler: DPM++ 2M, CFG scale: 7.5, Seed: 7, Size: 64x64, Model: demo-sd1-small',
       );
 
       // Each result's Remove says which result it removes.
@@ -152,7 +152,7 @@ describe('studio: Try it (Chromium, SwiftShader, demo model)', () => {
         .getByTestId('tryit-result')
         .locator('img')
         .evaluateAll((imgs) => Promise.all(imgs.map((i) => (i as HTMLImageElement).decode().then(() => (i as HTMLImageElement).naturalWidth))));
-      assert.deepEqual(widths, [32, 32]);
+      assert.deepEqual(widths, [64, 64]);
       assert.deepEqual(pageErrors, []);
     } finally {
       await browser.close();
