@@ -2,14 +2,15 @@
 // scenes (src/train/synthetic.ts), with checkpoints and resume, and writes it as a diffusers folder.
 //   pretrain --out <dir> [--size small|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px]
 //            [--data-size N] [--data-seed N] [--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px]
-//            [--ema-decay x] [--checkpoint-every N] [--bpe <bpe_simple_vocab_16e6.txt.gz>] [--overwrite]
+//            [--ema-decay x] [--token-std x] [--checkpoint-every N] [--bpe <bpe_simple_vocab_16e6.txt.gz>]
+//            [--vae-from <diffusers folder>] [--overwrite]
 //   pretrain --resume <dir> [--steps N]
 //   pretrain --resume <dir> --export      (writes <dir>/model from the last checkpoint, part-way, and trains nothing)
 // The run folder holds pretrain.json (size and settings, validated on resume), tokenizer/ (vocab.json and
 // merges.txt, built once from CLIP's BPE list), store/ (checkpoints) and, at the end, model/ (the diffusers
 // folder: fp16 weights, configs, tokenizer).
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { gunzipSync } from 'node:zlib';
 import type { Gpu } from '../gpu/device.ts';
@@ -17,13 +18,23 @@ import { ClipTokenizer } from '../io/tokenizer.ts';
 import { clipTokenizerFromBpe } from '../models/demo.ts';
 import { StorageFullError } from '../store/chunkstore.ts';
 import { FsChunkStore } from '../store/fs-store.ts';
-import { checkPretrainSettings, PRETRAIN_DEFAULTS, PRETRAIN_SIZES, Pretrainer, pretrainedModelFiles, type PretrainSettings } from '../train/pretrain.ts';
+import {
+  checkPretrainSettings,
+  PRETRAIN_DEFAULTS,
+  PRETRAIN_SIZES,
+  Pretrainer,
+  pretrainedModelFiles,
+  type PretrainConfigs,
+  type PretrainedVae,
+  type PretrainSettings,
+} from '../train/pretrain.ts';
+import { readSafetensors } from '../io/safetensors.ts';
 import { SHAPES, type ShapeName } from '../train/synthetic.ts';
-import { numberFlag, parseFlags, stringFlag, UsageError, type Flags, type ParsedFlags } from './args.ts';
+import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flags, type ParsedFlags } from './args.ts';
 
 const USAGE =
   'usage: pretrain --out <dir> [--size small|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px] [--data-size N] [--data-seed N] ' +
-  '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px] [--ema-decay x] [--checkpoint-every N] [--bpe <file.txt.gz>] [--overwrite] | pretrain --resume <dir> [--steps N] | pretrain --resume <dir> --export';
+  '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px] [--ema-decay x] [--token-std x] [--checkpoint-every N] [--bpe <file.txt.gz>] [--vae-from <diffusers folder>] [--overwrite] | pretrain --resume <dir> [--steps N] | pretrain --resume <dir> --export';
 
 /** Number flags and the setting each sets. */
 const NUMBER_FLAGS: [string, keyof PretrainSettings, { integer?: boolean; min?: number }][] = [
@@ -39,6 +50,7 @@ const NUMBER_FLAGS: [string, keyof PretrainSettings, { integer?: boolean; min?: 
   ['vae-crop', 'vaeCrop', { integer: true, min: 0 }],
   ['ema-decay', 'emaDecay', {}],
   ['checkpoint-every', 'checkpointEvery', { integer: true, min: 0 }],
+  ['token-std', 'tokenStd', {}],
 ];
 const FLAGS: Flags = {
   ...Object.fromEntries(NUMBER_FLAGS.map(([f]) => [f, { type: 'string' as const }])),
@@ -47,6 +59,7 @@ const FLAGS: Flags = {
   size: { type: 'string' },
   exclude: { type: 'string' },
   bpe: { type: 'string' },
+  'vae-from': { type: 'string' },
   overwrite: { type: 'boolean' },
   export: { type: 'boolean' },
 };
@@ -57,6 +70,31 @@ const DEFAULT_BPE = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '.
 interface RunFile {
   size: keyof typeof PRETRAIN_SIZES;
   settings: PretrainSettings;
+  /** The diffusers folder whose VAE the run started from (`--vae-from`), for the record. */
+  vaeFrom?: string;
+}
+
+/**
+ * `--vae-from`: the VAE of a diffusers folder (a finished or `--export`ed pretraining run of the same size),
+ * its config checked against the size's, its weights widened to f32, its latent scale from its config.
+ */
+function readVaeFrom(dir: string, want: PretrainConfigs['vae']): PretrainedVae {
+  const flag = `--vae-from ${dir}`;
+  const configPath = join(dir, 'vae', 'config.json');
+  const weightsPath = join(dir, 'vae', 'diffusion_pytorch_model.safetensors');
+  if (!existsSync(configPath) || !existsSync(weightsPath))
+    throw new UsageError(`${flag}: no vae/config.json and vae/diffusion_pytorch_model.safetensors there; give a diffusers folder (e.g. <run>/model)`);
+  const config = readJsonFile(configPath, 'the VAE config') as Record<string, unknown>;
+  for (const k of ['block_out_channels', 'layers_per_block', 'norm_num_groups', 'latent_channels'] as const)
+    if (JSON.stringify(config[k]) !== JSON.stringify(want[k]))
+      throw new UsageError(
+        `${flag}: its VAE has ${k} ${JSON.stringify(config[k])}, this size's has ${JSON.stringify(want[k])}: start from a VAE of the same size`,
+      );
+  const scalingFactor = config.scaling_factor;
+  if (typeof scalingFactor !== 'number' || !(scalingFactor > 0) || scalingFactor === 1)
+    throw new UsageError(`${flag}: its VAE config has no measured scaling_factor (${String(scalingFactor)}): use a VAE a pretraining run finished`);
+  const tensors = readSafetensors(new Uint8Array(readFileSync(weightsPath))).tensors;
+  return { weights: new Map([...tensors].map(([n, t]) => [n, Float32Array.from(t.data)])), scalingFactor };
 }
 
 function settingsFrom(values: ParsedFlags, base: PretrainSettings): PretrainSettings {
@@ -105,6 +143,7 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
   const dir = (resumeDir ?? outDir)!;
   const runPath = join(dir, 'pretrain.json');
   let run: RunFile;
+  let vaeFrom: PretrainedVae | undefined;
   if (resumeDir) {
     if (!existsSync(runPath)) throw new UsageError(`--resume ${dir}: no pretrain.json there (not a pretraining run folder)`);
     for (const f of Object.keys(values))
@@ -119,7 +158,13 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
     const size = (stringFlag(values, 'size') ?? 'small') as RunFile['size'];
     if (!(size in PRETRAIN_SIZES)) throw new UsageError(`--size ${size}: use ${Object.keys(PRETRAIN_SIZES).join(' or ')}`);
     const base = size === 'tiny' ? { ...PRETRAIN_DEFAULTS, resolution: 16 } : PRETRAIN_DEFAULTS;
-    run = { size, settings: settingsFrom(values, base) };
+    const vaeFromDir = stringFlag(values, 'vae-from');
+    if (vaeFromDir && values['vae-steps'] !== undefined && Number(values['vae-steps']) !== 0)
+      throw new UsageError(
+        `--vae-from and --vae-steps ${String(values['vae-steps'])}: a run that starts from a trained VAE has no VAE stage; leave --vae-steps out`,
+      );
+    run = { size, settings: settingsFrom(values, vaeFromDir ? { ...base, vaeSteps: 0 } : base), ...(vaeFromDir ? { vaeFrom: resolve(vaeFromDir) } : {}) };
+    vaeFrom = vaeFromDir ? readVaeFrom(vaeFromDir, PRETRAIN_SIZES[size].vae) : undefined;
     // Checked before the folder is touched: a dataset seed or size that cannot be honoured costs nothing.
     checkPretrainSettings(run.settings, PRETRAIN_SIZES[size]);
     if (existsSync(runPath) && !values.overwrite)
@@ -133,7 +178,8 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
   if (!resumeDir) writeFileSync(runPath, JSON.stringify(run, null, 2));
   const store = await FsChunkStore.open(join(dir, 'store'));
   // The run's checkpoints are written with its original step count; a longer --steps on resume extends it.
-  const p = await Pretrainer.create(gpu, tokenizer, run.settings, store, 'pretrain', configs);
+  // On resume the VAE comes back from the checkpoint with everything else; --vae-from only seeds a new run.
+  const p = await Pretrainer.create(gpu, tokenizer, run.settings, store, 'pretrain', configs, vaeFrom);
   try {
     if (await p.resume()) {
       console.log(`resumed at ${p.stage} step ${p.step}`);

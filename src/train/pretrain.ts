@@ -123,6 +123,15 @@ export interface PretrainSettings {
   /** Probability a caption is replaced by "" (classifier-free guidance's unconditional branch). */
   dropCaption: number;
   checkpointEvery: number;
+  /**
+   * Standard deviation of the text encoder's token table at the start. The table stays frozen (the engine's
+   * embedding has no gradient), so its scale decides how much of each position's encoding is its token: at
+   * CLIP's own 0.02 the tokens are a small part of the pre-LN residual stream (two unrelated captions encode
+   * to cos 0.53 at init, 0.12 at 1), and in the first small-model run (0.02) training drew them together to cos
+   * 0.9-0.99 by step 1250, when the UNet's loss was the same with the right caption, an empty one or another
+   * picture's. At 1 the token stays the largest part of the residual stream the final LayerNorm reads.
+   */
+  tokenStd: number;
 }
 
 export const PRETRAIN_DEFAULTS: PretrainSettings = {
@@ -141,6 +150,7 @@ export const PRETRAIN_DEFAULTS: PretrainSettings = {
   emaEvery: 10,
   dropCaption: 0.1,
   checkpointEvery: 250,
+  tokenStd: 1,
 };
 
 /** Refuses settings the run cannot honour, before any work, naming the setting. */
@@ -163,6 +173,13 @@ export function checkPretrainSettings(s: PretrainSettings, cfg: PretrainConfigs 
   for (const k of ['vaeLr', 'lr'] as const) if (!(s[k] > 0 && s[k] < 1)) throw new Error(`${k} ${s[k]}: use a learning rate between 0 and 1 (e.g. 1e-3)`);
   if (!(s.emaDecay >= 0 && s.emaDecay < 1)) throw new Error(`emaDecay ${s.emaDecay}: use a decay from 0 to below 1 (e.g. 0.999)`);
   if (!(s.dropCaption >= 0 && s.dropCaption < 1)) throw new Error(`dropCaption ${s.dropCaption}: use a probability from 0 to below 1 (e.g. 0.1)`);
+  if (!(s.tokenStd > 0 && s.tokenStd <= 10)) throw new Error(`tokenStd ${s.tokenStd}: use a standard deviation above 0 and at most 10 (e.g. 1)`);
+}
+
+/** A trained VAE to start from instead of stage 1 (`cli pretrain --vae-from`): its weights and latent scale. */
+export interface PretrainedVae {
+  weights: Map<string, Float32Array>;
+  scalingFactor: number;
 }
 
 export type PretrainStage = 'vae' | 'unet' | 'done';
@@ -240,7 +257,11 @@ export class Pretrainer {
     const init = new Rng(settings.seed ^ 0x1517);
     const upload = (shapes: Map<string, number[]>) => {
       const w: Weights = new Map();
-      for (const [name, t] of initWeights(shapes, init)) w.set(name, gpu.upload(t.data, t.shape, 'f32', 'weights', name));
+      for (const [name, t] of initWeights(shapes, init)) {
+        // The frozen token table at tokenStd instead of the init's 0.02 (see PretrainSettings.tokenStd).
+        const data = name.endsWith('token_embedding.weight') ? (t.data as Float32Array).map((v) => v * (settings.tokenStd / 0.02)) : t.data;
+        w.set(name, gpu.upload(data, t.shape, 'f32', 'weights', name));
+      }
       return w;
     };
     this.weights = { vae: upload(vaeParams(this.vaeConfig)), unet: upload(unetParams(this.unetConfig)), text_encoder: upload(clipParams(this.teConfig)) };
@@ -257,9 +278,21 @@ export class Pretrainer {
     store: ChunkStore,
     runId: string,
     configs: PretrainConfigs = PRETRAIN_CONFIGS,
+    /** Start from this trained VAE (settings.vaeSteps must be 0): SD trains its UNet on a fixed, pretrained VAE. */
+    vae?: PretrainedVae,
   ): Promise<Pretrainer> {
     checkPretrainSettings(settings, configs);
+    if (vae && settings.vaeSteps !== 0) throw new Error(`vaeSteps ${settings.vaeSteps}: a run that starts from a trained VAE has no VAE stage (use 0)`);
     const p = new Pretrainer(gpu, configs, tokenizer, settings, store, runId);
+    if (vae) {
+      for (const [name, t] of p.weights.vae) {
+        const v = vae.weights.get(name);
+        if (!v || v.length !== t.numel)
+          throw new Error(`the VAE to start from has ${v ? `${v.length} values` : 'no tensor'} for ${name}, not ${t.numel}: it is not this size's VAE`);
+        gpu.write(t, v);
+      }
+      p.scalingFactor = vae.scalingFactor;
+    }
     await p.startStage(settings.vaeSteps > 0 ? 'vae' : 'unet');
     return p;
   }

@@ -13,6 +13,7 @@ import { nodeFolder } from '../../src/models/folder-node.ts';
 import { MemoryChunkStore } from '../../src/store/chunkstore.ts';
 import { splitChannels } from '../../src/ops/elementwise.ts';
 import { vaeDecode, vaeEncode } from '../../src/nn/vae.ts';
+import { clipConfigFromJson, clipTextForward } from '../../src/nn/clip.ts';
 import {
   checkPretrainSettings,
   cropPicture,
@@ -191,6 +192,70 @@ describe('pretraining the demo model', () => {
     p.destroy();
     assert.deepEqual(got.losses, want.losses);
     for (const [n, v] of want.flat) assert.deepEqual(got.flat.get(n), v, n);
+  });
+
+  it('starts the UNet stage from a trained VAE (--vae-from): its weights and latent scale, no VAE stage', async () => {
+    const gpu = await testGpu();
+    const first = await Pretrainer.create(gpu, tokenizer, SETTINGS, new MemoryChunkStore(), 'v1', TINY);
+    for (let i = 0; i < SETTINGS.vaeSteps + 1; i++) await first.trainStep();
+    const vae = new Map([...(await first.finalWeights()).vae].map(([n, t]) => [n, t.data as Float32Array]));
+    const scale = first.scalingFactor;
+    first.destroy();
+    assert.notEqual(scale, 1, 'stage 1 measured a scale');
+    await assert.rejects(
+      Pretrainer.create(gpu, tokenizer, SETTINGS, new MemoryChunkStore(), 'v2', TINY, { weights: vae, scalingFactor: scale }),
+      /vaeSteps 6: a run that starts from a trained VAE has no VAE stage/,
+    );
+    const p = await Pretrainer.create(gpu, tokenizer, { ...SETTINGS, vaeSteps: 0 }, new MemoryChunkStore(), 'v3', TINY, { weights: vae, scalingFactor: scale });
+    assert.equal(p.stage, 'unet');
+    assert.equal(p.scalingFactor, scale);
+    for (const [n, t] of p.weights.vae) assert.deepEqual(await gpu.read(t), vae.get(n), n);
+    const r = (await p.trainStep())!;
+    assert.equal(r.stage, 'unet');
+    assert.ok(Number.isFinite(r.loss));
+    for (const [n, t] of p.weights.vae) assert.deepEqual(await gpu.read(t), vae.get(n), `${n} stays frozen in the UNet stage`);
+    p.destroy();
+    const short = new Map([...vae].map(([n, v]) => [n, n === 'encoder.conv_in.weight' ? v.subarray(1) : v]));
+    await assert.rejects(
+      Pretrainer.create(gpu, tokenizer, { ...SETTINGS, vaeSteps: 0 }, new MemoryChunkStore(), 'v4', TINY, { weights: short, scalingFactor: scale }),
+      /the VAE to start from has \d+ values for encoder\.conv_in\.weight, not \d+: it is not this size's VAE/,
+    );
+  });
+
+  it('tokenStd spreads captions apart in the frozen text encoder (at 0.02 two unrelated captions start half alike)', async () => {
+    const gpu = await testGpu();
+    const captions = ['a red circle on a blue background', 'two small green striped squares on the left on a dotted white background'];
+    const spread = async (tokenStd: number) => {
+      // The small size's text encoder (the demo model's: 64 wide, the 49408-token table), untrained.
+      const p = await Pretrainer.create(
+        gpu,
+        tokenizer,
+        { ...SETTINGS, resolution: 64, tokenStd },
+        new MemoryChunkStore(),
+        `t${tokenStd}`,
+        PRETRAIN_SIZES.small,
+      );
+      const ids = new Float32Array(2 * 77);
+      captions.forEach((c, b) => ids.set(tokenizer.encodePadded(c), b * 77));
+      const cfg = clipConfigFromJson(PRETRAIN_SIZES.small.text_encoder);
+      const ctx = await gpu.read(clipTextForward(gpu, cfg, p.weights.text_encoder, ids, 2, null));
+      p.destroy();
+      // Mean over the caption positions 1..8 of cos(caption 0, caption 1) at the same position.
+      const D = cfg.hiddenSize;
+      let sum = 0;
+      for (let t = 1; t <= 8; t++) {
+        const a = ctx.subarray(t * D, (t + 1) * D);
+        const b = ctx.subarray((77 + t) * D, (77 + t + 1) * D);
+        const dot = a.reduce((acc, v, i) => acc + v * b[i], 0);
+        sum += dot / Math.hypot(...a) / Math.hypot(...b);
+      }
+      return sum / 8;
+    };
+    const [small, large] = [await spread(0.02), await spread(1)];
+    console.log(`mean cosine of two captions' encodings: tokenStd 0.02 ${small.toFixed(3)}, 1 ${large.toFixed(3)}`);
+    // Measured: 0.53 at 0.02, 0.12 at 1 (untrained small text encoder, positions 1-8).
+    assert.ok(small > 0.4, `at CLIP's 0.02 the encodings start close (${small})`);
+    assert.ok(large < 0.25 && large < small - 0.25, `at 1 they start far apart (${large} vs ${small})`);
   });
 
   it('refuses a resume with other settings, naming the setting', async () => {
