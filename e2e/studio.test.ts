@@ -278,16 +278,16 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       // three would be "blurry"); the page trains non-square photos in aspect-ratio buckets, so none is "not
       // square": the cards say which bucket each trains at. Bucket sides are multiples of the model's factor,
       // VAE x UNet down-sampling = 8 x 8 = 64 for the demo model (4 blocks each), and a bucket holds at most
-      // 64x64 px: at 64 px the square is the only bucket, so every photo trains at 64x64 (a factor or
-      // resolution taken from anything but the loaded model would show other sides).
+      // 64x64 px: at 64 px the square is the only bucket, so every photo trains at 64x64, labelled a square crop
+      // (a factor or resolution taken from anything but the loaded model would show other sides).
       // (With no warning at all the page shows no list.)
       const warningList = page.getByRole('list', { name: 'Warnings' });
       const warnings = (await warningList.count()) ? ((await warningList.textContent()) ?? '') : '';
       assert.doesNotMatch(warnings, /not square|blurry|upscaled/);
       assert.deepEqual(await page.getByTestId('bucket').allTextContents(), [
-        'Trains at 64×64 (its own aspect ratio)',
-        'Trains at 64×64 (its own aspect ratio)',
-        'Trains at 64×64 (its own aspect ratio)',
+        'Trains at 64×64 (square crop)',
+        'Trains at 64×64 (square crop)',
+        'Trains at 64×64 (square crop)',
       ]);
       // The page stays responsive while the worker trains: a click on the advanced panel answers at once.
       const t0 = Date.now();

@@ -279,7 +279,7 @@ function Thumb({ p, index, locked }: { p: PhotoItem; index: number; locked: bool
       />
       {bucket && (
         <span className="hint" data-testid="bucket">
-          Trains at {bucket.width}×{bucket.height} (its own aspect ratio)
+          Trains at {bucket.width}×{bucket.height} ({bucket.width === bucket.height ? 'square crop' : 'its own aspect ratio'})
         </span>
       )}
       <span className="name" title={p.name}>
