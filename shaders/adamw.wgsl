@@ -102,19 +102,27 @@ fn adamw_check(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
 //#entry adamw_stats
 // Chunk statistics: atomic maxima (as u32 bits: non-negative f32 order like their bits) of |master|,
 // |m|, v and |m| / (sqrt(v) + stats_eps) (the host's stats epsilon), reduced in the workgroup first so
-// only one invocation per workgroup touches the four words.
+// only one invocation per workgroup touches the four words. Each invocation first takes the maxima of every
+// element i = its index + k * (all invocations) (the host caps the grid, so a chunk of millions is a few
+// hundred workgroups and as many barrier trees, not one per 256 elements); max is order-free, so the result
+// does not depend on the grid.
 var<workgroup> wg_max: array<u32, 4 * WG>; // [quantity * WG + invocation]
 
 @compute @workgroup_size(WG)
 fn adamw_stats(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let i = index(gid, nwg);
-  var s = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
-  if (i < p.n) {
+  let total = nwg.x * nwg.y * WG;
+  // Maxima taken on the bits (u32 order = f32 order for non-negative values, NaN above inf), so a NaN anywhere
+  // reaches the statistics, where the host's bound refuses it (an f32 max() may drop a NaN).
+  var s = array<u32, 4>(0u, 0u, 0u, 0u);
+  for (var i = index(gid, nwg); i < p.n; i += total) {
     let mi = m[i + p.m_skip];
     let vi = v[i + p.v_skip];
-    s = array<f32, 4>(abs(master[i + p.p_skip]), abs(mi), abs(vi), abs(mi) / (sqrt(abs(vi)) + p.stats_eps));
+    s[0] = max(s[0], bitcast<u32>(abs(master[i + p.p_skip])));
+    s[1] = max(s[1], bitcast<u32>(abs(mi)));
+    s[2] = max(s[2], bitcast<u32>(abs(vi)));
+    s[3] = max(s[3], bitcast<u32>(abs(mi) / (sqrt(abs(vi)) + p.stats_eps)));
   }
-  for (var k = 0u; k < 4u; k++) { wg_max[k * WG + lid] = bitcast<u32>(s[k]); }
+  for (var k = 0u; k < 4u; k++) { wg_max[k * WG + lid] = s[k]; }
   workgroupBarrier();
   for (var width = WG / 2u; width > 0u; width = width / 2u) {
     if (lid < width) {

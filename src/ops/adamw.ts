@@ -152,6 +152,8 @@ const ADAMW_CHECK = kernel({
   uniforms: UPDATE_UNIFORMS,
   bindings: [...updateBindings('read'), { name: 'update_flag', type: 'atomic<u32>', access: 'read_write' }],
 });
+/** adamw_stats' grid cap: enough workgroups to fill a large GPU, few enough barrier trees for a CPU adapter. */
+const STATS_WORKGROUPS = 512;
 const ADAMW_STATS = kernel({
   shader: 'adamw',
   entry: 'adamw_stats',
@@ -306,7 +308,8 @@ export function adamwStats(gpu: Gpu, state: { master: Tensor; m: Tensor; v: Tens
       defs: { WG },
       uniforms: { n: count, p_skip: p.skip, m_skip: m.skip, v_skip: v.skip, stats_eps: statsEps(cfg) },
       bindings: { master: p.window, m: m.window, v: v.window, stats: outW.window },
-      workgroups: gpu.grid(Math.ceil(count / WG)),
+      // At most STATS_WORKGROUPS workgroups: each invocation strides over the rest (the shader's comment).
+      workgroups: gpu.grid(Math.min(STATS_WORKGROUPS, Math.ceil(count / WG))),
     });
   }
 }
