@@ -2,7 +2,7 @@
 // scenes (src/train/synthetic.ts), with checkpoints and resume, and writes it as a diffusers folder.
 //   pretrain --out <dir> [--size small|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px]
 //            [--data-size N] [--data-seed N] [--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px]
-//            [--ema-decay x] [--token-std x] [--checkpoint-every N] [--bpe <bpe_simple_vocab_16e6.txt.gz>]
+//            [--ema-decay x] [--token-std x] [--prediction v_prediction|epsilon] [--checkpoint-every N] [--bpe <bpe_simple_vocab_16e6.txt.gz>]
 //            [--vae-from <diffusers folder>] [--overwrite]
 //   pretrain --resume <dir> [--steps N]
 //   pretrain --resume <dir> --export      (writes <dir>/model from the last checkpoint, part-way, and trains nothing)
@@ -24,6 +24,7 @@ import {
   PRETRAIN_SIZES,
   Pretrainer,
   pretrainedModelFiles,
+  savedPretrainSettings,
   type PretrainConfigs,
   type PretrainedVae,
   type PretrainSettings,
@@ -34,7 +35,7 @@ import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flag
 
 const USAGE =
   'usage: pretrain --out <dir> [--size small|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px] [--data-size N] [--data-seed N] ' +
-  '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px] [--ema-decay x] [--token-std x] [--checkpoint-every N] [--bpe <file.txt.gz>] [--vae-from <diffusers folder>] [--overwrite] | pretrain --resume <dir> [--steps N] | pretrain --resume <dir> --export';
+  '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px] [--ema-decay x] [--token-std x] [--prediction v_prediction|epsilon] [--checkpoint-every N] [--bpe <file.txt.gz>] [--vae-from <diffusers folder>] [--overwrite] | pretrain --resume <dir> [--steps N] | pretrain --resume <dir> --export';
 
 /** Number flags and the setting each sets. */
 const NUMBER_FLAGS: [string, keyof PretrainSettings, { integer?: boolean; min?: number }][] = [
@@ -58,6 +59,7 @@ const FLAGS: Flags = {
   resume: { type: 'string' },
   size: { type: 'string' },
   exclude: { type: 'string' },
+  prediction: { type: 'string' },
   bpe: { type: 'string' },
   'vae-from': { type: 'string' },
   overwrite: { type: 'boolean' },
@@ -107,6 +109,11 @@ function settingsFrom(values: ParsedFlags, base: PretrainSettings): PretrainSett
       if (!(SHAPES as readonly string[]).includes(n)) throw new UsageError(`--exclude ${n}: not a shape the generator draws (${SHAPES.join(', ')})`);
     s.exclude = names as ShapeName[];
   }
+  const prediction = stringFlag(values, 'prediction');
+  if (prediction !== undefined) {
+    if (prediction !== 'epsilon' && prediction !== 'v_prediction') throw new UsageError(`--prediction ${prediction}: use epsilon or v_prediction`);
+    s.prediction = prediction;
+  }
   return s;
 }
 
@@ -150,8 +157,8 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
       if (!['resume', 'steps', 'export'].includes(f))
         throw new UsageError(`--${f} cannot change on --resume (the run keeps its own settings); only --steps can`);
     run = JSON.parse(readFileSync(runPath, 'utf8')) as RunFile;
-    // A setting added after the run began takes its default, which keeps the run's behaviour.
-    run.settings = { ...PRETRAIN_DEFAULTS, ...run.settings };
+    // A setting added after the run began takes the value the run had before it existed.
+    run.settings = savedPretrainSettings(run.settings);
     run.settings.steps = numberFlag(values, 'steps', run.settings.steps, { integer: true, min: run.settings.steps });
   } else {
     if (values.export) throw new UsageError(`--export writes the model of an existing run: use it with --resume <dir>`);

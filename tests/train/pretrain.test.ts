@@ -21,6 +21,7 @@ import {
   Pretrainer,
   PRETRAIN_DEFAULTS,
   PRETRAIN_SIZES,
+  savedPretrainSettings,
   type PretrainSettings,
 } from '../../src/train/pretrain.ts';
 import { tinyTokenizer } from '../fixtures/models/make-tiny.ts';
@@ -139,6 +140,7 @@ describe('pretraining the demo model', () => {
       }
       const model = await loadDiffusers(gpu, nodeFolder(dir), { dtype: 'f32' });
       assert.equal(model.vae.config.scalingFactor, straight.scalingFactor);
+      assert.equal(model.prediction, 'v_prediction', "the scheduler config carries the run's prediction type");
       const name = 'conv_in.weight';
       const ema = want.flat.get(`unet/${name}`)!;
       assert.deepEqual(await gpu.read(model.unet.weights.get(name)!), roundToF16(ema));
@@ -256,6 +258,25 @@ describe('pretraining the demo model', () => {
     // Measured: 0.53 at 0.02, 0.12 at 1 (untrained small text encoder, positions 1-8).
     assert.ok(small > 0.4, `at CLIP's 0.02 the encodings start close (${small})`);
     assert.ok(large < 0.25 && large < small - 0.25, `at 1 they start far apart (${large} vs ${small})`);
+  });
+
+  it('predicts v by default and eps when asked (the first UNet loss differs); a run saved before those settings resumes as it began', async () => {
+    const gpu = await testGpu();
+    const firstUnetLoss = async (prediction: PretrainSettings['prediction']) => {
+      const p = await Pretrainer.create(gpu, tokenizer, { ...SETTINGS, vaeSteps: 0, prediction }, new MemoryChunkStore(), `p-${prediction}`, TINY);
+      const r = (await p.trainStep())!;
+      p.destroy();
+      return r.loss;
+    };
+    const [v, eps] = [await firstUnetLoss('v_prediction'), await firstUnetLoss('epsilon')];
+    assert.ok(Number.isFinite(v) && Number.isFinite(eps) && Math.abs(v - eps) > 1e-3 * eps, `v loss ${v}, eps loss ${eps}`);
+    assert.equal(PRETRAIN_DEFAULTS.prediction, 'v_prediction');
+    const { prediction, tokenStd, ...older } = SETTINGS;
+    assert.ok(prediction && tokenStd);
+    assert.deepEqual(
+      { prediction: savedPretrainSettings(older).prediction, tokenStd: savedPretrainSettings(older).tokenStd },
+      { prediction: 'epsilon', tokenStd: 0.02 },
+    );
   });
 
   it('refuses a resume with other settings, naming the setting', async () => {
