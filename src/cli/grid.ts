@@ -7,11 +7,10 @@ import { existsSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { encode } from 'fast-png';
 import type { Gpu } from '../gpu/device.ts';
-import { MAX_IMAGE_SIDE, SampleOptionError, txt2img } from '../sample/txt2img.ts';
-import { scheduleFromJson, SD_SCHEDULE } from '../sample/schedulers.ts';
+import { MAX_IMAGE_SIDE } from '../sample/txt2img.ts';
 import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flags } from './args.ts';
 import { loadModel } from './run.ts';
-import { loadTokenizer } from './sample.ts';
+import { loadTokenizer, modelSchedule, txt2imgCli } from './sample.ts';
 
 const GRID_FLAGS: Flags = Object.fromEntries(
   ['model', 'prompts', 'out', 'negative', 'steps', 'guidance', 'seeds', 'sampler', 'width', 'height', 'scale'].map((k) => [k, { type: 'string' as const }]),
@@ -55,9 +54,7 @@ export async function gridCommand(gpu: Gpu, args: string[]): Promise<void> {
 
   const tokenizer = loadTokenizer(join(modelPath, 'tokenizer'));
   const model = await loadModel(gpu, modelPath, { dtype: gpu.computeDType });
-  const schedPath = join(modelPath, 'scheduler/scheduler_config.json');
-  const schedJson = existsSync(schedPath) ? readJsonFile(schedPath, 'the scheduler config') : {};
-  const schedule = { ...SD_SCHEDULE, ...scheduleFromJson(schedJson, model.prediction) };
+  const schedule = modelSchedule(modelPath, model);
 
   const cellW = width * scale + GAP;
   const cellH = height * scale + GAP;
@@ -66,19 +63,8 @@ export async function gridCommand(gpu: Gpu, args: string[]): Promise<void> {
   const grid = new Uint8Array(W * H * 3).fill(255);
   for (const [row, prompt] of prompts.entries())
     for (const [col, seed] of seeds.entries()) {
-      const img = await txt2img(gpu, model, tokenizer, {
-        prompt,
-        negativePrompt: arg('negative') ?? '',
-        steps,
-        guidance,
-        seed,
-        width,
-        height,
-        sampler,
-        schedule,
-      }).catch((e: unknown) => {
-        throw e instanceof SampleOptionError ? new UsageError(`--${e.message}`) : e;
-      });
+      const negativePrompt = arg('negative') ?? '';
+      const img = await txt2imgCli(gpu, model, tokenizer, { prompt, negativePrompt, steps, guidance, seed, width, height, sampler, schedule });
       // Nearest-neighbour upscale into the cell at (row, col).
       for (let y = 0; y < height * scale; y++)
         for (let x = 0; x < width * scale; x++) {

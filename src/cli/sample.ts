@@ -11,7 +11,8 @@ import { ClipTokenizer } from '../io/tokenizer.ts';
 import { MAX_IMAGE_SIDE, SampleOptionError, txt2img } from '../sample/txt2img.ts';
 import { promptWarning } from '../pipeline/run.ts';
 import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flags } from './args.ts';
-import { scheduleFromJson, SD_SCHEDULE } from '../sample/schedulers.ts';
+import { scheduleFromJson, SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
+import type { LoadedModel } from '../models/load.ts';
 import { configOverrides, loadModel } from './run.ts';
 import { SafetensorsFile } from '../io/safetensors.ts';
 import { NodeFileSource } from '../io/source-node.ts';
@@ -47,6 +48,20 @@ export async function readLoraFile(path: string, flag = '--lora'): Promise<ReadL
   } finally {
     await file.source.close?.();
   }
+}
+
+/** The sampling schedule: SD's, with a model folder's scheduler config (if it has one) and `overrides` on top. */
+export function modelSchedule(folder: string | null, model: LoadedModel, overrides?: Record<string, unknown>): ScheduleConfig {
+  const path = folder && join(folder, 'scheduler/scheduler_config.json');
+  const json = path && existsSync(path) ? readJsonFile(path, 'the scheduler config') : {};
+  return { ...SD_SCHEDULE, ...scheduleFromJson({ ...json, ...overrides }, model.prediction) };
+}
+
+/** txt2img for the command line: its option errors (checked before any GPU work) become usage errors naming the flag. */
+export function txt2imgCli(...args: Parameters<typeof txt2img>): ReturnType<typeof txt2img> {
+  return txt2img(...args).catch((e: unknown) => {
+    throw e instanceof SampleOptionError ? new UsageError(`--${e.message}`) : e;
+  });
 }
 
 export async function sampleCommand(gpu: Gpu, args: string[]): Promise<void> {
@@ -94,14 +109,9 @@ export async function sampleCommand(gpu: Gpu, args: string[]): Promise<void> {
         `warning: ${loraPath}: ${lora.skipped.length} keys adapt layers the engine has no LoRA on (e.g. ${lora.skipped.slice(0, 3).join(', ')}); they are left out`,
       );
   }
-  const schedJson =
-    isDir && existsSync(join(modelPath, 'scheduler/scheduler_config.json'))
-      ? readJsonFile(join(modelPath, 'scheduler/scheduler_config.json'), 'the scheduler config')
-      : {};
-  const schedule = { ...SD_SCHEDULE, ...scheduleFromJson({ ...schedJson, ...overrides?.scheduler }, model.prediction) };
+  const schedule = modelSchedule(isDir ? modelPath : null, model, overrides?.scheduler);
   const t0 = performance.now();
-  // txt2img checks the sizes against the model's factor before any GPU work; its message names the option.
-  const img = await txt2img(gpu, model, tokenizer, {
+  const img = await txt2imgCli(gpu, model, tokenizer, {
     prompt,
     negativePrompt: arg('negative') ?? '',
     steps,
@@ -113,8 +123,6 @@ export async function sampleCommand(gpu: Gpu, args: string[]): Promise<void> {
     schedule,
     ...(lora ? { loraScale: lora.scale * loraStrength } : {}),
     onStep: (i, n) => process.stderr.write(`step ${i}/${n} ${((performance.now() - t0) / 1000).toFixed(1)} s\n`),
-  }).catch((e: unknown) => {
-    throw e instanceof SampleOptionError ? new UsageError(`--${e.message}`) : e;
   });
   writeFileSync(out, encode({ width: img.width, height: img.height, data: img.rgb, channels: 3, depth: 8 }));
   console.log(
