@@ -48,7 +48,8 @@ const args = process.argv.slice(2);
 const arg = (name: string) => (args.includes(name) ? args[args.indexOf(name) + 1] : undefined);
 const quick = args.includes('--quick');
 const GiB = 2 ** 30;
-const PYTHON = '/usr/bin/python3';
+// PYTHON picks the interpreter (default /usr/bin/python3, Debian's python3-torch; on a GPU machine the one with CUDA torch).
+const PYTHON = process.env.PYTHON ?? '/usr/bin/python3';
 const STEPS = { warmup: 1, timed: 5 };
 const BUDGET = (Number(arg('--budget-gib')) || 4) * GiB;
 const SD15_PX = Number(arg('--sd15-px')) || 128;

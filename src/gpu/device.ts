@@ -130,7 +130,8 @@ export class Gpu {
   readonly hasSubgroups: boolean;
   readonly hasTimestamps: boolean;
   /**
-   * Workgroups a dispatch needs before big tiles pay: a hardware GPU wants dozens of workgroups in flight,
+   * Workgroups a dispatch needs before big tiles pay: a hardware GPU wants hundreds in flight (an H200 has 132
+   * multiprocessors, each holding several workgroups),
    * a CPU adapter (lavapipe, SwiftShader: one workgroup per thread, a few cores) is busy with a handful and
    * gains more from the bigger register blocks (twice the GEMM rate on lavapipe).
    */
@@ -185,7 +186,7 @@ export class Gpu {
     this.dryRun = opts.dryRun ?? false;
     this.poison = (opts.poison ?? false) && !this.dryRun;
     this.cpuAdapter = isCpuAdapter(adapter);
-    this.fillWorkgroups = this.cpuAdapter ? 8 : 64;
+    this.fillWorkgroups = this.cpuAdapter ? 8 : 256;
     this.allocator = new Allocator(device, device.limits.maxBufferSize, this.dryRun);
     this.allocator.onEvict = () => this.bindGroups.clear();
     device.lost.then((info) => {

@@ -9,7 +9,7 @@ import type { Gpu } from '../gpu/device.ts';
 import { kernel, u32 } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, type Tensor } from '../gpu/tensor.ts';
-import { elemWindow, pickTile, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
+import { elemWindow, pickTile, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
 
 export interface Conv2dOptions {
   stride: number;
@@ -141,7 +141,7 @@ function convGemm(
   else wholeFits(gpu, op, out, 'grad weight');
   if (bias) wholeFits(gpu, op, bias, 'bias');
   const group = samplesPerBinding(gpu, op, s, [perA * BYTES[srcA.dtype], perB * BYTES[srcB.dtype], perC * BYTES[out.dtype]]);
-  const tile = forcedTile ?? pickTile(GM, GN, mode === Mode.GradWeight ? 1 : group, gpu.fillWorkgroups);
+  const tile = forcedTile ?? pickTile(GM, GN, mode === Mode.GradWeight ? 1 : group, gpu.fillWorkgroups, tilesFor(gpu));
   if (tileSharedBytes(tile) > gpu.device.limits.maxComputeWorkgroupStorageSize)
     throw new ShapeError(op, `tile ${JSON.stringify(tile)} needs too much workgroup memory`);
   for (let n0 = 0; n0 < s.N; n0 += group) {

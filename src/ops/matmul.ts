@@ -79,25 +79,59 @@ export const TILE_ROWS_16: Tile = { BM: 16, BN: 64, BK: 16, TM: 8, TN: 8 };
 export const TILE_COLS_4: Tile = { BM: 128, BN: 4, BK: 16, TM: 8, TN: 4 };
 export const TILE_COLS_16: Tile = { BM: 64, BN: 16, BK: 16, TM: 8, TN: 8 };
 
-/** Square tiles, largest first. */
-const SQUARE_TILES = [TILE_128, TILE_64, TILE_32];
+/**
+ * Tiles for GPUs (every adapter but the CPU ones). A GPU runs an invocation per SIMD lane of a 32- or 64-wide
+ * subgroup and hides memory latency with many resident invocations, so 8x8 blocks in 16-invocation workgroups
+ * (half an NVIDIA warp) leave most of it idle: measured on an H200 (bench/results/kernels-node-nvidia-h200.json,
+ * 3f5718f), 4096x320x320 in f16 ran at 13 TFLOP/s and 77x768x320 took 0.22 ms. These use 4x4 blocks and 32-256
+ * invocations; TILE_128 (8x8 blocks, 256 invocations) stays the largest. Shared tiles stay within 16 KiB.
+ */
+export const GPU_TILE_64: Tile = { BM: 64, BN: 64, BK: 16, TM: 4, TN: 4 };
+export const GPU_TILE_32: Tile = { BM: 32, BN: 32, BK: 16, TM: 4, TN: 4 };
+export const GPU_TILE_ROWS_4: Tile = { BM: 4, BN: 128, BK: 16, TM: 4, TN: 4 };
+export const GPU_TILE_ROWS_16: Tile = { BM: 16, BN: 64, BK: 16, TM: 4, TN: 4 };
+export const GPU_TILE_COLS_4: Tile = { BM: 128, BN: 4, BK: 16, TM: 4, TN: 4 };
+export const GPU_TILE_COLS_16: Tile = { BM: 64, BN: 16, BK: 16, TM: 4, TN: 4 };
+
+/** The tiles pickTile chooses among: square ones largest first (the last is the fallback), and the skinny ones. */
+export interface TileSet {
+  square: Tile[];
+  rows4: Tile;
+  rows16: Tile;
+  cols4: Tile;
+  cols16: Tile;
+}
+export const CPU_TILES: TileSet = { square: [TILE_128, TILE_64, TILE_32], rows4: TILE_ROWS_4, rows16: TILE_ROWS_16, cols4: TILE_COLS_4, cols16: TILE_COLS_16 };
+export const GPU_TILES: TileSet = {
+  square: [TILE_128, GPU_TILE_64, GPU_TILE_32],
+  rows4: GPU_TILE_ROWS_4,
+  rows16: GPU_TILE_ROWS_16,
+  cols4: GPU_TILE_COLS_4,
+  cols16: GPU_TILE_COLS_16,
+};
+
+/** The tile set for a device: CPU adapters keep the 8x8 register blocks they run fastest with. */
+export function tilesFor(gpu: Gpu): TileSet {
+  return gpu.cpuAdapter ? CPU_TILES : GPU_TILES;
+}
 
 /**
  * Skinny tiles where one side is at most 16. Otherwise the largest square tile whose padded output is at most
- * 25 % more than TILE_32's (the least padding) and that still gives the device enough workgroups to fill it
- * (`fillWorkgroups`: Gpu.fillWorkgroups, 64 on a GPU, 8 on a CPU adapter); TILE_32 when none does.
+ * 25 % more than the smallest square tile's (the least padding) and that still gives the device enough workgroups
+ * to fill it (`fillWorkgroups`: Gpu.fillWorkgroups, 256 on a GPU, 8 on a CPU adapter); the smallest when none does.
  */
-export function pickTile(M: number, N: number, batch: number, fillWorkgroups = 64): Tile {
-  if (M <= 4 && N > M) return TILE_ROWS_4;
-  if (N <= 4) return TILE_COLS_4;
-  if (M <= 16 && N > M) return TILE_ROWS_16;
-  if (N <= 16) return TILE_COLS_16;
+export function pickTile(M: number, N: number, batch: number, fillWorkgroups = 256, tiles: TileSet = CPU_TILES): Tile {
+  if (M <= 4 && N > M) return tiles.rows4;
+  if (N <= 4) return tiles.cols4;
+  if (M <= 16 && N > M) return tiles.rows16;
+  if (N <= 16) return tiles.cols16;
   const tilesM = (t: Tile) => Math.ceil(M / t.BM);
   const tilesN = (t: Tile) => Math.ceil(N / t.BN);
   const padded = (t: Tile) => tilesM(t) * t.BM * tilesN(t) * t.BN;
-  const least = padded(TILE_32);
-  for (const t of SQUARE_TILES) if (padded(t) <= 1.25 * least && tilesM(t) * tilesN(t) * batch >= fillWorkgroups) return t;
-  return TILE_32;
+  const smallest = tiles.square[tiles.square.length - 1];
+  const least = padded(smallest);
+  for (const t of tiles.square) if (padded(t) <= 1.25 * least && tilesM(t) * tilesN(t) * batch >= fillWorkgroups) return t;
+  return smallest;
 }
 
 // ---- windows: element ranges of a tensor bound at an aligned offset ---------------------------
@@ -269,7 +303,7 @@ const MATMUL = kernel({
 
 function runGemm(gpu: Gpu, g: Gemm): void {
   if (g.M === 0 || g.N === 0 || g.batch === 0) return;
-  const tile = g.tile ?? pickTile(g.M, g.N, g.batch, gpu.fillWorkgroups);
+  const tile = g.tile ?? pickTile(g.M, g.N, g.batch, gpu.fillWorkgroups, tilesFor(gpu));
   checkTile(gpu, tile);
   for (const k of planGemm(gpu, g, tile)) {
     const [sa, sb, sc] = operands(g, k).map((o) => o.span);

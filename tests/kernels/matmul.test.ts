@@ -9,6 +9,13 @@ import {
   matmulBackward,
   matmulBackwardRef,
   matmulRef,
+  GPU_TILE_32,
+  GPU_TILE_64,
+  GPU_TILE_COLS_16,
+  GPU_TILE_COLS_4,
+  GPU_TILE_ROWS_16,
+  GPU_TILE_ROWS_4,
+  GPU_TILES,
   pickTile,
   TILE_128,
   TILE_32,
@@ -17,6 +24,7 @@ import {
   TILE_COLS_4,
   TILE_ROWS_16,
   TILE_ROWS_4,
+  tileSharedBytes,
 } from '../../src/ops/matmul.ts';
 import { compare, describeCheck, randomValues } from '../../src/selftest/check.ts';
 import { matmulTol } from '../../src/selftest/cases/matmul.ts';
@@ -146,6 +154,21 @@ describe('pickTile', () => {
     assert.equal(pickTile(616, 64, 1, 64), TILE_32); // but not a GPU
     assert.equal(pickTile(4096, 320, 1, 64), TILE_128); // 384 of 320 columns padded (1.2x), 96 workgroups
     assert.equal(pickTile(4096, 320, 1, 8), TILE_128);
+  });
+  it('GPUs get 4x4 register blocks in workgroups of 32-256 invocations, and enough of them to fill the device', () => {
+    // 4096x320 (SD 1.5's attention projections at 64x64 latents): TILE_128 gives 96 workgroups, 64x64 gives 320
+    assert.equal(pickTile(4096, 320, 1, 256, GPU_TILES), GPU_TILE_64);
+    assert.equal(pickTile(4096, 2560, 1, 256, GPU_TILES), TILE_128); // 640 workgroups of 128x128
+    assert.equal(pickTile(77, 320, 1, 256, GPU_TILES), GPU_TILE_32); // cross-attention k/v: nothing fills it
+    assert.equal(pickTile(2, 320, 1, 256, GPU_TILES), GPU_TILE_ROWS_4);
+    assert.equal(pickTile(8, 128, 1, 256, GPU_TILES), GPU_TILE_ROWS_16);
+    assert.equal(pickTile(64, 1, 8, 256, GPU_TILES), GPU_TILE_COLS_4);
+    assert.equal(pickTile(64, 16, 8, 256, GPU_TILES), GPU_TILE_COLS_16);
+    for (const t of [GPU_TILE_64, GPU_TILE_32, GPU_TILE_ROWS_4, GPU_TILE_ROWS_16, GPU_TILE_COLS_4, GPU_TILE_COLS_16]) {
+      const invocations = (t.BM / t.TM) * (t.BN / t.TN);
+      assert.ok(invocations >= 32 && invocations <= 256 && t.TM === 4 && t.TN === 4, JSON.stringify(t));
+      assert.ok(tileSharedBytes(t) <= 16384, `${JSON.stringify(t)} fits Chrome's default 16 KiB of workgroup memory`);
+    }
   });
   it('skinny tiles where one side is at most 16', () => {
     assert.equal(pickTile(2, 320, 1, 8), TILE_ROWS_4);

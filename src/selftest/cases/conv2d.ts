@@ -4,7 +4,22 @@
 import { roundToF16 } from '../../util/half.ts';
 import type { DType } from '../../gpu/tensor.ts';
 import { conv2d, conv2dBackward, conv2dBackwardRef, conv2dRef, type Conv2dOptions } from '../../ops/conv2d.ts';
-import { TILE_128, TILE_32, TILE_64, TILE_COLS_16, TILE_COLS_4, TILE_ROWS_16, TILE_ROWS_4, type Tile } from '../../ops/matmul.ts';
+import {
+  GPU_TILE_32,
+  GPU_TILE_64,
+  GPU_TILE_COLS_16,
+  GPU_TILE_COLS_4,
+  GPU_TILE_ROWS_16,
+  GPU_TILE_ROWS_4,
+  TILE_128,
+  TILE_32,
+  TILE_64,
+  TILE_COLS_16,
+  TILE_COLS_4,
+  TILE_ROWS_16,
+  TILE_ROWS_4,
+  type Tile,
+} from '../../ops/matmul.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 import { finiteDiff, sampleIndices, shapeCheck } from './matmul.ts';
 
@@ -116,6 +131,12 @@ export const cases: KernelCase[] = [
   tileCase(TILE_ROWS_16, '16-row'),
   tileCase(TILE_COLS_4, '4-column'),
   tileCase(TILE_COLS_16, '16-column'),
+  tileCase(GPU_TILE_64, 'GPU 64x64 (4x4 blocks)'),
+  tileCase(GPU_TILE_32, 'GPU 32x32 (4x4 blocks)'),
+  tileCase(GPU_TILE_ROWS_4, 'GPU 4-row'),
+  tileCase(GPU_TILE_ROWS_16, 'GPU 16-row'),
+  tileCase(GPU_TILE_COLS_4, 'GPU 4-column'),
+  tileCase(GPU_TILE_COLS_16, 'GPU 16-column'),
   {
     family: 'conv2d',
     name: 'backward twice into f32 gradient buffers (accumulate), 1x1 and 3x3 s2 (ts ref)',
