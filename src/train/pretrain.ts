@@ -642,6 +642,8 @@ export async function pretrainedModelFiles(
     vae: { ...p.configs.vae, scaling_factor: p.scalingFactor },
     scheduler: { ...p.configs.scheduler, prediction_type: p.settings.prediction },
   };
-  const meta = { format: 'pt', generator: 'DreamBooth Studio pretrain', settings: JSON.stringify(p.settings), stage: p.stage, step: String(p.step) };
+  // A finished run's step counter restarts with its 'done' stage: the model is the UNet stage's last step.
+  const step = p.stage === 'done' ? p.settings.steps : p.step;
+  const meta = { format: 'pt', generator: 'DreamBooth Studio pretrain', settings: JSON.stringify(p.settings), stage: p.stage, step: String(step) };
   return diffusersModelFiles(configs, weights, tokenizer, meta, 'F16');
 }

@@ -74,18 +74,20 @@ describe('the shipped demo model draws what its caption says', () => {
   after(() => gpu?.destroy());
 
   // Thresholds: about half of what the shipped model measured (in the comment; README "The demo model").
-  for (const [what, prompt, minShare, minRatio] of [
-    // Measured (UNet step 1700 of the CPU run): own share 0.83-0.99, at least 14x the share under other colours.
-    ['background', (c: string) => `a white circle on a ${c} background`, 0.4, 5],
+  for (const [what, prompt, colours, minShare, minRatio] of [
+    // Measured (UNet step 6000, the end of the CPU run): own share 0.70-0.98, none under another colour's prompt.
+    ['background', (c: string) => `a white circle on a ${c} background`, TESTED, 0.4, 5],
+    // Objects are not asserted: on a named background they are blobs of roughly a fifth of the picture whose colour
+    // is near the named one (a red circle on blue comes out red-orange) but not reliably nearest to it.
   ] as const)
-    it(`the ${what} colour follows the caption ("${prompt('<colour>')}")`, async () => {
+    it(`the ${what} colour follows the caption ("${prompt('<colour>')}": ${colours.join(', ')})`, async () => {
       const shares = new Map<ColourName, Map<ColourName, number>>();
-      for (const c of TESTED) shares.set(c, await draw(prompt(c)));
-      for (const c of TESTED) {
+      for (const c of colours) shares.set(c, await draw(prompt(c)));
+      for (const c of colours) {
         const own = shares.get(c)!.get(c)!;
         // The same colour's share when the prompt names each other tested colour instead.
-        const others = TESTED.filter((o) => o !== c).map((o) => shares.get(o)!.get(c)!);
-        const table = TESTED.map((o) => `${o}: ${shares.get(o)!.get(c)!.toFixed(3)}`).join(', ');
+        const others = colours.filter((o) => o !== c).map((o) => shares.get(o)!.get(c)!);
+        const table = colours.map((o) => `${o}: ${shares.get(o)!.get(c)!.toFixed(3)}`).join(', ');
         console.log(`${c} share by prompt colour: ${table}`);
         assert.ok(own >= minShare, `"${prompt(c)}" covers only ${own.toFixed(3)} of the picture in ${c} (at least ${minShare}); by prompt colour ${table}`);
         assert.ok(
