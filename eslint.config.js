@@ -27,7 +27,7 @@ const { default: prettier } = await import('eslint-config-prettier');
 
 export default defineConfig(
   {
-    ignores: ['dist/', 'bench/dist/', 'bench/results/', '.local/', 'test-results/', 'scripts/eslint-typescript/'],
+    ignores: ['dist/', 'bench/dist/', 'bench/results/', '.local/', '.dev/', 'test-results/', 'scripts/eslint-typescript/'],
   },
   {
     files: ['{src,tests,e2e,bench,scripts}/**/*.{ts,tsx}', '*.ts', 'eslint.config.js'],

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs what a run on the lent GPU machine (the `device` tool: no Node.js, no registry there) needs into .dev/
-# (git-ignored through .git/info/exclude; name it in the run's `carry`):
+# (git-ignored; name it in the run's `carry`):
 #   node.xz                 this machine's Node binary, xz-compressed (the tree travels with a 64 MiB limit)
 #   webgpu/                 the `webgpu` package with only its linux-x64 dawn.node (xz-compressed)
 #   *.mjs                   esbuild bundles of the Node entry points (no tsx or node_modules needed there)
@@ -12,7 +12,6 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 dev=.dev
-grep -qx '/.dev/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info && echo '/.dev/' >>.git/info/exclude; }
 mkdir -p $dev/webgpu $dev/debs
 [ -f $dev/node.xz ] || xz -T0 -9 -c "$(readlink -f "$(command -v node)")" >$dev/node.xz
 cp node_modules/webgpu/index.js node_modules/webgpu/package.json $dev/webgpu/
