@@ -8,8 +8,8 @@
 //   prompt_fidelity     share of border pixels nearest red in "a sks star on a red background" samples
 //   drift               1 - cosine of VAE latents of "a star" samples, fine-tuned vs base, same seeds
 // Each configuration is trained with several run seeds; the table and bench/results/quality.json give the
-// median over them (and every seed's figures). Default model: the committed tiny pretrained fixture
-// (tests/fixtures/models/pretrained-tiny, 16 px); the same bench runs on the demo model once it is trained.
+// median over them (and every seed's figures). Default model: the shipped demo model (public/demo-model, 64 px);
+// `--model tests/fixtures/models/pretrained-tiny` runs it on the tests' 16 px fixture (bench/results/quality-tiny.json).
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
 import { dirname, join, relative, resolve } from 'node:path';
@@ -33,7 +33,7 @@ import {
 } from './quality-run.ts';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
-export const DEFAULT_MODEL = join(ROOT, 'tests', 'fixtures', 'models', 'pretrained-tiny');
+export const DEFAULT_MODEL = join(ROOT, 'public', 'demo-model');
 
 const { values } = parseArgs({
   options: { model: { type: 'string' }, quick: { type: 'boolean' }, seeds: { type: 'string' }, out: { type: 'string' } },
