@@ -141,6 +141,8 @@ export async function qualityRun(
   vae: LoadedModel['vae'],
   q: QualitySettings,
   log: (m: string) => void = () => {},
+  /** Receives the photos and the instance prompt's samples, base and fine-tuned (RGB at the model's size). */
+  onSamples?: (s: { photos: Uint8Array[]; base: Uint8Array[]; tuned: Uint8Array[] }) => void,
 ): Promise<QualityResult> {
   const size = modelResolution(folder);
   const photos = subjectPhotos(size);
@@ -183,6 +185,7 @@ export async function qualityRun(
     };
     const features = async (xs: Uint8Array[]) => Promise.all(xs.map((x) => vaeFeature(gpu, vae, x, size)));
     const instance = await draw(INSTANCE_PROMPT);
+    onSamples?.({ photos, base: instance.base, tuned: instance.tuned });
     const background = await draw(BACKGROUND_PROMPT);
     const cls = await draw(CLASS_PROMPT);
     const photoFeatures = await features(photos);

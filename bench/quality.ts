@@ -1,4 +1,4 @@
-// `npm run bench:quality [-- --model <diffusers folder>] [--quick] [--seeds N] [--out file.json]`
+// `npm run bench:quality [-- --model <diffusers folder>] [--quick] [--seeds N] [--out file.json] [--figure file.png]`
 // Issue 16, Must show 3: DreamBooth on a pretrained model with a subject held out of pretraining (a yellow star
 // with purple dots; stars are excluded from `cli pretrain`'s data by default), 4 photos of it, LoRA and full,
 // each with and without prior preservation, through the product's run pipeline (bench/quality-run.ts).
@@ -15,6 +15,7 @@ import { cpus, loadavg } from 'node:os';
 import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
+import { encode as encodePng } from 'fast-png';
 import { nodeGpu } from '../src/gpu/node.ts';
 import { median } from '../src/train/quality.ts';
 import { gitCommit } from './git.ts';
@@ -36,7 +37,7 @@ const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
 export const DEFAULT_MODEL = join(ROOT, 'public', 'demo-model');
 
 const { values } = parseArgs({
-  options: { model: { type: 'string' }, quick: { type: 'boolean' }, seeds: { type: 'string' }, out: { type: 'string' } },
+  options: { model: { type: 'string' }, quick: { type: 'boolean' }, seeds: { type: 'string' }, out: { type: 'string' }, figure: { type: 'string' } },
 });
 const quick = values.quick === true;
 const model = resolve(values.model ?? DEFAULT_MODEL);
@@ -97,11 +98,18 @@ const resolution = modelResolution(model);
 console.log(`model ${relative(ROOT, model) || model} (${resolution} px), ${machine.adapter}, load ${loadStart.toFixed(1)}${quick ? '   [--quick]' : ''}`);
 const vae = await loadFeatureVae(gpu, model);
 const runs = [];
+// --figure: run seed 1's "a sks star" samples, one row per picture set (see writeFigure).
+const figureRows: { label: string; images: Uint8Array[] }[] = [];
 const t0 = performance.now();
 for (const c of configurations()) {
   const perSeed: QualityResult[] = [];
   for (let seed = 1; seed <= seeds; seed++) {
-    const r = await qualityRun(gpu, model, vae, { ...c, seed }, (m) => console.error(m));
+    const keep = (s: { photos: Uint8Array[]; base: Uint8Array[]; tuned: Uint8Array[] }) => {
+      if (seed !== 1) return;
+      if (!figureRows.length) figureRows.push({ label: 'photos', images: s.photos }, { label: 'base', images: s.base });
+      figureRows.push({ label: `${c.mode}${c.prior ? '+prior' : ''}`, images: s.tuned });
+    };
+    const r = await qualityRun(gpu, model, vae, { ...c, seed }, (m) => console.error(m), keep);
     perSeed.push(r);
     console.error(`${c.mode} prior=${c.prior} seed ${seed}: ${JSON.stringify(r)}`);
   }
@@ -119,6 +127,31 @@ for (const r of runs)
       `${f3(r.prompt_fidelity_before)} -> ${f3(r.prompt_fidelity)}         ${f3(r.drift)}  (${f3(r.drift_pixels)})   ${r.final_loss.toFixed(3)}  ${r.train_seconds.toFixed(0)}`,
   );
 console.log(`total ${seconds.toFixed(0)} s`);
+if (values.figure) writeFigure(resolve(values.figure), figureRows, resolution);
+
+/**
+ * One PNG: a row per picture set (the 4 photos; the base model's "a sks star" samples; each configuration's, run
+ * seed 1, the same sample seeds), pictures upscaled 3x nearest-neighbour, 4 px white gaps.
+ */
+function writeFigure(file: string, rows: { label: string; images: Uint8Array[] }[], size: number): void {
+  const scale = 3;
+  const gap = 4;
+  const cell = size * scale + gap;
+  const cols = Math.max(...rows.map((r) => r.images.length));
+  const W = cell * cols - gap;
+  const H = cell * rows.length - gap;
+  const out = new Uint8Array(W * H * 3).fill(255);
+  for (const [row, r] of rows.entries())
+    for (const [col, rgb] of r.images.entries())
+      for (let y = 0; y < size * scale; y++)
+        for (let x = 0; x < size * scale; x++) {
+          const src = (Math.floor(y / scale) * size + Math.floor(x / scale)) * 3;
+          const dst = ((row * cell + y) * W + col * cell + x) * 3;
+          out.set(rgb.subarray(src, src + 3), dst);
+        }
+  writeFileSync(file, encodePng({ width: W, height: H, data: out, channels: 3, depth: 8 }));
+  console.log(`wrote ${file}: rows ${rows.map((r) => r.label).join(', ')}`);
+}
 
 mkdirSync(dirname(outFile), { recursive: true });
 writeFileSync(
