@@ -14,7 +14,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { dawnFlags, nodeGpu } from '../src/gpu/node.ts';
 import { matmul } from '../src/ops/matmul.ts';
-import { roundToF16 } from '../src/util/half.ts';
+import { roundToF16, toF16Bits } from '../src/util/half.ts';
 import { adapterSlug } from './core.ts';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -234,22 +234,10 @@ function median(xs: number[]): number {
 }
 
 function f16Buffer(values: Float32Array): GPUBuffer {
-  const half = new Uint16Array(values.length + (values.length % 2));
-  for (let i = 0; i < values.length; i++) half[i] = toHalfBits(values[i]);
+  const half = toF16Bits(values.length % 2 ? [...values, 0] : values); // a whole number of 4-byte words
   const buf = device.createBuffer({ size: half.byteLength, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST });
   device.queue.writeBuffer(buf, 0, half);
   return buf;
-}
-
-function toHalfBits(v: number): number {
-  const f = new Float32Array([v]);
-  const u = new Uint32Array(f.buffer)[0];
-  const sign = (u >>> 16) & 0x8000;
-  const exp = ((u >>> 23) & 0xff) - 127 + 15;
-  const mant = u & 0x7fffff;
-  if (exp <= 0) return sign;
-  if (exp >= 31) return sign | 0x7c00;
-  return sign | (exp << 10) | (mant >>> 13); // values are already f16-exact, so truncation is exact
 }
 
 function bindings(pipeline: GPUComputePipeline, s: { M: number; N: number; K: number }, a: GPUBuffer, b: GPUBuffer, c: GPUBuffer) {

@@ -28,6 +28,7 @@ import {
   PHOTO_SEED,
   PHOTOS,
   qualityRun,
+  qualitySettings,
   SUBJECT,
   type QualityResult,
   type QualitySettings,
@@ -45,23 +46,10 @@ const seeds = Number(values.seeds ?? (quick ? 1 : 3));
 if (!Number.isInteger(seeds) || seeds < 1 || seeds > 100) throw new Error(`--seeds ${values.seeds}: use a whole number of run seeds from 1 to 100`);
 const outFile = resolve(values.out ?? join(ROOT, 'bench', 'results', 'quality.json'));
 
-/**
- * The four configurations. Learning rates tried on the tiny fixture (100 steps, no prior): full 1e-3 moved the
- * subject fidelity 0.134 -> 0.174; LoRA (rank 4 on the attention projections of the tiny UNet's one
- * cross-attention level) barely moved at 2e-3 (0.134 -> 0.119 in 60 steps) or 1e-2 (-> 0.135).
- */
+/** The four configurations: LoRA and full, each without and with prior preservation. */
 function configurations(): Omit<QualitySettings, 'seed'>[] {
-  const common = {
-    classCount: 8,
-    classSteps: quick ? 10 : 20,
-    priorWeight: 1,
-    samples: quick ? 3 : 6,
-    sampleSteps: quick ? 10 : 20,
-    guidance: 7.5,
-    rank: 4,
-  };
-  const lora = { ...common, mode: 'lora' as const, steps: quick ? 100 : 200, lr: 1e-2 };
-  const full = { ...common, mode: 'full' as const, steps: quick ? 100 : 200, lr: 1e-3 };
+  const lora = qualitySettings('lora', quick);
+  const full = qualitySettings('full', quick);
   return [
     { ...lora, prior: false },
     { ...lora, prior: true },

@@ -7,26 +7,13 @@ import { after, before, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import type { Gpu } from '../../src/gpu/device.ts';
 import type { LoadedModel } from '../../src/models/load.ts';
-import { loadFeatureVae, qualityRun, type QualitySettings } from '../../bench/quality-run.ts';
+import { loadFeatureVae, qualityRun, qualitySettings, type QualitySettings } from '../../bench/quality-run.ts';
 import { testGpu } from '../helpers.ts';
 
 const MODEL = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'public', 'demo-model');
 
 /** bench:quality --quick's LoRA run (rank 4, lr 1e-2, 100 steps; 8 class images for the prior), run seed 1. */
-const LORA: QualitySettings = {
-  mode: 'lora',
-  prior: false,
-  steps: 100,
-  lr: 1e-2,
-  rank: 4,
-  seed: 1,
-  classCount: 8,
-  classSteps: 10,
-  priorWeight: 1,
-  samples: 3,
-  sampleSteps: 10,
-  guidance: 7.5,
-};
+const LORA: QualitySettings = { ...qualitySettings('lora', true), prior: false, seed: 1 };
 
 describe('DreamBooth quality on the shipped demo model', () => {
   let gpu: Gpu;

@@ -8,7 +8,16 @@ import type { Gpu } from '../../src/gpu/device.ts';
 import type { LoadedModel } from '../../src/models/load.ts';
 import { cosine, vaeFeature } from '../../src/train/quality.ts';
 import { drawScene, subjectScene } from '../../src/train/synthetic.ts';
-import { loadFeatureVae, modelResolution, PHOTO_SEED, qualityRun, SUBJECT, subjectPhotos, type QualitySettings } from '../../bench/quality-run.ts';
+import {
+  loadFeatureVae,
+  modelResolution,
+  PHOTO_SEED,
+  qualityRun,
+  qualitySettings,
+  SUBJECT,
+  subjectPhotos,
+  type QualitySettings,
+} from '../../bench/quality-run.ts';
 import { FIXTURES, testGpu } from '../helpers.ts';
 
 const MODEL = join(FIXTURES, 'models', 'pretrained-tiny');
@@ -18,20 +27,7 @@ const MODEL = join(FIXTURES, 'models', 'pretrained-tiny');
  * UNet's one cross-attention level barely moves this model's samples (subject fidelity 0.134 -> 0.135 after 100
  * steps at lr 1e-2), while full fine-tuning moves them (0.134 -> 0.174 without prior, 0.218 with).
  */
-const FULL: QualitySettings = {
-  mode: 'full',
-  prior: false,
-  steps: 100,
-  lr: 1e-3,
-  rank: 4,
-  seed: 1,
-  classCount: 8,
-  classSteps: 10,
-  priorWeight: 1,
-  samples: 3,
-  sampleSteps: 10,
-  guidance: 7.5,
-};
+const FULL: QualitySettings = { ...qualitySettings('full', true), prior: false, seed: 1 };
 
 describe('DreamBooth quality on the tiny pretrained model', () => {
   let gpu: Gpu;

@@ -4,22 +4,8 @@
 import { roundToF16 } from '../../util/half.ts';
 import type { DType } from '../../gpu/tensor.ts';
 import { conv2d, conv2dBackward, conv2dBackwardRef, conv2dRef, type Conv2dOptions } from '../../ops/conv2d.ts';
-import {
-  GPU_TILE_32,
-  GPU_TILE_64,
-  GPU_TILE_COLS_16,
-  GPU_TILE_COLS_4,
-  GPU_TILE_ROWS_16,
-  GPU_TILE_ROWS_4,
-  TILE_128,
-  TILE_32,
-  TILE_64,
-  TILE_COLS_16,
-  TILE_COLS_4,
-  TILE_ROWS_16,
-  TILE_ROWS_4,
-  type Tile,
-} from '../../ops/matmul.ts';
+import type { Tile } from '../../ops/matmul.ts';
+import { NAMED_TILES } from './tiles.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 import { finiteDiff, sampleIndices, shapeCheck } from './matmul.ts';
 
@@ -124,19 +110,7 @@ function tileCase(tile: Tile, label: string): KernelCase {
 
 export const cases: KernelCase[] = [
   ...GOLDEN.map(goldenCase),
-  tileCase(TILE_64, '64x64'),
-  tileCase(TILE_128, '128x128'),
-  tileCase(TILE_32, '32x32'),
-  tileCase(TILE_ROWS_4, '4-row'),
-  tileCase(TILE_ROWS_16, '16-row'),
-  tileCase(TILE_COLS_4, '4-column'),
-  tileCase(TILE_COLS_16, '16-column'),
-  tileCase(GPU_TILE_64, 'GPU 64x64 (4x4 blocks)'),
-  tileCase(GPU_TILE_32, 'GPU 32x32 (4x4 blocks)'),
-  tileCase(GPU_TILE_ROWS_4, 'GPU 4-row'),
-  tileCase(GPU_TILE_ROWS_16, 'GPU 16-row'),
-  tileCase(GPU_TILE_COLS_4, 'GPU 4-column'),
-  tileCase(GPU_TILE_COLS_16, 'GPU 16-column'),
+  ...NAMED_TILES.map(([tile, label]) => tileCase(tile, label)),
   {
     family: 'conv2d',
     name: 'backward twice into f32 gradient buffers (accumulate), 1x1 and 3x3 s2 (ts ref)',

@@ -1,33 +1,11 @@
 // Matmul family cases: every transpose combination, batched and broadcast operands, bias, sizes that
-// are not tile multiples, nn.Linear, every tile config (32x32, 64x64, 128x128 and the skinny 4/16-row and 4/16-column ones), accumulation, and finite-difference gradients.
+// are not tile multiples, nn.Linear, every tile config (tiles.ts: the CPU and GPU square and skinny tiles), accumulation, and finite-difference gradients.
 // Each forward and gradient is compared with PyTorch (golden) and with the plain-TS reference.
 import type { Gpu } from '../../gpu/device.ts';
 import type { DType, Tensor } from '../../gpu/tensor.ts';
 import { roundToF16 } from '../../util/half.ts';
-import {
-  linear,
-  linearBackward,
-  linearBackwardRef,
-  linearRef,
-  matmul,
-  matmulBackward,
-  matmulBackwardRef,
-  matmulRef,
-  GPU_TILE_32,
-  GPU_TILE_64,
-  GPU_TILE_COLS_16,
-  GPU_TILE_COLS_4,
-  GPU_TILE_ROWS_16,
-  GPU_TILE_ROWS_4,
-  TILE_128,
-  TILE_32,
-  TILE_64,
-  TILE_COLS_16,
-  TILE_COLS_4,
-  TILE_ROWS_16,
-  TILE_ROWS_4,
-  type Tile,
-} from '../../ops/matmul.ts';
+import { linear, linearBackward, linearBackwardRef, linearRef, matmul, matmulBackward, matmulBackwardRef, matmulRef, type Tile } from '../../ops/matmul.ts';
+import { NAMED_TILES } from './tiles.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 
 /**
@@ -223,19 +201,7 @@ export const cases: KernelCase[] = [
       return checks;
     },
   },
-  tileCase(TILE_64, '64x64'),
-  tileCase(TILE_128, '128x128'),
-  tileCase(TILE_32, '32x32'),
-  tileCase(TILE_ROWS_4, '4-row'),
-  tileCase(TILE_ROWS_16, '16-row'),
-  tileCase(TILE_COLS_4, '4-column'),
-  tileCase(TILE_COLS_16, '16-column'),
-  tileCase(GPU_TILE_64, 'GPU 64x64 (4x4 blocks)'),
-  tileCase(GPU_TILE_32, 'GPU 32x32 (4x4 blocks)'),
-  tileCase(GPU_TILE_ROWS_4, 'GPU 4-row'),
-  tileCase(GPU_TILE_ROWS_16, 'GPU 16-row'),
-  tileCase(GPU_TILE_COLS_4, 'GPU 4-column'),
-  tileCase(GPU_TILE_COLS_16, 'GPU 16-column'),
+  ...NAMED_TILES.map(([tile, label]) => tileCase(tile, label)),
   {
     family: 'matmul',
     name: 'accumulate: out += a·b + bias; backward twice into f32 gradient buffers (ts ref)',

@@ -1,0 +1,35 @@
+// Every tile config matmul and conv2d can pick (src/ops/matmul.ts: the CPU adapters' 8x8-block tiles and the
+// GPUs' 4x4-block ones), with the label each family's tile case carries: both families run one case per tile on
+// every adapter, whichever set pickTile would choose there.
+import {
+  GPU_TILE_32,
+  GPU_TILE_64,
+  GPU_TILE_COLS_16,
+  GPU_TILE_COLS_4,
+  GPU_TILE_ROWS_16,
+  GPU_TILE_ROWS_4,
+  TILE_128,
+  TILE_32,
+  TILE_64,
+  TILE_COLS_16,
+  TILE_COLS_4,
+  TILE_ROWS_16,
+  TILE_ROWS_4,
+  type Tile,
+} from '../../ops/matmul.ts';
+
+export const NAMED_TILES: readonly (readonly [Tile, string])[] = [
+  [TILE_64, '64x64'],
+  [TILE_128, '128x128'],
+  [TILE_32, '32x32'],
+  [TILE_ROWS_4, '4-row'],
+  [TILE_ROWS_16, '16-row'],
+  [TILE_COLS_4, '4-column'],
+  [TILE_COLS_16, '16-column'],
+  [GPU_TILE_64, 'GPU 64x64 (4x4 blocks)'],
+  [GPU_TILE_32, 'GPU 32x32 (4x4 blocks)'],
+  [GPU_TILE_ROWS_4, 'GPU 4-row'],
+  [GPU_TILE_ROWS_16, 'GPU 16-row'],
+  [GPU_TILE_COLS_4, 'GPU 4-column'],
+  [GPU_TILE_COLS_16, 'GPU 16-column'],
+];
