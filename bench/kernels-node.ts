@@ -54,6 +54,7 @@ const dtypes = (arg('--dtypes')?.split(',') ?? (gpu.hasF16 ? ['f16', 'f32'] : ['
 const adapter = `${gpu.adapter.vendor} ${gpu.adapter.architecture} ${gpu.adapter.device} ${gpu.adapter.description}`.replace(/\s+/g, ' ').trim();
 const slug = adapterSlug(gpu.adapter);
 console.log(`adapter: ${adapter}; features ${gpu.adapter.features.join(' ')}; dtypes ${dtypes.join(',')}; shapes ${size}; reps ${reps}; commit ${commit}`);
+console.log(`tensor cores: ${gpu.tensorCoreNote}`);
 
 const results: Measurement[] = [];
 const rawNs: number[] = [];
@@ -135,6 +136,7 @@ writeFileSync(
       dawnToggles: { enabled: DAWN_ENABLE, disabled: DAWN_DISABLE },
       adapter,
       features: gpu.adapter.features,
+      tensorCores: gpu.tensorCoreNote,
       limits: pickLimits(gpu.adapter.limits),
       dtypes,
       shapes: size,

@@ -386,6 +386,7 @@ async function machine() {
   const out = {
     adapter: `${a.vendor} ${a.architecture} ${a.description}`.trim(),
     f16: gpu.hasF16,
+    tensorCores: gpu.tensorCoreNote,
     timestampQuery: gpu.hasTimestamps,
     cpu: cpus()[0]?.model.trim() ?? 'unknown CPU',
     cores: cpus().length,

@@ -9,6 +9,7 @@ import { fromF16Bits, toF16Bits } from '../util/half.ts';
 import { kernel, kernelModule, orderBindings, packUniforms, type BindingArgs, type KernelDecl, type UniformArgs } from './kernel.ts';
 import { defsKey, type Defs, type ShaderSource } from './shaders.ts';
 import { BYTES, numel, Tensor, type DType } from './tensor.ts';
+import { checkTensorCores, chooseMatrixShape, type MatrixShape } from './tensorcore.ts';
 
 /** Limits we raise to the adapter's maximum when requesting the device. */
 const RAISED_LIMITS = [
@@ -63,6 +64,12 @@ export interface GpuOptions {
    * wrote fails loudly (the pool hands out buffers with stale contents). The tests run with it (DBS_GPU_POISON=1).
    */
   poison?: boolean;
+  /**
+   * Use tensor cores (f16 subgroup matrices, src/gpu/tensorcore.ts) for f16 matmul and conv where the adapter offers
+   * them and the start-up check passes. Off by default until the path has been measured and checked on hardware
+   * (the Node host turns it on with DBS_TENSOR_CORES=1): without it every GEMM runs the SIMT kernels.
+   */
+  tensorCores?: boolean;
 }
 
 export interface AdapterSummary {
@@ -138,6 +145,10 @@ export class Gpu {
   readonly fillWorkgroups: number;
   /** A software adapter running compute shaders on the CPU (Mesa's lavapipe, SwiftShader). */
   readonly cpuAdapter: boolean;
+  /** The subgroup-matrix shape f16 GEMMs run on (tensor cores), or null: they run the SIMT kernels. */
+  readonly tensorCores: MatrixShape | null;
+  /** Why tensor cores are or are not used here (for reports). */
+  readonly tensorCoreNote: string;
   /** Largest byte range one storage binding may cover (the device limit, or a lower test override). */
   readonly maxBinding: number;
   readonly dryRun: boolean;
@@ -178,7 +189,10 @@ export class Gpu {
     readonly adapter: AdapterSummary,
     private readonly shaders: ShaderSource,
     opts: GpuOptions,
+    tensorCores: { shape: MatrixShape | null; note: string } = { shape: null, note: 'not checked' },
   ) {
+    this.tensorCores = tensorCores.shape;
+    this.tensorCoreNote = tensorCores.note;
     this.hasF16 = device.features.has('shader-f16') && !opts.disableF16;
     this.hasSubgroups = device.features.has('subgroups');
     this.hasTimestamps = device.features.has('timestamp-query');
@@ -223,7 +237,7 @@ export class Gpu {
       features: [...device.features].map(String).sort(),
       limits,
     };
-    return new Gpu(device, summary, opts.shaders, opts);
+    return new Gpu(device, summary, opts.shaders, opts, await tensorCoresFor(adapter, device, opts));
   }
 
   /** The storage dtype for activations and weights: f16 where the device has it, else f32. */
@@ -717,4 +731,15 @@ function padTo4(bits: Uint16Array): Uint16Array {
 function gcd(a: number, b: number): number {
   while (b) [a, b] = [b, a % b];
   return a;
+}
+
+/** Whether f16 GEMMs use tensor cores on this device: the adapter's offer, the options, then the start-up check. */
+async function tensorCoresFor(adapter: GPUAdapter, device: GPUDevice, opts: GpuOptions): Promise<{ shape: MatrixShape | null; note: string }> {
+  if (!opts.tensorCores) return { shape: null, note: 'not asked for (DBS_TENSOR_CORES=1 in Node)' };
+  if (opts.disableF16) return { shape: null, note: 'f16 is turned off' };
+  const info = (adapter.info ?? {}) as unknown as Record<string, unknown>;
+  const chosen = chooseMatrixShape(new Set([...device.features].map(String)), info);
+  if (!chosen.shape || opts.dryRun) return opts.dryRun ? { shape: null, note: 'memory planning' } : chosen;
+  const failure = await checkTensorCores(device, chosen.shape);
+  return failure ? { shape: null, note: `tensor cores off: ${failure}` } : { shape: chosen.shape, note: `${chosen.note}, start-up check passed` };
 }

@@ -73,5 +73,11 @@ export async function nodeGpu(opts: Partial<GpuOptions> = {}): Promise<Gpu> {
     dawn = quietDiscovery(webgpu.create(dawnFlags((process.env.DBS_DAWN_FLAGS ?? '').split(';').filter(Boolean))));
   }
   // DBS_GPU_POISON=1 (set by the test runner): new tensors are NaN-filled, so reading unwritten memory fails tests.
-  return Gpu.create(dawn, { shaders: nodeShaderSource(), poison: process.env.DBS_GPU_POISON === '1', ...opts });
+  // DBS_TENSOR_CORES=1: f16 GEMMs run on tensor cores where the adapter offers them and the start-up check passes.
+  return Gpu.create(dawn, {
+    shaders: nodeShaderSource(),
+    poison: process.env.DBS_GPU_POISON === '1',
+    tensorCores: process.env.DBS_TENSOR_CORES === '1',
+    ...opts,
+  });
 }

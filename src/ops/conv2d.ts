@@ -10,6 +10,7 @@ import { kernel, u32 } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, type Tensor } from '../gpu/tensor.ts';
 import { elemWindow, pickTile, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
+import { pickTcTile, tcDefs, tensorCoreEntry } from './tensorcore.ts';
 
 export interface Conv2dOptions {
   stride: number;
@@ -106,6 +107,9 @@ const CONV_GEMM = kernel({
   ],
 });
 
+/** The same implicit GEMM on tensor cores (f16; src/ops/tensorcore.ts generates the entry point). */
+const CONV_GEMM_TC = kernel({ ...CONV_GEMM, entry: 'conv_gemm_tc', code: tensorCoreEntry('conv_gemm_tc') });
+
 /** db[co] = sum over samples and pixels of dy[n, co, pixel]. */
 const BIAS_GRAD = kernel({
   shader: 'conv2d',
@@ -141,9 +145,13 @@ function convGemm(
   else wholeFits(gpu, op, out, 'grad weight');
   if (bias) wholeFits(gpu, op, bias, 'bias');
   const group = samplesPerBinding(gpu, op, s, [perA * BYTES[srcA.dtype], perB * BYTES[srcB.dtype], perC * BYTES[out.dtype]]);
-  const tile = forcedTile ?? pickTile(GM, GN, mode === Mode.GradWeight ? 1 : group, gpu.fillWorkgroups, tilesFor(gpu));
-  if (tileSharedBytes(tile) > gpu.device.limits.maxComputeWorkgroupStorageSize)
+  const batches = mode === Mode.GradWeight ? 1 : group;
+  // Tensor cores for f16 where the device has them, unless a test forces a SIMT tile.
+  const tc = forcedTile || srcA.dtype !== 'f16' ? null : pickTcTile(gpu, GM, GN, batches);
+  const tile = tc ? null : (forcedTile ?? pickTile(GM, GN, batches, gpu.fillWorkgroups, tilesFor(gpu)));
+  if (tile && tileSharedBytes(tile) > gpu.device.limits.maxComputeWorkgroupStorageSize)
     throw new ShapeError(op, `tile ${JSON.stringify(tile)} needs too much workgroup memory`);
+  const [tileM, tileN] = tc ? [tc.BM, tc.BN] : [tile!.BM, tile!.BN];
   for (let n0 = 0; n0 < s.N; n0 += group) {
     const nb = Math.min(group, s.N - n0);
     const wa = mode === Mode.GradWeight ? elemWindow(gpu, srcA, n0 * perA, nb * perA) : elemWindow(gpu, srcA, 0, srcA.numel);
@@ -151,7 +159,7 @@ function convGemm(
     const wc = mode === Mode.GradWeight ? elemWindow(gpu, out, 0, out.numel) : elemWindow(gpu, out, n0 * perC, nb * perC);
     const wbias = bias ? elemWindow(gpu, bias, 0, bias.numel) : null;
     const GK = mode === Mode.Forward ? s.Ci * KHW : mode === Mode.GradInput ? s.Co * KHW : nb * s.Ho * s.Wo;
-    gpu.run(CONV_GEMM, {
+    gpu.run(tc ? CONV_GEMM_TC : CONV_GEMM, {
       defs: {
         T: srcA.dtype,
         TC: out.dtype,
@@ -159,7 +167,7 @@ function convGemm(
         KH: s.KH,
         KW: s.KW,
         STRIDE: s.stride,
-        ...tile,
+        ...(tc ? tcDefs(tc, gpu.tensorCores!) : tile!),
         HAS_BIAS: bias !== null,
         // Grad weight sums over samples: later sample groups add onto the first.
         ACCUMULATE: accumulate || (mode === Mode.GradWeight && n0 > 0),
@@ -183,7 +191,7 @@ function convGemm(
         stride_c: perC,
       },
       bindings: { src_a: wa.window, src_b: wb.window, out: wc.window, ...(wbias ? { bias: wbias.window } : {}) },
-      workgroups: [Math.ceil(GN / tile.BN), Math.ceil(GM / tile.BM), mode === Mode.GradWeight ? 1 : nb],
+      workgroups: [Math.ceil(GN / tileN), Math.ceil(GM / tileM), mode === Mode.GradWeight ? 1 : nb],
     });
   }
 }

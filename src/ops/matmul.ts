@@ -9,6 +9,7 @@ import type { BufferWindow, Gpu } from '../gpu/device.ts';
 import { kernel } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, numel, Tensor } from '../gpu/tensor.ts';
+import { pickTcTile, tcDefs, tcTileFits, TC_BK, tensorCoreEntry, type TcTile } from './tensorcore.ts';
 
 export interface MatmulOptions {
   /** a is stored [..., K, M]. */
@@ -21,9 +22,14 @@ export interface MatmulOptions {
   out?: Tensor;
   /** out += a·b (+ bias) instead of out = ... (needs `out`). */
   accumulate?: boolean;
-  /** Force a workgroup tile (tests, benchmarks); by default picked from the problem size. */
+  /** Force a workgroup tile of the SIMT kernel (tests, benchmarks); by default picked from the problem size. */
   tile?: Tile;
+  /** Force a tensor-core tile (tests, benchmarks; needs gpu.tensorCores and f16 operands). */
+  tcTile?: TcTile;
 }
+
+/** A forced tile of either kernel (tests, benchmarks), passed on to every GEMM an op runs. */
+type TileChoice = Pick<MatmulOptions, 'tile' | 'tcTile'>;
 
 /** Workgroup tile: BM x BN outputs, BK-deep steps, TM x TN outputs per invocation (multiples of 4). */
 export interface Tile {
@@ -183,6 +189,7 @@ interface Gemm {
   strideC: number;
   accumulate: boolean;
   tile?: Tile;
+  tcTile?: TcTile;
 }
 
 /** Element span [first, last] of rows [r0, r0+rc) x cols [c0, c0+cc) over batches [b0, b0+nb). */
@@ -235,7 +242,7 @@ function chunkLen(total: number, parts: number, tileLen: number): number {
  * fit has its stored row dimension split (rows of a row-major matrix are contiguous), then its
  * column dimension. K chunks after the first accumulate onto it.
  */
-function planGemm(gpu: Gpu, g: Gemm, tile: Tile): Block[] {
+function planGemm(gpu: Gpu, g: Gemm, tile: Pick<Tile, 'BM' | 'BN' | 'BK'>): Block[] {
   const bytes = BYTES[g.a.dtype];
   const whole = (b0: number, nb: number): Block => ({ b0, nb, m0: 0, mc: g.M, n0: 0, nc: g.N, k0: 0, kc: g.K });
   const allFit = (k: Block) => operands(g, k).every((o) => spanFits(gpu, o.span, bytes));
@@ -301,11 +308,28 @@ const MATMUL = kernel({
   ],
 });
 
+/** The same GEMM on tensor cores (f16 operands; src/ops/tensorcore.ts generates the entry point). */
+const MATMUL_TC = kernel({ ...MATMUL, entry: 'matmul_tc', code: tensorCoreEntry('matmul_tc') });
+
+/** The tensor-core tile this GEMM runs with, or null for the SIMT kernel. */
+function gemmTcTile(gpu: Gpu, g: Gemm): TcTile | null {
+  if (g.tcTile) {
+    if (!gpu.tensorCores || g.a.dtype !== 'f16')
+      throw new ShapeError(g.op, `tcTile needs tensor cores and f16 operands (${gpu.tensorCoreNote}; operands ${g.a.dtype})`);
+    if (!tcTileFits(gpu, g.tcTile, gpu.tensorCores)) throw new ShapeError(g.op, `tensor-core tile ${JSON.stringify(g.tcTile)} does not fit this device`);
+    return g.tcTile;
+  }
+  if (g.tile || g.a.dtype !== 'f16') return null;
+  return pickTcTile(gpu, g.M, g.N, g.batch);
+}
+
 function runGemm(gpu: Gpu, g: Gemm): void {
   if (g.M === 0 || g.N === 0 || g.batch === 0) return;
-  const tile = g.tile ?? pickTile(g.M, g.N, g.batch, gpu.fillWorkgroups, tilesFor(gpu));
-  checkTile(gpu, tile);
-  for (const k of planGemm(gpu, g, tile)) {
+  const tc = gemmTcTile(gpu, g);
+  const tile = tc ? null : (g.tile ?? pickTile(g.M, g.N, g.batch, gpu.fillWorkgroups, tilesFor(gpu)));
+  if (tile) checkTile(gpu, tile);
+  const blockTile = tile ?? { BM: tc!.BM, BN: tc!.BN, BK: TC_BK };
+  for (const k of planGemm(gpu, g, blockTile)) {
     const [sa, sb, sc] = operands(g, k).map((o) => o.span);
     const firstK = k.k0 === 0;
     // K = 0 gives C = bias (or leaves C as is when accumulating): the kernel's K loop is empty.
@@ -313,11 +337,11 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     const wb = elemWindow(gpu, g.b, sb[0], sb[1] - sb[0] + 1);
     const wc = elemWindow(gpu, g.c, sc[0], sc[1] - sc[0] + 1);
     const wbias = firstK && g.bias !== null ? elemWindow(gpu, g.bias, k.n0, k.nc) : null;
-    gpu.run(MATMUL, {
+    gpu.run(tc ? MATMUL_TC : MATMUL, {
       defs: {
         T: g.a.dtype,
         TC: g.c.dtype,
-        ...tile,
+        ...(tc ? tcDefs(tc, gpu.tensorCores!) : tile!),
         TRANS_A: g.transA,
         TRANS_B: g.transB,
         HAS_BIAS: wbias !== null,
@@ -339,7 +363,7 @@ function runGemm(gpu: Gpu, g: Gemm): void {
         stride_c: g.strideC,
       },
       bindings: { a: wa.window, b: wb.window, c: wc.window, ...(wbias ? { bias: wbias.window } : {}) },
-      workgroups: [Math.ceil(k.nc / tile.BN), Math.ceil(k.mc / tile.BM), k.nb],
+      workgroups: [Math.ceil(k.nc / blockTile.BN), Math.ceil(k.mc / blockTile.BM), k.nb],
     });
   }
 }
@@ -421,6 +445,7 @@ export function matmul(gpu: Gpu, a: Tensor, b: Tensor, opts: MatmulOptions = {})
     strideC: s.M * s.N,
     accumulate: opts.accumulate ?? false,
     tile: opts.tile,
+    tcTile: opts.tcTile,
   };
   // A broadcast B over rows of A [M, K] is one big GEMM over batch * M rows.
   if (!s.bBatched && s.aBatched && !transA) {
@@ -445,7 +470,7 @@ function matmulSumBatch(
   transY: boolean,
   out: Tensor | undefined,
   accumulate: boolean,
-  tile: Tile | undefined,
+  tiles: TileChoice,
 ): Tensor {
   const s = matmulShape(op, x, y, transX, transY);
   const flat = (t: Tensor) => t.shape.slice(-2);
@@ -455,7 +480,7 @@ function matmulSumBatch(
       transA: true,
       out,
       accumulate,
-      tile,
+      ...tiles,
     });
   }
   const c = out ?? gpu.tensor([s.M, s.N], x.dtype, 'gradients', `${op}-sum`);
@@ -464,7 +489,7 @@ function matmulSumBatch(
   for (let i = 0; i < s.batch; i++) {
     const xv = new Tensor(x.alloc, xs, x.dtype, x.byteOffset + i * numel(xs) * BYTES[x.dtype], false);
     const yv = new Tensor(y.alloc, ys, y.dtype, y.byteOffset + i * numel(ys) * BYTES[y.dtype], false);
-    matmul(gpu, xv, yv, { transA: transX, transB: transY, out: c, accumulate: accumulate || i > 0, tile });
+    matmul(gpu, xv, yv, { transA: transX, transB: transY, out: c, accumulate: accumulate || i > 0, ...tiles });
   }
   return c;
 }
@@ -497,28 +522,28 @@ export function matmulBackward(gpu: Gpu, a: Tensor, b: Tensor, dy: Tensor, opts:
   const sumA = !s.aBatched && s.bBatched;
   const sumB = !s.bBatched && s.aBatched;
 
-  const tile = opts.tile;
+  const tile: TileChoice = { tile: opts.tile, tcTile: opts.tcTile };
   // dop(A) = dY · op(B)ᵀ. Stored A = op(A) (no transA) or op(A)ᵀ = op(B) · dYᵀ (transA).
   let da: Tensor;
   if (!transA)
     da = sumA
       ? matmulSumBatch(gpu, op, dy, b, false, !transB, into.da, acc, tile)
-      : matmul(gpu, dy, b, { transB: !transB, out: into.da, accumulate: acc, tile });
+      : matmul(gpu, dy, b, { transB: !transB, out: into.da, accumulate: acc, ...tile });
   else
     da = sumA
       ? matmulSumBatch(gpu, op, b, dy, transB, true, into.da, acc, tile)
-      : matmul(gpu, b, dy, { transA: transB, transB: true, out: into.da, accumulate: acc, tile });
+      : matmul(gpu, b, dy, { transA: transB, transB: true, out: into.da, accumulate: acc, ...tile });
 
   // dop(B) = op(A)ᵀ · dY. Stored B = op(B) (no transB) or op(B)ᵀ = dYᵀ · op(A) (transB).
   let db: Tensor;
   if (!transB)
     db = sumB
       ? matmulSumBatch(gpu, op, a, dy, !transA, false, into.db, acc, tile)
-      : matmul(gpu, a, dy, { transA: !transA, out: into.db, accumulate: acc, tile });
+      : matmul(gpu, a, dy, { transA: !transA, out: into.db, accumulate: acc, ...tile });
   else
     db = sumB
       ? matmulSumBatch(gpu, op, dy, a, true, transA, into.db, acc, tile)
-      : matmul(gpu, dy, a, { transA: true, transB: transA, out: into.db, accumulate: acc, tile });
+      : matmul(gpu, dy, a, { transA: true, transB: transA, out: into.db, accumulate: acc, ...tile });
 
   const grads: MatmulGrads = { da, db };
   if (opts.bias) grads.dbias = colSum(gpu, dy.reshape([dy.numel / s.N, s.N]), into.dbias, acc);

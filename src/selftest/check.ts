@@ -68,6 +68,11 @@ export interface KernelCase {
   name: string;
   /** Which dtypes the case runs in (default both). */
   dtypes?: DType[];
+  /**
+   * Why this device cannot run the case (a path it lacks, e.g. tensor cores), or null when it can. A case that
+   * cannot run is reported as not run, never as passed.
+   */
+  requires?: (gpu: Gpu) => string | null;
   run(ctx: CaseContext): Promise<Check[]>;
 }
 

@@ -23,6 +23,13 @@ export async function runCase(gpu: Gpu, c: KernelCase, dtype: DType, golden: Gol
   }
 }
 
+/** The dtypes a case runs in on this device: none where it cannot run at all (see notRunReason). */
 export function dtypesFor(gpu: Gpu, c: KernelCase): DType[] {
+  if (notRunReason(gpu, c)) return [];
   return (c.dtypes ?? ['f32', 'f16']).filter((d) => d === 'f32' || gpu.hasF16);
+}
+
+/** Why a case cannot run on this device (reported as "not run"), or null. */
+export function notRunReason(gpu: Gpu, c: KernelCase): string | null {
+  return c.requires?.(gpu) ?? null;
 }

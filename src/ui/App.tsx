@@ -6,7 +6,7 @@ import { formatBytes } from '../util/bytes.ts';
 import { describeCheck } from '../selftest/check.ts';
 import { ALL_CASES } from '../selftest/cases/index.ts';
 import { browserGolden } from '../selftest/browser.ts';
-import { dtypesFor, runCase, type CaseResult } from '../selftest/runner.ts';
+import { dtypesFor, notRunReason, runCase, type CaseResult } from '../selftest/runner.ts';
 import { Generate } from './Generate.tsx';
 import { Studio } from './studio/Studio.tsx';
 import { useAppStore } from './store.ts';
@@ -131,6 +131,7 @@ function SelfTestPanel() {
   if (gpu.kind !== 'ready') return null;
   const failed = results.filter((r) => !r.pass).length;
   const total = ALL_CASES.reduce((n, c) => n + dtypesFor(gpu.gpu, c).length, 0);
+  const notRun = ALL_CASES.filter((c) => notRunReason(gpu.gpu, c) !== null);
   return (
     <section aria-labelledby="selftest-title">
       <h2 id="selftest-title">Kernel self-test</h2>
@@ -141,6 +142,7 @@ function SelfTestPanel() {
       <p id="selftest-status" role="status" data-testid="selftest-status">
         {running && `${results.length} / ${total} done`}
         {done && (failed === 0 ? `All ${results.length} kernel checks passed.` : `${failed} of ${results.length} kernel checks failed.`)}
+        {done && notRun.length > 0 && ` ${notRun.length} not run on this GPU: ${notRunReason(gpu.gpu, notRun[0])}.`}
       </p>
       {results.length > 0 && (
         <table>

@@ -5,7 +5,8 @@ import type { Gpu } from '../../gpu/device.ts';
 import type { DType, Tensor } from '../../gpu/tensor.ts';
 import { roundToF16 } from '../../util/half.ts';
 import { linear, linearBackward, linearBackwardRef, linearRef, matmul, matmulBackward, matmulBackwardRef, matmulRef, type Tile } from '../../ops/matmul.ts';
-import { NAMED_TILES } from './tiles.ts';
+import { NAMED_TC_TILES, NAMED_TILES } from './tiles.ts';
+import type { TcTile } from '../../ops/tensorcore.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 
 /**
@@ -99,12 +100,27 @@ function rand(n: number, seed: number): Float32Array {
 
 /** Forward + backward against the TS reference with a forced tile config. */
 function tileCase(tile: Tile, label: string): KernelCase {
+  return tiledCase({ tile }, `${label} tile`, [2, 130, 37, 135]);
+}
+
+/**
+ * The same on tensor cores with a forced tile, f16 only, at a ragged shape whose K (301) is neither a multiple of
+ * the 32-deep staging step nor of 4; not run where the device has no tensor cores.
+ */
+function tcTileCase(tcTile: TcTile, label: string): KernelCase {
+  return {
+    ...tiledCase({ tcTile }, `tensor-core ${label} tile`, [2, 130, 301, 135]),
+    dtypes: ['f16'],
+    requires: (gpu) => (gpu.tensorCores ? null : `no tensor cores (${gpu.tensorCoreNote})`),
+  };
+}
+
+function tiledCase(choice: { tile?: Tile; tcTile?: TcTile }, label: string, [B, M, K, N]: number[]): KernelCase {
   return {
     family: 'matmul',
-    name: `${label} tile, every transpose, [2,130,37]·[37,135] (ts ref)`,
+    name: `${label}, every transpose, [${B},${M},${K}]·[${K},${N}] (ts ref)`,
     async run({ gpu, dtype }) {
       const checks: Check[] = [];
-      const [B, M, K, N] = [2, 130, 37, 135];
       for (const transA of [false, true])
         for (const transB of [false, true]) {
           const aShape = transA ? [B, K, M] : [B, M, K];
@@ -117,7 +133,7 @@ function tileCase(tile: Tile, label: string): KernelCase {
           const tb = gpu.upload(b, bShape, dtype);
           const tbias = gpu.upload(bias, [N], dtype);
           const tdy = gpu.upload(dy, [B, M, N], dtype);
-          const opts = { transA, transB, bias: tbias, tile };
+          const opts = { transA, transB, bias: tbias, ...choice };
           const y = matmul(gpu, ta, tb, opts);
           const gr = matmulBackward(gpu, ta, tb, tdy, opts);
           const ref = matmulBackwardRef(a, aShape, b, bShape, dy, { transA, transB });
@@ -202,6 +218,7 @@ export const cases: KernelCase[] = [
     },
   },
   ...NAMED_TILES.map(([tile, label]) => tileCase(tile, label)),
+  ...NAMED_TC_TILES.map(([tile, label]) => tcTileCase(tile, label)),
   {
     family: 'matmul',
     name: 'accumulate: out += a·b + bias; backward twice into f32 gradient buffers (ts ref)',
