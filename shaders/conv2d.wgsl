@@ -1,6 +1,6 @@
 // 2-D convolution, NCHW (PyTorch semantics), as implicit GEMM: the im2col matrix is never stored;
-// the tile loaders gather it from x (or dy) on the fly. One tiled GEMM core serves the forward and
-// both gradients; MODE picks what A, B and C are (r = kh * KW + kw runs over the KH x KW taps):
+// the tile loaders gather it from x (or dy) on the fly. One tiled GEMM core (generated per tile by
+// src/ops/gemm.ts: `conv_gemm` SIMT, `conv_gemm_tc` on tensor cores) serves the forward and both gradients; MODE picks what A, B and C are (r = kh * KW + kw runs over the KH x KW taps):
 //
 //   MODE 0 forward      y[n]  [Co, Ho*Wo]   = w [Co, Ci*KHW]          · im2col(x[n]) [Ci*KHW, Ho*Wo]  (+ bias[co])
 //   MODE 1 grad input   dx[n] [Ci, H*W]     = wᵀ [Ci, Co*KHW]         · col2im-gather(dy[n]) [Co*KHW, H*W]
@@ -11,7 +11,7 @@
 // the transposed convolution are skipped by that test, not stored).
 //
 // Specialised by: T (storage of x, w, dy, bias), TC (storage of the output: T or f32), MODE,
-// KH, KW, STRIDE, tiles BM, BN, BK, TM, TN (as in matmul.wgsl), HAS_BIAS, ACCUMULATE.
+// KH, KW, STRIDE, the tile's defs (src/ops/gemm.ts), HAS_BIAS, ACCUMULATE.
 // `bias_grad` (db[co] = Σ_{n, pixels} dy[n, co, ·]) uses T, TC and ACCUMULATE.
 //
 // Bindings: src_a = w (modes 0, 1) or dy (mode 2); src_b = x (modes 0, 2) or dy (mode 1); out = y,
@@ -114,98 +114,18 @@ fn dy_tap(base: u32, co: u32, ih: u32, iw: u32, r: u32) -> f32 {
   return f32(src_b[base + (co * p.Ho + oh) * p.Wo + ow]);
 }
 
-//#entry conv_gemm
-const VM = TM / 4u;
-const VN = TN / 4u;
-const WG_X = BN / TN;
-const WG_Y = BM / TM;
-const WG_SIZE = WG_X * WG_Y;
-const A_GROUPS = BM * BK / 4u;
-const B_GROUPS = BK * BN / 4u;
-// Which GEMM index runs fastest across invocations while staging B, for coalesced reads: the pixel
-// (GEMM column) in modes 0 and 1, the reduction index (pixels of a sample) in mode 2. A is always
-// staged reduction-fastest (w rows are contiguous in k; dy rows in pixels).
-const B_COL_FAST = MODE != 2u;
+// The GEMM interface both generated cores call (src/ops/gemm.ts: the SIMT core `conv_gemm`, the tensor-core core
+// `conv_gemm_tc`). A (w, or dy in mode 2) is staged reduction-fastest; B pixel-fastest in modes 0 and 1 and
+// reduction-fastest (pixels of a sample) in mode 2, so a workgroup's reads coalesce.
+const A_K_FAST = true;
+const B_N_FAST = MODE != 2u;
 
-var<workgroup> tile_a: array<vec4<f32>, BK * BM / 4u>;
-var<workgroup> tile_b: array<vec4<f32>, BK * BN / 4u>;
-
-@compute @workgroup_size(WG_X, WG_Y)
-fn conv_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-             @builtin(local_invocation_index) tid: u32) {
-  let row0 = wg.y * BM;
-  let col0 = wg.x * BN;
-  let z = wg.z;
-  var acc: array<vec4<f32>, TM * VN>;
-
-  for (var k0 = 0u; k0 < p.GK; k0 += BK) {
-    for (var g = tid; g < A_GROUPS; g += WG_SIZE) {
-      let k = g % BK;
-      let m4 = g / BK;
-      let m = row0 + m4 * 4u;
-      tile_a[k * (BM / 4u) + m4] = load_a4(m, k0 + k);
-    }
-    for (var g = tid; g < B_GROUPS; g += WG_SIZE) {
-      var k: u32;
-      var n4: u32;
-      if (B_COL_FAST) { n4 = g % (BN / 4u); k = g / (BN / 4u); } else { k = g % BK; n4 = g / BK; }
-      let n = col0 + n4 * 4u;
-      tile_b[k * (BN / 4u) + n4] = load_b4(z, k0 + k, n);
-    }
-    workgroupBarrier();
-
-    for (var k = 0u; k < BK; k++) {
-      var bv: array<vec4<f32>, VN>;
-      for (var j = 0u; j < VN; j++) { bv[j] = tile_b[k * (BN / 4u) + j * WG_X + lid.x]; }
-      for (var i = 0u; i < VM; i++) {
-        let av = tile_a[k * (BM / 4u) + i * WG_Y + lid.y];
-        for (var j = 0u; j < VN; j++) {
-          acc[(i * 4u + 0u) * VN + j] = fma(vec4<f32>(av.x), bv[j], acc[(i * 4u + 0u) * VN + j]);
-          acc[(i * 4u + 1u) * VN + j] = fma(vec4<f32>(av.y), bv[j], acc[(i * 4u + 1u) * VN + j]);
-          acc[(i * 4u + 2u) * VN + j] = fma(vec4<f32>(av.z), bv[j], acc[(i * 4u + 2u) * VN + j]);
-          acc[(i * 4u + 3u) * VN + j] = fma(vec4<f32>(av.w), bv[j], acc[(i * 4u + 3u) * VN + j]);
-        }
-      }
-    }
-    workgroupBarrier();
-  }
-
-  // C is row-major [GM, GN] per sample in all three modes: y[n, co, pixel], dx[n, ci, pixel], dw[co, (ci, r)].
-  let base_c = p.off_c + z * p.stride_c;
-  for (var i = 0u; i < VM; i++) {
-    for (var r = 0u; r < 4u; r++) {
-      let m = row0 + (i * WG_Y + lid.y) * 4u + r;
-      if (m >= p.GM) { continue; }
-      var bias_m = 0.0;
-      if (HAS_BIAS) { bias_m = f32(bias[p.off_bias + m]); }
-      for (var j = 0u; j < VN; j++) {
-        let n0 = col0 + (j * WG_X + lid.x) * 4u;
-        let v = acc[(i * 4u + r) * VN + j];
-        for (var q = 0u; q < 4u; q++) {
-          let n = n0 + q;
-          if (n >= p.GN) { break; }
-          var s = v[q] + bias_m;
-          let idx = base_c + m * p.GN + n;
-          if (ACCUMULATE) { s += f32(out[idx]); }
-          out[idx] = TC(s);
-        }
-      }
-    }
-  }
-}
-
-//#entry conv_gemm_tc
-// The tensor-core path (f16 only): the GEMM core is generated by src/ops/tensorcore.ts, which calls these.
-// A (w, or dy in mode 2) is staged reduction-fastest; B pixel-fastest in modes 0 and 1, as conv_gemm does.
-const TC_A_K_FAST = true;
-const TC_B_N_FAST = MODE != 2u;
-
-fn tc_dims() -> vec3<u32> { return vec3<u32>(p.GM, p.GN, p.GK); }
-fn tc_a4(z: u32, m: u32, k: u32) -> vec4<f32> { return load_a4(m, k); }
-fn tc_b4(z: u32, k: u32, n: u32) -> vec4<f32> { return load_b4(z, k, n); }
+fn gemm_dims() -> vec3<u32> { return vec3<u32>(p.GM, p.GN, p.GK); }
+fn gemm_a4(z: u32, m: u32, k: u32) -> vec4<f32> { return load_a4(m, k); }
+fn gemm_b4(z: u32, k: u32, n: u32) -> vec4<f32> { return load_b4(z, k, n); }
 
 // C is row-major [GM, GN] per sample in all three modes: y[n, co, pixel], dx[n, ci, pixel], dw[co, (ci, r)].
-fn tc_out(z: u32, m: u32, n: u32, v: f32) {
+fn gemm_out(z: u32, m: u32, n: u32, v: f32) {
   var s = v;
   if (HAS_BIAS) { s += f32(bias[p.off_bias + m]); }
   let idx = p.off_c + z * p.stride_c + m * p.GN + n;

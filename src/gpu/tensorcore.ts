@@ -3,7 +3,7 @@
 // subgroup holds an m x k `left`, a k x n `right` and an m x n `result` matrix spread over its lanes, and
 // subgroupMatrixMultiplyAccumulate computes result += left · right in one instruction sequence.
 //
-// The engine's tensor-core GEMM (src/ops/tensorcore.ts) takes the adapter's f16 x f16 -> f32 shape and assumes:
+// The engine's tensor-core GEMM (src/ops/gemm.ts) takes the adapter's f16 x f16 -> f32 shape and assumes:
 //   - every subgroup has 32 lanes (subgroupMinSize == subgroupMaxSize == 32), so a workgroup of 32·S invocations
 //     holds S subgroups and subgroup s is invocations [32s, 32s + 32) of a one-dimensional workgroup;
 //   - subgroupMatrixLoad/Store work on workgroup memory with a padded row stride.

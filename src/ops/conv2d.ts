@@ -10,7 +10,7 @@ import { kernel, u32 } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, type Tensor } from '../gpu/tensor.ts';
 import { elemWindow, pickTile, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
-import { pickTcTile, tcDefs, tensorCoreEntry } from './tensorcore.ts';
+import { pickTcTile, simtGemmEntry, tcDefs, tensorCoreEntry } from './gemm.ts';
 
 export interface Conv2dOptions {
   stride: number;
@@ -81,6 +81,7 @@ function wholeFits(gpu: Gpu, op: string, t: Tensor, name: string): void {
 const CONV_GEMM = kernel({
   shader: 'conv2d',
   entry: 'conv_gemm',
+  code: simtGemmEntry('conv_gemm'),
   uniforms: [
     u32('GM'),
     u32('GN'),
@@ -107,7 +108,7 @@ const CONV_GEMM = kernel({
   ],
 });
 
-/** The same implicit GEMM on tensor cores (f16; src/ops/tensorcore.ts generates the entry point). */
+/** The same implicit GEMM on tensor cores (f16; src/ops/gemm.ts generates the entry point). */
 const CONV_GEMM_TC = kernel({ ...CONV_GEMM, entry: 'conv_gemm_tc', code: tensorCoreEntry('conv_gemm_tc') });
 
 /** db[co] = sum over samples and pixels of dy[n, co, pixel]. */

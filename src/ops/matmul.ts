@@ -9,7 +9,7 @@ import type { BufferWindow, Gpu } from '../gpu/device.ts';
 import { kernel } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, numel, Tensor } from '../gpu/tensor.ts';
-import { pickTcTile, tcDefs, tcTileFits, TC_BK, tensorCoreEntry, type TcTile } from './tensorcore.ts';
+import { pickTcTile, simtGemmEntry, tcDefs, tcTileFits, TC_BK, tensorCoreEntry, type TcTile } from './gemm.ts';
 
 export interface MatmulOptions {
   /** a is stored [..., K, M]. */
@@ -285,6 +285,7 @@ function planGemm(gpu: Gpu, g: Gemm, tile: Pick<Tile, 'BM' | 'BN' | 'BK'>): Bloc
 const MATMUL = kernel({
   shader: 'matmul',
   entry: 'matmul',
+  code: simtGemmEntry('matmul'),
   uniforms: [
     { name: 'M', type: 'u32' },
     { name: 'N', type: 'u32' },
@@ -308,7 +309,7 @@ const MATMUL = kernel({
   ],
 });
 
-/** The same GEMM on tensor cores (f16 operands; src/ops/tensorcore.ts generates the entry point). */
+/** The same GEMM on tensor cores (f16 operands; src/ops/gemm.ts generates the entry point). */
 const MATMUL_TC = kernel({ ...MATMUL, entry: 'matmul_tc', code: tensorCoreEntry('matmul_tc') });
 
 /** The tensor-core tile this GEMM runs with, or null for the SIMT kernel. */

@@ -6,7 +6,7 @@ import type { DType, Tensor } from '../../gpu/tensor.ts';
 import { roundToF16 } from '../../util/half.ts';
 import { linear, linearBackward, linearBackwardRef, linearRef, matmul, matmulBackward, matmulBackwardRef, matmulRef, type Tile } from '../../ops/matmul.ts';
 import { NAMED_TC_TILES, NAMED_TILES } from './tiles.ts';
-import type { TcTile } from '../../ops/tensorcore.ts';
+import type { TcTile } from '../../ops/gemm.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 
 /**

@@ -17,7 +17,7 @@ import {
   TILE_ROWS_4,
   type Tile,
 } from '../../ops/matmul.ts';
-import { TC_TILES, type TcTile } from '../../ops/tensorcore.ts';
+import { TC_TILES, type TcTile } from '../../ops/gemm.ts';
 
 export const NAMED_TILES: readonly (readonly [Tile, string])[] = [
   [TILE_64, '64x64'],
@@ -35,5 +35,5 @@ export const NAMED_TILES: readonly (readonly [Tile, string])[] = [
   [GPU_TILE_COLS_16, 'GPU 16-column'],
 ];
 
-/** Every tensor-core tile (src/ops/tensorcore.ts), with its case label. */
+/** Every tensor-core tile (src/ops/gemm.ts), with its case label. */
 export const NAMED_TC_TILES: readonly (readonly [TcTile, string])[] = TC_TILES.map((t) => [t, `${t.BM}x${t.BN} (${t.SGM}x${t.SGN} subgroups)`]);

@@ -1,0 +1,214 @@
+// The two GEMM cores matmul and conv2d share, generated per tile so every register is a named variable indexed
+// by constants (a register array indexed by a loop counter is kept in memory and gathered/scattered by software
+// adapters such as SwiftShader):
+//   simtGemmEntry    f32 or f16 storage, f32 math: each invocation owns a TM x TN register block
+//   tensorCoreEntry  f16 on subgroup matrices (tensor cores; src/gpu/tensorcore.ts says when the engine uses them)
+//
+// Both read the op through one interface its WGSL section provides, for batch z:
+//   fn gemm_dims() -> vec3<u32>                        (M, N, K) of this dispatch
+//   fn gemm_a4(z: u32, m: u32, k: u32) -> vec4<f32>    op(A)[m .. m+3, k], 0 outside the matrix
+//   fn gemm_b4(z: u32, k: u32, n: u32) -> vec4<f32>    op(B)[k, n .. n+3], 0 outside the matrix
+//   fn gemm_out(z: u32, m: u32, n: u32, v: f32)        stores C[m, n] = v (+ bias, + C), for m < M and n < N
+//   const A_K_FAST: bool, B_N_FAST: bool               which index runs fastest across invocations while staging
+//                                                      (the operand's contiguous one, so reads coalesce)
+// Zero-filled loads outside the matrix make ragged M, N and K need no special case.
+//
+// The SIMT core (tile BM x BN x BK, register block TM x TN; src/ops/matmul.ts's Tile): A and B are staged as f32
+// vec4 groups in k-major shared tiles, tile_a[k][m/4] and tile_b[k][n/4]; per k, each invocation reads TM/4 vec4s
+// of A and TN/4 of B and does TM·TN/4 vec4 FMAs into acc_r_j (row r of its block, column group j). Its rows are
+// interleaved so neighbouring invocations read neighbouring vec4s of the shared tiles and write neighbouring vec4s
+// of C: row group i of invocation (tx, ty) is rows (i * WG_Y + ty) * 4 + 0..3, column group j is columns
+// (j * WG_X + tx) * 4 + 0..3.
+//
+// The tensor-core core walks the reduction TC_BK = 32 at a time:
+//   1. stage: groups of 4 elements of op(A) [BM x BK] and op(B) [BK x BN] into f16 workgroup tiles, row-major with
+//      rows padded by 8 halves (16 bytes) so consecutive rows start in different banks;
+//   2. multiply: the SGM x SGN subgroups each own an FM x FN grid of m x n result fragments; per k-step of the
+//      fragment depth, a subgroup loads FM left and FN right fragments and does FM·FN multiply-accumulates;
+//   3. epilogue: each result fragment goes through a per-subgroup f32 scratch in workgroup memory, from which the
+//      subgroup's 32 lanes hand element (m, n) to gemm_out, consecutive lanes on consecutive columns.
+import type { Gpu } from '../gpu/device.ts';
+import type { Defs } from '../gpu/shaders.ts';
+import { MATRIX_DIRECTIVES, SUBGROUP_LANES, type MatrixShape } from '../gpu/tensorcore.ts';
+
+/** A tensor-core workgroup tile: BM x BN of C, SGM x SGN subgroups of 32 lanes. */
+export interface TcTile {
+  BM: number;
+  BN: number;
+  SGM: number;
+  SGN: number;
+}
+
+/** Reduction depth staged per step (two 16-deep fragment steps). */
+export const TC_BK = 32;
+/** Row padding of the staged f16 tiles, in halves. */
+const TC_PAD = 8;
+
+export const TC_TILE_128: TcTile = { BM: 128, BN: 128, SGM: 2, SGN: 2 };
+export const TC_TILE_128x64: TcTile = { BM: 128, BN: 64, SGM: 2, SGN: 2 };
+export const TC_TILE_64x128: TcTile = { BM: 64, BN: 128, SGM: 2, SGN: 2 };
+export const TC_TILE_64: TcTile = { BM: 64, BN: 64, SGM: 2, SGN: 2 };
+export const TC_TILE_32x64: TcTile = { BM: 32, BN: 64, SGM: 1, SGN: 2 };
+export const TC_TILE_32: TcTile = { BM: 32, BN: 32, SGM: 1, SGN: 1 };
+/** Largest first: pickTcTile takes the first that fills the GPU. */
+export const TC_TILES: readonly TcTile[] = [TC_TILE_128, TC_TILE_128x64, TC_TILE_64x128, TC_TILE_64, TC_TILE_32x64, TC_TILE_32];
+
+/** Workgroup memory a tile needs: the two f16 tiles and one f32 fragment scratch per subgroup. */
+export function tcSharedBytes(t: TcTile, s: MatrixShape): number {
+  return 2 * (t.BM * (TC_BK + TC_PAD) + TC_BK * (t.BN + TC_PAD)) + 4 * t.SGM * t.SGN * s.M * s.N;
+}
+
+/** Whether the tile divides into whole fragments for this matrix shape and fits the device. */
+export function tcTileFits(gpu: Gpu, t: TcTile, s: MatrixShape): boolean {
+  const lim = gpu.device.limits;
+  return (
+    t.BM % (t.SGM * s.M) === 0 &&
+    t.BN % (t.SGN * s.N) === 0 &&
+    TC_BK % s.K === 0 &&
+    t.BM % 4 === 0 &&
+    t.BN % 4 === 0 &&
+    SUBGROUP_LANES * t.SGM * t.SGN <= lim.maxComputeInvocationsPerWorkgroup &&
+    tcSharedBytes(t, s) <= lim.maxComputeWorkgroupStorageSize
+  );
+}
+
+/**
+ * The tensor-core tile for an M x N GEMM over `batch` batches, or null where the device has no tensor cores: the
+ * largest tile that still gives `gpu.fillWorkgroups` workgroups, else the smallest.
+ */
+export function pickTcTile(gpu: Gpu, M: number, N: number, batch: number): TcTile | null {
+  const s = gpu.tensorCores;
+  if (!s) return null;
+  const fits = TC_TILES.filter((t) => tcTileFits(gpu, t, s));
+  if (!fits.length) return null;
+  const count = (t: TcTile) => Math.ceil(M / t.BM) * Math.ceil(N / t.BN) * batch;
+  return fits.find((t) => count(t) >= gpu.fillWorkgroups) ?? fits[fits.length - 1];
+}
+
+/** Defs that specialise a tensor-core entry point (the generated code reads them back). */
+export function tcDefs(t: TcTile, s: MatrixShape): Defs {
+  return { TC_BM: t.BM, TC_BN: t.BN, TC_SGM: t.SGM, TC_SGN: t.SGN, MMA_M: s.M, MMA_N: s.N, MMA_K: s.K };
+}
+
+/** `code` for a kernel declaration: the tensor-core entry point `entry`, unrolled for the tile in `defs`. */
+export function tensorCoreEntry(entry: string): (defs: Defs) => string {
+  return (defs) => {
+    const [BM, BN, SGM, SGN, m, nn, kd] = ['TC_BM', 'TC_BN', 'TC_SGM', 'TC_SGN', 'MMA_M', 'MMA_N', 'MMA_K'].map((k) => numDef(entry, defs, k));
+    const FM = BM / (SGM * m);
+    const FN = BN / (SGN * nn);
+    const BK = TC_BK;
+    const SA = BK + TC_PAD;
+    const SB = BN + TC_PAD;
+    const threads = SUBGROUP_LANES * SGM * SGN;
+    const frag = m * nn;
+    const L: string[] = [...MATRIX_DIRECTIVES];
+    L.push(`// Tensor-core GEMM core, generated by src/ops/gemm.ts: tile ${BM}x${BN}x${BK}, ${SGM}x${SGN} subgroups of ${FM}x${FN} ${m}x${nn} fragments.`);
+    L.push(`var<workgroup> tc_a: array<f16, ${BM * SA}>;`);
+    L.push(`var<workgroup> tc_b: array<f16, ${BK * SB}>;`);
+    L.push(`var<workgroup> tc_c: array<f32, ${SGM * SGN * frag}>;`);
+    L.push(`@compute @workgroup_size(${threads})`);
+    L.push(`fn ${entry}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {`);
+    L.push('  let dims = gemm_dims();', '  let z = wg.z;', `  let row0 = wg.y * ${BM}u;`, `  let col0 = wg.x * ${BN}u;`);
+    L.push(`  let sg = tid / ${SUBGROUP_LANES}u;`, `  let lane = tid % ${SUBGROUP_LANES}u;`);
+    L.push(`  let sg_row = (sg / ${SGN}u) * ${FM * m}u;`, `  let sg_col = (sg % ${SGN}u) * ${FN * nn}u;`);
+    for (let i = 0; i < FM; i++) for (let j = 0; j < FN; j++) L.push(`  var acc_${i}_${j} = subgroup_matrix_result<f32, ${nn}, ${m}>();`);
+    L.push(`  for (var k0 = 0u; k0 < dims.z; k0 += ${BK}u) {`);
+    // stage op(A): BM/4 x BK groups of 4 rows at one k
+    L.push(`    for (var g = tid; g < ${(BM / 4) * BK}u; g += ${threads}u) {`);
+    L.push('      var k: u32;', '      var m4: u32;');
+    L.push(`      if (A_K_FAST) { k = g % ${BK}u; m4 = g / ${BK}u; } else { m4 = g % ${BM / 4}u; k = g / ${BM / 4}u; }`);
+    L.push('      let v = gemm_a4(z, row0 + m4 * 4u, k0 + k);');
+    L.push(`      let at = m4 * ${4 * SA}u + k;`);
+    L.push(`      tc_a[at] = f16(v.x); tc_a[at + ${SA}u] = f16(v.y); tc_a[at + ${2 * SA}u] = f16(v.z); tc_a[at + ${3 * SA}u] = f16(v.w);`);
+    L.push('    }');
+    // stage op(B): BK x BN/4 groups of 4 columns at one k
+    L.push(`    for (var g = tid; g < ${BK * (BN / 4)}u; g += ${threads}u) {`);
+    L.push('      var k: u32;', '      var n4: u32;');
+    L.push(`      if (B_N_FAST) { n4 = g % ${BN / 4}u; k = g / ${BN / 4}u; } else { k = g % ${BK}u; n4 = g / ${BK}u; }`);
+    L.push('      let v = gemm_b4(z, k0 + k, col0 + n4 * 4u);');
+    L.push(`      let bt = k * ${SB}u + n4 * 4u;`);
+    L.push('      tc_b[bt] = f16(v.x); tc_b[bt + 1u] = f16(v.y); tc_b[bt + 2u] = f16(v.z); tc_b[bt + 3u] = f16(v.w);');
+    L.push('    }');
+    L.push('    workgroupBarrier();');
+    for (let kk = 0; kk < BK; kk += kd) {
+      for (let i = 0; i < FM; i++)
+        L.push(
+          `    let l${kk}_${i} = subgroupMatrixLoad<subgroup_matrix_left<f16, ${kd}, ${m}>>(&tc_a, (sg_row + ${i * m}u) * ${SA}u + ${kk}u, false, ${SA}u);`,
+        );
+      for (let j = 0; j < FN; j++)
+        L.push(`    let r${kk}_${j} = subgroupMatrixLoad<subgroup_matrix_right<f16, ${nn}, ${kd}>>(&tc_b, ${kk * SB}u + sg_col + ${j * nn}u, false, ${SB}u);`);
+      for (let i = 0; i < FM; i++)
+        for (let j = 0; j < FN; j++) L.push(`    acc_${i}_${j} = subgroupMatrixMultiplyAccumulate(l${kk}_${i}, r${kk}_${j}, acc_${i}_${j});`);
+    }
+    L.push('    workgroupBarrier();', '  }');
+    // epilogue: fragment by fragment through the subgroup's scratch
+    for (let i = 0; i < FM; i++)
+      for (let j = 0; j < FN; j++) {
+        L.push(`  subgroupMatrixStore(&tc_c, sg * ${frag}u, acc_${i}_${j}, false, ${nn}u);`);
+        L.push('  workgroupBarrier();');
+        L.push(`  for (var e = lane; e < ${frag}u; e += ${SUBGROUP_LANES}u) {`);
+        L.push(`    let m = row0 + sg_row + ${i * m}u + e / ${nn}u;`);
+        L.push(`    let n = col0 + sg_col + ${j * nn}u + e % ${nn}u;`);
+        L.push(`    if (m < dims.x && n < dims.y) { gemm_out(z, m, n, tc_c[sg * ${frag}u + e]); }`);
+        L.push('  }');
+        L.push('  workgroupBarrier();');
+      }
+    L.push('}');
+    return L.join('\n');
+  };
+}
+
+/** A def that must be a number (the tile's sizes). */
+function numDef(entry: string, defs: Defs, name: string): number {
+  const v = defs[name];
+  if (typeof v !== 'number') throw new Error(`${entry}: def ${name} must be a number`);
+  return v;
+}
+
+/** `code` for a kernel declaration: the SIMT entry point `entry`, unrolled for the tile (BM, BN, BK, TM, TN) in `defs`. */
+export function simtGemmEntry(entry: string): (defs: Defs) => string {
+  return (defs) => {
+    const [BM, BN, BK, TM, TN] = ['BM', 'BN', 'BK', 'TM', 'TN'].map((k) => numDef(entry, defs, k));
+    const VM = TM / 4;
+    const VN = TN / 4;
+    const WX = BN / TN;
+    const WY = BM / TM;
+    const threads = WX * WY;
+    const L: string[] = [`// SIMT GEMM core, generated by src/ops/gemm.ts: tile ${BM}x${BN}x${BK}, ${TM}x${TN} registers per invocation.`];
+    L.push(`var<workgroup> tile_a: array<vec4<f32>, ${(BK * BM) / 4}>;`, `var<workgroup> tile_b: array<vec4<f32>, ${(BK * BN) / 4}>;`);
+    L.push(`@compute @workgroup_size(${WX}, ${WY})`);
+    L.push(`fn ${entry}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {`);
+    L.push('  let dims = gemm_dims();', '  let z = wg.z;', `  let row0 = wg.y * ${BM}u;`, `  let col0 = wg.x * ${BN}u;`);
+    for (let r = 0; r < TM; r++) for (let j = 0; j < VN; j++) L.push(`  var acc_${r}_${j} = vec4<f32>(0.0);`);
+    L.push(`  for (var k0 = 0u; k0 < dims.z; k0 += ${BK}u) {`);
+    L.push(`    for (var g = tid; g < ${(BM / 4) * BK}u; g += ${threads}u) {`);
+    L.push('      var k: u32;', '      var m4: u32;');
+    L.push(`      if (A_K_FAST) { k = g % ${BK}u; m4 = g / ${BK}u; } else { m4 = g % ${BM / 4}u; k = g / ${BM / 4}u; }`);
+    L.push(`      tile_a[k * ${BM / 4}u + m4] = gemm_a4(z, row0 + m4 * 4u, k0 + k);`, '    }');
+    L.push(`    for (var g = tid; g < ${BK * (BN / 4)}u; g += ${threads}u) {`);
+    L.push('      var k: u32;', '      var n4: u32;');
+    L.push(`      if (B_N_FAST) { n4 = g % ${BN / 4}u; k = g / ${BN / 4}u; } else { k = g % ${BK}u; n4 = g / ${BK}u; }`);
+    L.push(`      tile_b[k * ${BN / 4}u + n4] = gemm_b4(z, k0 + k, col0 + n4 * 4u);`, '    }');
+    L.push('    workgroupBarrier();');
+    // rank-1 updates of the register block, one per k of the tile
+    L.push(`    for (var k = 0u; k < ${BK}u; k++) {`);
+    for (let j = 0; j < VN; j++) L.push(`      let b_${j} = tile_b[k * ${BN / 4}u + ${j * WX}u + lid.x];`);
+    for (let i = 0; i < VM; i++) {
+      L.push(`      let a_${i} = tile_a[k * ${BM / 4}u + ${i * WY}u + lid.y];`);
+      for (let q = 0; q < 4; q++)
+        for (let j = 0; j < VN; j++) L.push(`      acc_${4 * i + q}_${j} = fma(vec4<f32>(a_${i}.${'xyzw'[q]}), b_${j}, acc_${4 * i + q}_${j});`);
+    }
+    L.push('    }', '    workgroupBarrier();', '  }');
+    // Epilogue, masked at the matrix edges. The registers are copied once into an array the loops index: an
+    // unrolled epilogue (TM x TN masked stores) tripled the pipeline's compile time on lavapipe.
+    L.push(`  var block = array<vec4<f32>, ${TM * VN}>(${Array.from({ length: TM * VN }, (_, x) => `acc_${Math.floor(x / VN)}_${x % VN}`).join(', ')});`);
+    L.push(`  for (var i = 0u; i < ${VM}u; i++) {`, '    for (var r = 0u; r < 4u; r++) {');
+    L.push(`      let m = row0 + (i * ${WY}u + lid.y) * 4u + r;`, '      if (m >= dims.x) { continue; }');
+    L.push(`      for (var j = 0u; j < ${VN}u; j++) {`);
+    L.push(`        let n0 = col0 + (j * ${WX}u + lid.x) * 4u;`, `        let v = block[(i * 4u + r) * ${VN}u + j];`);
+    L.push('        for (var q = 0u; q < 4u; q++) {', '          if (n0 + q >= dims.y) { break; }', '          gemm_out(z, m, n0 + q, v[q]);', '        }');
+    L.push('      }', '    }', '  }');
+    L.push('}');
+    return L.join('\n');
+  };
+}
