@@ -79,6 +79,45 @@ describe('matmul bad input', () => {
   });
 });
 
+describe('matmul at ragged and extreme shapes', () => {
+  // Shapes no tile divides, K not a multiple of 4 or of any staging depth, single rows/columns, and more batches
+  // than one dispatch may have workgroups along z (65535): each must give matmulRef's result, not a wrong one.
+  const shapes: { what: string; a: number[]; b: number[]; transA?: boolean; transB?: boolean }[] = [
+    { what: '1x1x1', a: [1, 1], b: [1, 1] },
+    { what: 'K = 7', a: [3, 7], b: [7, 5] },
+    { what: 'M = N = 1, K = 301', a: [1, 301], b: [301, 1] },
+    { what: 'odd M, N, K, both transposed', a: [13, 33], b: [17, 13], transA: true, transB: true },
+    { what: '70000 batches (past 65535 workgroups along z)', a: [70000, 2, 3], b: [70000, 3, 2] },
+  ];
+  for (const dtype of ['f32', 'f16'] as const)
+    it(`every shape gives the reference result [${dtype}]`, async (t) => {
+      const gpu = await testGpu();
+      const checks = [];
+      for (const [i, s] of shapes.entries()) {
+        const av = roundToF16(
+          randomValues(
+            s.a.reduce((p, d) => p * d, 1),
+            20 + i,
+          ),
+        );
+        const bv = roundToF16(
+          randomValues(
+            s.b.reduce((p, d) => p * d, 1),
+            40 + i,
+          ),
+        );
+        const ta = gpu.upload(av, s.a, dtype);
+        const tb = gpu.upload(bv, s.b, dtype);
+        const opts = { transA: s.transA, transB: s.transB };
+        const y = matmul(gpu, ta, tb, opts);
+        checks.push(compare(s.what, await gpu.read(y), matmulRef(av, s.a, bv, s.b, opts), matmulTol(dtype)));
+        gpu.free(ta, tb, y);
+      }
+      for (const c of checks) t.diagnostic(describeCheck(c));
+      assertChecks(checks);
+    });
+});
+
 describe('matmul larger than one storage binding (bindingLimit 4096 bytes)', () => {
   for (const dtype of ['f32', 'f16'] as const)
     it(`row-chunked forward, K-chunked and row-chunked backward [${dtype}]`, async (t) => {
