@@ -36,6 +36,27 @@ torch.backends.cudnn.allow_tf32 = False
 dev = torch.device(args.device)
 sdpa = getattr(torch.nn.functional, "scaled_dot_product_attention", None)
 not_run = {}
+
+
+def cpu_blas_gflops():
+    """f32 GEMM rate of this torch on the CPU (512^3, best of 5): Debian's python3-torch falls back to the reference
+    BLAS (libblas3, a few GFLOP/s) when libopenblas is missing, which would flatter every ratio against it."""
+    a = torch.randn(512, 512)
+    a @ a
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t0)
+    return 2 * 512**3 / best / 1e9
+
+
+blas_gflops = None if cuda else cpu_blas_gflops()
+if blas_gflops is not None and blas_gflops < 20:
+    not_run["fast CPU BLAS"] = (
+        f"torch's CPU GEMM runs at {blas_gflops:.1f} GFLOP/s: the reference BLAS? install libopenblas0-pthread, "
+        "or every ratio against this peer flatters ours"
+    )
 if sdpa is None:
     not_run["torch sdpa"] = f"torch {torch.__version__} has no scaled_dot_product_attention (added in 2.0)"
 
@@ -115,4 +136,4 @@ for name in args.dtypes.split(","):
             add(c, impl, "fwdbwd", fb)
 
 device_name = torch.cuda.get_device_name(0) if cuda else f"CPU ({torch.get_num_threads()} threads)"
-print(json.dumps({"device": device_name, "torch": torch.__version__, "time": "CUDA events" if cuda else "wall (CPU)", "notRun": not_run, "results": out}))
+print(json.dumps({"device": device_name, "torch": torch.__version__, "time": "CUDA events" if cuda else "wall (CPU)", "cpuBlasGflops": blas_gflops, "notRun": not_run, "results": out}))
