@@ -22,7 +22,8 @@
 //   conv_gemm: uniforms GM (GEMM rows: Co, Ci, Co), GN (GEMM columns: Ho*Wo, H*W, Ci*KHW), GK (reduction:
 //   Ci*KHW, Co*KHW, samples*Ho*Wo), Ci, H, W, Co, Ho, Wo, pad, off_a, off_b, off_c, off_bias (element offsets
 //   into the bound windows), stride_b / stride_c (elements between samples of src_b / out); bindings src_a,
-//   src_b, out and, with HAS_BIAS, bias.
+//   src_b, out and, with HAS_BIAS, bias; k_splits and k_chunk of split-K, whose partial pass (SPLIT_K) writes
+//   part instead of out (src/ops/gemm.ts). conv_split_reduce: the same uniforms; bindings part, out, bias.
 //   bias_grad: uniforms samples, pixels, Co, off_dy, off_c; bindings dy, out.
 
 //#entry conv_gemm conv_gemm_tc
@@ -120,9 +121,11 @@ fn dy_tap(base: u32, co: u32, ih: u32, iw: u32, r: u32) -> f32 {
 const A_K_FAST = true;
 const B_N_FAST = MODE != 2u;
 
-fn gemm_dims() -> vec3<u32> { return vec3<u32>(p.GM, p.GN, p.GK); }
 fn gemm_a4(z: u32, m: u32, k: u32) -> vec4<f32> { return load_a4(m, k); }
 fn gemm_b4(z: u32, k: u32, n: u32) -> vec4<f32> { return load_b4(z, k, n); }
+
+//#entry conv_gemm conv_gemm_tc conv_split_reduce
+fn gemm_dims() -> vec3<u32> { return vec3<u32>(p.GM, p.GN, p.GK); }
 
 // C is row-major [GM, GN] per sample in all three modes: y[n, co, pixel], dx[n, ci, pixel], dw[co, (ci, r)].
 fn gemm_out(z: u32, m: u32, n: u32, v: f32) {

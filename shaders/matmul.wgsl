@@ -16,12 +16,14 @@
 // tensors (never more than one storage binding), so a huge operand is walked in row or K chunks.
 //
 // The entry points' bodies are generated per tile by src/ops/gemm.ts (the SIMT core `matmul`: register blocks
-// as named variables; the tensor-core core `matmul_tc`); this file holds what they call: the loaders and the
-// epilogue below.
+// as named variables; the tensor-core core `matmul_tc`; `matmul_split_reduce`, which sums split-K partials);
+// this file holds what they call: the loaders and the epilogue below.
 
 // Uniforms and bindings are declared per entry point in src/ops/matmul.ts (src/gpu/kernel.ts generates
-// them): matmul reads a, b (and bias with HAS_BIAS) and writes c; M, N, K, leading dimensions lda/ldb/ldc,
-// element offsets off_* of each operand inside its bound window, batch strides stride_* (0 broadcasts).
+// them): matmul reads a, b (and bias with HAS_BIAS) and writes c, or with SPLIT_K its partials to part
+// (src/ops/gemm.ts); M, N, K, leading dimensions lda/ldb/ldc, element offsets off_* of each operand inside its
+// bound window, batch strides stride_* (0 broadcasts), k_splits and k_chunk of split-K.
+// matmul_split_reduce reads part and writes c (+ bias) with the same uniforms.
 
 //#entry matmul matmul_tc
 // op(A)[m, k] of this batch, 0 outside the matrix.
@@ -44,8 +46,6 @@ fn load_b(base: u32, k: u32, n: u32) -> f32 {
 const A_K_FAST = !TRANS_A; // staging order: A [M, K] is contiguous in k, Aᵀ stored [K, M] in m
 const B_N_FAST = !TRANS_B; // B [K, N] is contiguous in n, Bᵀ stored [N, K] in k
 
-fn gemm_dims() -> vec3<u32> { return vec3<u32>(p.M, p.N, p.K); }
-
 fn gemm_a4(z: u32, m: u32, k: u32) -> vec4<f32> {
   let base = p.off_a + z * p.stride_a;
   return vec4<f32>(load_a(base, m, k), load_a(base, m + 1u, k), load_a(base, m + 2u, k), load_a(base, m + 3u, k));
@@ -55,6 +55,9 @@ fn gemm_b4(z: u32, k: u32, n: u32) -> vec4<f32> {
   let base = p.off_b + z * p.stride_b;
   return vec4<f32>(load_b(base, k, n), load_b(base, k, n + 1u), load_b(base, k, n + 2u), load_b(base, k, n + 3u));
 }
+
+//#entry matmul matmul_tc matmul_split_reduce
+fn gemm_dims() -> vec3<u32> { return vec3<u32>(p.M, p.N, p.K); }
 
 fn gemm_out(z: u32, m: u32, n: u32, v: f32) {
   var s = v;

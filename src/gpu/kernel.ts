@@ -26,7 +26,7 @@
 //
 // Optional bindings. A binding with `when: 'HAS_BIAS'` is a storage binding only when the boolean def HAS_BIAS
 // is true; otherwise it becomes `var<private> bias: array<T, 1>`, so code under `if (HAS_BIAS)` still compiles,
-// no buffer is bound and none may be passed.
+// no buffer is bound and none may be passed. `when: '!SPLIT_K'` binds it only when the def is false.
 
 import { specialise, type Defs } from './shaders.ts';
 
@@ -42,7 +42,7 @@ export interface BindingDecl {
   /** WGSL element type of the bound array: 'T', 'f32', 'u32', 'vec4<f32>', 'atomic<u32>', ... */
   readonly type: string;
   readonly access: 'read' | 'read_write';
-  /** Bound only when this boolean def is true (see the file comment). */
+  /** Bound only when this boolean def is true, or with a leading '!' false (see the file comment). */
   readonly when?: string;
 }
 
@@ -91,9 +91,11 @@ export type BindingArgs<D extends KernelDecl, B> = { readonly [K in RequiredBind
 /** Whether the binding is a storage binding under these defs. */
 export function isBound(b: BindingDecl, defs: Defs): boolean {
   if (b.when === undefined) return true;
-  const v = defs[b.when];
-  if (typeof v !== 'boolean') throw new Error(`binding '${b.name}' depends on def ${b.when}, which must be a boolean (got ${String(v)})`);
-  return v;
+  const negated = b.when.startsWith('!');
+  const def = negated ? b.when.slice(1) : b.when;
+  const v = defs[def];
+  if (typeof v !== 'boolean') throw new Error(`binding '${b.name}' depends on def ${def}, which must be a boolean (got ${String(v)})`);
+  return v !== negated;
 }
 
 /** The WGSL declarations of a kernel's interface under these defs (binding i + 1 is the i-th binding). */
@@ -183,7 +185,10 @@ export function orderBindings<B>(decl: KernelDecl, defs: Defs, given: Readonly<R
       if (v === undefined || v === null) throw new Error(`${where}: binding '${b.name}' is missing`);
       return v;
     }
-    if (v !== undefined && v !== null) throw new Error(`${where}: binding '${b.name}' is unused with ${b.when}=false; pass none`);
+    if (v !== undefined && v !== null) {
+      const off = b.when!.startsWith('!') ? `${b.when!.slice(1)}=true` : `${b.when}=false`;
+      throw new Error(`${where}: binding '${b.name}' is unused with ${off}; pass none`);
+    }
     return null;
   });
 }

@@ -10,13 +10,15 @@ import { kernel, u32 } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, type Tensor } from '../gpu/tensor.ts';
 import { elemWindow, pickTile, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
-import { pickTcTile, simtGemmEntry, tcDefs, tensorCoreEntry } from './gemm.ts';
+import { pickSplitK, pickTcTile, simtGemmEntry, splitReduceEntry, tcDefs, TC_BK, tensorCoreEntry } from './gemm.ts';
 
 export interface Conv2dOptions {
   stride: number;
   padding: number;
   /** Force a workgroup tile (tests, benchmarks). */
   tile?: Tile;
+  /** Force this many split-K chunks in every GEMM (tests, benchmarks; 1 turns split-K off). */
+  splitK?: number;
 }
 
 export interface Conv2dBackwardOptions extends Conv2dOptions {
@@ -76,40 +78,57 @@ function wholeFits(gpu: Gpu, op: string, t: Tensor, name: string): void {
     throw new ShapeError(op, `${name} ${fmtShape(t.shape)} exceeds a storage binding of ${gpu.maxBinding} bytes`);
 }
 
-/** Runs one implicit-GEMM mode over sample groups that fit the storage bindings. */
-/** The implicit-GEMM core (forward, grad input, grad weight by MODE); see shaders/conv2d.wgsl. */
+const CONV_UNIFORMS = [
+  u32('GM'),
+  u32('GN'),
+  u32('GK'),
+  u32('Ci'),
+  u32('H'),
+  u32('W'),
+  u32('Co'),
+  u32('Ho'),
+  u32('Wo'),
+  u32('pad'),
+  u32('off_a'),
+  u32('off_b'),
+  u32('off_c'),
+  u32('off_bias'),
+  u32('stride_b'),
+  u32('stride_c'),
+  u32('k_splits'),
+  u32('k_chunk'),
+] as const;
+
+/** The implicit-GEMM core (forward, grad input, grad weight by MODE; see shaders/conv2d.wgsl); with SPLIT_K it writes one reduction chunk's f32 partials to `part`. */
 const CONV_GEMM = kernel({
   shader: 'conv2d',
   entry: 'conv_gemm',
   code: simtGemmEntry('conv_gemm'),
-  uniforms: [
-    u32('GM'),
-    u32('GN'),
-    u32('GK'),
-    u32('Ci'),
-    u32('H'),
-    u32('W'),
-    u32('Co'),
-    u32('Ho'),
-    u32('Wo'),
-    u32('pad'),
-    u32('off_a'),
-    u32('off_b'),
-    u32('off_c'),
-    u32('off_bias'),
-    u32('stride_b'),
-    u32('stride_c'),
-  ],
+  uniforms: CONV_UNIFORMS,
   bindings: [
     { name: 'src_a', type: 'T', access: 'read' },
     { name: 'src_b', type: 'T', access: 'read' },
-    { name: 'out', type: 'TC', access: 'read_write' },
+    { name: 'out', type: 'TC', access: 'read_write', when: '!SPLIT_K' },
     { name: 'bias', type: 'T', access: 'read', when: 'HAS_BIAS' },
+    { name: 'part', type: 'f32', access: 'read_write', when: 'SPLIT_K' },
   ],
 });
 
 /** The same implicit GEMM on tensor cores (f16; src/ops/gemm.ts generates the entry point). */
 const CONV_GEMM_TC = kernel({ ...CONV_GEMM, entry: 'conv_gemm_tc', code: tensorCoreEntry('conv_gemm_tc') });
+
+/** out = the sum of the split-K partials (+ bias, + out), through the same epilogue. */
+const CONV_SPLIT_REDUCE = kernel({
+  shader: 'conv2d',
+  entry: 'conv_split_reduce',
+  code: splitReduceEntry('conv_split_reduce'),
+  uniforms: CONV_UNIFORMS,
+  bindings: [
+    { name: 'part', type: 'f32', access: 'read' },
+    { name: 'out', type: 'TC', access: 'read_write' },
+    { name: 'bias', type: 'T', access: 'read', when: 'HAS_BIAS' },
+  ],
+});
 
 /** db[co] = sum over samples and pixels of dy[n, co, pixel]. */
 const BIAS_GRAD = kernel({
@@ -122,6 +141,7 @@ const BIAS_GRAD = kernel({
   ],
 });
 
+/** Runs one implicit-GEMM mode over sample groups that fit the storage bindings. */
 function convGemm(
   gpu: Gpu,
   op: string,
@@ -132,8 +152,9 @@ function convGemm(
   out: Tensor,
   bias: Tensor | null,
   accumulate: boolean,
-  forcedTile?: Tile,
+  forced: Pick<Conv2dOptions, 'tile' | 'splitK'>,
 ): void {
+  const forcedTile = forced.tile;
   const KHW = s.KH * s.KW;
   const xSample = s.Ci * s.H * s.W;
   const ySample = s.Co * s.Ho * s.Wo;
@@ -160,40 +181,65 @@ function convGemm(
     const wc = mode === Mode.GradWeight ? elemWindow(gpu, out, 0, out.numel) : elemWindow(gpu, out, n0 * perC, nb * perC);
     const wbias = bias ? elemWindow(gpu, bias, 0, bias.numel) : null;
     const GK = mode === Mode.Forward ? s.Ci * KHW : mode === Mode.GradInput ? s.Co * KHW : nb * s.Ho * s.Wo;
-    gpu.run(tc ? CONV_GEMM_TC : CONV_GEMM, {
-      defs: {
-        T: srcA.dtype,
-        TC: out.dtype,
-        MODE: mode,
-        KH: s.KH,
-        KW: s.KW,
-        STRIDE: s.stride,
-        ...(tc ? tcDefs(tc, gpu.tensorCores!) : tile!),
-        HAS_BIAS: bias !== null,
-        // Grad weight sums over samples: later sample groups add onto the first.
-        ACCUMULATE: accumulate || (mode === Mode.GradWeight && n0 > 0),
-      },
-      uniforms: {
-        GM,
-        GN,
-        GK,
-        Ci: s.Ci,
-        H: s.H,
-        W: s.W,
-        Co: s.Co,
-        Ho: s.Ho,
-        Wo: s.Wo,
-        pad: s.pad,
-        off_a: wa.offset,
-        off_b: wb.offset,
-        off_c: wc.offset,
-        off_bias: wbias?.offset ?? 0,
-        stride_b: perB,
-        stride_c: perC,
-      },
-      bindings: { src_a: wa.window, src_b: wb.window, out: wc.window, ...(wbias ? { bias: wbias.window } : {}) },
-      workgroups: [Math.ceil(GN / tileN), Math.ceil(GM / tileM), mode === Mode.GradWeight ? 1 : nb],
+    const zs = mode === Mode.GradWeight ? 1 : nb;
+    const tiles: [number, number] = [Math.ceil(GN / tileN), Math.ceil(GM / tileM)];
+    const lim = gpu.device.limits;
+    const room = Math.min(Math.floor((gpu.maxBinding - 256) / (4 * zs * GM * GN)), Math.floor(lim.maxComputeWorkgroupsPerDimension / zs));
+    const split = pickSplitK(tiles[0] * tiles[1] * zs, GK, tc ? TC_BK : tile!.BK, gpu.fillWorkgroups, room, forced.splitK);
+    const defs = {
+      T: srcA.dtype,
+      TC: out.dtype,
+      MODE: mode,
+      KH: s.KH,
+      KW: s.KW,
+      STRIDE: s.stride,
+      HAS_BIAS: bias !== null,
+      // Grad weight sums over samples: later sample groups add onto the first.
+      ACCUMULATE: accumulate || (mode === Mode.GradWeight && n0 > 0),
+    };
+    const uniforms = {
+      GM,
+      GN,
+      GK,
+      Ci: s.Ci,
+      H: s.H,
+      W: s.W,
+      Co: s.Co,
+      Ho: s.Ho,
+      Wo: s.Wo,
+      pad: s.pad,
+      off_a: wa.offset,
+      off_b: wb.offset,
+      off_c: wc.offset,
+      off_bias: wbias?.offset ?? 0,
+      stride_b: perB,
+      stride_c: perC,
+      k_splits: split.splits,
+      k_chunk: split.chunk,
+    };
+    const core = tc ? CONV_GEMM_TC : CONV_GEMM;
+    const coreDefs = tc ? tcDefs(tc, gpu.tensorCores!) : tile!;
+    const biasBinding = wbias ? { bias: wbias.window } : {};
+    if (split.splits === 1) {
+      gpu.run(core, {
+        defs: { ...defs, ...coreDefs },
+        uniforms,
+        bindings: { src_a: wa.window, src_b: wb.window, out: wc.window, ...biasBinding },
+        workgroups: [...tiles, zs],
+      });
+      continue;
+    }
+    // Split-K (src/ops/gemm.ts): each reduction chunk's f32 partials, then one pass summing them into out.
+    const part = gpu.tensor([zs * split.splits, GM, GN], 'f32', 'scratch', `${op}.split-k`);
+    const wp = elemWindow(gpu, part, 0, part.numel);
+    gpu.run(core, {
+      defs: { ...defs, ...coreDefs, HAS_BIAS: false, ACCUMULATE: false, SPLIT_K: true },
+      uniforms,
+      bindings: { src_a: wa.window, src_b: wb.window, part: wp.window },
+      workgroups: [...tiles, zs * split.splits],
     });
+    gpu.run(CONV_SPLIT_REDUCE, { defs, uniforms, bindings: { part: wp.window, out: wc.window, ...biasBinding }, workgroups: [Math.ceil(GN / 64), GM, zs] });
+    gpu.free(part);
   }
 }
 
@@ -204,7 +250,7 @@ export function conv2d(gpu: Gpu, x: Tensor, w: Tensor, bias: Tensor | null, opts
   expectSameDType(op, x, w, ...(bias ? [bias] : []));
   if (bias) expectShape(op, 'bias', bias, [s.Co]);
   const y = gpu.tensor([s.N, s.Co, s.Ho, s.Wo], x.dtype, 'activations', 'conv2d');
-  convGemm(gpu, op, Mode.Forward, s, w, x, y, bias, false, opts.tile);
+  convGemm(gpu, op, Mode.Forward, s, w, x, y, bias, false, opts);
   return y;
 }
 
@@ -233,8 +279,8 @@ export function conv2dBackward(gpu: Gpu, x: Tensor, w: Tensor, dy: Tensor, opts:
   const dx = grad('dx', x.shape as number[]);
   const dw = grad('dw', w.shape as number[]);
   const db = grad('db', [s.Co]);
-  convGemm(gpu, op, Mode.GradInput, s, w, dy, dx, null, acc, opts.tile);
-  convGemm(gpu, op, Mode.GradWeight, s, dy, x, dw, null, acc, opts.tile);
+  convGemm(gpu, op, Mode.GradInput, s, w, dy, dx, null, acc, opts);
+  convGemm(gpu, op, Mode.GradWeight, s, dy, x, dw, null, acc, opts);
   biasGrad(gpu, op, s, dy, db, acc);
   return { dx, dw, db };
 }
@@ -246,7 +292,7 @@ export function conv2dBackwardInput(gpu: Gpu, x: Tensor, w: Tensor, dy: Tensor, 
   expectSameDType(op, x, w, dy);
   expectShape(op, 'dy', dy, [s.N, s.Co, s.Ho, s.Wo]);
   const dx = gpu.tensor(x.shape, x.dtype, 'activations', 'conv2d-dx');
-  convGemm(gpu, op, Mode.GradInput, s, w, dy, dx, null, false, opts.tile);
+  convGemm(gpu, op, Mode.GradInput, s, w, dy, dx, null, false, opts);
   return dx;
 }
 

@@ -6,10 +6,10 @@
 //   dop(A) = dY · op(B)ᵀ            dop(B) = op(A)ᵀ · dY  (summed over the batch when B is broadcast)
 //   dbias = column sums of dY over every row of every batch
 import type { BufferWindow, Gpu } from '../gpu/device.ts';
-import { kernel } from '../gpu/kernel.ts';
+import { kernel, u32 } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, numel, Tensor } from '../gpu/tensor.ts';
-import { pickTcTile, simtGemmEntry, tcDefs, tcTileFits, TC_BK, tensorCoreEntry, type TcTile } from './gemm.ts';
+import { pickSplitK, pickTcTile, simtGemmEntry, splitReduceEntry, tcDefs, tcTileFits, TC_BK, tensorCoreEntry, type SplitK, type TcTile } from './gemm.ts';
 
 export interface MatmulOptions {
   /** a is stored [..., K, M]. */
@@ -26,10 +26,12 @@ export interface MatmulOptions {
   tile?: Tile;
   /** Force a tensor-core tile (tests, benchmarks; needs gpu.tensorCores and f16 operands). */
   tcTile?: TcTile;
+  /** Force this many split-K chunks (tests, benchmarks; 1 turns split-K off); by default src/ops/gemm.ts's pickSplitK. */
+  splitK?: number;
 }
 
-/** A forced tile of either kernel (tests, benchmarks), passed on to every GEMM an op runs. */
-type TileChoice = Pick<MatmulOptions, 'tile' | 'tcTile'>;
+/** A forced tile of either kernel and split-K (tests, benchmarks), passed on to every GEMM an op runs. */
+type TileChoice = Pick<MatmulOptions, 'tile' | 'tcTile' | 'splitK'>;
 
 /** Workgroup tile: BM x BN outputs, BK-deep steps, TM x TN outputs per invocation (multiples of 4). */
 export interface Tile {
@@ -190,6 +192,7 @@ interface Gemm {
   accumulate: boolean;
   tile?: Tile;
   tcTile?: TcTile;
+  splitK?: number;
 }
 
 /** Element span [first, last] of rows [r0, r0+rc) x cols [c0, c0+cc) over batches [b0, b0+nb). */
@@ -282,35 +285,54 @@ function planGemm(gpu: Gpu, g: Gemm, tile: Pick<Tile, 'BM' | 'BN' | 'BK'>): Bloc
   }
 }
 
+const MATMUL_UNIFORMS = [
+  u32('M'),
+  u32('N'),
+  u32('K'),
+  u32('lda'),
+  u32('ldb'),
+  u32('ldc'),
+  u32('off_a'),
+  u32('off_b'),
+  u32('off_c'),
+  u32('off_bias'),
+  u32('stride_a'),
+  u32('stride_b'),
+  u32('stride_c'),
+  u32('k_splits'),
+  u32('k_chunk'),
+] as const;
+
+/** The SIMT GEMM; with SPLIT_K it writes one reduction chunk's f32 partials to `part` instead of c. */
 const MATMUL = kernel({
   shader: 'matmul',
   entry: 'matmul',
   code: simtGemmEntry('matmul'),
-  uniforms: [
-    { name: 'M', type: 'u32' },
-    { name: 'N', type: 'u32' },
-    { name: 'K', type: 'u32' },
-    { name: 'lda', type: 'u32' },
-    { name: 'ldb', type: 'u32' },
-    { name: 'ldc', type: 'u32' },
-    { name: 'off_a', type: 'u32' },
-    { name: 'off_b', type: 'u32' },
-    { name: 'off_c', type: 'u32' },
-    { name: 'off_bias', type: 'u32' },
-    { name: 'stride_a', type: 'u32' },
-    { name: 'stride_b', type: 'u32' },
-    { name: 'stride_c', type: 'u32' },
-  ],
+  uniforms: MATMUL_UNIFORMS,
   bindings: [
     { name: 'a', type: 'T', access: 'read' },
     { name: 'b', type: 'T', access: 'read' },
-    { name: 'c', type: 'TC', access: 'read_write' },
+    { name: 'c', type: 'TC', access: 'read_write', when: '!SPLIT_K' },
     { name: 'bias', type: 'T', access: 'read', when: 'HAS_BIAS' },
+    { name: 'part', type: 'f32', access: 'read_write', when: 'SPLIT_K' },
   ],
 });
 
 /** The same GEMM on tensor cores (f16 operands; src/ops/gemm.ts generates the entry point). */
 const MATMUL_TC = kernel({ ...MATMUL, entry: 'matmul_tc', code: tensorCoreEntry('matmul_tc') });
+
+/** c = the sum of the split-K partials (+ bias, + c), through the same epilogue. */
+const MATMUL_SPLIT_REDUCE = kernel({
+  shader: 'matmul',
+  entry: 'matmul_split_reduce',
+  code: splitReduceEntry('matmul_split_reduce'),
+  uniforms: MATMUL_UNIFORMS,
+  bindings: [
+    { name: 'part', type: 'f32', access: 'read' },
+    { name: 'c', type: 'TC', access: 'read_write' },
+    { name: 'bias', type: 'T', access: 'read', when: 'HAS_BIAS' },
+  ],
+});
 
 /** The tensor-core tile this GEMM runs with, or null for the SIMT kernel. */
 function gemmTcTile(gpu: Gpu, g: Gemm): TcTile | null {
@@ -338,35 +360,74 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     const wb = elemWindow(gpu, g.b, sb[0], sb[1] - sb[0] + 1);
     const wc = elemWindow(gpu, g.c, sc[0], sc[1] - sc[0] + 1);
     const wbias = firstK && g.bias !== null ? elemWindow(gpu, g.bias, k.n0, k.nc) : null;
-    gpu.run(tc ? MATMUL_TC : MATMUL, {
-      defs: {
-        T: g.a.dtype,
-        TC: g.c.dtype,
-        ...(tc ? tcDefs(tc, gpu.tensorCores!) : tile!),
-        TRANS_A: g.transA,
-        TRANS_B: g.transB,
-        HAS_BIAS: wbias !== null,
-        ACCUMULATE: g.accumulate || !firstK,
-      },
-      uniforms: {
-        M: k.mc,
-        N: k.nc,
-        K: k.kc,
-        lda: g.lda,
-        ldb: g.ldb,
-        ldc: g.ldc,
-        off_a: wa.offset,
-        off_b: wb.offset,
-        off_c: wc.offset,
-        off_bias: wbias?.offset ?? 0,
-        stride_a: g.strideA,
-        stride_b: g.strideB,
-        stride_c: g.strideC,
-      },
-      bindings: { a: wa.window, b: wb.window, c: wc.window, ...(wbias ? { bias: wbias.window } : {}) },
-      workgroups: [Math.ceil(k.nc / blockTile.BN), Math.ceil(k.mc / blockTile.BM), k.nb],
+    const tiles: [number, number] = [Math.ceil(k.nc / blockTile.BN), Math.ceil(k.mc / blockTile.BM)];
+    const split = gemmSplitK(gpu, g, k, tiles[0] * tiles[1] * k.nb, blockTile.BK);
+    const defs = {
+      T: g.a.dtype,
+      TC: g.c.dtype,
+      TRANS_A: g.transA,
+      TRANS_B: g.transB,
+      HAS_BIAS: wbias !== null,
+      ACCUMULATE: g.accumulate || !firstK,
+    };
+    const uniforms = {
+      M: k.mc,
+      N: k.nc,
+      K: k.kc,
+      lda: g.lda,
+      ldb: g.ldb,
+      ldc: g.ldc,
+      off_a: wa.offset,
+      off_b: wb.offset,
+      off_c: wc.offset,
+      off_bias: wbias?.offset ?? 0,
+      stride_a: g.strideA,
+      stride_b: g.strideB,
+      stride_c: g.strideC,
+      k_splits: split.splits,
+      k_chunk: split.chunk,
+    };
+    const core = tc ? MATMUL_TC : MATMUL;
+    const coreDefs = tc ? tcDefs(tc, gpu.tensorCores!) : tile!;
+    const bias = wbias ? { bias: wbias.window } : {};
+    if (split.splits === 1) {
+      gpu.run(core, {
+        defs: { ...defs, ...coreDefs },
+        uniforms,
+        bindings: { a: wa.window, b: wb.window, c: wc.window, ...bias },
+        workgroups: [...tiles, k.nb],
+      });
+      continue;
+    }
+    // Split-K: each chunk's f32 partial products, then one pass summing them into c through the epilogue.
+    const part = gpu.tensor([k.nb * split.splits, k.mc, k.nc], 'f32', 'scratch', `${g.op}.split-k`);
+    const wp = elemWindow(gpu, part, 0, part.numel);
+    gpu.run(core, {
+      defs: { ...defs, ...coreDefs, HAS_BIAS: false, ACCUMULATE: false, SPLIT_K: true },
+      uniforms,
+      bindings: { a: wa.window, b: wb.window, part: wp.window },
+      workgroups: [...tiles, k.nb * split.splits],
     });
+    gpu.run(MATMUL_SPLIT_REDUCE, {
+      defs,
+      uniforms,
+      bindings: { part: wp.window, c: wc.window, ...bias },
+      workgroups: [Math.ceil(k.nc / 64), k.mc, k.nb],
+    });
+    gpu.free(part);
   }
+}
+
+/**
+ * Split-K of one dispatch block (src/ops/gemm.ts's pickSplitK): forced by the caller, else chosen from how many
+ * workgroups the block has. The partials ([batches x splits, M, N] f32) must fit one storage binding and the
+ * split batches the z dimension of a dispatch.
+ */
+function gemmSplitK(gpu: Gpu, g: Gemm, k: Block, workgroups: number, BK: number): SplitK {
+  const lim = gpu.device.limits;
+  const room = Math.min(Math.floor((gpu.maxBinding - 256) / (4 * k.nb * k.mc * k.nc)), Math.floor(lim.maxComputeWorkgroupsPerDimension / k.nb));
+  if (k.mc > lim.maxComputeWorkgroupsPerDimension) return { splits: 1, chunk: k.kc }; // the reduce pass runs a row per workgroup
+  return pickSplitK(workgroups, k.kc, BK, gpu.fillWorkgroups, room, g.splitK);
 }
 
 /** An output is stored in the input dtype, or in f32 (f32 gradient buffers of f16 operands). */
@@ -447,6 +508,7 @@ export function matmul(gpu: Gpu, a: Tensor, b: Tensor, opts: MatmulOptions = {})
     accumulate: opts.accumulate ?? false,
     tile: opts.tile,
     tcTile: opts.tcTile,
+    splitK: opts.splitK,
   };
   // A broadcast B over rows of A [M, K] is one big GEMM over batch * M rows.
   if (!s.bBatched && s.aBatched && !transA) {
@@ -523,7 +585,7 @@ export function matmulBackward(gpu: Gpu, a: Tensor, b: Tensor, dy: Tensor, opts:
   const sumA = !s.aBatched && s.bBatched;
   const sumB = !s.bBatched && s.aBatched;
 
-  const tile: TileChoice = { tile: opts.tile, tcTile: opts.tcTile };
+  const tile: TileChoice = { tile: opts.tile, tcTile: opts.tcTile, splitK: opts.splitK };
   // dop(A) = dY · op(B)ᵀ. Stored A = op(A) (no transA) or op(A)ᵀ = op(B) · dYᵀ (transA).
   let da: Tensor;
   if (!transA)

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { MapShaderSource } from '../../src/gpu/shaders.ts';
 import { Gpu } from '../../src/gpu/device.ts';
-import { declarations, kernel, kernelModule, orderBindings, packUniforms, sectionsFor } from '../../src/gpu/kernel.ts';
+import { declarations, kernel, kernelModule, orderBindings, packUniforms, read, sectionsFor } from '../../src/gpu/kernel.ts';
 import { nodeGpu } from '../../src/gpu/node.ts';
 
 const AXPY = kernel({
@@ -91,6 +91,14 @@ describe('named kernel interfaces', () => {
     assert.throws(() => orderBindings(AXPY, { HAS_BIAS: false }, { y: 'Y', x: 'X', z: 'Z' }), /no binding named 'z'/);
     assert.throws(() => orderBindings(AXPY, { HAS_BIAS: true }, { y: 'Y', x: 'X' }), /binding 'bias' is missing/);
     assert.throws(() => orderBindings(AXPY, { HAS_BIAS: false }, { y: 'Y', x: 'X', bias: 'B' }), /'bias' is unused with HAS_BIAS=false/);
+    // `when: '!SPLIT'`: bound only while the def is false (the GEMM output of a split-K partial pass)
+    const NEG = kernel({ shader: 's', entry: 'e', uniforms: [], bindings: [read('x'), { name: 'c', type: 'T', access: 'read_write', when: '!SPLIT' }] });
+    assert.deepEqual(orderBindings(NEG, { SPLIT: false }, { x: 'X', c: 'C' }), ['X', 'C']);
+    assert.deepEqual(orderBindings(NEG, { SPLIT: true }, { x: 'X' }), ['X', null]);
+    assert.throws(() => orderBindings(NEG, { SPLIT: true }, { x: 'X', c: 'C' }), /'c' is unused with SPLIT=true/);
+    assert.throws(() => orderBindings(NEG, { SPLIT: false }, { x: 'X' }), /binding 'c' is missing/);
+    assert.match(declarations(NEG, { SPLIT: true }), /var<private> c: array<T, 1>;/);
+    assert.match(declarations(NEG, { SPLIT: false }), /@binding\(2\) var<storage, read_write> c: array<T>;/);
     assert.throws(
       () => kernel({ shader: 's', entry: 'e', uniforms: [{ name: 'a', type: 'u32' }], bindings: [{ name: 'a', type: 'T', access: 'read' }] }),
       /'a' is declared twice/,

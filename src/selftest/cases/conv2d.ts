@@ -71,11 +71,23 @@ function rand(n: number, seed: number, scale = 1): Float32Array {
   return roundToF16(randomValues(n, seed, scale));
 }
 
-/** Several tiles in every GEMM dimension (Co = 70 rows, 144 / 36 pixels, K up to 288), vs TS ref. */
+/** Several tiles in every GEMM dimension (Co = 70 rows, 144 / 36 pixels, K up to 630), vs TS ref. */
 function tileCase(tile: Tile, label: string): KernelCase {
+  return tiledCase({ tile }, `${label} tile`);
+}
+
+/**
+ * The same with split-K forced into 3 chunks (src/ops/gemm.ts) in every GEMM: forward K = 81 (chunks 32, 32, 17),
+ * grad input 630, grad weight 288 (stride 1) or 72 (stride 2); the forward's bias is added once, in the reduce pass.
+ */
+function splitKCase(): KernelCase {
+  return tiledCase({ splitK: 3 }, 'split-K (3 chunks)');
+}
+
+function tiledCase(choice: Pick<Conv2dOptions, 'tile' | 'splitK'>, label: string): KernelCase {
   return {
     family: 'conv2d',
-    name: `${label} tile, x [2,9,12,12] -> 70 ch, 3x3 s1 and s2 (ts ref)`,
+    name: `${label}, x [2,9,12,12] -> 70 ch, 3x3 s1 and s2 (ts ref)`,
     async run({ gpu, dtype }) {
       const checks: Check[] = [];
       const xShape = [2, 9, 12, 12];
@@ -87,7 +99,7 @@ function tileCase(tile: Tile, label: string): KernelCase {
       const tw = gpu.upload(w, wShape, dtype);
       const tb = gpu.upload(b, [70], dtype);
       for (const stride of [1, 2]) {
-        const opts = { stride, padding: 1, tile };
+        const opts = { stride, padding: 1, ...choice };
         const y = conv2d(gpu, tx, tw, tb, opts);
         const dy = rand(y.numel, 54 + stride);
         const tdy = gpu.upload(dy, y.shape, dtype);
@@ -111,6 +123,7 @@ function tileCase(tile: Tile, label: string): KernelCase {
 export const cases: KernelCase[] = [
   ...GOLDEN.map(goldenCase),
   ...NAMED_TILES.map(([tile, label]) => tileCase(tile, label)),
+  splitKCase(),
   {
     family: 'conv2d',
     name: 'backward twice into f32 gradient buffers (accumulate), 1x1 and 3x3 s2 (ts ref)',

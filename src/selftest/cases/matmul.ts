@@ -6,7 +6,7 @@ import type { DType, Tensor } from '../../gpu/tensor.ts';
 import { roundToF16 } from '../../util/half.ts';
 import { linear, linearBackward, linearBackwardRef, linearRef, matmul, matmulBackward, matmulBackwardRef, matmulRef, type Tile } from '../../ops/matmul.ts';
 import { NAMED_TC_TILES, NAMED_TILES } from './tiles.ts';
-import type { TcTile } from '../../ops/gemm.ts';
+import { TC_TILE_64, type TcTile } from '../../ops/gemm.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 
 /**
@@ -115,7 +115,24 @@ function tcTileCase(tcTile: TcTile, label: string): KernelCase {
   };
 }
 
-function tiledCase(choice: { tile?: Tile; tcTile?: TcTile }, label: string, [B, M, K, N]: number[]): KernelCase {
+/**
+ * Split-K forced into 3 chunks (src/ops/gemm.ts) on the same shape: the chunks of K = 301 are 112, 112 and 77 long,
+ * so the last is ragged; forward and every gradient sum their partials in the reduce pass, bias added once there.
+ */
+function splitKCase(): KernelCase {
+  return tiledCase({ splitK: 3 }, 'split-K (3 chunks)', [2, 130, 301, 135]);
+}
+
+/** The same split on tensor cores (f16; not run where the device has none). */
+function tcSplitKCase(): KernelCase {
+  return {
+    ...tiledCase({ tcTile: TC_TILE_64, splitK: 3 }, 'tensor-core 64x64 tile, split-K (3 chunks)', [2, 130, 301, 135]),
+    dtypes: ['f16'],
+    requires: (gpu) => (gpu.tensorCores ? null : `no tensor cores (${gpu.tensorCoreNote})`),
+  };
+}
+
+function tiledCase(choice: { tile?: Tile; tcTile?: TcTile; splitK?: number }, label: string, [B, M, K, N]: number[]): KernelCase {
   return {
     family: 'matmul',
     name: `${label}, every transpose, [${B},${M},${K}]·[${K},${N}] (ts ref)`,
@@ -219,6 +236,8 @@ export const cases: KernelCase[] = [
   },
   ...NAMED_TILES.map(([tile, label]) => tileCase(tile, label)),
   ...NAMED_TC_TILES.map(([tile, label]) => tcTileCase(tile, label)),
+  splitKCase(),
+  tcSplitKCase(),
   {
     family: 'matmul',
     name: 'accumulate: out += a·b + bias; backward twice into f32 gradient buffers (ts ref)',
