@@ -70,6 +70,12 @@ export interface GpuOptions {
    * (the Node host turns it on with DBS_TENSOR_CORES=1): without it every GEMM runs the SIMT kernels.
    */
   tensorCores?: boolean;
+  /**
+   * Split the long reductions of GEMMs with too few output tiles to fill the device (split-K, src/ops/gemm.ts).
+   * Default: on GPUs; off on CPU adapters, where it measured 0.87-1.02x on lavapipe (2 cores) at LoRA and conv
+   * weight-gradient shapes. Ops can still force it (MatmulOptions.splitK).
+   */
+  splitK?: boolean;
 }
 
 export interface AdapterSummary {
@@ -145,6 +151,8 @@ export class Gpu {
   readonly fillWorkgroups: number;
   /** A software adapter running compute shaders on the CPU (Mesa's lavapipe, SwiftShader). */
   readonly cpuAdapter: boolean;
+  /** Whether GEMMs pick split-K on their own (GpuOptions.splitK). */
+  readonly autoSplitK: boolean;
   /** The subgroup-matrix shape f16 GEMMs run on (tensor cores), or null: they run the SIMT kernels. */
   readonly tensorCores: MatrixShape | null;
   /** Why tensor cores are or are not used here (for reports). */
@@ -201,6 +209,7 @@ export class Gpu {
     this.poison = (opts.poison ?? false) && !this.dryRun;
     this.cpuAdapter = isCpuAdapter(adapter);
     this.fillWorkgroups = this.cpuAdapter ? 8 : 256;
+    this.autoSplitK = opts.splitK ?? !this.cpuAdapter;
     this.allocator = new Allocator(device, device.limits.maxBufferSize, this.dryRun);
     this.allocator.onEvict = () => this.bindGroups.clear();
     device.lost.then((info) => {

@@ -185,7 +185,7 @@ function convGemm(
     const tiles: [number, number] = [Math.ceil(GN / tileN), Math.ceil(GM / tileM)];
     const lim = gpu.device.limits;
     const room = Math.min(Math.floor((gpu.maxBinding - 256) / (4 * zs * GM * GN)), Math.floor(lim.maxComputeWorkgroupsPerDimension / zs));
-    const split = pickSplitK(tiles[0] * tiles[1] * zs, GK, tc ? TC_BK : tile!.BK, gpu.fillWorkgroups, room, forced.splitK);
+    const split = pickSplitK(tiles[0] * tiles[1] * zs, GK, tc ? TC_BK : tile!.BK, gpu.autoSplitK ? gpu.fillWorkgroups : 0, room, forced.splitK);
     const defs = {
       T: srcA.dtype,
       TC: out.dtype,
@@ -222,7 +222,7 @@ function convGemm(
     const biasBinding = wbias ? { bias: wbias.window } : {};
     if (split.splits === 1) {
       gpu.run(core, {
-        defs: { ...defs, ...coreDefs },
+        defs: { ...defs, ...coreDefs, SPLIT_K: false },
         uniforms,
         bindings: { src_a: wa.window, src_b: wb.window, out: wc.window, ...biasBinding },
         workgroups: [...tiles, zs],

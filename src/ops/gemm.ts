@@ -187,11 +187,12 @@ export const SPLIT_K_MAX = 32;
  * asks for that many chunks regardless of size.
  */
 export function pickSplitK(workgroups: number, K: number, BK: number, fill: number, maxSplits: number, forced?: number): SplitK {
+  // fill 0: automatic split-K is off (Gpu.autoSplitK false), only a forced one runs
   let want: number;
   if (forced !== undefined) {
     if (!Number.isInteger(forced) || forced < 1) throw new Error(`splitK must be a whole number >= 1, got ${forced}`);
     want = forced;
-  } else want = workgroups >= fill ? 1 : Math.min(Math.ceil(fill / workgroups), Math.floor(K / SPLIT_K_MIN_CHUNK), SPLIT_K_MAX);
+  } else want = fill === 0 || workgroups >= fill ? 1 : Math.min(Math.ceil(fill / workgroups), Math.floor(K / SPLIT_K_MIN_CHUNK), SPLIT_K_MAX);
   want = Math.min(want, maxSplits, Math.ceil(K / BK));
   if (want < 2) return { splits: 1, chunk: K };
   const chunk = Math.ceil(K / want / BK) * BK;

@@ -392,7 +392,7 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     const bias = wbias ? { bias: wbias.window } : {};
     if (split.splits === 1) {
       gpu.run(core, {
-        defs: { ...defs, ...coreDefs },
+        defs: { ...defs, ...coreDefs, SPLIT_K: false },
         uniforms,
         bindings: { a: wa.window, b: wb.window, c: wc.window, ...bias },
         workgroups: [...tiles, k.nb],
@@ -427,7 +427,7 @@ function gemmSplitK(gpu: Gpu, g: Gemm, k: Block, workgroups: number, BK: number)
   const lim = gpu.device.limits;
   const room = Math.min(Math.floor((gpu.maxBinding - 256) / (4 * k.nb * k.mc * k.nc)), Math.floor(lim.maxComputeWorkgroupsPerDimension / k.nb));
   if (k.mc > lim.maxComputeWorkgroupsPerDimension) return { splits: 1, chunk: k.kc }; // the reduce pass runs a row per workgroup
-  return pickSplitK(workgroups, k.kc, BK, gpu.fillWorkgroups, room, g.splitK);
+  return pickSplitK(workgroups, k.kc, BK, gpu.autoSplitK ? gpu.fillWorkgroups : 0, room, g.splitK);
 }
 
 /** An output is stored in the input dtype, or in f32 (f32 gradient buffers of f16 operands). */

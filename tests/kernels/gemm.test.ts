@@ -7,8 +7,11 @@ import type { Gpu } from '../../src/gpu/device.ts';
 import { kernel, kernelModule } from '../../src/gpu/kernel.ts';
 import { chooseMatrixShape } from '../../src/gpu/tensorcore.ts';
 import {
+  pickSplitK,
   pickTcTile,
   simtGemmEntry,
+  SPLIT_K_MAX,
+  SPLIT_K_MIN_CHUNK,
   tcDefs,
   tcSharedBytes,
   tcTileFits,
@@ -18,8 +21,10 @@ import {
   TC_TILES,
   tensorCoreEntry,
 } from '../../src/ops/gemm.ts';
-import { TILE_128, TILE_ROWS_4 } from '../../src/ops/matmul.ts';
-import { testGpu } from '../helpers.ts';
+import { matmul, matmulRef, TILE_128, TILE_ROWS_4 } from '../../src/ops/matmul.ts';
+import { compare, randomValues } from '../../src/selftest/check.ts';
+import { matmulTol } from '../../src/selftest/cases/matmul.ts';
+import { assertChecks, testGpu } from '../helpers.ts';
 
 const H200_CONFIGS = [
   { componentType: 'f16', resultComponentType: 'f16', M: 16, N: 16, K: 16 },
@@ -131,4 +136,66 @@ describe('SIMT entry point', () => {
       assert.doesNotMatch(wgsl.slice(0, wgsl.indexOf('var block')), /\w\[[^\]]*\b[ijr]\b[^\]]*\]/);
       assert.match(wgsl, new RegExp(`@workgroup_size\\(${tile.BN / tile.TN}, ${tile.BM / tile.TM}\\)`));
     });
+});
+
+describe('split-K', () => {
+  it('pickSplitK: none while the tiles fill the device or the reduction is short; else chunks of whole BK steps', () => {
+    assert.deepEqual(pickSplitK(256, 1 << 16, 16, 256, 32), { splits: 1, chunk: 1 << 16 }); // tiles fill the GPU
+    assert.deepEqual(pickSplitK(3, 2047, 16, 256, 32), { splits: 1, chunk: 2047 }); // K < 2 chunks of SPLIT_K_MIN_CHUNK
+    // LoRA's weight gradient at 512 px: [4 x 320] over 2 x 4096 tokens is 3 tiles on a GPU (fill 256): 8 chunks of 1024
+    assert.deepEqual(pickSplitK(3, 8192, 16, 256, 32), { splits: 8, chunk: 1024 });
+    // SD 1.5's 3x3 conv grad weight at 64x64 latents, batch 2: 69 tiles of 128x128 -> 4 chunks of 2048
+    assert.deepEqual(pickSplitK(69, 8192, 16, 256, 32), { splits: 4, chunk: 2048 });
+    // never more than SPLIT_K_MAX, nor than the partials' room
+    assert.equal(pickSplitK(1, 1 << 20, 16, 256, 1000).splits, SPLIT_K_MAX);
+    assert.equal(pickSplitK(1, 1 << 20, 16, 256, 5).splits, 5);
+    // forced: a ragged K = 301 in 3 chunks of 112 (7 BK steps), the last 77 long
+    assert.deepEqual(pickSplitK(1000, 301, 16, 256, 32, 3), { splits: 3, chunk: 112 });
+    // forced more chunks than BK steps: one step each
+    assert.deepEqual(pickSplitK(1, 40, 16, 256, 32, 9), { splits: 3, chunk: 16 });
+    assert.deepEqual(pickSplitK(1, 301, 16, 256, 32, 1), { splits: 1, chunk: 301 });
+    assert.deepEqual(pickSplitK(1, 1 << 16, 16, 0, 32), { splits: 1, chunk: 1 << 16 }); // fill 0: automatic split off
+    assert.deepEqual(pickSplitK(1, 301, 16, 0, 32, 3), { splits: 3, chunk: 112 }); // ... a forced one still runs
+    assert.throws(() => pickSplitK(1, 301, 16, 256, 32, 0), /splitK must be a whole number >= 1/);
+    assert.equal(SPLIT_K_MIN_CHUNK % 32, 0); // whole steps of either core's BK
+  });
+
+  it('the split core sums only its chunk and stores partials, not through gemm_out', () => {
+    const decl = kernel({ shader: 't', entry: 'gemm', uniforms: [], bindings: [], code: simtGemmEntry('gemm') });
+    const whole = kernelModule('', decl, { T: 'f32', ...TILE_128 });
+    const split = kernelModule('', decl, { T: 'f32', ...TILE_128, SPLIT_K: true });
+    assert.match(whole, /gemm_out\(z, m, n0 \+ q, v\[q\]\);/);
+    assert.doesNotMatch(whole, /part\[/);
+    assert.match(split, /let k_lo = \(wg\.z % p\.k_splits\) \* p\.k_chunk;/);
+    assert.match(split, /for \(var k0 = k_lo; k0 < k_hi; k0 \+= 16u\)/);
+    assert.match(split, /part\[\(wg\.z \* dims\.x \+ m\) \* dims\.y \+ n0 \+ q\] = v\[q\];/);
+    assert.doesNotMatch(split, /gemm_out\(/);
+  });
+
+  it('runs on its own where a GEMM has few tiles and a long reduction, and gives the unsplit result', async () => {
+    // splitK: on by default only on GPUs; poison off, so only kernel dispatches count (it adds a fill per new tensor)
+    const gpu = await testGpu({ poison: false, splitK: true });
+    // LoRA-shaped weight gradient: [4 x 64] = xᵀ [4 x 4096] · dy [4096 x 64]; one 4-row tile on a CPU adapter
+    // (fillWorkgroups 8), so 4 chunks of 1024: the partial pass and the reduce pass are 2 dispatches.
+    const [M, K, N] = [4, 4096, 64];
+    const xv = randomValues(K * M, 71);
+    const dyv = randomValues(K * N, 72);
+    const x = gpu.upload(xv, [K, M], 'f32');
+    const dy = gpu.upload(dyv, [K, N], 'f32');
+    const run = (splitK?: number) => {
+      const before = gpu.dispatchCount;
+      const y = matmul(gpu, x, dy, { transA: true, splitK });
+      return { y, dispatches: gpu.dispatchCount - before };
+    };
+    const auto = run();
+    const cpuDefault = await testGpu(); // the shared test device: lavapipe, where split-K is off by default
+    assert.equal(cpuDefault.autoSplitK, !cpuDefault.cpuAdapter);
+    const whole = run(1);
+    assert.equal(auto.dispatches, 2, 'split-K chosen: partials + reduce');
+    assert.equal(whole.dispatches, 1);
+    const ref = matmulRef(xv, [K, M], dyv, [K, N], { transA: true });
+    // f32 sums of 4096 terms of magnitude ~1 in another order: |error| ~ 1e-7 * sqrt(K) * |terms| << 1e-4
+    assertChecks([compare('split', await gpu.read(auto.y), ref, matmulTol('f32')), compare('whole', await gpu.read(whole.y), ref, matmulTol('f32'))]);
+    gpu.destroy();
+  });
 });
