@@ -11,7 +11,8 @@
 // the transposed convolution are skipped by that test, not stored).
 //
 // Specialised by: T (storage of x, w, dy, bias), TC (storage of the output: T or f32), MODE,
-// KH, KW, STRIDE, the tile's defs (src/ops/gemm.ts), HAS_BIAS, ACCUMULATE.
+// KH, KW, STRIDE, the tile's defs (src/ops/gemm.ts), HAS_BIAS, ACCUMULATE, FITS (the tile divides GM, GN and GK:
+// the loaders skip their bounds checks; the padding test of x_tap stays).
 // `bias_grad` (db[co] = Σ_{n, pixels} dy[n, co, ·]) uses T, TC and ACCUMULATE.
 //
 // Bindings: src_a = w (modes 0, 1) or dy (mode 2); src_b = x (modes 0, 2) or dy (mode 1); out = y,
@@ -45,28 +46,28 @@ fn x_tap(base: u32, ci: u32, oh: u32, ow: u32, r: u32) -> f32 {
 // A[m .. m+3, k] of the GEMM, 0 outside it.
 fn load_a4(m: u32, k: u32) -> vec4<f32> {
   var v = vec4<f32>(0.0);
-  if (k >= p.GK) { return v; }
+  if (!FITS && k >= p.GK) { return v; }
   if (MODE == 0u) {                                                               // w[co, (ci, r)]
-    for (var j = 0u; j < 4u; j++) { if (m + j < p.GM) { v[j] = f32(src_a[p.off_a + (m + j) * p.GK + k]); } }
+    for (var j = 0u; j < 4u; j++) { if (FITS || m + j < p.GM) { v[j] = f32(src_a[p.off_a + (m + j) * p.GK + k]); } }
     return v;
   }
   if (MODE == 1u) {                                                               // w[co, ci, r]
     let co = k / KHW;
     let r = k % KHW;
-    for (var j = 0u; j < 4u; j++) { if (m + j < p.GM) { v[j] = f32(src_a[p.off_a + (co * p.Ci + m + j) * KHW + r]); } }
+    for (var j = 0u; j < 4u; j++) { if (FITS || m + j < p.GM) { v[j] = f32(src_a[p.off_a + (co * p.Ci + m + j) * KHW + r]); } }
     return v;
   }
   let hw = p.Ho * p.Wo;                                                           // dy[s, co, pixel], k = (s, pixel)
   let s = k / hw;
   let pix = k - s * hw;
-  for (var j = 0u; j < 4u; j++) { if (m + j < p.GM) { v[j] = f32(src_a[p.off_a + (s * p.Co + m + j) * hw + pix]); } }
+  for (var j = 0u; j < 4u; j++) { if (FITS || m + j < p.GM) { v[j] = f32(src_a[p.off_a + (s * p.Co + m + j) * hw + pix]); } }
   return v;
 }
 
 // B[k, n .. n+3] of the GEMM for sample z (modes 0, 1), 0 outside it.
 fn load_b4(z: u32, k: u32, n: u32) -> vec4<f32> {
   var v = vec4<f32>(0.0);
-  if (k >= p.GK) { return v; }
+  if (!FITS && k >= p.GK) { return v; }
   let base = p.off_b + z * p.stride_b;
   if (MODE == 0u) {                                                               // n = output pixel (oh, ow)
     let ci = k / KHW;
@@ -74,7 +75,7 @@ fn load_b4(z: u32, k: u32, n: u32) -> vec4<f32> {
     var oh = n / p.Wo;
     var ow = n - oh * p.Wo;
     for (var j = 0u; j < 4u; j++) {
-      if (n + j < p.GN) { v[j] = x_tap(base, ci, oh, ow, r); }
+      if (FITS || n + j < p.GN) { v[j] = x_tap(base, ci, oh, ow, r); }
       ow += 1u;
       if (ow == p.Wo) { ow = 0u; oh += 1u; }
     }
@@ -87,7 +88,7 @@ fn load_b4(z: u32, k: u32, n: u32) -> vec4<f32> {
     var ih = n / p.W;
     var iw = n - ih * p.W;
     for (var j = 0u; j < 4u; j++) {
-      if (n + j < p.GN) { v[j] = dy_tap(base, co, ih, iw, r); }
+      if (FITS || n + j < p.GN) { v[j] = dy_tap(base, co, ih, iw, r); }
       iw += 1u;
       if (iw == p.W) { iw = 0u; ih += 1u; }
     }
@@ -100,7 +101,7 @@ fn load_b4(z: u32, k: u32, n: u32) -> vec4<f32> {
   let oh = pix / p.Wo;
   let ow = pix - oh * p.Wo;
   let base_s = base + s * p.Ci * p.H * p.W;
-  for (var j = 0u; j < 4u; j++) { if (n + j < p.GN) { v[j] = x_tap(base_s, (n + j) / KHW, oh, ow, (n + j) % KHW); } }
+  for (var j = 0u; j < 4u; j++) { if (FITS || n + j < p.GN) { v[j] = x_tap(base_s, (n + j) / KHW, oh, ow, (n + j) % KHW); } }
   return v;
 }
 

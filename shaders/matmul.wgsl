@@ -10,6 +10,7 @@
 //   TRANS_B          B is stored [N, K] (op(B) = Bᵀ) instead of [K, N]
 //   HAS_BIAS         add bias[n] in the epilogue
 //   ACCUMULATE       C += result instead of C = result (gradient accumulation, split-K chunks)
+//   FITS             the tile divides M, N and K: loads skip their bounds checks
 //
 // Addressing is BLAS-like: element (r, c) of a row-major operand is base + r * ld + c, where base is
 // an element offset into the bound window plus batch * batch stride. The host binds windows of
@@ -28,14 +29,14 @@
 //#entry matmul matmul_tc
 // op(A)[m, k] of this batch, 0 outside the matrix.
 fn load_a(base: u32, m: u32, k: u32) -> f32 {
-  if (m >= p.M || k >= p.K) { return 0.0; }
+  if (!FITS && (m >= p.M || k >= p.K)) { return 0.0; }
   if (TRANS_A) { return f32(a[base + k * p.lda + m]); }
   return f32(a[base + m * p.lda + k]);
 }
 
 // op(B)[k, n] of this batch, 0 outside the matrix.
 fn load_b(base: u32, k: u32, n: u32) -> f32 {
-  if (k >= p.K || n >= p.N) { return 0.0; }
+  if (!FITS && (k >= p.K || n >= p.N)) { return 0.0; }
   if (TRANS_B) { return f32(b[base + n * p.ldb + k]); }
   return f32(b[base + k * p.ldb + n]);
 }

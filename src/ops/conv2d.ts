@@ -185,10 +185,13 @@ function convGemm(
     const tiles: [number, number] = [Math.ceil(GN / tileN), Math.ceil(GM / tileM)];
     const lim = gpu.device.limits;
     const room = Math.min(Math.floor((gpu.maxBinding - 256) / (4 * zs * GM * GN)), Math.floor(lim.maxComputeWorkgroupsPerDimension / zs));
-    const split = pickSplitK(tiles[0] * tiles[1] * zs, GK, tc ? TC_BK : tile!.BK, gpu.autoSplitK ? gpu.fillWorkgroups : 0, room, forced.splitK);
+    const BK = tc ? TC_BK : tile!.BK;
+    const split = pickSplitK(tiles[0] * tiles[1] * zs, GK, BK, gpu.autoSplitK ? gpu.fillWorkgroups : 0, room, forced.splitK);
     const defs = {
       T: srcA.dtype,
       TC: out.dtype,
+      // the tile divides the GEMM: loads and stores skip their bounds checks
+      FITS: GM % tileM === 0 && GN % tileN === 0 && GK % BK === 0,
       MODE: mode,
       KH: s.KH,
       KW: s.KW,

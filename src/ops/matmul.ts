@@ -365,6 +365,8 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     const defs = {
       T: g.a.dtype,
       TC: g.c.dtype,
+      // the tile divides the block: loads and stores skip their bounds checks
+      FITS: k.mc % blockTile.BM === 0 && k.nc % blockTile.BN === 0 && k.kc % blockTile.BK === 0,
       TRANS_A: g.transA,
       TRANS_B: g.transB,
       HAS_BIAS: wbias !== null,

@@ -4,7 +4,7 @@
 import { roundToF16 } from '../../util/half.ts';
 import type { DType } from '../../gpu/tensor.ts';
 import { conv2d, conv2dBackward, conv2dBackwardRef, conv2dRef, type Conv2dOptions } from '../../ops/conv2d.ts';
-import type { Tile } from '../../ops/matmul.ts';
+import { TILE_32, type Tile } from '../../ops/matmul.ts';
 import { NAMED_TILES } from './tiles.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 import { finiteDiff, sampleIndices, shapeCheck } from './matmul.ts';
@@ -84,6 +84,38 @@ function splitKCase(): KernelCase {
   return tiledCase({ splitK: 3 }, 'split-K (3 chunks)');
 }
 
+/**
+ * Shapes the 32x32 tile divides in all three GEMMs (FITS: loaders without bounds checks), x [2,32,8,8] -> 64 ch 3x3
+ * s1 p1: forward 64 x 64 x 288, grad input 32 x 64 x 576, grad weight 64 x 288 x 128; padding taps still read 0.
+ */
+function fitsCase(): KernelCase {
+  return {
+    family: 'conv2d',
+    name: 'tile-dividing shapes (no bounds checks), 32x32 tile, x [2,32,8,8] -> 64 ch 3x3 s1 (ts ref)',
+    async run({ gpu, dtype }) {
+      const [xShape, wShape, opts] = [[2, 32, 8, 8], [64, 32, 3, 3], { stride: 1, padding: 1, tile: TILE_32 }];
+      const x = rand(2 * 32 * 64, 81);
+      const w = rand(64 * 32 * 9, 82, 0.2);
+      const b = rand(64, 83);
+      const [tx, tw, tb] = [gpu.upload(x, xShape, dtype), gpu.upload(w, wShape, dtype), gpu.upload(b, [64], dtype)];
+      const y = conv2d(gpu, tx, tw, tb, opts);
+      const dy = rand(y.numel, 84);
+      const tdy = gpu.upload(dy, y.shape, dtype);
+      const gr = conv2dBackward(gpu, tx, tw, tdy, opts);
+      const ref = conv2dBackwardRef(x, xShape, w, wShape, dy, opts);
+      const tol = convTol(dtype);
+      const checks = [
+        compare('y', await gpu.read(y), conv2dRef(x, xShape, w, wShape, b, opts), tol),
+        compare('dx', await gpu.read(gr.dx), ref.dx, tol),
+        compare('dw', await gpu.read(gr.dw), ref.dw, tol),
+        compare('db', await gpu.read(gr.db), ref.db, tol),
+      ];
+      gpu.free(tx, tw, tb, y, tdy, gr.dx, gr.dw, gr.db);
+      return checks;
+    },
+  };
+}
+
 function tiledCase(choice: Pick<Conv2dOptions, 'tile' | 'splitK'>, label: string): KernelCase {
   return {
     family: 'conv2d',
@@ -124,6 +156,7 @@ export const cases: KernelCase[] = [
   ...GOLDEN.map(goldenCase),
   ...NAMED_TILES.map(([tile, label]) => tileCase(tile, label)),
   splitKCase(),
+  fitsCase(),
   {
     family: 'conv2d',
     name: 'backward twice into f32 gradient buffers (accumulate), 1x1 and 3x3 s2 (ts ref)',

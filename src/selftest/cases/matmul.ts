@@ -4,7 +4,18 @@
 import type { Gpu } from '../../gpu/device.ts';
 import type { DType, Tensor } from '../../gpu/tensor.ts';
 import { roundToF16 } from '../../util/half.ts';
-import { linear, linearBackward, linearBackwardRef, linearRef, matmul, matmulBackward, matmulBackwardRef, matmulRef, type Tile } from '../../ops/matmul.ts';
+import {
+  linear,
+  linearBackward,
+  linearBackwardRef,
+  linearRef,
+  matmul,
+  matmulBackward,
+  matmulBackwardRef,
+  matmulRef,
+  TILE_64,
+  type Tile,
+} from '../../ops/matmul.ts';
 import { NAMED_TC_TILES, NAMED_TILES } from './tiles.ts';
 import { TC_TILE_64, type TcTile } from '../../ops/gemm.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
@@ -132,6 +143,11 @@ function tcSplitKCase(): KernelCase {
   };
 }
 
+/** Shapes the tile divides (FITS: loaders and epilogue without bounds checks), 64x64 tile, every transpose. */
+function fitsCase(): KernelCase {
+  return tiledCase({ tile: TILE_64 }, 'tile-dividing shape (no bounds checks), 64x64', [2, 128, 64, 192]);
+}
+
 function tiledCase(choice: { tile?: Tile; tcTile?: TcTile; splitK?: number }, label: string, [B, M, K, N]: number[]): KernelCase {
   return {
     family: 'matmul',
@@ -238,6 +254,7 @@ export const cases: KernelCase[] = [
   ...NAMED_TC_TILES.map(([tile, label]) => tcTileCase(tile, label)),
   splitKCase(),
   tcSplitKCase(),
+  fitsCase(),
   {
     family: 'matmul',
     name: 'accumulate: out += a·b + bias; backward twice into f32 gradient buffers (ts ref)',
