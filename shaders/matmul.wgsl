@@ -11,6 +11,9 @@
 //   HAS_BIAS         add bias[n] in the epilogue
 //   ACCUMULATE       C += result instead of C = result (gradient accumulation, split-K chunks)
 //   FITS             the tile divides M, N and K: loads skip their bounds checks
+//   A_VEC4, B_VEC4   the operand's 4-groups are whole aligned vec4s of its storage (Aᵀ stored [K, M] with M, lda,
+//                    its offset and batch stride multiples of 4; B [K, N] likewise in N): one vec4 load per group
+//                    through a4 / b4, the same window bound as array<vec4<T>>, instead of 4 scalar loads
 //
 // Addressing is BLAS-like: element (r, c) of a row-major operand is base + r * ld + c, where base is
 // an element offset into the bound window plus batch * batch stride. The host binds windows of
@@ -21,7 +24,7 @@
 // this file holds what they call: the loaders and the epilogue below.
 
 // Uniforms and bindings are declared per entry point in src/ops/matmul.ts (src/gpu/kernel.ts generates
-// them): matmul reads a, b (and bias with HAS_BIAS) and writes c, or with SPLIT_K its partials to part
+// them): matmul reads a, b (or a4, b4 with A_VEC4, B_VEC4; bias with HAS_BIAS) and writes c, or with SPLIT_K its partials to part
 // (src/ops/gemm.ts); M, N, K, leading dimensions lda/ldb/ldc, element offsets off_* of each operand inside its
 // bound window, batch strides stride_* (0 broadcasts), k_splits and k_chunk of split-K.
 // matmul_split_reduce reads part and writes c (+ bias) with the same uniforms.
@@ -49,11 +52,19 @@ const B_N_FAST = !TRANS_B; // B [K, N] is contiguous in n, Bᵀ stored [N, K] in
 
 fn gemm_a4(z: u32, m: u32, k: u32) -> vec4<f32> {
   let base = p.off_a + z * p.stride_a;
+  if (A_VEC4) {                                   // Aᵀ[k, m .. m+3]: M % 4 == 0, so the group is all in or all out
+    if (!FITS && (m >= p.M || k >= p.K)) { return vec4<f32>(0.0); }
+    return vec4<f32>(a4[(base + k * p.lda + m) / 4u]);
+  }
   return vec4<f32>(load_a(base, m, k), load_a(base, m + 1u, k), load_a(base, m + 2u, k), load_a(base, m + 3u, k));
 }
 
 fn gemm_b4(z: u32, k: u32, n: u32) -> vec4<f32> {
   let base = p.off_b + z * p.stride_b;
+  if (B_VEC4) {                                   // B[k, n .. n+3]: N % 4 == 0, so the group is all in or all out
+    if (!FITS && (k >= p.K || n >= p.N)) { return vec4<f32>(0.0); }
+    return vec4<f32>(b4[(base + k * p.ldb + n) / 4u]);
+  }
   return vec4<f32>(load_b(base, k, n), load_b(base, k, n + 1u), load_b(base, k, n + 2u), load_b(base, k, n + 3u));
 }
 

@@ -310,11 +310,13 @@ const MATMUL = kernel({
   code: simtGemmEntry('matmul'),
   uniforms: MATMUL_UNIFORMS,
   bindings: [
-    { name: 'a', type: 'T', access: 'read' },
-    { name: 'b', type: 'T', access: 'read' },
+    { name: 'a', type: 'T', access: 'read', when: '!A_VEC4' },
+    { name: 'b', type: 'T', access: 'read', when: '!B_VEC4' },
     { name: 'c', type: 'TC', access: 'read_write', when: '!SPLIT_K' },
     { name: 'bias', type: 'T', access: 'read', when: 'HAS_BIAS' },
     { name: 'part', type: 'f32', access: 'read_write', when: 'SPLIT_K' },
+    { name: 'a4', type: 'vec4<T>', access: 'read', when: 'A_VEC4' },
+    { name: 'b4', type: 'vec4<T>', access: 'read', when: 'B_VEC4' },
   ],
 });
 
@@ -362,9 +364,13 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     const wbias = firstK && g.bias !== null ? elemWindow(gpu, g.bias, k.n0, k.nc) : null;
     const tiles: [number, number] = [Math.ceil(k.nc / blockTile.BN), Math.ceil(k.mc / blockTile.BM)];
     const split = gemmSplitK(gpu, g, k, tiles[0] * tiles[1] * k.nb, blockTile.BK);
+    const aVec4 = vec4Operand(g.transA, k.mc, g.lda, g.strideA, wa.offset);
+    const bVec4 = vec4Operand(!g.transB, k.nc, g.ldb, g.strideB, wb.offset);
     const defs = {
       T: g.a.dtype,
       TC: g.c.dtype,
+      A_VEC4: aVec4,
+      B_VEC4: bVec4,
       // the tile divides the block: loads and stores skip their bounds checks
       FITS: k.mc % blockTile.BM === 0 && k.nc % blockTile.BN === 0 && k.kc % blockTile.BK === 0,
       TRANS_A: g.transA,
@@ -392,11 +398,12 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     const core = tc ? MATMUL_TC : MATMUL;
     const coreDefs = tc ? tcDefs(tc, gpu.tensorCores!) : tile!;
     const bias = wbias ? { bias: wbias.window } : {};
+    const staged = { ...(aVec4 ? { a4: wa.window } : { a: wa.window }), ...(bVec4 ? { b4: wb.window } : { b: wb.window }) };
     if (split.splits === 1) {
       gpu.run(core, {
         defs: { ...defs, ...coreDefs, SPLIT_K: false },
         uniforms,
-        bindings: { a: wa.window, b: wb.window, c: wc.window, ...bias },
+        bindings: { ...staged, c: wc.window, ...bias },
         workgroups: [...tiles, k.nb],
       });
       continue;
@@ -407,7 +414,7 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     gpu.run(core, {
       defs: { ...defs, ...coreDefs, HAS_BIAS: false, ACCUMULATE: false, SPLIT_K: true },
       uniforms,
-      bindings: { a: wa.window, b: wb.window, part: wp.window },
+      bindings: { ...staged, part: wp.window },
       workgroups: [...tiles, k.nb * split.splits],
     });
     gpu.run(MATMUL_SPLIT_REDUCE, {
@@ -418,6 +425,15 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     });
     gpu.free(part);
   }
+}
+
+/**
+ * Whether an operand's staging groups (4 consecutive elements along its contiguous dimension: m of a stored Aᵀ,
+ * n of B) are whole aligned vec4s of its storage: the staged dimension runs contiguously in memory, and its length,
+ * the leading dimension, the batch stride and the element offset inside the bound window are multiples of 4.
+ */
+function vec4Operand(contiguous: boolean, len: number, ld: number, batchStride: number, offset: number): boolean {
+  return contiguous && len % 4 === 0 && ld % 4 === 0 && batchStride % 4 === 0 && offset % 4 === 0;
 }
 
 /**

@@ -2,7 +2,7 @@
 // are not tile multiples, nn.Linear, every tile config (tiles.ts: the CPU and GPU square and skinny tiles), accumulation, and finite-difference gradients.
 // Each forward and gradient is compared with PyTorch (golden) and with the plain-TS reference.
 import type { Gpu } from '../../gpu/device.ts';
-import type { DType, Tensor } from '../../gpu/tensor.ts';
+import { Tensor, type DType } from '../../gpu/tensor.ts';
 import { roundToF16 } from '../../util/half.ts';
 import {
   linear,
@@ -148,6 +148,47 @@ function fitsCase(): KernelCase {
   return tiledCase({ tile: TILE_64 }, 'tile-dividing shape (no bounds checks), 64x64', [2, 128, 64, 192]);
 }
 
+/**
+ * M and N multiples of 4 but of no tile, K = 37: the transposed A and the plain B load whole vec4 groups (A_VEC4,
+ * B_VEC4) while the edge tiles still mask rows, columns and the reduction.
+ */
+function vec4Case(): KernelCase {
+  return tiledCase({}, 'aligned operands (vec4 loads) at ragged tiles', [2, 132, 37, 140]);
+}
+
+/**
+ * vec4 loads of batched operands that start inside their buffers: a [3, 24, 20]ᵀ and b [3, 24, 28] are views 4 and
+ * 8 elements into larger uploads (offsets multiples of 4, so still vec4-aligned), so each batch's group index needs
+ * the window offset and the batch stride; and views 1 element in, which must fall back to scalar loads.
+ */
+function vec4OffsetCase(): KernelCase {
+  return {
+    family: 'matmul',
+    name: 'vec4 loads of batched views at element offsets 4/8 (aligned) and 1 (scalar fallback) (ts ref)',
+    async run({ gpu, dtype }) {
+      const checks: Check[] = [];
+      const [B, K, M, N] = [3, 24, 20, 28];
+      const a = rand(B * K * M, 31);
+      const b = rand(B * K * N, 32);
+      for (const [offA, offB] of [
+        [4, 8],
+        [1, 1],
+      ]) {
+        const ta = gpu.upload(new Float32Array([...rand(offA, 33), ...a]), [offA + a.length], dtype);
+        const tb = gpu.upload(new Float32Array([...rand(offB, 34), ...b]), [offB + b.length], dtype);
+        const bytes = dtype === 'f16' ? 2 : 4;
+        const va = new Tensor(ta.alloc, [B, K, M], dtype, ta.byteOffset + offA * bytes, false);
+        const vb = new Tensor(tb.alloc, [B, K, N], dtype, tb.byteOffset + offB * bytes, false);
+        const y = matmul(gpu, va, vb, { transA: true });
+        const want = matmulRef(a, [B, K, M], b, [B, K, N], { transA: true });
+        checks.push(compare(`offsets ${offA}/${offB}`, await gpu.read(y), want, matmulTol(dtype)));
+        gpu.free(ta, tb, y);
+      }
+      return checks;
+    },
+  };
+}
+
 function tiledCase(choice: { tile?: Tile; tcTile?: TcTile; splitK?: number }, label: string, [B, M, K, N]: number[]): KernelCase {
   return {
     family: 'matmul',
@@ -255,6 +296,8 @@ export const cases: KernelCase[] = [
   splitKCase(),
   tcSplitKCase(),
   fitsCase(),
+  vec4Case(),
+  vec4OffsetCase(),
   {
     family: 'matmul',
     name: 'accumulate: out += a·b + bias; backward twice into f32 gradient buffers (ts ref)',
