@@ -9,6 +9,7 @@
 //   TRANS_A          A is stored [K, M] (op(A) = Aᵀ) instead of [M, K]
 //   TRANS_B          B is stored [N, K] (op(B) = Bᵀ) instead of [K, N]
 //   HAS_BIAS         add bias[n] in the epilogue
+//   BIAS_ROWS        ... bias[m] instead (a 1x1 convolution's per-channel bias)
 //   ACCUMULATE       C += result instead of C = result (gradient accumulation, split-K chunks)
 //   FITS             the tile divides M, N and K: loads skip their bounds checks
 //   A_VEC4, B_VEC4   the operand's 4-groups are whole aligned vec4s of its storage (Aᵀ stored [K, M] with M, lda,
@@ -73,7 +74,7 @@ fn gemm_dims() -> vec3<u32> { return vec3<u32>(p.M, p.N, p.K); }
 
 fn gemm_out(z: u32, m: u32, n: u32, v: f32) {
   var s = v;
-  if (HAS_BIAS) { s += f32(bias[p.off_bias + n]); }
+  if (HAS_BIAS) { s += f32(bias[p.off_bias + select(n, m, BIAS_ROWS)]); }
   let idx = p.off_c + z * p.stride_c + m * p.ldc + n;
   if (ACCUMULATE) { s += f32(c[idx]); }
   c[idx] = TC(s);

@@ -1,5 +1,8 @@
 // 2-D convolution, NCHW with PyTorch semantics, as implicit GEMM (shaders/conv2d.wgsl): forward,
-// grad input, grad weight and grad bias, each with a plain-TS reference (float64 accumulation).
+// grad input, grad weight and grad bias, each with a plain-TS reference (float64 accumulation). A pointwise conv
+// (1x1, stride 1, no padding: SD's attention projections in/out, shortcuts) runs its forward and grad input as plain
+// batched matmuls (src/ops/matmul.ts: vec4 loads of the pixel rows, no tap arithmetic); its grad weight stays an
+// implicit GEMM, which sums over the samples in one reduction.
 //
 //   y[n, co, oh, ow] = b[co] + Σ_{ci, kh, kw} w[co, ci, kh, kw] · x[n, ci, oh*S - P + kh, ow*S - P + kw]
 //   dx[n, ci, ih, iw] = Σ_{co, kh, kw : ih = oh*S - P + kh, iw = ow*S - P + kw} w[co, ci, kh, kw] · dy[n, co, oh, ow]
@@ -9,7 +12,7 @@ import type { Gpu } from '../gpu/device.ts';
 import { kernel, u32 } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, type Tensor } from '../gpu/tensor.ts';
-import { elemWindow, pickTile, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
+import { elemWindow, matmul, pickTile, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
 import { pickSplitK, pickTcTile, simtGemmEntry, splitReduceEntry, tcDefs, TC_BK, tensorCoreEntry } from './gemm.ts';
 
 export interface Conv2dOptions {
@@ -253,6 +256,12 @@ export function conv2d(gpu: Gpu, x: Tensor, w: Tensor, bias: Tensor | null, opts
   expectSameDType(op, x, w, ...(bias ? [bias] : []));
   if (bias) expectShape(op, 'bias', bias, [s.Co]);
   const y = gpu.tensor([s.N, s.Co, s.Ho, s.Wo], x.dtype, 'activations', 'conv2d');
+  if (isPointwise(s)) {
+    // y[n] [Co, H*W] = w [Co, Ci] · x[n] [Ci, H*W] + bias[co]
+    const hw = s.H * s.W;
+    matmul(gpu, w.reshape([s.Co, s.Ci]), x.reshape([s.N, s.Ci, hw]), { ...gemmChoice(opts), rowBias: bias ?? undefined, out: y.reshape([s.N, s.Co, hw]) });
+    return y;
+  }
   convGemm(gpu, op, Mode.Forward, s, w, x, y, bias, false, opts);
   return y;
 }
@@ -282,7 +291,7 @@ export function conv2dBackward(gpu: Gpu, x: Tensor, w: Tensor, dy: Tensor, opts:
   const dx = grad('dx', x.shape as number[]);
   const dw = grad('dw', w.shape as number[]);
   const db = grad('db', [s.Co]);
-  convGemm(gpu, op, Mode.GradInput, s, w, dy, dx, null, acc, opts);
+  gradInput(gpu, op, s, w, dy, dx, acc, opts);
   convGemm(gpu, op, Mode.GradWeight, s, dy, x, dw, null, acc, opts);
   biasGrad(gpu, op, s, dy, db, acc);
   return { dx, dw, db };
@@ -295,8 +304,25 @@ export function conv2dBackwardInput(gpu: Gpu, x: Tensor, w: Tensor, dy: Tensor, 
   expectSameDType(op, x, w, dy);
   expectShape(op, 'dy', dy, [s.N, s.Co, s.Ho, s.Wo]);
   const dx = gpu.tensor(x.shape, x.dtype, 'activations', 'conv2d-dx');
-  convGemm(gpu, op, Mode.GradInput, s, w, dy, dx, null, false, opts);
+  gradInput(gpu, op, s, w, dy, dx, false, opts);
   return dx;
+}
+
+/** A 1x1 convolution with stride 1 and no padding: a plain GEMM per sample over its pixels (no im2col gathers). */
+function isPointwise(s: ConvShape): boolean {
+  return s.KH === 1 && s.KW === 1 && s.stride === 1 && s.pad === 0;
+}
+
+/** The tile and split-K a test or benchmark forced, for the GEMMs a convolution runs. */
+function gemmChoice(opts: Conv2dOptions): { tile?: Tile; splitK?: number } {
+  return { tile: opts.tile, splitK: opts.splitK };
+}
+
+/** dx (written, or added into with `accumulate`): the implicit GEMM, or for a pointwise conv dx[n] = wᵀ · dy[n]. */
+function gradInput(gpu: Gpu, op: string, s: ConvShape, w: Tensor, dy: Tensor, dx: Tensor, accumulate: boolean, opts: Conv2dOptions): void {
+  if (!isPointwise(s)) return convGemm(gpu, op, Mode.GradInput, s, w, dy, dx, null, accumulate, opts);
+  const hw = s.H * s.W;
+  matmul(gpu, w.reshape([s.Co, s.Ci]), dy.reshape([s.N, s.Co, hw]), { ...gemmChoice(opts), transA: true, out: dx.reshape([s.N, s.Ci, hw]), accumulate });
 }
 
 /** db[co] = Σ_{n, pixels} dy[n, co, ·], one workgroup per channel, sample groups per binding. */

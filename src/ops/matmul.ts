@@ -18,6 +18,8 @@ export interface MatmulOptions {
   transB?: boolean;
   /** [N], added in the epilogue. */
   bias?: Tensor;
+  /** [M], added to row m of every batch instead (a 1x1 convolution's per-channel bias, src/ops/conv2d.ts); not with `bias`. */
+  rowBias?: Tensor;
   /** Write into this tensor instead of a new one (input dtype, or f32 for f32 gradient buffers). */
   out?: Tensor;
   /** out += a·b (+ bias) instead of out = ... (needs `out`). */
@@ -181,6 +183,8 @@ interface Gemm {
   b: Tensor;
   c: Tensor;
   bias: Tensor | null;
+  /** The bias is indexed by row m (rowBias) rather than column n. */
+  biasRows: boolean;
   transA: boolean;
   transB: boolean;
   lda: number;
@@ -361,7 +365,7 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     const wa = elemWindow(gpu, g.a, sa[0], sa[1] - sa[0] + 1);
     const wb = elemWindow(gpu, g.b, sb[0], sb[1] - sb[0] + 1);
     const wc = elemWindow(gpu, g.c, sc[0], sc[1] - sc[0] + 1);
-    const wbias = firstK && g.bias !== null ? elemWindow(gpu, g.bias, k.n0, k.nc) : null;
+    const wbias = firstK && g.bias !== null ? (g.biasRows ? elemWindow(gpu, g.bias, k.m0, k.mc) : elemWindow(gpu, g.bias, k.n0, k.nc)) : null;
     const tiles: [number, number] = [Math.ceil(k.nc / blockTile.BN), Math.ceil(k.mc / blockTile.BM)];
     const split = gemmSplitK(gpu, g, k, tiles[0] * tiles[1] * k.nb, blockTile.BK);
     const aVec4 = vec4Operand(g.transA, k.mc, g.lda, g.strideA, wa.offset);
@@ -369,6 +373,7 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     const defs = {
       T: g.a.dtype,
       TC: g.c.dtype,
+      BIAS_ROWS: g.biasRows,
       A_VEC4: aVec4,
       B_VEC4: bVec4,
       // the tile divides the block: loads and stores skip their bounds checks
@@ -499,6 +504,11 @@ export function matmul(gpu: Gpu, a: Tensor, b: Tensor, opts: MatmulOptions = {})
     expectShape(op, 'bias', opts.bias, [s.N]);
     expectSameDType(op, a, opts.bias);
   }
+  if (opts.rowBias) {
+    if (opts.bias) throw new ShapeError(op, 'give bias (per column) or rowBias (per row), not both');
+    expectShape(op, 'rowBias', opts.rowBias, [s.M]);
+    expectSameDType(op, a, opts.rowBias);
+  }
   if (opts.accumulate && !opts.out) throw new ShapeError(op, 'accumulate needs an out tensor');
   if (opts.out) {
     expectShape(op, 'out', opts.out, outShape);
@@ -514,7 +524,8 @@ export function matmul(gpu: Gpu, a: Tensor, b: Tensor, opts: MatmulOptions = {})
     a,
     b,
     c,
-    bias: opts.bias ?? null,
+    bias: opts.bias ?? opts.rowBias ?? null,
+    biasRows: opts.rowBias !== undefined,
     transA,
     transB,
     lda: a.shape[a.shape.length - 1],
@@ -529,7 +540,7 @@ export function matmul(gpu: Gpu, a: Tensor, b: Tensor, opts: MatmulOptions = {})
     splitK: opts.splitK,
   };
   // A broadcast B over rows of A [M, K] is one big GEMM over batch * M rows.
-  if (!s.bBatched && s.aBatched && !transA) {
+  if (!s.bBatched && s.aBatched && !transA && !opts.rowBias) {
     g.M *= g.batch;
     g.batch = 1;
   }
@@ -767,6 +778,7 @@ export interface MatmulRefOptions {
   transA?: boolean;
   transB?: boolean;
   bias?: ArrayLike<number>;
+  rowBias?: ArrayLike<number>;
 }
 
 function refShape(aShape: readonly number[], bShape: readonly number[], transA: boolean, transB: boolean) {
@@ -796,7 +808,7 @@ export function matmulRef(
   for (let z = 0; z < batch; z++)
     for (let m = 0; m < M; m++)
       for (let n = 0; n < N; n++) {
-        let s = opts.bias ? opts.bias[n] : 0;
+        let s = opts.bias ? opts.bias[n] : opts.rowBias ? opts.rowBias[m] : 0;
         for (let k = 0; k < K; k++) {
           const av = a[z * aStride + (tA ? k * M + m : m * K + k)];
           const bv = b[z * bStride + (tB ? n * K + k : k * N + n)];

@@ -86,11 +86,16 @@ describe('conv2d larger than one storage binding (bindingLimit 1-2 KiB)', () => 
       }
     });
 
-  it('one sample larger than a binding is refused with ShapeError', async () => {
+  it('one sample larger than a binding is refused with ShapeError (3x3); a 1x1 conv's forward, a plain GEMM, runs in pixel chunks', async () => {
     const gpu = await testGpu({ bindingLimit: 1024 });
     try {
-      const x = gpu.zeros([2, 3, 12, 12], 'f32'); // 1728 bytes per sample
-      assert.throws(() => conv2d(gpu, x, gpu.zeros([2, 3, 1, 1], 'f32'), null, { stride: 1, padding: 0 }), shapeError('conv2d', 'one sample', '1024 bytes'));
+      const xv = randomValues(2 * 3 * 144, 95);
+      const x = gpu.upload(xv, [2, 3, 12, 12], 'f32'); // 1728 bytes per sample
+      assert.throws(() => conv2d(gpu, x, gpu.zeros([2, 3, 3, 3], 'f32'), null, { stride: 1, padding: 1 }), shapeError('conv2d', 'one sample', '1024 bytes'));
+      const wv = randomValues(2 * 3, 96);
+      const opts = { stride: 1, padding: 0 };
+      const y = conv2d(gpu, x, gpu.upload(wv, [2, 3, 1, 1], 'f32'), null, opts);
+      assertChecks([compare('1x1 chunked', await gpu.read(y), conv2dRef(xv, [2, 3, 12, 12], wv, [2, 3, 1, 1], null, opts), { atol: 1e-5, rtol: 1e-5 })]);
     } finally {
       gpu.destroy();
     }

@@ -79,6 +79,22 @@ describe('matmul bad input', () => {
   });
 });
 
+describe("matmul rowBias (a 1x1 convolution's per-channel bias)", () => {
+  it('adds bias[m] to row m of every batch, also with a batched a over a broadcast b; refuses a wrong shape or both biases', async () => {
+    const gpu = await testGpu();
+    const [B, M, K, N] = [3, 10, 7, 12];
+    const av = randomValues(B * M * K, 91);
+    const bv = randomValues(K * N, 92);
+    const rv = randomValues(M, 93, 10); // |bias| up to 10, far above the tolerance if it lands on the wrong rows
+    const [a, b, r] = [gpu.upload(av, [B, M, K], 'f32'), gpu.upload(bv, [K, N], 'f32'), gpu.upload(rv, [M], 'f32')];
+    const y = matmul(gpu, a, b, { rowBias: r });
+    assertChecks([compare('rowBias', await gpu.read(y), matmulRef(av, [B, M, K], bv, [K, N], { rowBias: rv }), matmulTol('f32'))]);
+    assert.throws(() => matmul(gpu, a, b, { rowBias: b }), shapeError('matmul', 'rowBias', `[${M}]`));
+    assert.throws(() => matmul(gpu, a, b, { rowBias: r, bias: gpu.zeros([N], 'f32') }), shapeError('matmul', 'not both'));
+    gpu.free(a, b, r, y);
+  });
+});
+
 describe('matmul at ragged and extreme shapes', () => {
   // Shapes no tile divides, K not a multiple of 4 or of any staging depth, single rows/columns, and more batches
   // than one dispatch may have workgroups along z (65535): each must give matmulRef's result, not a wrong one.
