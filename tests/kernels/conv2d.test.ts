@@ -86,7 +86,7 @@ describe('conv2d larger than one storage binding (bindingLimit 1-2 KiB)', () => 
       }
     });
 
-  it('one sample larger than a binding is refused with ShapeError (3x3); a 1x1 conv's forward, a plain GEMM, runs in pixel chunks', async () => {
+  it('one sample larger than a binding is refused with ShapeError (3x3); the forward of a 1x1 conv, a plain GEMM, runs in pixel chunks', async () => {
     const gpu = await testGpu({ bindingLimit: 1024 });
     try {
       const xv = randomValues(2 * 3 * 144, 95);
