@@ -13,7 +13,7 @@ import { kernel, u32 } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, type Tensor } from '../gpu/tensor.ts';
 import { elemWindow, matmul, pickTile, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
-import { pickSplitK, pickTcTile, simtGemmEntry, splitReduceEntry, tcDefs, TC_BK, tensorCoreEntry } from './gemm.ts';
+import { chooseSplitK, pickTcTile, simtGemmEntry, splitReduceEntry, tcDefs, TC_BK, tensorCoreEntry } from './gemm.ts';
 
 export interface Conv2dOptions {
   stride: number;
@@ -186,10 +186,8 @@ function convGemm(
     const GK = mode === Mode.Forward ? s.Ci * KHW : mode === Mode.GradInput ? s.Co * KHW : nb * s.Ho * s.Wo;
     const zs = mode === Mode.GradWeight ? 1 : nb;
     const tiles: [number, number] = [Math.ceil(GN / tileN), Math.ceil(GM / tileM)];
-    const lim = gpu.device.limits;
-    const room = Math.min(Math.floor((gpu.maxBinding - 256) / (4 * zs * GM * GN)), Math.floor(lim.maxComputeWorkgroupsPerDimension / zs));
     const BK = tc ? TC_BK : tile!.BK;
-    const split = pickSplitK(tiles[0] * tiles[1] * zs, GK, BK, gpu.autoSplitK ? gpu.fillWorkgroups : 0, room, forced.splitK);
+    const split = chooseSplitK(gpu, tiles[0] * tiles[1] * zs, zs, GM, GN, GK, BK, forced.splitK);
     const defs = {
       T: srcA.dtype,
       TC: out.dtype,

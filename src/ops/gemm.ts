@@ -204,6 +204,19 @@ export function pickSplitK(workgroups: number, K: number, BK: number, fill: numb
   return splits < 2 ? { splits: 1, chunk: K } : { splits, chunk };
 }
 
+/**
+ * Split-K of one GEMM dispatch of `batches` x M x N outputs in `workgroups` tiles over a K-long reduction on this
+ * device: pickSplitK with the device's fill (0 where automatic split-K is off, Gpu.autoSplitK), the partials'
+ * room in one storage binding and in the z dimension, and none where the reduce pass's row-per-workgroup grid would
+ * exceed the y dimension. `forced` as pickSplitK.
+ */
+export function chooseSplitK(gpu: Gpu, workgroups: number, batches: number, M: number, N: number, K: number, BK: number, forced?: number): SplitK {
+  const maxGroups = gpu.device.limits.maxComputeWorkgroupsPerDimension;
+  if (M > maxGroups) return { splits: 1, chunk: K };
+  const room = Math.min(Math.floor((gpu.maxBinding - 256) / (4 * batches * M * N)), Math.floor(maxGroups / batches));
+  return pickSplitK(workgroups, K, BK, gpu.autoSplitK ? gpu.fillWorkgroups : 0, room, forced);
+}
+
 /** The batch z and reduction range [k_lo, k_hi) of this workgroup (generated code; see the split-K note above). */
 function reductionRange(split: boolean): string[] {
   if (!split) return ['  let z = wg.z;', '  let k_lo = 0u;', '  let k_hi = dims.z;'];

@@ -9,7 +9,7 @@ import type { BufferWindow, Gpu } from '../gpu/device.ts';
 import { kernel, u32 } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, numel, Tensor } from '../gpu/tensor.ts';
-import { pickSplitK, pickTcTile, simtGemmEntry, splitReduceEntry, tcDefs, tcTileFits, TC_BK, tensorCoreEntry, type SplitK, type TcTile } from './gemm.ts';
+import { chooseSplitK, pickTcTile, simtGemmEntry, splitReduceEntry, tcDefs, tcTileFits, TC_BK, tensorCoreEntry, type TcTile } from './gemm.ts';
 
 export interface MatmulOptions {
   /** a is stored [..., K, M]. */
@@ -367,7 +367,7 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     const wc = elemWindow(gpu, g.c, sc[0], sc[1] - sc[0] + 1);
     const wbias = firstK && g.bias !== null ? (g.biasRows ? elemWindow(gpu, g.bias, k.m0, k.mc) : elemWindow(gpu, g.bias, k.n0, k.nc)) : null;
     const tiles: [number, number] = [Math.ceil(k.nc / blockTile.BN), Math.ceil(k.mc / blockTile.BM)];
-    const split = gemmSplitK(gpu, g, k, tiles[0] * tiles[1] * k.nb, blockTile.BK);
+    const split = chooseSplitK(gpu, tiles[0] * tiles[1] * k.nb, k.nb, k.mc, k.nc, k.kc, blockTile.BK, g.splitK);
     const aVec4 = vec4Operand(g.transA, k.mc, g.lda, g.strideA, wa.offset);
     const bVec4 = vec4Operand(!g.transB, k.nc, g.ldb, g.strideB, wb.offset);
     const defs = {
@@ -439,18 +439,6 @@ function runGemm(gpu: Gpu, g: Gemm): void {
  */
 function vec4Operand(contiguous: boolean, len: number, ld: number, batchStride: number, offset: number): boolean {
   return contiguous && len % 4 === 0 && ld % 4 === 0 && batchStride % 4 === 0 && offset % 4 === 0;
-}
-
-/**
- * Split-K of one dispatch block (src/ops/gemm.ts's pickSplitK): forced by the caller, else chosen from how many
- * workgroups the block has. The partials ([batches x splits, M, N] f32) must fit one storage binding and the
- * split batches the z dimension of a dispatch.
- */
-function gemmSplitK(gpu: Gpu, g: Gemm, k: Block, workgroups: number, BK: number): SplitK {
-  const lim = gpu.device.limits;
-  const room = Math.min(Math.floor((gpu.maxBinding - 256) / (4 * k.nb * k.mc * k.nc)), Math.floor(lim.maxComputeWorkgroupsPerDimension / k.nb));
-  if (k.mc > lim.maxComputeWorkgroupsPerDimension) return { splits: 1, chunk: k.kc }; // the reduce pass runs a row per workgroup
-  return pickSplitK(workgroups, k.kc, BK, gpu.autoSplitK ? gpu.fillWorkgroups : 0, room, g.splitK);
 }
 
 /** An output is stored in the input dtype, or in f32 (f32 gradient buffers of f16 operands). */
