@@ -14,6 +14,8 @@ import { cpus, loadavg } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { nodeGpu, DAWN_DISABLE, DAWN_ENABLE } from '../src/gpu/node.ts';
+import { describeGemmConfig } from '../src/ops/tune.ts';
+import { tuneCliGpu } from '../src/cli/gpu-tuning.ts';
 import {
   adapterSlug,
   benchOurs,
@@ -50,16 +52,19 @@ const shapes: ShapeCase[] = (JSON.parse(readFileSync(join(here, 'shapes.json'), 
 const commit = gitCommit();
 
 const gpu = await nodeGpu();
+await tuneCliGpu(gpu, process.env, (l) => console.log(l)); // a GPU's tuned GEMM config (src/ops/tune.ts), as the CLI runs
 const dtypes = (arg('--dtypes')?.split(',') ?? (gpu.hasF16 ? ['f16', 'f32'] : ['f32'])).filter((d) => d === 'f32' || gpu.hasF16);
 const adapter = `${gpu.adapter.vendor} ${gpu.adapter.architecture} ${gpu.adapter.device} ${gpu.adapter.description}`.replace(/\s+/g, ' ').trim();
 const slug = adapterSlug(gpu.adapter);
 console.log(`adapter: ${adapter}; features ${gpu.adapter.features.join(' ')}; dtypes ${dtypes.join(',')}; shapes ${size}; reps ${reps}; commit ${commit}`);
 console.log(`tensor cores: ${gpu.tensorCoreNote}`);
+console.log(`GEMM config: ${describeGemmConfig(gpu.gemmConfig)}`);
 
 const results: Measurement[] = [];
 const rawNs: number[] = [];
 for (const dtype of dtypes) {
   const g = dtype === gpu.computeDType ? gpu : await nodeGpu({ disableF16: true });
+  if (g !== gpu) await tuneCliGpu(g, process.env, (l) => console.log(l)); // the f32 device has its own cache entry
   const planner = await nodeGpu({ dryRun: true, disableF16: dtype === 'f32' });
   for (const c of shapes) {
     const ms = await benchOurs(g, c, { reps, naiveReps, budgetMs, targetMs, planner, naiveMaxScoreBytes }, rawNs);
@@ -137,6 +142,7 @@ writeFileSync(
       adapter,
       features: gpu.adapter.features,
       tensorCores: gpu.tensorCoreNote,
+      gemmConfig: describeGemmConfig(gpu.gemmConfig),
       limits: pickLimits(gpu.adapter.limits),
       dtypes,
       shapes: size,

@@ -43,12 +43,14 @@ async function inspect(args: string[]): Promise<void> {
   console.log(JSON.stringify(inspectionReport(r), null, 2));
 }
 
-/** Runs a GPU command on Dawn, closing the device afterwards. */
+/** Runs a GPU command on Dawn (its GEMM kernels tuned for the adapter first: gpu-tuning.ts), closing the device afterwards. */
 async function withGpu(load: () => Promise<(gpu: import('../gpu/device.ts').Gpu, args: string[]) => Promise<void>>, args: string[]): Promise<void> {
   const { nodeGpu } = await import('../gpu/node.ts');
+  const { tuneCliGpu } = await import('./gpu-tuning.ts');
   const command = await load();
   const gpu = await nodeGpu();
   try {
+    await tuneCliGpu(gpu);
     await command(gpu, args);
   } finally {
     gpu.destroy();

@@ -78,6 +78,47 @@ export interface GpuOptions {
   splitK?: boolean;
 }
 
+/**
+ * The GEMM kernel choices a per-adapter timing (src/ops/tune.ts) may change; until it runs (or where a host skips
+ * it), the defaults for the adapter's kind (`defaultGemmConfig`). The register block changes speed only: every
+ * output still sums its products in k order. Split-K changes the order of the sums, so results differ in the last
+ * bits: a training run records the config it started with and a resume applies it again.
+ */
+export interface GemmConfig {
+  /** Outputs per invocation in the square tiles, as a side: 8 (8x8 blocks) or 4 (4x4 blocks). */
+  registerBlock: 4 | 8;
+  /** Workgroups a dispatch needs before a bigger tile pays (pickTile) or split-K stops (pickSplitK). */
+  fillWorkgroups: number;
+  /** Whether GEMMs with few output tiles and a long reduction split it on their own (split-K). */
+  splitK: boolean;
+}
+
+/** The values each GemmConfig field may take. */
+export const GEMM_CONFIG_VALUES = {
+  registerBlock: [8, 4],
+  fillWorkgroups: [8, 64, 256],
+  splitK: [false, true],
+} as const;
+
+/**
+ * Before any timing: CPU adapters (one workgroup per thread, a few cores) get 8x8 blocks and a fill of 8, which
+ * measured twice the GEMM rate of 4x4 blocks on lavapipe, and no automatic split-K (0.87-1.02x there); GPUs get 4x4
+ * blocks in 32-256-invocation workgroups, a fill of 256 (an H200 has 132 multiprocessors holding several
+ * workgroups each) and split-K.
+ */
+export function defaultGemmConfig(cpuAdapter: boolean, splitK?: boolean): GemmConfig {
+  return cpuAdapter ? { registerBlock: 8, fillWorkgroups: 8, splitK: splitK ?? false } : { registerBlock: 4, fillWorkgroups: 256, splitK: splitK ?? true };
+}
+
+/** The reason `c` is not a GemmConfig (a field missing or out of GEMM_CONFIG_VALUES), or null when it is one. */
+export function gemmConfigProblem(c: unknown): string | null {
+  if (typeof c !== 'object' || c === null) return 'not an object';
+  const o = c as Record<string, unknown>;
+  for (const [field, allowed] of Object.entries(GEMM_CONFIG_VALUES))
+    if (!(allowed as readonly unknown[]).includes(o[field])) return `${field} is ${JSON.stringify(o[field])}, expected one of ${allowed.join(', ')}`;
+  return null;
+}
+
 export interface AdapterSummary {
   vendor: string;
   architecture: string;
@@ -142,17 +183,10 @@ export class Gpu {
   readonly hasF16: boolean;
   readonly hasSubgroups: boolean;
   readonly hasTimestamps: boolean;
-  /**
-   * Workgroups a dispatch needs before big tiles pay: a hardware GPU wants hundreds in flight (an H200 has 132
-   * multiprocessors, each holding several workgroups),
-   * a CPU adapter (lavapipe, SwiftShader: one workgroup per thread, a few cores) is busy with a handful and
-   * gains more from the bigger register blocks (twice the GEMM rate on lavapipe).
-   */
-  readonly fillWorkgroups: number;
   /** A software adapter running compute shaders on the CPU (Mesa's lavapipe, SwiftShader). */
   readonly cpuAdapter: boolean;
-  /** Whether GEMMs pick split-K on their own (GpuOptions.splitK). */
-  readonly autoSplitK: boolean;
+  /** The GEMM kernel choices in force (defaults per adapter kind, or what setGemmConfig was given). */
+  private gemm: GemmConfig;
   /** The subgroup-matrix shape f16 GEMMs run on (tensor cores), or null: they run the SIMT kernels. */
   readonly tensorCores: MatrixShape | null;
   /** Why tensor cores are or are not used here (for reports). */
@@ -208,8 +242,7 @@ export class Gpu {
     this.dryRun = opts.dryRun ?? false;
     this.poison = (opts.poison ?? false) && !this.dryRun;
     this.cpuAdapter = isCpuAdapter(adapter);
-    this.fillWorkgroups = this.cpuAdapter ? 8 : 256;
-    this.autoSplitK = opts.splitK ?? !this.cpuAdapter;
+    this.gemm = defaultGemmConfig(this.cpuAdapter, opts.splitK);
     this.allocator = new Allocator(device, device.limits.maxBufferSize, this.dryRun);
     this.allocator.onEvict = () => this.bindGroups.clear();
     device.lost.then((info) => {
@@ -247,6 +280,28 @@ export class Gpu {
       limits,
     };
     return new Gpu(device, summary, opts.shaders, opts, await tensorCoresFor(adapter, device, opts));
+  }
+
+  /** The GEMM kernel choices in force (a copy). */
+  get gemmConfig(): GemmConfig {
+    return { ...this.gemm };
+  }
+
+  /** Switches the GEMM kernel choices (src/ops/tune.ts, a resumed run's recorded config); refuses invalid ones. */
+  setGemmConfig(c: GemmConfig): void {
+    const problem = gemmConfigProblem(c);
+    if (problem) throw new Error(`invalid GEMM config ${JSON.stringify(c)}: ${problem}`);
+    this.gemm = { registerBlock: c.registerBlock, fillWorkgroups: c.fillWorkgroups, splitK: c.splitK };
+  }
+
+  /** Workgroups a dispatch needs before big tiles pay (GemmConfig.fillWorkgroups). */
+  get fillWorkgroups(): number {
+    return this.gemm.fillWorkgroups;
+  }
+
+  /** Whether GEMMs pick split-K on their own (GemmConfig.splitK; GpuOptions.splitK sets the default). */
+  get autoSplitK(): boolean {
+    return this.gemm.splitK;
   }
 
   /** The storage dtype for activations and weights: f16 where the device has it, else f32. */

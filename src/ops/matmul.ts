@@ -120,9 +120,12 @@ export const GPU_TILES: TileSet = {
   cols16: GPU_TILE_COLS_16,
 };
 
-/** The tile set for a device: CPU adapters keep the 8x8 register blocks they run fastest with. */
+/**
+ * The tile set for a device's register block (GemmConfig.registerBlock): 8x8 blocks (CPU adapters' default, they
+ * run fastest with them) or 4x4 (GPUs' default); a per-adapter timing (src/ops/tune.ts) may choose the other.
+ */
 export function tilesFor(gpu: Gpu): TileSet {
-  return gpu.cpuAdapter ? CPU_TILES : GPU_TILES;
+  return gpu.gemmConfig.registerBlock === 8 ? CPU_TILES : GPU_TILES;
 }
 
 /**

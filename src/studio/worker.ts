@@ -5,14 +5,16 @@
 import * as Comlink from 'comlink';
 import { encode as encodePng } from 'fast-png';
 import { Gpu, type AdapterSummary } from '../gpu/device.ts';
-import { NoWebGpuError } from '../gpu/errors.ts';
+import { GpuDeviceLostError, NoWebGpuError } from '../gpu/errors.ts';
 import { viteShaderSource } from '../gpu/shaders-vite.ts';
 import { idbDownloadCache } from '../io/cache-idb.ts';
+import { idbTuningCache } from '../io/tuning-idb.ts';
 import { downloadDiffusersModel, downloadFile } from '../io/hub.ts';
 import { decodeImageBrowser } from '../io/image-browser.ts';
 import { SafetensorsFile } from '../io/safetensors.ts';
 import { blobSink } from '../io/sink-blob.ts';
 import { BlobSource, BytesSource, type ByteSource } from '../io/source.ts';
+import { describeGemmConfig, tuneGemm } from '../ops/tune.ts';
 import { fetchShippedDemo } from '../models/shipped-demo.ts';
 import { detectSingleFile, ModelError } from '../models/detect.ts';
 import { inspectDiffusers, inspectSingleFile } from '../models/inspect.ts';
@@ -57,12 +59,34 @@ export interface ModelSummary {
   nativeResolution?: number;
 }
 
-export type InitResult = { ok: true; adapter: AdapterSummary; hasF16: boolean } | { ok: false; noWebGpu: boolean; message: string };
+export type InitResult =
+  | {
+      ok: true;
+      adapter: AdapterSummary;
+      hasF16: boolean;
+      /** The GEMM kernel config in force and where it came from (src/ops/tune.ts), one line. */
+      gemm: string;
+    }
+  | { ok: false; noWebGpu: boolean; message: string };
 
 /** Hub repos whose tokenizer/ a single-file checkpoint of each family uses (fetched once, then cached). */
 export const TOKENIZER_REPOS = { sd1: 'stable-diffusion-v1-5/stable-diffusion-v1-5', sd2: 'stabilityai/stable-diffusion-2-1' } as const;
 
 export const RUN_DB = 'dreambooth-studio-runs';
+
+/**
+ * Times a hardware GPU's GEMM kernels once (src/ops/tune.ts; a few seconds) and caches the fastest config in
+ * IndexedDB, so later visits start with it; CPU adapters keep their defaults. A failed timing keeps the defaults.
+ */
+async function tuneStudioGpu(gpu: Gpu): Promise<string> {
+  try {
+    const r = await tuneGemm(gpu, { cache: idbTuningCache(), log: (l) => console.info(l) });
+    return `${describeGemmConfig(r.config)} (${r.source === 'timed' ? `timed now in ${r.seconds.toFixed(1)} s` : r.source === 'cache' ? 'timed on an earlier visit' : 'defaults for a CPU adapter'})`;
+  } catch (e) {
+    if (e instanceof GpuDeviceLostError) throw e;
+    return `${describeGemmConfig(gpu.gemmConfig)} (defaults: timing failed: ${(e as Error).message})`;
+  }
+}
 
 class StudioWorker {
   private gpu: Gpu | null = null;
@@ -74,12 +98,18 @@ class StudioWorker {
   private demoResolution: number | undefined;
   /** A pause or cancel that arrived while the run was still preparing (no session to tell yet). */
   private pendingStop: 'pause' | 'cancel' | null = null;
+  /** What init's GEMM tuning did, one line (InitResult.gemm). */
+  private gemmNote = '';
 
   async init(): Promise<InitResult> {
     try {
-      this.gpu ??= await Gpu.create(navigator.gpu, { shaders: viteShaderSource() });
-      this.gpu.onLost((e) => this.onEvent({ type: 'device-lost', message: e.message }));
-      return { ok: true, adapter: this.gpu.adapter, hasF16: this.gpu.hasF16 };
+      if (!this.gpu) {
+        const gpu = await Gpu.create(navigator.gpu, { shaders: viteShaderSource() });
+        gpu.onLost((e) => this.onEvent({ type: 'device-lost', message: e.message }));
+        this.gemmNote = await tuneStudioGpu(gpu);
+        this.gpu = gpu;
+      }
+      return { ok: true, adapter: this.gpu.adapter, hasF16: this.gpu.hasF16, gemm: this.gemmNote };
     } catch (e) {
       return { ok: false, noWebGpu: e instanceof NoWebGpuError, message: (e as Error).message };
     }

@@ -11,7 +11,7 @@
 //   grads = d(loss * scale)/dθ;  overflow -> skip the update, halve the scale;  else AdamW with clipping
 //   an update that would make a weight non-finite (a learning rate far too high) -> skip, scale kept
 //   `maxConsecutiveSkips` skipped steps in a row -> TrainingStalledError (nothing is being learned)
-import type { Gpu } from '../gpu/device.ts';
+import { gemmConfigProblem, type GemmConfig, type Gpu } from '../gpu/device.ts';
 import type { DType, Tensor } from '../gpu/tensor.ts';
 import type { Weights } from '../nn/blocks.ts';
 import { clipTextForward, type ClipTextConfig } from '../nn/clip.ts';
@@ -207,6 +207,12 @@ interface CheckpointMeta {
    * after the same number of skips in a row. Absent in checkpoints made before it existed: 0.
    */
   skipRun?: { count: number; last: string };
+  /**
+   * The GEMM kernel choices the run trained with (Gpu.gemmConfig: split-K changes the order of sums), applied again
+   * on resume so the resumed steps match the uninterrupted ones bit for bit even where this adapter's tuning
+   * (src/ops/tune.ts) has since chosen otherwise. Absent in checkpoints made before it existed: the device's own.
+   */
+  gemm?: GemmConfig;
 }
 
 /**
@@ -712,6 +718,7 @@ export class DreamBoothTrainer {
       validation: this.validation,
       settings: this.settings,
       skipRun: this.skipRun,
+      gemm: this.gpu.gemmConfig,
     };
     await commitSnapshot(this.store, this.ckptPrefix, st.files, meta);
     await this.optimizer.pin(st.versions);
@@ -739,6 +746,7 @@ export class DreamBoothTrainer {
       if (m.settings[k] !== this.settings[k])
         throw new Error(`this run's checkpoint was made with ${k} = ${m.settings[k]}, not ${this.settings[k]}: resume with the run's own settings`);
     await this.optimizer.restore((n) => snap.read(n), m.versions, m.applied);
+    if (m.gemm !== undefined) this.gpu.setGemmConfig(m.gemm); // checked above
     this.step = m.step;
     this.rng.restore(m.rng);
     this.scaler.restore(m.scaler);
@@ -791,6 +799,7 @@ function checkCheckpointMeta(m: CheckpointMeta, chunks: number): void {
   if (!Array.isArray(m.losses) || m.losses.length !== m.step || !m.losses.every((l) => l === null || typeof l === 'number'))
     bad(`${Array.isArray(m.losses) ? m.losses.length : 'no'} losses for ${m.step} steps`);
   if (!whole(m.rng, 0, 2 ** 32 - 1)) bad(`random state ${m.rng}`);
+  if (m.gemm !== undefined && gemmConfigProblem(m.gemm)) bad(`GEMM config: ${gemmConfigProblem(m.gemm)}`);
   const sc = m.scaler;
   if (
     typeof sc !== 'object' ||

@@ -24,6 +24,11 @@ const EDITS: [string, (m: Meta) => void, RegExp][] = [
   ['losses that do not match the steps', (m) => m.losses.pop(), /losses for 2 steps/],
   ['more applied steps than steps', (m) => (m.applied = 7), /7 applied steps at step 2/],
   ['a negative loss scale', (m) => (m.scaler.scale = -1), /loss scale/],
+  [
+    'a GEMM config no device has',
+    (m) => (m.gemm = { registerBlock: 5, fillWorkgroups: 8, splitK: false }),
+    /GEMM config: registerBlock is 5, expected one of 8, 4/,
+  ],
   ['a version for a chunk the layout lacks', (m) => (m.versions = { ...m.versions, 999: 1 }), /chunk 999 version 1 for a layout of \d+ chunks/],
 ];
 
@@ -67,5 +72,26 @@ describe('checkpoint records are validated, not trusted', () => {
     assert.equal(await b.trainer.resume(), true);
     assert.equal(b.trainer.step, 2);
     b.free();
+  });
+
+  it('a resume applies the GEMM config the run trained with (split-K changes the order of sums), whatever the device has since', async () => {
+    const gpu = await testGpu();
+    const before = gpu.gemmConfig;
+    const trained = { registerBlock: 4, fillWorkgroups: 64, splitK: true } as const;
+    try {
+      gpu.setGemmConfig(trained);
+      const store = new MemoryChunkStore();
+      const a = await makeTrainer(gpu, 'f32', 'full', store, { residentChunks: 1 });
+      for (let s = 0; s < 2; s++) await a.trainer.trainStep(a.fx.inputs[s]);
+      await a.trainer.checkpoint();
+      a.free();
+      gpu.setGemmConfig({ registerBlock: 8, fillWorkgroups: 8, splitK: false }); // as if this adapter's tuning had changed
+      const b = await makeTrainer(gpu, 'f32', 'full', store, { residentChunks: 1 });
+      assert.equal(await b.trainer.resume(), true);
+      assert.deepEqual(gpu.gemmConfig, trained);
+      b.free();
+    } finally {
+      gpu.setGemmConfig(before);
+    }
   });
 });

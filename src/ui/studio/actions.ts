@@ -44,7 +44,7 @@ function spawn(): Comlink.Remote<StudioWorkerApi> {
 export async function initStudio(): Promise<void> {
   const w = spawn();
   const r = await w.init();
-  S().set({ env: r.ok ? { kind: 'ready', adapter: r.adapter, hasF16: r.hasF16 } : { kind: 'error', noWebGpu: r.noWebGpu, message: r.message } });
+  S().set({ env: r.ok ? { kind: 'ready', adapter: r.adapter, hasF16: r.hasF16, gemm: r.gemm } : { kind: 'error', noWebGpu: r.noWebGpu, message: r.message } });
   await refreshStorage();
   (globalThis as { __studio?: unknown }).__studio = { loseDevice: () => api?.loseDevice(), state: S };
 }

@@ -121,7 +121,9 @@ export interface RunProgress {
 }
 
 export type EnvState =
-  { kind: 'loading' } | { kind: 'ready'; adapter: AdapterSummary; hasF16: boolean } | { kind: 'error'; noWebGpu: boolean; message: string };
+  | { kind: 'loading' }
+  | { kind: 'ready'; adapter: AdapterSummary; hasF16: boolean; /** The GEMM kernel config in force and its source (worker init's tuning). */ gemm: string }
+  | { kind: 'error'; noWebGpu: boolean; message: string };
 
 export interface StudioState {
   env: EnvState;

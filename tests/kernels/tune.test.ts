@@ -1,0 +1,236 @@
+// Per-adapter GEMM tuning (src/ops/tune.ts): the search's choices on a known cost table, real timings on lavapipe
+// applied and cached per adapter, cache entries that cannot be used timed again, the Node file cache, the command
+// line's DBS_GPU_TUNE, and the claim the trainer's resume rests on: the register block never changes a result.
+import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, it } from 'node:test';
+import { tuneCliGpu } from '../../src/cli/gpu-tuning.ts';
+import { GEMM_CONFIG_VALUES, type GemmConfig } from '../../src/gpu/device.ts';
+import { nodeTuningCache } from '../../src/io/tuning-node.ts';
+import { matmul } from '../../src/ops/matmul.ts';
+import { searchGemmConfigs, TUNE_VERSION, tuneGemm, tuningKey, type ConfigTiming, type TuneShape, type TuningCache } from '../../src/ops/tune.ts';
+import { Rng } from '../../src/util/rng.ts';
+import { testGpu } from '../helpers.ts';
+
+/** A cache in memory that counts its calls. */
+function memoryCache(): TuningCache & { entries: Map<string, string>; loads: number; saves: number } {
+  const entries = new Map<string, string>();
+  const c = {
+    entries,
+    loads: 0,
+    saves: 0,
+    async load(key: string) {
+      c.loads++;
+      return entries.get(key) ?? null;
+    },
+    async save(key: string, value: string) {
+      c.saves++;
+      entries.set(key, value);
+    },
+  };
+  return c;
+}
+
+/** One small shape and few samples: the tuner's real timing path in well under a second per comparison. */
+const QUICK = { shapes: [{ name: 'small', M: 64, N: 96, K: 128, transB: true }] as TuneShape[], samples: 3, sampleMs: 4, cpuAdapters: true };
+
+const sameConfig = (a: GemmConfig, b: GemmConfig) => a.registerBlock === b.registerBlock && a.fillWorkgroups === b.fillWorkgroups && a.splitK === b.splitK;
+
+describe('GEMM tuning: the search', () => {
+  // A cost table over the 2 x 3 x 2 configs: 4x4 blocks 30 % faster, fill 64 10 % faster, split-K 3 % faster
+  // (below the 5 % a change must gain, so noise-sized gains leave the config as it is).
+  const cost = (c: GemmConfig) => 100 * (c.registerBlock === 4 ? 0.7 : 1) * (c.fillWorkgroups === 64 ? 0.9 : 1) * (c.splitK ? 0.97 : 1);
+  const compare = async (a: GemmConfig, b: GemmConfig): Promise<[ConfigTiming, ConfigTiming]> => [
+    { config: a, ms: cost(a), perShape: [cost(a)] },
+    { config: b, ms: cost(b), perShape: [cost(b)] },
+  ];
+
+  it('walks one field at a time from the start, keeps a value only when it gains at least minGain, times each alternative once', async () => {
+    const start: GemmConfig = { registerBlock: 8, fillWorkgroups: 8, splitK: false };
+    const { best, timings } = await searchGemmConfigs(start, compare, 0.05);
+    assert.deepEqual(best, { registerBlock: 4, fillWorkgroups: 64, splitK: false });
+    // the start, then every other value of each field once: 1 + (2-1) + (3-1) + (2-1)
+    const alternatives = Object.values(GEMM_CONFIG_VALUES).reduce((n, vs) => n + vs.length - 1, 0);
+    assert.equal(timings.length, 1 + alternatives);
+    assert.deepEqual(timings[0].config, start);
+    // a 3 % gain passes a 2 % threshold
+    assert.equal((await searchGemmConfigs(start, compare, 0.02)).best.splitK, true);
+  });
+});
+
+describe('GEMM tuning on this adapter (lavapipe)', () => {
+  it('times the candidates, applies the fastest and caches it under the adapter; the next call reads the cache and times nothing', async () => {
+    const gpu = await testGpu();
+    const before = gpu.gemmConfig;
+    try {
+      const cache = memoryCache();
+      const r = await tuneGemm(gpu, { ...QUICK, cache });
+      assert.equal(r.source, 'timed');
+      assert.equal(r.timings.length, 5);
+      assert.ok(r.timings.every((t) => t.ms > 0 && t.perShape.length === 1 && Number.isFinite(t.ms)));
+      assert.ok(
+        r.timings.some((t) => sameConfig(t.config, r.config)),
+        'the chosen config was one of those timed',
+      );
+      assert.deepEqual(gpu.gemmConfig, r.config);
+      assert.equal(r.key, tuningKey(gpu));
+      assert.match(r.key, new RegExp(`^gemm\\|v${TUNE_VERSION}\\|`));
+      assert.ok(r.key.includes(gpu.adapter.description) && r.key.endsWith(`|${gpu.computeDType}`));
+      const stored = JSON.parse(cache.entries.get(r.key)!);
+      assert.deepEqual(stored.config, r.config);
+
+      // Another config in force: the cached one is applied again, with no dispatch.
+      const other: GemmConfig = { ...r.config, registerBlock: r.config.registerBlock === 8 ? 4 : 8 };
+      gpu.setGemmConfig(other);
+      const dispatches = gpu.dispatchCount;
+      const again = await tuneGemm(gpu, { ...QUICK, cache });
+      assert.equal(again.source, 'cache');
+      assert.equal(gpu.dispatchCount, dispatches);
+      assert.deepEqual(gpu.gemmConfig, r.config);
+      assert.equal(cache.saves, 1);
+
+      // force: timed again and the entry replaced
+      const forced = await tuneGemm(gpu, { ...QUICK, cache, force: true });
+      assert.equal(forced.source, 'timed');
+      assert.equal(cache.saves, 2);
+    } finally {
+      gpu.setGemmConfig(before);
+    }
+  });
+
+  for (const [what, text, problem] of [
+    ['not JSON', '{"version": 1, "conf', /not JSON/],
+    [
+      'an older version',
+      JSON.stringify({ version: TUNE_VERSION - 1, config: { registerBlock: 8, fillWorkgroups: 8, splitK: false } }),
+      /version 0, expected 1/,
+    ],
+    [
+      'a config no kernel has',
+      JSON.stringify({ version: TUNE_VERSION, config: { registerBlock: 16, fillWorkgroups: 8, splitK: false } }),
+      /registerBlock is 16/,
+    ],
+  ] as const)
+    it(`a cache entry that is ${what} is reported by key and timed again, and replaced`, async () => {
+      const gpu = await testGpu();
+      const before = gpu.gemmConfig;
+      try {
+        const cache = memoryCache();
+        cache.entries.set(tuningKey(gpu), text);
+        const lines: string[] = [];
+        const r = await tuneGemm(gpu, { ...QUICK, cache, log: (l) => lines.push(l) });
+        assert.equal(r.source, 'timed');
+        const warning = lines.find((l) => l.includes('unusable'));
+        assert.ok(warning && warning.includes(tuningKey(gpu)) && problem.test(warning), lines.join('\n'));
+        assert.deepEqual(JSON.parse(cache.entries.get(r.key)!).config, r.config);
+      } finally {
+        gpu.setGemmConfig(before);
+      }
+    });
+
+  it('a CPU adapter keeps its defaults unless asked: nothing timed, the cache untouched', async () => {
+    const gpu = await testGpu();
+    assert.ok(gpu.cpuAdapter, 'lavapipe is a CPU adapter');
+    const cache = memoryCache();
+    const dispatches = gpu.dispatchCount;
+    const r = await tuneGemm(gpu, { cache });
+    assert.equal(r.source, 'defaults');
+    assert.deepEqual(r.config, { registerBlock: 8, fillWorkgroups: 8, splitK: false });
+    assert.equal(gpu.dispatchCount, dispatches);
+    assert.equal(cache.loads + cache.saves, 0);
+  });
+
+  it('a timing that fails puts back the config the device had and says why', async () => {
+    const gpu = await testGpu();
+    const before = gpu.gemmConfig;
+    const had: GemmConfig = { registerBlock: 4, fillWorkgroups: 64, splitK: true }; // not the start of the search
+    try {
+      gpu.setGemmConfig(had);
+      const bad: TuneShape[] = [{ name: 'an output too big for one buffer', M: 1 << 16, N: 1 << 16, K: 1 }]; // fails in matmul, after the config is set
+      await assert.rejects(tuneGemm(gpu, { ...QUICK, shapes: bad }), /maxBufferSize|larger than/);
+      assert.deepEqual(gpu.gemmConfig, had);
+      // setGemmConfig refuses a config no kernel has
+      assert.throws(() => gpu.setGemmConfig({ registerBlock: 2 as 4, fillWorkgroups: 8, splitK: false }), /invalid GEMM config .*registerBlock is 2/);
+    } finally {
+      gpu.setGemmConfig(before);
+    }
+  });
+
+  it('the register block changes speed, never a result: 8x8 and 4x4 blocks give the same bits at every transpose (f32 and f16)', async () => {
+    const gpu = await testGpu();
+    const before = gpu.gemmConfig;
+    const rng = new Rng(7);
+    try {
+      for (const dtype of ['f32', 'f16'] as const)
+        for (const [transA, transB] of [
+          [false, false],
+          [true, false],
+          [false, true],
+        ])
+          for (const [M, N, K] of [
+            [130, 135, 301],
+            [96, 160, 64],
+          ]) {
+            const a = gpu.upload(rng.normals(M * K), transA ? [K, M] : [M, K], dtype);
+            const b = gpu.upload(rng.normals(K * N), transB ? [N, K] : [K, N], dtype);
+            const results: number[][] = [];
+            for (const registerBlock of [8, 4] as const) {
+              gpu.setGemmConfig({ registerBlock, fillWorkgroups: 8, splitK: false });
+              const c = matmul(gpu, a, b, { transA, transB });
+              results.push(Array.from(await gpu.read(c)));
+              gpu.free(c);
+            }
+            gpu.free(a, b);
+            assert.deepEqual(results[0], results[1], `${dtype} ${M}x${N}x${K} transA=${transA} transB=${transB}`);
+          }
+    } finally {
+      gpu.setGemmConfig(before);
+    }
+  });
+});
+
+describe('GEMM tuning: the Node cache file and the command line (DBS_GPU_TUNE)', () => {
+  it('the file keeps entries by key, replaces a damaged file on save, and names it when it cannot be read', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'dbs-tune-'));
+    const file = join(dir, 'sub', 'gpu-tuning.json');
+    const cache = nodeTuningCache(file);
+    assert.equal(await cache.load('a'), null);
+    await cache.save('a', 'one');
+    await cache.save('b', 'two');
+    assert.equal(await cache.load('a'), 'one');
+    assert.equal(await nodeTuningCache(file).load('b'), 'two');
+    writeFileSync(file, '{"a": "on');
+    await assert.rejects(cache.load('a'), (e: Error) => e.message.includes(file) && /not JSON/.test(e.message) && /delete it/.test(e.message));
+    await cache.save('c', 'three');
+    assert.deepEqual(JSON.parse(readFileSync(file, 'utf8')), { c: 'three' });
+  });
+
+  it('DBS_GPU_TUNE: on times a CPU adapter and caches it in DBS_CACHE_DIR, the next run reads it silently; off does nothing; a wrong value is refused by name', async () => {
+    const gpu = await testGpu();
+    const before = gpu.gemmConfig;
+    const dir = mkdtempSync(join(tmpdir(), 'dbs-tune-cli-'));
+    try {
+      const lines: string[] = [];
+      const env = { DBS_GPU_TUNE: 'on', DBS_CACHE_DIR: dir };
+      const first = await tuneCliGpu(gpu, env, (l) => lines.push(l));
+      assert.equal(first?.source, 'timed');
+      const file = join(dir, 'gpu-tuning.json');
+      assert.ok(
+        lines.some((l) => l.startsWith('GEMM kernels timed on') && l.includes(file)),
+        lines.join('\n'),
+      );
+      assert.deepEqual(JSON.parse(JSON.parse(readFileSync(file, 'utf8'))[first!.key]).config, first!.config);
+      const later: string[] = [];
+      const second = await tuneCliGpu(gpu, env, (l) => later.push(l));
+      assert.equal(second?.source, 'cache');
+      assert.deepEqual(later, []);
+      assert.equal(await tuneCliGpu(gpu, { DBS_GPU_TUNE: 'off', DBS_CACHE_DIR: dir }), null);
+      assert.equal((await tuneCliGpu(gpu, { DBS_CACHE_DIR: dir }))?.source, 'defaults', 'auto leaves a CPU adapter alone');
+      await assert.rejects(tuneCliGpu(gpu, { DBS_GPU_TUNE: 'fast' }), /DBS_GPU_TUNE=fast: expected one of auto, on, force, off/);
+    } finally {
+      gpu.setGemmConfig(before);
+    }
+  });
+});
