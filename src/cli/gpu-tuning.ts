@@ -8,15 +8,19 @@ import { join } from 'node:path';
 import type { Gpu } from '../gpu/device.ts';
 import { GpuDeviceLostError } from '../gpu/errors.ts';
 import { defaultCacheDir, nodeTuningCache } from '../io/tuning-node.ts';
-import { describeGemmConfig, tuneGemm, type TuneReport } from '../ops/tune.ts';
+import { describeGemmConfig, tuneGemm, type TuneOptions, type TuneReport } from '../ops/tune.ts';
 
 const MODES = ['auto', 'on', 'force', 'off'] as const;
 
-/** Tunes `gpu` as DBS_GPU_TUNE says; a failed timing (other than a lost device) is reported and the defaults kept. */
+/**
+ * Tunes `gpu` as DBS_GPU_TUNE says; a failed timing (other than a lost device) is reported and the defaults kept.
+ * `timing` narrows the measurement (shapes, samples: tests and benchmarks); the mode decides the rest.
+ */
 export async function tuneCliGpu(
   gpu: Gpu,
   env: NodeJS.ProcessEnv = process.env,
   log: (line: string) => void = (l) => console.error(l),
+  timing: Pick<TuneOptions, 'shapes' | 'samples' | 'sampleMs'> = {},
 ): Promise<TuneReport | null> {
   const mode = (env.DBS_GPU_TUNE || 'auto') as (typeof MODES)[number];
   if (!MODES.includes(mode))
@@ -24,7 +28,7 @@ export async function tuneCliGpu(
   if (mode === 'off' || gpu.dryRun) return null;
   const file = join(defaultCacheDir(env), 'gpu-tuning.json');
   try {
-    const r = await tuneGemm(gpu, { cache: nodeTuningCache(file), log, cpuAdapters: mode !== 'auto', force: mode === 'force' });
+    const r = await tuneGemm(gpu, { ...timing, cache: nodeTuningCache(file), log, cpuAdapters: mode !== 'auto', force: mode === 'force' });
     if (r.source === 'timed')
       log(
         `GEMM kernels timed on ${gpu.adapter.description || gpu.adapter.vendor} in ${r.seconds.toFixed(1)} s: ${describeGemmConfig(r.config)} (cached in ${file})`,

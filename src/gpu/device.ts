@@ -80,8 +80,8 @@ export interface GpuOptions {
 
 /**
  * The GEMM kernel choices a per-adapter timing (src/ops/tune.ts) may change; until it runs (or where a host skips
- * it), the defaults for the adapter's kind (`defaultGemmConfig`). The register block changes speed only: every
- * output still sums its products in k order. Split-K changes the order of the sums, so results differ in the last
+ * it), the defaults for the adapter's kind (`defaultGemmConfig`). The register block, step depth and prefetch change
+ * speed only: every output still sums its products in k order. Split-K changes the order of the sums, so results differ in the last
  * bits: a training run records the config it started with and a resume applies it again.
  */
 export interface GemmConfig {
@@ -91,6 +91,10 @@ export interface GemmConfig {
   fillWorkgroups: number;
   /** Whether GEMMs with few output tiles and a long reduction split it on their own (split-K). */
   splitK: boolean;
+  /** Reduction depth staged per step in the SIMT tiles: 16 or 32 (where the tile's shared memory fits the device). */
+  bk: 16 | 32;
+  /** Whether each step's global loads of the next staged tile are issued into registers before its FMAs (prefetch). */
+  prefetch: boolean;
 }
 
 /** The values each GemmConfig field may take. */
@@ -98,16 +102,22 @@ export const GEMM_CONFIG_VALUES = {
   registerBlock: [8, 4],
   fillWorkgroups: [8, 64, 256],
   splitK: [false, true],
+  bk: [16, 32],
+  prefetch: [false, true],
 } as const;
 
 /**
  * Before any timing: CPU adapters (one workgroup per thread, a few cores) get 8x8 blocks and a fill of 8, which
- * measured twice the GEMM rate of 4x4 blocks on lavapipe, and no automatic split-K (0.87-1.02x there); GPUs get 4x4
- * blocks in 32-256-invocation workgroups, a fill of 256 (an H200 has 132 multiprocessors holding several
- * workgroups each) and split-K.
+ * measured twice the GEMM rate of 4x4 blocks on lavapipe, no automatic split-K (0.87-1.02x there), 16-deep steps
+ * and no prefetch (a CPU lane has no load latency to hide behind other work); GPUs get the usual shape of a fast
+ * SIMT GEMM, to be confirmed by timing on each (src/ops/tune.ts): 4x4 blocks in 32-256-invocation workgroups, a fill
+ * of 256 (an H200 has 132 multiprocessors holding several workgroups each), split-K, 32-deep steps (half the
+ * barriers per k) and the next step's loads in flight during the FMAs.
  */
 export function defaultGemmConfig(cpuAdapter: boolean, splitK?: boolean): GemmConfig {
-  return cpuAdapter ? { registerBlock: 8, fillWorkgroups: 8, splitK: splitK ?? false } : { registerBlock: 4, fillWorkgroups: 256, splitK: splitK ?? true };
+  return cpuAdapter
+    ? { registerBlock: 8, fillWorkgroups: 8, splitK: splitK ?? false, bk: 16, prefetch: false }
+    : { registerBlock: 4, fillWorkgroups: 256, splitK: splitK ?? true, bk: 32, prefetch: true };
 }
 
 /** The reason `c` is not a GemmConfig (a field missing or out of GEMM_CONFIG_VALUES), or null when it is one. */
@@ -291,7 +301,7 @@ export class Gpu {
   setGemmConfig(c: GemmConfig): void {
     const problem = gemmConfigProblem(c);
     if (problem) throw new Error(`invalid GEMM config ${JSON.stringify(c)}: ${problem}`);
-    this.gemm = { registerBlock: c.registerBlock, fillWorkgroups: c.fillWorkgroups, splitK: c.splitK };
+    this.gemm = { registerBlock: c.registerBlock, fillWorkgroups: c.fillWorkgroups, splitK: c.splitK, bk: c.bk, prefetch: c.prefetch };
   }
 
   /** Workgroups a dispatch needs before big tiles pay (GemmConfig.fillWorkgroups). */

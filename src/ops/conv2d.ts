@@ -12,7 +12,7 @@ import type { Gpu } from '../gpu/device.ts';
 import { kernel, u32 } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, type Tensor } from '../gpu/tensor.ts';
-import { elemWindow, matmul, pickTile, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
+import { elemWindow, matmul, pickTile, simtTileDefs, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
 import { chooseSplitK, pickTcTile, simtGemmEntry, splitReduceEntry, tcDefs, TC_BK, tensorCoreEntry } from './gemm.ts';
 
 export interface Conv2dOptions {
@@ -222,7 +222,7 @@ function convGemm(
       k_chunk: split.chunk,
     };
     const core = tc ? CONV_GEMM_TC : CONV_GEMM;
-    const coreDefs = tc ? tcDefs(tc, gpu.tensorCores!) : tile!;
+    const coreDefs = tc ? tcDefs(tc, gpu.tensorCores!) : simtTileDefs(tile!);
     const biasBinding = wbias ? { bias: wbias.window } : {};
     if (split.splits === 1) {
       gpu.run(core, {

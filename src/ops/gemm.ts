@@ -30,6 +30,13 @@
 // of C: row group i of invocation (tx, ty) is rows (i * WG_Y + ty) * 4 + 0..3, column group j is columns
 // (j * WG_X + tx) * 4 + 0..3.
 //
+// With def PREFETCH (a GPU's default, GemmConfig.prefetch) the staging is software-pipelined through registers:
+// each invocation's vec4 groups of the first step are loaded before the k loop into pa_i / pb_i; each step stores
+// them into the shared tiles, waits at the barrier, then issues the next step's global loads into the same
+// registers before its FMAs, so the loads are in flight while the FMAs run (a GPU hides their latency behind
+// them). The group -> (k, row) maps are computed once per invocation; a tile with fewer groups than invocations
+// (the 4-row tile) guards its loads and stores.
+//
 // The tensor-core core walks the reduction TC_BK = 32 at a time:
 //   1. stage: groups of 4 elements of op(A) [BM x BK] and op(B) [BK x BN] into f16 workgroup tiles, row-major with
 //      rows padded by 8 halves (16 bytes) so consecutive rows start in different banks;
@@ -263,12 +270,77 @@ function numDef(entry: string, defs: Defs, name: string): number {
   return v;
 }
 
+/**
+ * The prefetching SIMT core's staging, before its k loop: which vec4 groups of each staged tile invocation `tid`
+ * loads (A: groups ga_i = tid + i * threads of the BM/4 x BK tile, at k ka_i and rows 4 ma_i; B likewise), each
+ * group's registers pa_i / pb_i, and the first step's loads. A group past the tile's count (the tile has fewer
+ * groups than PA x threads) is never loaded or stored.
+ */
+function prefetchSetup(BM: number, BN: number, BK: number, threads: number): string[] {
+  const L: string[] = [];
+  for (const [x, groups, fast, idx] of prefetchOperands(BM, BN, BK)) {
+    for (let i = 0; i < Math.ceil(groups / threads); i++) {
+      L.push(`  let g${x}_${i} = tid + ${i * threads}u;`);
+      L.push(`  let k${x}_${i} = ${idx.k(`g${x}_${i}`, fast)};`, `  let ${x === 'a' ? 'm' : 'n'}${x}_${i} = ${idx.mn(`g${x}_${i}`, fast)};`);
+      L.push(`  var p${x}_${i} = vec4<f32>(0.0);`);
+    }
+  }
+  L.push('  if (k_lo < k_hi) {', ...prefetchLoads(BM, BN, BK, threads, 'k_lo').map((l) => `  ${l}`), '  }');
+  return L;
+}
+
+/** One k step of the prefetching core: registers to shared tiles, barrier, the next step's loads (if any). */
+function prefetchStep(BM: number, BN: number, BK: number, threads: number): string[] {
+  const L: string[] = [];
+  for (const [x, groups, , , width] of prefetchOperands(BM, BN, BK))
+    for (let i = 0; i < Math.ceil(groups / threads); i++) {
+      const guard = groups % threads === 0 ? '' : `if (g${x}_${i} < ${groups}u) `;
+      const at = x === 'a' ? `ka_${i} * ${width}u + ma_${i}` : `kb_${i} * ${width}u + nb_${i}`;
+      L.push(`    ${guard}{ tile_${x}[${at}] = p${x}_${i}; }`);
+    }
+  L.push('    workgroupBarrier();');
+  L.push(`    if (k0 + ${BK}u < k_hi) {`, ...prefetchLoads(BM, BN, BK, threads, `k0 + ${BK}u`), '    }');
+  return L;
+}
+
+/** The global loads of the step starting at k `k0` into the prefetch registers. */
+function prefetchLoads(BM: number, BN: number, BK: number, threads: number, k0: string): string[] {
+  const L: string[] = [];
+  for (const [x, groups] of prefetchOperands(BM, BN, BK))
+    for (let i = 0; i < Math.ceil(groups / threads); i++) {
+      const guard = groups % threads === 0 ? '' : `if (g${x}_${i} < ${groups}u) `;
+      const load = x === 'a' ? `gemm_a4(z, row0 + ma_${i} * 4u, ${k0} + ka_${i})` : `gemm_b4(z, ${k0} + kb_${i}, col0 + nb_${i} * 4u)`;
+      L.push(`      ${guard}{ p${x}_${i} = ${load}; }`);
+    }
+  return L;
+}
+
+/**
+ * Per staged operand: its name, vec4 groups per tile, the def saying which index runs fastest across invocations,
+ * the group -> (k, row or column group) maps, and the shared tile's row width in vec4s.
+ */
+function prefetchOperands(BM: number, BN: number, BK: number) {
+  const a = {
+    k: (g: string, fast: string) => `select(${g} / ${BM / 4}u, ${g} % ${BK}u, ${fast})`,
+    mn: (g: string, fast: string) => `select(${g} % ${BM / 4}u, ${g} / ${BK}u, ${fast})`,
+  };
+  const b = {
+    k: (g: string, fast: string) => `select(${g} % ${BK}u, ${g} / ${BN / 4}u, ${fast})`,
+    mn: (g: string, fast: string) => `select(${g} / ${BK}u, ${g} % ${BN / 4}u, ${fast})`,
+  };
+  return [
+    ['a', (BM / 4) * BK, 'A_K_FAST', a, BM / 4],
+    ['b', BK * (BN / 4), 'B_N_FAST', b, BN / 4],
+  ] as const;
+}
+
 /** `code` for a kernel declaration: the SIMT entry point `entry`, unrolled for the tile (BM, BN, BK, TM, TN) in `defs`. */
 export function simtGemmEntry(entry: string): (defs: Defs) => string {
   return (defs) => {
     const [BM, BN, BK, TM, TN] = ['BM', 'BN', 'BK', 'TM', 'TN'].map((k) => numDef(entry, defs, k));
     const split = boolDef(entry, defs, 'SPLIT_K');
     const fits = boolDef(entry, defs, 'FITS');
+    const prefetch = boolDef(entry, defs, 'PREFETCH');
     const VM = TM / 4;
     const VN = TN / 4;
     const WX = BN / TN;
@@ -280,16 +352,20 @@ export function simtGemmEntry(entry: string): (defs: Defs) => string {
     L.push(`fn ${entry}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {`);
     L.push('  let dims = gemm_dims();', ...reductionRange(split), `  let row0 = wg.y * ${BM}u;`, `  let col0 = wg.x * ${BN}u;`);
     for (let r = 0; r < TM; r++) for (let j = 0; j < VN; j++) L.push(`  var acc_${r}_${j} = vec4<f32>(0.0);`);
+    if (prefetch) L.push(...prefetchSetup(BM, BN, BK, threads));
     L.push(`  for (var k0 = k_lo; k0 < k_hi; k0 += ${BK}u) {`);
-    L.push(`    for (var g = tid; g < ${(BM / 4) * BK}u; g += ${threads}u) {`);
-    L.push('      var k: u32;', '      var m4: u32;');
-    L.push(`      if (A_K_FAST) { k = g % ${BK}u; m4 = g / ${BK}u; } else { m4 = g % ${BM / 4}u; k = g / ${BM / 4}u; }`);
-    L.push(`      tile_a[k * ${BM / 4}u + m4] = gemm_a4(z, row0 + m4 * 4u, k0 + k);`, '    }');
-    L.push(`    for (var g = tid; g < ${BK * (BN / 4)}u; g += ${threads}u) {`);
-    L.push('      var k: u32;', '      var n4: u32;');
-    L.push(`      if (B_N_FAST) { n4 = g % ${BN / 4}u; k = g / ${BN / 4}u; } else { k = g % ${BK}u; n4 = g / ${BK}u; }`);
-    L.push(`      tile_b[k * ${BN / 4}u + n4] = gemm_b4(z, k0 + k, col0 + n4 * 4u);`, '    }');
-    L.push('    workgroupBarrier();');
+    if (prefetch) L.push(...prefetchStep(BM, BN, BK, threads));
+    else {
+      L.push(`    for (var g = tid; g < ${(BM / 4) * BK}u; g += ${threads}u) {`);
+      L.push('      var k: u32;', '      var m4: u32;');
+      L.push(`      if (A_K_FAST) { k = g % ${BK}u; m4 = g / ${BK}u; } else { m4 = g % ${BM / 4}u; k = g / ${BM / 4}u; }`);
+      L.push(`      tile_a[k * ${BM / 4}u + m4] = gemm_a4(z, row0 + m4 * 4u, k0 + k);`, '    }');
+      L.push(`    for (var g = tid; g < ${BK * (BN / 4)}u; g += ${threads}u) {`);
+      L.push('      var k: u32;', '      var n4: u32;');
+      L.push(`      if (B_N_FAST) { n4 = g % ${BN / 4}u; k = g / ${BN / 4}u; } else { k = g % ${BK}u; n4 = g / ${BK}u; }`);
+      L.push(`      tile_b[k * ${BN / 4}u + n4] = gemm_b4(z, k0 + k, col0 + n4 * 4u);`, '    }');
+      L.push('    workgroupBarrier();');
+    }
     // rank-1 updates of the register block, one per k of the tile
     L.push(`    for (var k = 0u; k < ${BK}u; k++) {`);
     for (let j = 0; j < VN; j++) L.push(`      let b_${j} = tile_b[k * ${BN / 4}u + ${j * WX}u + lid.x];`);

@@ -9,6 +9,7 @@ import type { BufferWindow, Gpu } from '../gpu/device.ts';
 import { kernel, u32 } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, numel, Tensor } from '../gpu/tensor.ts';
+import type { Defs } from '../gpu/shaders.ts';
 import { chooseSplitK, pickTcTile, simtGemmEntry, splitReduceEntry, tcDefs, tcTileFits, TC_BK, tensorCoreEntry, type TcTile } from './gemm.ts';
 
 export interface MatmulOptions {
@@ -35,13 +36,17 @@ export interface MatmulOptions {
 /** A forced tile of either kernel and split-K (tests, benchmarks), passed on to every GEMM an op runs. */
 type TileChoice = Pick<MatmulOptions, 'tile' | 'tcTile' | 'splitK'>;
 
-/** Workgroup tile: BM x BN outputs, BK-deep steps, TM x TN outputs per invocation (multiples of 4). */
+/**
+ * Workgroup tile: BM x BN outputs, BK-deep steps, TM x TN outputs per invocation (multiples of 4); with PREFETCH
+ * the next step's global loads go into registers before the current step's FMAs (src/ops/gemm.ts).
+ */
 export interface Tile {
   BM: number;
   BN: number;
   BK: number;
   TM: number;
   TN: number;
+  PREFETCH?: boolean;
 }
 
 // Register blocks are 8x8 where the tile allows: on CPU adapters (lavapipe, SwiftShader) an invocation is one
@@ -121,11 +126,24 @@ export const GPU_TILES: TileSet = {
 };
 
 /**
- * The tile set for a device's register block (GemmConfig.registerBlock): 8x8 blocks (CPU adapters' default, they
- * run fastest with them) or 4x4 (GPUs' default); a per-adapter timing (src/ops/tune.ts) may choose the other.
+ * The tile set for a device's GEMM config (Gpu.gemmConfig; src/ops/tune.ts may time and change it): 8x8 register
+ * blocks (CPU adapters' default, they run fastest with them) or 4x4 (GPUs'), each tile at the config's step depth
+ * where its shared tiles fit the device (else 16 deep) and with its prefetch switch.
  */
 export function tilesFor(gpu: Gpu): TileSet {
-  return gpu.gemmConfig.registerBlock === 8 ? CPU_TILES : GPU_TILES;
+  const c = gpu.gemmConfig;
+  const base = c.registerBlock === 8 ? CPU_TILES : GPU_TILES;
+  const limit = gpu.device.limits.maxComputeWorkgroupStorageSize;
+  const tune = (t: Tile): Tile => {
+    const deep = { ...t, BK: c.bk, PREFETCH: c.prefetch };
+    return tileSharedBytes(deep) <= limit ? deep : { ...t, PREFETCH: c.prefetch };
+  };
+  return { square: base.square.map(tune), rows4: tune(base.rows4), rows16: tune(base.rows16), cols4: tune(base.cols4), cols16: tune(base.cols16) };
+}
+
+/** The defs a SIMT tile specialises its core with (PREFETCH spelled out, so the pipeline key always has it). */
+export function simtTileDefs(t: Tile): Defs {
+  return { BM: t.BM, BN: t.BN, BK: t.BK, TM: t.TM, TN: t.TN, PREFETCH: t.PREFETCH ?? false };
 }
 
 /**
@@ -404,7 +422,7 @@ function runGemm(gpu: Gpu, g: Gemm): void {
       k_chunk: split.chunk,
     };
     const core = tc ? MATMUL_TC : MATMUL;
-    const coreDefs = tc ? tcDefs(tc, gpu.tensorCores!) : tile!;
+    const coreDefs = tc ? tcDefs(tc, gpu.tensorCores!) : simtTileDefs(tile!);
     const bias = wbias ? { bias: wbias.window } : {};
     const staged = { ...(aVec4 ? { a4: wa.window } : { a: wa.window }), ...(bVec4 ? { b4: wb.window } : { b: wb.window }) };
     if (split.splits === 1) {

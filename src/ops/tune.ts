@@ -15,7 +15,7 @@ import type { Tensor } from '../gpu/tensor.ts';
 import { matmul } from './matmul.ts';
 
 /** Part of every cache key: bump when the kernels or the candidates change, so older entries are timed again. */
-export const TUNE_VERSION = 1;
+export const TUNE_VERSION = 2;
 
 /** Where the chosen configs persist: a file in Node (src/io/tuning-node.ts), IndexedDB in the page (tuning-idb.ts). */
 export interface TuningCache {

@@ -5,6 +5,7 @@ import type { Gpu } from '../../gpu/device.ts';
 import { Tensor, type DType } from '../../gpu/tensor.ts';
 import { roundToF16 } from '../../util/half.ts';
 import {
+  GPU_TILE_64,
   linear,
   linearBackward,
   linearBackwardRef,
@@ -16,7 +17,7 @@ import {
   TILE_64,
   type Tile,
 } from '../../ops/matmul.ts';
-import { NAMED_TC_TILES, NAMED_TILES } from './tiles.ts';
+import { deepPrefetch, NAMED_TC_TILES, NAMED_TILES, PREFETCH_TILES } from './tiles.ts';
 import { TC_TILE_64, type TcTile } from '../../ops/gemm.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 
@@ -132,6 +133,11 @@ function tcTileCase(tcTile: TcTile, label: string): KernelCase {
  */
 function splitKCase(): KernelCase {
   return tiledCase({ splitK: 3 }, 'split-K (3 chunks)', [2, 130, 301, 135]);
+}
+
+/** The same split on the prefetching core: chunks of whole 32-deep steps (128, 128, 45), the prefetch stopping at each chunk's end. */
+function prefetchSplitKCase(): KernelCase {
+  return tiledCase({ tile: deepPrefetch(GPU_TILE_64), splitK: 3 }, 'GPU 64x64 32-deep prefetch tile, split-K (3 chunks)', [2, 130, 301, 135]);
 }
 
 /** The same split on tensor cores (f16; not run where the device has none). */
@@ -293,7 +299,11 @@ export const cases: KernelCase[] = [
   },
   ...NAMED_TILES.map(([tile, label]) => tileCase(tile, label)),
   ...NAMED_TC_TILES.map(([tile, label]) => tcTileCase(tile, label)),
+  // f32 only past the first: the prefetch is dtype-blind (the loaders convert), and each tile variant costs lavapipe
+  // about a minute of pipeline compiles per dtype
+  ...PREFETCH_TILES.map(([tile, label], i): KernelCase => (i === 0 ? tileCase(tile, label) : { ...tileCase(tile, label), dtypes: ['f32'] })),
   splitKCase(),
+  { ...prefetchSplitKCase(), dtypes: ['f32'] },
   tcSplitKCase(),
   fitsCase(),
   vec4Case(),

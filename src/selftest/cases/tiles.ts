@@ -37,3 +37,17 @@ export const NAMED_TILES: readonly (readonly [Tile, string])[] = [
 
 /** Every tensor-core tile (src/ops/gemm.ts), with its case label. */
 export const NAMED_TC_TILES: readonly (readonly [TcTile, string])[] = TC_TILES.map((t) => [t, `${t.BM}x${t.BN} (${t.SGM}x${t.SGN} subgroups)`]);
+
+/** A tile at the 32-deep step with the next step's loads prefetched into registers (GemmConfig bk 32, prefetch). */
+export function deepPrefetch(t: Tile): Tile {
+  return { ...t, BK: 32, PREFETCH: true };
+}
+
+/**
+ * The prefetching core (a GPU's default config) on tiles whose invocations stage 1 vec4 group per operand and step
+ * (GPU 64x64) and half a group (GPU 4-row: the guarded loads and stores).
+ */
+export const PREFETCH_TILES: readonly (readonly [Tile, string])[] = [
+  [deepPrefetch(GPU_TILE_64), 'GPU 64x64, 32-deep, prefetch'],
+  [deepPrefetch(GPU_TILE_ROWS_4), 'GPU 4-row, 32-deep, prefetch'],
+];
