@@ -1,14 +1,14 @@
 // Per-adapter GEMM tuning: a short timing of a few kernel configurations (GemmConfig: register block, fill target,
-// split-K) on the GEMM shapes of an SD 1.5 training step, the fastest applied to the Gpu and cached per adapter, so
-// the next session on that adapter starts with it and times nothing.
+// split-K, step depth, prefetch) on the GEMM shapes of an SD 1.5 training step, the fastest applied to the Gpu and
+// cached per adapter, so the next session on that adapter starts with it and times nothing.
 //
 // The search walks one field at a time from the adapter kind's defaults (coordinate descent over
 // GEMM_CONFIG_VALUES): each other value of the field is timed against the best so far with the rest held, and
 // taken only when its summed time is at least `minGain` (5 %) below the best's in that comparison and in a second
-// one, so timing noise does not move a config that is as fast. In a comparison each shape's time per config is the median of `samples`
-// wall-clock measurements of `reps` back-to-back GEMMs (one submit and one wait each; reps chosen so a measurement
-// lasts about `sampleMs`), the two configs' measurements interleaved so that a busy machine slows both alike; the
-// first run of each config and shape compiles its pipelines and is not timed.
+// one, so timing noise does not move a config that is as fast. In a comparison each shape's time per config is the
+// median of `samples` wall-clock measurements of `reps` back-to-back GEMMs (one submit and one wait each; reps
+// chosen so a measurement lasts about `sampleMs`), the two configs' measurements interleaved so that a busy machine
+// slows both alike; the first run of each config and shape compiles its pipelines and is not timed.
 import { defaultGemmConfig, gemmConfigProblem, GEMM_CONFIG_VALUES, type GemmConfig, type Gpu } from '../gpu/device.ts';
 import { GpuDeviceLostError } from '../gpu/errors.ts';
 import type { Tensor } from '../gpu/tensor.ts';
