@@ -34,8 +34,10 @@
 // each invocation's vec4 groups of the first step are loaded before the k loop into pa_i / pb_i; each step stores
 // them into the shared tiles, waits at the barrier, then issues the next step's global loads into the same
 // registers before its FMAs, so the loads are in flight while the FMAs run (a GPU hides their latency behind
-// them). The group -> (k, row) maps are computed once per invocation; a tile with fewer groups than invocations
-// (the 4-row tile) guards its loads and stores.
+// them). The group -> (k, row) maps are computed once per invocation. Only tiles whose invocations stage a whole
+// number of groups per operand, at most PREFETCH_MAX_GROUPS, prefetch (`prefetchFits`): the skinny GPU tiles
+// (4 rows or 4 columns: 32 groups per invocation at 32 deep) would hold 32 more vec4 registers, and SwiftShader
+// lost its device compiling one.
 //
 // The tensor-core core walks the reduction TC_BK = 32 at a time:
 //   1. stage: groups of 4 elements of op(A) [BM x BK] and op(B) [BK x BN] into f16 workgroup tiles, row-major with
@@ -270,16 +272,27 @@ function numDef(entry: string, defs: Defs, name: string): number {
   return v;
 }
 
+/** Most vec4 groups of one operand an invocation may hold in prefetch registers. */
+export const PREFETCH_MAX_GROUPS = 8;
+
+/**
+ * Whether a SIMT tile may prefetch: each invocation stages a whole number of vec4 groups of A ((BM/4) x BK per
+ * step) and of B (BK x (BN/4)), at most PREFETCH_MAX_GROUPS of each.
+ */
+export function prefetchFits(t: { BM: number; BN: number; BK: number; TM: number; TN: number }): boolean {
+  const threads = (t.BM / t.TM) * (t.BN / t.TN);
+  return [(t.BM / 4) * t.BK, t.BK * (t.BN / 4)].every((groups) => groups % threads === 0 && groups / threads <= PREFETCH_MAX_GROUPS);
+}
+
 /**
  * The prefetching SIMT core's staging, before its k loop: which vec4 groups of each staged tile invocation `tid`
  * loads (A: groups ga_i = tid + i * threads of the BM/4 x BK tile, at k ka_i and rows 4 ma_i; B likewise), each
- * group's registers pa_i / pb_i, and the first step's loads. A group past the tile's count (the tile has fewer
- * groups than PA x threads) is never loaded or stored.
+ * group's registers pa_i / pb_i, and the first step's loads.
  */
 function prefetchSetup(BM: number, BN: number, BK: number, threads: number): string[] {
   const L: string[] = [];
   for (const [x, groups, fast, idx] of prefetchOperands(BM, BN, BK)) {
-    for (let i = 0; i < Math.ceil(groups / threads); i++) {
+    for (let i = 0; i < groups / threads; i++) {
       L.push(`  let g${x}_${i} = tid + ${i * threads}u;`);
       L.push(`  let k${x}_${i} = ${idx.k(`g${x}_${i}`, fast)};`, `  let ${x === 'a' ? 'm' : 'n'}${x}_${i} = ${idx.mn(`g${x}_${i}`, fast)};`);
       L.push(`  var p${x}_${i} = vec4<f32>(0.0);`);
@@ -293,10 +306,9 @@ function prefetchSetup(BM: number, BN: number, BK: number, threads: number): str
 function prefetchStep(BM: number, BN: number, BK: number, threads: number): string[] {
   const L: string[] = [];
   for (const [x, groups, , , width] of prefetchOperands(BM, BN, BK))
-    for (let i = 0; i < Math.ceil(groups / threads); i++) {
-      const guard = groups % threads === 0 ? '' : `if (g${x}_${i} < ${groups}u) `;
+    for (let i = 0; i < groups / threads; i++) {
       const at = x === 'a' ? `ka_${i} * ${width}u + ma_${i}` : `kb_${i} * ${width}u + nb_${i}`;
-      L.push(`    ${guard}{ tile_${x}[${at}] = p${x}_${i}; }`);
+      L.push(`    tile_${x}[${at}] = p${x}_${i};`);
     }
   L.push('    workgroupBarrier();');
   L.push(`    if (k0 + ${BK}u < k_hi) {`, ...prefetchLoads(BM, BN, BK, threads, `k0 + ${BK}u`), '    }');
@@ -307,10 +319,9 @@ function prefetchStep(BM: number, BN: number, BK: number, threads: number): stri
 function prefetchLoads(BM: number, BN: number, BK: number, threads: number, k0: string): string[] {
   const L: string[] = [];
   for (const [x, groups] of prefetchOperands(BM, BN, BK))
-    for (let i = 0; i < Math.ceil(groups / threads); i++) {
-      const guard = groups % threads === 0 ? '' : `if (g${x}_${i} < ${groups}u) `;
+    for (let i = 0; i < groups / threads; i++) {
       const load = x === 'a' ? `gemm_a4(z, row0 + ma_${i} * 4u, ${k0} + ka_${i})` : `gemm_b4(z, ${k0} + kb_${i}, col0 + nb_${i} * 4u)`;
-      L.push(`      ${guard}{ p${x}_${i} = ${load}; }`);
+      L.push(`      p${x}_${i} = ${load};`);
     }
   return L;
 }
@@ -341,6 +352,10 @@ export function simtGemmEntry(entry: string): (defs: Defs) => string {
     const split = boolDef(entry, defs, 'SPLIT_K');
     const fits = boolDef(entry, defs, 'FITS');
     const prefetch = boolDef(entry, defs, 'PREFETCH');
+    if (prefetch && !prefetchFits({ BM, BN, BK, TM, TN }))
+      throw new Error(
+        `${entry}: tile ${BM}x${BN}x${BK} (${TM}x${TN} blocks) cannot prefetch: its invocations would stage uneven or more than ${PREFETCH_MAX_GROUPS} vec4 groups per operand`,
+      );
     const VM = TM / 4;
     const VN = TN / 4;
     const WX = BN / TN;

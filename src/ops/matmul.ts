@@ -10,7 +10,7 @@ import { kernel, u32 } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, numel, Tensor } from '../gpu/tensor.ts';
 import type { Defs } from '../gpu/shaders.ts';
-import { chooseSplitK, pickTcTile, simtGemmEntry, splitReduceEntry, tcDefs, tcTileFits, TC_BK, tensorCoreEntry, type TcTile } from './gemm.ts';
+import { chooseSplitK, pickTcTile, prefetchFits, simtGemmEntry, splitReduceEntry, tcDefs, tcTileFits, TC_BK, tensorCoreEntry, type TcTile } from './gemm.ts';
 
 export interface MatmulOptions {
   /** a is stored [..., K, M]. */
@@ -128,17 +128,31 @@ export const GPU_TILES: TileSet = {
 /**
  * The tile set for a device's GEMM config (Gpu.gemmConfig; src/ops/tune.ts may time and change it): 8x8 register
  * blocks (CPU adapters' default, they run fastest with them) or 4x4 (GPUs'), each tile at the config's step depth
- * where its shared tiles fit the device (else 16 deep) and with its prefetch switch.
+ * where its shared tiles fit the device (else 16 deep), prefetching where the config says so and the tile allows
+ * (gemm.ts prefetchFits: not the skinny 4-row and 4-column GPU tiles).
  */
 export function tilesFor(gpu: Gpu): TileSet {
   const c = gpu.gemmConfig;
   const base = c.registerBlock === 8 ? CPU_TILES : GPU_TILES;
   const limit = gpu.device.limits.maxComputeWorkgroupStorageSize;
   const tune = (t: Tile): Tile => {
-    const deep = { ...t, BK: c.bk, PREFETCH: c.prefetch };
-    return tileSharedBytes(deep) <= limit ? deep : { ...t, PREFETCH: c.prefetch };
+    const deep = { ...t, BK: c.bk };
+    const sized = tileSharedBytes(deep) <= limit ? deep : t;
+    return { ...sized, PREFETCH: c.prefetch && prefetchFits(sized) && !prefetchRefusal(gpu) };
   };
   return { square: base.square.map(tune), rows4: tune(base.rows4), rows16: tune(base.rows16), cols4: tune(base.cols4), cols16: tune(base.cols16) };
+}
+
+/**
+ * Why this device never runs the prefetching GEMM core, or null. SwiftShader (Chrome's software adapter) lost its
+ * device compiling it for the GPU 16-row tile (165 s) and took 19 s for the 64x64 one; lavapipe compiles both in
+ * about 2 s. Its defaults never prefetch; this keeps a forced config from reaching it too.
+ */
+export function prefetchRefusal(gpu: Gpu): string | null {
+  const a = gpu.adapter;
+  return /swiftshader/i.test(`${a.vendor} ${a.architecture} ${a.device} ${a.description}`)
+    ? "SwiftShader's shader compiler loses the device on the prefetching GEMM core (a CPU adapter never prefetches)"
+    : null;
 }
 
 /** The defs a SIMT tile specialises its core with (PREFETCH spelled out, so the pipeline key always has it). */

@@ -56,7 +56,9 @@ export async function runSelfTest(): Promise<void> {
   st.startRun();
   const results: CaseResult[] = [];
   window.__selftest = { done: false, results, adapter: gpu.adapter };
-  for (const c of ALL_CASES) {
+  // ?only=<text>: just the cases whose family/name contains it (e.g. ?autorun=1&only=prefetch)
+  const only = new URLSearchParams(location.search).get('only');
+  for (const c of ALL_CASES.filter((k) => !only || `${k.family}/${k.name}`.includes(only))) {
     for (const dtype of dtypesFor(gpu, c)) {
       const golden = await browserGolden(c.family).catch(() => null);
       const r = golden

@@ -9,6 +9,7 @@ import { chooseMatrixShape } from '../../src/gpu/tensorcore.ts';
 import {
   pickSplitK,
   pickTcTile,
+  prefetchFits,
   simtGemmEntry,
   SPLIT_K_MAX,
   SPLIT_K_MIN_CHUNK,
@@ -21,7 +22,20 @@ import {
   TC_TILES,
   tensorCoreEntry,
 } from '../../src/ops/gemm.ts';
-import { matmul, matmulRef, TILE_128, TILE_ROWS_4 } from '../../src/ops/matmul.ts';
+import {
+  GPU_TILE_32,
+  GPU_TILE_64,
+  GPU_TILE_COLS_16,
+  GPU_TILE_COLS_4,
+  GPU_TILE_ROWS_16,
+  GPU_TILE_ROWS_4,
+  matmul,
+  matmulRef,
+  TILE_128,
+  TILE_64,
+  TILE_ROWS_4,
+  type Tile,
+} from '../../src/ops/matmul.ts';
 import { compare, randomValues } from '../../src/selftest/check.ts';
 import { matmulTol } from '../../src/selftest/cases/matmul.ts';
 import { assertChecks, testGpu } from '../helpers.ts';
@@ -136,6 +150,35 @@ describe('SIMT entry point', () => {
       assert.doesNotMatch(wgsl.slice(0, wgsl.indexOf('var block')), /\w\[[^\]]*\b[ijr]\b[^\]]*\]/);
       assert.match(wgsl, new RegExp(`@workgroup_size\\(${tile.BN / tile.TN}, ${tile.BM / tile.TM}\\)`));
     });
+});
+
+describe('prefetch (32-deep steps, next step loaded into registers)', () => {
+  const decl = kernel({ shader: 't', entry: 'gemm', uniforms: [], bindings: [], code: simtGemmEntry('gemm') });
+  const deep = (t: Tile): Tile => ({ ...t, BK: 32, PREFETCH: true });
+
+  it('prefetchFits: whole groups, at most PREFETCH_MAX_GROUPS per invocation and operand; not the skinny 4-row/4-column GPU tiles', () => {
+    for (const t of [TILE_128, GPU_TILE_64, GPU_TILE_32, GPU_TILE_ROWS_16, GPU_TILE_COLS_16, TILE_64]) assert.ok(prefetchFits(deep(t)), JSON.stringify(t));
+    // 32 vec4 groups of B (4-row) or A (4-column) per invocation at 32 deep
+    for (const t of [GPU_TILE_ROWS_4, GPU_TILE_COLS_4]) assert.equal(prefetchFits(deep(t)), false, JSON.stringify(t));
+    // half a group per invocation (4-row at 16 deep: 16 groups of A, 32 invocations)
+    assert.equal(prefetchFits(GPU_TILE_ROWS_4), false);
+    assert.throws(() => kernelModule('', decl, { T: 'f32', ...deep(GPU_TILE_ROWS_4) }), /cannot prefetch/);
+  });
+
+  it('loads the first step before the k loop and each next step after the barrier, before the FMAs', () => {
+    const wgsl = kernelModule('', decl, { T: 'f32', ...deep(GPU_TILE_64) });
+    // GPU 64x64 at 32 deep: 512 groups per operand over 256 invocations
+    assert.equal(wgsl.match(/var pa_\d+ = vec4<f32>\(0\.0\);/g)?.length, 2);
+    assert.equal(wgsl.match(/var pb_\d+ = vec4<f32>\(0\.0\);/g)?.length, 2);
+    const loop = wgsl.indexOf('for (var k0 = k_lo;');
+    const next = wgsl.indexOf('if (k0 + 32u < k_hi) {');
+    const barrier = wgsl.indexOf('workgroupBarrier();', loop);
+    const fma = wgsl.indexOf('fma(', loop);
+    assert.ok(wgsl.indexOf('pa_0 = gemm_a4(z, row0 + ma_0 * 4u, k_lo + ka_0);') < loop, 'first step loaded before the loop');
+    assert.ok(barrier < next && next < fma, 'the next step is loaded after the barrier and before the FMAs');
+    assert.match(wgsl.slice(next, fma), /pb_1 = gemm_b4\(z, k0 \+ 32u \+ kb_1, col0 \+ nb_1 \* 4u\);/);
+    assert.ok(wgsl.indexOf('tile_a[ka_0 * 16u + ma_0] = pa_0;', loop) < barrier, 'registers stored before the barrier');
+  });
 });
 
 describe('split-K', () => {

@@ -14,6 +14,7 @@ import {
   matmulBackward,
   matmulBackwardRef,
   matmulRef,
+  prefetchRefusal,
   TILE_64,
   type Tile,
 } from '../../ops/matmul.ts';
@@ -301,9 +302,9 @@ export const cases: KernelCase[] = [
   ...NAMED_TC_TILES.map(([tile, label]) => tcTileCase(tile, label)),
   // f32 only past the first: the prefetch is dtype-blind (the loaders convert), and each tile variant costs lavapipe
   // about a minute of pipeline compiles per dtype
-  ...PREFETCH_TILES.map(([tile, label], i): KernelCase => (i === 0 ? tileCase(tile, label) : { ...tileCase(tile, label), dtypes: ['f32'] })),
+  ...PREFETCH_TILES.map(([tile, label], i): KernelCase => ({ ...tileCase(tile, label), requires: prefetchRefusal, ...(i === 0 ? {} : { dtypes: ['f32'] }) })),
   splitKCase(),
-  { ...prefetchSplitKCase(), dtypes: ['f32'] },
+  { ...prefetchSplitKCase(), dtypes: ['f32'], requires: prefetchRefusal },
   tcSplitKCase(),
   fitsCase(),
   vec4Case(),

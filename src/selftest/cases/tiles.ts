@@ -44,10 +44,10 @@ export function deepPrefetch(t: Tile): Tile {
 }
 
 /**
- * The prefetching core (a GPU's default config) on tiles whose invocations stage 1 vec4 group per operand and step
- * (GPU 64x64) and half a group (GPU 4-row: the guarded loads and stores).
+ * The prefetching core (a GPU's default config) on tiles whose invocations stage 2 vec4 groups per operand and step
+ * (GPU 64x64) and 2 of A and 8 of B (GPU 16-row, the most prefetchFits allows).
  */
 export const PREFETCH_TILES: readonly (readonly [Tile, string])[] = [
   [deepPrefetch(GPU_TILE_64), 'GPU 64x64, 32-deep, prefetch'],
-  [deepPrefetch(GPU_TILE_ROWS_4), 'GPU 4-row, 32-deep, prefetch'],
+  [deepPrefetch(GPU_TILE_ROWS_16), 'GPU 16-row, 32-deep, prefetch'],
 ];
