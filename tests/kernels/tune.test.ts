@@ -9,10 +9,12 @@ import { describe, it } from 'node:test';
 import { tuneCliGpu } from '../../src/cli/gpu-tuning.ts';
 import { GEMM_CONFIG_VALUES, type GemmConfig } from '../../src/gpu/device.ts';
 import { nodeTuningCache } from '../../src/io/tuning-node.ts';
-import { matmul } from '../../src/ops/matmul.ts';
+import { matmul, matmulRef } from '../../src/ops/matmul.ts';
+import { compare } from '../../src/selftest/check.ts';
+import { matmulTol } from '../../src/selftest/cases/matmul.ts';
 import { searchGemmConfigs, TUNE_VERSION, tuneGemm, tuningKey, type ConfigTiming, type TuneShape, type TuningCache } from '../../src/ops/tune.ts';
 import { Rng } from '../../src/util/rng.ts';
-import { testGpu } from '../helpers.ts';
+import { assertChecks, testGpu } from '../helpers.ts';
 
 /** A cache in memory that counts its calls. */
 function memoryCache(): TuningCache & { entries: Map<string, string>; loads: number; saves: number } {
@@ -191,8 +193,10 @@ describe('GEMM tuning on this adapter (lavapipe)', () => {
           [false, true],
         ])
           for (const [M, N, K] of [[130, 135, 301]]) {
-            const a = gpu.upload(rng.normals(M * K), transA ? [K, M] : [M, K], dtype);
-            const b = gpu.upload(rng.normals(K * N), transB ? [N, K] : [K, N], dtype);
+            const [av, bv] = [rng.normals(M * K), rng.normals(K * N)];
+            const [aShape, bShape] = [transA ? [K, M] : [M, K], transB ? [N, K] : [K, N]];
+            const a = gpu.upload(av, aShape, dtype);
+            const b = gpu.upload(bv, bShape, dtype);
             const results: number[][] = [];
             for (const [registerBlock, bk, prefetch] of [
               [8, 16, false], // lavapipe's default
@@ -206,6 +210,8 @@ describe('GEMM tuning on this adapter (lavapipe)', () => {
             }
             gpu.free(a, b);
             for (const [i, r] of results.entries()) assert.deepEqual(r, results[0], `config ${i}: ${dtype} ${M}x${N}x${K} transA=${transA} transB=${transB}`);
+            // and the shared result is the product (not, say, zeros from every config): f32 sums over K = 301 of unit normals
+            assertChecks([compare('vs matmulRef', Float32Array.from(results[0]), matmulRef(av, aShape, bv, bShape, { transA, transB }), matmulTol(dtype))]);
           }
     } finally {
       gpu.setGemmConfig(before);
