@@ -26,19 +26,21 @@
 // out, dy (T); lse, delta (f32 [B,H,N]); dq, dk, dv (T); dk_part, dv_part (f32 partials of the split
 // dK/dV path, dense [split][b][h][key][d], summed by attn_bwd_dkv_reduce).
 
+//#entry attn_fwd attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split attn_bwd_fused attn_bwd_fused_split
 // Tiles hold rows of D4 = ceil(D/4) vec4 chunks (zero past D), so every dot product and
 // accumulation runs 4 lanes wide and each workgroup-memory read feeds 4 FMAs.
 var<workgroup> tile_a: array<vec4<f32>, BC * D4>;   // K (forward, dQ) or Q (dK/dV)
 var<workgroup> tile_b: array<vec4<f32>, BC * D4>;   // V (forward, dQ) or dO (dK/dV)
 var<workgroup> tile_r: array<vec2<f32>, BC>;        // dK/dV: (LSE, Delta) of the staged query rows
 
+//#entry attn_fwd attn_fwd_tiled attn_fwd_tiled_sg attn_bwd_delta attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split attn_bwd_fused attn_bwd_fused_split attn_bwd_dkv_reduce attn_bwd_dq_reduce
 const NEG_BIG = -3.0e38;        // "minus infinity" for masked scores: exp(NEG_BIG - m) = 0
 const D_EXACT = (D % 4u) == 0u;  // no zero padding in the last chunk
 
 fn q_base(b: u32, h: u32, row: u32) -> u32 { return b * p.q_sb + h * p.q_sh + row * p.q_sn; }
 fn k_base(b: u32, h: u32, row: u32) -> u32 { return b * p.k_sb + h * p.k_sh + row * p.k_sn; }
 
-//#entry attn_fwd attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split
+//#entry attn_fwd attn_fwd_tiled attn_fwd_tiled_sg attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split attn_bwd_fused attn_bwd_fused_split
 // Chunk c (elements 4c..4c+3, zero past D) of the row starting at `base` of each input.
 fn q_chunk(base: u32, c: u32) -> vec4<f32> {
   var r = vec4<f32>(0.0);
@@ -55,21 +57,22 @@ fn v_chunk(base: u32, c: u32) -> vec4<f32> {
   for (var e = 0u; e < 4u; e++) { if (D_EXACT || 4u * c + e < D) { r[e] = f32(v[base + 4u * c + e]); } }
   return r;
 }
-//#entry attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split
+//#entry attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split attn_bwd_fused attn_bwd_fused_split
 fn do_chunk(base: u32, c: u32) -> vec4<f32> {
   var r = vec4<f32>(0.0);
   for (var e = 0u; e < 4u; e++) { if (D_EXACT || 4u * c + e < D) { r[e] = f32(dy[base + 4u * c + e]); } }
   return r;
 }
 
-//#entry attn_fwd attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split
+//#entry attn_fwd attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split attn_bwd_fused attn_bwd_fused_split
 fn hsum(x: vec4<f32>) -> f32 { return (x.x + x.y) + (x.z + x.w); }
 
-//#entry attn_fwd attn_bwd_delta attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split
-// Workgroup id -> (b, h, first row): x walks row tiles, y walks b*heads.
-struct Task { b: u32, h: u32, row0: u32 }
+//#entry attn_fwd attn_bwd_delta attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split attn_bwd_fused attn_bwd_fused_split
+// Workgroup id -> (b, h, first row): x walks row tiles, y walks b*heads. `part` is the fused backward's
+// dQ-partial slot (key block, local b*head); 0 elsewhere.
+struct Task { b: u32, h: u32, row0: u32, part: u32 }
 fn task(wid: vec3<u32>) -> Task {
-  return Task(wid.y / p.heads, wid.y % p.heads, wid.x * BR);
+  return Task(wid.y / p.heads, wid.y % p.heads, wid.x * BR, 0u);
 }
 
 //#entry attn_fwd attn_bwd_dq
@@ -147,6 +150,218 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
   }
 }
 
+//#entry attn_fwd_tiled attn_fwd_tiled_sg
+// FlashAttention-2 forward. A workgroup owns BQ query rows of one (batch, head) and walks the keys in tiles
+// of BK. Its NT = TR x TC invocations form a grid: invocation (tr, tc) = (lid / TC, lid % TC) owns the RM
+// query rows tr + TR r, and
+//   in the score tile S = Q K^T (BQ x BK): keys tc + TC jj (jj < SK), an RM x SK register matmul whose
+//     operands come from workgroup memory (Q in chunks of KC vec4 of head dim, K whole);
+//   in the output O (BQ x D): vec4 chunks tc + TC i (i < CPT) of its rows, an RM x CPT register matmul
+//     O += P V with P passed through workgroup memory.
+// The TC invocations of a row group share the row's running max: the tile's row max is taken across them
+// (rows_max: subgroup shuffles where the lanes of a row group are one subgroup's, else workgroup memory),
+// and each keeps a partial row sum l, added up once at the end (the rescale factor is the same for all).
+// Loops have constant bounds; keys past m (and, with CAUSAL, past the query) are masked to p = 0. With
+// PREFETCH the next K/V tile's global loads are issued into registers before this tile's math and stored
+// after its last barrier. Q is staged once when it fits (Q_RESIDENT: KC == D4S), else chunk by chunk per tile.
+const NT = TR * TC;
+const RM = BQ / TR;
+const SK = BK / TC;
+const CPT = D4S / TC;
+const Q_RESIDENT = KC == D4S;
+const KV_REGS = (BK * D4S + NT - 1u) / NT;
+const S_CHUNKS = select(KC, D4, Q_RESIDENT);   // chunks per S step: a resident Q's padding is skipped
+
+var<workgroup> fq: array<vec4<f32>, BQ * KC>;   // Q rows (scaled), KC chunks
+var<workgroup> fk: array<vec4<f32>, BK * D4S>;  // K tile, zero past m and D4
+var<workgroup> fv: array<vec4<f32>, BK * D4S>;  // V tile
+var<workgroup> fp: array<f32, BQ * BK>;         // P tile, [query][key]
+
+struct KvRegs { k: array<vec4<f32>, KV_REGS>, v: array<vec4<f32>, KV_REGS> }
+
+// Global loads of key rows [kt, kt + BK): invocation lid holds tile elements lid + NT i (row e / D4S, chunk e % D4S).
+fn load_kv(b: u32, h: u32, kt: u32, lid: u32) -> KvRegs {
+  var r: KvRegs;
+  for (var i = 0u; i < KV_REGS; i++) {
+    let e = lid + NT * i;
+    let row = e / D4S;
+    let c = e % D4S;
+    r.k[i] = vec4<f32>(0.0);
+    r.v[i] = vec4<f32>(0.0);
+    if (e < BK * D4S && c < D4 && kt + row < p.m) {
+      let base = k_base(b, h, kt + row);
+      r.k[i] = k_chunk(base, c);
+      r.v[i] = v_chunk(base, c);
+    }
+  }
+  return r;
+}
+
+fn store_kv(r: KvRegs, lid: u32) {
+  for (var i = 0u; i < KV_REGS; i++) {
+    let e = lid + NT * i;
+    if (e < BK * D4S) { fk[e] = r.k[i]; fv[e] = r.v[i]; }
+  }
+}
+
+// Chunks [c0, c0 + KC) of query rows [row0, row0 + BQ), times the softmax scale; zero past n and D4.
+fn stage_q_rows(b: u32, h: u32, row0: u32, c0: u32, lid: u32) {
+  for (var e = lid; e < BQ * KC; e += NT) {
+    let r = e / KC;
+    let c = c0 + e % KC;
+    var x = vec4<f32>(0.0);
+    if (row0 + r < p.n && c < D4) { x = q_chunk(q_base(b, h, row0 + r), c) * p.scale; }
+    fq[e] = x;
+  }
+}
+
+fn fwd_tiled(wid: vec3<u32>, lid: u32) {
+  let b = wid.y / p.heads;
+  let h = wid.y % p.heads;
+  let row0 = wid.x * BQ;
+  let tr = lid / TC;
+  let tc = lid % TC;
+  var o: array<vec4<f32>, RM * CPT>;   // o[r * CPT + i]: row tr + TR r, chunk tc + TC i
+  var m_run: array<f32, RM>;
+  var l_part: array<f32, RM>;
+  for (var r = 0u; r < RM; r++) { m_run[r] = NEG_BIG; }
+  // With CAUSAL no query of this block sees a key past its last row.
+  var kend = p.m;
+  if (CAUSAL) { kend = min(p.m, row0 + BQ); }
+  if (Q_RESIDENT) { stage_q_rows(b, h, row0, 0u, lid); }
+  var kv: KvRegs;
+  if (PREFETCH) { kv = load_kv(b, h, 0u, lid); }
+  for (var kt = 0u; kt < kend; kt += BK) {
+    if (!PREFETCH) { kv = load_kv(b, h, kt, lid); }
+    store_kv(kv, lid);
+    workgroupBarrier();
+    if (PREFETCH && kt + BK < kend) { kv = load_kv(b, h, kt + BK, lid); }
+    // S tile: s[r * SK + jj] = scale q_(tr + TR r) . k_(kt + tc + TC jj)
+    var s = array<f32, RM * SK>();   // explicitly zeroed: lavapipe kept the last tile's values in a bare `var s;`
+    for (var c0 = 0u; c0 < D4; c0 += KC) {
+      if (!Q_RESIDENT) { stage_q_rows(b, h, row0, c0, lid); workgroupBarrier(); }
+      for (var c = 0u; c < S_CHUNKS; c++) {
+        var qv: array<vec4<f32>, RM>;
+        for (var r = 0u; r < RM; r++) { qv[r] = fq[(tr + TR * r) * KC + c]; }
+        for (var jj = 0u; jj < SK; jj++) {
+          let kc = fk[(tc + TC * jj) * D4S + c0 + c];
+          for (var r = 0u; r < RM; r++) { s[r * SK + jj] += dot(qv[r], kc); }
+        }
+      }
+      if (!Q_RESIDENT) { workgroupBarrier(); }
+    }
+    // Mask, then each row's max over the tile: this invocation's keys, then across the row group.
+    var mx: array<f32, RM>;
+    for (var r = 0u; r < RM; r++) {
+      let row = row0 + tr + TR * r;
+      var m = NEG_BIG;
+      for (var jj = 0u; jj < SK; jj++) {
+        let key = kt + tc + TC * jj;
+        let seen = key < p.m && (!CAUSAL || key <= row);
+        s[r * SK + jj] = select(NEG_BIG, s[r * SK + jj], seen);
+        m = max(m, s[r * SK + jj]);
+      }
+      mx[r] = m;
+    }
+    mx = rows_max(mx, tr, tc);
+    // Online softmax: rescale what was summed under the old max, p = exp(s - m_new) (0 where masked).
+    for (var r = 0u; r < RM; r++) {
+      let m_new = max(m_run[r], mx[r]);
+      let corr = exp(m_run[r] - m_new);
+      var sum = 0.0;
+      for (var jj = 0u; jj < SK; jj++) {
+        let e = s[r * SK + jj];
+        let pj = select(0.0, exp(e - m_new), e != NEG_BIG);
+        sum += pj;
+        fp[(tr + TR * r) * BK + tc + TC * jj] = pj;
+      }
+      l_part[r] = l_part[r] * corr + sum;
+      m_run[r] = m_new;
+      for (var i = 0u; i < CPT; i++) { o[r * CPT + i] *= corr; }
+    }
+    workgroupBarrier();
+    // O += P V
+    for (var j = 0u; j < BK; j++) {
+      var pr: array<f32, RM>;
+      for (var r = 0u; r < RM; r++) { pr[r] = fp[(tr + TR * r) * BK + j]; }
+      for (var i = 0u; i < CPT; i++) {
+        let vc = fv[j * D4S + tc + TC * i];
+        for (var r = 0u; r < RM; r++) { o[r * CPT + i] = fma(vec4<f32>(pr[r]), vc, o[r * CPT + i]); }
+      }
+    }
+    workgroupBarrier();
+  }
+  let l = rows_sum(l_part, tr, tc);
+  for (var r = 0u; r < RM; r++) {
+    let row = row0 + tr + TR * r;
+    if (row < p.n) {
+      let inv = 1.0 / l[r];
+      let ob = q_base(b, h, row);
+      for (var i = 0u; i < CPT; i++) {
+        let c = tc + TC * i;
+        for (var x = 0u; x < 4u; x++) {
+          if (4u * c + x < D) { out[ob + 4u * c + x] = T(o[r * CPT + i][x] * inv); }
+        }
+      }
+      if (tc == 0u) { lse[(b * p.heads + h) * p.n + row] = m_run[r] + log(l[r]); }
+    }
+  }
+}
+
+//#entry attn_fwd_tiled
+@compute @workgroup_size(NT)
+fn attn_fwd_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) { fwd_tiled(wid, lid); }
+
+// Row reductions across the TC invocations of a row group through workgroup memory.
+var<workgroup> fred: array<f32, BQ * TC>;
+fn rows_max(x: array<f32, RM>, tr: u32, tc: u32) -> array<f32, RM> {
+  for (var r = 0u; r < RM; r++) { fred[(tr + TR * r) * TC + tc] = x[r]; }
+  workgroupBarrier();
+  var y: array<f32, RM>;
+  for (var r = 0u; r < RM; r++) {
+    var m = NEG_BIG;
+    for (var t = 0u; t < TC; t++) { m = max(m, fred[(tr + TR * r) * TC + t]); }
+    y[r] = m;
+  }
+  workgroupBarrier();
+  return y;
+}
+fn rows_sum(x: array<f32, RM>, tr: u32, tc: u32) -> array<f32, RM> {
+  for (var r = 0u; r < RM; r++) { fred[(tr + TR * r) * TC + tc] = x[r]; }
+  workgroupBarrier();
+  var y: array<f32, RM>;
+  for (var r = 0u; r < RM; r++) {
+    var sum = 0.0;
+    for (var t = 0u; t < TC; t++) { sum += fred[(tr + TR * r) * TC + t]; }
+    y[r] = sum;
+  }
+  workgroupBarrier();
+  return y;
+}
+
+//#entry attn_fwd_tiled_sg
+enable subgroups;
+// Row reductions across the TC invocations of a row group by subgroup shuffles: the group is TC
+// consecutive invocations (TC a power of two, at most the adapter's smallest subgroup), so lanes
+// lid ^ off for off < TC are in it. Every lane ends with the whole group's result.
+@compute @workgroup_size(NT)
+fn attn_fwd_tiled_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) { fwd_tiled(wid, lid); }
+
+fn rows_max(x: array<f32, RM>, tr: u32, tc: u32) -> array<f32, RM> {
+  var y = x;
+  for (var r = 0u; r < RM; r++) {
+    for (var off = 1u; off < TC; off <<= 1u) { y[r] = max(y[r], subgroupShuffleXor(y[r], off)); }
+  }
+  return y;
+}
+fn rows_sum(x: array<f32, RM>, tr: u32, tc: u32) -> array<f32, RM> {
+  var y = x;
+  for (var r = 0u; r < RM; r++) {
+    for (var off = 1u; off < TC; off <<= 1u) { y[r] += subgroupShuffleXor(y[r], off); }
+  }
+  return y;
+}
+
 //#entry attn_bwd_delta
 // Delta_i = sum_d dO_id * O_id, one invocation per query row.
 @compute @workgroup_size(BR)
@@ -201,7 +416,7 @@ fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
   }
 }
 
-//#entry attn_bwd_dkv attn_bwd_dkv_split
+//#entry attn_bwd_dkv attn_bwd_dkv_split attn_bwd_fused attn_bwd_fused_split
 // Stages query rows [r0, r0+BC) of q and dO (and their LSE, Delta) for the dK/dV kernel.
 fn stage_q(b: u32, h: u32, r0: u32, lid: u32) {
   for (var e = lid; e < BC * D4; e += BR) {
@@ -271,9 +486,51 @@ fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32) -
         }
       }
     }
+    emit_dq(t, live, lid, qt, q_end, first, rows, ds, kr);
     workgroupBarrier();
   }
   return acc;
+}
+
+//#entry attn_bwd_dkv attn_bwd_dkv_split
+// The unfused backward computes dQ in attn_bwd_dq.
+fn emit_dq(t: Task, live: bool, lid: u32, qt: u32, q_end: u32, first: u32, rows: u32, ds: array<f32, BC>, kr: array<vec4<f32>, D4>) {}
+
+//#entry attn_bwd_fused attn_bwd_fused_split
+// Fused backward: the dK/dV kernel also yields dQ, so S and dP are computed once per (query, key). Its
+// workgroup owns the BR keys of key block wid.x; for each staged tile of BC query rows it has dS (one key
+// row per invocation) and writes this key block's share of dQ,
+//   dQ_part[block][i] = sum over the block's keys j of dS_ij (scale k_j),
+// to f32 scratch; attn_bwd_dq_reduce adds the blocks' parts in block order (WebGPU has no float atomics,
+// and a fixed order keeps results bit-exact run to run). dS goes through workgroup memory, the scaled key
+// rows (kept in registers) KQ vec4 chunks at a time.
+var<workgroup> tile_ds: array<f32, BR * BC>;          // [key lane][query row]
+var<workgroup> tile_kc: array<vec4<f32>, BR * KQ>;    // [key lane][chunk]
+
+// b*head = bh0 + wid.y (the dispatch covers a slice of b*heads so the scratch stays bounded).
+fn task_fused(wid: vec3<u32>, nwg: vec3<u32>) -> Task {
+  let bh = p.bh0 + wid.y;
+  return Task(bh / p.heads, bh % p.heads, wid.x * BR, wid.x * nwg.y + wid.y);
+}
+
+fn emit_dq(t: Task, live: bool, lid: u32, qt: u32, q_end: u32, first: u32, rows: u32, ds: array<f32, BC>, kr: array<vec4<f32>, D4>) {
+  for (var i = 0u; i < BC; i++) { tile_ds[lid * BC + i] = select(0.0, ds[i], live && i >= first && i < rows); }
+  for (var c0 = 0u; c0 < D4; c0 += KQ) {
+    for (var c = 0u; c < KQ; c++) { tile_kc[lid * KQ + c] = select(vec4<f32>(0.0), kr[min(c0 + c, D4 - 1u)], live && c0 + c < D4); }
+    workgroupBarrier();
+    // Consecutive invocations take consecutive query rows of one chunk.
+    for (var e = lid; e < BC * KQ; e += BR) {
+      let i = e % BC;
+      let c = c0 + e / BC;
+      var acc = vec4<f32>(0.0);
+      for (var j = 0u; j < BR; j++) { acc = fma(vec4<f32>(tile_ds[j * BC + i]), tile_kc[j * KQ + e / BC], acc); }
+      if (qt + i < q_end && c < D4) {
+        let base = (t.part * p.n + qt + i) * D + 4u * c;
+        for (var x = 0u; x < 4u; x++) { if (D_EXACT || 4u * c + x < D) { dq_part[base + x] = acc[x]; } }
+      }
+    }
+    workgroupBarrier();
+  }
 }
 
 //#entry attn_bwd_dkv
@@ -309,21 +566,69 @@ fn attn_bwd_dkv_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
   }
 }
 
+//#entry attn_bwd_fused
+// One invocation per key row over all query rows; writes dK, dV in T and this key block's dQ parts.
+@compute @workgroup_size(BR)
+fn attn_bwd_fused(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let t = task_fused(wid, nwg);
+  let row = t.row0 + lid;
+  let live = row < p.m;
+  let acc = dkv_sums(t, row, live, lid, 0u, p.n);
+  if (!live) { return; }
+  let kb = k_base(t.b, t.h, row);
+  for (var d = 0u; d < D; d++) {
+    dk[kb + d] = T(acc.dk[d / 4u][d % 4u] * p.scale);
+    dv[kb + d] = T(acc.dv[d / 4u][d % 4u]);
+  }
+}
+
+//#entry attn_bwd_fused_split
+// Few keys: split z of the query rows writes f32 dK/dV partials (summed by attn_bwd_dkv_reduce) and the
+// dQ parts of its own query rows.
+@compute @workgroup_size(BR)
+fn attn_bwd_fused_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let t = task_fused(wid, nwg);
+  let row = t.row0 + lid;
+  let live = row < p.m;
+  let q_begin = wid.z * p.q_split;
+  let acc = dkv_sums(t, row, live, lid, q_begin, min(p.n, q_begin + p.q_split));
+  if (!live) { return; }
+  let base = ((wid.z * nwg.y + wid.y) * p.m + row) * D;
+  for (var d = 0u; d < D; d++) {
+    dk_part[base + d] = acc.dk[d / 4u][d % 4u] * p.scale;
+    dv_part[base + d] = acc.dv[d / 4u][d % 4u];
+  }
+}
+
+//#entry attn_bwd_dq_reduce
+// dQ = sum over key blocks of the fused kernel's parts, in block order: one invocation per (query, d) of
+// b*head bh0 + gid.y.
+@compute @workgroup_size(BR)
+fn attn_bwd_dq_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = gid.x;
+  if (i >= p.n * D) { return; }
+  let bh = p.bh0 + gid.y;
+  let blocks = (p.m + BR - 1u) / BR;
+  var acc = 0.0;
+  for (var kb = 0u; kb < blocks; kb++) { acc += dq_part[(kb * nwg.y + gid.y) * p.n * D + i]; }
+  dq[q_base(bh / p.heads, bh % p.heads, i / D) + i % D] = T(acc);
+}
+
 //#entry attn_bwd_dkv_reduce
-// Sums the split partials: one invocation per (b, h, key, d); splits = num query splits.
+// Sums the split partials: one invocation per (b, h, key, d) of b*head bh0 + gid.y; splits = num query splits.
 @compute @workgroup_size(BR)
 fn attn_bwd_dkv_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
   let per_split = nwg.y * p.m * D;   // nwg.y = B * heads
   let i = gid.x;
   if (i >= p.m * D) { return; }
-  let bh = gid.y;
+  let bh = p.bh0 + gid.y;
   let row = i / D;
   let d = i % D;
   var sk = 0.0;
   var sv = 0.0;
   let splits = (p.n + p.q_split - 1u) / p.q_split;
   for (var sp = 0u; sp < splits; sp++) {
-    let idx = sp * per_split + bh * p.m * D + i;
+    let idx = sp * per_split + gid.y * p.m * D + i;
     sk += dk_part[idx];
     sv += dv_part[idx];
   }

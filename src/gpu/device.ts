@@ -136,6 +136,8 @@ export interface AdapterSummary {
   description: string;
   features: string[];
   limits: Record<string, number>;
+  /** Fewest lanes a subgroup may have (0 without the subgroups feature). */
+  subgroupMinSize: number;
 }
 
 /** A buffer range bound to one shader binding. */
@@ -288,6 +290,7 @@ export class Gpu {
       description: info.description ?? '',
       features: [...device.features].map(String).sort(),
       limits,
+      subgroupMinSize: device.features.has('subgroups') ? Number(info.subgroupMinSize ?? 0) || 0 : 0,
     };
     return new Gpu(device, summary, opts.shaders, opts, await tensorCoresFor(adapter, device, opts));
   }

@@ -1,12 +1,22 @@
 // Attention: flash attention forward/backward (shaders/attention.wgsl: online softmax, LSE saved,
 // backward recomputes P tile by tile; the N x M score matrix never exists), and naive attention
 // built from batched matmul + softmax, which materialises it (the benchmark baseline).
+//
+// Kernels (the AttentionKernelChoice fields; each defaults per device):
+//   forward  'tiled': FlashAttention-2 (a block of 64 query rows per workgroup, score and output tiles as
+//            register matmuls, row max/sum across each row's invocations by subgroup shuffles where present,
+//            constant loop bounds with masking, the next K/V tile prefetched on GPUs) where its tiles fit the
+//            device's workgroup memory; 'rows': one query row per invocation (devices with less).
+//   backward 'fused': one kernel per key block computes S, P, dP and dS once per (query, key) and yields dK,
+//            dV and the block's share of dQ (f32 scratch, summed in block order by a second kernel, bounded
+//            by running slices of b*heads); 'separate': a dQ kernel and a dK/dV kernel that each recompute
+//            S and dP (when even one b*head's dQ scratch would not fit the budget).
 import type { Gpu } from '../gpu/device.ts';
 import { kernel, read, write } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { expectSameDType, Tensor } from '../gpu/tensor.ts';
 import { scale as scaleOp } from './elementwise.ts';
-import { matmul } from './matmul.ts';
+import { matmul, prefetchRefusal } from './matmul.ts';
 import { softmax, softmaxBackward } from './softmax.ts';
 
 export type AttentionLayout = 'bhnd' | 'bnhd';
@@ -18,6 +28,22 @@ export interface AttentionOptions {
   layout?: AttentionLayout;
   /** Query i attends to keys j <= i only (CLIP's text encoder). Needs M = N. */
   causal?: boolean;
+  /** Pins kernel choices (tests and benchmarks); each field left out takes the device's default. */
+  kernels?: AttentionKernelChoice;
+}
+
+/** Kernel choices of flash attention. */
+export interface AttentionKernelChoice {
+  /** 'tiled' (FlashAttention-2; 'rows' where its tiles do not fit) or 'rows' (a query row per invocation). */
+  forward?: 'tiled' | 'rows';
+  /** Row reductions of the tiled forward by subgroup shuffles, where the adapter's subgroups are wide enough. */
+  subgroups?: boolean;
+  /** The tiled forward loads the next K/V tile into registers before this tile's math (default on GPUs). */
+  prefetch?: boolean;
+  /** 'fused' ('separate' where one b*head's dQ scratch exceeds the budget) or 'separate'. */
+  backward?: 'fused' | 'separate';
+  /** Bytes of dQ scratch the fused backward may hold at once (default 128 MiB, at most one storage binding). */
+  dqScratchBytes?: number;
 }
 
 /** Largest head dim: each invocation keeps a few D-vectors in registers. */
@@ -72,6 +98,70 @@ function shaderDefs(d: Dims, dtype: Tensor['dtype']) {
   return { T: dtype, D: d.D, D4: Math.ceil(d.D / 4), BR, BC: tileRows(d.D), CAUSAL: d.causal };
 }
 
+/** The tiled forward's shape: 64 query rows per workgroup on a 16 x 8 grid of invocations. */
+const FWD_BQ = 64;
+const FWD_TR = 16;
+const FWD_TC = 8;
+/** Vec4 chunks of head dim per Q staging step when Q is not resident. */
+const FWD_KC = 4;
+
+export interface ForwardTiling {
+  /** Keys per tile. */
+  BK: number;
+  /** Head-dim vec4 chunks per row in workgroup memory (D4 rounded up to a multiple of the grid's TC). */
+  D4S: number;
+  /** Q chunks staged per step: D4S when Q stays resident for the whole key loop. */
+  KC: number;
+  /** Row reductions by subgroup shuffles. */
+  subgroups: boolean;
+  prefetch: boolean;
+  /** Workgroup memory the kernel declares. */
+  bytes: number;
+}
+
+/**
+ * The tiled forward's tiles for head dim D on this device, or null where none fits its workgroup memory: Q
+ * resident with 32 then 16 keys per tile, then Q staged in 16-dim chunks with 32, 16 or 8 keys. The row-max
+ * exchange needs BQ x TC floats unless subgroups of at least TC lanes do it.
+ */
+export function forwardTiling(gpu: Gpu, D: number, choice: AttentionKernelChoice = {}): ForwardTiling | null {
+  const limit = gpu.device.limits.maxComputeWorkgroupStorageSize;
+  const subgroups = (choice.subgroups ?? true) && gpu.hasSubgroups && gpu.adapter.subgroupMinSize >= FWD_TC;
+  const prefetch = (choice.prefetch ?? !gpu.cpuAdapter) && !prefetchRefusal(gpu);
+  const D4S = Math.ceil(Math.ceil(D / 4) / FWD_TC) * FWD_TC;
+  const options: [boolean, number][] = [
+    [true, 32],
+    [true, 16],
+    [false, 32],
+    [false, 16],
+    [false, 8],
+  ];
+  for (const [resident, BK] of options) {
+    const KC = resident ? D4S : FWD_KC;
+    const bytes = FWD_BQ * KC * 16 + 2 * BK * D4S * 16 + FWD_BQ * BK * 4 + (subgroups ? 0 : FWD_BQ * FWD_TC * 4);
+    if (bytes <= limit) return { BK, D4S, KC, subgroups, prefetch, bytes };
+  }
+  return null;
+}
+
+function forwardDefs(d: Dims, dtype: Tensor['dtype'], t: ForwardTiling) {
+  const { BK, D4S, KC } = t;
+  return { T: dtype, D: d.D, D4: Math.ceil(d.D / 4), BQ: FWD_BQ, BK, TR: FWD_TR, TC: FWD_TC, D4S, KC, CAUSAL: d.causal, PREFETCH: t.prefetch };
+}
+
+/** Scaled key-row chunks the fused backward stages per dQ step. */
+const BWD_KQ = 4;
+
+/**
+ * Query rows per tile of the fused backward: the dK/dV kernel's two tiles and (LSE, Delta), plus the dS tile
+ * (BR floats per row), beside the KQ-chunk key tile must fit the device's workgroup memory; 0 where none does.
+ */
+function fusedTileRows(gpu: Gpu, D: number): number {
+  const free = gpu.device.limits.maxComputeWorkgroupStorageSize - BR * BWD_KQ * 16;
+  const fit = Math.floor(free / (2 * 16 * Math.ceil(D / 4) + 8 + 4 * BR));
+  return fit < 4 ? 0 : Math.min(32, fit - (fit % 4));
+}
+
 /** The uniforms every attention kernel takes: sizes, scale and the strides of both layouts. */
 const DIMS = [
   { name: 'heads', type: 'u32' },
@@ -85,7 +175,9 @@ const DIMS = [
   { name: 'k_sh', type: 'u32' },
   { name: 'k_sn', type: 'u32' },
 ] as const;
-const SPLIT_DIMS = [...DIMS, { name: 'q_split', type: 'u32' }] as const;
+const SPLIT_DIMS = [...DIMS, { name: 'q_split', type: 'u32' }, { name: 'bh0', type: 'u32' }] as const;
+/** The fused backward's: its dispatch covers b*heads bh0 on. */
+const FUSED_DIMS = [...DIMS, { name: 'bh0', type: 'u32' }] as const;
 
 const ATTN_FWD = kernel({
   shader: 'attention',
@@ -93,6 +185,10 @@ const ATTN_FWD = kernel({
   uniforms: DIMS,
   bindings: [read('q'), read('k'), read('v'), write('out'), write('lse', 'f32')],
 });
+
+const FWD_BINDINGS = [read('q'), read('k'), read('v'), write('out'), write('lse', 'f32')] as const;
+const ATTN_FWD_TILED = kernel({ shader: 'attention', entry: 'attn_fwd_tiled', uniforms: DIMS, bindings: FWD_BINDINGS });
+const ATTN_FWD_TILED_SG = kernel({ shader: 'attention', entry: 'attn_fwd_tiled_sg', uniforms: DIMS, bindings: FWD_BINDINGS });
 
 const ATTN_BWD_DELTA = kernel({
   shader: 'attention',
@@ -125,6 +221,27 @@ const ATTN_BWD_DKV_SPLIT = kernel({
   bindings: [...BWD_INPUTS, write('dk_part', 'f32'), write('dv_part', 'f32')],
 });
 
+const ATTN_BWD_FUSED = kernel({
+  shader: 'attention',
+  entry: 'attn_bwd_fused',
+  uniforms: FUSED_DIMS,
+  bindings: [...BWD_INPUTS, write('dk'), write('dv'), write('dq_part', 'f32')],
+});
+
+const ATTN_BWD_FUSED_SPLIT = kernel({
+  shader: 'attention',
+  entry: 'attn_bwd_fused_split',
+  uniforms: SPLIT_DIMS,
+  bindings: [...BWD_INPUTS, write('dk_part', 'f32'), write('dv_part', 'f32'), write('dq_part', 'f32')],
+});
+
+const ATTN_BWD_DQ_REDUCE = kernel({
+  shader: 'attention',
+  entry: 'attn_bwd_dq_reduce',
+  uniforms: FUSED_DIMS,
+  bindings: [read('dq_part', 'f32'), write('dq')],
+});
+
 const ATTN_BWD_DKV_REDUCE = kernel({
   shader: 'attention',
   entry: 'attn_bwd_dkv_reduce',
@@ -144,10 +261,9 @@ function uniforms(d: Dims) {
  * workgroup per 64 keys leaves the GPU idle, so the query rows are split and partial sums reduced;
  * with many keys (self-attention) there is one split.
  */
-function querySplit(d: Dims): number {
+function querySplit(d: Dims, bc: number): number {
   const workgroups = Math.ceil(d.M / BR) * d.B * d.H;
   const want = Math.ceil(256 / workgroups);
-  const bc = tileRows(d.D);
   const splits = Math.max(1, Math.min(want, Math.ceil(d.N / (4 * bc))));
   return Math.ceil(Math.ceil(d.N / splits) / bc) * bc;
 }
@@ -158,8 +274,8 @@ function checkBindable(gpu: Gpu, op: string, ...ts: Tensor[]): void {
 }
 
 /** Workgroups of BR rows (queries or keys) per (batch, head), times `splits`. */
-function rowGroups(d: Dims, rows: number, splits = 1): [number, number, number] {
-  return [Math.ceil(rows / BR), d.B * d.H, splits];
+function rowGroups(d: Dims, rows: number, splits = 1, bhCount = d.B * d.H): [number, number, number] {
+  return [Math.ceil(rows / BR), bhCount, splits];
 }
 
 export interface FlashResult {
@@ -174,7 +290,13 @@ export function flashAttention(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor, opts: 
   const out = gpu.tensor(q.shape, q.dtype, 'activations', 'attention.out');
   const lse = gpu.tensor([d.B, d.H, d.N], 'f32', 'activations', 'attention.lse');
   checkBindable(gpu, 'flashAttention', q, k, v, out);
-  gpu.run(ATTN_FWD, { defs: shaderDefs(d, q.dtype), uniforms: uniforms(d), bindings: { q, k, v, out, lse }, workgroups: rowGroups(d, d.N) });
+  const choice = opts.kernels ?? {};
+  const tiling = (choice.forward ?? 'tiled') === 'tiled' ? forwardTiling(gpu, d.D, choice) : null;
+  const bindings = { q, k, v, out, lse };
+  if (tiling) {
+    const decl = tiling.subgroups ? ATTN_FWD_TILED_SG : ATTN_FWD_TILED;
+    gpu.run(decl, { defs: forwardDefs(d, q.dtype, tiling), uniforms: uniforms(d), bindings, workgroups: [Math.ceil(d.N / FWD_BQ), d.B * d.H] });
+  } else gpu.run(ATTN_FWD, { defs: shaderDefs(d, q.dtype), uniforms: uniforms(d), bindings, workgroups: rowGroups(d, d.N) });
   return { out, lse };
 }
 
@@ -207,30 +329,100 @@ export function flashAttentionBackward(
   if (lse.numel !== d.B * d.H * d.N || lse.dtype !== 'f32')
     throw new ShapeError(op, `lse must be f32 [${d.B},${d.H},${d.N}], got ${lse.dtype} ${fmtShape(lse.shape)}`);
   checkBindable(gpu, op, q, k, v, out, dy);
-  const defs = shaderDefs(d, q.dtype);
   const u = uniforms(d);
   const delta = gpu.tensor([d.B, d.H, d.N], 'f32', 'scratch', 'attention.delta');
-  gpu.run(ATTN_BWD_DELTA, { defs, uniforms: u, bindings: { out, dy, delta }, workgroups: rowGroups(d, d.N) });
-  const dq = gpu.tensor(q.shape, q.dtype, 'gradients', 'attention.dq');
-  const dk = gpu.tensor(k.shape, k.dtype, 'gradients', 'attention.dk');
-  const dv = gpu.tensor(v.shape, v.dtype, 'gradients', 'attention.dv');
+  gpu.run(ATTN_BWD_DELTA, { defs: shaderDefs(d, q.dtype), uniforms: u, bindings: { out, dy, delta }, workgroups: rowGroups(d, d.N) });
+  const grads: AttentionGrads = {
+    dq: gpu.tensor(q.shape, q.dtype, 'gradients', 'attention.dq'),
+    dk: gpu.tensor(k.shape, k.dtype, 'gradients', 'attention.dk'),
+    dv: gpu.tensor(v.shape, v.dtype, 'gradients', 'attention.dv'),
+  };
   const inputs = { q, k, v, dy, lse, delta };
+  const plan = fusedPlan(gpu, d, opts.kernels ?? {});
+  if (plan) fusedBackward(gpu, d, q.dtype, plan, inputs, grads);
+  else separateBackward(gpu, d, q.dtype, inputs, grads);
+  gpu.free(delta);
+  return grads;
+}
+
+interface BackwardInputs {
+  q: Tensor;
+  k: Tensor;
+  v: Tensor;
+  dy: Tensor;
+  lse: Tensor;
+  delta: Tensor;
+}
+
+/** How the fused backward runs: query rows per tile, and b*heads per dispatch (bounding the dQ scratch). */
+export interface FusedPlan {
+  BC: number;
+  bhPerDispatch: number;
+  /** dQ-part bytes of one b*head: key blocks x N x D f32. */
+  bytesPerBh: number;
+}
+
+const DQ_SCRATCH_DEFAULT = 128 << 20;
+
+/** The fused backward's plan for these sizes on this device, or null: the separate kernels run. */
+export function fusedPlan(gpu: Gpu, d: Pick<Dims, 'B' | 'H' | 'N' | 'M' | 'D'>, choice: AttentionKernelChoice = {}): FusedPlan | null {
+  if ((choice.backward ?? 'fused') !== 'fused') return null;
+  const BC = fusedTileRows(gpu, d.D);
+  if (!BC) return null;
+  const bytesPerBh = Math.ceil(d.M / BR) * d.N * d.D * 4;
+  const budget = Math.min(choice.dqScratchBytes ?? DQ_SCRATCH_DEFAULT, gpu.maxBinding);
+  // The query-split dK/dV partials of a dispatch must fit one binding too.
+  const splits = Math.ceil(d.N / querySplit(d as Dims, BC));
+  const splitBytesPerBh = splits > 1 ? splits * d.M * d.D * 4 : 0;
+  const bhPerDispatch = Math.min(d.B * d.H, Math.floor(budget / bytesPerBh), splitBytesPerBh ? Math.floor(gpu.maxBinding / splitBytesPerBh) : Infinity);
+  return bhPerDispatch >= 1 ? { BC, bhPerDispatch, bytesPerBh } : null;
+}
+
+/** dK, dV and dQ parts from one kernel per slice of b*heads, then the parts summed into dQ. */
+function fusedBackward(gpu: Gpu, d: Dims, dtype: Tensor['dtype'], plan: FusedPlan, inputs: BackwardInputs, g: AttentionGrads): void {
+  const defs = { ...shaderDefs(d, dtype), BC: plan.BC, KQ: BWD_KQ };
+  const u = uniforms(d);
+  const qSplit = querySplit(d, plan.BC);
+  const splits = Math.ceil(d.N / qSplit);
+  const { dq, dk, dv } = g;
+  for (let bh0 = 0; bh0 < d.B * d.H; bh0 += plan.bhPerDispatch) {
+    const count = Math.min(plan.bhPerDispatch, d.B * d.H - bh0);
+    const dq_part = gpu.tensor([Math.ceil(d.M / BR) * count * d.N * d.D], 'f32', 'scratch', 'attention.dq-parts');
+    const fu = { ...u, bh0 };
+    if (splits === 1) gpu.run(ATTN_BWD_FUSED, { defs, uniforms: fu, bindings: { ...inputs, dk, dv, dq_part }, workgroups: rowGroups(d, d.M, 1, count) });
+    else {
+      const part = [splits * count * d.M * d.D];
+      const dk_part = gpu.tensor(part, 'f32', 'scratch', 'attention.dk-partials');
+      const dv_part = gpu.tensor(part, 'f32', 'scratch', 'attention.dv-partials');
+      const su = { ...fu, q_split: qSplit };
+      gpu.run(ATTN_BWD_FUSED_SPLIT, { defs, uniforms: su, bindings: { ...inputs, dk_part, dv_part, dq_part }, workgroups: rowGroups(d, d.M, splits, count) });
+      gpu.run(ATTN_BWD_DKV_REDUCE, { defs, uniforms: su, bindings: { dk_part, dv_part, dk, dv }, workgroups: [Math.ceil((d.M * d.D) / BR), count] });
+      gpu.free(dk_part, dv_part);
+    }
+    gpu.run(ATTN_BWD_DQ_REDUCE, { defs, uniforms: fu, bindings: { dq_part, dq }, workgroups: [Math.ceil((d.N * d.D) / BR), count] });
+    gpu.free(dq_part);
+  }
+}
+
+/** dQ from one kernel (over key tiles) and dK, dV from another (over query tiles): each recomputes S and dP. */
+function separateBackward(gpu: Gpu, d: Dims, dtype: Tensor['dtype'], inputs: BackwardInputs, g: AttentionGrads): void {
+  const defs = shaderDefs(d, dtype);
+  const u = uniforms(d);
+  const { dq, dk, dv } = g;
   gpu.run(ATTN_BWD_DQ, { defs, uniforms: u, bindings: { ...inputs, dq }, workgroups: rowGroups(d, d.N) });
-  const qSplit = querySplit(d);
+  const qSplit = querySplit(d, tileRows(d.D));
   const splits = Math.ceil(d.N / qSplit);
   if (splits === 1) gpu.run(ATTN_BWD_DKV, { defs, uniforms: u, bindings: { ...inputs, dk, dv }, workgroups: rowGroups(d, d.M) });
   else {
     const part = [splits * d.B * d.H * d.M * d.D];
     const dk_part = gpu.tensor(part, 'f32', 'scratch', 'attention.dk-partials');
     const dv_part = gpu.tensor(part, 'f32', 'scratch', 'attention.dv-partials');
-    checkBindable(gpu, op, dk_part);
-    const su = { ...u, q_split: qSplit };
+    checkBindable(gpu, 'flashAttentionBackward', dk_part);
+    const su = { ...u, q_split: qSplit, bh0: 0 };
     gpu.run(ATTN_BWD_DKV_SPLIT, { defs, uniforms: su, bindings: { ...inputs, dk_part, dv_part }, workgroups: rowGroups(d, d.M, splits) });
     gpu.run(ATTN_BWD_DKV_REDUCE, { defs, uniforms: su, bindings: { dk_part, dv_part, dk, dv }, workgroups: [Math.ceil((d.M * d.D) / BR), d.B * d.H] });
     gpu.free(dk_part, dv_part);
   }
-  gpu.free(delta);
-  return { dq, dk, dv };
 }
 
 // ---- naive attention (materialised scores) --------------------------------------------------------
