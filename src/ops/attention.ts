@@ -50,6 +50,9 @@ export interface AttentionKernelChoice {
 export const MAX_HEAD_DIM = 256;
 const BR = 64;
 
+/** The sizes that choose kernels. */
+export type Sizes = Pick<Dims, 'B' | 'H' | 'N' | 'M' | 'D'>;
+
 interface Dims {
   B: number;
   H: number;
@@ -261,8 +264,8 @@ function uniforms(d: Dims) {
  * workgroup per 64 keys leaves the GPU idle, so the query rows are split and partial sums reduced;
  * with many keys (self-attention) there is one split.
  */
-function querySplit(d: Dims, bc: number): number {
-  const workgroups = Math.ceil(d.M / BR) * d.B * d.H;
+function querySplit(d: Sizes, bc: number, bhCount = d.B * d.H): number {
+  const workgroups = Math.ceil(d.M / BR) * bhCount;
   const want = Math.ceil(256 / workgroups);
   const splits = Math.max(1, Math.min(want, Math.ceil(d.N / (4 * bc))));
   return Math.ceil(Math.ceil(d.N / splits) / bc) * bc;
@@ -290,8 +293,7 @@ export function flashAttention(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor, opts: 
   const out = gpu.tensor(q.shape, q.dtype, 'activations', 'attention.out');
   const lse = gpu.tensor([d.B, d.H, d.N], 'f32', 'activations', 'attention.lse');
   checkBindable(gpu, 'flashAttention', q, k, v, out);
-  const choice = opts.kernels ?? {};
-  const tiling = (choice.forward ?? 'tiled') === 'tiled' ? forwardTiling(gpu, d.D, choice) : null;
+  const tiling = attentionPlan(gpu, d, opts.kernels).forward;
   const bindings = { q, k, v, out, lse };
   if (tiling) {
     const decl = tiling.subgroups ? ATTN_FWD_TILED_SG : ATTN_FWD_TILED;
@@ -338,7 +340,7 @@ export function flashAttentionBackward(
     dv: gpu.tensor(v.shape, v.dtype, 'gradients', 'attention.dv'),
   };
   const inputs = { q, k, v, dy, lse, delta };
-  const plan = fusedPlan(gpu, d, opts.kernels ?? {});
+  const plan = attentionPlan(gpu, d, opts.kernels).backward;
   if (plan) fusedBackward(gpu, d, q.dtype, plan, inputs, grads);
   else separateBackward(gpu, d, q.dtype, inputs, grads);
   gpu.free(delta);
@@ -354,10 +356,12 @@ interface BackwardInputs {
   delta: Tensor;
 }
 
-/** How the fused backward runs: query rows per tile, and b*heads per dispatch (bounding the dQ scratch). */
+/** How the fused backward runs: query rows per tile, b*heads per dispatch (bounding the dQ scratch), query splits. */
 export interface FusedPlan {
   BC: number;
   bhPerDispatch: number;
+  /** Query rows per split of a dispatch's dK/dV (all N: one split). */
+  qSplit: number;
   /** dQ-part bytes of one b*head: key blocks x N x D f32. */
   bytesPerBh: number;
 }
@@ -365,24 +369,41 @@ export interface FusedPlan {
 const DQ_SCRATCH_DEFAULT = 128 << 20;
 
 /** The fused backward's plan for these sizes on this device, or null: the separate kernels run. */
-export function fusedPlan(gpu: Gpu, d: Pick<Dims, 'B' | 'H' | 'N' | 'M' | 'D'>, choice: AttentionKernelChoice = {}): FusedPlan | null {
+export function fusedPlan(gpu: Gpu, d: Sizes, choice: AttentionKernelChoice = {}): FusedPlan | null {
   if ((choice.backward ?? 'fused') !== 'fused') return null;
   const BC = fusedTileRows(gpu, d.D);
   if (!BC) return null;
   const bytesPerBh = Math.ceil(d.M / BR) * d.N * d.D * 4;
   const budget = Math.min(choice.dqScratchBytes ?? DQ_SCRATCH_DEFAULT, gpu.maxBinding);
-  // The query-split dK/dV partials of a dispatch must fit one binding too.
-  const splits = Math.ceil(d.N / querySplit(d as Dims, BC));
-  const splitBytesPerBh = splits > 1 ? splits * d.M * d.D * 4 : 0;
-  const bhPerDispatch = Math.min(d.B * d.H, Math.floor(budget / bytesPerBh), splitBytesPerBh ? Math.floor(gpu.maxBinding / splitBytesPerBh) : Infinity);
-  return bhPerDispatch >= 1 ? { BC, bhPerDispatch, bytesPerBh } : null;
+  let bhPerDispatch = Math.min(d.B * d.H, Math.floor(budget / bytesPerBh));
+  if (bhPerDispatch < 1) return null;
+  // The query-split dK/dV partials of a dispatch (splits x its b*heads x M x D f32) must fit one binding too.
+  for (;;) {
+    const qSplit = querySplit(d, BC, bhPerDispatch);
+    const splits = Math.ceil(d.N / qSplit);
+    if (splits === 1 || splits * bhPerDispatch * d.M * d.D * 4 <= gpu.maxBinding) return { BC, bhPerDispatch, qSplit, bytesPerBh };
+    if (bhPerDispatch === 1) return null;
+    bhPerDispatch = Math.ceil(bhPerDispatch / 2);
+  }
+}
+
+/** Which kernels flashAttention and its backward run for these sizes on this device. */
+export interface AttentionPlan {
+  /** The tiled forward's tiles, or null: the one-row-per-invocation forward. */
+  forward: ForwardTiling | null;
+  /** The fused backward's plan, or null: the separate dQ and dK/dV kernels. */
+  backward: FusedPlan | null;
+}
+
+export function attentionPlan(gpu: Gpu, d: Sizes, choice: AttentionKernelChoice = {}): AttentionPlan {
+  return { forward: (choice.forward ?? 'tiled') === 'tiled' ? forwardTiling(gpu, d.D, choice) : null, backward: fusedPlan(gpu, d, choice) };
 }
 
 /** dK, dV and dQ parts from one kernel per slice of b*heads, then the parts summed into dQ. */
 function fusedBackward(gpu: Gpu, d: Dims, dtype: Tensor['dtype'], plan: FusedPlan, inputs: BackwardInputs, g: AttentionGrads): void {
   const defs = { ...shaderDefs(d, dtype), BC: plan.BC, KQ: BWD_KQ };
   const u = uniforms(d);
-  const qSplit = querySplit(d, plan.BC);
+  const { qSplit } = plan;
   const splits = Math.ceil(d.N / qSplit);
   const { dq, dk, dv } = g;
   for (let bh0 = 0; bh0 < d.B * d.H; bh0 += plan.bhPerDispatch) {

@@ -3,7 +3,20 @@
 // reference; naive attention likewise; finite differences of the GPU op in f32.
 import { roundToF16 } from '../../util/half.ts';
 import type { DType } from '../../gpu/tensor.ts';
-import { attentionRef, flashAttention, flashAttentionBackward, naiveAttention, naiveAttentionBackward, type AttentionLayout } from '../../ops/attention.ts';
+import type { Gpu } from '../../gpu/device.ts';
+import {
+  attentionPlan,
+  attentionRef,
+  flashAttention,
+  flashAttentionBackward,
+  forwardTiling,
+  naiveAttention,
+  naiveAttentionBackward,
+  type AttentionKernelChoice,
+  type AttentionLayout,
+  type AttentionPlan,
+} from '../../ops/attention.ts';
+import { prefetchRefusal } from '../../ops/matmul.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 import { finiteDiff, sampleIndices } from './matmul.ts';
 
@@ -74,8 +87,142 @@ function flashCase(c: GoldenAttn): KernelCase {
   };
 }
 
+// ---- each kernel path, with ragged sizes --------------------------------------------------------------
+
+interface PathShape {
+  B: number;
+  H: number;
+  N: number;
+  M: number;
+  D: number;
+  layout?: AttentionLayout;
+  causal?: boolean;
+}
+
+/**
+ * Sizes at the tiles' edges: one query and one key; a head dim of 7 (not a multiple of 4); 65 query rows (one
+ * past the tiled forward's 64-row block) against 33 keys (one past its 32- and 16-key tiles); exact tiles; a
+ * causal mask across several key tiles; a query-split dK/dV (300 queries, 20 keys); head dim 256 (Q staged in
+ * chunks, 8-key tiles). f32 only: the golden cases run the device's default path in f16 too, and the loaders'
+ * conversion is the same on every path; each new head dim costs lavapipe seconds of pipeline compiles.
+ */
+const PATH_SHAPES: PathShape[] = [
+  { B: 1, H: 1, N: 1, M: 1, D: 7 },
+  { B: 2, H: 3, N: 65, M: 33, D: 7, layout: 'bnhd' },
+  { B: 1, H: 2, N: 64, M: 32, D: 40 },
+  { B: 1, H: 2, N: 70, M: 70, D: 64, layout: 'bnhd', causal: true },
+  { B: 1, H: 2, N: 300, M: 20, D: 40 },
+  { B: 1, H: 1, N: 5, M: 9, D: 256 },
+];
+
+type PathExpect = (plan: AttentionPlan, s: PathShape) => string | null;
+
+/**
+ * flashAttention and its backward with `kernels` pinned, against the float64 reference on PATH_SHAPES; `expect`
+ * checks the plan actually in force (so a silent fallback fails the case instead of testing another path).
+ */
+function pathCase(label: string, kernels: (s: PathShape) => AttentionKernelChoice, expect: PathExpect, extra: Partial<KernelCase> = {}): KernelCase {
+  return {
+    family: 'attention',
+    name: `flash kernel path: ${label}; ragged and edge sizes (ts ref)`,
+    dtypes: ['f32'],
+    ...extra,
+    async run({ gpu, dtype }) {
+      const checks: Check[] = [];
+      for (const [n, s] of PATH_SHAPES.entries()) {
+        const { B, H, N, M, D } = s;
+        const layout = s.layout ?? 'bhnd';
+        const opts = { layout, causal: s.causal, kernels: kernels(s) };
+        const why = expect(attentionPlan(gpu, s, opts.kernels), s);
+        const tag = `B${B} H${H} N${N} M${M} D${D}${s.causal ? ' causal' : ''}`;
+        checks.push({
+          label: `${tag}: ${why ?? 'the plan in force is the one named'}`,
+          pass: why === null,
+          maxAbs: 0,
+          maxRel: 0,
+          tol: { atol: 0, rtol: 0 },
+          n: 1,
+        });
+        const qShape = layout === 'bhnd' ? [B, H, N, D] : [B, N, H, D];
+        const kShape = layout === 'bhnd' ? [B, H, M, D] : [B, M, H, D];
+        const q = roundToF16(randomValues(B * H * N * D, 11 + n));
+        const k = roundToF16(randomValues(B * H * M * D, 23 + n));
+        const v = roundToF16(randomValues(B * H * M * D, 37 + n));
+        const dout = roundToF16(randomValues(B * H * N * D, 41 + n));
+        const [tq, tk, tv, tdo] = [
+          [q, qShape],
+          [k, kShape],
+          [v, kShape],
+          [dout, qShape],
+        ].map(([x, shape]) => gpu.upload(x as Float32Array, shape as number[], dtype));
+        const f = flashAttention(gpu, tq, tk, tv, opts);
+        const gr = flashAttentionBackward(gpu, tq, tk, tv, f.out, f.lse, tdo, opts);
+        const ref = attentionRef(q, k, v, dout, { ...s, layout });
+        // As the golden cases, plus sums over up to 300 query rows (dK, dV) in f32.
+        const t = dtype === 'f32' ? { atol: 5e-5, rtol: 2e-4 } : { atol: 8e-3, rtol: 1e-2 };
+        checks.push(
+          compare(`${tag} out`, await gpu.read(f.out), ref.out, t),
+          compare(`${tag} lse`, await gpu.read(f.lse), ref.lse, { atol: 1e-5, rtol: 1e-5 }),
+          compare(`${tag} dq`, await gpu.read(gr.dq), ref.dq, t),
+          compare(`${tag} dk`, await gpu.read(gr.dk), ref.dk, t),
+          compare(`${tag} dv`, await gpu.read(gr.dv), ref.dv, t),
+        );
+        gpu.free(tq, tk, tv, tdo, f.out, f.lse, gr.dq, gr.dk, gr.dv);
+      }
+      return checks;
+    },
+  };
+}
+
+const tiledWith =
+  (subgroups: boolean, prefetch: boolean): PathExpect =>
+  (plan) =>
+    !plan.forward
+      ? 'the tiled forward did not run'
+      : plan.forward.subgroups !== subgroups
+        ? `subgroup reductions ${plan.forward.subgroups}, wanted ${subgroups}`
+        : plan.forward.prefetch !== prefetch
+          ? `prefetch ${plan.forward.prefetch}, wanted ${prefetch}`
+          : !plan.backward
+            ? 'the fused backward did not run'
+            : null;
+
+/** Why the subgroup row reductions cannot run here, or null. */
+function subgroupRefusal(gpu: Gpu): string | null {
+  return forwardTiling(gpu, 40, { subgroups: true })?.subgroups ? null : `no subgroups of at least 8 lanes (min ${gpu.adapter.subgroupMinSize})`;
+}
+
+/** One b*head of dQ scratch per dispatch: the fused backward runs in B*H slices. */
+const oneBhScratch = (s: PathShape) => Math.ceil(s.M / 64) * s.N * s.D * 4;
+
+const PATH_CASES: KernelCase[] = [
+  pathCase(
+    'one query row per invocation, separate dQ and dK/dV kernels',
+    () => ({ forward: 'rows', backward: 'separate' }),
+    (plan) => (plan.forward || plan.backward ? 'a tiled forward or fused backward ran' : null),
+  ),
+  pathCase(
+    'tiled forward, row reductions in workgroup memory, fused backward',
+    () => ({ forward: 'tiled', subgroups: false, prefetch: false }),
+    tiledWith(false, false),
+  ),
+  pathCase('tiled forward, row reductions by subgroup shuffles', () => ({ forward: 'tiled', subgroups: true, prefetch: false }), tiledWith(true, false), {
+    requires: subgroupRefusal,
+  }),
+  pathCase('tiled forward with the next K/V tile prefetched', () => ({ forward: 'tiled', subgroups: false, prefetch: true }), tiledWith(false, true), {
+    requires: prefetchRefusal,
+  }),
+  pathCase(
+    'fused backward in b*head slices (one per dispatch)',
+    (s) => ({ backward: 'fused', dqScratchBytes: oneBhScratch(s) }),
+    (plan, s) =>
+      plan.backward?.bhPerDispatch === 1 || s.B * s.H === 1 ? null : `b*heads per dispatch ${plan.backward?.bhPerDispatch ?? 'none (separate)'}, wanted 1`,
+  ),
+];
+
 export const cases: KernelCase[] = [
   ...GOLDEN.map(flashCase),
+  ...PATH_CASES,
   {
     family: 'attention',
     name: 'flash cross-attention with the query-split dK/dV path: N300 M77 D40 and N100 M77 D160 (ts ref)',
