@@ -1,18 +1,23 @@
 // Flash attention (forward and backward) and the delta term of its backward.
 //
 // Per (batch b, head h): S = scale * Q K^T [N, M], P = softmax_rows(S), O = P V.
-// Forward: one invocation per query row; key/value tiles of BC rows are staged in workgroup memory
-// and the softmax is computed online: per tile, s_j = scale q.k_j, m' = max(m, max_j s_j),
-// l = l e^(m-m') + sum_j e^(s_j-m'), o = o e^(m-m') + sum_j e^(s_j-m') v_j. At the end O = o / l and
-// LSE = m + log l is saved, so the backward can rebuild P = exp(S - LSE) tile by tile. The N x M
-// matrices S and P never exist in memory.
+// Forward: key/value tiles are staged in workgroup memory and the softmax is computed online: per
+// tile, s_j = scale q.k_j, m' = max(m, max_j s_j), l = l e^(m-m') + sum_j e^(s_j-m'),
+// o = o e^(m-m') + sum_j e^(s_j-m') v_j. At the end O = o / l and LSE = m + log l is saved, so the
+// backward can rebuild P = exp(S - LSE) tile by tile. The N x M matrices S and P never exist.
+//   attn_fwd_tiled(_sg): FlashAttention-2, a block of BQ query rows per workgroup, S and O tiles as
+//                        register matmuls (see its section);
+//   attn_fwd:            one invocation per query row (devices whose workgroup memory fits no tile).
 // Backward (with dO): Delta_i = sum_d dO_id O_id; dS_ij = P_ij (dO_i . v_j - Delta_i);
-//   dQ_i = scale sum_j dS_ij k_j      (attn_bwd_dq: one invocation per query row, loops over key tiles)
-//   dK_j = scale sum_i dS_ij q_i,  dV_j = sum_i P_ij dO_i
-//                                     (attn_bwd_dkv: one invocation per key row, loops over query tiles)
-// so no atomics are needed. Specialised by T (storage), D (head dim), D4 = ceil(D/4) (vec4 chunks
-// per row), BR (rows per workgroup = invocations), BC (tile rows staged in workgroup memory, as f32,
-// a multiple of 4) and CAUSAL (query i attends to keys j <= i only; self-attention).
+//   dQ_i = scale sum_j dS_ij k_j,  dK_j = scale sum_i dS_ij q_i,  dV_j = sum_i P_ij dO_i.
+//   attn_bwd_fused(_split): one invocation per key row, loops over query tiles: dK, dV, and each key
+//                        block's share of dQ to f32 scratch, added in block order by attn_bwd_dq_reduce;
+//   attn_bwd_dq + attn_bwd_dkv(_split): the same sums in two kernels that each recompute S and dP
+//                        (where the fused kernel's scratch does not fit).
+// No atomics are needed. Specialised by T (storage), D (head dim), D4 = ceil(D/4) (vec4 chunks per
+// row), BR (rows per workgroup = invocations of the row kernels), BC (tile rows staged in workgroup
+// memory, as f32, a multiple of 4), CAUSAL (query i attends to keys j <= i only), and for the tiled
+// forward BQ, BK, TR, TC, D4S, KC, PREFETCH, for the fused backward KQ.
 //
 // Layouts are given by strides: element (b, h, row, d) of a tensor lives at
 // b*s_b + h*s_h + row*s_row + d, which covers [B,H,N,D] and [B,N,H,D] alike.
@@ -22,9 +27,10 @@
 //   heads, n (query rows), m (key rows), scale,
 //   q_sb, q_sh, q_sn   strides of q, out, dy, dq
 //   k_sb, k_sh, k_sn   strides of k, v, dk, dv
-// and the split dK/dV kernels also q_split (query rows per split, a multiple of BC). Bindings: q, k, v,
-// out, dy (T); lse, delta (f32 [B,H,N]); dq, dk, dv (T); dk_part, dv_part (f32 partials of the split
-// dK/dV path, dense [split][b][h][key][d], summed by attn_bwd_dkv_reduce).
+// the split dK/dV kernels also q_split (query rows per split, a multiple of BC), and the fused backward's
+// kernels bh0 (the first b*head of the dispatch's slice). Bindings: q, k, v, out, dy (T); lse, delta
+// (f32 [B,H,N]); dq, dk, dv (T); dk_part, dv_part (f32 partials of the split dK/dV path, dense
+// [split][local b*h][key][d], summed by attn_bwd_dkv_reduce); dq_part (f32 [key block][local b*h][query][d]).
 
 //#entry attn_fwd attn_bwd_dq attn_bwd_dkv attn_bwd_dkv_split attn_bwd_fused attn_bwd_fused_split
 // Tiles hold rows of D4 = ceil(D/4) vec4 chunks (zero past D), so every dot product and
