@@ -177,11 +177,16 @@ const CPT = D4S / TC;
 const Q_RESIDENT = KC == D4S;
 const KV_REGS = (BK * D4S + NT - 1u) / NT;
 const S_CHUNKS = select(KC, D4, Q_RESIDENT);   // chunks per S step: a resident Q's padding is skipped
+// Row strides padded by one so the rows an S step reads at once (8 keys, 4 queries per 32 lanes) fall in
+// different banks: an unpadded 16- or 32-word stride would put them all in one.
+const QS = KC + 1u;
+const KS = D4S + 1u;
+const PS = BK + 1u;
 
-var<workgroup> fq: array<vec4<f32>, BQ * KC>;   // Q rows (scaled), KC chunks
-var<workgroup> fk: array<vec4<f32>, BK * D4S>;  // K tile, zero past m and D4
-var<workgroup> fv: array<vec4<f32>, BK * D4S>;  // V tile
-var<workgroup> fp: array<f32, BQ * BK>;         // P tile, [query][key]
+var<workgroup> fq: array<vec4<f32>, BQ * QS>;   // Q rows (scaled), KC chunks each
+var<workgroup> fk: array<vec4<f32>, BK * KS>;   // K tile, zero past m and D4
+var<workgroup> fv: array<vec4<f32>, BK * KS>;   // V tile
+var<workgroup> fp: array<f32, BQ * PS>;         // P tile, [query][key]
 
 struct KvRegs { k: array<vec4<f32>, KV_REGS>, v: array<vec4<f32>, KV_REGS> }
 
@@ -206,7 +211,11 @@ fn load_kv(b: u32, h: u32, kt: u32, lid: u32) -> KvRegs {
 fn store_kv(r: KvRegs, lid: u32) {
   for (var i = 0u; i < KV_REGS; i++) {
     let e = lid + NT * i;
-    if (e < BK * D4S) { fk[e] = r.k[i]; fv[e] = r.v[i]; }
+    if (e < BK * D4S) {
+      let at = (e / D4S) * KS + e % D4S;
+      fk[at] = r.k[i];
+      fv[at] = r.v[i];
+    }
   }
 }
 
@@ -217,7 +226,7 @@ fn stage_q_rows(b: u32, h: u32, row0: u32, c0: u32, lid: u32) {
     let c = c0 + e % KC;
     var x = vec4<f32>(0.0);
     if (row0 + r < p.n && c < D4) { x = q_chunk(q_base(b, h, row0 + r), c) * p.scale; }
-    fq[e] = x;
+    fq[r * QS + e % KC] = x;
   }
 }
 
@@ -248,9 +257,9 @@ fn fwd_tiled(wid: vec3<u32>, lid: u32) {
       if (!Q_RESIDENT) { stage_q_rows(b, h, row0, c0, lid); workgroupBarrier(); }
       for (var c = 0u; c < S_CHUNKS; c++) {
         var qv: array<vec4<f32>, RM>;
-        for (var r = 0u; r < RM; r++) { qv[r] = fq[(tr + TR * r) * KC + c]; }
+        for (var r = 0u; r < RM; r++) { qv[r] = fq[(tr + TR * r) * QS + c]; }
         for (var jj = 0u; jj < SK; jj++) {
-          let kc = fk[(tc + TC * jj) * D4S + c0 + c];
+          let kc = fk[(tc + TC * jj) * KS + c0 + c];
           for (var r = 0u; r < RM; r++) { s[r * SK + jj] += dot(qv[r], kc); }
         }
       }
@@ -279,7 +288,7 @@ fn fwd_tiled(wid: vec3<u32>, lid: u32) {
         let e = s[r * SK + jj];
         let pj = select(0.0, exp(e - m_new), e != NEG_BIG);
         sum += pj;
-        fp[(tr + TR * r) * BK + tc + TC * jj] = pj;
+        fp[(tr + TR * r) * PS + tc + TC * jj] = pj;
       }
       l_part[r] = l_part[r] * corr + sum;
       m_run[r] = m_new;
@@ -289,9 +298,9 @@ fn fwd_tiled(wid: vec3<u32>, lid: u32) {
     // O += P V
     for (var j = 0u; j < BK; j++) {
       var pr: array<f32, RM>;
-      for (var r = 0u; r < RM; r++) { pr[r] = fp[(tr + TR * r) * BK + j]; }
+      for (var r = 0u; r < RM; r++) { pr[r] = fp[(tr + TR * r) * PS + j]; }
       for (var i = 0u; i < CPT; i++) {
-        let vc = fv[j * D4S + tc + TC * i];
+        let vc = fv[j * KS + tc + TC * i];
         for (var r = 0u; r < RM; r++) { o[r * CPT + i] = fma(vec4<f32>(pr[r]), vc, o[r * CPT + i]); }
       }
     }
@@ -510,7 +519,9 @@ fn emit_dq(t: Task, live: bool, lid: u32, qt: u32, q_end: u32, first: u32, rows:
 // to f32 scratch; attn_bwd_dq_reduce adds the blocks' parts in block order (WebGPU has no float atomics,
 // and a fixed order keeps results bit-exact run to run). dS goes through workgroup memory, the scaled key
 // rows (kept in registers) KQ vec4 chunks at a time.
-var<workgroup> tile_ds: array<f32, BR * BC>;          // [key lane][query row]
+// dS is written by key lane and read by query row: a row stride of BR + 1 keeps both conflict-free.
+const DSS = BR + 1u;
+var<workgroup> tile_ds: array<f32, BC * DSS>;         // [query row][key lane]
 var<workgroup> tile_kc: array<vec4<f32>, BR * KQ>;    // [key lane][chunk]
 
 // b*head = bh0 + wid.y (the dispatch covers a slice of b*heads so the scratch stays bounded).
@@ -520,7 +531,7 @@ fn task_fused(wid: vec3<u32>, nwg: vec3<u32>) -> Task {
 }
 
 fn emit_dq(t: Task, live: bool, lid: u32, qt: u32, q_end: u32, first: u32, rows: u32, ds: array<f32, BC>, kr: array<vec4<f32>, D4>) {
-  for (var i = 0u; i < BC; i++) { tile_ds[lid * BC + i] = select(0.0, ds[i], live && i >= first && i < rows); }
+  for (var i = 0u; i < BC; i++) { tile_ds[i * DSS + lid] = select(0.0, ds[i], live && i >= first && i < rows); }
   for (var c0 = 0u; c0 < D4; c0 += KQ) {
     for (var c = 0u; c < KQ; c++) { tile_kc[lid * KQ + c] = select(vec4<f32>(0.0), kr[min(c0 + c, D4 - 1u)], live && c0 + c < D4); }
     workgroupBarrier();
@@ -529,7 +540,7 @@ fn emit_dq(t: Task, live: bool, lid: u32, qt: u32, q_end: u32, first: u32, rows:
       let i = e % BC;
       let c = c0 + e / BC;
       var acc = vec4<f32>(0.0);
-      for (var j = 0u; j < BR; j++) { acc = fma(vec4<f32>(tile_ds[j * BC + i]), tile_kc[j * KQ + e / BC], acc); }
+      for (var j = 0u; j < BR; j++) { acc = fma(vec4<f32>(tile_ds[i * DSS + j]), tile_kc[j * KQ + e / BC], acc); }
       if (qt + i < q_end && c < D4) {
         let base = (t.part * p.n + qt + i) * D + 4u * c;
         for (var x = 0u; x < 4u; x++) { if (D_EXACT || 4u * c + x < D) { dq_part[base + x] = acc[x]; } }

@@ -141,7 +141,8 @@ export function forwardTiling(gpu: Gpu, D: number, choice: AttentionKernelChoice
   ];
   for (const [resident, BK] of options) {
     const KC = resident ? D4S : FWD_KC;
-    const bytes = FWD_BQ * KC * 16 + 2 * BK * D4S * 16 + FWD_BQ * BK * 4 + (subgroups ? 0 : FWD_BQ * FWD_TC * 4);
+    // Q, K/V and P tiles with rows padded by one (bank conflicts), and the row-max exchange.
+    const bytes = FWD_BQ * (KC + 1) * 16 + 2 * BK * (D4S + 1) * 16 + FWD_BQ * (BK + 1) * 4 + (subgroups ? 0 : FWD_BQ * FWD_TC * 4);
     if (bytes <= limit) return { BK, D4S, KC, subgroups, prefetch, bytes };
   }
   return null;
@@ -157,11 +158,11 @@ const BWD_KQ = 4;
 
 /**
  * Query rows per tile of the fused backward: the dK/dV kernel's two tiles and (LSE, Delta), plus the dS tile
- * (BR floats per row), beside the KQ-chunk key tile must fit the device's workgroup memory; 0 where none does.
+ * (BR + 1 floats per row), beside the KQ-chunk key tile must fit the device's workgroup memory; 0 where none does.
  */
 function fusedTileRows(gpu: Gpu, D: number): number {
   const free = gpu.device.limits.maxComputeWorkgroupStorageSize - BR * BWD_KQ * 16;
-  const fit = Math.floor(free / (2 * 16 * Math.ceil(D / 4) + 8 + 4 * BR));
+  const fit = Math.floor(free / (2 * 16 * Math.ceil(D / 4) + 8 + 4 * (BR + 1)));
   return fit < 4 ? 0 : Math.min(32, fit - (fit % 4));
 }
 

@@ -1,7 +1,9 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { ShapeError } from '../../src/gpu/errors.ts';
-import { flashAttention, naiveAttention } from '../../src/ops/attention.ts';
+import type { Gpu } from '../../src/gpu/device.ts';
+import { attentionPlan, flashAttention, flashAttentionBackward, forwardTiling, fusedPlan, MAX_HEAD_DIM, naiveAttention } from '../../src/ops/attention.ts';
+import { randomValues } from '../../src/selftest/check.ts';
 import { defineCaseTests, testGpu } from '../helpers.ts';
 
 defineCaseTests('attention');
@@ -40,5 +42,87 @@ describe('attention bad input', () => {
       () => flashAttention(gpu, z([1, 1, 4, 40]), z([1, 1, 5, 40]), z([1, 1, 5, 40]), { causal: true }),
       shapeError('flashAttention', 'causal attention needs as many keys as queries'),
     );
+  });
+});
+
+describe('attention kernel plans', () => {
+  /** A device with this much workgroup memory (and, where given, subgroups) for the planning functions. */
+  const fakeGpu = (wgBytes: number, subgroupMinSize = 0, maxBinding = 128 << 20) =>
+    ({
+      device: { limits: { maxComputeWorkgroupStorageSize: wgBytes } },
+      hasSubgroups: subgroupMinSize > 0,
+      cpuAdapter: false,
+      maxBinding,
+      adapter: { vendor: 'nvidia', architecture: '', device: '', description: '', subgroupMinSize },
+    }) as unknown as Gpu;
+
+  it('the tiled forward fits the device: every head dim on 32 and 48 KiB, fewer on 16 KiB; subgroups only when wide enough', () => {
+    for (const [bytes, sg] of [
+      [16384, 0],
+      [32768, 0],
+      [32768, 32],
+      [49152, 32],
+    ])
+      for (let D = 1; D <= MAX_HEAD_DIM; D++) {
+        const t = forwardTiling(fakeGpu(bytes, sg), D);
+        if (bytes >= 32768) assert.ok(t, `D${D} on ${bytes} B has a tiling`);
+        if (t) assert.ok(t.bytes <= bytes, `D${D}: ${t.bytes} B of workgroup memory on a ${bytes} B device`);
+        if (t) assert.equal(t.subgroups, sg >= 8);
+      }
+    // SD 1.5's head dims on NVIDIA (48 KiB, 32-lane subgroups): Q resident (32-key tiles at D40, 16 at D80), and
+    // staged in chunks at D160.
+    assert.deepEqual(
+      [40, 80, 160].map((D) => {
+        const t = forwardTiling(fakeGpu(49152, 32), D)!;
+        return [t.BK, t.KC === t.D4S];
+      }),
+      [
+        [32, true],
+        [16, true],
+        [16, false],
+      ],
+    );
+    assert.equal(forwardTiling(fakeGpu(16384), 160), null, 'D160 fits no tile in 16 KiB: the row kernel runs');
+    assert.equal(forwardTiling(fakeGpu(32768, 4), 40)?.subgroups, false, '4-lane subgroups cannot hold an 8-lane row group');
+  });
+
+  it('the fused backward keeps its dQ scratch under the budget by slicing b*heads, and gives way where one does not fit', () => {
+    const gpu = fakeGpu(32768);
+    const sd = { B: 2, H: 8, N: 4096, M: 4096, D: 40 };
+    const plan = fusedPlan(gpu, sd)!;
+    assert.equal(plan.bytesPerBh, 64 * 4096 * 40 * 4);
+    assert.ok(plan.bhPerDispatch * plan.bytesPerBh <= 128 << 20, 'within the default 128 MiB');
+    assert.equal(plan.bhPerDispatch, 3);
+    assert.equal(fusedPlan(gpu, sd, { dqScratchBytes: plan.bytesPerBh - 1 }), null, 'one b*head over the budget: separate kernels');
+    assert.equal(fusedPlan(gpu, sd, { backward: 'separate' }), null);
+    assert.equal(fusedPlan(fakeGpu(32768, 0, 16 << 20), sd), null, 'the budget is at most one storage binding');
+    // Cross-attention: 77 keys are 2 key blocks, every b*head in one dispatch, queries split.
+    const cross = fusedPlan(gpu, { ...sd, M: 77 })!;
+    assert.equal(cross.bhPerDispatch, 16);
+    assert.ok(cross.qSplit < 4096);
+  });
+
+  it('slicing the fused backward by b*heads changes no bit of dQ, dK, dV (block-ordered sums)', async () => {
+    const gpu = await testGpu();
+    const [B, H, N, M, D] = [2, 3, 70, 90, 40];
+    const up = (n: number, seed: number, rows: number) => gpu.upload(randomValues(n, seed), [B, H, rows, D], 'f32');
+    const q = up(B * H * N * D, 1, N);
+    const k = up(B * H * M * D, 2, M);
+    const v = up(B * H * M * D, 3, M);
+    const dy = up(B * H * N * D, 4, N);
+    const f = flashAttention(gpu, q, k, v);
+    const grads = async (dqScratchBytes?: number) => {
+      const kernels = { backward: 'fused' as const, dqScratchBytes };
+      assert.equal(attentionPlan(gpu, { B, H, N, M, D }, kernels).backward?.bhPerDispatch, dqScratchBytes ? 1 : B * H);
+      const g = flashAttentionBackward(gpu, q, k, v, f.out, f.lse, dy, { kernels });
+      const r = await Promise.all([g.dq, g.dk, g.dv].map((t) => gpu.read(t)));
+      gpu.free(g.dq, g.dk, g.dv);
+      return r;
+    };
+    const whole = await grads();
+    const sliced = await grads(2 * N * D * 4);
+    for (let i = 0; i < 3; i++) assert.deepEqual(sliced[i], whole[i]);
+    assert.ok(whole[0].some((x) => x !== 0) && whole[1].some((x) => x !== 0));
+    gpu.free(q, k, v, dy, f.out, f.lse);
   });
 });
