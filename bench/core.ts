@@ -185,6 +185,10 @@ interface Variant {
   note?: string;
 }
 
+const ROW_KERNELS = { forward: 'rows', backward: 'separate' } as const;
+const ROWS_FWD = 'ours (flash, row kernels)';
+const ROWS_FWDBWD = 'ours (flash, row kernels) fwd+bwd';
+
 /** Inputs on `gpu` for shape `c` and the variants that run on them (ours: the op's forward; attention also flash and naive fwd+bwd). */
 function variants(gpu: Gpu, c: ShapeCase): { inputs: Tensor[]; list: Variant[] } {
   const dtype = gpu.computeDType;
@@ -222,6 +226,25 @@ function variants(gpu: Gpu, c: ShapeCase): { inputs: Tensor[]; list: Variant[] }
         run: () => {
           const f = flashAttention(gpu, q, k, v);
           const g = flashAttentionBackward(gpu, q, k, v, f.out, f.lse, dout);
+          return [f.out, f.lse, g.dq, g.dk, g.dv];
+        },
+      },
+      // The kernels before FlashAttention-2 (one query row per invocation; dQ and dK/dV kernels that each
+      // recompute S and dP), still the fallback: the same run gives the before/after.
+      {
+        impl: ROWS_FWD,
+        pass: 'fwd',
+        run: () => {
+          const f = flashAttention(gpu, q, k, v, { kernels: ROW_KERNELS });
+          return [f.out, f.lse];
+        },
+      },
+      {
+        impl: ROWS_FWDBWD,
+        pass: 'fwdbwd',
+        run: () => {
+          const f = flashAttention(gpu, q, k, v, { kernels: ROW_KERNELS });
+          const g = flashAttentionBackward(gpu, q, k, v, f.out, f.lse, dout, { kernels: ROW_KERNELS });
           return [f.out, f.lse, g.dq, g.dk, g.dv];
         },
       },
@@ -435,6 +458,18 @@ export function flashVsNaive(ms: Measurement[], gpuTimes = false): Record<string
         s[`${key}: naive/flash peak bytes, planned by a dry run (target >= 10)`] = naive.plannedPeakBytes / flash.plannedPeakBytes;
       }
     }
+  return s;
+}
+
+/** The FlashAttention-2 kernels against the row kernels they replace, measured in the same run: rows time / tiled time. */
+export function flashTiledVsRows(ms: Measurement[], gpuTimes = false): Record<string, number> {
+  const time = (m: Measurement) => (gpuTimes ? (m.gpuMs ?? m.ms) : m.ms);
+  const s: Record<string, number> = {};
+  for (const m of ms.filter((x) => x.impl === 'ours (flash)' || x.impl === 'ours (flash) fwd+bwd')) {
+    const rows = ms.find((x) => x.id === m.id && x.dtype === m.dtype && x.impl === (m.pass === 'fwdbwd' ? ROWS_FWDBWD : ROWS_FWD));
+    if (rows && Number.isFinite(time(rows)) && Number.isFinite(time(m)))
+      s[`${m.id} ${m.dtype} ${m.pass === 'fwdbwd' ? 'fwd+bwd' : 'fwd'}: row kernels / FlashAttention-2 time`] = time(rows) / time(m);
+  }
   return s;
 }
 

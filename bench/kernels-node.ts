@@ -21,6 +21,7 @@ import {
   benchOurs,
   compare,
   comparisonTable,
+  flashTiledVsRows,
   flashVsNaive,
   flops,
   pickLimits,
@@ -119,6 +120,8 @@ console.log(`\n${table(results)}\n\n${comparisonTable(cases)}\n`);
 for (const [peer, why] of Object.entries(notRun)) console.log(`not run: ${peer}: ${why}`);
 const flashNaive = flashVsNaive(results, true);
 for (const [k, v] of Object.entries(flashNaive)) console.log(`${k}: ${typeof v === 'number' ? v.toFixed(2) : v}`);
+const tiledVsRows = flashTiledVsRows(results, true);
+for (const [k, v] of Object.entries(tiledVsRows)) console.log(`${k}: ${v.toFixed(2)}`);
 const quantized = timestampsQuantized(rawNs);
 const seconds = (performance.now() - started) / 1000;
 console.log(`timestamps quantized: ${quantized ?? 'no timestamps'} (${rawNs.length} measurements); ${seconds.toFixed(0)} s`);
@@ -160,6 +163,7 @@ writeFileSync(
       seconds: Math.round(seconds),
       cases,
       flashVsNaive: flashNaive,
+      flashTiledVsRows: tiledVsRows,
       results,
     },
     null,

@@ -14,7 +14,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
 import { CHROMIUM_FLAGS, serve, WEBGPU_FLAGS } from '../e2e/browser.ts';
-import { adapterSlug, compare, comparisonTable, flashVsNaive, pickLimits, table, timestampsQuantized, type Measurement } from './core.ts';
+import { adapterSlug, compare, comparisonTable, flashTiledVsRows, flashVsNaive, pickLimits, table, timestampsQuantized, type Measurement } from './core.ts';
 import { gitCommit } from './git.ts';
 
 const started = performance.now();
@@ -92,6 +92,8 @@ try {
   console.log(`\n${comparisonTable(cases)}\n`);
   const flashNaive = flashVsNaive(res.results);
   for (const [k, v] of Object.entries(flashNaive)) console.log(`${k}: ${typeof v === 'number' ? v.toFixed(2) : v}`);
+  const tiledVsRows = flashTiledVsRows(res.results);
+  for (const [k, v] of Object.entries(tiledVsRows)) console.log(`${k}: ${v.toFixed(2)}`);
   for (const e of res.errors) console.log(`error: ${e}`);
   const quantized = timestampsQuantized(res.rawNs);
   const seconds = (performance.now() - started) / 1000;
@@ -127,6 +129,7 @@ try {
         seconds: Math.round(seconds),
         cases,
         flashVsNaive: flashNaive,
+        flashTiledVsRows: tiledVsRows,
         results: res.results,
         errors: res.errors,
       },
