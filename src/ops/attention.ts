@@ -14,7 +14,7 @@
 import type { Gpu } from '../gpu/device.ts';
 import { kernel, read, write } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
-import { expectSameDType, Tensor } from '../gpu/tensor.ts';
+import { BYTES, expectSameDType, Tensor, type DType } from '../gpu/tensor.ts';
 import { scale as scaleOp } from './elementwise.ts';
 import { matmul, prefetchRefusal } from './matmul.ts';
 import { softmax, softmaxBackward } from './softmax.ts';
@@ -42,7 +42,12 @@ export interface AttentionKernelChoice {
   prefetch?: boolean;
   /** 'fused' ('separate' where one b*head's dQ scratch exceeds the budget) or 'separate'. */
   backward?: 'fused' | 'separate';
-  /** Bytes of dQ scratch the fused backward may hold at once (default 128 MiB, at most one storage binding). */
+  /**
+   * Bytes of dQ scratch the fused backward may hold at once (at most one storage binding). Default: twice the
+   * bytes of q, at most 128 MiB, so the fused kernel never costs much memory: it runs where the keys are few
+   * (cross-attention's 77: 2 key blocks), and long self-attention (4096 keys: 64 blocks, 32x q per b*head)
+   * takes the separate kernels, which need no scratch.
+   */
   dqScratchBytes?: number;
 }
 
@@ -294,7 +299,7 @@ export function flashAttention(gpu: Gpu, q: Tensor, k: Tensor, v: Tensor, opts: 
   const out = gpu.tensor(q.shape, q.dtype, 'activations', 'attention.out');
   const lse = gpu.tensor([d.B, d.H, d.N], 'f32', 'activations', 'attention.lse');
   checkBindable(gpu, 'flashAttention', q, k, v, out);
-  const tiling = attentionPlan(gpu, d, opts.kernels).forward;
+  const tiling = attentionPlan(gpu, d, opts.kernels, q.dtype).forward;
   const bindings = { q, k, v, out, lse };
   if (tiling) {
     const decl = tiling.subgroups ? ATTN_FWD_TILED_SG : ATTN_FWD_TILED;
@@ -341,7 +346,7 @@ export function flashAttentionBackward(
     dv: gpu.tensor(v.shape, v.dtype, 'gradients', 'attention.dv'),
   };
   const inputs = { q, k, v, dy, lse, delta };
-  const plan = attentionPlan(gpu, d, opts.kernels).backward;
+  const plan = attentionPlan(gpu, d, opts.kernels, q.dtype).backward;
   if (plan) fusedBackward(gpu, d, q.dtype, plan, inputs, grads);
   else separateBackward(gpu, d, q.dtype, inputs, grads);
   gpu.free(delta);
@@ -367,15 +372,15 @@ export interface FusedPlan {
   bytesPerBh: number;
 }
 
-const DQ_SCRATCH_DEFAULT = 128 << 20;
+const DQ_SCRATCH_MAX = 128 << 20;
 
 /** The fused backward's plan for these sizes on this device, or null: the separate kernels run. */
-export function fusedPlan(gpu: Gpu, d: Sizes, choice: AttentionKernelChoice = {}): FusedPlan | null {
+export function fusedPlan(gpu: Gpu, d: Sizes, choice: AttentionKernelChoice = {}, dtype: DType = 'f32'): FusedPlan | null {
   if ((choice.backward ?? 'fused') !== 'fused') return null;
   const BC = fusedTileRows(gpu, d.D);
   if (!BC) return null;
   const bytesPerBh = Math.ceil(d.M / BR) * d.N * d.D * 4;
-  const budget = Math.min(choice.dqScratchBytes ?? DQ_SCRATCH_DEFAULT, gpu.maxBinding);
+  const budget = Math.min(choice.dqScratchBytes ?? Math.min(DQ_SCRATCH_MAX, 2 * d.B * d.H * d.N * d.D * BYTES[dtype]), gpu.maxBinding);
   let bhPerDispatch = Math.min(d.B * d.H, Math.floor(budget / bytesPerBh));
   if (bhPerDispatch < 1) return null;
   // The query-split dK/dV partials of a dispatch (splits x its b*heads x M x D f32) must fit one binding too.
@@ -396,8 +401,8 @@ export interface AttentionPlan {
   backward: FusedPlan | null;
 }
 
-export function attentionPlan(gpu: Gpu, d: Sizes, choice: AttentionKernelChoice = {}): AttentionPlan {
-  return { forward: (choice.forward ?? 'tiled') === 'tiled' ? forwardTiling(gpu, d.D, choice) : null, backward: fusedPlan(gpu, d, choice) };
+export function attentionPlan(gpu: Gpu, d: Sizes, choice: AttentionKernelChoice = {}, dtype: DType = 'f32'): AttentionPlan {
+  return { forward: (choice.forward ?? 'tiled') === 'tiled' ? forwardTiling(gpu, d.D, choice) : null, backward: fusedPlan(gpu, d, choice, dtype) };
 }
 
 /** dK, dV and dQ parts from one kernel per slice of b*heads, then the parts summed into dQ. */

@@ -89,17 +89,22 @@ describe('attention kernel plans', () => {
   it('the fused backward keeps its dQ scratch under the budget by slicing b*heads, and gives way where one does not fit', () => {
     const gpu = fakeGpu(32768);
     const sd = { B: 2, H: 8, N: 4096, M: 4096, D: 40 };
-    const plan = fusedPlan(gpu, sd)!;
+    // SD 1.5's 64x64 self-attention: 64 key blocks, 32x q per b*head: by default (2x q) the separate kernels run.
+    assert.equal(fusedPlan(gpu, sd), null);
+    assert.equal(fusedPlan(gpu, sd, {}, 'f16'), null);
+    const plan = fusedPlan(gpu, sd, { dqScratchBytes: 128 << 20 })!;
     assert.equal(plan.bytesPerBh, 64 * 4096 * 40 * 4);
-    assert.ok(plan.bhPerDispatch * plan.bytesPerBh <= 128 << 20, 'within the default 128 MiB');
-    assert.equal(plan.bhPerDispatch, 3);
+    assert.equal(plan.bhPerDispatch, 3, 'three b*heads fit 128 MiB');
     assert.equal(fusedPlan(gpu, sd, { dqScratchBytes: plan.bytesPerBh - 1 }), null, 'one b*head over the budget: separate kernels');
-    assert.equal(fusedPlan(gpu, sd, { backward: 'separate' }), null);
-    assert.equal(fusedPlan(fakeGpu(32768, 0, 16 << 20), sd), null, 'the budget is at most one storage binding');
-    // Cross-attention: 77 keys are 2 key blocks, every b*head in one dispatch, queries split.
+    assert.equal(fusedPlan(gpu, sd, { backward: 'separate', dqScratchBytes: 128 << 20 }), null);
+    assert.equal(fusedPlan(fakeGpu(32768, 0, 16 << 20), sd, { dqScratchBytes: 128 << 20 }), null, 'the budget is at most one storage binding');
+    // Cross-attention: 77 keys are 2 key blocks (2x q per b*head): every b*head in one dispatch in f32, half in
+    // f16 (q is half the bytes), queries split.
     const cross = fusedPlan(gpu, { ...sd, M: 77 })!;
     assert.equal(cross.bhPerDispatch, 16);
+    assert.ok(cross.bhPerDispatch * cross.bytesPerBh <= 2 * 2 * 8 * 4096 * 40 * 4);
     assert.ok(cross.qSplit < 4096);
+    assert.equal(fusedPlan(gpu, { ...sd, M: 77 }, {}, 'f16')?.bhPerDispatch, 8);
   });
 
   it('slicing the fused backward by b*heads changes no bit of dQ, dK, dV (block-ordered sums)', async () => {
