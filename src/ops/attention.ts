@@ -6,7 +6,8 @@
 //   forward  'tiled': FlashAttention-2 (a block of 64 query rows per workgroup, score and output tiles as
 //            register matmuls, row max/sum across each row's invocations by subgroup shuffles where present,
 //            constant loop bounds with masking, the next K/V tile prefetched on GPUs) where its tiles fit the
-//            device's workgroup memory; 'rows': one query row per invocation (devices with less).
+//            device's workgroup memory, on GPUs; 'rows': one query row per invocation (CPU adapters, where it
+//            measured faster, and devices whose workgroup memory fits no tile).
 //   backward 'fused': one kernel per key block computes S, P, dP and dS once per (query, key) and yields dK,
 //            dV and the block's share of dQ (f32 scratch, summed in block order by a second kernel, bounded
 //            by running slices of b*heads); 'separate': a dQ kernel and a dK/dV kernel that each recompute
@@ -34,7 +35,11 @@ export interface AttentionOptions {
 
 /** Kernel choices of flash attention. */
 export interface AttentionKernelChoice {
-  /** 'tiled' (FlashAttention-2; 'rows' where its tiles do not fit) or 'rows' (a query row per invocation). */
+  /**
+   * 'tiled' (FlashAttention-2; 'rows' where its tiles do not fit) or 'rows' (a query row per invocation). Default:
+   * tiled on GPUs, rows on CPU adapters, where register tiles hide no latency and the tiled kernel's barriers cost:
+   * bench:kernels --quick measured it at 0.38-0.52x the row kernel on SwiftShader, 0.99-1.07x on lavapipe.
+   */
   forward?: 'tiled' | 'rows';
   /** Row reductions of the tiled forward by subgroup shuffles, where the adapter's subgroups are wide enough. */
   subgroups?: boolean;
@@ -402,7 +407,8 @@ export interface AttentionPlan {
 }
 
 export function attentionPlan(gpu: Gpu, d: Sizes, choice: AttentionKernelChoice = {}, dtype: DType = 'f32'): AttentionPlan {
-  return { forward: (choice.forward ?? 'tiled') === 'tiled' ? forwardTiling(gpu, d.D, choice) : null, backward: fusedPlan(gpu, d, choice, dtype) };
+  const forward = choice.forward ?? (gpu.cpuAdapter ? 'rows' : 'tiled');
+  return { forward: forward === 'tiled' ? forwardTiling(gpu, d.D, choice) : null, backward: fusedPlan(gpu, d, choice, dtype) };
 }
 
 /** dK, dV and dQ parts from one kernel per slice of b*heads, then the parts summed into dQ. */

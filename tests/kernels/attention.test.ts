@@ -84,6 +84,12 @@ describe('attention kernel plans', () => {
     );
     assert.equal(forwardTiling(fakeGpu(16384), 160), null, 'D160 fits no tile in 16 KiB: the row kernel runs');
     assert.equal(forwardTiling(fakeGpu(32768, 4), 40)?.subgroups, false, '4-lane subgroups cannot hold an 8-lane row group');
+    // GPUs run the tiled forward by default, CPU adapters the row kernel (unless a caller pins 'tiled').
+    const sizes = { B: 1, H: 8, N: 4096, M: 4096, D: 40 };
+    assert.ok(attentionPlan(fakeGpu(32768, 32), sizes).forward);
+    const cpu = { ...fakeGpu(32768, 8), cpuAdapter: true } as Gpu;
+    assert.equal(attentionPlan(cpu, sizes).forward, null);
+    assert.ok(attentionPlan(cpu, sizes, { forward: 'tiled' }).forward);
   });
 
   it('the fused backward keeps its dQ scratch under the budget by slicing b*heads, and gives way where one does not fit', () => {

@@ -207,6 +207,8 @@ const PATH_CASES: KernelCase[] = [
     tiledWith(false, false),
   ),
   pathCase('tiled forward, row reductions by subgroup shuffles', () => ({ forward: 'tiled', subgroups: true, prefetch: false }), tiledWith(true, false), {
+    // GPUs' default path (CPU adapters default to the row kernels): f16 too.
+    dtypes: ['f32', 'f16'],
     requires: subgroupRefusal,
   }),
   pathCase('tiled forward with the next K/V tile prefetched', () => ({ forward: 'tiled', subgroups: false, prefetch: true }), tiledWith(false, true), {
