@@ -550,11 +550,9 @@ fn emit_dq(t: Task, live: bool, lid: u32, qt: u32, q_end: u32, first: u32, rows:
   }
 }
 
-//#entry attn_bwd_dkv
-// One invocation per key row over all query rows; writes dK, dV in T.
-@compute @workgroup_size(BR)
-fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let t = task(wid);
+//#entry attn_bwd_dkv attn_bwd_fused
+// One invocation per key row over all query rows; writes dK, dV in T (the fused kernel also its key block's dQ parts).
+fn dkv_whole(t: Task, lid: u32) {
   let row = t.row0 + lid;
   let live = row < p.m;
   let acc = dkv_sums(t, row, live, lid, 0u, p.n);
@@ -566,11 +564,10 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
   }
 }
 
-//#entry attn_bwd_dkv_split
-// Few keys: split z of the query rows writes f32 partials, summed by attn_bwd_dkv_reduce.
-@compute @workgroup_size(BR)
-fn attn_bwd_dkv_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let t = task(wid);
+//#entry attn_bwd_dkv_split attn_bwd_fused_split
+// Few keys: split z of the query rows writes f32 partials, summed by attn_bwd_dkv_reduce (the fused kernel
+// also the dQ parts of its own query rows).
+fn dkv_split(t: Task, wid: vec3<u32>, nwg: vec3<u32>, lid: u32) {
   let row = t.row0 + lid;
   let live = row < p.m;
   let q_begin = wid.z * p.q_split;
@@ -581,40 +578,28 @@ fn attn_bwd_dkv_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
     dk_part[base + d] = acc.dk[d / 4u][d % 4u] * p.scale;
     dv_part[base + d] = acc.dv[d / 4u][d % 4u];
   }
+}
+
+//#entry attn_bwd_dkv
+@compute @workgroup_size(BR)
+fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) { dkv_whole(task(wid), lid); }
+
+//#entry attn_bwd_dkv_split
+@compute @workgroup_size(BR)
+fn attn_bwd_dkv_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  dkv_split(task(wid), wid, nwg, lid);
 }
 
 //#entry attn_bwd_fused
-// One invocation per key row over all query rows; writes dK, dV in T and this key block's dQ parts.
 @compute @workgroup_size(BR)
 fn attn_bwd_fused(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let t = task_fused(wid, nwg);
-  let row = t.row0 + lid;
-  let live = row < p.m;
-  let acc = dkv_sums(t, row, live, lid, 0u, p.n);
-  if (!live) { return; }
-  let kb = k_base(t.b, t.h, row);
-  for (var d = 0u; d < D; d++) {
-    dk[kb + d] = T(acc.dk[d / 4u][d % 4u] * p.scale);
-    dv[kb + d] = T(acc.dv[d / 4u][d % 4u]);
-  }
+  dkv_whole(task_fused(wid, nwg), lid);
 }
 
 //#entry attn_bwd_fused_split
-// Few keys: split z of the query rows writes f32 dK/dV partials (summed by attn_bwd_dkv_reduce) and the
-// dQ parts of its own query rows.
 @compute @workgroup_size(BR)
 fn attn_bwd_fused_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let t = task_fused(wid, nwg);
-  let row = t.row0 + lid;
-  let live = row < p.m;
-  let q_begin = wid.z * p.q_split;
-  let acc = dkv_sums(t, row, live, lid, q_begin, min(p.n, q_begin + p.q_split));
-  if (!live) { return; }
-  let base = ((wid.z * nwg.y + wid.y) * p.m + row) * D;
-  for (var d = 0u; d < D; d++) {
-    dk_part[base + d] = acc.dk[d / 4u][d % 4u] * p.scale;
-    dv_part[base + d] = acc.dv[d / 4u][d % 4u];
-  }
+  dkv_split(task_fused(wid, nwg), wid, nwg, lid);
 }
 
 //#entry attn_bwd_dq_reduce
