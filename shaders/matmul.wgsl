@@ -12,9 +12,11 @@
 //   BIAS_ROWS        ... bias[m] instead (a 1x1 convolution's per-channel bias)
 //   ACCUMULATE       C += result instead of C = result (gradient accumulation, split-K chunks)
 //   FITS             the tile divides M, N and K: loads skip their bounds checks
-//   A_VEC4, B_VEC4   the operand's 4-groups are whole aligned vec4s of its storage (Aᵀ stored [K, M] with M, lda,
-//                    its offset and batch stride multiples of 4; B [K, N] likewise in N): one vec4 load per group
-//                    through a4 / b4, the same window bound as array<vec4<T>>, instead of 4 scalar loads
+//   A_VEC4, B_VEC4   the operand is bound as array<vec4<T>> (a4 / b4, the same window) and read in whole aligned
+//                    vec4s along its contiguous index, which its length, leading dimension, offset and batch stride
+//                    are multiples of: one vec4 load instead of 4 scalar ones. Along m or n (Aᵀ stored [K, M], B
+//                    [K, N]) that is a group gemm_a4 / gemm_b4 returns; along k (A [M, K], Bᵀ stored [N, K]: the
+//                    forward x·Wᵀ) the core stages 4x4 quads through gemm_ak4 / gemm_bk4 (defs A_QUADS, B_QUADS)
 //
 // Addressing is BLAS-like: element (r, c) of a row-major operand is base + r * ld + c, where base is
 // an element offset into the bound window plus batch * batch stride. The host binds windows of
@@ -67,6 +69,18 @@ fn gemm_b4(z: u32, k: u32, n: u32) -> vec4<f32> {
     return vec4<f32>(b4[(base + k * p.ldb + n) / 4u]);
   }
   return vec4<f32>(load_b(base, k, n), load_b(base, k, n + 1u), load_b(base, k, n + 2u), load_b(base, k, n + 3u));
+}
+
+// op(A)[m, k .. k+3] and op(B)[k .. k+3, n] for the quad staging (A_QUADS: A [M, K] with A_VEC4; B_QUADS: Bᵀ
+// stored [N, K] with B_VEC4). K % 4 == 0 there, so a group along k is all in or all out.
+fn gemm_ak4(z: u32, m: u32, k: u32) -> vec4<f32> {
+  if (!FITS && (m >= p.M || k >= p.K)) { return vec4<f32>(0.0); }
+  return vec4<f32>(a4[(p.off_a + z * p.stride_a + m * p.lda + k) / 4u]);
+}
+
+fn gemm_bk4(z: u32, k: u32, n: u32) -> vec4<f32> {
+  if (!FITS && (k >= p.K || n >= p.N)) { return vec4<f32>(0.0); }
+  return vec4<f32>(b4[(p.off_b + z * p.stride_b + n * p.ldb + k) / 4u]);
 }
 
 //#entry matmul matmul_tc matmul_split_reduce

@@ -9,6 +9,8 @@
 //   fn gemm_a4(z: u32, m: u32, k: u32) -> vec4<f32>    op(A)[m .. m+3, k], 0 outside the matrix
 //   fn gemm_b4(z: u32, k: u32, n: u32) -> vec4<f32>    op(B)[k, n .. n+3], 0 outside the matrix
 //   fn gemm_out(z: u32, m: u32, n: u32, v: f32)        stores C[m, n] = v (+ bias, + C), for m < M and n < N
+//   fn gemm_ak4(z: u32, m: u32, k: u32) -> vec4<f32>   op(A)[m, k .. k+3] (SIMT core with def A_QUADS only)
+//   fn gemm_bk4(z: u32, k: u32, n: u32) -> vec4<f32>   op(B)[k .. k+3, n] (SIMT core with def B_QUADS only)
 //   const A_K_FAST: bool, B_N_FAST: bool               which index runs fastest across invocations while staging
 //                                                      (the operand's contiguous one, so reads coalesce)
 // Zero-filled loads outside the matrix make ragged M, N and K need no special case. When the tile divides the
@@ -24,14 +26,16 @@
 // bias and accumulation are applied once, as without the split.
 //
 // The SIMT core (tile BM x BN x BK, register block TM x TN; src/ops/matmul.ts's Tile): A and B are staged as f32
-// vec4 groups in k-major shared tiles, tile_a[k][m/4] and tile_b[k][n/4]; per k, each invocation reads TM/4 vec4s
+// vec4 groups in k-major shared tiles, tile_a[k][m/4] and tile_b[k][n/4] (an operand contiguous in k with aligned
+// strides is read as 4x4 quads of vec4s along k and transposed in registers on the way: operandStaging); per k, each invocation reads TM/4 vec4s
 // of A and TN/4 of B and does TM·TN/4 vec4 FMAs into acc_r_j (row r of its block, column group j). Its rows are
 // interleaved so neighbouring invocations read neighbouring vec4s of the shared tiles and write neighbouring vec4s
 // of C: row group i of invocation (tx, ty) is rows (i * WG_Y + ty) * 4 + 0..3, column group j is columns
 // (j * WG_X + tx) * 4 + 0..3.
 //
 // With def PREFETCH (a GPU's default, GemmConfig.prefetch) the staging is software-pipelined through registers:
-// each invocation's vec4 groups of the first step are loaded before the k loop into pa_i / pb_i; each step stores
+// each invocation's units (groups or quads) of the first step are loaded before the k loop into registers
+// pa_i_r / pb_i_r; each step stores
 // them into the shared tiles, waits at the barrier, then issues the next step's global loads into the same
 // registers before its FMAs, so the loads are in flight while the FMAs run (a GPU hides their latency behind
 // them). The group -> (k, row) maps are computed once per invocation. Only tiles whose invocations stage a whole
@@ -285,64 +289,126 @@ export function prefetchFits(t: { BM: number; BN: number; BK: number; TM: number
 }
 
 /**
- * The prefetching SIMT core's staging, before its k loop: which vec4 groups of each staged tile invocation `tid`
- * loads (A: groups ga_i = tid + i * threads of the BM/4 x BK tile, at k ka_i and rows 4 ma_i; B likewise), each
- * group's registers pa_i / pb_i, and the first step's loads.
+ * How the SIMT core stages one operand's BK-deep step into its k-major shared tile (tile_a[k][m/4], tile_b[k][n/4]):
+ *   groups  unit = one vec4 group, 4 rows (columns) at one k, through gemm_a4 / gemm_b4 and stored as it is. The
+ *           def A_K_FAST / B_N_FAST orders the units across invocations so the operand's contiguous index runs
+ *           fastest (reads coalesce).
+ *   quads   unit = a 4x4 block, 4 rows (columns) x 4 k, read as 4 vec4s along k through gemm_ak4 / gemm_bk4 (an
+ *           operand contiguous in k: A [M, K], Bᵀ stored [N, K], so x·Wᵀ reads whole vec4s), transposed in
+ *           registers and stored as 4 vec4s, one per k. Units run row group fastest, so neighbouring invocations
+ *           store neighbouring vec4s of a tile row (no bank conflicts).
+ * A unit is staged by `loads` (its registers' global loads, 1 or 4) and `stores` (registers -> shared tile); `maps`
+ * gives its first k and its row (column) group from the unit index.
  */
-function prefetchSetup(BM: number, BN: number, BK: number, threads: number): string[] {
-  const L: string[] = [];
-  for (const [x, groups, fast, idx] of prefetchOperands(BM, BN, BK)) {
-    for (let i = 0; i < groups / threads; i++) {
-      L.push(`  let g${x}_${i} = tid + ${i * threads}u;`);
-      L.push(`  let k${x}_${i} = ${idx.k(`g${x}_${i}`, fast)};`, `  let ${x === 'a' ? 'm' : 'n'}${x}_${i} = ${idx.mn(`g${x}_${i}`, fast)};`);
-      L.push(`  var p${x}_${i} = vec4<f32>(0.0);`);
-    }
+interface OperandStaging {
+  x: 'a' | 'b';
+  units: number;
+  regs: number;
+  maps(g: string): { k: string; mn: string };
+  loads(k0: string, k: string, mn: string): string[];
+  stores(k: string, mn: string, reg: (r: number) => string): string[];
+}
+
+function operandStaging(x: 'a' | 'b', BM: number, BN: number, BK: number, quads: boolean): OperandStaging {
+  const W = (x === 'a' ? BM : BN) / 4; // shared tile row width in vec4s
+  const origin = x === 'a' ? 'row0' : 'col0';
+  if (quads) {
+    const load = (k0: string, k: string, rc: string) => (x === 'a' ? `gemm_ak4(z, ${rc}, ${k0} + ${k})` : `gemm_bk4(z, ${k0} + ${k}, ${rc})`);
+    return {
+      x,
+      units: W * (BK / 4),
+      regs: 4,
+      maps: (g) => ({ k: `(${g} / ${W}u) * 4u`, mn: `${g} % ${W}u` }),
+      loads: (k0, k, mn) => [0, 1, 2, 3].map((r) => load(k0, k, `${origin} + ${mn} * 4u + ${r}u`)),
+      // element c of register r is op(X)[row (column) 4 mn + r, k + c]: tile row k + c is (reg0[c], .., reg3[c])
+      stores: (k, mn, reg) =>
+        [0, 1, 2, 3].map((c) => `tile_${x}[(${k} + ${c}u) * ${W}u + ${mn}] = vec4<f32>(${[0, 1, 2, 3].map((r) => `${reg(r)}.${'xyzw'[c]}`).join(', ')});`),
+    };
   }
-  L.push('  if (k_lo < k_hi) {', ...prefetchLoads(BM, BN, BK, threads, 'k_lo').map((l) => `  ${l}`), '  }');
-  return L;
+  const fast = x === 'a' ? 'A_K_FAST' : 'B_N_FAST';
+  return {
+    x,
+    units: W * BK,
+    regs: 1,
+    maps: (g) =>
+      x === 'a'
+        ? { k: `select(${g} / ${W}u, ${g} % ${BK}u, ${fast})`, mn: `select(${g} % ${W}u, ${g} / ${BK}u, ${fast})` }
+        : { k: `select(${g} % ${BK}u, ${g} / ${W}u, ${fast})`, mn: `select(${g} / ${BK}u, ${g} % ${W}u, ${fast})` },
+    loads: (k0, k, mn) => [x === 'a' ? `gemm_a4(z, row0 + ${mn} * 4u, ${k0} + ${k})` : `gemm_b4(z, ${k0} + ${k}, col0 + ${mn} * 4u)`],
+    stores: (k, mn, reg) => [`tile_${x}[${k} * ${W}u + ${mn}] = ${reg(0)};`],
+  };
 }
 
-/** One k step of the prefetching core: registers to shared tiles, barrier, the next step's loads (if any). */
-function prefetchStep(BM: number, BN: number, BK: number, threads: number): string[] {
-  const L: string[] = [];
-  for (const [x, groups, , , width] of prefetchOperands(BM, BN, BK))
-    for (let i = 0; i < groups / threads; i++) {
-      const at = x === 'a' ? `ka_${i} * ${width}u + ma_${i}` : `kb_${i} * ${width}u + nb_${i}`;
-      L.push(`    tile_${x}[${at}] = p${x}_${i};`);
-    }
-  L.push('    workgroupBarrier();');
-  L.push(`    if (k0 + ${BK}u < k_hi) {`, ...prefetchLoads(BM, BN, BK, threads, `k0 + ${BK}u`), '    }');
-  return L;
-}
-
-/** The global loads of the step starting at k `k0` into the prefetch registers. */
-function prefetchLoads(BM: number, BN: number, BK: number, threads: number, k0: string): string[] {
-  const L: string[] = [];
-  for (const [x, groups] of prefetchOperands(BM, BN, BK))
-    for (let i = 0; i < groups / threads; i++) {
-      const load = x === 'a' ? `gemm_a4(z, row0 + ma_${i} * 4u, ${k0} + ka_${i})` : `gemm_b4(z, ${k0} + kb_${i}, col0 + nb_${i} * 4u)`;
-      L.push(`      p${x}_${i} = ${load};`);
-    }
+/** The plain SIMT core's staging of one step: each invocation walks units tid, tid + threads, ... */
+function stageStep(op: OperandStaging, threads: number): string[] {
+  const { k, mn } = op.maps('g');
+  const L = [`    for (var g = tid; g < ${op.units}u; g += ${threads}u) {`, `      let k = ${k};`, `      let mn = ${mn};`];
+  op.loads('k0', 'k', 'mn').forEach((load, r) => L.push(`      let v${r} = ${load};`));
+  L.push(...op.stores('k', 'mn', (r) => `v${r}`).map((l) => `      ${l}`), '    }');
   return L;
 }
 
 /**
- * Per staged operand: its name, vec4 groups per tile, the def saying which index runs fastest across invocations,
- * the group -> (k, row or column group) maps, and the shared tile's row width in vec4s.
+ * The prefetch units of one operand invocation `tid` holds: unit i is tid + i * threads, guarded (`if`) where the
+ * units do not divide evenly and that unit is missing for the last invocations (quads: a quarter of the groups, so
+ * where prefetchFits allows at most 8 groups per invocation, at most 2 quads, 8 registers, are held).
  */
-function prefetchOperands(BM: number, BN: number, BK: number) {
-  const a = {
-    k: (g: string, fast: string) => `select(${g} / ${BM / 4}u, ${g} % ${BK}u, ${fast})`,
-    mn: (g: string, fast: string) => `select(${g} % ${BM / 4}u, ${g} / ${BK}u, ${fast})`,
-  };
-  const b = {
-    k: (g: string, fast: string) => `select(${g} % ${BK}u, ${g} / ${BN / 4}u, ${fast})`,
-    mn: (g: string, fast: string) => `select(${g} / ${BK}u, ${g} % ${BN / 4}u, ${fast})`,
-  };
-  return [
-    ['a', (BM / 4) * BK, 'A_K_FAST', a, BM / 4],
-    ['b', BK * (BN / 4), 'B_N_FAST', b, BN / 4],
-  ] as const;
+function heldUnits(op: OperandStaging, threads: number): { i: number; guard: string | null }[] {
+  return Array.from({ length: Math.ceil(op.units / threads) }, (_, i) => ({ i, guard: (i + 1) * threads > op.units ? `g${op.x}_${i} < ${op.units}u` : null }));
+}
+
+/** `lines` under the unit's guard, if it has one. */
+function guarded(guard: string | null, indent: string, lines: string[]): string[] {
+  return guard ? [`${indent}if (${guard}) {`, ...lines.map((l) => `  ${indent}${l}`), `${indent}}`] : lines.map((l) => indent + l);
+}
+
+/**
+ * The prefetching SIMT core's staging, before its k loop: which units of each staged tile invocation `tid` loads
+ * (its first k k{x}_i and row or column group n{x}_i computed once), the units' registers p{x}_i_r, and the first
+ * step's loads.
+ */
+function prefetchSetup(ops: OperandStaging[], threads: number): string[] {
+  const L: string[] = [];
+  for (const op of ops)
+    for (const { i } of heldUnits(op, threads)) {
+      const { k, mn } = op.maps(`g${op.x}_${i}`);
+      L.push(`  let g${op.x}_${i} = tid + ${i * threads}u;`, `  let k${op.x}_${i} = ${k};`, `  let n${op.x}_${i} = ${mn};`);
+      for (let r = 0; r < op.regs; r++) L.push(`  var p${op.x}_${i}_${r} = vec4<f32>(0.0);`);
+    }
+  L.push('  if (k_lo < k_hi) {', ...prefetchLoads(ops, threads, 'k_lo').map((l) => `  ${l}`), '  }');
+  return L;
+}
+
+/** One k step of the prefetching core: registers to shared tiles, barrier, the next step's loads (if any). */
+function prefetchStep(ops: OperandStaging[], BK: number, threads: number): string[] {
+  const L: string[] = [];
+  for (const op of ops)
+    for (const { i, guard } of heldUnits(op, threads))
+      L.push(
+        ...guarded(
+          guard,
+          '    ',
+          op.stores(`k${op.x}_${i}`, `n${op.x}_${i}`, (r) => `p${op.x}_${i}_${r}`),
+        ),
+      );
+  L.push('    workgroupBarrier();');
+  L.push(`    if (k0 + ${BK}u < k_hi) {`, ...prefetchLoads(ops, threads, `k0 + ${BK}u`), '    }');
+  return L;
+}
+
+/** The global loads of the step starting at k `k0` into the prefetch registers. */
+function prefetchLoads(ops: OperandStaging[], threads: number, k0: string): string[] {
+  const L: string[] = [];
+  for (const op of ops)
+    for (const { i, guard } of heldUnits(op, threads))
+      L.push(
+        ...guarded(
+          guard,
+          '      ',
+          op.loads(k0, `k${op.x}_${i}`, `n${op.x}_${i}`).map((load, r) => `p${op.x}_${i}_${r} = ${load};`),
+        ),
+      );
+  return L;
 }
 
 /** `code` for a kernel declaration: the SIMT entry point `entry`, unrolled for the tile (BM, BN, BK, TM, TN) in `defs`. */
@@ -361,26 +427,17 @@ export function simtGemmEntry(entry: string): (defs: Defs) => string {
     const WX = BN / TN;
     const WY = BM / TM;
     const threads = WX * WY;
+    const ops = (['a', 'b'] as const).map((x) => operandStaging(x, BM, BN, BK, boolDef(entry, defs, x === 'a' ? 'A_QUADS' : 'B_QUADS')));
     const L: string[] = [`// SIMT GEMM core, generated by src/ops/gemm.ts: tile ${BM}x${BN}x${BK}, ${TM}x${TN} registers per invocation.`];
     L.push(`var<workgroup> tile_a: array<vec4<f32>, ${(BK * BM) / 4}>;`, `var<workgroup> tile_b: array<vec4<f32>, ${(BK * BN) / 4}>;`);
     L.push(`@compute @workgroup_size(${WX}, ${WY})`);
     L.push(`fn ${entry}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {`);
     L.push('  let dims = gemm_dims();', ...reductionRange(split), `  let row0 = wg.y * ${BM}u;`, `  let col0 = wg.x * ${BN}u;`);
     for (let r = 0; r < TM; r++) for (let j = 0; j < VN; j++) L.push(`  var acc_${r}_${j} = vec4<f32>(0.0);`);
-    if (prefetch) L.push(...prefetchSetup(BM, BN, BK, threads));
+    if (prefetch) L.push(...prefetchSetup(ops, threads));
     L.push(`  for (var k0 = k_lo; k0 < k_hi; k0 += ${BK}u) {`);
-    if (prefetch) L.push(...prefetchStep(BM, BN, BK, threads));
-    else {
-      L.push(`    for (var g = tid; g < ${(BM / 4) * BK}u; g += ${threads}u) {`);
-      L.push('      var k: u32;', '      var m4: u32;');
-      L.push(`      if (A_K_FAST) { k = g % ${BK}u; m4 = g / ${BK}u; } else { m4 = g % ${BM / 4}u; k = g / ${BM / 4}u; }`);
-      L.push(`      tile_a[k * ${BM / 4}u + m4] = gemm_a4(z, row0 + m4 * 4u, k0 + k);`, '    }');
-      L.push(`    for (var g = tid; g < ${BK * (BN / 4)}u; g += ${threads}u) {`);
-      L.push('      var k: u32;', '      var n4: u32;');
-      L.push(`      if (B_N_FAST) { n4 = g % ${BN / 4}u; k = g / ${BN / 4}u; } else { k = g % ${BK}u; n4 = g / ${BK}u; }`);
-      L.push(`      tile_b[k * ${BN / 4}u + n4] = gemm_b4(z, k0 + k, col0 + n4 * 4u);`, '    }');
-      L.push('    workgroupBarrier();');
-    }
+    if (prefetch) L.push(...prefetchStep(ops, BK, threads));
+    else L.push(...ops.flatMap((op) => stageStep(op, threads)), '    workgroupBarrier();');
     // rank-1 updates of the register block, one per k of the tile
     L.push(`    for (var k = 0u; k < ${BK}u; k++) {`);
     for (let j = 0; j < VN; j++) L.push(`      let b_${j} = tile_b[k * ${BN / 4}u + ${j * WX}u + lid.x];`);

@@ -403,14 +403,21 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     const wbias = firstK && g.bias !== null ? (g.biasRows ? elemWindow(gpu, g.bias, k.m0, k.mc) : elemWindow(gpu, g.bias, k.n0, k.nc)) : null;
     const tiles: [number, number] = [Math.ceil(k.nc / blockTile.BN), Math.ceil(k.mc / blockTile.BM)];
     const split = chooseSplitK(gpu, tiles[0] * tiles[1] * k.nb, k.nb, k.mc, k.nc, k.kc, blockTile.BK, g.splitK);
-    const aVec4 = vec4Operand(g.transA, k.mc, g.lda, g.strideA, wa.offset);
-    const bVec4 = vec4Operand(!g.transB, k.nc, g.ldb, g.strideB, wb.offset);
+    // Whole vec4 reads along each operand's contiguous index where its strides allow: along m or n as the groups
+    // both cores stage (Aᵀ stored [K, M], B [K, N]), along k as the SIMT core's 4x4 quads (A [M, K], Bᵀ stored
+    // [N, K]: the forward x·Wᵀ; gemm.ts operandStaging).
+    const aQuads = tile !== null && !g.transA && vec4Operand(true, k.kc, g.lda, g.strideA, wa.offset);
+    const bQuads = tile !== null && g.transB && vec4Operand(true, k.kc, g.ldb, g.strideB, wb.offset);
+    const aVec4 = aQuads || vec4Operand(g.transA, k.mc, g.lda, g.strideA, wa.offset);
+    const bVec4 = bQuads || vec4Operand(!g.transB, k.nc, g.ldb, g.strideB, wb.offset);
     const defs = {
       T: g.a.dtype,
       TC: g.c.dtype,
       BIAS_ROWS: g.biasRows,
       A_VEC4: aVec4,
       B_VEC4: bVec4,
+      A_QUADS: aQuads,
+      B_QUADS: bQuads,
       // the tile divides the block: loads and stores skip their bounds checks
       FITS: k.mc % blockTile.BM === 0 && k.nc % blockTile.BN === 0 && k.kc % blockTile.BK === 0,
       TRANS_A: g.transA,

@@ -168,16 +168,50 @@ describe('prefetch (32-deep steps, next step loaded into registers)', () => {
   it('loads the first step before the k loop and each next step after the barrier, before the FMAs', () => {
     const wgsl = kernelModule('', decl, { T: 'f32', ...deep(GPU_TILE_64) });
     // GPU 64x64 at 32 deep: 512 groups per operand over 256 invocations
-    assert.equal(wgsl.match(/var pa_\d+ = vec4<f32>\(0\.0\);/g)?.length, 2);
-    assert.equal(wgsl.match(/var pb_\d+ = vec4<f32>\(0\.0\);/g)?.length, 2);
+    assert.equal(wgsl.match(/var pa_\d+_0 = vec4<f32>\(0\.0\);/g)?.length, 2);
+    assert.equal(wgsl.match(/var pb_\d+_0 = vec4<f32>\(0\.0\);/g)?.length, 2);
     const loop = wgsl.indexOf('for (var k0 = k_lo;');
     const next = wgsl.indexOf('if (k0 + 32u < k_hi) {');
     const barrier = wgsl.indexOf('workgroupBarrier();', loop);
     const fma = wgsl.indexOf('fma(', loop);
-    assert.ok(wgsl.indexOf('pa_0 = gemm_a4(z, row0 + ma_0 * 4u, k_lo + ka_0);') < loop, 'first step loaded before the loop');
+    assert.ok(wgsl.indexOf('pa_0_0 = gemm_a4(z, row0 + na_0 * 4u, k_lo + ka_0);') < loop, 'first step loaded before the loop');
     assert.ok(barrier < next && next < fma, 'the next step is loaded after the barrier and before the FMAs');
-    assert.match(wgsl.slice(next, fma), /pb_1 = gemm_b4\(z, k0 \+ 32u \+ kb_1, col0 \+ nb_1 \* 4u\);/);
-    assert.ok(wgsl.indexOf('tile_a[ka_0 * 16u + ma_0] = pa_0;', loop) < barrier, 'registers stored before the barrier');
+    assert.match(wgsl.slice(next, fma), /pb_1_0 = gemm_b4\(z, k0 \+ 32u \+ kb_1, col0 \+ nb_1 \* 4u\);/);
+    assert.ok(wgsl.indexOf('tile_a[ka_0 * 16u + na_0] = pa_0_0;', loop) < barrier, 'registers stored before the barrier');
+  });
+});
+
+describe('quad staging (vec4 loads along k: A [M, K], Bᵀ stored [N, K])', () => {
+  const decl = kernel({ shader: 't', entry: 'gemm', uniforms: [], bindings: [], code: simtGemmEntry('gemm') });
+  const deep = (t: Tile): Tile => ({ ...t, BK: 32, PREFETCH: true });
+
+  it('each unit reads 4 vec4s along k and stores their transpose, one vec4 per k row of the tile', () => {
+    const wgsl = kernelModule('', decl, { T: 'f32', ...TILE_64, A_QUADS: true, B_QUADS: true });
+    // 64x64x16: 16 row groups x 4 k groups per operand, walked by 64 invocations
+    assert.match(wgsl, /for \(var g = tid; g < 64u; g \+= 64u\) \{/);
+    for (let r = 0; r < 4; r++) assert.ok(wgsl.includes(`let v${r} = gemm_ak4(z, row0 + mn * 4u + ${r}u, k0 + k);`), `A row ${r}`);
+    for (let r = 0; r < 4; r++) assert.ok(wgsl.includes(`let v${r} = gemm_bk4(z, k0 + k, col0 + mn * 4u + ${r}u);`), `B column ${r}`);
+    // tile row k + c holds component c of the 4 rows
+    assert.ok(wgsl.includes('tile_a[(k + 2u) * 16u + mn] = vec4<f32>(v0.z, v1.z, v2.z, v3.z);'));
+    assert.ok(wgsl.includes('tile_b[(k + 3u) * 16u + mn] = vec4<f32>(v0.w, v1.w, v2.w, v3.w);'));
+    assert.doesNotMatch(wgsl, /gemm_a4\(|gemm_b4\(/);
+    // without the defs the groups are staged as before
+    const plain = kernelModule('', decl, { T: 'f32', ...TILE_64 });
+    assert.doesNotMatch(plain, /gemm_ak4\(|gemm_bk4\(/);
+  });
+
+  it('prefetching: each invocation holds whole quads, the last one guarded where they do not divide evenly', () => {
+    // 8x8 blocks, 64x64x32: 128 quads per operand over 64 invocations, 2 each (8 registers), unguarded
+    const cpu = kernelModule('', decl, { T: 'f32', ...deep(TILE_64), A_QUADS: true, B_QUADS: true });
+    assert.equal(cpu.match(/var pa_\d_\d = vec4<f32>\(0\.0\);/g)?.length, 8);
+    assert.doesNotMatch(cpu, /if \(g[ab]_\d < /);
+    assert.ok(cpu.includes('pa_1_3 = gemm_ak4(z, row0 + na_1 * 4u + 3u, k_lo + ka_1);'));
+    // GPU 64x64 (4x4 blocks): 128 quads over 256 invocations, only the first 128 hold one
+    const gpu = kernelModule('', decl, { T: 'f32', ...deep(GPU_TILE_64), B_QUADS: true });
+    assert.equal(gpu.match(/var pb_0_\d = vec4<f32>\(0\.0\);/g)?.length, 4);
+    assert.equal(gpu.match(/if \(gb_0 < 128u\) \{/g)?.length, 3, 'first loads, stores and next loads guarded');
+    assert.equal(gpu.match(/gb_1/g), null);
+    assert.match(gpu, /var pa_1_0/, 'A still staged in groups, 2 per invocation');
   });
 });
 

@@ -164,6 +164,15 @@ function vec4Case(): KernelCase {
 }
 
 /**
+ * K a multiple of 4 but not of the 16- or 32-deep step, M and N of no tile: operands contiguous in k (A [M, K], Bᵀ
+ * stored [N, K]; the backward's dY·Wᵀ too, N being a multiple of 4) are staged in 4x4 quads of vec4 loads along k
+ * (gemm.ts operandStaging), with the edge tiles masking rows, columns and the last partial step.
+ */
+function quadsCase(tile: Tile | undefined, label: string): KernelCase {
+  return tiledCase(tile ? { tile } : {}, `k-contiguous operands (vec4 quads along k) at ragged tiles${label}`, [2, 130, 44, 132]);
+}
+
+/**
  * vec4 loads of batched operands that start inside their buffers: a [3, 24, 20]ᵀ and b [3, 24, 28] are views 4 and
  * 8 elements into larger uploads (offsets multiples of 4, so still vec4-aligned), so each batch's group index needs
  * the window offset and the batch stride; and views 1 element in, which must fall back to scalar loads.
@@ -171,7 +180,7 @@ function vec4Case(): KernelCase {
 function vec4OffsetCase(): KernelCase {
   return {
     family: 'matmul',
-    name: 'vec4 loads of batched views at element offsets 4/8 (aligned) and 1 (scalar fallback) (ts ref)',
+    name: 'vec4 loads (along m/n and along k) of batched views at element offsets 4/8 (aligned) and 1 (scalar fallback) (ts ref)',
     async run({ gpu, dtype }) {
       const checks: Check[] = [];
       const [B, K, M, N] = [3, 24, 20, 28];
@@ -189,7 +198,13 @@ function vec4OffsetCase(): KernelCase {
         const y = matmul(gpu, va, vb, { transA: true });
         const want = matmulRef(a, [B, K, M], b, [B, K, N], { transA: true });
         checks.push(compare(`offsets ${offA}/${offB}`, await gpu.read(y), want, matmulTol(dtype)));
-        gpu.free(ta, tb, y);
+        // the same data as a [3, 20, 24] · ([3, 28, 24])ᵀ: both contiguous in k, staged as quads along k when aligned
+        const qa = new Tensor(ta.alloc, [B, M, K], dtype, ta.byteOffset + offA * bytes, false);
+        const qb = new Tensor(tb.alloc, [B, N, K], dtype, tb.byteOffset + offB * bytes, false);
+        const yq = matmul(gpu, qa, qb, { transB: true });
+        const wantQ = matmulRef(a, [B, M, K], b, [B, N, K], { transB: true });
+        checks.push(compare(`k-contiguous, offsets ${offA}/${offB}`, await gpu.read(yq), wantQ, matmulTol(dtype)));
+        gpu.free(ta, tb, y, yq);
       }
       return checks;
     },
@@ -308,6 +323,10 @@ export const cases: KernelCase[] = [
   tcSplitKCase(),
   fitsCase(),
   vec4Case(),
+  quadsCase(undefined, ''),
+  // f32 only: the staging is dtype-blind (the loaders convert); 2 quads per invocation, and the guarded half
+  { ...quadsCase(deepPrefetch(TILE_64), ', 64x64 32-deep prefetch tile'), dtypes: ['f32'], requires: prefetchRefusal },
+  { ...quadsCase(deepPrefetch(GPU_TILE_64), ', GPU 64x64 32-deep prefetch tile'), dtypes: ['f32'], requires: prefetchRefusal },
   vec4OffsetCase(),
   {
     family: 'matmul',
