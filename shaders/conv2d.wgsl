@@ -12,7 +12,9 @@
 //
 // Specialised by: T (storage of x, w, dy, bias), TC (storage of the output: T or f32), MODE,
 // KH, KW, STRIDE, the tile's defs (src/ops/gemm.ts), HAS_BIAS, ACCUMULATE, FITS (the tile divides GM, GN and GK:
-// the loaders skip their bounds checks; the padding test of x_tap stays).
+// the loaders skip their bounds checks; the padding test of x_tap stays), CONST_SIZES (the layer's sizes GM ..
+// pad, read through the generated sz_<name>(), are the constants SZ_<name> instead of uniforms: src/ops/conv2d.ts
+// sizeAccessors; GPUs' default).
 // `bias_grad` (db[co] = Σ_{n, pixels} dy[n, co, ·]) uses T, TC and ACCUMULATE.
 //
 // Bindings: src_a = w (modes 0, 1) or dy (mode 2); src_b = x (modes 0, 2) or dy (mode 1); out = y,
@@ -32,10 +34,10 @@ const KHW = KH * KW;
 
 // x[sample base, ci, oh*S - P + kh, ow*S - P + kw], 0 in the padding.
 fn x_tap(base: u32, ci: u32, oh: u32, ow: u32, r: u32) -> f32 {
-  let ih = i32(oh * STRIDE + r / KW) - i32(p.pad);
-  let iw = i32(ow * STRIDE + r % KW) - i32(p.pad);
-  if (ih < 0 || iw < 0 || ih >= i32(p.H) || iw >= i32(p.W)) { return 0.0; }
-  return f32(src_b[base + (ci * p.H + u32(ih)) * p.W + u32(iw)]);
+  let ih = i32(oh * STRIDE + r / KW) - i32(sz_pad());
+  let iw = i32(ow * STRIDE + r % KW) - i32(sz_pad());
+  if (ih < 0 || iw < 0 || ih >= i32(sz_H()) || iw >= i32(sz_W())) { return 0.0; }
+  return f32(src_b[base + (ci * sz_H() + u32(ih)) * sz_W() + u32(iw)]);
 }
 
 // The loaders fill one vec4 group of a tile at a time: 4 consecutive GEMM rows m (A) or columns n (B) at one
@@ -46,38 +48,38 @@ fn x_tap(base: u32, ci: u32, oh: u32, ow: u32, r: u32) -> f32 {
 // A[m .. m+3, k] of the GEMM, 0 outside it.
 fn load_a4(m: u32, k: u32) -> vec4<f32> {
   var v = vec4<f32>(0.0);
-  if (!FITS && k >= p.GK) { return v; }
+  if (!FITS && k >= sz_GK()) { return v; }
   if (MODE == 0u) {                                                               // w[co, (ci, r)]
-    for (var j = 0u; j < 4u; j++) { if (FITS || m + j < p.GM) { v[j] = f32(src_a[p.off_a + (m + j) * p.GK + k]); } }
+    for (var j = 0u; j < 4u; j++) { if (FITS || m + j < sz_GM()) { v[j] = f32(src_a[p.off_a + (m + j) * sz_GK() + k]); } }
     return v;
   }
   if (MODE == 1u) {                                                               // w[co, ci, r]
     let co = k / KHW;
     let r = k % KHW;
-    for (var j = 0u; j < 4u; j++) { if (FITS || m + j < p.GM) { v[j] = f32(src_a[p.off_a + (co * p.Ci + m + j) * KHW + r]); } }
+    for (var j = 0u; j < 4u; j++) { if (FITS || m + j < sz_GM()) { v[j] = f32(src_a[p.off_a + (co * sz_Ci() + m + j) * KHW + r]); } }
     return v;
   }
-  let hw = p.Ho * p.Wo;                                                           // dy[s, co, pixel], k = (s, pixel)
+  let hw = sz_Ho() * sz_Wo();                                                     // dy[s, co, pixel], k = (s, pixel)
   let s = k / hw;
   let pix = k - s * hw;
-  for (var j = 0u; j < 4u; j++) { if (FITS || m + j < p.GM) { v[j] = f32(src_a[p.off_a + (s * p.Co + m + j) * hw + pix]); } }
+  for (var j = 0u; j < 4u; j++) { if (FITS || m + j < sz_GM()) { v[j] = f32(src_a[p.off_a + (s * sz_Co() + m + j) * hw + pix]); } }
   return v;
 }
 
 // B[k, n .. n+3] of the GEMM for sample z (modes 0, 1), 0 outside it.
 fn load_b4(z: u32, k: u32, n: u32) -> vec4<f32> {
   var v = vec4<f32>(0.0);
-  if (!FITS && k >= p.GK) { return v; }
+  if (!FITS && k >= sz_GK()) { return v; }
   let base = p.off_b + z * p.stride_b;
   if (MODE == 0u) {                                                               // n = output pixel (oh, ow)
     let ci = k / KHW;
     let r = k % KHW;
-    var oh = n / p.Wo;
-    var ow = n - oh * p.Wo;
+    var oh = n / sz_Wo();
+    var ow = n - oh * sz_Wo();
     for (var j = 0u; j < 4u; j++) {
-      if (FITS || n + j < p.GN) { v[j] = x_tap(base, ci, oh, ow, r); }
+      if (FITS || n + j < sz_GN()) { v[j] = x_tap(base, ci, oh, ow, r); }
       ow += 1u;
-      if (ow == p.Wo) { ow = 0u; oh += 1u; }
+      if (ow == sz_Wo()) { ow = 0u; oh += 1u; }
     }
     return v;
   }
@@ -85,35 +87,35 @@ fn load_b4(z: u32, k: u32, n: u32) -> vec4<f32> {
     // dy[co, (ih + P - kh) / S, (iw + P - kw) / S] where exact and inside dy; n = input pixel (ih, iw).
     let co = k / KHW;
     let r = k % KHW;
-    var ih = n / p.W;
-    var iw = n - ih * p.W;
+    var ih = n / sz_W();
+    var iw = n - ih * sz_W();
     for (var j = 0u; j < 4u; j++) {
-      if (FITS || n + j < p.GN) { v[j] = dy_tap(base, co, ih, iw, r); }
+      if (FITS || n + j < sz_GN()) { v[j] = dy_tap(base, co, ih, iw, r); }
       iw += 1u;
-      if (iw == p.W) { iw = 0u; ih += 1u; }
+      if (iw == sz_W()) { iw = 0u; ih += 1u; }
     }
     return v;
   }
   // MODE 2: k = (sample, output pixel), n = (ci, r).
-  let hw = p.Ho * p.Wo;
+  let hw = sz_Ho() * sz_Wo();
   let s = k / hw;
   let pix = k - s * hw;
-  let oh = pix / p.Wo;
-  let ow = pix - oh * p.Wo;
-  let base_s = base + s * p.Ci * p.H * p.W;
-  for (var j = 0u; j < 4u; j++) { if (FITS || n + j < p.GN) { v[j] = x_tap(base_s, (n + j) / KHW, oh, ow, (n + j) % KHW); } }
+  let oh = pix / sz_Wo();
+  let ow = pix - oh * sz_Wo();
+  let base_s = base + s * sz_Ci() * sz_H() * sz_W();
+  for (var j = 0u; j < 4u; j++) { if (FITS || n + j < sz_GN()) { v[j] = x_tap(base_s, (n + j) / KHW, oh, ow, (n + j) % KHW); } }
   return v;
 }
 
 // dy[base: co, (ih + P - kh) / S, (iw + P - kw) / S] for tap r, 0 where inexact or outside dy.
 fn dy_tap(base: u32, co: u32, ih: u32, iw: u32, r: u32) -> f32 {
-  let th = i32(ih + p.pad) - i32(r / KW);
-  let tw = i32(iw + p.pad) - i32(r % KW);
+  let th = i32(ih + sz_pad()) - i32(r / KW);
+  let tw = i32(iw + sz_pad()) - i32(r % KW);
   if (th < 0 || tw < 0) { return 0.0; }
   let oh = u32(th) / STRIDE;
   let ow = u32(tw) / STRIDE;
-  if (oh * STRIDE != u32(th) || ow * STRIDE != u32(tw) || oh >= p.Ho || ow >= p.Wo) { return 0.0; }
-  return f32(src_b[base + (co * p.Ho + oh) * p.Wo + ow]);
+  if (oh * STRIDE != u32(th) || ow * STRIDE != u32(tw) || oh >= sz_Ho() || ow >= sz_Wo()) { return 0.0; }
+  return f32(src_b[base + (co * sz_Ho() + oh) * sz_Wo() + ow]);
 }
 
 // The GEMM interface both generated cores call (src/ops/gemm.ts: the SIMT core `conv_gemm`, the tensor-core core
@@ -126,13 +128,13 @@ fn gemm_a4(z: u32, m: u32, k: u32) -> vec4<f32> { return load_a4(m, k); }
 fn gemm_b4(z: u32, k: u32, n: u32) -> vec4<f32> { return load_b4(z, k, n); }
 
 //#entry conv_gemm conv_gemm_tc conv_split_reduce
-fn gemm_dims() -> vec3<u32> { return vec3<u32>(p.GM, p.GN, p.GK); }
+fn gemm_dims() -> vec3<u32> { return vec3<u32>(sz_GM(), sz_GN(), sz_GK()); }
 
 // C is row-major [GM, GN] per sample in all three modes: y[n, co, pixel], dx[n, ci, pixel], dw[co, (ci, r)].
 fn gemm_out(z: u32, m: u32, n: u32, v: f32) {
   var s = v;
   if (HAS_BIAS) { s += f32(bias[p.off_bias + m]); }
-  let idx = p.off_c + z * p.stride_c + m * p.GN + n;
+  let idx = p.off_c + z * p.stride_c + m * sz_GN() + n;
   if (ACCUMULATE) { s += f32(out[idx]); }
   out[idx] = TC(s);
 }

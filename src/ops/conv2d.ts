@@ -10,6 +10,7 @@
 //   db[co] = Σ_{n, oh, ow} dy[n, co, oh, ow]
 import type { Gpu } from '../gpu/device.ts';
 import { kernel, u32 } from '../gpu/kernel.ts';
+import type { Defs } from '../gpu/shaders.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, type Tensor } from '../gpu/tensor.ts';
 import { elemWindow, matmul, pickTile, simtTileDefs, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
@@ -22,6 +23,11 @@ export interface Conv2dOptions {
   tile?: Tile;
   /** Force this many split-K chunks in every GEMM (tests, benchmarks; 1 turns split-K off). */
   splitK?: number;
+  /**
+   * Compile the layer's sizes into the implicit GEMM as constants (sizeAccessors). Default: on GPUs, off on CPU
+   * adapters, where each new shape would be a new pipeline to compile (lavapipe: about 1-2 s each).
+   */
+  constSizes?: boolean;
 }
 
 export interface Conv2dBackwardOptions extends Conv2dOptions {
@@ -102,11 +108,32 @@ const CONV_UNIFORMS = [
   u32('k_chunk'),
 ] as const;
 
+/** The layer sizes the implicit GEMM reads through sz_<name>() (shaders/conv2d.wgsl). */
+const CONV_SIZES = ['GM', 'GN', 'GK', 'Ci', 'H', 'W', 'Co', 'Ho', 'Wo', 'pad'] as const;
+
+/**
+ * sz_<name>() for each of CONV_SIZES: with def CONST_SIZES the constant def SZ_<name> (the layer's sizes compiled
+ * in, so the divisions by Wo, W and Ho*Wo in the loaders become multiply-shifts and the index math folds with the
+ * tile's constants), else the uniform p.<name>.
+ */
+export function sizeAccessors(defs: Defs): string {
+  const fixed = defs.CONST_SIZES === true;
+  return CONV_SIZES.map((x) => {
+    if (fixed && typeof defs[`SZ_${x}`] !== 'number') throw new Error(`conv2d: CONST_SIZES without def SZ_${x}`);
+    return `fn sz_${x}() -> u32 { return ${fixed ? `SZ_${x}` : `p.${x}`}; }`;
+  }).join('\n');
+}
+
+/** `code` of a conv entry point: the size accessors, then the generated core. */
+function withSizes(core: (defs: Defs) => string): (defs: Defs) => string {
+  return (defs) => `${sizeAccessors(defs)}\n${core(defs)}`;
+}
+
 /** The implicit-GEMM core (forward, grad input, grad weight by MODE; see shaders/conv2d.wgsl); with SPLIT_K it writes one reduction chunk's f32 partials to `part`. */
 const CONV_GEMM = kernel({
   shader: 'conv2d',
   entry: 'conv_gemm',
-  code: simtGemmEntry('conv_gemm'),
+  code: withSizes(simtGemmEntry('conv_gemm')),
   uniforms: CONV_UNIFORMS,
   bindings: [
     { name: 'src_a', type: 'T', access: 'read' },
@@ -118,13 +145,13 @@ const CONV_GEMM = kernel({
 });
 
 /** The same implicit GEMM on tensor cores (f16; src/ops/gemm.ts generates the entry point). */
-const CONV_GEMM_TC = kernel({ ...CONV_GEMM, entry: 'conv_gemm_tc', code: tensorCoreEntry('conv_gemm_tc') });
+const CONV_GEMM_TC = kernel({ ...CONV_GEMM, entry: 'conv_gemm_tc', code: withSizes(tensorCoreEntry('conv_gemm_tc')) });
 
 /** out = the sum of the split-K partials (+ bias, + out), through the same epilogue. */
 const CONV_SPLIT_REDUCE = kernel({
   shader: 'conv2d',
   entry: 'conv_split_reduce',
-  code: splitReduceEntry('conv_split_reduce'),
+  code: withSizes(splitReduceEntry('conv_split_reduce')),
   uniforms: CONV_UNIFORMS,
   bindings: [
     { name: 'part', type: 'f32', access: 'read' },
@@ -155,7 +182,7 @@ function convGemm(
   out: Tensor,
   bias: Tensor | null,
   accumulate: boolean,
-  forced: Pick<Conv2dOptions, 'tile' | 'splitK'>,
+  forced: Pick<Conv2dOptions, 'tile' | 'splitK' | 'constSizes'>,
 ): void {
   const forcedTile = forced.tile;
   const KHW = s.KH * s.KW;
@@ -177,6 +204,7 @@ function convGemm(
   if (tile && tileSharedBytes(tile) > gpu.device.limits.maxComputeWorkgroupStorageSize)
     throw new ShapeError(op, `tile ${JSON.stringify(tile)} needs too much workgroup memory`);
   const [tileM, tileN] = tc ? [tc.BM, tc.BN] : [tile!.BM, tile!.BN];
+  const constSizes = forced.constSizes ?? !gpu.cpuAdapter;
   for (let n0 = 0; n0 < s.N; n0 += group) {
     const nb = Math.min(group, s.N - n0);
     const wa = mode === Mode.GradWeight ? elemWindow(gpu, srcA, n0 * perA, nb * perA) : elemWindow(gpu, srcA, 0, srcA.numel);
@@ -200,6 +228,7 @@ function convGemm(
       HAS_BIAS: bias !== null,
       // Grad weight sums over samples: later sample groups add onto the first.
       ACCUMULATE: accumulate || (mode === Mode.GradWeight && n0 > 0),
+      CONST_SIZES: constSizes,
     };
     const uniforms = {
       GM,
@@ -221,12 +250,13 @@ function convGemm(
       k_splits: split.splits,
       k_chunk: split.chunk,
     };
+    const sizeDefs = constSizes ? Object.fromEntries(CONV_SIZES.map((x) => [`SZ_${x}`, uniforms[x]])) : {};
     const core = tc ? CONV_GEMM_TC : CONV_GEMM;
     const coreDefs = tc ? tcDefs(tc, gpu.tensorCores!) : simtTileDefs(tile!);
     const biasBinding = wbias ? { bias: wbias.window } : {};
     if (split.splits === 1) {
       gpu.run(core, {
-        defs: { ...defs, ...coreDefs, SPLIT_K: false },
+        defs: { ...defs, ...sizeDefs, ...coreDefs, SPLIT_K: false },
         uniforms,
         bindings: { src_a: wa.window, src_b: wb.window, out: wc.window, ...biasBinding },
         workgroups: [...tiles, zs],
@@ -237,12 +267,17 @@ function convGemm(
     const part = gpu.tensor([zs * split.splits, GM, GN], 'f32', 'scratch', `${op}.split-k`);
     const wp = elemWindow(gpu, part, 0, part.numel);
     gpu.run(core, {
-      defs: { ...defs, ...coreDefs, HAS_BIAS: false, ACCUMULATE: false, SPLIT_K: true },
+      defs: { ...defs, ...sizeDefs, ...coreDefs, HAS_BIAS: false, ACCUMULATE: false, SPLIT_K: true },
       uniforms,
       bindings: { src_a: wa.window, src_b: wb.window, part: wp.window },
       workgroups: [...tiles, zs * split.splits],
     });
-    gpu.run(CONV_SPLIT_REDUCE, { defs, uniforms, bindings: { part: wp.window, out: wc.window, ...biasBinding }, workgroups: [Math.ceil(GN / 64), GM, zs] });
+    gpu.run(CONV_SPLIT_REDUCE, {
+      defs: { ...defs, ...sizeDefs },
+      uniforms,
+      bindings: { part: wp.window, out: wc.window, ...biasBinding },
+      workgroups: [Math.ceil(GN / 64), GM, zs],
+    });
     gpu.free(part);
   }
 }

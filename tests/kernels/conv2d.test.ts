@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { ShapeError } from '../../src/gpu/errors.ts';
 import { roundToF16 } from '../../src/util/half.ts';
-import { conv2d, conv2dBackward, conv2dBackwardRef, conv2dRef } from '../../src/ops/conv2d.ts';
+import { conv2d, conv2dBackward, conv2dBackwardRef, conv2dRef, sizeAccessors } from '../../src/ops/conv2d.ts';
 import { compare, describeCheck, randomValues } from '../../src/selftest/check.ts';
 import { assertChecks, defineCaseTests, testGpu } from '../helpers.ts';
 
@@ -99,5 +99,17 @@ describe('conv2d larger than one storage binding (bindingLimit 1-2 KiB)', () => 
     } finally {
       gpu.destroy();
     }
+  });
+});
+
+describe('conv2d sizes as pipeline constants', () => {
+  it('sz_<name>() returns the constant def under CONST_SIZES and the uniform otherwise; a missing constant is refused', () => {
+    const sizes = { GM: 70, GN: 144, GK: 81, Ci: 9, H: 12, W: 12, Co: 70, Ho: 12, Wo: 12, pad: 1 };
+    const fixed = sizeAccessors({ CONST_SIZES: true, ...Object.fromEntries(Object.entries(sizes).map(([k, v]) => [`SZ_${k}`, v])) });
+    for (const name of Object.keys(sizes)) {
+      assert.ok(fixed.includes(`fn sz_${name}() -> u32 { return SZ_${name}; }`), name);
+      assert.ok(sizeAccessors({ CONST_SIZES: false }).includes(`fn sz_${name}() -> u32 { return p.${name}; }`), name);
+    }
+    assert.throws(() => sizeAccessors({ CONST_SIZES: true, SZ_GM: 70 }), /CONST_SIZES without def SZ_GN/);
   });
 });

@@ -71,7 +71,7 @@ function rand(n: number, seed: number, scale = 1): Float32Array {
   return roundToF16(randomValues(n, seed, scale));
 }
 
-/** Several tiles in every GEMM dimension (Co = 70 rows, 144 / 36 pixels, K up to 630), vs TS ref. */
+/** Several tiles in every GEMM dimension (Co = 70 rows, 120 / 30 pixels, K up to 630), vs TS ref. */
 function tileCase(tile: Tile, label: string): KernelCase {
   return tiledCase({ tile }, `${label} tile`);
 }
@@ -116,15 +116,16 @@ function fitsCase(): KernelCase {
   };
 }
 
-function tiledCase(choice: Pick<Conv2dOptions, 'tile' | 'splitK'>, label: string): KernelCase {
+function tiledCase(choice: Pick<Conv2dOptions, 'tile' | 'splitK' | 'constSizes'>, label: string): KernelCase {
   return {
     family: 'conv2d',
-    name: `${label}, x [2,9,12,12] -> 70 ch, 3x3 s1 and s2 (ts ref)`,
+    name: `${label}, x [2,9,12,10] -> 70 ch, 3x3 s1 and s2 (ts ref)`,
     async run({ gpu, dtype }) {
       const checks: Check[] = [];
-      const xShape = [2, 9, 12, 12];
+      // not square, so a kernel that swaps height and width fails
+      const xShape = [2, 9, 12, 10];
       const wShape = [70, 9, 3, 3];
-      const x = rand(2 * 9 * 144, 51);
+      const x = rand(2 * 9 * 120, 51);
       const w = rand(70 * 81, 52, 0.3);
       const b = rand(70, 53);
       const tx = gpu.upload(x, xShape, dtype);
@@ -165,6 +166,11 @@ export const cases: KernelCase[] = [
     requires: prefetchRefusal,
   },
   fitsCase(),
+  // The layer's sizes compiled in as constants (GPUs' default) and as uniforms (CPU adapters'), each forced, so
+  // every machine runs both: with split-K too (f32 only: the accessors are dtype-blind).
+  tiledCase({ constSizes: true }, 'sizes as pipeline constants'),
+  { ...tiledCase({ constSizes: true, splitK: 3 }, 'sizes as pipeline constants, split-K (3 chunks)'), dtypes: ['f32'] },
+  { ...tiledCase({ constSizes: false }, 'sizes as uniforms'), dtypes: ['f32'] },
   {
     family: 'conv2d',
     name: 'backward twice into f32 gradient buffers (accumulate), 1x1 and 3x3 s2 (ts ref)',
