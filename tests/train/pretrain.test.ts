@@ -93,6 +93,8 @@ describe('pretraining the demo model', () => {
     const p = await Pretrainer.create(gpu, tokenizer, s, new MemoryChunkStore(), 'crop', TINY);
     const R = s.resolution;
     const pictures = [0, 1, 2, 3].map((i) => p.picture(i).image);
+    // the UNet stage's captions, taken without drawing, are the drawn pictures'
+    for (let i = 0; i < 64; i++) assert.equal(p.captionOf(i), p.picture(i).caption, `picture ${i}`);
     // Whole-picture reconstruction error of the VAE as it stands (encode, decode the mean; no tape).
     const wholeMse = async () => {
       let sum = 0;
