@@ -381,34 +381,18 @@ function prefetchSetup(ops: OperandStaging[], threads: number): string[] {
 
 /** One k step of the prefetching core: registers to shared tiles, barrier, the next step's loads (if any). */
 function prefetchStep(ops: OperandStaging[], BK: number, threads: number): string[] {
-  const L: string[] = [];
-  for (const op of ops)
-    for (const { i, guard } of heldUnits(op, threads))
-      L.push(
-        ...guarded(
-          guard,
-          '    ',
-          op.stores(`k${op.x}_${i}`, `n${op.x}_${i}`, (r) => `p${op.x}_${i}_${r}`),
-        ),
-      );
-  L.push('    workgroupBarrier();');
-  L.push(`    if (k0 + ${BK}u < k_hi) {`, ...prefetchLoads(ops, threads, `k0 + ${BK}u`), '    }');
-  return L;
+  const stores = perHeldUnit(ops, threads, '    ', (op, i) => op.stores(`k${op.x}_${i}`, `n${op.x}_${i}`, (r) => `p${op.x}_${i}_${r}`));
+  return [...stores, '    workgroupBarrier();', `    if (k0 + ${BK}u < k_hi) {`, ...prefetchLoads(ops, threads, `k0 + ${BK}u`), '    }'];
 }
 
 /** The global loads of the step starting at k `k0` into the prefetch registers. */
 function prefetchLoads(ops: OperandStaging[], threads: number, k0: string): string[] {
-  const L: string[] = [];
-  for (const op of ops)
-    for (const { i, guard } of heldUnits(op, threads))
-      L.push(
-        ...guarded(
-          guard,
-          '      ',
-          op.loads(k0, `k${op.x}_${i}`, `n${op.x}_${i}`).map((load, r) => `p${op.x}_${i}_${r} = ${load};`),
-        ),
-      );
-  return L;
+  return perHeldUnit(ops, threads, '      ', (op, i) => op.loads(k0, `k${op.x}_${i}`, `n${op.x}_${i}`).map((load, r) => `p${op.x}_${i}_${r} = ${load};`));
+}
+
+/** `lines(op, i)` for each unit i of each operand an invocation holds, under the unit's guard, indented. */
+function perHeldUnit(ops: OperandStaging[], threads: number, indent: string, lines: (op: OperandStaging, i: number) => string[]): string[] {
+  return ops.flatMap((op) => heldUnits(op, threads).flatMap(({ i, guard }) => guarded(guard, indent, lines(op, i))));
 }
 
 /** `code` for a kernel declaration: the SIMT entry point `entry`, unrolled for the tile (BM, BN, BK, TM, TN) in `defs`. */
