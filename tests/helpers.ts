@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { fileURLToPath } from 'node:url';
 import type { Gpu, GpuOptions } from '../src/gpu/device.ts';
 import { nodeGpu } from '../src/gpu/node.ts';
+import type { Defs } from '../src/gpu/shaders.ts';
 import { describeCheck, type Check, type GoldenSet } from '../src/selftest/check.ts';
 import { FAMILIES } from '../src/selftest/cases/index.ts';
 import { EMPTY_GOLDEN, goldenFromBytes } from '../src/selftest/golden.ts';
@@ -28,6 +29,22 @@ export function testGpu(opts: Partial<GpuOptions> = {}): Promise<Gpu> {
 after(async () => {
   if (shared) (await shared).destroy();
 });
+
+/** Runs `f` with every dispatch's kernel entry and defs recorded (gpu.run wrapped, then restored). */
+export function recordDispatches(gpu: Gpu, f: () => void): { entry: string; defs: Defs }[] {
+  const seen: { entry: string; defs: Defs }[] = [];
+  const run = gpu.run;
+  gpu.run = (k, call) => {
+    seen.push({ entry: k.entry, defs: { ...call.defs } });
+    return run.call(gpu, k, call);
+  };
+  try {
+    f();
+  } finally {
+    gpu.run = run;
+  }
+  return seen;
+}
 
 export function loadGolden(family: string): GoldenSet {
   const path = join(FIXTURES, 'kernels', `${family}.safetensors`);

@@ -1,10 +1,11 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { ShapeError } from '../../src/gpu/errors.ts';
+import type { Tensor } from '../../src/gpu/tensor.ts';
 import { roundToF16 } from '../../src/util/half.ts';
 import { conv2d, conv2dBackward, conv2dBackwardRef, conv2dRef, sizeAccessors } from '../../src/ops/conv2d.ts';
 import { compare, describeCheck, randomValues } from '../../src/selftest/check.ts';
-import { assertChecks, defineCaseTests, testGpu } from '../helpers.ts';
+import { assertChecks, defineCaseTests, recordDispatches, testGpu } from '../helpers.ts';
 
 defineCaseTests('conv2d');
 
@@ -111,5 +112,29 @@ describe('conv2d sizes as pipeline constants', () => {
       assert.ok(sizeAccessors({ CONST_SIZES: false }).includes(`fn sz_${name}() -> u32 { return p.${name}; }`), name);
     }
     assert.throws(() => sizeAccessors({ CONST_SIZES: true, SZ_GM: 70 }), /CONST_SIZES without def SZ_GN/);
+  });
+
+  it('conv2d compiles the sizes in when asked (and by default only on GPUs), uniforms otherwise', async () => {
+    const gpu = await testGpu();
+    const x = gpu.zeros([1, 3, 6, 5], 'f32');
+    const w = gpu.zeros([4, 3, 3, 3], 'f32');
+    const gemms = (constSizes?: boolean) => {
+      const out: Tensor[] = [];
+      const d = recordDispatches(gpu, () => out.push(conv2d(gpu, x, w, null, { stride: 2, padding: 1, constSizes })));
+      gpu.free(...out);
+      return d.filter((r) => r.entry === 'conv_gemm').map((r) => r.defs);
+    };
+    const fixed = gemms(true);
+    assert.equal(fixed.length, 1);
+    // forward: GEMM rows Co, columns Ho*Wo = 3*3, reduction Ci*9
+    assert.deepEqual(
+      [fixed[0].CONST_SIZES, fixed[0].SZ_GM, fixed[0].SZ_GN, fixed[0].SZ_GK, fixed[0].SZ_H, fixed[0].SZ_W, fixed[0].SZ_Ho, fixed[0].SZ_Wo, fixed[0].SZ_pad],
+      [true, 4, 9, 27, 6, 5, 3, 3, 1],
+    );
+    const uniform = gemms(false);
+    assert.equal(uniform[0].CONST_SIZES, false);
+    assert.equal(uniform[0].SZ_W, undefined);
+    assert.equal(gemms()[0].CONST_SIZES, !gpu.cpuAdapter);
+    gpu.free(x, w);
   });
 });

@@ -4,6 +4,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import type { Gpu } from '../../src/gpu/device.ts';
+import { Tensor } from '../../src/gpu/tensor.ts';
 import { kernel, kernelModule } from '../../src/gpu/kernel.ts';
 import { chooseMatrixShape } from '../../src/gpu/tensorcore.ts';
 import {
@@ -38,7 +39,7 @@ import {
 } from '../../src/ops/matmul.ts';
 import { compare, randomValues } from '../../src/selftest/check.ts';
 import { matmulTol } from '../../src/selftest/cases/matmul.ts';
-import { assertChecks, testGpu } from '../helpers.ts';
+import { assertChecks, recordDispatches, testGpu } from '../helpers.ts';
 
 const H200_CONFIGS = [
   { componentType: 'f16', resultComponentType: 'f16', M: 16, N: 16, K: 16 },
@@ -212,6 +213,41 @@ describe('quad staging (vec4 loads along k: A [M, K], Bᵀ stored [N, K])', () =
     assert.equal(gpu.match(/if \(gb_0 < 128u\) \{/g)?.length, 3, 'first loads, stores and next loads guarded');
     assert.equal(gpu.match(/gb_1/g), null);
     assert.match(gpu, /var pa_1_0/, 'A still staged in groups, 2 per invocation');
+  });
+});
+
+describe('quad staging: which GEMMs matmul stages in quads', () => {
+  it('x·Wᵀ with K % 4 == 0 stages both operands in quads; transposed A, K % 4 != 0 and an unaligned view do not', async () => {
+    const gpu = await testGpu();
+    const [M, K, N] = [9, 12, 16];
+    const x = randomValues(M * K, 1);
+    const w = randomValues(N * K, 2);
+    const tx = gpu.upload(x, [M, K], 'f32');
+    const tw = gpu.upload(w, [N, K], 'f32');
+    const quads = (f: () => Tensor) => {
+      let y: Tensor | null = null;
+      const d = recordDispatches(gpu, () => (y = f())).filter((r) => r.entry === 'matmul');
+      assert.equal(d.length, 1);
+      return { y: y!, a: d[0].defs.A_QUADS, b: d[0].defs.B_QUADS };
+    };
+    const nt = quads(() => matmul(gpu, tx, tw, { transB: true }));
+    assert.deepEqual([nt.a, nt.b], [true, true]);
+    assertChecks([compare('x·Wᵀ', await gpu.read(nt.y), matmulRef(x, [M, K], w, [N, K], { transB: true }), matmulTol('f32'))]);
+    // Aᵀ stored [K, M] is contiguous in m: groups along m, not quads
+    const tn = quads(() => matmul(gpu, tw, tw, { transA: true }));
+    assert.deepEqual([tn.a, tn.b], [false, false]);
+    // K = 11: no quads
+    const t11 = gpu.upload(x.subarray(0, M * 11), [M, 11], 'f32');
+    const w11 = gpu.upload(w.subarray(0, N * 11), [N, 11], 'f32');
+    const odd = quads(() => matmul(gpu, t11, w11, { transB: true }));
+    assert.deepEqual([odd.a, odd.b], [false, false]);
+    // a view 1 element into its buffer: scalar loads for that operand only
+    const shifted = gpu.upload(new Float32Array([0, ...x]), [M * K + 1], 'f32');
+    const view = new Tensor(shifted.alloc, [M, K], 'f32', shifted.byteOffset + 4, false);
+    const off = quads(() => matmul(gpu, view, tw, { transB: true }));
+    assert.deepEqual([off.a, off.b], [false, true]);
+    assertChecks([compare('unaligned x·Wᵀ', await gpu.read(off.y), matmulRef(x, [M, K], w, [N, K], { transB: true }), matmulTol('f32'))]);
+    gpu.free(tx, tw, t11, w11, shifted, nt.y, tn.y, odd.y, off.y);
   });
 });
 
