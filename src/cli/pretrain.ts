@@ -1,10 +1,10 @@
 // `cli pretrain`: trains the demo model from scratch (src/train/pretrain.ts) on the procedural captioned
 // scenes (src/train/synthetic.ts), with checkpoints and resume, and writes it as a diffusers folder.
-//   pretrain --out <dir> [--size small|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px]
+//   pretrain --out <dir> [--size small|small-f4|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px]
 //            [--data-size N] [--data-seed N] [--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px]
 //            [--ema-decay x] [--token-std x] [--prediction v_prediction|epsilon] [--checkpoint-every N] [--bpe <bpe_simple_vocab_16e6.txt.gz>]
 //            [--vae-from <diffusers folder>] [--overwrite]
-//   pretrain --resume <dir> [--steps N]
+//   pretrain --resume <dir> [--steps N] [--vae-steps N]   (more VAE steps only while the VAE stage runs)
 //   pretrain --resume <dir> --export      (writes <dir>/model from the last checkpoint, part-way, and trains nothing)
 // The run folder holds pretrain.json (size and settings, validated on resume), tokenizer/ (vocab.json and
 // merges.txt, built once from CLIP's BPE list), store/ (checkpoints) and, at the end, model/ (the diffusers
@@ -34,8 +34,8 @@ import { SHAPES, type ShapeName } from '../train/synthetic.ts';
 import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flags, type ParsedFlags } from './args.ts';
 
 const USAGE =
-  'usage: pretrain --out <dir> [--size small|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px] [--data-size N] [--data-seed N] ' +
-  '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px] [--ema-decay x] [--token-std x] [--prediction v_prediction|epsilon] [--checkpoint-every N] [--bpe <file.txt.gz>] [--vae-from <diffusers folder>] [--overwrite] | pretrain --resume <dir> [--steps N] | pretrain --resume <dir> --export';
+  'usage: pretrain --out <dir> [--size small|small-f4|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px] [--data-size N] [--data-seed N] ' +
+  '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px] [--ema-decay x] [--token-std x] [--prediction v_prediction|epsilon] [--checkpoint-every N] [--bpe <file.txt.gz>] [--vae-from <diffusers folder>] [--overwrite] | pretrain --resume <dir> [--steps N] [--vae-steps N] | pretrain --resume <dir> --export';
 
 /** Number flags and the setting each sets. */
 const NUMBER_FLAGS: [string, keyof PretrainSettings, { integer?: boolean; min?: number }][] = [
@@ -154,12 +154,14 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
   if (resumeDir) {
     if (!existsSync(runPath)) throw new UsageError(`--resume ${dir}: no pretrain.json there (not a pretraining run folder)`);
     for (const f of Object.keys(values))
-      if (!['resume', 'steps', 'export'].includes(f))
-        throw new UsageError(`--${f} cannot change on --resume (the run keeps its own settings); only --steps can`);
+      if (!['resume', 'steps', 'vae-steps', 'export'].includes(f))
+        throw new UsageError(`--${f} cannot change on --resume (the run keeps its own settings); only --steps and --vae-steps can`);
     run = JSON.parse(readFileSync(runPath, 'utf8')) as RunFile;
     // A setting added after the run began takes the value the run had before it existed.
     run.settings = savedPretrainSettings(run.settings);
     run.settings.steps = numberFlag(values, 'steps', run.settings.steps, { integer: true, min: run.settings.steps });
+    // More VAE steps only while the VAE stage runs (Pretrainer.resume refuses them after it).
+    run.settings.vaeSteps = numberFlag(values, 'vae-steps', run.settings.vaeSteps, { integer: true, min: run.settings.vaeSteps });
   } else {
     if (values.export) throw new UsageError(`--export writes the model of an existing run: use it with --resume <dir>`);
     const size = (stringFlag(values, 'size') ?? 'small') as RunFile['size'];
@@ -190,7 +192,7 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
   try {
     if (await p.resume()) {
       console.log(`resumed at ${p.stage} step ${p.step}`);
-      writeFileSync(runPath, JSON.stringify(run, null, 2)); // a longer --steps, once the checkpoint accepted it
+      writeFileSync(runPath, JSON.stringify(run, null, 2)); // longer --steps / --vae-steps, once the checkpoint accepted them
     }
     if (values.export) {
       if (p.stage === 'vae' || (p.stage === 'unet' && p.step === 0))

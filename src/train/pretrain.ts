@@ -75,11 +75,22 @@ export const PRETRAIN_CONFIGS = {
 export type PretrainConfigs = typeof PRETRAIN_CONFIGS;
 
 /**
- * Model sizes: `small` is the demo model (64 px pictures, 8x8 latents); `tiny` the same layout at toy size (a
- * factor-2 VAE for 16 px pictures, a two-level UNet, a 1024-token tokenizer) for tests and quick checks.
+ * Model sizes:
+ * - `small`: SD's factor-8 VAE at 64 px, so 8x8x4 latents. Its VAE (the shipped demo model's) decodes every
+ *   lone shape to the same smudge after 800 steps (scripts/vae-reconstruction.ts): each latent cell spans
+ *   8x8 px, so a shape's outline must be coded inside a cell's 4 numbers, which this small a VAE learns slowly.
+ * - `small-f4`: the same UNet and text encoder on 16x16x4 latents from a factor-4 VAE (three levels, SD's
+ *   blocks), where a 16-32 px shape spans 4-8 cells and its outline is the latent's own layout.
+ * - `tiny`: the same layout at toy size (a factor-2 VAE for 16 px pictures, a two-level UNet, a 1024-token
+ *   tokenizer) for tests and quick checks.
  */
-export const PRETRAIN_SIZES: Record<'small' | 'tiny', PretrainConfigs> = {
+export const PRETRAIN_SIZES: Record<'small' | 'small-f4' | 'tiny', PretrainConfigs> = {
   small: PRETRAIN_CONFIGS,
+  'small-f4': {
+    ...PRETRAIN_CONFIGS,
+    unet: { ...PRETRAIN_CONFIGS.unet, sample_size: 16 },
+    vae: { ...PRETRAIN_CONFIGS.vae, block_out_channels: [16, 32, 64] },
+  },
   tiny: {
     ...PRETRAIN_CONFIGS,
     unet: {
@@ -579,16 +590,23 @@ export class Pretrainer {
     const snap = await openSnapshot<PretrainMeta>(this.store, this.ckptPrefix);
     if (!snap) return false;
     const m = snap.meta;
-    // Every setting but the step count must be the run's own; more steps extend a run still in its stages.
+    // Every setting but the step counts must be the run's own; more steps extend a run still in its stages.
     if (this.settings.steps < m.settings.steps || (m.stage === 'done' && this.settings.steps !== m.settings.steps))
       throw new Error(
         m.stage === 'done'
           ? `this pretraining run finished its ${m.settings.steps} steps: its optimizer state is gone, so start a new run for more`
           : `this pretraining run was started for ${m.settings.steps} steps: resume with at least that many, not ${this.settings.steps}`,
       );
+    // The VAE stage may also grow while it runs; once it has ended the UNet's latents are made with it.
+    if (this.settings.vaeSteps !== m.settings.vaeSteps && (m.stage !== 'vae' || this.settings.vaeSteps < m.settings.vaeSteps))
+      throw new Error(
+        m.stage === 'vae'
+          ? `this pretraining run's VAE stage was started for ${m.settings.vaeSteps} steps: resume with at least that many, not ${this.settings.vaeSteps}`
+          : `this pretraining run's VAE stage ended at ${m.settings.vaeSteps} steps (stage ${m.stage}), so it cannot have ${this.settings.vaeSteps}: train a longer VAE in a new run and start the UNet from it (--vae-from)`,
+      );
     for (const k of Object.keys(this.settings) as (keyof PretrainSettings)[])
       // A setting added after the checkpoint was made counts as its default (which keeps the old behaviour).
-      if (k !== 'steps' && JSON.stringify(savedPretrainSettings(m.settings)[k]) !== JSON.stringify(this.settings[k]))
+      if (k !== 'steps' && k !== 'vaeSteps' && JSON.stringify(savedPretrainSettings(m.settings)[k]) !== JSON.stringify(this.settings[k]))
         throw new Error(
           `this pretraining run's checkpoint was made with ${k} = ${JSON.stringify(savedPretrainSettings(m.settings)[k])}, not ${JSON.stringify(this.settings[k])}: resume with the run's own settings`,
         );

@@ -281,6 +281,42 @@ describe('pretraining the demo model', () => {
     );
   });
 
+  it('lengthens the VAE stage on resume while it runs (as if started that long), and refuses fewer steps or a stage that has ended', async () => {
+    const gpu = await testGpu();
+    const s: PretrainSettings = { ...SETTINGS, vaeSteps: 5, steps: 2 };
+    // The run as if started with 5 VAE steps: the whole VAE stage, then 1 UNet step.
+    const whole = await Pretrainer.create(gpu, tokenizer, s, new MemoryChunkStore(), 'v', TINY);
+    for (let i = 0; i < 6; i++) await whole.trainStep();
+    const want = await allState(whole);
+    whole.destroy();
+    assert.equal(want.stage, 'unet');
+    // Started for 3 VAE steps, stopped after 2, resumed for 5.
+    const store = new MemoryChunkStore();
+    const short = await Pretrainer.create(gpu, tokenizer, { ...s, vaeSteps: 3 }, store, 'v', TINY);
+    for (let i = 0; i < 2; i++) await short.trainStep();
+    await short.checkpoint();
+    short.destroy();
+    const fewer = await Pretrainer.create(gpu, tokenizer, { ...s, vaeSteps: 2 }, store, 'v', TINY);
+    await assert.rejects(fewer.resume(), /VAE stage was started for 3 steps: resume with at least that many, not 2/);
+    fewer.destroy();
+    const longer = await Pretrainer.create(gpu, tokenizer, s, store, 'v', TINY);
+    assert.equal(await longer.resume(), true);
+    for (let i = 0; i < 4; i++) await longer.trainStep();
+    const got = await allState(longer);
+    // Bit for bit: the stage ran 5 steps (a stage that ended at the saved 3 would be 2 UNet steps in, step 2).
+    assert.equal(got.stage, 'unet');
+    assert.equal(got.step, want.step);
+    assert.deepEqual(got.losses, want.losses);
+    assert.equal(got.scale, want.scale);
+    for (const [name, v] of want.flat) assert.deepEqual(got.flat.get(name), v, name);
+    // Its VAE stage has ended (the UNet trains on its latents): more VAE steps are refused, naming --vae-from.
+    await longer.checkpoint();
+    longer.destroy();
+    const after = await Pretrainer.create(gpu, tokenizer, { ...s, vaeSteps: 8 }, store, 'v', TINY);
+    await assert.rejects(after.resume(), /VAE stage ended at 5 steps \(stage unet\), so it cannot have 8: .*--vae-from/);
+    after.destroy();
+  });
+
   it('refuses a resume with other settings, naming the setting', async () => {
     const gpu = await testGpu();
     const store = new MemoryChunkStore();
@@ -291,6 +327,21 @@ describe('pretraining the demo model', () => {
     const q = await Pretrainer.create(gpu, tokenizer, { ...SETTINGS, dataSeed: 2 }, store, 'c', TINY);
     await assert.rejects(q.resume(), /checkpoint was made with dataSeed = 1, not 2/);
     q.destroy();
+  });
+
+  it("gives every size's UNet the latents its VAE makes (channels, and side = picture side / VAE factor)", () => {
+    for (const [size, cfg] of Object.entries(PRETRAIN_SIZES)) {
+      const factor = 2 ** (cfg.vae.block_out_channels.length - 1);
+      assert.equal(cfg.unet.sample_size, cfg.vae.sample_size / factor, `${size}: UNet sample_size`);
+      assert.equal(cfg.unet.in_channels, cfg.vae.latent_channels, `${size}: UNet in_channels`);
+    }
+    // The factor-4 size: 64 px pictures to 16x16 latents; the other components are the demo model's.
+    const f4 = PRETRAIN_SIZES['small-f4'];
+    assert.equal(f4.vae.sample_size / 2 ** (f4.vae.block_out_channels.length - 1), 16);
+    assert.deepEqual(f4.unet.block_out_channels, PRETRAIN_SIZES.small.unet.block_out_channels);
+    assert.deepEqual(f4.text_encoder, PRETRAIN_SIZES.small.text_encoder);
+    checkPretrainSettings({ ...PRETRAIN_DEFAULTS, vaeCrop: 36 }, f4); // a multiple of 4 (not of 8)
+    assert.throws(() => checkPretrainSettings({ ...PRETRAIN_DEFAULTS, vaeCrop: 36 }, PRETRAIN_SIZES.small), /vaeCrop 36: .* factor 8/);
   });
 
   it('refuses settings it cannot honour before any work, naming them', () => {
