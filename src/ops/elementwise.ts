@@ -185,9 +185,13 @@ export function mulRef(a: ArrayLike<number>, b: ArrayLike<number>): Float32Array
   return Float32Array.from(a, (v, i) => v * b[i]);
 }
 
-/** out = s * x. Its backward is scale(dy, s). */
-export function scale(gpu: Gpu, x: Tensor, s: number): Tensor {
-  const o = gpu.tensor(x.shape, x.dtype, 'activations', 'scale');
+/** out = s * x (into `out` when given: same shape and dtype, not x). Its backward is scale(dy, s). */
+export function scale(gpu: Gpu, x: Tensor, s: number, out?: Tensor): Tensor {
+  if (out) {
+    sameShape('scale', x, out, ['x', 'out']);
+    expectSameDType('scale', x, out);
+  }
+  const o = out ?? gpu.tensor(x.shape, x.dtype, 'activations', 'scale');
   flatRun(gpu, SCALE, { T: x.dtype }, x.numel, { x, out: o }, { alpha: s }, SCALE4);
   return o;
 }

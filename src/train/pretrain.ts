@@ -16,7 +16,7 @@
 import type { Gpu } from '../gpu/device.ts';
 import type { Tensor } from '../gpu/tensor.ts';
 import { ADAMW_DEFAULTS } from '../ops/adamw.ts';
-import { concatChannels, splitChannels } from '../ops/elementwise.ts';
+import { add, concatChannels, scale, splitChannels } from '../ops/elementwise.ts';
 import { readSafetensors, writeSafetensors, type NamedTensor } from '../io/safetensors.ts';
 import type { ClipTokenizer } from '../io/tokenizer.ts';
 import type { Weights } from '../nn/blocks.ts';
@@ -268,8 +268,11 @@ export class Pretrainer {
   private readonly acp: Float64Array;
   private readonly latentCache = new Map<number, Float32Array>();
   private readonly idsCache = new Map<string, Int32Array>();
-  /** EMA of the UNet and text-encoder weights (stage 2), by component/name. */
-  private ema = new Map<string, Float32Array>();
+  /**
+   * EMA of the UNet and text-encoder weights (stage 2), by component/name: f32 tensors on the GPU beside the
+   * weights, so an update is 2 dispatches per tensor and no read-back (read back only for checkpoints and export).
+   */
+  private ema = new Map<string, Tensor>();
   private emaUpdates = 0;
 
   private constructor(
@@ -360,7 +363,7 @@ export class Pretrainer {
       prefix: `${this.runId}/${stage}-opt`,
       maxGradNorm: 1,
     });
-    if (stage === 'unet') for (const [name, t] of trainable) this.ema.set(name, await this.gpu.read(t));
+    if (stage === 'unet') this.replaceEma([...trainable].map(([name, t]) => [name, scale(this.gpu, t, 1, this.emaTensor(t))]));
   }
 
   /** Picture `index` of the dataset: its model input [3, R, R] and caption. */
@@ -403,7 +406,7 @@ export class Pretrainer {
     for (const g of grads.values()) this.gpu.free(g);
     this.step++;
     this.losses[stage].push(loss);
-    if (stage === 'unet' && this.step % this.settings.emaEvery === 0) await this.updateEma();
+    if (stage === 'unet' && this.step % this.settings.emaEvery === 0) this.updateEma();
     const total = stage === 'vae' ? this.settings.vaeSteps : this.settings.steps;
     if (this.step >= total) {
       if (stage === 'vae') await this.finishVae();
@@ -539,15 +542,27 @@ export class Pretrainer {
   }
 
   /** ema = d ema + (1 - d) w with d = decay^emaEvery, decay = min(emaDecay, (1 + n) / (10 + n)) for update n. */
-  private async updateEma(): Promise<void> {
+  private updateEma(): void {
     const n = this.emaUpdates * this.settings.emaEvery;
     const decay = Math.min(this.settings.emaDecay, (1 + n) / (10 + n)) ** this.settings.emaEvery;
-    for (const [name, t] of this.trainable('unet')) {
-      const w = await this.gpu.read(t);
+    for (const [name, w] of this.trainable('unet')) {
       const e = this.ema.get(name)!;
-      for (let i = 0; i < e.length; i++) e[i] = decay * e[i] + (1 - decay) * w[i];
+      const kept = scale(this.gpu, e, decay);
+      add(this.gpu, kept, w, 1 - decay, e);
+      this.gpu.free(kept);
     }
     this.emaUpdates++;
+  }
+
+  /** An EMA tensor shaped like weight `w`. */
+  private emaTensor(w: Tensor): Tensor {
+    return this.gpu.tensor(w.shape, 'f32', 'weights', 'ema');
+  }
+
+  /** Frees the EMA tensors and holds these instead. */
+  private replaceEma(entries: [string, Tensor][]): void {
+    for (const t of this.ema.values()) this.gpu.free(t);
+    this.ema = new Map(entries);
   }
 
   private get ckptPrefix(): string {
@@ -567,7 +582,10 @@ export class Pretrainer {
     for (const c of ['vae', 'unet', 'text_encoder'] as const) files.set(`weights-${c}.safetensors`, await tensors(c));
     if (this.ema.size) {
       const out = new Map<string, NamedTensor>();
-      for (const [name, v] of this.ema) out.set(name, { shape: [v.length], data: v });
+      for (const [name, t] of this.ema) {
+        const v = await this.gpu.read(t);
+        out.set(name, { shape: [v.length], data: v });
+      }
       files.set('ema.safetensors', writeSafetensors(out));
     }
     const meta: PretrainMeta = {
@@ -615,11 +633,12 @@ export class Pretrainer {
       for (const [name, t] of this.weights[c]) this.gpu.write(t, saved.get(name)!.data);
     }
     await this.startStage(m.stage);
-    this.ema = new Map();
+    const ema: [string, Tensor][] = [];
     if (m.stage === 'unet' || m.stage === 'done') {
       const saved = readSafetensors(await snap.read('ema.safetensors')).tensors;
-      for (const [name, t] of saved) this.ema.set(name, t.data);
+      for (const [name, w] of this.trainable('unet')) ema.push([name, this.gpu.upload(saved.get(name)!.data, w.shape, 'f32', 'weights', 'ema')]);
     }
+    this.replaceEma(ema);
     if (this.optimizer) await this.optimizer.restore((n) => snap.read(n), m.versions, m.applied);
     this.step = m.step;
     this.rng.restore(m.rng);
@@ -638,13 +657,14 @@ export class Pretrainer {
     for (const c of ['vae', 'unet', 'text_encoder'] as const)
       for (const [name, t] of this.weights[c]) {
         const ema = this.ema.get(`${c}/${name}`);
-        out[c].set(name, { shape: [...t.shape], data: ema ? Float32Array.from(ema) : await this.gpu.read(t) });
+        out[c].set(name, { shape: [...t.shape], data: await this.gpu.read(ema ?? t) });
       }
     return out;
   }
 
   destroy(): void {
     this.optimizer?.destroy();
+    this.replaceEma([]);
     for (const w of Object.values(this.weights)) for (const t of w.values()) this.gpu.free(t);
   }
 }

@@ -170,6 +170,49 @@ describe('pretraining the demo model', () => {
     }
   });
 
+  it("keeps the UNet stage's EMA (diffusers' warm-up decay, every emaEvery steps) within f32 rounding of an f64 reference", async () => {
+    const gpu = await testGpu();
+    const s: PretrainSettings = { ...SETTINGS, vaeSteps: 1, steps: 7, emaEvery: 2 };
+    const p = await Pretrainer.create(gpu, tokenizer, s, new MemoryChunkStore(), 'e', TINY);
+    await p.trainStep(); // the VAE stage
+    const trained = (c: 'unet' | 'text_encoder') =>
+      [...p.weights[c]].filter(([n]) => !n.endsWith('_embedding.weight')).map(([n, t]) => [`${c}/${n}`, t] as const);
+    const weights = [...trained('unet'), ...trained('text_encoder')];
+    const ref = new Map<string, Float64Array>();
+    for (const [name, t] of weights) ref.set(name, Float64Array.from(await gpu.read(t)));
+    let updates = 0;
+    for (let step = 1; step <= 5; step++) {
+      await p.trainStep();
+      if (step % s.emaEvery !== 0) continue;
+      const n = updates++ * s.emaEvery;
+      const d = Math.min(s.emaDecay, (1 + n) / (10 + n)) ** s.emaEvery; // 0.01, then 0.0625 (updates 1, 2)
+      for (const [name, t] of weights) {
+        const w = await gpu.read(t);
+        const e = ref.get(name)!;
+        for (let i = 0; i < e.length; i++) e[i] = d * e[i] + (1 - d) * w[i];
+      }
+    }
+    const shipped = await p.finalWeights();
+    let worst = 0;
+    let moved = 0;
+    for (const [name, t] of weights) {
+      const [c, ...rest] = name.split('/');
+      const got = shipped[c as 'unet' | 'text_encoder'].get(rest.join('/'))!.data as Float32Array;
+      const last = await gpu.read(t);
+      const e = ref.get(name)!;
+      for (let i = 0; i < e.length; i++) {
+        worst = Math.max(worst, Math.abs(got[i] - e[i]) / (Math.abs(e[i]) + 1e-3));
+        moved = Math.max(moved, Math.abs(last[i] - e[i]) / (Math.abs(e[i]) + 1e-3));
+      }
+    }
+    p.destroy();
+    // Two f32 roundings per update (scale, then add) over 2 updates: a few 1e-7 relative. The last weights sit
+    // far from the EMA (step 5 against an average of steps 0-4 at lr 1e-3), so an EMA that was never updated, or
+    // whose decay lost its ^emaEvery, misses by orders of magnitude more than the tolerance.
+    assert.ok(worst < 2e-6, `EMA vs f64 reference: worst relative error ${worst}`);
+    assert.ok(moved > 1e-3, `the last weights differ from the EMA (${moved}), so the comparison can fail`);
+  });
+
   it('writes the model part-way through the UNet stage (pretrain --export) without changing the run', async () => {
     const gpu = await testGpu();
     const straight = await Pretrainer.create(gpu, tokenizer, SETTINGS, new MemoryChunkStore(), 'e1', TINY);
