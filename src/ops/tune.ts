@@ -1,6 +1,7 @@
 // Per-adapter GEMM tuning: a short timing of a few kernel configurations (GemmConfig: register block, fill target,
-// split-K, step depth, prefetch) on the GEMM shapes of an SD 1.5 training step, the fastest applied to the Gpu and
-// cached per adapter, so the next session on that adapter starts with it and times nothing.
+// split-K, step depth, prefetch) on the GEMMs of an SD 1.5 training step (matmuls, and the 3x3 convolutions'
+// implicit GEMMs forward and backward, which follow the same config), the fastest applied to the Gpu and cached
+// per adapter, so the next session on that adapter starts with it and times nothing.
 //
 // The search walks one field at a time from the adapter kind's defaults (coordinate descent over
 // GEMM_CONFIG_VALUES): each other value of the field is timed against the best so far with the rest held, and
@@ -12,10 +13,14 @@
 import { defaultGemmConfig, gemmConfigProblem, GEMM_CONFIG_VALUES, type GemmConfig, type Gpu } from '../gpu/device.ts';
 import { GpuDeviceLostError } from '../gpu/errors.ts';
 import type { Tensor } from '../gpu/tensor.ts';
+import { conv2d, conv2dBackward } from './conv2d.ts';
 import { matmul } from './matmul.ts';
 
-/** Part of every cache key: bump when the kernels or the candidates change, so older entries are timed again. */
-export const TUNE_VERSION = 2;
+/**
+ * Part of every cache key: bump when the kernels, the candidates or the shapes timed change, so older entries are
+ * timed again (3: the convolutions joined the shapes).
+ */
+export const TUNE_VERSION = 3;
 
 /** Where the chosen configs persist: a file in Node (src/io/tuning-node.ts), IndexedDB in the page (tuning-idb.ts). */
 export interface TuningCache {
@@ -24,7 +29,7 @@ export interface TuningCache {
 }
 
 /** One timed GEMM: C[M,N] = op(A)·op(B) over K, with A stored [K, M] (transA) or B stored [N, K] (transB). */
-export interface TuneShape {
+export interface MatmulTuneShape {
   name: string;
   M: number;
   N: number;
@@ -32,6 +37,17 @@ export interface TuneShape {
   transA?: boolean;
   transB?: boolean;
 }
+
+/**
+ * One timed convolution, square, padded to keep its side (kernel / 2): the forward (one implicit GEMM), or with
+ * `backward` the whole backward pass (input gradient, then the weight gradient: a reduction over every pixel).
+ */
+export interface ConvTuneShape {
+  name: string;
+  conv: { batch: number; channels: number; out: number; side: number; kernel: number; backward?: boolean };
+}
+
+export type TuneShape = MatmulTuneShape | ConvTuneShape;
 
 /**
  * On a GPU: the GEMMs of a 512 px step (64x64 latents: 4096 tokens) at SD 1.5's first level (320 channels): a
@@ -43,6 +59,9 @@ export const GPU_TUNE_SHAPES: readonly TuneShape[] = [
   { name: 'linear 4096x1280->320', M: 4096, N: 320, K: 1280, transB: true },
   { name: 'grad weight 320x320 over 4096', M: 320, N: 320, K: 4096, transA: true },
   { name: 'LoRA grad 4x320 over 4096', M: 4, N: 320, K: 4096, transA: true },
+  // The resnets' 3x3 convolutions, most of a step's time, at the same level: forward, then backward.
+  { name: 'conv 3x3 320->320 at 64x64', conv: { batch: 1, channels: 320, out: 320, side: 64, kernel: 3 } },
+  { name: 'conv 3x3 320->320 at 64x64 backward', conv: { batch: 1, channels: 320, out: 320, side: 64, kernel: 3, backward: true } },
 ];
 
 /** On a CPU adapter (a few GFLOP/s): the same layers at 16x16 latents (256 tokens), so the timing stays short. */
@@ -51,6 +70,8 @@ export const CPU_TUNE_SHAPES: readonly TuneShape[] = [
   { name: 'linear 256x1280->320', M: 256, N: 320, K: 1280, transB: true },
   { name: 'grad weight 320x320 over 1024', M: 320, N: 320, K: 1024, transA: true },
   { name: 'LoRA grad 4x320 over 1024', M: 4, N: 320, K: 1024, transA: true },
+  { name: 'conv 3x3 320->320 at 16x16', conv: { batch: 1, channels: 320, out: 320, side: 16, kernel: 3 } },
+  { name: 'conv 3x3 320->320 at 16x16 backward', conv: { batch: 1, channels: 320, out: 320, side: 16, kernel: 3, backward: true } },
 ];
 
 export interface TuneOptions {
@@ -171,21 +192,51 @@ function median(xs: number[]): number {
   return s.length % 2 ? s[mid] : (s[mid - 1] + s[mid]) / 2;
 }
 
-/** Operands of one shape, zero-filled on the GPU (no host arrays; zeros time like any normal numbers). */
-function operands(gpu: Gpu, s: TuneShape): [Tensor, Tensor] {
-  const a = gpu.zeros(s.transA ? [s.K, s.M] : [s.M, s.K], gpu.computeDType, 'scratch', 'tune.a');
+/** A shape ready to time: `once` records one of its GEMMs (or convolution passes) and frees what it made. */
+interface TimedOp {
+  once(): void;
+  free(): void;
+}
+
+/** Zero-filled operands on the GPU (no host arrays; zeros time like any normal numbers), freed together. */
+function zeroOperands(gpu: Gpu, shapes: number[][]): Tensor[] {
+  const made: Tensor[] = [];
   try {
-    return [a, gpu.zeros(s.transB ? [s.N, s.K] : [s.K, s.N], gpu.computeDType, 'scratch', 'tune.b')];
+    for (const [i, shape] of shapes.entries()) made.push(gpu.zeros(shape, gpu.computeDType, 'scratch', `tune.${i}`));
+    return made;
   } catch (e) {
-    gpu.free(a);
+    gpu.free(...made);
     throw e;
   }
 }
 
-/** Wall-clock milliseconds of `reps` GEMMs recorded back to back, submitted once and waited for. */
-async function timeReps(gpu: Gpu, s: TuneShape, a: Tensor, b: Tensor, reps: number): Promise<number> {
+function timedOp(gpu: Gpu, s: TuneShape): TimedOp {
+  if ('conv' in s) {
+    const { batch, channels, out, side, kernel, backward } = s.conv;
+    const opts = { stride: 1, padding: kernel >> 1 };
+    const [x, w, dy] = zeroOperands(gpu, [
+      [batch, channels, side, side],
+      [out, channels, kernel, kernel],
+      [batch, out, side, side],
+    ]);
+    return {
+      once: backward
+        ? () => {
+            const g = conv2dBackward(gpu, x, w, dy, opts);
+            gpu.free(g.dx, g.dw, g.db);
+          }
+        : () => gpu.free(conv2d(gpu, x, w, null, opts)),
+      free: () => gpu.free(x, w, dy),
+    };
+  }
+  const [a, b] = zeroOperands(gpu, [s.transA ? [s.K, s.M] : [s.M, s.K], s.transB ? [s.N, s.K] : [s.K, s.N]]);
+  return { once: () => gpu.free(matmul(gpu, a, b, { transA: s.transA, transB: s.transB })), free: () => gpu.free(a, b) };
+}
+
+/** Wall-clock milliseconds of `reps` runs of `op` recorded back to back, submitted once and waited for. */
+async function timeReps(gpu: Gpu, op: TimedOp, reps: number): Promise<number> {
   const t0 = performance.now();
-  for (let r = 0; r < reps; r++) gpu.free(matmul(gpu, a, b, { transA: s.transA, transB: s.transB }));
+  for (let r = 0; r < reps; r++) op.once();
   await gpu.sync();
   return performance.now() - t0;
 }
@@ -195,24 +246,24 @@ async function timeReps(gpu: Gpu, s: TuneShape, a: Tensor, b: Tensor, reps: numb
  * compiling run is untimed, then `samples` rounds time each config once.
  */
 async function timeShape(gpu: Gpu, s: TuneShape, configs: GemmConfig[], samples: number, sampleMs: number): Promise<number[]> {
-  const [a, b] = operands(gpu, s);
+  const op = timedOp(gpu, s);
   try {
     const reps: number[] = [];
     for (const c of configs) {
       gpu.setGemmConfig(c);
-      await timeReps(gpu, s, a, b, 1); // compiles this config's pipelines
-      const once = await timeReps(gpu, s, a, b, 1);
+      await timeReps(gpu, op, 1); // compiles this config's pipelines
+      const once = await timeReps(gpu, op, 1);
       reps.push(Math.max(1, Math.min(256, Math.ceil(sampleMs / Math.max(once, 1e-3)))));
     }
     const perGemm = configs.map((): number[] => []);
     for (let i = 0; i < samples; i++)
       for (const [j, c] of configs.entries()) {
         gpu.setGemmConfig(c);
-        perGemm[j].push((await timeReps(gpu, s, a, b, reps[j])) / reps[j]);
+        perGemm[j].push((await timeReps(gpu, op, reps[j])) / reps[j]);
       }
     return perGemm.map(median);
   } finally {
-    gpu.free(a, b);
+    op.free();
   }
 }
 

@@ -12,7 +12,18 @@ import { nodeTuningCache } from '../../src/io/tuning-node.ts';
 import { matmul, matmulRef } from '../../src/ops/matmul.ts';
 import { compare } from '../../src/selftest/check.ts';
 import { matmulTol } from '../../src/selftest/cases/matmul.ts';
-import { searchGemmConfigs, TUNE_VERSION, tuneGemm, tuningKey, type ConfigTiming, type TuneShape, type TuningCache } from '../../src/ops/tune.ts';
+import {
+  CPU_TUNE_SHAPES,
+  describeGemmConfig,
+  GPU_TUNE_SHAPES,
+  searchGemmConfigs,
+  TUNE_VERSION,
+  tuneGemm,
+  tuningKey,
+  type ConfigTiming,
+  type TuneShape,
+  type TuningCache,
+} from '../../src/ops/tune.ts';
 import { Rng } from '../../src/util/rng.ts';
 import { assertChecks, testGpu } from '../helpers.ts';
 
@@ -114,6 +125,49 @@ describe('GEMM tuning on this adapter (lavapipe)', () => {
       assert.equal(forced.source, 'timed');
       assert.equal(cache.saves, 2);
     } finally {
+      gpu.setGemmConfig(before);
+    }
+  });
+
+  it("times the 3x3 convolutions' implicit GEMMs, forward and backward, under each config it compares (both shape lists have them)", async () => {
+    for (const list of [CPU_TUNE_SHAPES, GPU_TUNE_SHAPES]) {
+      const convs = list.filter((s) => 'conv' in s);
+      assert.deepEqual(
+        convs.map((s) => [s.conv.kernel, !!s.conv.backward]),
+        [
+          [3, false],
+          [3, true],
+        ],
+      );
+    }
+    const gpu = await testGpu();
+    const before = gpu.gemmConfig;
+    const shapes: TuneShape[] = [
+      ...QUICK.shapes,
+      { name: 'conv', conv: { batch: 1, channels: 8, out: 16, side: 8, kernel: 3 } },
+      { name: 'conv backward', conv: { batch: 1, channels: 8, out: 16, side: 8, kernel: 3, backward: true } },
+    ];
+    // Which config was in force at each convolution GEMM dispatch, by entry point.
+    const seen = new Map<string, Set<string>>();
+    const run = gpu.run;
+    gpu.run = (k, call) => {
+      if (k.entry.startsWith('conv_gemm')) {
+        const mode = String(call.defs?.MODE ?? '?');
+        seen.set(mode, (seen.get(mode) ?? new Set()).add(describeGemmConfig(gpu.gemmConfig)));
+      }
+      return run.call(gpu, k, call);
+    };
+    try {
+      const r = await tuneGemm(gpu, { ...QUICK, shapes });
+      assert.deepEqual(r.shapes, ['small', 'conv', 'conv backward']);
+      assert.ok(r.timings.every((t) => t.perShape.length === 3 && t.perShape.every((ms) => ms > 0)));
+      // forward, input gradient and weight gradient: each timed under every config of the search
+      assert.equal(seen.size, 3, [...seen.keys()].join());
+      const timed = [...new Set(r.timings.map((t) => describeGemmConfig(t.config)))].sort();
+      assert.ok(timed.length >= 2);
+      for (const configs of seen.values()) assert.deepEqual([...configs].sort(), timed);
+    } finally {
+      gpu.run = run;
       gpu.setGemmConfig(before);
     }
   });
