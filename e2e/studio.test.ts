@@ -200,6 +200,11 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       page.on('response', (r) => r.status() >= 400 && failed.push(`${r.status()} ${r.url()}`));
       await openStudio(page, server.url);
       assert.ok(await page.getByTestId('no-f16').isVisible(), 'SwiftShader has no shader-f16: the f32 notice shows');
+      // The footer says which GEMM kernels run and why: a CPU adapter keeps its defaults, untimed.
+      assert.match(
+        (await page.getByTestId('gpu-summary').textContent()) ?? '',
+        /· f32 · GEMM kernels: 8x8 blocks, fill 8, split-K off, 16-deep steps, no prefetch \(defaults for a CPU adapter/,
+      );
       const icon = await page.evaluate(async () => {
         const href = document.querySelector<HTMLLinkElement>('link[rel="icon"]')?.href ?? '';
         const r = await fetch(href);

@@ -65,7 +65,11 @@ export function Studio() {
           <ExportPanel />
           <OutgrowPanel />
           <p className="footer">
-            <a href="?tools">GPU details, kernel self-test and text-to-image</a>
+            <span data-testid="gpu-summary">
+              {env.adapter.description || [env.adapter.vendor, env.adapter.architecture].filter(Boolean).join(' ') || 'GPU'} · {env.hasF16 ? 'f16' : 'f32'} ·
+              GEMM kernels: {env.gemm}
+            </span>{' '}
+            · <a href="?tools">GPU details, kernel self-test and text-to-image</a>
           </p>
         </>
       )}
