@@ -20,4 +20,16 @@ mapfile -t files < <(find tests e2e -name '*.test.ts' 2>/dev/null | sort)
 echo "[test] ${#files[@]} test files"
 # New GPU tensors are NaN-filled in the tests, so code that reads memory it never wrote fails.
 export DBS_GPU_POISON=1
-exec bash scripts/gpu-env.sh node --import tsx --test --test-concurrency=1 "${files[@]}"
+# TAP on stdout as the run goes; the failures alone go to a file printed last, so the end of a log names them.
+failures=$(mktemp)
+trap 'rm -f "$failures"' EXIT
+status=0
+bash scripts/gpu-env.sh node --import tsx --test --test-concurrency=1 \
+  --test-reporter=tap --test-reporter-destination=stdout \
+  --test-reporter=./scripts/failed-tests-reporter.mjs --test-reporter-destination="$failures" \
+  "${files[@]}" || status=$?
+if [ -s "$failures" ]; then
+  echo "[test] failed tests (exit $status):"
+  cat "$failures"
+fi
+exit "$status"
