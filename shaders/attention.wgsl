@@ -404,13 +404,13 @@ fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
   let r = (t.b * p.heads + t.h) * p.n + min(row, p.n - 1u);
   let lse_i = lse[r];
   let delta_i = delta[r];
-  var ds: array<f32, BC>;
   for (var kt = 0u; kt < p.m; kt += BC) {
     stage_kv(t.b, t.h, kt, lid);
     workgroupBarrier();
     let cols = visible_keys(row, kt);
     if (live && cols > 0u) {
-      // dS_ij = P_ij (dO_i . v_j - Delta_i), P_ij = exp(S_ij - LSE_i)
+      // dS_ij = P_ij (dO_i . v_j - Delta_i), P_ij = exp(S_ij - LSE_i), added into dQ_i as it comes (no array
+      // of scores per invocation: a CPU adapter would keep it in memory).
       for (var j = 0u; j < cols; j++) {
         var sa = vec4<f32>(0.0);
         var da = vec4<f32>(0.0);
@@ -418,10 +418,8 @@ fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
           sa = fma(qr[c], tile_a[j * D4 + c], sa);
           da = fma(dor[c], tile_b[j * D4 + c], da);
         }
-        ds[j] = exp(hsum(sa) - lse_i) * (hsum(da) - delta_i);
-      }
-      for (var j = 0u; j < cols; j++) {
-        for (var c = 0u; c < D4; c++) { acc[c] = fma(vec4<f32>(ds[j]), tile_a[j * D4 + c], acc[c]); }
+        let ds = exp(hsum(sa) - lse_i) * (hsum(da) - delta_i);
+        for (var c = 0u; c < D4; c++) { acc[c] = fma(vec4<f32>(ds), tile_a[j * D4 + c], acc[c]); }
       }
     }
     workgroupBarrier();
@@ -474,8 +472,8 @@ fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32) -
     acc.dk[c] = vec4<f32>(0.0);
     acc.dv[c] = vec4<f32>(0.0);
   }
-  var pw: array<f32, BC>;
-  var ds: array<f32, BC>;
+  // One sweep per staged query row: its dS feeds dK at once (and, fused, dQ through keep_ds), so no score
+  // is kept in a per-invocation array (one a CPU adapter would hold in memory, indexed lane by lane).
   for (var qt = q_begin; qt < q_end; qt += BC) {
     stage_q(t.b, t.h, qt, lid);
     workgroupBarrier();
@@ -483,25 +481,25 @@ fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32) -
     // Causal: query qt + i sees key `row` only when qt + i >= row.
     var first = 0u;
     if (CAUSAL && row > qt) { first = row - qt; }
-    if (live && first < rows) {
-      for (var i = first; i < rows; i++) {
+    for (var i = 0u; i < rows; i++) {
+      var ds = 0.0;
+      if (live && i >= first) {
         var sa = vec4<f32>(0.0);
         var da = vec4<f32>(0.0);
         for (var c = 0u; c < D4; c++) {
           sa = fma(kr[c], tile_a[i * D4 + c], sa);
           da = fma(vr[c], tile_b[i * D4 + c], da);
         }
-        pw[i] = exp(hsum(sa) - tile_r[i].x);
-        ds[i] = pw[i] * (hsum(da) - tile_r[i].y);
-      }
-      for (var i = first; i < rows; i++) {
+        let pw = exp(hsum(sa) - tile_r[i].x);
+        ds = pw * (hsum(da) - tile_r[i].y);
         for (var c = 0u; c < D4; c++) {
-          acc.dv[c] = fma(vec4<f32>(pw[i]), tile_b[i * D4 + c], acc.dv[c]);
-          acc.dk[c] = fma(vec4<f32>(ds[i]), tile_a[i * D4 + c], acc.dk[c]);
+          acc.dv[c] = fma(vec4<f32>(pw), tile_b[i * D4 + c], acc.dv[c]);
+          acc.dk[c] = fma(vec4<f32>(ds), tile_a[i * D4 + c], acc.dk[c]);
         }
       }
+      keep_ds(i, lid, ds);
     }
-    emit_dq(t, live, lid, qt, q_end, first, rows, ds, kr);
+    emit_dq(t, live, lid, qt, q_end, kr);
     workgroupBarrier();
   }
   return acc;
@@ -509,7 +507,8 @@ fn dkv_sums(t: Task, row: u32, live: bool, lid: u32, q_begin: u32, q_end: u32) -
 
 //#entry attn_bwd_dkv attn_bwd_dkv_split
 // The unfused backward computes dQ in attn_bwd_dq.
-fn emit_dq(t: Task, live: bool, lid: u32, qt: u32, q_end: u32, first: u32, rows: u32, ds: array<f32, BC>, kr: array<vec4<f32>, D4>) {}
+fn keep_ds(i: u32, lid: u32, ds: f32) {}
+fn emit_dq(t: Task, live: bool, lid: u32, qt: u32, q_end: u32, kr: array<vec4<f32>, D4>) {}
 
 //#entry attn_bwd_fused attn_bwd_fused_split
 // Fused backward: the dK/dV kernel also yields dQ, so S and dP are computed once per (query, key). Its
@@ -530,8 +529,11 @@ fn task_fused(wid: vec3<u32>, nwg: vec3<u32>) -> Task {
   return Task(bh / p.heads, bh % p.heads, wid.x * BR, wid.x * nwg.y + wid.y);
 }
 
-fn emit_dq(t: Task, live: bool, lid: u32, qt: u32, q_end: u32, first: u32, rows: u32, ds: array<f32, BC>, kr: array<vec4<f32>, D4>) {
-  for (var i = 0u; i < BC; i++) { tile_ds[i * DSS + lid] = select(0.0, ds[i], live && i >= first && i < rows); }
+// dS of staged query row i and this invocation's key (0 where the key is past m or masked). Rows past the
+// staged ones keep an earlier tile's values: their dQ sums are computed and never written.
+fn keep_ds(i: u32, lid: u32, ds: f32) { tile_ds[i * DSS + lid] = ds; }
+
+fn emit_dq(t: Task, live: bool, lid: u32, qt: u32, q_end: u32, kr: array<vec4<f32>, D4>) {
   for (var c0 = 0u; c0 < D4; c0 += KQ) {
     for (var c = 0u; c < KQ; c++) { tile_kc[lid * KQ + c] = select(vec4<f32>(0.0), kr[min(c0 + c, D4 - 1u)], live && c0 + c < D4); }
     workgroupBarrier();

@@ -10,8 +10,9 @@
 //            measured faster, and devices whose workgroup memory fits no tile).
 //   backward 'fused': one kernel per key block computes S, P, dP and dS once per (query, key) and yields dK,
 //            dV and the block's share of dQ (f32 scratch, summed in block order by a second kernel, bounded
-//            by running slices of b*heads); 'separate': a dQ kernel and a dK/dV kernel that each recompute
-//            S and dP (when even one b*head's dQ scratch would not fit the budget).
+//            by running slices of b*heads), on GPUs; 'separate': a dQ kernel and a dK/dV kernel that each
+//            recompute S and dP (CPU adapters, where it measured faster, and where even one b*head's dQ
+//            scratch would not fit the budget).
 import type { Gpu } from '../gpu/device.ts';
 import { kernel, read, write } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
@@ -45,7 +46,13 @@ export interface AttentionKernelChoice {
   subgroups?: boolean;
   /** The tiled forward loads the next K/V tile into registers before this tile's math (default on GPUs). */
   prefetch?: boolean;
-  /** 'fused' ('separate' where one b*head's dQ scratch exceeds the budget) or 'separate'. */
+  /**
+   * 'fused' ('separate' where one b*head's dQ scratch exceeds the budget) or 'separate'. Default: fused on GPUs,
+   * separate on CPU adapters, where the fused kernel's dQ hand-over through workgroup memory (a barrier per
+   * query tile and key chunk) costs more than computing S and dP twice: on lavapipe at the small-f4 UNet's
+   * shapes (batch 8, 4 heads) the separate kernels took 101-117 ms against 128-150 at 256 tokens D8, 36-40
+   * against 55-65 for 256 x 77 cross-attention, and the same at 64 tokens D16.
+   */
   backward?: 'fused' | 'separate';
   /**
    * Bytes of dQ scratch the fused backward may hold at once (at most one storage binding). Default: twice the
@@ -381,7 +388,7 @@ const DQ_SCRATCH_MAX = 128 << 20;
 
 /** The fused backward's plan for these sizes on this device, or null: the separate kernels run. */
 export function fusedPlan(gpu: Gpu, d: Sizes, choice: AttentionKernelChoice = {}, dtype: DType = 'f32'): FusedPlan | null {
-  if ((choice.backward ?? 'fused') !== 'fused') return null;
+  if ((choice.backward ?? (gpu.cpuAdapter ? 'separate' : 'fused')) !== 'fused') return null;
   const BC = fusedTileRows(gpu, d.D);
   if (!BC) return null;
   const bytesPerBh = Math.ceil(d.M / BR) * d.N * d.D * 4;

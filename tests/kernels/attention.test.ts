@@ -104,6 +104,10 @@ describe('attention kernel plans', () => {
     assert.equal(fusedPlan(gpu, sd, { dqScratchBytes: plan.bytesPerBh - 1 }), null, 'one b*head over the budget: separate kernels');
     assert.equal(fusedPlan(gpu, sd, { backward: 'separate', dqScratchBytes: 128 << 20 }), null);
     assert.equal(fusedPlan(fakeGpu(32768, 0, 16 << 20), sd, { dqScratchBytes: 128 << 20 }), null, 'the budget is at most one storage binding');
+    // CPU adapters take the separate kernels unless a caller pins 'fused'.
+    const cpu = { ...gpu, cpuAdapter: true } as Gpu;
+    assert.equal(fusedPlan(cpu, { ...sd, M: 77 }), null);
+    assert.ok(fusedPlan(cpu, { ...sd, M: 77 }, { backward: 'fused' }));
     // Cross-attention: 77 keys are 2 key blocks (2x q per b*head): every b*head in one dispatch in f32, half in
     // f16 (q is half the bytes), queries split.
     const cross = fusedPlan(gpu, { ...sd, M: 77 })!;

@@ -203,17 +203,27 @@ const PATH_CASES: KernelCase[] = [
   ),
   pathCase(
     'tiled forward, row reductions in workgroup memory, fused backward',
-    () => ({ forward: 'tiled', subgroups: false, prefetch: false }),
+    () => ({ forward: 'tiled', subgroups: false, prefetch: false, backward: 'fused' }),
     tiledWith(false, false),
   ),
-  pathCase('tiled forward, row reductions by subgroup shuffles', () => ({ forward: 'tiled', subgroups: true, prefetch: false }), tiledWith(true, false), {
-    // GPUs' default path (CPU adapters default to the row kernels): f16 too.
-    dtypes: ['f32', 'f16'],
-    requires: subgroupRefusal,
-  }),
-  pathCase('tiled forward with the next K/V tile prefetched', () => ({ forward: 'tiled', subgroups: false, prefetch: true }), tiledWith(false, true), {
-    requires: prefetchRefusal,
-  }),
+  pathCase(
+    'tiled forward, row reductions by subgroup shuffles',
+    () => ({ forward: 'tiled', subgroups: true, prefetch: false, backward: 'fused' }),
+    tiledWith(true, false),
+    {
+      // GPUs' default path (CPU adapters default to the row and separate kernels): f16 too.
+      dtypes: ['f32', 'f16'],
+      requires: subgroupRefusal,
+    },
+  ),
+  pathCase(
+    'tiled forward with the next K/V tile prefetched',
+    () => ({ forward: 'tiled', subgroups: false, prefetch: true, backward: 'fused' }),
+    tiledWith(false, true),
+    {
+      requires: prefetchRefusal,
+    },
+  ),
   pathCase(
     'fused backward in b*head slices (one per dispatch)',
     (s) => ({ backward: 'fused', dqScratchBytes: oneBhScratch(s) }),
