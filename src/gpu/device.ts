@@ -161,6 +161,8 @@ export interface GpuStats {
   dispatches: number;
   buffersCreated: number;
   bindGroupsCreated: number;
+  /** Bind groups held by the cache now (at most bindGroupCacheMax). */
+  bindGroupsCached: number;
 }
 
 /** GPU time of the profiled dispatches, by op family (shader file) and by kernel (shader.entry). */
@@ -185,8 +187,16 @@ interface Profiling {
 /** Uniform slots per flush before the ring must grow (or the recording be submitted early). */
 const UNIFORM_RING_START = 64 * 1024;
 const UNIFORM_RING_MAX = 16 << 20;
-/** Bind groups cached before the cache is dropped (they are cheap to rebuild; the bound only caps memory). */
-const BIND_GROUP_CACHE_MAX = 1 << 16;
+/**
+ * Bind groups kept for reuse (cheap to rebuild; the bound caps memory), the oldest dropped first. CPU adapters get
+ * fewer: lavapipe backs each bind group with its own memfd mapping, Linux allows a process 65530 mappings
+ * (vm.max_map_count), and past that lavapipe's mmap fails and the process dies (SIGSEGV: sampling 21 pictures
+ * from the small-f4 demo model in one process did it, with 62,000 bind groups held). Dropped bind groups
+ * are freed once collected, so the live ones peak near twice the cap: 8,192 keeps lavapipe near 20,000 mappings.
+ */
+export function bindGroupCacheMax(cpuAdapter: boolean): number {
+  return cpuAdapter ? 1 << 13 : 1 << 16;
+}
 /** Timestamp pairs per query set while profiling (the query-set size limit is 4096 queries). */
 const PROFILE_PAIRS = 2048;
 
@@ -237,6 +247,7 @@ export class Gpu {
   /** GPUBuffers created outside the allocator (uniforms, read-back staging, query resolves). */
   private otherBuffersCreated = 0;
   private bindGroupsCreated = 0;
+  private readonly bindGroupCacheMax: number;
 
   private constructor(
     readonly device: GPUDevice,
@@ -254,6 +265,7 @@ export class Gpu {
     this.dryRun = opts.dryRun ?? false;
     this.poison = (opts.poison ?? false) && !this.dryRun;
     this.cpuAdapter = isCpuAdapter(adapter);
+    this.bindGroupCacheMax = bindGroupCacheMax(this.cpuAdapter);
     this.gemm = defaultGemmConfig(this.cpuAdapter, opts.splitK);
     this.allocator = new Allocator(device, device.limits.maxBufferSize, this.dryRun);
     this.allocator.onEvict = () => this.bindGroups.clear();
@@ -487,6 +499,7 @@ export class Gpu {
       dispatches: this.dispatchCount,
       buffersCreated: this.allocator.buffersCreated + this.otherBuffersCreated,
       bindGroupsCreated: this.bindGroupsCreated,
+      bindGroupsCached: this.bindGroups.size,
     };
   }
 
@@ -564,7 +577,8 @@ export class Gpu {
     }
     let group = this.bindGroups.get(key);
     if (!group) {
-      if (this.bindGroups.size >= BIND_GROUP_CACHE_MAX) this.bindGroups.clear();
+      // A Map iterates in insertion order: its first key is the oldest entry.
+      if (this.bindGroups.size >= this.bindGroupCacheMax) this.bindGroups.delete(this.bindGroups.keys().next().value!);
       group = this.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries });
       this.bindGroups.set(key, group);
       this.bindGroupsCreated++;
