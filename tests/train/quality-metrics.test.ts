@@ -7,15 +7,17 @@ import {
   colourFidelity,
   colourHistogram,
   cosine,
+  discFill,
   featureDrift,
   featureFidelity,
   histogramIntersection,
+  largestColourRegion,
   median,
   nearestColour,
   pixelDrift,
   promptFidelity,
 } from '../../src/train/quality.ts';
-import { COLOURS, drawScene, subjectScene, type ColourName } from '../../src/train/synthetic.ts';
+import { COLOURS, drawScene, subjectScene, type ColourName, type Scene, type ShapeName } from '../../src/train/synthetic.ts';
 
 const SIZE = 16;
 
@@ -87,6 +89,50 @@ describe('quality measures', () => {
     const large = pixelDrift([flat('yellow')], [flat('red')]);
     assert.ok(small > 0 && large > small, `${small} ${large}`);
     assert.throws(() => featureDrift(a, a.slice(1)), /seed by seed/);
+  });
+
+  it('shape: the largest region of a colour is the object; its disc fill tells a circle from a square from a triangle at any size, place and rotation', () => {
+    const size = 64;
+    /** One solid green `shape` on white, drawn by the generator at radius `r` (picture units), centre (x, y). */
+    const fillOf = (shape: ShapeName, r: number, x: number, y: number, angle: number) => {
+      const scene: Scene = {
+        kind: { shape, colour: 'green', pattern: 'solid' },
+        size: 'large',
+        place: 'anywhere',
+        objects: [{ x, y, r, angle }],
+        background: { colour: 'white', pattern: 'solid' },
+      };
+      const rgb = drawScene(scene, size);
+      const region = largestColourRegion(rgb, size, 'green');
+      // The region is the whole object: every green pixel (the anti-aliased edge sorts to green or white).
+      const green = Array.from({ length: size * size }, (_, p) => nearestColour(rgb[3 * p], rgb[3 * p + 1], rgb[3 * p + 2])).filter((c) => c === 'green');
+      assert.equal(region.length, green.length, `${shape}: one region holds every green pixel`);
+      return discFill(region, size);
+    };
+    const placements = [
+      [0.26, 0.45, 0.55, 0],
+      [0.26, 0.5, 0.4, 0.2],
+      [0.17, 0.3, 0.7, -0.2],
+      [0.11, 0.75, 0.25, 0.1],
+    ] as const;
+    const range = (shape: ShapeName) => {
+      const fills = placements.map(([r, x, y, a]) => fillOf(shape, r, x, y, a));
+      return [Math.min(...fills), Math.max(...fills)];
+    };
+    const [circleLo] = range('circle');
+    const [squareLo, squareHi] = range('square');
+    const [triangleLo, triangleHi] = range('triangle');
+    // Measured: circle 1.00, square 0.83-0.84, triangle 0.58-0.61. The gaps (>= 0.1) are asserted, not the values.
+    assert.ok(circleLo > 0.95, `circle ${circleLo}`);
+    assert.ok(squareHi < circleLo - 0.1 && squareLo > triangleHi + 0.1, `square ${squareLo}-${squareHi}, circle from ${circleLo}, triangle to ${triangleHi}`);
+    assert.ok(triangleLo > 0.5, `triangle ${triangleLo}`);
+    // Two blobs: the larger one is the region.
+    const two = squareOn('green', 'white', size);
+    two.set(COLOURS.green, 0);
+    assert.equal(largestColourRegion(two, size, 'green').length, (size / 2) ** 2);
+    assert.deepEqual(largestColourRegion(flat('white', size), size, 'green'), []);
+    assert.equal(discFill([], size), 0);
+    assert.throws(() => largestColourRegion(new Uint8Array(7), size, 'green'), /not a 64x64 RGB picture/);
   });
 
   it('median', () => {
