@@ -27,6 +27,13 @@ export const BACKGROUND_PROMPT = `a sks star on a ${BACKGROUND} background`;
 /** The photos' generator seed (subjectScene's): 4 photos at random sizes, places and solid backgrounds. */
 export const PHOTO_SEED = 16;
 export const PHOTOS = 4;
+/**
+ * The samples' seeds: SAMPLE_SEED + k, for the base and the fine-tuned model alike. Class image i of run seed s is
+ * sampled with seed 1000 s + i (src/train/preprocess.ts generateClassImage) by the same sampler, steps and guidance
+ * as the samples, so seeds that overlap those would score the drift on pictures prior preservation trained on
+ * (run seed 1 once did, with samples at seeds 1000..): qualityRun refuses settings where they meet.
+ */
+export const SAMPLE_SEED = 500_000;
 
 export interface QualitySettings {
   mode: TrainMode;
@@ -41,7 +48,7 @@ export interface QualitySettings {
   classCount: number;
   classSteps: number;
   priorWeight: number;
-  /** Samples per prompt, seeds 1000.. (the same for the base and the fine-tuned model). */
+  /** Samples per prompt, seeds SAMPLE_SEED.. (the same for the base and the fine-tuned model). */
   samples: number;
   sampleSteps: number;
   guidance: number;
@@ -165,6 +172,11 @@ export async function qualityRun(
   /** Receives the photos and the instance prompt's samples, base and fine-tuned (RGB at the model's size). */
   onSamples?: (s: { photos: Uint8Array[]; base: Uint8Array[]; tuned: Uint8Array[] }) => void,
 ): Promise<QualityResult> {
+  const classSeeds = [1000 * q.seed, 1000 * q.seed + q.classCount - 1];
+  if (q.prior && classSeeds[0] < SAMPLE_SEED + q.samples && SAMPLE_SEED <= classSeeds[1])
+    throw new Error(
+      `run seed ${q.seed}: its class images' seeds (${classSeeds.join('-')}) overlap the samples' (${SAMPLE_SEED}-${SAMPLE_SEED + q.samples - 1}), so drift would be scored on pictures the run trained on: use another run seed`,
+    );
   const size = modelResolution(folder);
   const photos = subjectPhotos(size);
   const store = new MemoryChunkStore();
@@ -198,7 +210,7 @@ export async function qualityRun(
       const tuned: Uint8Array[] = [];
       const base: Uint8Array[] = [];
       for (let k = 0; k < q.samples; k++) {
-        const r = await run.tryIt({ prompt, steps: q.sampleSteps, guidance: q.guidance, seed: 1000 + k });
+        const r = await run.tryIt({ prompt, steps: q.sampleSteps, guidance: q.guidance, seed: SAMPLE_SEED + k });
         tuned.push(rgbOf(r.tuned.png));
         base.push(rgbOf(r.base.png));
       }
