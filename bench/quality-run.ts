@@ -15,7 +15,7 @@ import { openDiffusers, tokenizerFilesFrom } from '../src/models/source.ts';
 import { TrainingRun, type OpenedModel, type RunEvent } from '../src/pipeline/run.ts';
 import { defaultSettings, type RunSettings, type TrainMode } from '../src/pipeline/settings.ts';
 import { MemoryChunkStore } from '../src/store/chunkstore.ts';
-import { colourFidelity, featureDrift, featureFidelity, pixelDrift, promptFidelity, vaeFeature } from '../src/train/quality.ts';
+import { colourDrift, colourFidelity, featureDrift, featureFidelity, pixelDrift, promptFidelity, vaeFeature } from '../src/train/quality.ts';
 import { drawScene, subjectScene, type ColourName, type ObjectKind } from '../src/train/synthetic.ts';
 
 /** The held-out subject: a star (excluded from pretraining by default), yellow with purple dots (pretraining's yellow objects carry another second colour). */
@@ -84,6 +84,7 @@ export interface QualityResult {
   prompt_fidelity: number;
   drift: number;
   drift_pixels: number;
+  drift_colour: number;
   final_loss: number;
   train_seconds: number;
   sample_seconds: number;
@@ -237,6 +238,7 @@ export async function qualityRun(
       prompt_fidelity: promptFidelity(background.tuned, size, BACKGROUND),
       drift: featureDrift(clsTuned, clsBase),
       drift_pixels: pixelDrift(cls.tuned, cls.base),
+      drift_colour: colourDrift(cls.tuned, cls.base),
       final_loss: run.trainer.losses.at(-1) ?? NaN,
       train_seconds: trainSeconds,
       sample_seconds: (performance.now() - t1) / 1000,

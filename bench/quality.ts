@@ -6,7 +6,8 @@
 //   subject_fidelity_*  mean cosine of VAE-encoder latents of "a sks star" samples vs the photos (all pairs)
 //   subject_colour_*    mean colour-histogram intersection of the same pairs
 //   prompt_fidelity     share of border pixels nearest red in "a sks star on a red background" samples
-//   drift               1 - cosine of VAE latents of "a star" samples, fine-tuned vs base, same seeds
+//   drift               1 - cosine of VAE latents of "a star" samples, fine-tuned vs base, same seeds (also in
+//                       pixels, and in colours: 1 - histogram intersection, position-free)
 // Each configuration is trained with several run seeds; the table and bench/results/quality.json give the
 // median over them (and every seed's figures). Default model: the shipped demo model (public/demo-model, 64 px);
 // `--model tests/fixtures/models/pretrained-tiny` runs it on the tests' 16 px fixture (bench/results/quality-tiny.json).
@@ -67,6 +68,7 @@ const FIELDS: (keyof QualityResult)[] = [
   'prompt_fidelity',
   'drift',
   'drift_pixels',
+  'drift_colour',
   'final_loss',
   'train_seconds',
   'sample_seconds',
@@ -108,11 +110,11 @@ const seconds = (performance.now() - t0) / 1000;
 
 const f3 = (x: number) => x.toFixed(3);
 console.log(`\nmedians over ${seeds} run seed(s):`);
-console.log('run          fidelity before->after   colour before->after   prompt before->after   drift  (pixels)  loss    train s');
+console.log('run          fidelity before->after   colour before->after   prompt before->after   drift  (pixels, colours)  loss    train s');
 for (const r of runs)
   console.log(
     `${r.name.padEnd(12)} ${f3(r.subject_fidelity_before)} -> ${f3(r.subject_fidelity_after)}         ${f3(r.subject_colour_before)} -> ${f3(r.subject_colour_after)}          ` +
-      `${f3(r.prompt_fidelity_before)} -> ${f3(r.prompt_fidelity)}         ${f3(r.drift)}  (${f3(r.drift_pixels)})   ${r.final_loss.toFixed(3)}  ${r.train_seconds.toFixed(0)}`,
+      `${f3(r.prompt_fidelity_before)} -> ${f3(r.prompt_fidelity)}         ${f3(r.drift)}  (${f3(r.drift_pixels)}, ${f3(r.drift_colour)})   ${r.final_loss.toFixed(3)}  ${r.train_seconds.toFixed(0)}`,
   );
 console.log(`total ${seconds.toFixed(0)} s`);
 if (values.figure) writeFigure(resolve(values.figure), figureRows, resolution);
@@ -163,6 +165,7 @@ writeFileSync(
         prompt_fidelity: 'mean share of border pixels (outer size/8 px) whose nearest named colour is red',
         drift: 'mean over seeds of 1 - cosine of VAE latents, class-prompt samples fine-tuned vs base (same seeds)',
         drift_pixels: 'mean absolute 8-bit difference / 255 of the same samples',
+        drift_colour: 'mean over seeds of 1 - colour-histogram intersection of the same samples (position-free)',
       },
       seconds,
       runs,

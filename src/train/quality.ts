@@ -16,6 +16,7 @@
 // of its enclosing disc it fills (discFill): a disc fills all of it, a triangle about 0.6.
 // Drift: class-prompt samples of the fine-tuned model against the base model's for the same seeds: 1 - cosine of
 // the VAE features, averaged over seeds (0: the same pictures).
+// Also in pixels and in colours (1 - histogram intersection: position-free).
 import type { Gpu } from '../gpu/device.ts';
 import type { LoadedModel } from '../models/load.ts';
 import { encodeImage } from './preprocess.ts';
@@ -127,6 +128,18 @@ export function promptFidelity(samples: readonly Uint8Array[], size: number, col
 export function featureDrift(tuned: readonly Float32Array[], base: readonly Float32Array[]): number {
   if (tuned.length !== base.length || !tuned.length) throw new Error(`drift compares samples seed by seed: ${tuned.length} fine-tuned vs ${base.length} base`);
   return tuned.reduce((s, t, i) => s + (1 - cosine(t, base[i])), 0) / tuned.length;
+}
+
+/**
+ * Drift in colours: mean over seeds of 1 - histogram intersection of the fine-tuned and the base sample (0: the
+ * same colours in any places; 1: no colour in common). Position-free, so a background pattern drawn a few pixels
+ * off (a checkerboard shifted by half a square is every pixel changed) counts as kept, and a background changed
+ * to the photos' colour counts fully: on a model that draws fine patterns, latent and pixel drift are dominated by
+ * such shifts.
+ */
+export function colourDrift(tuned: readonly Uint8Array[], base: readonly Uint8Array[]): number {
+  if (tuned.length !== base.length || !tuned.length) throw new Error(`drift compares samples seed by seed: ${tuned.length} fine-tuned vs ${base.length} base`);
+  return tuned.reduce((s, t, i) => s + (1 - histogramIntersection(colourHistogram(t), colourHistogram(base[i]))), 0) / tuned.length;
 }
 
 /** Drift in pixels: mean absolute difference of the 8-bit values over seeds, in [0, 1]. */

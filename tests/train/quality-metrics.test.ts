@@ -5,6 +5,7 @@ import { describe, it } from 'node:test';
 import {
   borderColourShare,
   colourFidelity,
+  colourDrift,
   colourHistogram,
   cosine,
   discFill,
@@ -133,6 +134,22 @@ describe('quality measures', () => {
     assert.deepEqual(largestColourRegion(flat('white', size), size, 'green'), []);
     assert.equal(discFill([], size), 0);
     assert.throws(() => largestColourRegion(new Uint8Array(7), size, 'green'), /not a 64x64 RGB picture/);
+  });
+
+  it('colour drift: 0 for the same colours wherever they are (a checkerboard shifted by one square, every pixel changed), 1 for no colour in common', () => {
+    const board = (shift: number) => {
+      const out = new Uint8Array(SIZE * SIZE * 3);
+      for (let y = 0; y < SIZE; y++)
+        for (let x = 0; x < SIZE; x++) out.set(COLOURS[(((x >> 2) + (y >> 2) + shift) & 1) === 0 ? 'green' : 'white'], 3 * (y * SIZE + x));
+      return out;
+    };
+    const shifted = [board(1)];
+    assert.equal(colourDrift(shifted, [board(0)]), 0);
+    assert.ok(pixelDrift(shifted, [board(0)]) > 0.3, 'every pixel differs');
+    assert.equal(colourDrift([flat('red')], [flat('blue')]), 1);
+    // A quarter of the picture recoloured: a quarter of the histogram moves.
+    assert.equal(colourDrift([squareOn('yellow', 'red')], [flat('red')]), 0.25);
+    assert.throws(() => colourDrift([flat('red')], []), /seed by seed/);
   });
 
   it('median', () => {
