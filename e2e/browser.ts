@@ -3,7 +3,7 @@
 import { createReadStream, existsSync, mkdirSync, statSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import { extname, join, normalize, resolve } from 'node:path';
-import { chromium, type Browser } from 'playwright-core';
+import { chromium, type Browser, type Page } from 'playwright-core';
 
 export const ROOT = join(import.meta.dirname, '..');
 /**
@@ -102,4 +102,20 @@ export async function serveWithTinyHub(): Promise<{ url: string; close: () => Pr
       rmSync(hub, { recursive: true, force: true });
     },
   };
+}
+
+/** Opens the studio's demo model ("Use the demo model") and waits until it has loaded. */
+export async function useDemoModel(page: Page): Promise<void> {
+  await page.getByRole('button', { name: 'Use the demo model' }).click({ timeout: 60_000 });
+  await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-small' }).waitFor({ timeout: 60_000 });
+}
+
+/** Drops PNG files on the studio's photo area, as a drag from the desktop would. */
+export async function dropPngs(page: Page, files: { name: string; bytes: number[] }[]): Promise<void> {
+  const dataTransfer = await page.evaluateHandle((fs) => {
+    const d = new DataTransfer();
+    for (const f of fs) d.items.add(new File([new Uint8Array(f.bytes)], f.name, { type: 'image/png' }));
+    return d;
+  }, files);
+  await page.getByTestId('photo-drop').dispatchEvent('drop', { dataTransfer });
 }

@@ -13,7 +13,7 @@ import { decode, encode } from 'fast-png';
 import type { Page } from 'playwright-core';
 import { INSTANCE_PROMPT, SAMPLE_SEED, subjectPhotos } from '../bench/quality-run.ts';
 import { colourFidelity } from '../src/train/quality.ts';
-import { launch, screenshotPath, serve } from './browser.ts';
+import { dropPngs, launch, screenshotPath, serve, useDemoModel } from './browser.ts';
 
 const SIZE = 64;
 const SEEDS = [SAMPLE_SEED, SAMPLE_SEED + 1, SAMPLE_SEED + 2];
@@ -49,20 +49,12 @@ describe('studio: DreamBooth on the demo model moves its samples toward the phot
         const pageErrors: string[] = [];
         page.on('pageerror', (e) => pageErrors.push(e.message));
         await page.goto(server.url);
-        await page.getByRole('button', { name: 'Use the demo model' }).click({ timeout: 60_000 });
-        await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-small' }).waitFor({ timeout: 60_000 });
-
+        await useDemoModel(page);
         const photos = subjectPhotos(SIZE);
-        const files = photos.map((rgb, i) => ({
-          name: `star-${i + 1}.png`,
-          bytes: [...encode({ width: SIZE, height: SIZE, data: rgb, channels: 3, depth: 8 })],
-        }));
-        const dt = await page.evaluateHandle((fs) => {
-          const d = new DataTransfer();
-          for (const f of fs) d.items.add(new File([new Uint8Array(f.bytes)], f.name, { type: 'image/png' }));
-          return d;
-        }, files);
-        await page.getByTestId('photo-drop').dispatchEvent('drop', { dataTransfer: dt });
+        await dropPngs(
+          page,
+          photos.map((rgb, k) => ({ name: `star-${k + 1}.png`, bytes: [...encode({ width: SIZE, height: SIZE, data: rgb, channels: 3, depth: 8 })] })),
+        );
         await page.getByText('star-4.png').first().waitFor({ timeout: 60_000 });
 
         // bench:quality --quick's LoRA run (bench/quality-run.ts runSettings): everything else at the studio's defaults

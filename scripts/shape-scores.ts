@@ -8,11 +8,10 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { loadTokenizer } from '../src/cli/sample.ts';
+import { loadTokenizer, modelSchedule } from '../src/cli/sample.ts';
 import { nodeGpu } from '../src/gpu/node.ts';
 import { loadDiffusers } from '../src/models/load.ts';
 import { nodeFolder } from '../src/models/folder-node.ts';
-import { scheduleFromJson, SD_SCHEDULE } from '../src/sample/schedulers.ts';
 import { txt2img } from '../src/sample/txt2img.ts';
 import { discFill, largestColourRegion, median } from '../src/train/quality.ts';
 import { drawScene, SHAPES, type ColourName, type Scene, type ShapeName } from '../src/train/synthetic.ts';
@@ -39,10 +38,7 @@ const folder = values.model!;
 const gpu = await nodeGpu();
 const model = await loadDiffusers(gpu, nodeFolder(folder), { dtype: gpu.computeDType });
 const tokenizer = loadTokenizer(join(folder, 'tokenizer'));
-const schedule = {
-  ...SD_SCHEDULE,
-  ...scheduleFromJson(JSON.parse(readFileSync(join(folder, 'scheduler', 'scheduler_config.json'), 'utf8')), model.prediction),
-};
+const schedule = modelSchedule(folder, model);
 const side = (JSON.parse(readFileSync(join(folder, 'vae', 'config.json'), 'utf8')) as { sample_size: number }).sample_size;
 
 /** The generator's picture of the prompt: one large solid object in the middle, unrotated. */
