@@ -13,7 +13,7 @@ import { nodeGpu } from '../src/gpu/node.ts';
 import { loadDiffusers } from '../src/models/load.ts';
 import { nodeFolder } from '../src/models/folder-node.ts';
 import { txt2img } from '../src/sample/txt2img.ts';
-import { discFill, largestColourRegion, median } from '../src/train/quality.ts';
+import { CHECK_SAMPLING, discFill, largestColourRegion, median } from '../src/train/quality.ts';
 import { drawScene, SHAPES, type ColourName, type Scene, type ShapeName } from '../src/train/synthetic.ts';
 
 const { values } = parseArgs({
@@ -60,17 +60,7 @@ for (const [colour, background] of PAIRS)
     const fills: number[] = [];
     const areas: number[] = [];
     for (const seed of seeds) {
-      const img = await txt2img(gpu, model, tokenizer, {
-        prompt,
-        negativePrompt: '',
-        steps: 15,
-        guidance: 6,
-        seed,
-        width: side,
-        height: side,
-        sampler: 'dpm++2m',
-        schedule,
-      });
+      const img = await txt2img(gpu, model, tokenizer, { ...CHECK_SAMPLING, prompt, seed, width: side, height: side, schedule });
       const region = largestColourRegion(img.rgb, side, colour);
       fills.push(discFill(region, side));
       areas.push(region.length);

@@ -22,6 +22,12 @@ import type { LoadedModel } from '../models/load.ts';
 import { encodeImage } from './preprocess.ts';
 import { COLOURS, toModelInput, type ColourName } from './synthetic.ts';
 
+/**
+ * How the demo model's drawing checks sample (tests/models/shipped-demo-draws.test.ts, scripts/shape-scores.ts):
+ * DPM++ 2M, 15 steps, guidance 6, no negative prompt.
+ */
+export const CHECK_SAMPLING = { sampler: 'dpm++2m', steps: 15, guidance: 6, negativePrompt: '' } as const;
+
 /** Bins per RGB channel of colourHistogram. */
 export const HISTOGRAM_BINS = 4;
 

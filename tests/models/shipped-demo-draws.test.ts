@@ -15,7 +15,7 @@ import { loadDiffusers, type LoadedModel } from '../../src/models/load.ts';
 import { nodeFolder } from '../../src/models/folder-node.ts';
 import { scheduleFromJson, SD_SCHEDULE } from '../../src/sample/schedulers.ts';
 import { txt2img } from '../../src/sample/txt2img.ts';
-import { largestColourRegion } from '../../src/train/quality.ts';
+import { CHECK_SAMPLING, largestColourRegion } from '../../src/train/quality.ts';
 import { COLOUR_NAMES, COLOURS, type ColourName } from '../../src/train/synthetic.ts';
 import { testGpu } from '../helpers.ts';
 
@@ -55,20 +55,7 @@ describe('the shipped demo model draws what its caption says', () => {
       ...scheduleFromJson(JSON.parse(readFileSync(join(MODEL, 'scheduler', 'scheduler_config.json'), 'utf8')), model.prediction),
     };
     side = (JSON.parse(readFileSync(join(MODEL, 'vae', 'config.json'), 'utf8')) as { sample_size: number }).sample_size;
-    sample = async (prompt, seed) =>
-      (
-        await txt2img(gpu, model, tokenizer, {
-          prompt,
-          negativePrompt: '',
-          steps: 15,
-          guidance: 6,
-          seed,
-          width: side,
-          height: side,
-          sampler: 'dpm++2m',
-          schedule,
-        })
-      ).rgb;
+    sample = async (prompt, seed) => (await txt2img(gpu, model, tokenizer, { ...CHECK_SAMPLING, prompt, seed, width: side, height: side, schedule })).rgb;
     // Mean colour shares over SEEDS (the same seeds for every prompt, so only the words differ).
     draw = async (prompt) => {
       const mean = new Map<ColourName, number>(COLOUR_NAMES.map((c) => [c, 0]));
