@@ -16,6 +16,7 @@ import { TrainingRun, type OpenedModel, type RunEvent } from '../src/pipeline/ru
 import { defaultSettings, type RunSettings, type TrainMode } from '../src/pipeline/settings.ts';
 import { MemoryChunkStore } from '../src/store/chunkstore.ts';
 import { colourDrift, colourFidelity, featureDrift, featureFidelity, pixelDrift, promptFidelity, vaeFeature } from '../src/train/quality.ts';
+import { classImageSeed } from '../src/train/preprocess.ts';
 import { drawScene, subjectScene, type ColourName, type ObjectKind } from '../src/train/synthetic.ts';
 
 /** The held-out subject: a star (excluded from pretraining by default), yellow with purple dots (pretraining's yellow objects carry another second colour). */
@@ -29,7 +30,7 @@ export const PHOTO_SEED = 16;
 export const PHOTOS = 4;
 /**
  * The samples' seeds: SAMPLE_SEED + k, for the base and the fine-tuned model alike. Class image i of run seed s is
- * sampled with seed 1000 s + i (src/train/preprocess.ts generateClassImage) by the same sampler, steps and guidance
+ * sampled with seed classImageSeed(s, i) = 1000 s + i (src/train/preprocess.ts) by the same sampler, steps and guidance
  * as the samples, so seeds that overlap those would score the drift on pictures prior preservation trained on
  * (run seed 1 once did, with samples at seeds 1000..): qualityRun refuses settings where they meet.
  */
@@ -173,7 +174,7 @@ export async function qualityRun(
   /** Receives the photos and the instance prompt's samples, base and fine-tuned (RGB at the model's size). */
   onSamples?: (s: { photos: Uint8Array[]; base: Uint8Array[]; tuned: Uint8Array[] }) => void,
 ): Promise<QualityResult> {
-  const classSeeds = [1000 * q.seed, 1000 * q.seed + q.classCount - 1];
+  const classSeeds = [classImageSeed(q.seed, 0), classImageSeed(q.seed, q.classCount - 1)];
   if (q.prior && classSeeds[0] < SAMPLE_SEED + q.samples && SAMPLE_SEED <= classSeeds[1])
     throw new Error(
       `run seed ${q.seed}: its class images' seeds (${classSeeds.join('-')}) overlap the samples' (${SAMPLE_SEED}-${SAMPLE_SEED + q.samples - 1}), so drift would be scored on pictures the run trained on: use another run seed`,

@@ -51,9 +51,14 @@ function rgbToRgba(rgb: Uint8Array, w: number, h: number): RgbaImage {
   return { width: w, height: h, data };
 }
 
+/** The sampler seed of class image `index` of a run with seed `runSeed`. */
+export function classImageSeed(runSeed: number, index: number): number {
+  return runSeed * 1000 + index;
+}
+
 /**
  * One prior-preservation image from the base model itself (what diffusers' train_dreambooth does): image
- * `index` of the run is sampled with seed `seed * 1000 + index` (DPM-Solver++ 2M, guidance 7.5) and prepared
+ * `index` of the run is sampled with seed classImageSeed(seed, index) (DPM-Solver++ 2M, guidance 7.5) and prepared
  * at the training resolution.
  */
 export async function generateClassImage(
@@ -68,7 +73,7 @@ export async function generateClassImage(
     negativePrompt: '',
     steps: o.steps,
     guidance: 7.5,
-    seed: o.seed * 1000 + o.index,
+    seed: classImageSeed(o.seed, o.index),
     width: o.resolution,
     height: o.resolution,
     sampler: 'dpm++2m',

@@ -132,20 +132,24 @@ export function promptFidelity(samples: readonly Uint8Array[], size: number, col
 
 /** Drift: mean over seeds of 1 - cosine(fine-tuned sample's feature, base sample's feature); 0: unchanged. */
 export function featureDrift(tuned: readonly Float32Array[], base: readonly Float32Array[]): number {
+  return meanOverSeeds(tuned, base, (t, b) => 1 - cosine(t, b));
+}
+
+/** Mean of `score(tuned[i], base[i])` over seeds i (the samples of one seed, fine-tuned and base). */
+function meanOverSeeds<T>(tuned: readonly T[], base: readonly T[], score: (t: T, b: T) => number): number {
   if (tuned.length !== base.length || !tuned.length) throw new Error(`drift compares samples seed by seed: ${tuned.length} fine-tuned vs ${base.length} base`);
-  return tuned.reduce((s, t, i) => s + (1 - cosine(t, base[i])), 0) / tuned.length;
+  return tuned.reduce((s, t, i) => s + score(t, base[i]), 0) / tuned.length;
 }
 
 /**
  * Drift in colours: mean over seeds of 1 - histogram intersection of the fine-tuned and the base sample (0: the
  * same colours in any places; 1: no colour in common). Position-free, so a background pattern drawn a few pixels
- * off (a checkerboard shifted by half a square is every pixel changed) counts as kept, and a background changed
+ * off (a checkerboard shifted by one square is every pixel changed) counts as kept, and a background changed
  * to the photos' colour counts fully: on a model that draws fine patterns, latent and pixel drift are dominated by
  * such shifts.
  */
 export function colourDrift(tuned: readonly Uint8Array[], base: readonly Uint8Array[]): number {
-  if (tuned.length !== base.length || !tuned.length) throw new Error(`drift compares samples seed by seed: ${tuned.length} fine-tuned vs ${base.length} base`);
-  return tuned.reduce((s, t, i) => s + (1 - histogramIntersection(colourHistogram(t), colourHistogram(base[i]))), 0) / tuned.length;
+  return meanOverSeeds(tuned, base, (t, b) => 1 - histogramIntersection(colourHistogram(t), colourHistogram(b)));
 }
 
 /** Drift in pixels: mean absolute difference of the 8-bit values over seeds, in [0, 1]. */
@@ -204,9 +208,10 @@ export function largestColourRegion(rgb: Uint8Array, size: number, colour: Colou
  * How much of its enclosing disc a region fills: area / (pi r^2 / 0.95), r being the 95th percentile of its
  * pixels' distances from their centroid. A disc of radius R has a 95th-percentile distance of R sqrt(0.95), so a
  * disc scores 1 at any size, position or rotation, and a shape that leaves more of its disc empty scores less
- * (the percentile, not the farthest pixel, so a stray pixel on the outline does not count). On the generator's
- * own solid shapes at 64 px (tests/train/quality-metrics.test.ts): circle 1.00, square and diamond 0.83-0.87,
- * ring 0.76-0.77, cross 0.66-0.69, triangle 0.58-0.61, star 0.54-0.64, crescent 0.35-0.37. 0 for an empty region.
+ * (the percentile, not the farthest pixel, so a stray pixel on the outline does not count). Measured on the
+ * generator's own solid shapes at 64 px, four sizes and rotations each: circle 1.00, square and diamond 0.83-0.87,
+ * ring 0.76-0.77, cross 0.66-0.69, triangle 0.58-0.61, star 0.54-0.64, crescent 0.35-0.37 (circle, square and
+ * triangle are tested in tests/train/quality-metrics.test.ts). 0 for an empty region.
  */
 export function discFill(region: readonly number[], size: number): number {
   if (!region.length) return 0;

@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import type { Gpu } from '../../src/gpu/device.ts';
 import type { LoadedModel } from '../../src/models/load.ts';
+import { classImageSeed } from '../../src/train/preprocess.ts';
 import { cosine, vaeFeature } from '../../src/train/quality.ts';
 import { drawScene, subjectScene } from '../../src/train/synthetic.ts';
 import {
@@ -88,9 +89,10 @@ describe('DreamBooth quality on the tiny pretrained model', () => {
   });
 
   it('refuses a run seed whose class images would be the very samples drift is scored on, before any work', async () => {
-    // Class image i of run seed s is sampled with seed 1000 s + i; run seed SAMPLE_SEED / 1000 would draw the samples'.
-    assert.equal(SAMPLE_SEED % 1000, 0, 'SAMPLE_SEED / 1000 is a whole run seed');
+    // Class image i of run seed s is sampled with seed classImageSeed(s, i) = 1000 s + i: run seed SAMPLE_SEED / 1000
+    // would draw the samples' own pictures as its class images.
     const clash = { ...FULL, prior: true, seed: SAMPLE_SEED / 1000 };
+    assert.equal(classImageSeed(clash.seed, 0), SAMPLE_SEED);
     await assert.rejects(qualityRun(gpu, MODEL, vae, clash), /overlap the samples'/);
   });
 });
