@@ -35,7 +35,8 @@ const manifest: ShippedDemoManifest = {
   name,
   resolution: settings.resolution as number,
   stage: unet.stage ?? 'done',
-  step: Number(unet.step ?? settings.steps),
+  // UNet steps in all: with --init-from, those of the model the run went on from too.
+  step: Number(unet.total_steps ?? unet.step ?? settings.steps),
   settings,
   files,
 };

@@ -3,13 +3,16 @@
 //   pretrain --out <dir> [--size small|small-f4|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px]
 //            [--data-size N] [--data-seed N] [--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px]
 //            [--ema-decay x] [--token-std x] [--prediction v_prediction|epsilon] [--checkpoint-every N] [--bpe <bpe_simple_vocab_16e6.txt.gz>]
-//            [--vae-from <diffusers folder>] [--overwrite]
+//            [--vae-from <diffusers folder>] [--init-from <diffusers folder>] [--overwrite]
 //   pretrain --resume <dir> [--steps N] [--vae-steps N]   (more VAE steps only while the VAE stage runs)
 //   pretrain --resume <dir> --export      (writes <dir>/model from the last checkpoint, part-way, and trains nothing)
+// --vae-from starts the UNet stage on another run's VAE; --init-from also goes on training its UNet and text
+// encoder (a new run: fresh optimizer state, the EMA from those weights, its prediction type and tokenizer),
+// so training can continue from a model when the run's checkpoints are gone or finished.
 // The run folder holds pretrain.json (size and settings, validated on resume), tokenizer/ (vocab.json and
 // merges.txt, built once from CLIP's BPE list), store/ (checkpoints) and, at the end, model/ (the diffusers
 // folder: fp16 weights, configs, tokenizer).
-import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { gunzipSync } from 'node:zlib';
@@ -23,6 +26,7 @@ import {
   PRETRAIN_DEFAULTS,
   PRETRAIN_SIZES,
   Pretrainer,
+  type PretrainedDenoiser,
   pretrainedModelFiles,
   savedPretrainSettings,
   type PretrainConfigs,
@@ -35,7 +39,7 @@ import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flag
 
 const USAGE =
   'usage: pretrain --out <dir> [--size small|small-f4|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px] [--data-size N] [--data-seed N] ' +
-  '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px] [--ema-decay x] [--token-std x] [--prediction v_prediction|epsilon] [--checkpoint-every N] [--bpe <file.txt.gz>] [--vae-from <diffusers folder>] [--overwrite] | pretrain --resume <dir> [--steps N] [--vae-steps N] | pretrain --resume <dir> --export';
+  '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px] [--ema-decay x] [--token-std x] [--prediction v_prediction|epsilon] [--checkpoint-every N] [--bpe <file.txt.gz>] [--vae-from <diffusers folder>] [--init-from <diffusers folder>] [--overwrite] | pretrain --resume <dir> [--steps N] [--vae-steps N] | pretrain --resume <dir> --export';
 
 /** Number flags and the setting each sets. */
 const NUMBER_FLAGS: [string, keyof PretrainSettings, { integer?: boolean; min?: number }][] = [
@@ -62,6 +66,7 @@ const FLAGS: Flags = {
   prediction: { type: 'string' },
   bpe: { type: 'string' },
   'vae-from': { type: 'string' },
+  'init-from': { type: 'string' },
   overwrite: { type: 'boolean' },
   export: { type: 'boolean' },
 };
@@ -74,29 +79,78 @@ interface RunFile {
   settings: PretrainSettings;
   /** The diffusers folder whose VAE the run started from (`--vae-from`), for the record. */
   vaeFrom?: string;
+  /** The diffusers folder whose VAE, UNet and text encoder the run went on from (`--init-from`). */
+  initFrom?: string;
+}
+
+/** What a new run starts from instead of the initialisation: a trained VAE, and with --init-from the UNet and text encoder. */
+interface Start {
+  vae?: PretrainedVae;
+  denoiser?: PretrainedDenoiser;
+  /** The UNet steps the denoiser had had in all. */
+  denoiserSteps?: number;
+  /** What the denoiser was trained to predict; the run goes on predicting it. */
+  prediction?: PretrainSettings['prediction'];
+}
+
+function readStart(flag: string, dir: string, withDenoiser: boolean, configs: PretrainConfigs): Start {
+  const vae = readVaeFrom(flag, dir, configs.vae);
+  if (!withDenoiser) return { vae };
+  const { denoiser, steps } = readDenoiserFrom(flag, dir, configs);
+  const scheduler = join(dir, 'scheduler', 'scheduler_config.json');
+  const prediction = existsSync(scheduler) ? (readJsonFile(scheduler, 'the scheduler config') as { prediction_type?: unknown }).prediction_type : undefined;
+  if (prediction !== 'epsilon' && prediction !== 'v_prediction')
+    throw new UsageError(
+      `${flag}: its scheduler/scheduler_config.json names no prediction_type (epsilon or v_prediction), so what its UNet predicts is unknown`,
+    );
+  return { vae, denoiser, denoiserSteps: steps, prediction };
+}
+
+/** A component's config.json and fp16/f32 weights in a diffusers folder, its config checked against the size's. */
+function readComponent(flag: string, dir: string, component: 'vae' | 'unet' | 'text_encoder', want: Record<string, unknown>, keys: readonly string[]) {
+  const what = { vae: 'VAE', unet: 'UNet', text_encoder: 'text encoder' }[component];
+  const file = component === 'text_encoder' ? 'model.safetensors' : 'diffusion_pytorch_model.safetensors';
+  const configPath = join(dir, component, 'config.json');
+  const weightsPath = join(dir, component, file);
+  if (!existsSync(configPath) || !existsSync(weightsPath))
+    throw new UsageError(`${flag}: no ${component}/config.json and ${component}/${file} there; give a diffusers folder (e.g. <run>/model)`);
+  const config = readJsonFile(configPath, `the ${what} config`) as Record<string, unknown>;
+  for (const k of keys)
+    if (JSON.stringify(config[k]) !== JSON.stringify(want[k]))
+      throw new UsageError(
+        `${flag}: its ${what} has ${k} ${JSON.stringify(config[k])}, this size's has ${JSON.stringify(want[k])}: start from a ${what} of the same size`,
+      );
+  const { tensors, metadata } = readSafetensors(new Uint8Array(readFileSync(weightsPath)));
+  return { config, metadata, weights: new Map([...tensors].map(([n, t]) => [n, Float32Array.from(t.data)])) };
 }
 
 /**
  * `--vae-from`: the VAE of a diffusers folder (a finished or `--export`ed pretraining run of the same size),
  * its config checked against the size's, its weights widened to f32, its latent scale from its config.
  */
-function readVaeFrom(dir: string, want: PretrainConfigs['vae']): PretrainedVae {
-  const flag = `--vae-from ${dir}`;
-  const configPath = join(dir, 'vae', 'config.json');
-  const weightsPath = join(dir, 'vae', 'diffusion_pytorch_model.safetensors');
-  if (!existsSync(configPath) || !existsSync(weightsPath))
-    throw new UsageError(`${flag}: no vae/config.json and vae/diffusion_pytorch_model.safetensors there; give a diffusers folder (e.g. <run>/model)`);
-  const config = readJsonFile(configPath, 'the VAE config') as Record<string, unknown>;
-  for (const k of ['block_out_channels', 'layers_per_block', 'norm_num_groups', 'latent_channels'] as const)
-    if (JSON.stringify(config[k]) !== JSON.stringify(want[k]))
-      throw new UsageError(
-        `${flag}: its VAE has ${k} ${JSON.stringify(config[k])}, this size's has ${JSON.stringify(want[k])}: start from a VAE of the same size`,
-      );
+function readVaeFrom(flag: string, dir: string, want: PretrainConfigs['vae']): PretrainedVae {
+  const { config, weights } = readComponent(flag, dir, 'vae', want, ['block_out_channels', 'layers_per_block', 'norm_num_groups', 'latent_channels']);
   const scalingFactor = config.scaling_factor;
   if (typeof scalingFactor !== 'number' || !(scalingFactor > 0) || scalingFactor === 1)
     throw new UsageError(`${flag}: its VAE config has no measured scaling_factor (${String(scalingFactor)}): use a VAE a pretraining run finished`);
-  const tensors = readSafetensors(new Uint8Array(readFileSync(weightsPath))).tensors;
-  return { weights: new Map([...tensors].map(([n, t]) => [n, Float32Array.from(t.data)])), scalingFactor };
+  return { weights, scalingFactor };
+}
+
+/**
+ * `--init-from`: the UNet and text encoder of a pretraining run's model (finished or `--export`ed part-way) to
+ * go on training, and the UNet steps they had had in all (its `total_steps`; `step`, or its settings' `steps`,
+ * for a model written before runs kept a total).
+ */
+function readDenoiserFrom(flag: string, dir: string, want: PretrainConfigs): { denoiser: PretrainedDenoiser; steps: number } {
+  const unetKeys = Object.keys(want.unet).filter((k) => k !== 'sample_size');
+  const unet = readComponent(flag, dir, 'unet', want.unet, unetKeys);
+  const te = readComponent(flag, dir, 'text_encoder', want.text_encoder, Object.keys(want.text_encoder));
+  // A finished run written before models kept their step is at its settings' last step.
+  const settingsSteps = () => (JSON.parse(unet.metadata.settings ?? '{}') as { steps?: number }).steps;
+  const steps = Number(unet.metadata.total_steps ?? unet.metadata.step ?? settingsSteps());
+  if (unet.metadata.generator !== 'DreamBooth Studio pretrain' || !Number.isInteger(steps) || steps < 1)
+    throw new UsageError(`${flag}: its UNet was not written by a pretraining run (no step count in its metadata): use <run>/model of a run`);
+  return { denoiser: { unet: unet.weights, text_encoder: te.weights }, steps };
 }
 
 function settingsFrom(values: ParsedFlags, base: PretrainSettings): PretrainSettings {
@@ -150,7 +204,7 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
   const dir = (resumeDir ?? outDir)!;
   const runPath = join(dir, 'pretrain.json');
   let run: RunFile;
-  let vaeFrom: PretrainedVae | undefined;
+  let start: Start = {};
   if (resumeDir) {
     if (!existsSync(runPath)) throw new UsageError(`--resume ${dir}: no pretrain.json there (not a pretraining run folder)`);
     for (const f of Object.keys(values))
@@ -162,18 +216,40 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
     run.settings.steps = numberFlag(values, 'steps', run.settings.steps, { integer: true, min: run.settings.steps });
     // More VAE steps only while the VAE stage runs (Pretrainer.resume refuses them after it).
     run.settings.vaeSteps = numberFlag(values, 'vae-steps', run.settings.vaeSteps, { integer: true, min: run.settings.vaeSteps });
+    // Before its first checkpoint a run that began from a model needs that model again (after, the checkpoint holds it).
+    const from = run.initFrom ?? run.vaeFrom;
+    if (from && existsSync(from))
+      start = readStart(`the run's ${run.initFrom ? '--init-from' : '--vae-from'} ${from}`, from, !!run.initFrom, PRETRAIN_SIZES[run.size]);
   } else {
     if (values.export) throw new UsageError(`--export writes the model of an existing run: use it with --resume <dir>`);
     const size = (stringFlag(values, 'size') ?? 'small') as RunFile['size'];
     if (!(size in PRETRAIN_SIZES)) throw new UsageError(`--size ${size}: use ${Object.keys(PRETRAIN_SIZES).join(' or ')}`);
     const base = size === 'tiny' ? { ...PRETRAIN_DEFAULTS, resolution: 16 } : PRETRAIN_DEFAULTS;
     const vaeFromDir = stringFlag(values, 'vae-from');
-    if (vaeFromDir && values['vae-steps'] !== undefined && Number(values['vae-steps']) !== 0)
+    const initFromDir = stringFlag(values, 'init-from');
+    if (vaeFromDir && initFromDir)
+      throw new UsageError(`--vae-from and --init-from: --init-from ${initFromDir} starts from that model's VAE too; give one of them`);
+    const fromDir = initFromDir ?? vaeFromDir;
+    const fromFlag = initFromDir ? '--init-from' : '--vae-from';
+    if (fromDir && values['vae-steps'] !== undefined && Number(values['vae-steps']) !== 0)
       throw new UsageError(
-        `--vae-from and --vae-steps ${String(values['vae-steps'])}: a run that starts from a trained VAE has no VAE stage; leave --vae-steps out`,
+        `${fromFlag} and --vae-steps ${String(values['vae-steps'])}: a run that starts from a trained VAE has no VAE stage; leave --vae-steps out`,
       );
-    run = { size, settings: settingsFrom(values, vaeFromDir ? { ...base, vaeSteps: 0 } : base), ...(vaeFromDir ? { vaeFrom: resolve(vaeFromDir) } : {}) };
-    vaeFrom = vaeFromDir ? readVaeFrom(vaeFromDir, PRETRAIN_SIZES[size].vae) : undefined;
+    if (fromDir) start = readStart(`${fromFlag} ${fromDir}`, fromDir, !!initFromDir, PRETRAIN_SIZES[size]);
+    const prediction = stringFlag(values, 'prediction');
+    if (start.prediction && prediction && prediction !== start.prediction)
+      throw new UsageError(
+        `--prediction ${prediction}: the model of --init-from ${initFromDir} predicts ${start.prediction}; going on, it must predict the same (leave --prediction out)`,
+      );
+    run = {
+      size,
+      settings: {
+        ...settingsFrom(values, fromDir ? { ...base, vaeSteps: 0, ...(start.prediction ? { prediction: start.prediction } : {}) } : base),
+        initSteps: start.denoiserSteps ?? 0,
+      },
+      ...(vaeFromDir ? { vaeFrom: resolve(vaeFromDir) } : {}),
+      ...(initFromDir ? { initFrom: resolve(initFromDir) } : {}),
+    };
     // Checked before the folder is touched: a dataset seed or size that cannot be honoured costs nothing.
     checkPretrainSettings(run.settings, PRETRAIN_SIZES[size]);
     if (existsSync(runPath) && !values.overwrite)
@@ -181,18 +257,23 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
     if (existsSync(dir) && values.overwrite)
       for (const sub of ['store', 'model', 'tokenizer', 'pretrain.json']) rmSync(join(dir, sub), { recursive: true, force: true });
     mkdirSync(dir, { recursive: true });
+    // The text encoder goes on reading the tokenizer it was trained with.
+    if (initFromDir) cpSync(join(initFromDir, 'tokenizer'), join(dir, 'tokenizer'), { recursive: true });
   }
   const configs = PRETRAIN_SIZES[run.size];
   const { files: tokFiles, tokenizer } = runTokenizer(dir, configs.text_encoder.vocab_size, stringFlag(values, 'bpe'));
   if (!resumeDir) writeFileSync(runPath, JSON.stringify(run, null, 2));
   const store = await FsChunkStore.open(join(dir, 'store'));
   // The run's checkpoints are written with its original step count; a longer --steps on resume extends it.
-  // On resume the VAE comes back from the checkpoint with everything else; --vae-from only seeds a new run.
-  const p = await Pretrainer.create(gpu, tokenizer, run.settings, store, 'pretrain', configs, vaeFrom);
+  // On resume everything comes back from the checkpoint; the model a run started from only seeds it.
+  const p = await Pretrainer.create(gpu, tokenizer, run.settings, store, 'pretrain', configs, start.vae, start.denoiser);
   try {
     if (await p.resume()) {
       console.log(`resumed at ${p.stage} step ${p.step}`);
       writeFileSync(runPath, JSON.stringify(run, null, 2)); // longer --steps / --vae-steps, once the checkpoint accepted them
+    } else if (resumeDir && (run.initFrom ?? run.vaeFrom) && !start.vae) {
+      const from = (run.initFrom ?? run.vaeFrom)!;
+      throw new UsageError(`--resume ${dir}: the run started from ${from}, which is gone, and has no checkpoint yet; start it again with --out`);
     }
     if (values.export) {
       if (p.stage === 'vae' || (p.stage === 'unet' && p.step === 0))
@@ -225,6 +306,7 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
       `wrote ${join(dir, 'model')} (${mb.toFixed(1)} MB; latent scale ${p.scalingFactor.toFixed(4)}) in ${((performance.now() - t0) / 1000).toFixed(0)} s`,
     );
   } catch (e) {
+    if (e instanceof UsageError) throw e; // refused before any training: there is nothing to resume
     const hint = `the last checkpoint is kept: npm run cli -- pretrain --resume ${dir}`;
     if (e instanceof StorageFullError) throw new Error(`${e.message}\nAfter freeing space, ${hint}`, { cause: e });
     throw new Error(`${(e as Error).message}\n${hint}`, { cause: e });

@@ -151,6 +151,12 @@ export interface PretrainSettings {
    * caption did not lower the loss. v weighs that error by about 1 at every noise level.
    */
   prediction: 'epsilon' | 'v_prediction';
+  /**
+   * UNet steps the starting UNet and text encoder had already been trained (`cli pretrain --init-from`, which
+   * reads it from the model it starts from): 0 for a run from scratch. Recorded in the export, so a model
+   * trained over several runs says how far it has come in all.
+   */
+  initSteps: number;
 }
 
 export const PRETRAIN_DEFAULTS: PretrainSettings = {
@@ -171,13 +177,14 @@ export const PRETRAIN_DEFAULTS: PretrainSettings = {
   checkpointEvery: 250,
   tokenStd: 1,
   prediction: 'v_prediction',
+  initSteps: 0,
 };
 
 /**
  * Settings added after runs had begun, with the value a run that predates each had: a resumed run's missing
  * setting takes this (so it trains on as it began), not the default for new runs.
  */
-export const PRETRAIN_SETTINGS_BEFORE_ADDED: Partial<PretrainSettings> = { tokenStd: 0.02, prediction: 'epsilon' };
+export const PRETRAIN_SETTINGS_BEFORE_ADDED: Partial<PretrainSettings> = { tokenStd: 0.02, prediction: 'epsilon', initSteps: 0 };
 
 /** A saved run's settings with every setting it predates filled in as it ran. */
 export function savedPretrainSettings(saved: Partial<PretrainSettings>): PretrainSettings {
@@ -201,6 +208,7 @@ export function checkPretrainSettings(s: PretrainSettings, cfg: PretrainConfigs 
   if (s.vaeCrop % factor !== 0)
     throw new Error(`vaeCrop ${s.vaeCrop}: use 0 (whole pictures) or a multiple of the VAE's factor ${factor} up to the resolution ${s.resolution}`);
   whole('checkpointEvery', 0, 1e7);
+  whole('initSteps', 0, 1e9);
   for (const k of ['vaeLr', 'lr'] as const) if (!(s[k] > 0 && s[k] < 1)) throw new Error(`${k} ${s[k]}: use a learning rate between 0 and 1 (e.g. 1e-3)`);
   if (!(s.emaDecay >= 0 && s.emaDecay < 1)) throw new Error(`emaDecay ${s.emaDecay}: use a decay from 0 to below 1 (e.g. 0.999)`);
   if (!(s.dropCaption >= 0 && s.dropCaption < 1)) throw new Error(`dropCaption ${s.dropCaption}: use a probability from 0 to below 1 (e.g. 0.1)`);
@@ -212,6 +220,16 @@ export function checkPretrainSettings(s: PretrainSettings, cfg: PretrainConfigs 
 export interface PretrainedVae {
   weights: Map<string, Float32Array>;
   scalingFactor: number;
+}
+
+/**
+ * A UNet and text encoder to go on training instead of starting from the initialisation (`cli pretrain
+ * --init-from`, e.g. a part-way export): a new run (fresh optimizer state, EMA from these weights) that
+ * continues another's training. Their weights by name, as the VAE's.
+ */
+export interface PretrainedDenoiser {
+  unet: Map<string, Float32Array>;
+  text_encoder: Map<string, Float32Array>;
 }
 
 export type PretrainStage = 'vae' | 'unet' | 'done';
@@ -315,21 +333,33 @@ export class Pretrainer {
     configs: PretrainConfigs = PRETRAIN_CONFIGS,
     /** Start from this trained VAE (settings.vaeSteps must be 0): SD trains its UNet on a fixed, pretrained VAE. */
     vae?: PretrainedVae,
+    /** Go on training this UNet and text encoder (with `vae`, the VAE they were trained on). */
+    denoiser?: PretrainedDenoiser,
   ): Promise<Pretrainer> {
     checkPretrainSettings(settings, configs);
     if (vae && settings.vaeSteps !== 0) throw new Error(`vaeSteps ${settings.vaeSteps}: a run that starts from a trained VAE has no VAE stage (use 0)`);
+    if (denoiser && !vae) throw new Error('a UNet to go on training needs the VAE it was trained on: pass both');
     const p = new Pretrainer(gpu, configs, tokenizer, settings, store, runId);
     if (vae) {
-      for (const [name, t] of p.weights.vae) {
-        const v = vae.weights.get(name);
-        if (!v || v.length !== t.numel)
-          throw new Error(`the VAE to start from has ${v ? `${v.length} values` : 'no tensor'} for ${name}, not ${t.numel}: it is not this size's VAE`);
-        gpu.write(t, v);
-      }
+      p.writeWeights('vae', vae.weights, 'VAE');
       p.scalingFactor = vae.scalingFactor;
+    }
+    if (denoiser) {
+      p.writeWeights('unet', denoiser.unet, 'UNet');
+      p.writeWeights('text_encoder', denoiser.text_encoder, 'text encoder');
     }
     await p.startStage(settings.vaeSteps > 0 ? 'vae' : 'unet');
     return p;
+  }
+
+  /** Overwrites every weight of a component with given values, refusing (naming the tensor) any that is missing or another size. */
+  private writeWeights(c: Component, values: Map<string, Float32Array>, what: string): void {
+    for (const [name, t] of this.weights[c]) {
+      const v = values.get(name);
+      if (!v || v.length !== t.numel)
+        throw new Error(`the ${what} to start from has ${v ? `${v.length} values` : 'no tensor'} for ${name}, not ${t.numel}: it is not this size's ${what}`);
+      this.gpu.write(t, v);
+    }
   }
 
   /** The components a stage trains and the learning rate. */
@@ -612,7 +642,7 @@ export class Pretrainer {
     if (this.settings.steps < m.settings.steps || (m.stage === 'done' && this.settings.steps !== m.settings.steps))
       throw new Error(
         m.stage === 'done'
-          ? `this pretraining run finished its ${m.settings.steps} steps: its optimizer state is gone, so start a new run for more`
+          ? `this pretraining run finished its ${m.settings.steps} steps: its optimizer state is gone, so go on in a new run that starts from its model (--init-from)`
           : `this pretraining run was started for ${m.settings.steps} steps: resume with at least that many, not ${this.settings.steps}`,
       );
     // The VAE stage may also grow while it runs; once it has ended the UNet's latents are made with it.
@@ -694,6 +724,14 @@ export async function pretrainedModelFiles(
   };
   // A finished run's step counter restarts with its 'done' stage: the model is the UNet stage's last step.
   const step = p.stage === 'done' ? p.settings.steps : p.step;
-  const meta = { format: 'pt', generator: 'DreamBooth Studio pretrain', settings: JSON.stringify(p.settings), stage: p.stage, step: String(step) };
+  const meta = {
+    format: 'pt',
+    generator: 'DreamBooth Studio pretrain',
+    settings: JSON.stringify(p.settings),
+    stage: p.stage,
+    step: String(step),
+    // UNet steps in all, this run's and those of the model it went on from (--init-from).
+    total_steps: String(p.settings.initSteps + step),
+  };
   return diffusersModelFiles(configs, weights, tokenizer, meta, 'F16');
 }
