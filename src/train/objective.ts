@@ -154,13 +154,13 @@ export async function weightedMse(gpu: Gpu, pred: Tensor, target: Tensor, weight
   const align = gpu.device.limits.minStorageBufferOffsetAlignment;
   if (batch > 1 && bytes % align !== 0)
     throw new ShapeError('weightedMse', `one sample of ${fmtShape(pred.shape)} is ${bytes} bytes, not a multiple of the ${align}-byte binding alignment`);
+  const view = (t: Tensor, b: number) => new Tensor(t.alloc, t.shape.slice(1), t.dtype, t.byteOffset + b * bytes, false);
+  const perSampleLoss = Array.from({ length: batch }, (_, b) => mseLoss(gpu, view(pred, b), view(target, b)));
+  // Read back together: one wait for the GPU per step, not one per sample.
+  const values = await Promise.all(perSampleLoss.map((l) => gpu.read(l)));
+  gpu.free(...perSampleLoss);
   let loss = 0;
-  for (let b = 0; b < batch; b++) {
-    const view = (t: Tensor) => new Tensor(t.alloc, t.shape.slice(1), t.dtype, t.byteOffset + b * bytes, false);
-    const l = mseLoss(gpu, view(pred), view(target));
-    loss += weights[b] * (await gpu.read(l))[0];
-    gpu.free(l);
-  }
+  for (let b = 0; b < batch; b++) loss += weights[b] * values[b][0];
   return loss / batch;
 }
 
