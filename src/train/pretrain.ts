@@ -157,6 +157,13 @@ export interface PretrainSettings {
    * trained over several runs says how far it has come in all.
    */
   initSteps: number;
+  /**
+   * Share of pictures whose objects are solid, and apart from that of solid backgrounds (the rest striped, dotted
+   * or checkered); null draws every pattern alike, as the first runs did (a quarter each, so 1 in 16 pictures a
+   * plain shape on a plain background). Plain shapes show their outline with nothing else to learn; at 0.5 a
+   * quarter of the pictures are plain on plain.
+   */
+  solidShare: number | null;
 }
 
 export const PRETRAIN_DEFAULTS: PretrainSettings = {
@@ -178,13 +185,14 @@ export const PRETRAIN_DEFAULTS: PretrainSettings = {
   tokenStd: 1,
   prediction: 'v_prediction',
   initSteps: 0,
+  solidShare: 0.5,
 };
 
 /**
  * Settings added after runs had begun, with the value a run that predates each had: a resumed run's missing
  * setting takes this (so it trains on as it began), not the default for new runs.
  */
-export const PRETRAIN_SETTINGS_BEFORE_ADDED: Partial<PretrainSettings> = { tokenStd: 0.02, prediction: 'epsilon', initSteps: 0 };
+export const PRETRAIN_SETTINGS_BEFORE_ADDED: Partial<PretrainSettings> = { tokenStd: 0.02, prediction: 'epsilon', initSteps: 0, solidShare: null };
 
 /** A saved run's settings with every setting it predates filled in as it ran. */
 export function savedPretrainSettings(saved: Partial<PretrainSettings>): PretrainSettings {
@@ -194,7 +202,10 @@ export function savedPretrainSettings(saved: Partial<PretrainSettings>): Pretrai
 /** Refuses settings the run cannot honour, before any work, naming the setting. */
 export function checkPretrainSettings(s: PretrainSettings, cfg: PretrainConfigs = PRETRAIN_CONFIGS): void {
   const factor = 2 ** (cfg.vae.block_out_channels.length - 1);
-  checkDatasetOptions({ seed: s.dataSeed, size: s.resolution, factor, count: s.dataSize, exclude: s.exclude }, 'dataset');
+  checkDatasetOptions(
+    { seed: s.dataSeed, size: s.resolution, factor, count: s.dataSize, exclude: s.exclude, solidShare: s.solidShare ?? undefined },
+    'dataset',
+  );
   const whole = (k: keyof PretrainSettings, lo: number, hi: number) => {
     const v = s[k] as number;
     if (!Number.isInteger(v) || v < lo || v > hi) throw new Error(`${k} ${v}: use a whole number from ${lo} to ${hi}`);
@@ -412,7 +423,7 @@ export class Pretrainer {
   }
 
   private sceneOf(index: number) {
-    return sceneAt(this.settings.dataSeed, index, { exclude: this.settings.exclude });
+    return sceneAt(this.settings.dataSeed, index, { exclude: this.settings.exclude, solidShare: this.settings.solidShare ?? undefined });
   }
 
   private drawBatch(): number[] {

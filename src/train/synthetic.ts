@@ -68,6 +68,11 @@ export interface SceneOptions {
   exclude?: readonly ShapeName[];
   /** At most this many objects (1-3; default 3). */
   maxCount?: number;
+  /**
+   * Probability that the objects are solid, and (drawn apart) that the background is: the rest take the other
+   * patterns evenly. Absent, every pattern is equally likely (a quarter solid), as the first datasets drew.
+   */
+  solidShare?: number;
 }
 
 /** Radius of one object (fraction of the picture's side) per size word. */
@@ -159,13 +164,19 @@ function placeObjects(rng: Rng, count: number, r: number, place: PlaceName): Sce
 }
 
 /** Picture `index` of the dataset with `seed`: every attribute drawn uniformly, the objects placed without overlap. */
+/** A fill pattern: solid with probability `solidShare`, else one of the others; without it, any of the four evenly. */
+function pickPattern(rng: Rng, solidShare: number | undefined): PatternName {
+  if (solidShare === undefined) return pick(rng, PATTERNS);
+  return rng.uniform() < solidShare ? 'solid' : pick(rng, PATTERNS.slice(1));
+}
+
 export function sceneAt(seed: number, index: number, opts: SceneOptions = {}): Scene {
   const shapes = SHAPES.filter((s) => !(opts.exclude ?? []).includes(s));
   const maxCount = opts.maxCount ?? 3;
   const rng = sceneRng(seed, index);
   for (;;) {
     const colour = pick(rng, COLOUR_NAMES);
-    const kind: ObjectKind = { shape: pick(rng, shapes), colour, pattern: pick(rng, PATTERNS) };
+    const kind: ObjectKind = { shape: pick(rng, shapes), colour, pattern: pickPattern(rng, opts.solidShare) };
     const size = pick(rng, SIZES);
     const place = pick(rng, PLACES);
     const count = 1 + rng.int(maxCount);
@@ -174,7 +185,7 @@ export function sceneAt(seed: number, index: number, opts: SceneOptions = {}): S
       rng,
       COLOUR_NAMES.filter((c) => c !== colour && c !== secondColour(colour)),
     );
-    const background = { colour: bgColour, pattern: pick(rng, PATTERNS) };
+    const background = { colour: bgColour, pattern: pickPattern(rng, opts.solidShare) };
     const objects = placeObjects(rng, count, RADIUS[size], place);
     if (!objects) continue; // e.g. three large objects do not fit on the left: draw the scene again
     for (const o of objects) o.angle = kind.shape === 'circle' || kind.shape === 'ring' ? 0 : (rng.uniform() - 0.5) * 0.5;
@@ -343,7 +354,12 @@ export function toModelInput(rgb: Uint8Array, size: number): Float32Array {
 // ------------------------------------------------------------------------------------------- checks
 
 /** The sizes a dataset can draw at: the model's factor times 2 at least (objects need pixels), at most 512. */
-export function checkDatasetOptions(o: { seed: number; size: number; factor: number; count?: number; exclude?: readonly string[] }, field = 'dataset'): void {
+export function checkDatasetOptions(
+  o: { seed: number; size: number; factor: number; count?: number; exclude?: readonly string[]; solidShare?: number },
+  field = 'dataset',
+): void {
+  if (o.solidShare !== undefined && !(o.solidShare >= 0 && o.solidShare <= 1))
+    throw new Error(`${field} solidShare ${o.solidShare}: use a probability from 0 to 1 (e.g. 0.5; 0.25 is every pattern alike)`);
   if (!Number.isInteger(o.seed) || o.seed < 0 || o.seed > 0xffffffff)
     throw new Error(`${field} seed ${o.seed}: use an integer from 0 to 4294967295 (the generator's seed is 32 bits)`);
   if (!Number.isInteger(o.size) || o.size < 16 || o.size > 512 || o.size % o.factor !== 0)

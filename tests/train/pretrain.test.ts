@@ -351,7 +351,7 @@ describe('pretraining the demo model', () => {
     assert.ok(large < 0.25 && large < small - 0.25, `at 1 they start far apart (${large} vs ${small})`);
   });
 
-  it('predicts v by default and eps when asked (the first UNet loss differs); a run saved before those settings resumes as it began', async () => {
+  it('predicts v by default and eps when asked (the first UNet loss differs); a run saved before its later settings (prediction, tokenStd, initSteps, solidShare) resumes as it began', async () => {
     const gpu = await testGpu();
     const firstUnetLoss = async (prediction: PretrainSettings['prediction']) => {
       const p = await Pretrainer.create(gpu, tokenizer, { ...SETTINGS, vaeSteps: 0, prediction }, new MemoryChunkStore(), `p-${prediction}`, TINY);
@@ -362,11 +362,13 @@ describe('pretraining the demo model', () => {
     const [v, eps] = [await firstUnetLoss('v_prediction'), await firstUnetLoss('epsilon')];
     assert.ok(Number.isFinite(v) && Number.isFinite(eps) && Math.abs(v - eps) > 1e-3 * eps, `v loss ${v}, eps loss ${eps}`);
     assert.equal(PRETRAIN_DEFAULTS.prediction, 'v_prediction');
-    const { prediction, tokenStd, ...older } = SETTINGS;
-    assert.ok(prediction && tokenStd);
+    const { prediction, tokenStd, initSteps, solidShare, ...older } = SETTINGS;
+    assert.ok(prediction && tokenStd && initSteps === 0 && solidShare === 0.5);
+    const saved = savedPretrainSettings(older);
     assert.deepEqual(
-      { prediction: savedPretrainSettings(older).prediction, tokenStd: savedPretrainSettings(older).tokenStd },
-      { prediction: 'epsilon', tokenStd: 0.02 },
+      { prediction: saved.prediction, tokenStd: saved.tokenStd, initSteps: saved.initSteps, solidShare: saved.solidShare },
+      { prediction: 'epsilon', tokenStd: 0.02, initSteps: 0, solidShare: null },
+      'a run saved before these settings draws its data and trains as it began',
     );
   });
 
@@ -446,6 +448,8 @@ describe('pretraining the demo model', () => {
       [{ steps: 1.5 }, /steps 1\.5/],
       [{ vaeCrop: 12 }, /vaeCrop 12: use 0 \(whole pictures\) or a multiple of the VAE's factor 8/],
       [{ vaeCrop: 72 }, /vaeCrop 72: use a whole number from 0 to 64/],
+      [{ solidShare: 2 }, /dataset solidShare 2: use a probability from 0 to 1/],
+      [{ initSteps: -1 }, /initSteps -1: use a whole number/],
     ];
     for (const [change, msg] of bad) assert.throws(() => checkPretrainSettings({ ...PRETRAIN_DEFAULTS, ...change }), msg);
     assert.doesNotThrow(() => checkPretrainSettings(PRETRAIN_DEFAULTS));

@@ -199,6 +199,30 @@ describe('synthetic captioned scenes', () => {
     assert.ok(all.filter((s) => s.kind.shape === 'star').length > 100);
   });
 
+  it('make solidShare of the objects solid and, drawn apart, of the backgrounds; the other patterns share the rest', () => {
+    const shares = (solidShare: number | undefined) => {
+      const scenes = Array.from({ length: 2000 }, (_, i) => sceneAt(5, i, { solidShare }));
+      const share = (f: (s: Scene) => boolean) => scenes.filter(f).length / scenes.length;
+      return {
+        objects: share((s) => s.kind.pattern === 'solid'),
+        backgrounds: share((s) => s.background.pattern === 'solid'),
+        both: share((s) => s.kind.pattern === 'solid' && s.background.pattern === 'solid'),
+        striped: share((s) => s.kind.pattern === 'striped'),
+      };
+    };
+    // 2000 scenes: a share of 0.5 has a standard deviation of 0.011, so 0.04 is 3.5 of them.
+    const near = (got: number, want: number, what: string) => assert.ok(Math.abs(got - want) < 0.04, `${what}: ${got}, want ${want}`);
+    const half = shares(0.5);
+    near(half.objects, 0.5, 'solid objects at 0.5');
+    near(half.backgrounds, 0.5, 'solid backgrounds at 0.5');
+    near(half.both, 0.25, 'plain on plain at 0.5 (independent draws)');
+    near(half.striped, 0.5 / 3, 'striped objects at 0.5');
+    const old = shares(undefined);
+    near(old.objects, 0.25, 'solid objects without solidShare (every pattern alike)');
+    near(old.both, 1 / 16, 'plain on plain without solidShare');
+    assert.deepEqual([shares(0).objects, shares(0).backgrounds, shares(1).objects, shares(1).backgrounds], [0, 0, 1, 1]);
+  });
+
   it('draw a subject with its own second colour, on backgrounds of other colours', () => {
     const kind = { shape: 'star', colour: 'yellow', pattern: 'dotted', second: 'purple' } as const;
     for (let i = 0; i < 4; i++) {
@@ -231,6 +255,8 @@ describe('synthetic captioned scenes', () => {
     assert.throws(() => checkDatasetOptions({ seed: 1, size: 64, factor: 8, count: 0 }), /count 0/);
     assert.throws(() => checkDatasetOptions({ seed: 1, size: 64, factor: 8, exclude: ['moon'] }), /exclude "moon": not a shape/);
     assert.throws(() => checkDatasetOptions({ seed: 1, size: 64, factor: 8, exclude: [...SHAPES] }), /every shape is excluded/);
-    assert.doesNotThrow(() => checkDatasetOptions({ seed: 0xffffffff, size: 64, factor: 8, count: 1000, exclude: ['star'] }));
+    assert.throws(() => checkDatasetOptions({ seed: 1, size: 64, factor: 8, solidShare: 1.5 }), /solidShare 1\.5: use a probability from 0 to 1/);
+    assert.throws(() => checkDatasetOptions({ seed: 1, size: 64, factor: 8, solidShare: NaN }), /solidShare NaN/);
+    assert.doesNotThrow(() => checkDatasetOptions({ seed: 0xffffffff, size: 64, factor: 8, count: 1000, exclude: ['star'], solidShare: 0.5 }));
   });
 });
