@@ -7,8 +7,9 @@
 //   pretrain --resume <dir> [--steps N] [--vae-steps N]   (more VAE steps only while the VAE stage runs)
 //   pretrain --resume <dir> --export      (writes <dir>/model from the last checkpoint, part-way, and trains nothing)
 // --vae-from starts the UNet stage on another run's VAE; --init-from also goes on training its UNet and text
-// encoder (a new run: fresh optimizer state, the EMA from those weights, its prediction type and tokenizer),
-// so training can continue from a model when the run's checkpoints are gone or finished.
+// encoder (a new run: fresh optimizer state, the EMA from those weights; the model's size, settings, prediction
+// type and tokenizer unless flags change the settings), so training can continue from a model when the run's
+// checkpoints are gone or finished.
 // The run folder holds pretrain.json (size and settings, validated on resume), tokenizer/ (vocab.json and
 // merges.txt, built once from CLIP's BPE list), store/ (checkpoints) and, at the end, model/ (the diffusers
 // folder: fp16 weights, configs, tokenizer).
@@ -90,21 +91,33 @@ interface Start {
   denoiser?: PretrainedDenoiser;
   /** The UNet steps the denoiser had had in all. */
   denoiserSteps?: number;
-  /** What the denoiser was trained to predict; the run goes on predicting it. */
-  prediction?: PretrainSettings['prediction'];
+  /** The settings the denoiser was trained with (the new run's, unless flags say otherwise), its prediction type from its scheduler. */
+  settings?: PretrainSettings;
 }
 
 function readStart(flag: string, dir: string, withDenoiser: boolean, configs: PretrainConfigs): Start {
   const vae = readVaeFrom(flag, dir, configs.vae);
   if (!withDenoiser) return { vae };
-  const { denoiser, steps } = readDenoiserFrom(flag, dir, configs);
+  const { denoiser, steps, settings } = readDenoiserFrom(flag, dir, configs);
   const scheduler = join(dir, 'scheduler', 'scheduler_config.json');
   const prediction = existsSync(scheduler) ? (readJsonFile(scheduler, 'the scheduler config') as { prediction_type?: unknown }).prediction_type : undefined;
   if (prediction !== 'epsilon' && prediction !== 'v_prediction')
     throw new UsageError(
       `${flag}: its scheduler/scheduler_config.json names no prediction_type (epsilon or v_prediction), so what its UNet predicts is unknown`,
     );
-  return { vae, denoiser, denoiserSteps: steps, prediction };
+  return { vae, denoiser, denoiserSteps: steps, settings: { ...settings, prediction } };
+}
+
+/** The size whose VAE and UNet widths a diffusers folder's configs have (undefined when none does, or the configs are unreadable). */
+function sizeOf(dir: string): RunFile['size'] | undefined {
+  const widths = (c: string) => {
+    const path = join(dir, c, 'config.json');
+    return existsSync(path) ? JSON.stringify((readJsonFile(path, `the ${c} config`) as { block_out_channels?: unknown }).block_out_channels) : undefined;
+  };
+  const [vae, unet] = [widths('vae'), widths('unet')];
+  return (Object.keys(PRETRAIN_SIZES) as RunFile['size'][]).find(
+    (k) => JSON.stringify(PRETRAIN_SIZES[k].vae.block_out_channels) === vae && JSON.stringify(PRETRAIN_SIZES[k].unet.block_out_channels) === unet,
+  );
 }
 
 /** A component's config.json and fp16/f32 weights in a diffusers folder, its config checked against the size's. */
@@ -142,16 +155,21 @@ function readVaeFrom(flag: string, dir: string, want: PretrainConfigs['vae']): P
  * go on training, and the UNet steps they had had in all (its `total_steps`; `step`, or its settings' `steps`,
  * for a model written before runs kept a total).
  */
-function readDenoiserFrom(flag: string, dir: string, want: PretrainConfigs): { denoiser: PretrainedDenoiser; steps: number } {
+function readDenoiserFrom(flag: string, dir: string, want: PretrainConfigs): { denoiser: PretrainedDenoiser; steps: number; settings: PretrainSettings } {
   const unetKeys = Object.keys(want.unet).filter((k) => k !== 'sample_size');
   const unet = readComponent(flag, dir, 'unet', want.unet, unetKeys);
   const te = readComponent(flag, dir, 'text_encoder', want.text_encoder, Object.keys(want.text_encoder));
   // A finished run written before models kept their step is at its settings' last step.
-  const settingsSteps = () => (JSON.parse(unet.metadata.settings ?? '{}') as { steps?: number }).steps;
-  const steps = Number(unet.metadata.total_steps ?? unet.metadata.step ?? settingsSteps());
+  let saved: Partial<PretrainSettings> = {};
+  try {
+    saved = JSON.parse(unet.metadata.settings ?? '{}') as Partial<PretrainSettings>;
+  } catch {
+    throw new UsageError(`${flag}: its UNet's settings metadata is not JSON: use <run>/model of a pretraining run`);
+  }
+  const steps = Number(unet.metadata.total_steps ?? unet.metadata.step ?? saved.steps);
   if (unet.metadata.generator !== 'DreamBooth Studio pretrain' || !Number.isInteger(steps) || steps < 1)
     throw new UsageError(`${flag}: its UNet was not written by a pretraining run (no step count in its metadata): use <run>/model of a run`);
-  return { denoiser: { unet: unet.weights, text_encoder: te.weights }, steps };
+  return { denoiser: { unet: unet.weights, text_encoder: te.weights }, steps, settings: savedPretrainSettings(saved) };
 }
 
 function settingsFrom(values: ParsedFlags, base: PretrainSettings): PretrainSettings {
@@ -223,11 +241,11 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
       start = readStart(`the run's ${run.initFrom ? '--init-from' : '--vae-from'} ${from}`, from, !!run.initFrom, PRETRAIN_SIZES[run.size]);
   } else {
     if (values.export) throw new UsageError(`--export writes the model of an existing run: use it with --resume <dir>`);
-    const size = (stringFlag(values, 'size') ?? 'small') as RunFile['size'];
-    if (!(size in PRETRAIN_SIZES)) throw new UsageError(`--size ${size}: use ${Object.keys(PRETRAIN_SIZES).join(' or ')}`);
-    const base = size === 'tiny' ? { ...PRETRAIN_DEFAULTS, resolution: 16 } : PRETRAIN_DEFAULTS;
     const vaeFromDir = stringFlag(values, 'vae-from');
     const initFromDir = stringFlag(values, 'init-from');
+    // Going on from a model, the size is the model's unless --size says otherwise (and then must match it).
+    const size = (stringFlag(values, 'size') ?? (initFromDir && sizeOf(initFromDir)) ?? 'small') as RunFile['size'];
+    if (!(size in PRETRAIN_SIZES)) throw new UsageError(`--size ${size}: use ${Object.keys(PRETRAIN_SIZES).join(' or ')}`);
     if (vaeFromDir && initFromDir)
       throw new UsageError(`--vae-from and --init-from: --init-from ${initFromDir} starts from that model's VAE too; give one of them`);
     const fromDir = initFromDir ?? vaeFromDir;
@@ -238,16 +256,15 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
       );
     if (fromDir) start = readStart(`${fromFlag} ${fromDir}`, fromDir, !!initFromDir, PRETRAIN_SIZES[size]);
     const prediction = stringFlag(values, 'prediction');
-    if (start.prediction && prediction && prediction !== start.prediction)
+    if (start.settings && prediction && prediction !== start.settings.prediction)
       throw new UsageError(
-        `--prediction ${prediction}: the model of --init-from ${initFromDir} predicts ${start.prediction}; going on, it must predict the same (leave --prediction out)`,
+        `--prediction ${prediction}: the model of --init-from ${initFromDir} predicts ${start.settings.prediction}; going on, it must predict the same (leave --prediction out)`,
       );
+    // A new run trains with the defaults; one going on from a model, with the settings that model was trained with.
+    const base = start.settings ?? (size === 'tiny' ? { ...PRETRAIN_DEFAULTS, resolution: 16 } : PRETRAIN_DEFAULTS);
     run = {
       size,
-      settings: {
-        ...settingsFrom(values, fromDir ? { ...base, vaeSteps: 0, ...(start.prediction ? { prediction: start.prediction } : {}) } : base),
-        initSteps: start.denoiserSteps ?? 0,
-      },
+      settings: { ...settingsFrom(values, fromDir ? { ...base, vaeSteps: 0 } : base), initSteps: start.denoiserSteps ?? 0 },
       ...(vaeFromDir ? { vaeFrom: resolve(vaeFromDir) } : {}),
       ...(initFromDir ? { initFrom: resolve(initFromDir) } : {}),
     };
