@@ -150,6 +150,15 @@ function readVaeFrom(flag: string, dir: string, want: PretrainConfigs['vae']): P
   return { weights, scalingFactor };
 }
 
+/** A model's pretraining settings from its UNet's metadata ({} when it has none). */
+function parseSettings(flag: string, json: string | undefined): Partial<PretrainSettings> {
+  try {
+    return JSON.parse(json ?? '{}') as Partial<PretrainSettings>;
+  } catch {
+    throw new UsageError(`${flag}: its UNet's settings metadata is not JSON: use <run>/model of a pretraining run`);
+  }
+}
+
 /**
  * `--init-from`: the UNet and text encoder of a pretraining run's model (finished or `--export`ed part-way) to
  * go on training, and the UNet steps they had had in all (its `total_steps`; `step`, or its settings' `steps`,
@@ -159,13 +168,8 @@ function readDenoiserFrom(flag: string, dir: string, want: PretrainConfigs): { d
   const unetKeys = Object.keys(want.unet).filter((k) => k !== 'sample_size');
   const unet = readComponent(flag, dir, 'unet', want.unet, unetKeys);
   const te = readComponent(flag, dir, 'text_encoder', want.text_encoder, Object.keys(want.text_encoder));
+  const saved = parseSettings(flag, unet.metadata.settings);
   // A finished run written before models kept their step is at its settings' last step.
-  let saved: Partial<PretrainSettings> = {};
-  try {
-    saved = JSON.parse(unet.metadata.settings ?? '{}') as Partial<PretrainSettings>;
-  } catch {
-    throw new UsageError(`${flag}: its UNet's settings metadata is not JSON: use <run>/model of a pretraining run`);
-  }
   const steps = Number(unet.metadata.total_steps ?? unet.metadata.step ?? saved.steps);
   if (unet.metadata.generator !== 'DreamBooth Studio pretrain' || !Number.isInteger(steps) || steps < 1)
     throw new UsageError(`${flag}: its UNet was not written by a pretraining run (no step count in its metadata): use <run>/model of a run`);
