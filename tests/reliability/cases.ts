@@ -782,9 +782,9 @@ export const CASES: Case[] = [
     setup: (ws) => ({ unchanged: [ws.path('pt')] }),
   },
   {
-    name: 'pretrain --init-from a model of another size (the tiny fixture for the small model)',
+    name: 'pretrain --init-from a model of another size than --size (the tiny fixture, --size small)',
     before: 'clear',
-    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--init-from', join(FIXTURES, 'models', 'pretrained-tiny')],
+    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--size', 'small', '--init-from', join(FIXTURES, 'models', 'pretrained-tiny')],
     code: 1,
     message: /--init-from \S+pretrained-tiny: its VAE has block_out_channels \[8,16\], this size's has \[16,32,64,64\]: start from a VAE of the same size/,
     setup: (ws) => ({ unchanged: [ws.path('pt')] }),
