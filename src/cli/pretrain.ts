@@ -99,6 +99,8 @@ function readStart(flag: string, dir: string, withDenoiser: boolean, configs: Pr
   const vae = readVaeFrom(flag, dir, configs.vae);
   if (!withDenoiser) return { vae };
   const { denoiser, steps, settings } = readDenoiserFrom(flag, dir, configs);
+  if (!['vocab.json', 'merges.txt'].every((f) => existsSync(join(dir, 'tokenizer', f))))
+    throw new UsageError(`${flag}: no tokenizer/vocab.json and tokenizer/merges.txt there, the tokenizer its text encoder reads; give <run>/model of a run`);
   const scheduler = join(dir, 'scheduler', 'scheduler_config.json');
   const prediction = existsSync(scheduler) ? (readJsonFile(scheduler, 'the scheduler config') as { prediction_type?: unknown }).prediction_type : undefined;
   if (prediction !== 'epsilon' && prediction !== 'v_prediction')

@@ -817,6 +817,18 @@ export const CASES: Case[] = [
     setup: (ws) => ({ unchanged: [ws.path('pt')] }),
   },
   {
+    name: 'pretrain --init-from a model folder without its tokenizer',
+    before: 'clear',
+    args: () => [],
+    code: 1,
+    message: /--init-from \S*no-tokenizer\S*: no tokenizer\/vocab\.json and tokenizer\/merges\.txt there, the tokenizer its text encoder reads/,
+    setup: (ws) => {
+      const model = ws.path('no-tokenizer');
+      cpSync(join(FIXTURES, 'models', 'pretrained-tiny'), model, { recursive: true, filter: (src) => !src.includes('tokenizer') });
+      return { args: ['pretrain', '--out', ws.path('pt'), '--init-from', model], unchanged: [ws.path('pt'), model] };
+    },
+  },
+  {
     name: 'grid with an empty prompt between the separators',
     before: 'clear',
     args: (ws) => ['grid', '--model', ws.tiny.folder, '--prompts', 'a dog||a cat', '--out', ws.path('grid.png')],
