@@ -9,6 +9,9 @@ import { join } from 'node:path';
 import { FIXTURES } from '../helpers.ts';
 import { trainArgs, type Case, type Workspace } from './harness.ts';
 
+/** The tiny model `cli pretrain` made (tests/fixtures/models/make-pretrained-tiny.sh): the pretraining rows' model to start from. */
+const PRETRAINED_TINY = join(FIXTURES, 'models', 'pretrained-tiny');
+
 const train = (ws: Workspace, ...extra: string[]) => [...trainArgs(ws, ws.path('out')), ...extra];
 /** trainArgs with one flag's value replaced. */
 function withFlag(ws: Workspace, flag: string, value: string | null): string[] {
@@ -750,7 +753,7 @@ export const CASES: Case[] = [
   {
     name: 'pretrain --vae-from the VAE of another size (the tiny fixture for the small model)',
     before: 'clear',
-    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--vae-from', join(FIXTURES, 'models', 'pretrained-tiny')],
+    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--vae-from', PRETRAINED_TINY],
     code: 1,
     message: /--vae-from \S+pretrained-tiny: its VAE has block_out_channels \[8,16\], this size's has \[16,32,64,64\]: start from a VAE of the same size/,
     setup: (ws) => ({ unchanged: [ws.path('pt')] }),
@@ -758,7 +761,7 @@ export const CASES: Case[] = [
   {
     name: 'pretrain --vae-from with a VAE stage (--vae-steps 5)',
     before: 'clear',
-    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--vae-from', join(FIXTURES, 'models', 'pretrained-tiny'), '--size', 'tiny', '--vae-steps', '5'],
+    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--vae-from', PRETRAINED_TINY, '--size', 'tiny', '--vae-steps', '5'],
     code: 1,
     message: /--vae-from and --vae-steps 5: a run that starts from a trained VAE has no VAE stage; leave --vae-steps out/,
     setup: (ws) => ({ unchanged: [ws.path('pt')] }),
@@ -766,17 +769,7 @@ export const CASES: Case[] = [
   {
     name: 'pretrain --init-from and --vae-from together',
     before: 'clear',
-    args: (ws) => [
-      'pretrain',
-      '--out',
-      ws.path('pt'),
-      '--size',
-      'tiny',
-      '--init-from',
-      join(FIXTURES, 'models', 'pretrained-tiny'),
-      '--vae-from',
-      join(FIXTURES, 'models', 'pretrained-tiny'),
-    ],
+    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--size', 'tiny', '--init-from', PRETRAINED_TINY, '--vae-from', PRETRAINED_TINY],
     code: 1,
     message: /--vae-from and --init-from: --init-from \S+pretrained-tiny starts from that model's VAE too; give one of them/,
     setup: (ws) => ({ unchanged: [ws.path('pt')] }),
@@ -784,7 +777,7 @@ export const CASES: Case[] = [
   {
     name: 'pretrain --init-from a model of another size than --size (the tiny fixture, --size small)',
     before: 'clear',
-    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--size', 'small', '--init-from', join(FIXTURES, 'models', 'pretrained-tiny')],
+    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--size', 'small', '--init-from', PRETRAINED_TINY],
     code: 1,
     message: /--init-from \S+pretrained-tiny: its VAE has block_out_channels \[8,16\], this size's has \[16,32,64,64\]: start from a VAE of the same size/,
     setup: (ws) => ({ unchanged: [ws.path('pt')] }),
@@ -800,17 +793,7 @@ export const CASES: Case[] = [
   {
     name: 'pretrain --init-from an epsilon model with --prediction v_prediction',
     before: 'clear',
-    args: (ws) => [
-      'pretrain',
-      '--out',
-      ws.path('pt'),
-      '--size',
-      'tiny',
-      '--init-from',
-      join(FIXTURES, 'models', 'pretrained-tiny'),
-      '--prediction',
-      'v_prediction',
-    ],
+    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--size', 'tiny', '--init-from', PRETRAINED_TINY, '--prediction', 'v_prediction'],
     code: 1,
     message:
       /--prediction v_prediction: the model of --init-from \S+pretrained-tiny predicts epsilon; going on, it must predict the same \(leave --prediction out\)/,
@@ -824,7 +807,7 @@ export const CASES: Case[] = [
     message: /--init-from \S*no-tokenizer\S*: no tokenizer\/vocab\.json and tokenizer\/merges\.txt there, the tokenizer its text encoder reads/,
     setup: (ws) => {
       const model = ws.path('no-tokenizer');
-      cpSync(join(FIXTURES, 'models', 'pretrained-tiny'), model, { recursive: true, filter: (src) => !src.includes('tokenizer') });
+      cpSync(PRETRAINED_TINY, model, { recursive: true, filter: (src) => !src.includes('tokenizer') });
       return { args: ['pretrain', '--out', ws.path('pt'), '--init-from', model], unchanged: [ws.path('pt'), model] };
     },
   },
