@@ -266,8 +266,14 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
       throw new UsageError(
         `--prediction ${prediction}: the model of --init-from ${initFromDir} predicts ${start.settings.prediction}; going on, it must predict the same (leave --prediction out)`,
       );
-    // A new run trains with the defaults; one going on from a model, with the settings that model was trained with.
-    const base = start.settings ?? (size === 'tiny' ? { ...PRETRAIN_DEFAULTS, resolution: 16 } : PRETRAIN_DEFAULTS);
+    // A new run trains with the defaults; one going on from a model, with the settings that model was trained with,
+    // except its seed: the same seed would draw the same batches, timesteps and noise the model has already seen,
+    // so going on draws with the next one unless --seed says otherwise.
+    const base = start.settings
+      ? { ...start.settings, seed: (start.settings.seed + 1) >>> 0 }
+      : size === 'tiny'
+        ? { ...PRETRAIN_DEFAULTS, resolution: 16 }
+        : PRETRAIN_DEFAULTS;
     run = {
       size,
       settings: { ...settingsFrom(values, fromDir ? { ...base, vaeSteps: 0 } : base), initSteps: start.denoiserSteps ?? 0 },

@@ -29,11 +29,12 @@ describe('cli pretrain --init-from (tiny pretrained fixture)', () => {
     const run = join(dir, 'onward');
     pretrain('--out', run, '--init-from', fixture, '--steps', '4', '--batch', '4', '--checkpoint-every', '0');
     const saved = JSON.parse(readFileSync(join(run, 'pretrain.json'), 'utf8')) as { size: string; settings: Record<string, unknown> };
-    // The fixture was trained at 16 px on 2000 pictures with epsilon, before solidShare existed; --batch is ours.
+    // The fixture was trained at 16 px on 2000 pictures with epsilon and seed 1, before solidShare existed;
+    // --batch is ours, and the seed is the next one (seed 1 would draw again the batches and noise it was trained on).
     assert.equal(saved.size, 'tiny', 'the size is read from the model');
     assert.deepEqual(
-      [saved.settings.resolution, saved.settings.dataSize, saved.settings.prediction, saved.settings.solidShare, saved.settings.batch],
-      [16, 2000, 'epsilon', null, 4],
+      [saved.settings.resolution, saved.settings.dataSize, saved.settings.prediction, saved.settings.solidShare, saved.settings.batch, saved.settings.seed],
+      [16, 2000, 'epsilon', null, 4, 2],
     );
     assert.equal(saved.settings.initSteps, 300);
     for (const f of ['vocab.json', 'merges.txt'])
