@@ -80,8 +80,8 @@ export interface GpuOptions {
 
 /**
  * The GEMM kernel choices a per-adapter timing (src/ops/tune.ts) may change; until it runs (or where a host skips
- * it), the defaults for the adapter's kind (`defaultGemmConfig`). The register block, step depth and prefetch change
- * speed only: every output still sums its products in k order. Split-K changes the order of the sums, so results differ in the last
+ * it), the defaults for the adapter's kind (`defaultGemmConfig`). The register block, step depth, prefetch and the
+ * direct core change speed only: every output still sums its products in k order. Split-K changes the order of the sums, so results differ in the last
  * bits: a training run records the config it started with and a resume applies it again.
  */
 export interface GemmConfig {
@@ -95,6 +95,12 @@ export interface GemmConfig {
   bk: 16 | 32;
   /** Whether each step's global loads of the next staged tile are issued into registers before its FMAs (prefetch). */
   prefetch: boolean;
+  /**
+   * Whether matmuls (not the convolutions' implicit GEMMs) run on the direct SIMT core: no shared tiles and no
+   * barriers, each invocation reading its own operands (src/ops/gemm.ts; matmul.ts DIRECT_TILES). A config recorded
+   * before this field existed has none: the device keeps its own value (gemmConfigProblem, Gpu.setGemmConfig).
+   */
+  direct: boolean;
 }
 
 /** The values each GemmConfig field may take. */
@@ -104,7 +110,11 @@ export const GEMM_CONFIG_VALUES = {
   splitK: [false, true],
   bk: [16, 32],
   prefetch: [false, true],
+  direct: [false, true],
 } as const;
+
+/** GemmConfig fields a recorded config may lack (it predates them); Gpu.setGemmConfig keeps the device's value. */
+const GEMM_CONFIG_OPTIONAL: readonly string[] = ['direct'];
 
 /**
  * Before any timing: CPU adapters (one workgroup per thread, a few cores) get 8x8 blocks and a fill of 8, which
@@ -116,8 +126,8 @@ export const GEMM_CONFIG_VALUES = {
  */
 export function defaultGemmConfig(cpuAdapter: boolean, splitK?: boolean): GemmConfig {
   return cpuAdapter
-    ? { registerBlock: 8, fillWorkgroups: 8, splitK: splitK ?? false, bk: 16, prefetch: false }
-    : { registerBlock: 4, fillWorkgroups: 256, splitK: splitK ?? true, bk: 32, prefetch: true };
+    ? { registerBlock: 8, fillWorkgroups: 8, splitK: splitK ?? false, bk: 16, prefetch: false, direct: true }
+    : { registerBlock: 4, fillWorkgroups: 256, splitK: splitK ?? true, bk: 32, prefetch: true, direct: false };
 }
 
 /** The reason `c` is not a GemmConfig (a field missing or out of GEMM_CONFIG_VALUES), or null when it is one. */
@@ -125,7 +135,8 @@ export function gemmConfigProblem(c: unknown): string | null {
   if (typeof c !== 'object' || c === null) return 'not an object';
   const o = c as Record<string, unknown>;
   for (const [field, allowed] of Object.entries(GEMM_CONFIG_VALUES))
-    if (!(allowed as readonly unknown[]).includes(o[field])) return `${field} is ${JSON.stringify(o[field])}, expected one of ${allowed.join(', ')}`;
+    if (!(o[field] === undefined && GEMM_CONFIG_OPTIONAL.includes(field)) && !(allowed as readonly unknown[]).includes(o[field]))
+      return `${field} is ${JSON.stringify(o[field])}, expected one of ${allowed.join(', ')}`;
   return null;
 }
 
@@ -317,7 +328,8 @@ export class Gpu {
   setGemmConfig(c: GemmConfig): void {
     const problem = gemmConfigProblem(c);
     if (problem) throw new Error(`invalid GEMM config ${JSON.stringify(c)}: ${problem}`);
-    this.gemm = { registerBlock: c.registerBlock, fillWorkgroups: c.fillWorkgroups, splitK: c.splitK, bk: c.bk, prefetch: c.prefetch };
+    const direct = (c as Partial<GemmConfig>).direct ?? this.gemm.direct; // absent from configs recorded before it
+    this.gemm = { registerBlock: c.registerBlock, fillWorkgroups: c.fillWorkgroups, splitK: c.splitK, bk: c.bk, prefetch: c.prefetch, direct };
   }
 
   /** Workgroups a dispatch needs before big tiles pay (GemmConfig.fillWorkgroups). */

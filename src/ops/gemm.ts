@@ -1,7 +1,8 @@
 // The two GEMM cores matmul and conv2d share, generated per tile so every register is a named variable indexed
 // by constants (a register array indexed by a loop counter is kept in memory and gathered/scattered by software
 // adapters such as SwiftShader):
-//   simtGemmEntry    f32 or f16 storage, f32 math: each invocation owns a TM x TN register block
+//   simtGemmEntry    f32 or f16 storage, f32 math: each invocation owns a TM x TN register block; operands staged
+//                    through shared tiles, or with def DIRECT read by each invocation itself (directGemmCode)
 //   tensorCoreEntry  f16 on subgroup matrices (tensor cores; src/gpu/tensorcore.ts says when the engine uses them)
 //
 // Both read the op through one interface its WGSL section provides, for batch z:
@@ -401,6 +402,7 @@ export function simtGemmEntry(entry: string): (defs: Defs) => string {
     const [BM, BN, BK, TM, TN] = ['BM', 'BN', 'BK', 'TM', 'TN'].map((k) => numDef(entry, defs, k));
     const split = boolDef(entry, defs, 'SPLIT_K');
     const fits = boolDef(entry, defs, 'FITS');
+    if (boolDef(entry, defs, 'DIRECT')) return directGemmCode(entry, defs, { BM, BN, BK, TM, TN }, split, fits);
     const prefetch = boolDef(entry, defs, 'PREFETCH');
     if (prefetch && !prefetchFits({ BM, BN, BK, TM, TN }))
       throw new Error(
@@ -431,19 +433,91 @@ export function simtGemmEntry(entry: string): (defs: Defs) => string {
         for (let j = 0; j < VN; j++) L.push(`      acc_${4 * i + q}_${j} = fma(vec4<f32>(a_${i}.${'xyzw'[q]}), b_${j}, acc_${4 * i + q}_${j});`);
     }
     L.push('    }', '    workgroupBarrier();', '  }');
-    // Epilogue, masked at the matrix edges. The registers are copied once into an array the loops index: an
-    // unrolled epilogue (TM x TN masked stores) tripled the pipeline's compile time on lavapipe.
-    L.push(`  var block = array<vec4<f32>, ${TM * VN}>(${Array.from({ length: TM * VN }, (_, x) => `acc_${Math.floor(x / VN)}_${x % VN}`).join(', ')});`);
-    L.push(`  for (var i = 0u; i < ${VM}u; i++) {`, '    for (var r = 0u; r < 4u; r++) {');
-    L.push(`      let m = row0 + (i * ${WY}u + lid.y) * 4u + r;`);
-    if (!fits) L.push('      if (m >= dims.x) { continue; }');
-    L.push(`      for (var j = 0u; j < ${VN}u; j++) {`);
-    L.push(`        let n0 = col0 + (j * ${WX}u + lid.x) * 4u;`, `        let v = block[(i * 4u + r) * ${VN}u + j];`);
-    L.push('        for (var q = 0u; q < 4u; q++) {');
-    if (!fits) L.push('          if (n0 + q >= dims.y) { break; }');
-    L.push(`          ${storeResult(split, 'm', 'n0 + q', 'v[q]')}`, '        }');
-    L.push('      }', '    }', '  }');
-    L.push('}');
+    L.push(...blockEpilogue(TM, TN, WX, WY, split, fits), '}');
     return L.join('\n');
   };
+}
+
+/**
+ * The SIMT cores' epilogue, masked at the matrix edges: register block acc_r_j (row r, column group j) of invocation
+ * lid to C (or split-K's partials). Row group i is rows (i * WY + lid.y) * 4 + 0..3, column group j columns
+ * (j * WX + lid.x) * 4 + 0..3. The registers are copied once into an array the loops index: an unrolled epilogue
+ * (TM x TN masked stores) tripled the pipeline's compile time on lavapipe.
+ */
+function blockEpilogue(TM: number, TN: number, WX: number, WY: number, split: boolean, fits: boolean): string[] {
+  const VM = TM / 4;
+  const VN = TN / 4;
+  const L: string[] = [];
+  L.push(`  var block = array<vec4<f32>, ${TM * VN}>(${Array.from({ length: TM * VN }, (_, x) => `acc_${Math.floor(x / VN)}_${x % VN}`).join(', ')});`);
+  L.push(`  for (var i = 0u; i < ${VM}u; i++) {`, '    for (var r = 0u; r < 4u; r++) {');
+  L.push(`      let m = row0 + (i * ${WY}u + lid.y) * 4u + r;`);
+  if (!fits) L.push('      if (m >= dims.x) { continue; }');
+  L.push(`      for (var j = 0u; j < ${VN}u; j++) {`);
+  L.push(`        let n0 = col0 + (j * ${WX}u + lid.x) * 4u;`, `        let v = block[(i * 4u + r) * ${VN}u + j];`);
+  L.push('        for (var q = 0u; q < 4u; q++) {');
+  if (!fits) L.push('          if (n0 + q >= dims.y) { break; }');
+  L.push(`          ${storeResult(split, 'm', 'n0 + q', 'v[q]')}`, '        }');
+  L.push('      }', '    }', '  }');
+  return L;
+}
+
+/**
+ * The direct SIMT core (def DIRECT; CPU adapters): no shared tiles and no barriers. Each invocation reads the
+ * operand values its own TM x TN block needs straight from storage through the interface, 4 k at a time, and does
+ * the same rank-1 updates as the staged core in the same k order (so its results are bit-identical to it):
+ *   A  4 k of each of its TM rows as one vec4 along k (def A_QUADS: gemm_ak4), else 4 k of each row group as a
+ *      vec4 along m (gemm_a4); the element for row r at k0 + c is splat across the column group;
+ *   B  4 k of each of its TN columns as one vec4 along k (def B_QUADS: gemm_bk4, transposed in registers), else
+ *      4 k of each column group as a vec4 along n (gemm_b4).
+ * On a CPU adapter a workgroup is run as SIMD lanes over its invocations: neighbouring lanes (lid.x) read
+ * neighbouring vec4s of B and the lanes of one row (lid.y) read the same A, and nothing waits at a barrier (which a
+ * CPU adapter implements by splitting the kernel and saving every lane's live registers). A split-K chunk and the
+ * reduction's start are whole BK steps, and BK is a multiple of 4, so 4-k steps never straddle a chunk; past K the
+ * loaders give 0.
+ */
+function directGemmCode(entry: string, defs: Defs, t: { BM: number; BN: number; BK: number; TM: number; TN: number }, split: boolean, fits: boolean): string {
+  const { BM, BN, BK, TM, TN } = t;
+  if (BK % 4 !== 0) throw new Error(`${entry}: the direct core steps 4 k at a time, so BK must be a multiple of 4 (got ${BK})`);
+  const aQuads = boolDef(entry, defs, 'A_QUADS');
+  const bQuads = boolDef(entry, defs, 'B_QUADS');
+  const VM = TM / 4;
+  const VN = TN / 4;
+  const WX = BN / TN;
+  const WY = BM / TM;
+  const row = (r: number) => `row0 + ${Math.floor(r / 4) * WY * 4}u + lid.y * 4u + ${r % 4}u`; // row r of the block
+  const col = (s: number) => `col0 + ${Math.floor(s / 4) * WX * 4}u + lid.x * 4u + ${s % 4}u`; // column s
+  const L: string[] = [
+    `// Direct SIMT GEMM core, generated by src/ops/gemm.ts: ${BM}x${BN} per workgroup, ${TM}x${TN} registers per invocation, no shared tiles.`,
+  ];
+  L.push(`@compute @workgroup_size(${WX}, ${WY})`);
+  L.push(`fn ${entry}(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {`);
+  L.push('  let dims = gemm_dims();', ...reductionRange(split), `  let row0 = wg.y * ${BM}u;`, `  let col0 = wg.x * ${BN}u;`);
+  for (let r = 0; r < TM; r++) for (let j = 0; j < VN; j++) L.push(`  var acc_${r}_${j} = vec4<f32>(0.0);`);
+  L.push('  for (var k0 = k_lo; k0 < k_hi; k0 += 4u) {');
+  // a(r, c): op(A)[row r, k0 + c] as a scalar expression; b(j, c): op(B)[k0 + c, column group j] as a vec4
+  let a: (r: number, c: number) => string;
+  let b: (j: number, c: number) => string;
+  if (aQuads) {
+    for (let r = 0; r < TM; r++) L.push(`    let qa_${r} = gemm_ak4(z, ${row(r)}, k0);`);
+    a = (r, c) => `qa_${r}.${'xyzw'[c]}`;
+  } else {
+    for (let c = 0; c < 4; c++) for (let i = 0; i < VM; i++) L.push(`    let ga_${c}_${i} = gemm_a4(z, ${row(4 * i)}, k0 + ${c}u);`);
+    a = (r, c) => `ga_${c}_${Math.floor(r / 4)}.${'xyzw'[r % 4]}`;
+  }
+  if (bQuads) {
+    for (let s = 0; s < TN; s++) L.push(`    let qb_${s} = gemm_bk4(z, k0, ${col(s)});`);
+    b = (j, c) => `vec4<f32>(${[0, 1, 2, 3].map((q) => `qb_${4 * j + q}.${'xyzw'[c]}`).join(', ')})`;
+  } else {
+    for (let c = 0; c < 4; c++) for (let j = 0; j < VN; j++) L.push(`    let gb_${c}_${j} = gemm_b4(z, k0 + ${c}u, ${col(4 * j)});`);
+    b = (j, c) => `gb_${c}_${j}`;
+  }
+  // rank-1 updates in k order, as the staged core
+  for (let c = 0; c < 4; c++) {
+    if (bQuads) for (let j = 0; j < VN; j++) L.push(`    let b_${c}_${j} = ${b(j, c)};`);
+    const bv = (j: number) => (bQuads ? `b_${c}_${j}` : b(j, c));
+    for (let r = 0; r < TM; r++) for (let j = 0; j < VN; j++) L.push(`    acc_${r}_${j} = fma(vec4<f32>(${a(r, c)}), ${bv(j)}, acc_${r}_${j});`);
+  }
+  L.push('  }');
+  L.push(...blockEpilogue(TM, TN, WX, WY, split, fits), '}');
+  return L.join('\n');
 }

@@ -47,6 +47,8 @@ export interface Tile {
   TM: number;
   TN: number;
   PREFETCH?: boolean;
+  /** The direct core (CPU adapters): no shared tiles, each invocation reads its own operands (src/ops/gemm.ts). */
+  DIRECT?: boolean;
 }
 
 // Register blocks are 8x8 where the tile allows: on CPU adapters (lavapipe, SwiftShader) an invocation is one
@@ -108,6 +110,23 @@ export const GPU_TILE_ROWS_16: Tile = { BM: 16, BN: 64, BK: 16, TM: 4, TN: 4 };
 export const GPU_TILE_COLS_4: Tile = { BM: 128, BN: 4, BK: 16, TM: 4, TN: 4 };
 export const GPU_TILE_COLS_16: Tile = { BM: 64, BN: 16, BK: 16, TM: 4, TN: 4 };
 
+/**
+ * Tiles of the direct core (GemmConfig.direct, CPU adapters' default for matmuls; src/ops/gemm.ts): no shared tiles,
+ * so BK only sets the split-K chunk and FITS granularity (its 4-k steps). 4x8 register blocks in 8x8 invocations.
+ * Measured on lavapipe (2 cores, the CPU otherwise idle), f32, against the staged core's 64x64 tile: 512x320x320
+ * (x·Wᵀ) 8.9 against 13.8 ms, 320x320x512 (Aᵀ·B, a weight gradient) 9.4 against 13.3; 8x8 blocks on the direct core
+ * ran 12.1 and 11.7 (they spill). A pretrain step of the factor-4 demo UNet (batch 8): 2.02 against 2.07-2.18 s.
+ * The convolutions keep the staged core: their implicit-GEMM gathers, shared by a workgroup when staged, would be
+ * recomputed by each invocation (measured 1.0-2x slower).
+ */
+export const DIRECT_TILES: TileSet = {
+  square: [{ BM: 32, BN: 64, BK: 4, TM: 4, TN: 8, DIRECT: true }],
+  rows4: { BM: 4, BN: 128, BK: 4, TM: 4, TN: 8, DIRECT: true },
+  rows16: { BM: 16, BN: 64, BK: 4, TM: 4, TN: 8, DIRECT: true },
+  cols4: { BM: 64, BN: 4, BK: 4, TM: 4, TN: 4, DIRECT: true },
+  cols16: { BM: 32, BN: 16, BK: 4, TM: 4, TN: 4, DIRECT: true },
+};
+
 /** The tiles pickTile chooses among: square ones largest first (the last is the fallback), and the skinny ones. */
 export interface TileSet {
   square: Tile[];
@@ -157,7 +176,7 @@ export function prefetchRefusal(gpu: Gpu): string | null {
 
 /** The defs a SIMT tile specialises its core with (PREFETCH spelled out, so the pipeline key always has it). */
 export function simtTileDefs(t: Tile): Defs {
-  return { BM: t.BM, BN: t.BN, BK: t.BK, TM: t.TM, TN: t.TN, PREFETCH: t.PREFETCH ?? false };
+  return { BM: t.BM, BN: t.BN, BK: t.BK, TM: t.TM, TN: t.TN, PREFETCH: t.PREFETCH ?? false, DIRECT: t.DIRECT ?? false };
 }
 
 /**
@@ -390,7 +409,8 @@ function gemmTcTile(gpu: Gpu, g: Gemm): TcTile | null {
 function runGemm(gpu: Gpu, g: Gemm): void {
   if (g.M === 0 || g.N === 0 || g.batch === 0) return;
   const tc = gemmTcTile(gpu, g);
-  const tile = tc ? null : (g.tile ?? pickTile(g.M, g.N, g.batch, gpu.fillWorkgroups, tilesFor(gpu)));
+  const tileSet = gpu.gemmConfig.direct ? DIRECT_TILES : tilesFor(gpu);
+  const tile = tc ? null : (g.tile ?? pickTile(g.M, g.N, g.batch, gpu.fillWorkgroups, tileSet));
   if (tile) checkTile(gpu, tile);
   const blockTile = tile ?? { BM: tc!.BM, BN: tc!.BN, BK: TC_BK };
   for (const k of planGemm(gpu, g, blockTile)) {

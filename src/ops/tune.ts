@@ -18,9 +18,9 @@ import { matmul } from './matmul.ts';
 
 /**
  * Part of every cache key: bump when the kernels, the candidates or the shapes timed change, so older entries are
- * timed again (3: the convolutions joined the shapes).
+ * timed again (3: the convolutions joined the shapes; 4: the direct matmul core joined the candidates).
  */
-export const TUNE_VERSION = 3;
+export const TUNE_VERSION = 4;
 
 /** Where the chosen configs persist: a file in Node (src/io/tuning-node.ts), IndexedDB in the page (tuning-idb.ts). */
 export interface TuningCache {
@@ -333,7 +333,7 @@ export async function tuneGemm(gpu: Gpu, opts: TuneOptions = {}): Promise<TuneRe
   return { key, config: gpu.gemmConfig, source: 'timed', shapes: names, timings: result.timings, seconds: seconds() };
 }
 
-/** "8x8 blocks, fill 8, split-K off, 16-deep steps, no prefetch". */
+/** "8x8 blocks, fill 8, split-K off, 16-deep steps, no prefetch, direct matmuls". */
 export function describeGemmConfig(c: GemmConfig): string {
-  return `${c.registerBlock}x${c.registerBlock} blocks, fill ${c.fillWorkgroups}, split-K ${c.splitK ? 'on' : 'off'}, ${c.bk}-deep steps, ${c.prefetch ? 'prefetch' : 'no prefetch'}`;
+  return `${c.registerBlock}x${c.registerBlock} blocks, fill ${c.fillWorkgroups}, split-K ${c.splitK ? 'on' : 'off'}, ${c.bk}-deep steps, ${c.prefetch ? 'prefetch' : 'no prefetch'}, ${c.direct ? 'direct' : 'staged'} matmuls`;
 }

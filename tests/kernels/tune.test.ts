@@ -25,7 +25,8 @@ import {
   type TuningCache,
 } from '../../src/ops/tune.ts';
 import { Rng } from '../../src/util/rng.ts';
-import { assertChecks, testGpu } from '../helpers.ts';
+import { assertChecks, recordDispatches, testGpu } from '../helpers.ts';
+import type { Tensor } from '../../src/gpu/tensor.ts';
 
 /** A cache in memory that counts its calls. */
 function memoryCache(): TuningCache & { entries: Map<string, string>; loads: number; saves: number } {
@@ -61,9 +62,9 @@ describe('GEMM tuning: the search', () => {
   ];
 
   it('walks one field at a time from the start, keeps a value only when it gains at least minGain twice, times each alternative once (winners twice)', async () => {
-    const start: GemmConfig = { registerBlock: 8, fillWorkgroups: 8, splitK: false, bk: 16, prefetch: false };
+    const start: GemmConfig = { registerBlock: 8, fillWorkgroups: 8, splitK: false, bk: 16, prefetch: false, direct: false };
     const { best, timings } = await searchGemmConfigs(start, compare, 0.05);
-    assert.deepEqual(best, { registerBlock: 4, fillWorkgroups: 64, splitK: false, bk: 16, prefetch: false });
+    assert.deepEqual(best, { registerBlock: 4, fillWorkgroups: 64, splitK: false, bk: 16, prefetch: false, direct: false });
     // the start, every other value of each field once, and a confirming comparison for each of the 2 winners
     const alternatives = Object.values(GEMM_CONFIG_VALUES).reduce((n, vs) => n + vs.length - 1, 0);
     assert.equal(timings.length, 1 + alternatives + 2);
@@ -73,7 +74,7 @@ describe('GEMM tuning: the search', () => {
   });
 
   it('a win the confirming comparison does not repeat (noise) leaves the config as it was', async () => {
-    const start: GemmConfig = { registerBlock: 8, fillWorkgroups: 8, splitK: false, bk: 16, prefetch: false };
+    const start: GemmConfig = { registerBlock: 8, fillWorkgroups: 8, splitK: false, bk: 16, prefetch: false, direct: false };
     let calls = 0;
     const flaky = async (a: GemmConfig, b: GemmConfig): Promise<[ConfigTiming, ConfigTiming]> => {
       calls++;
@@ -209,7 +210,7 @@ describe('GEMM tuning on this adapter (lavapipe)', () => {
     const dispatches = gpu.dispatchCount;
     const r = await tuneGemm(gpu, { cache });
     assert.equal(r.source, 'defaults');
-    assert.deepEqual(r.config, { registerBlock: 8, fillWorkgroups: 8, splitK: false, bk: 16, prefetch: false });
+    assert.deepEqual(r.config, { registerBlock: 8, fillWorkgroups: 8, splitK: false, bk: 16, prefetch: false, direct: true });
     assert.equal(gpu.dispatchCount, dispatches);
     assert.equal(cache.loads + cache.saves, 0);
   });
@@ -217,7 +218,7 @@ describe('GEMM tuning on this adapter (lavapipe)', () => {
   it('a timing that fails puts back the config the device had and says why', async () => {
     const gpu = await testGpu();
     const before = gpu.gemmConfig;
-    const had: GemmConfig = { registerBlock: 4, fillWorkgroups: 64, splitK: true, bk: 16, prefetch: false }; // not the start of the search
+    const had: GemmConfig = { registerBlock: 4, fillWorkgroups: 64, splitK: true, bk: 16, prefetch: false, direct: false }; // not the start of the search
     try {
       gpu.setGemmConfig(had);
       const bad: TuneShape[] = [{ name: 'an output too big for one buffer', M: 1 << 16, N: 1 << 16, K: 1 }]; // fails in matmul, after the config is set
@@ -225,15 +226,27 @@ describe('GEMM tuning on this adapter (lavapipe)', () => {
       assert.deepEqual(gpu.gemmConfig, had);
       // setGemmConfig refuses a config no kernel has
       assert.throws(
-        () => gpu.setGemmConfig({ registerBlock: 2 as 4, fillWorkgroups: 8, splitK: false, bk: 16, prefetch: false }),
+        () => gpu.setGemmConfig({ registerBlock: 2 as 4, fillWorkgroups: 8, splitK: false, bk: 16, prefetch: false, direct: false }),
         /invalid GEMM config .*registerBlock is 2/,
       );
+      assert.throws(
+        () => gpu.setGemmConfig({ registerBlock: 8, fillWorkgroups: 8, splitK: false, bk: 16, prefetch: false, direct: 1 as unknown as boolean }),
+        /invalid GEMM config .*direct is 1/,
+      );
+      // a config recorded before `direct` existed (a checkpoint's, an old cache entry's) is accepted and keeps the
+      // device's own choice of core, both ways
+      const old = { registerBlock: 8, fillWorkgroups: 8, splitK: false, bk: 16, prefetch: false } as unknown as GemmConfig;
+      for (const direct of [true, false]) {
+        gpu.setGemmConfig({ ...had, direct });
+        gpu.setGemmConfig(old);
+        assert.deepEqual(gpu.gemmConfig, { ...old, direct });
+      }
     } finally {
       gpu.setGemmConfig(before);
     }
   });
 
-  it('the register block, step depth and prefetch change speed, never a result: the same bits at every transpose', async () => {
+  it('the register block, step depth, prefetch and the direct core change speed, never a result: the same bits at every transpose', async () => {
     const gpu = await testGpu();
     const before = gpu.gemmConfig;
     const rng = new Rng(7);
@@ -252,13 +265,20 @@ describe('GEMM tuning on this adapter (lavapipe)', () => {
             const a = gpu.upload(av, aShape, dtype);
             const b = gpu.upload(bv, bShape, dtype);
             const results: number[][] = [];
-            for (const [registerBlock, bk, prefetch] of [
-              [8, 16, false], // lavapipe's default
-              [4, 32, true], // a GPU's default
-              [8, 32, true],
+            for (const [registerBlock, bk, prefetch, direct] of [
+              [8, 16, false, true], // lavapipe's default: matmuls on the direct core
+              [8, 16, false, false], // the staged core
+              [4, 32, true, false], // a GPU's default
+              [8, 32, true, false],
             ] as const) {
-              gpu.setGemmConfig({ registerBlock, fillWorkgroups: 8, splitK: false, bk, prefetch });
-              const c = matmul(gpu, a, b, { transA, transB });
+              gpu.setGemmConfig({ registerBlock, fillWorkgroups: 8, splitK: false, bk, prefetch, direct });
+              let c!: Tensor;
+              const seen = recordDispatches(gpu, () => (c = matmul(gpu, a, b, { transA, transB })));
+              assert.deepEqual(
+                seen.filter((d) => d.entry === 'matmul').map((d) => d.defs.DIRECT),
+                [direct],
+                'the config picks the core',
+              );
               results.push(Array.from(await gpu.read(c)));
               gpu.free(c);
             }

@@ -77,7 +77,7 @@ describe('checkpoint records are validated, not trusted', () => {
   it('a resume applies the GEMM config the run trained with (split-K changes the order of sums), whatever the device has since', async () => {
     const gpu = await testGpu();
     const before = gpu.gemmConfig;
-    const trained = { registerBlock: 4, fillWorkgroups: 64, splitK: true, bk: 32, prefetch: true } as const;
+    const trained = { registerBlock: 4, fillWorkgroups: 64, splitK: true, bk: 32, prefetch: true, direct: false } as const;
     try {
       gpu.setGemmConfig(trained);
       const store = new MemoryChunkStore();
@@ -85,7 +85,7 @@ describe('checkpoint records are validated, not trusted', () => {
       for (let s = 0; s < 2; s++) await a.trainer.trainStep(a.fx.inputs[s]);
       await a.trainer.checkpoint();
       a.free();
-      gpu.setGemmConfig({ registerBlock: 8, fillWorkgroups: 8, splitK: false, bk: 16, prefetch: false }); // as if this adapter's tuning had changed
+      gpu.setGemmConfig({ registerBlock: 8, fillWorkgroups: 8, splitK: false, bk: 16, prefetch: false, direct: true }); // as if this adapter's tuning had changed
       const b = await makeTrainer(gpu, 'f32', 'full', store, { residentChunks: 1 });
       assert.equal(await b.trainer.resume(), true);
       assert.deepEqual(gpu.gemmConfig, trained);

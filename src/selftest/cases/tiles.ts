@@ -2,6 +2,7 @@
 // GPUs' 4x4-block ones), with the label each family's tile case carries: both families run one case per tile on
 // every adapter, whichever set pickTile would choose there.
 import {
+  DIRECT_TILES,
   GPU_TILE_32,
   GPU_TILE_64,
   GPU_TILE_COLS_16,
@@ -33,6 +34,18 @@ export const NAMED_TILES: readonly (readonly [Tile, string])[] = [
   [GPU_TILE_ROWS_16, 'GPU 16-row'],
   [GPU_TILE_COLS_4, 'GPU 4-column'],
   [GPU_TILE_COLS_16, 'GPU 16-column'],
+];
+
+/**
+ * The direct core's tiles (no shared tiles; CPU adapters' matmuls): the square one first, then the skinny ones.
+ * Matmul runs them all; the convolutions, which never pick them, the square one (their loaders serve both cores).
+ */
+export const DIRECT_NAMED_TILES: readonly (readonly [Tile, string])[] = [
+  [DIRECT_TILES.square[0], 'direct 32x64 (4x8 blocks)'],
+  [DIRECT_TILES.rows4, 'direct 4-row'],
+  [DIRECT_TILES.rows16, 'direct 16-row'],
+  [DIRECT_TILES.cols4, 'direct 4-column'],
+  [DIRECT_TILES.cols16, 'direct 16-column'],
 ];
 
 /** Every tensor-core tile (src/ops/gemm.ts), with its case label. */
