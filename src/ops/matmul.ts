@@ -168,10 +168,21 @@ export function tilesFor(gpu: Gpu): TileSet {
  * about 2 s. Its defaults never prefetch; this keeps a forced config from reaching it too.
  */
 export function prefetchRefusal(gpu: Gpu): string | null {
+  return isSwiftShader(gpu) ? "SwiftShader's shader compiler loses the device on the prefetching GEMM core (a CPU adapter never prefetches)" : null;
+}
+
+/**
+ * Why this device never runs the direct GEMM core, or null. SwiftShader lost its device on the page self-test's
+ * first matmul on it (the golden [37,19]·[19,41] + bias, after 128 s), where the staged core passes; matmuls there
+ * stay on the staged core whatever GemmConfig.direct says.
+ */
+export function directRefusal(gpu: Gpu): string | null {
+  return isSwiftShader(gpu) ? "SwiftShader's shader compiler loses the device on the direct GEMM core (its matmuls stay on the staged core)" : null;
+}
+
+function isSwiftShader(gpu: Gpu): boolean {
   const a = gpu.adapter;
-  return /swiftshader/i.test(`${a.vendor} ${a.architecture} ${a.device} ${a.description}`)
-    ? "SwiftShader's shader compiler loses the device on the prefetching GEMM core (a CPU adapter never prefetches)"
-    : null;
+  return /swiftshader/i.test(`${a.vendor} ${a.architecture} ${a.device} ${a.description}`);
 }
 
 /** The defs a SIMT tile specialises its core with (PREFETCH spelled out, so the pipeline key always has it). */
@@ -409,7 +420,7 @@ function gemmTcTile(gpu: Gpu, g: Gemm): TcTile | null {
 function runGemm(gpu: Gpu, g: Gemm): void {
   if (g.M === 0 || g.N === 0 || g.batch === 0) return;
   const tc = gemmTcTile(gpu, g);
-  const tileSet = gpu.gemmConfig.direct ? DIRECT_TILES : tilesFor(gpu);
+  const tileSet = gpu.gemmConfig.direct && !directRefusal(gpu) ? DIRECT_TILES : tilesFor(gpu);
   const tile = tc ? null : (g.tile ?? pickTile(g.M, g.N, g.batch, gpu.fillWorkgroups, tileSet));
   if (tile) checkTile(gpu, tile);
   const blockTile = tile ?? { BM: tc!.BM, BN: tc!.BN, BK: TC_BK };

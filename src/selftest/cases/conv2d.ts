@@ -4,7 +4,7 @@
 import { roundToF16 } from '../../util/half.ts';
 import type { DType } from '../../gpu/tensor.ts';
 import { conv2d, conv2dBackward, conv2dBackwardRef, conv2dRef, type Conv2dOptions } from '../../ops/conv2d.ts';
-import { GPU_TILE_64, prefetchRefusal, TILE_32, type Tile } from '../../ops/matmul.ts';
+import { directRefusal, GPU_TILE_64, prefetchRefusal, TILE_32, type Tile } from '../../ops/matmul.ts';
 import { deepPrefetch, DIRECT_NAMED_TILES, NAMED_TILES, PREFETCH_TILES } from './tiles.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 import { finiteDiff, sampleIndices, shapeCheck } from './matmul.ts';
@@ -156,7 +156,7 @@ function tiledCase(choice: Pick<Conv2dOptions, 'tile' | 'splitK' | 'constSizes'>
 export const cases: KernelCase[] = [
   ...GOLDEN.map(goldenCase),
   ...NAMED_TILES.map(([tile, label]) => tileCase(tile, label)),
-  tileCase(...DIRECT_NAMED_TILES[0]),
+  { ...tileCase(...DIRECT_NAMED_TILES[0]), requires: directRefusal },
   // the prefetching core (a GPU's default) in f32 only: it is dtype-blind (the loaders convert), and each tile
   // variant costs lavapipe about a minute of pipeline compiles per dtype
   { ...tileCase(PREFETCH_TILES[0][0], PREFETCH_TILES[0][1]), dtypes: ['f32'], requires: prefetchRefusal },

@@ -14,6 +14,7 @@ import {
   matmulBackward,
   matmulBackwardRef,
   matmulRef,
+  directRefusal,
   prefetchRefusal,
   TILE_64,
   type Tile,
@@ -317,9 +318,13 @@ export const cases: KernelCase[] = [
   ...NAMED_TC_TILES.map(([tile, label]) => tcTileCase(tile, label)),
   // the direct core: f32 only past the square tile, as it is dtype-blind too (the loaders convert); then its
   // split-K (chunks of whole 4-k steps) and its quads along k (gemm_ak4 / gemm_bk4 straight into registers)
-  ...DIRECT_NAMED_TILES.map(([tile, label], i): KernelCase => ({ ...tileCase(tile, label), ...(i === 0 ? {} : { dtypes: ['f32'] }) })),
-  { ...tiledCase({ tile: DIRECT_NAMED_TILES[0][0], splitK: 3 }, `${DIRECT_NAMED_TILES[0][1]} tile, split-K (3 chunks)`, [2, 130, 301, 135]), dtypes: ['f32'] },
-  { ...quadsCase(DIRECT_NAMED_TILES[0][0], `, ${DIRECT_NAMED_TILES[0][1]} tile`), dtypes: ['f32'] },
+  ...DIRECT_NAMED_TILES.map(([tile, label], i): KernelCase => ({ ...tileCase(tile, label), requires: directRefusal, ...(i === 0 ? {} : { dtypes: ['f32'] }) })),
+  {
+    ...tiledCase({ tile: DIRECT_NAMED_TILES[0][0], splitK: 3 }, `${DIRECT_NAMED_TILES[0][1]} tile, split-K (3 chunks)`, [2, 130, 301, 135]),
+    dtypes: ['f32'],
+    requires: directRefusal,
+  },
+  { ...quadsCase(DIRECT_NAMED_TILES[0][0], `, ${DIRECT_NAMED_TILES[0][1]} tile`), dtypes: ['f32'], requires: directRefusal },
   // f32 only past the first: the prefetch is dtype-blind (the loaders convert), and each tile variant costs lavapipe
   // about a minute of pipeline compiles per dtype
   ...PREFETCH_TILES.map(([tile, label], i): KernelCase => ({ ...tileCase(tile, label), requires: prefetchRefusal, ...(i === 0 ? {} : { dtypes: ['f32'] }) })),
