@@ -203,7 +203,7 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       // The footer says which GEMM kernels run and why: a CPU adapter keeps its defaults, untimed.
       assert.match(
         (await page.getByTestId('gpu-summary').textContent()) ?? '',
-        /· f32 · GEMM kernels: 8x8 blocks, fill 8, split-K off, 16-deep steps, no prefetch \(defaults for a CPU adapter/,
+        /· f32 · GEMM kernels: 8x8 blocks, fill 8, split-K off, 16-deep steps, no prefetch, staged matmuls \(defaults for a CPU adapter/,
       );
       const icon = await page.evaluate(async () => {
         const href = document.querySelector<HTMLLinkElement>('link[rel="icon"]')?.href ?? '';

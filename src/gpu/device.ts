@@ -279,6 +279,8 @@ export class Gpu {
     this.cpuAdapter = isCpuAdapter(adapter);
     this.bindGroupCacheMax = bindGroupCacheMax(this.cpuAdapter);
     this.gemm = defaultGemmConfig(this.cpuAdapter, opts.splitK);
+    // SwiftShader refuses the direct core (matmul.ts directRefusal): its config says what runs
+    if (isSwiftShader(adapter)) this.gemm.direct = false;
     this.allocator = new Allocator(device, device.limits.maxBufferSize, this.dryRun);
     this.allocator.onEvict = () => this.bindGroups.clear();
     device.lost.then((info) => {
@@ -824,6 +826,11 @@ export class Gpu {
 /** Software adapters that run compute shaders on the CPU (Mesa's lavapipe/llvmpipe, SwiftShader). */
 function isCpuAdapter(a: AdapterSummary): boolean {
   return /llvmpipe|lavapipe|swiftshader|software/i.test(`${a.vendor} ${a.architecture} ${a.device} ${a.description}`);
+}
+
+/** Chrome's software adapter, whose shader compiler loses the device on some GEMM cores (src/ops/matmul.ts). */
+export function isSwiftShader(a: AdapterSummary): boolean {
+  return /swiftshader/i.test(`${a.vendor} ${a.architecture} ${a.device} ${a.description}`);
 }
 
 function padTo4(bits: Uint16Array): Uint16Array {

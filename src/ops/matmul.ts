@@ -5,7 +5,7 @@
 //   Y = op(A) · op(B) + bias        op(A): [M, K], op(B): [K, N], Y: [M, N] per batch
 //   dop(A) = dY · op(B)ᵀ            dop(B) = op(A)ᵀ · dY  (summed over the batch when B is broadcast)
 //   dbias = column sums of dY over every row of every batch
-import type { BufferWindow, Gpu } from '../gpu/device.ts';
+import { isSwiftShader, type BufferWindow, type Gpu } from '../gpu/device.ts';
 import { kernel, u32 } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, numel, Tensor } from '../gpu/tensor.ts';
@@ -168,21 +168,16 @@ export function tilesFor(gpu: Gpu): TileSet {
  * about 2 s. Its defaults never prefetch; this keeps a forced config from reaching it too.
  */
 export function prefetchRefusal(gpu: Gpu): string | null {
-  return isSwiftShader(gpu) ? "SwiftShader's shader compiler loses the device on the prefetching GEMM core (a CPU adapter never prefetches)" : null;
+  return isSwiftShader(gpu.adapter) ? "SwiftShader's shader compiler loses the device on the prefetching GEMM core (a CPU adapter never prefetches)" : null;
 }
 
 /**
  * Why this device never runs the direct GEMM core, or null. SwiftShader lost its device on the page self-test's
- * first matmul on it (the golden [37,19]·[19,41] + bias, after 128 s), where the staged core passes; matmuls there
- * stay on the staged core whatever GemmConfig.direct says.
+ * first matmul on it (the golden [37,19]·[19,41] + bias, after 128 s), where the staged core passes; its Gpu starts
+ * with GemmConfig.direct off, and matmuls there stay on the staged core whatever a later config says.
  */
 export function directRefusal(gpu: Gpu): string | null {
-  return isSwiftShader(gpu) ? "SwiftShader's shader compiler loses the device on the direct GEMM core (its matmuls stay on the staged core)" : null;
-}
-
-function isSwiftShader(gpu: Gpu): boolean {
-  const a = gpu.adapter;
-  return /swiftshader/i.test(`${a.vendor} ${a.architecture} ${a.device} ${a.description}`);
+  return isSwiftShader(gpu.adapter) ? "SwiftShader's shader compiler loses the device on the direct GEMM core (its matmuls stay on the staged core)" : null;
 }
 
 /** The defs a SIMT tile specialises its core with (PREFETCH spelled out, so the pipeline key always has it). */
