@@ -24,6 +24,7 @@ import {
   tensorCoreEntry,
 } from '../../src/ops/gemm.ts';
 import {
+  DIRECT_TILES,
   GPU_TILE_32,
   GPU_TILE_64,
   GPU_TILE_COLS_16,
@@ -151,6 +152,34 @@ describe('SIMT entry point', () => {
       assert.doesNotMatch(wgsl.slice(0, wgsl.indexOf('var block')), /\w\[[^\]]*\b[ijr]\b[^\]]*\]/);
       assert.match(wgsl, new RegExp(`@workgroup_size\\(${tile.BN / tile.TN}, ${tile.BM / tile.TM}\\)`));
     });
+});
+
+describe('direct core (DIRECT: no shared tiles)', () => {
+  const decl = kernel({ shader: 't', entry: 'gemm', uniforms: [], bindings: [], code: simtGemmEntry('gemm') });
+  const square = DIRECT_TILES.square[0];
+  it('no workgroup memory and no barrier; 4 k per step in k order, each a rank-1 update of every named register', () => {
+    const wgsl = kernelModule('', decl, { T: 'f32', ...square });
+    assert.doesNotMatch(wgsl, /var<workgroup>|workgroupBarrier|tile_[ab]/);
+    assert.match(wgsl, /for \(var k0 = k_lo; k0 < k_hi; k0 \+= 4u\) \{/);
+    // 4x8 blocks: 8 registers, each updated once per k of the 4
+    assert.equal(wgsl.match(/var acc_\d+_\d+ = vec4<f32>\(0\.0\);/g)?.length, 8);
+    assert.equal(wgsl.match(/acc_\d+_\d+ = fma\(/g)?.length, 4 * 8);
+    // the k order of the staged core: all of k0 + 0's updates come before any of k0 + 1's
+    const firstOf = (c: number) => wgsl.indexOf(`ga_${c}_0.x`);
+    assert.ok(firstOf(0) < firstOf(1) && firstOf(1) < firstOf(2) && firstOf(2) < firstOf(3));
+    assert.match(wgsl, /@workgroup_size\(8, 8\)/);
+  });
+  it('operands contiguous in k are read as vec4s along k straight into registers (A_QUADS, B_QUADS)', () => {
+    const wgsl = kernelModule('', decl, { T: 'f32', ...square, A_QUADS: true, B_QUADS: true });
+    assert.equal(wgsl.match(/= gemm_ak4\(/g)?.length, 4, 'one per row of the 4x8 block');
+    assert.equal(wgsl.match(/= gemm_bk4\(/g)?.length, 8, 'one per column');
+    assert.doesNotMatch(wgsl, /gemm_a4\(|gemm_b4\(/);
+    // B's row at k0 + 2 for column group 1 is component z of its 4 columns' quads
+    assert.ok(wgsl.includes('let b_2_1 = vec4<f32>(qb_4.z, qb_5.z, qb_6.z, qb_7.z);'));
+  });
+  it('refuses a step depth its 4-k steps would straddle', () => {
+    assert.throws(() => kernelModule('', decl, { T: 'f32', ...square, BK: 6 }), /BK must be a multiple of 4/);
+  });
 });
 
 describe('prefetch (32-deep steps, next step loaded into registers)', () => {
