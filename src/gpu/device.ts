@@ -221,6 +221,8 @@ export class Gpu {
   readonly cpuAdapter: boolean;
   /** The GEMM kernel choices in force (defaults per adapter kind, or what setGemmConfig was given). */
   private gemm: GemmConfig;
+  /** Whether GemmConfig.direct may be on (not on SwiftShader: src/ops/matmul.ts directRefusal). */
+  private readonly directAllowed: boolean;
   /** The subgroup-matrix shape f16 GEMMs run on (tensor cores), or null: they run the SIMT kernels. */
   readonly tensorCores: MatrixShape | null;
   /** Why tensor cores are or are not used here (for reports). */
@@ -279,8 +281,9 @@ export class Gpu {
     this.cpuAdapter = isCpuAdapter(adapter);
     this.bindGroupCacheMax = bindGroupCacheMax(this.cpuAdapter);
     this.gemm = defaultGemmConfig(this.cpuAdapter, opts.splitK);
-    // SwiftShader refuses the direct core (matmul.ts directRefusal): its config says what runs
-    if (isSwiftShader(adapter)) this.gemm.direct = false;
+    // SwiftShader refuses the direct core (matmul.ts directRefusal): its config says what runs, whatever it is given
+    this.directAllowed = !isSwiftShader(adapter);
+    this.gemm.direct &&= this.directAllowed;
     this.allocator = new Allocator(device, device.limits.maxBufferSize, this.dryRun);
     this.allocator.onEvict = () => this.bindGroups.clear();
     device.lost.then((info) => {
@@ -330,7 +333,7 @@ export class Gpu {
   setGemmConfig(c: GemmConfig): void {
     const problem = gemmConfigProblem(c);
     if (problem) throw new Error(`invalid GEMM config ${JSON.stringify(c)}: ${problem}`);
-    const direct = (c as Partial<GemmConfig>).direct ?? this.gemm.direct; // absent from configs recorded before it
+    const direct = ((c as Partial<GemmConfig>).direct ?? this.gemm.direct) && this.directAllowed; // absent from configs recorded before it
     this.gemm = { registerBlock: c.registerBlock, fillWorkgroups: c.fillWorkgroups, splitK: c.splitK, bk: c.bk, prefetch: c.prefetch, direct };
   }
 

@@ -173,8 +173,9 @@ export function prefetchRefusal(gpu: Gpu): string | null {
 
 /**
  * Why this device never runs the direct GEMM core, or null. SwiftShader lost its device on the page self-test's
- * first matmul on it (the golden [37,19]·[19,41] + bias, after 128 s), where the staged core passes; its Gpu starts
- * with GemmConfig.direct off, and matmuls there stay on the staged core whatever a later config says.
+ * first matmul on it (the golden [37,19]·[19,41] + bias, after 128 s), where the staged core passes. Its Gpu keeps
+ * GemmConfig.direct off whatever config it is given (Gpu.setGemmConfig); this keeps forced direct tiles (the
+ * self-test's cases) from reaching it.
  */
 export function directRefusal(gpu: Gpu): string | null {
   return isSwiftShader(gpu.adapter) ? "SwiftShader's shader compiler loses the device on the direct GEMM core (its matmuls stay on the staged core)" : null;
@@ -415,7 +416,7 @@ function gemmTcTile(gpu: Gpu, g: Gemm): TcTile | null {
 function runGemm(gpu: Gpu, g: Gemm): void {
   if (g.M === 0 || g.N === 0 || g.batch === 0) return;
   const tc = gemmTcTile(gpu, g);
-  const tileSet = gpu.gemmConfig.direct && !directRefusal(gpu) ? DIRECT_TILES : tilesFor(gpu);
+  const tileSet = gpu.gemmConfig.direct ? DIRECT_TILES : tilesFor(gpu);
   const tile = tc ? null : (g.tile ?? pickTile(g.M, g.N, g.batch, gpu.fillWorkgroups, tileSet));
   if (tile) checkTile(gpu, tile);
   const blockTile = tile ?? { BM: tc!.BM, BN: tc!.BN, BK: TC_BK };
