@@ -9,11 +9,11 @@
 //   dw[co, ci, kh, kw] = Σ_{n, oh, ow} dy[n, co, oh, ow] · x[n, ci, oh*S - P + kh, ow*S - P + kw]
 //   db[co] = Σ_{n, oh, ow} dy[n, co, oh, ow]
 import type { Gpu } from '../gpu/device.ts';
-import { kernel, u32 } from '../gpu/kernel.ts';
+import { kernel, read, u32, write } from '../gpu/kernel.ts';
 import type { Defs } from '../gpu/shaders.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, type Tensor } from '../gpu/tensor.ts';
-import { elemWindow, matmul, pickTile, simtTileDefs, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
+import { colSum, elemWindow, matmul, pickTile, simtTileDefs, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
 import { chooseSplitK, pickTcTile, simtGemmEntry, splitReduceEntry, tcDefs, TC_BK, tensorCoreEntry } from './gemm.ts';
 
 export interface Conv2dOptions {
@@ -28,7 +28,17 @@ export interface Conv2dOptions {
    * adapters, where each new shape would be a new pipeline to compile (lavapipe: about 1-2 s each).
    */
   constSizes?: boolean;
+  /**
+   * How a convolution other than a pointwise one runs: 'implicit' (the implicit GEMM: im2col gathered by the tile
+   * loaders, nothing stored) or 'im2col' (the im2col matrix stored, then plain GEMMs on the matmul kernels; see
+   * shaders/conv2d.wgsl). Default: im2col on CPU adapters whose matmuls run the direct core, where it measured
+   * 1.3-2x faster (defaultLowering), unless a tile, split-K or constSizes is forced (those choose the implicit GEMM's
+   * kernels); implicit elsewhere.
+   */
+  lowering?: Lowering;
 }
+
+export type Lowering = 'implicit' | 'im2col';
 
 export interface Conv2dBackwardOptions extends Conv2dOptions {
   /** Add into `into.*` instead of writing new tensors (gradient accumulation). */
@@ -171,6 +181,14 @@ const BIAS_GRAD = kernel({
   ],
 });
 
+const LOWERING_UNIFORMS = [u32('rows'), u32('H'), u32('W'), u32('Ho'), u32('Wo'), u32('pad'), u32('off_in'), u32('off_out')] as const;
+
+/** col [N, Ci*KH*KW, Ho*Wo] = im2col(x): one invocation per col row (n, ci, tap, oh). */
+const IM2COL = kernel({ shader: 'conv2d', entry: 'im2col', uniforms: LOWERING_UNIFORMS, bindings: [read('x'), write('col')] });
+
+/** dx (=, or += with ACCUMULATE) = col2im(dcol): one invocation per dx row (n, ci, ih), each element a sum over its taps. */
+const COL2IM = kernel({ shader: 'conv2d', entry: 'col2im', uniforms: LOWERING_UNIFORMS, bindings: [read('dcol', 'f32'), write('dx', 'TC')] });
+
 /** Runs one implicit-GEMM mode over sample groups that fit the storage bindings. */
 function convGemm(
   gpu: Gpu,
@@ -295,6 +313,13 @@ export function conv2d(gpu: Gpu, x: Tensor, w: Tensor, bias: Tensor | null, opts
     matmul(gpu, w.reshape([s.Co, s.Ci]), x.reshape([s.N, s.Ci, hw]), { ...gemmChoice(opts), rowBias: bias ?? undefined, out: y.reshape([s.N, s.Co, hw]) });
     return y;
   }
+  if (lowering(gpu, s, x, opts) === 'im2col') {
+    // y[n] [Co, Ho*Wo] = w [Co, Ci*KHW] · col[n] + bias[co]
+    const col = im2col(gpu, s, x);
+    matmul(gpu, w.reshape([s.Co, colRows(s)]), col, { rowBias: bias ?? undefined, out: y.reshape([s.N, s.Co, s.Ho * s.Wo]) });
+    gpu.free(col);
+    return y;
+  }
   convGemm(gpu, op, Mode.Forward, s, w, x, y, bias, false, opts);
   return y;
 }
@@ -324,8 +349,8 @@ export function conv2dBackward(gpu: Gpu, x: Tensor, w: Tensor, dy: Tensor, opts:
   const dx = grad('dx', x.shape as number[]);
   const dw = grad('dw', w.shape as number[]);
   const db = grad('db', [s.Co]);
-  gradInput(gpu, op, s, w, dy, dx, acc, opts);
-  convGemm(gpu, op, Mode.GradWeight, s, dy, x, dw, null, acc, opts);
+  gradInput(gpu, op, s, x, w, dy, dx, acc, opts);
+  gradWeight(gpu, op, s, x, dy, dw, acc, opts);
   biasGrad(gpu, op, s, dy, db, acc);
   return { dx, dw, db };
 }
@@ -337,7 +362,7 @@ export function conv2dBackwardInput(gpu: Gpu, x: Tensor, w: Tensor, dy: Tensor, 
   expectSameDType(op, x, w, dy);
   expectShape(op, 'dy', dy, [s.N, s.Co, s.Ho, s.Wo]);
   const dx = gpu.tensor(x.shape, x.dtype, 'activations', 'conv2d-dx');
-  gradInput(gpu, op, s, w, dy, dx, false, opts);
+  gradInput(gpu, op, s, x, w, dy, dx, false, opts);
   return dx;
 }
 
@@ -351,11 +376,87 @@ function gemmChoice(opts: Conv2dOptions): { tile?: Tile; splitK?: number } {
   return { tile: opts.tile, splitK: opts.splitK };
 }
 
-/** dx (written, or added into with `accumulate`): the implicit GEMM, or for a pointwise conv dx[n] = wᵀ · dy[n]. */
-function gradInput(gpu: Gpu, op: string, s: ConvShape, w: Tensor, dy: Tensor, dx: Tensor, accumulate: boolean, opts: Conv2dOptions): void {
-  if (!isPointwise(s)) return convGemm(gpu, op, Mode.GradInput, s, w, dy, dx, null, accumulate, opts);
-  const hw = s.H * s.W;
-  matmul(gpu, w.reshape([s.Co, s.Ci]), dy.reshape([s.N, s.Co, hw]), { ...gemmChoice(opts), transA: true, out: dx.reshape([s.N, s.Ci, hw]), accumulate });
+/** dx (written, or added into with `accumulate`): the implicit GEMM; dcol = wᵀ · dy[n] then col2im; or for a pointwise conv dx[n] = wᵀ · dy[n]. */
+function gradInput(gpu: Gpu, op: string, s: ConvShape, x: Tensor, w: Tensor, dy: Tensor, dx: Tensor, accumulate: boolean, opts: Conv2dOptions): void {
+  const hw = s.Ho * s.Wo;
+  if (isPointwise(s)) {
+    matmul(gpu, w.reshape([s.Co, s.Ci]), dy.reshape([s.N, s.Co, hw]), { ...gemmChoice(opts), transA: true, out: dx.reshape([s.N, s.Ci, hw]), accumulate });
+    return;
+  }
+  if (lowering(gpu, s, x, opts) !== 'im2col') return convGemm(gpu, op, Mode.GradInput, s, w, dy, dx, null, accumulate, opts);
+  // dcol in f32, so each dx element is one f32 sum over its taps, rounded once (as the implicit GEMM's).
+  const dcol = gpu.tensor([s.N, colRows(s), hw], 'f32', 'scratch', 'conv2d.dcol');
+  matmul(gpu, w.reshape([s.Co, colRows(s)]), dy.reshape([s.N, s.Co, hw]), { transA: true, out: dcol });
+  const [win, wout] = [elemWindow(gpu, dcol, 0, dcol.numel), elemWindow(gpu, dx, 0, dx.numel)];
+  gpu.run(COL2IM, {
+    defs: { T: dx.dtype, TC: dx.dtype, KH: s.KH, KW: s.KW, STRIDE: s.stride, ACCUMULATE: accumulate },
+    uniforms: loweringUniforms(s, s.N * s.Ci * s.H, win.offset, wout.offset),
+    bindings: { dcol: win.window, dx: wout.window },
+    workgroups: rowWorkgroups(gpu, s.N * s.Ci * s.H),
+  });
+  gpu.free(dcol);
+}
+
+/**
+ * dw (written, or added into): the implicit GEMM summing over samples; or, lowered, dw[n] = dy[n] · col[n]ᵀ per
+ * sample in f32 (col = x itself for a pointwise conv), then their sum over n (colSum, f32).
+ */
+function gradWeight(gpu: Gpu, op: string, s: ConvShape, x: Tensor, dy: Tensor, dw: Tensor, accumulate: boolean, opts: Conv2dOptions): void {
+  if (lowering(gpu, s, x, opts) !== 'im2col') return convGemm(gpu, op, Mode.GradWeight, s, dy, x, dw, null, accumulate, opts);
+  const hw = s.Ho * s.Wo;
+  const pointwise = isPointwise(s);
+  const col = pointwise ? x.reshape([s.N, s.Ci, hw]) : im2col(gpu, s, x);
+  const perSample = gpu.tensor([s.N, s.Co, colRows(s)], 'f32', 'scratch', 'conv2d.dw-per-sample');
+  matmul(gpu, dy.reshape([s.N, s.Co, hw]), col, { transB: true, out: perSample });
+  if (!pointwise) gpu.free(col);
+  colSum(gpu, perSample.reshape([s.N, s.Co * colRows(s)]), dw.reshape([dw.numel]), accumulate);
+  gpu.free(perSample);
+}
+
+/** Rows of the im2col matrix per sample: Ci * KH * KW. */
+function colRows(s: ConvShape): number {
+  return s.Ci * s.KH * s.KW;
+}
+
+/**
+ * The lowering a convolution runs (Conv2dOptions.lowering): given, else im2col on a CPU adapter whose matmuls run
+ * the direct core, unless a test forces the implicit GEMM's tile, split-K or sizes, or a tensor of the lowered
+ * path (x, col, y, the f32 dcol and per-sample dw) exceeds one storage binding (the implicit GEMM walks sample
+ * chunks).
+ */
+export function lowering(gpu: Gpu, s: ConvShape, x: Tensor, opts: Conv2dOptions): Lowering {
+  if (opts.lowering) return opts.lowering;
+  if (!gpu.cpuAdapter || !gpu.gemmConfig.direct) return 'implicit';
+  if (opts.tile || opts.splitK !== undefined || opts.constSizes !== undefined) return 'implicit';
+  const colBytes = s.N * colRows(s) * s.Ho * s.Wo * Math.max(BYTES[x.dtype], 4);
+  const biggest = Math.max(colBytes, s.N * s.Co * colRows(s) * 4, x.byteSize, s.N * s.Co * s.Ho * s.Wo * 4);
+  return windowBytesBound(gpu, biggest, 1) <= gpu.maxBinding ? 'im2col' : 'implicit';
+}
+
+/** col [N, Ci*KH*KW, Ho*Wo] of x (x's dtype), every element written (0 in the padding). */
+function im2col(gpu: Gpu, s: ConvShape, x: Tensor): Tensor {
+  const col = gpu.tensor([s.N, colRows(s), s.Ho * s.Wo], x.dtype, 'scratch', 'conv2d.im2col');
+  const rows = s.N * colRows(s) * s.Ho;
+  const [win, wout] = [elemWindow(gpu, x, 0, x.numel), elemWindow(gpu, col, 0, col.numel)];
+  gpu.run(IM2COL, {
+    defs: { T: x.dtype, KH: s.KH, KW: s.KW, STRIDE: s.stride },
+    uniforms: loweringUniforms(s, rows, win.offset, wout.offset),
+    bindings: { x: win.window, col: wout.window },
+    workgroups: rowWorkgroups(gpu, rows),
+  });
+  return col;
+}
+
+/** Element offsets of the bound windows: off_in (x or dcol), off_out (col or dx). */
+function loweringUniforms(s: ConvShape, rows: number, off_in: number, off_out: number) {
+  return { rows, H: s.H, W: s.W, Ho: s.Ho, Wo: s.Wo, pad: s.pad, off_in, off_out };
+}
+
+/** Workgroups of 64 invocations, one per row, laid out in x then y (the shader's row_index). */
+function rowWorkgroups(gpu: Gpu, rows: number): [number, number, number] {
+  const groups = Math.ceil(rows / 64);
+  const x = Math.min(groups, gpu.device.limits.maxComputeWorkgroupsPerDimension);
+  return [x, Math.ceil(groups / x), 1];
 }
 
 /** db[co] = Σ_{n, pixels} dy[n, co, ·], one workgroup per channel, sample groups per binding. */

@@ -3,7 +3,8 @@ import { describe, it } from 'node:test';
 import { ShapeError } from '../../src/gpu/errors.ts';
 import type { Tensor } from '../../src/gpu/tensor.ts';
 import { roundToF16 } from '../../src/util/half.ts';
-import { conv2d, conv2dBackward, conv2dBackwardRef, conv2dRef, sizeAccessors } from '../../src/ops/conv2d.ts';
+import { TILE_32 } from '../../src/ops/matmul.ts';
+import { conv2d, conv2dBackward, conv2dBackwardInput, conv2dBackwardRef, conv2dRef, sizeAccessors, type Lowering } from '../../src/ops/conv2d.ts';
 import { compare, describeCheck, randomValues } from '../../src/selftest/check.ts';
 import { assertChecks, defineCaseTests, recordDispatches, testGpu } from '../helpers.ts';
 
@@ -120,7 +121,9 @@ describe('conv2d sizes as pipeline constants', () => {
     const w = gpu.zeros([4, 3, 3, 3], 'f32');
     const gemms = (constSizes?: boolean) => {
       const out: Tensor[] = [];
-      const d = recordDispatches(gpu, () => out.push(conv2d(gpu, x, w, null, { stride: 2, padding: 1, constSizes })));
+      // the implicit GEMM (a CPU adapter's default lowering is im2col, whose GEMMs are matmuls)
+      const opts = { stride: 2, padding: 1, constSizes, lowering: 'implicit' as const };
+      const d = recordDispatches(gpu, () => out.push(conv2d(gpu, x, w, null, opts)));
       gpu.free(...out);
       return d.filter((r) => r.entry === 'conv_gemm').map((r) => r.defs);
     };
@@ -137,4 +140,116 @@ describe('conv2d sizes as pipeline constants', () => {
     assert.equal(gemms()[0].CONST_SIZES, !gpu.cpuAdapter);
     gpu.free(x, w);
   });
+});
+
+describe('conv2d lowering: implicit GEMM or im2col + plain GEMMs', () => {
+  // the kernels a convolution ran (not the NaN fill of new tensors under DBS_GPU_POISON)
+  const entries = (d: { entry: string }[]) => [...new Set(d.map((r) => r.entry))].filter((e) => e !== 'fill').sort();
+
+  it('a CPU adapter whose matmuls run the direct core lowers to im2col; a forced tile, split-K or sizes keep the implicit GEMM', async () => {
+    const gpu = await testGpu();
+    const x = gpu.zeros([2, 3, 6, 5], 'f32');
+    const w = gpu.zeros([4, 3, 3, 3], 'f32');
+    const dy = gpu.zeros([2, 4, 6, 5], 'f32');
+    const run = (opts: object) => {
+      const out: Tensor[] = [];
+      const d = recordDispatches(gpu, () => {
+        out.push(conv2d(gpu, x, w, null, { stride: 1, padding: 1, ...opts }));
+        const g = conv2dBackward(gpu, x, w, dy, { stride: 1, padding: 1, ...opts });
+        out.push(g.dx, g.dw, g.db);
+      });
+      gpu.free(...out);
+      return entries(d);
+    };
+    const lowered = ['bias_grad', 'col2im', 'col_sum_finish', 'col_sum_partial', 'im2col', 'matmul'];
+    const implicit = ['bias_grad', 'conv_gemm'];
+    assert.deepEqual(run({}), gpu.cpuAdapter && gpu.gemmConfig.direct ? lowered : implicit);
+    assert.deepEqual(run({ lowering: 'im2col' }), lowered);
+    assert.deepEqual(run({ lowering: 'implicit' }), implicit);
+    for (const forced of [{ tile: TILE_32 }, { splitK: 1 }, { constSizes: false }]) assert.deepEqual(run(forced), implicit, JSON.stringify(forced));
+    gpu.free(x, w, dy);
+  });
+
+  it('x too large for one binding with its im2col matrix runs the implicit GEMM (bindingLimit 4 KiB)', async () => {
+    const gpu = await testGpu({ bindingLimit: 4096 });
+    try {
+      // x is 1440 bytes, its im2col matrix 9x that: only the implicit GEMM's sample chunks fit.
+      const x = gpu.zeros([1, 3, 12, 10], 'f32');
+      const w = gpu.zeros([2, 3, 3, 3], 'f32');
+      const out: Tensor[] = [];
+      const d = recordDispatches(gpu, () => out.push(conv2d(gpu, x, w, null, { stride: 1, padding: 1 })));
+      assert.deepEqual(entries(d), ['conv_gemm']);
+      gpu.free(x, w, ...out);
+    } finally {
+      gpu.destroy();
+    }
+  });
+
+  for (const dtype of ['f32', 'f16'] as const)
+    it(`both lowerings match the float64 reference and each other: forward, dx, dw, db, accumulate, 1x1 dw [${dtype}]`, async () => {
+      const gpu = await testGpu();
+      // not square (a swapped height and width fails), odd sizes, stride 2 with an even and an odd side
+      const shapes: [number[], number[], number, number][] = [
+        [[2, 5, 9, 7], [6, 5, 3, 3], 1, 1],
+        [[2, 5, 9, 8], [6, 5, 3, 3], 2, 1],
+        [[3, 4, 5, 6], [7, 4, 1, 1], 1, 0],
+      ];
+      // f32: summation order only. f16: f16-exact inputs, f32 sums (dcol and the per-sample dw in f32), one rounding.
+      const tol = dtype === 'f32' ? { atol: 1e-4, rtol: 1e-4 } : { atol: 1e-2, rtol: 2e-3 };
+      const checks = [];
+      for (const [xShape, wShape, stride, padding] of shapes) {
+        const x = roundToF16(
+          randomValues(
+            xShape.reduce((a, b) => a * b),
+            11,
+          ),
+        );
+        const w = roundToF16(
+          randomValues(
+            wShape.reduce((a, b) => a * b),
+            12,
+            0.3,
+          ),
+        );
+        const b = roundToF16(randomValues(wShape[0], 13));
+        const tx = gpu.upload(x, xShape, dtype);
+        const tw = gpu.upload(w, wShape, dtype);
+        const tb = gpu.upload(b, [wShape[0]], dtype);
+        const yRef = conv2dRef(x, xShape, w, wShape, b, { stride, padding });
+        const dy = roundToF16(randomValues(yRef.length, 14));
+        const tdy = gpu.upload(dy, [xShape[0], wShape[0], ...[2, 3].map((i) => Math.floor((xShape[i] + 2 * padding - wShape[i]) / stride) + 1)], dtype);
+        const ref = conv2dBackwardRef(x, xShape, w, wShape, dy, { stride, padding });
+        const label = `${wShape[2]}x${wShape[3]} s${stride} x [${xShape}]`;
+        const got: Record<Lowering, Float32Array[]> = { implicit: [], im2col: [] };
+        for (const lowering of ['implicit', 'im2col'] as const) {
+          const opts = { stride, padding, lowering };
+          const y = conv2d(gpu, tx, tw, tb, opts);
+          const gr = conv2dBackward(gpu, tx, tw, tdy, opts);
+          const dxOnly = conv2dBackwardInput(gpu, tx, tw, tdy, opts);
+          // twice into f32 buffers that start at 1: accumulation adds onto what is there
+          const into = {
+            dx: gpu.upload(new Float32Array(tx.numel).fill(1), xShape, 'f32'),
+            dw: gpu.upload(new Float32Array(tw.numel).fill(1), wShape, 'f32'),
+            db: gpu.zeros([wShape[0]], 'f32'),
+          };
+          for (let i = 0; i < 2; i++) conv2dBackward(gpu, tx, tw, tdy, { ...opts, accumulate: true, into });
+          const vals = await Promise.all([y, gr.dx, gr.dw, gr.db, dxOnly, into.dx, into.dw].map((t) => gpu.read(t)));
+          got[lowering] = vals;
+          const plus1x2 = (v: Float32Array) => v.map((e) => 1 + 2 * e);
+          checks.push(
+            compare(`${lowering} ${label} y`, vals[0], yRef, tol),
+            compare(`${lowering} ${label} dx`, vals[1], ref.dx, tol),
+            compare(`${lowering} ${label} dw`, vals[2], ref.dw, tol),
+            compare(`${lowering} ${label} db`, vals[3], ref.db, tol),
+            compare(`${lowering} ${label} dx alone`, vals[4], ref.dx, tol),
+            compare(`${lowering} ${label} 1 + 2 dx accumulated (f32)`, vals[5], plus1x2(ref.dx), { atol: 1e-4, rtol: 1e-4 }),
+            compare(`${lowering} ${label} 1 + 2 dw accumulated (f32)`, vals[6], plus1x2(ref.dw), { atol: 1e-4, rtol: 1e-4 }),
+          );
+          gpu.free(y, gr.dx, gr.dw, gr.db, dxOnly, into.dx, into.dw, into.db);
+        }
+        got.im2col.forEach((v, i) => checks.push(compare(`${label} im2col vs implicit [${i}]`, v, got.implicit[i], tol)));
+        gpu.free(tx, tw, tb, tdy);
+      }
+      assertChecks(checks);
+    });
 });
