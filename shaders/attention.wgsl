@@ -109,9 +109,11 @@ fn stage_kv(b: u32, h: u32, r0: u32, lid: u32) {
 }
 
 //#entry attn_fwd
-// Each tile is processed in two sweeps over its visible rows: first all the dot products
-// (independent of each other, so they overlap), then the accumulation. (Loops run to the visible
-// count, not the constant BC: fully unrolled BC x D4 bodies make Mesa's f16 compile take minutes.)
+// Each staged tile's keys are taken four at a time: their scores form a vec4 (registers, no per-invocation array
+// of scores, which a CPU adapter keeps in memory and indexes lane by lane), the running max moves once per four
+// keys, and keys past the visible count score NEG_BIG (p = 0; BC is a multiple of 4, so their rows are staged). On
+// lavapipe at 256 query and key rows, head dim 8, this forward took 30 ms where two sweeps over an array of BC
+// scores took 42.
 @compute @workgroup_size(BR)
 fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let t = task(wid);
@@ -123,29 +125,35 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
   for (var c = 0u; c < D4; c++) { qr[c] = q_chunk(qb, c) * p.scale; o[c] = vec4<f32>(0.0); }
   var m_run = NEG_BIG;
   var l_run = 0.0;
-  var s: array<f32, BC>;
   for (var kt = 0u; kt < p.m; kt += BC) {
     stage_kv(t.b, t.h, kt, lid);
     workgroupBarrier();
     let cols = visible_keys(row, kt);
-    if (live && cols > 0u) {
-      var m_tile = m_run;
-      for (var j = 0u; j < cols; j++) {
-        var acc = vec4<f32>(0.0);
-        for (var c = 0u; c < D4; c++) { acc = fma(qr[c], tile_a[j * D4 + c], acc); }
-        s[j] = hsum(acc);
-        m_tile = max(m_tile, s[j]);
+    if (live) {
+      for (var j = 0u; j < cols; j += 4u) {
+        var s4 = vec4<f32>(NEG_BIG);
+        for (var u = 0u; u < 4u; u++) {
+          if (j + u < cols) {
+            var acc = vec4<f32>(0.0);
+            for (var c = 0u; c < D4; c++) { acc = fma(qr[c], tile_a[(j + u) * D4 + c], acc); }
+            s4[u] = hsum(acc);
+          }
+        }
+        // Rescale what was accumulated under the old running max.
+        let m_new = max(m_run, max(max(s4.x, s4.y), max(s4.z, s4.w)));
+        let corr = exp(m_run - m_new);
+        let p4 = exp(s4 - vec4<f32>(m_new));
+        l_run = l_run * corr + ((p4.x + p4.y) + (p4.z + p4.w));
+        for (var c = 0u; c < D4; c++) {
+          var oc = o[c] * corr;
+          oc = fma(vec4<f32>(p4.x), tile_b[j * D4 + c], oc);
+          oc = fma(vec4<f32>(p4.y), tile_b[(j + 1u) * D4 + c], oc);
+          oc = fma(vec4<f32>(p4.z), tile_b[(j + 2u) * D4 + c], oc);
+          oc = fma(vec4<f32>(p4.w), tile_b[(j + 3u) * D4 + c], oc);
+          o[c] = oc;
+        }
+        m_run = m_new;
       }
-      // Rescale what was accumulated under the old running max.
-      let corr = exp(m_run - m_tile);
-      l_run *= corr;
-      for (var c = 0u; c < D4; c++) { o[c] *= corr; }
-      for (var j = 0u; j < cols; j++) {
-        let pj = exp(s[j] - m_tile);
-        l_run += pj;
-        for (var c = 0u; c < D4; c++) { o[c] = fma(vec4<f32>(pj), tile_b[j * D4 + c], o[c]); }
-      }
-      m_run = m_tile;
     }
     workgroupBarrier();
   }

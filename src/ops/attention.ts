@@ -107,7 +107,7 @@ function dims(op: string, q: Tensor, k: Tensor, v: Tensor, opts: AttentionOption
 /**
  * Rows staged per tile (keys in the forward and dQ, queries in dK/dV): two tiles of D4 vec4<f32>
  * per row plus (LSE, Delta) must fit Chrome's default 16 KiB of workgroup memory; a multiple of 4,
- * at most 32 (each invocation keeps BC scores in registers). D40: 32, D64: 28, D80: 24, D160: 12.
+ * at most 32. D40: 32, D64: 28, D80: 24, D160: 12.
  */
 function tileRows(D: number): number {
   const fit = Math.floor(16384 / (2 * 16 * Math.ceil(D / 4) + 8));
