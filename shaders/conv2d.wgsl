@@ -173,13 +173,12 @@ fn bias_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
 
 //#entry im2col col2im
 // ---- the im2col lowering (CPU adapters: src/ops/conv2d.ts Conv2dOptions.lowering) --------------------------
-// The implicit GEMM's B operand stored, so the forward and both gradients run as plain GEMMs on the matmul
-// kernels (on a CPU adapter the direct core runs those 1.5-2x faster than the implicit GEMM's gathers):
+// The implicit GEMM's B operand stored, so the forward and grad input run as plain GEMMs on the matmul kernels
+// (on a CPU adapter the direct core runs those faster than the implicit GEMM's gathers; grad weight stays implicit):
 //   col[n, (ci, r), (oh, ow)] = x[n, ci, oh*S - P + kh, ow*S - P + kw] (0 in the padding), r = kh * KW + kw
 //   y[n]  = w [Co, Ci*KHW] · col[n]                       (matmul, + bias per row)
 //   dcol[n] = wᵀ · dy[n] [Ci*KHW, Ho*Wo]                  (matmul, f32)
 //   dx[n, ci, ih, iw] = Σ_{kh, kw} dcol[n, (ci, kh, kw), (oh, ow)] over oh*S - P + kh = ih, ow*S - P + kw = iw
-//   dw = Σ_n dy[n] · col[n]ᵀ                              (batched matmul to f32, then a sum over n)
 // One invocation per output row: (n, ci, r, oh) of col, (n, ci, ih) of dx; it walks the row's columns, so the
 // divisions by runtime sizes happen once per row. p.rows counts the rows; off_in / off_out are the element offsets of
 // the bound windows (x or dcol, col or dx). Specialised by T, KH, KW, STRIDE and, for col2im, TC and ACCUMULATE.

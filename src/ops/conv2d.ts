@@ -13,7 +13,7 @@ import { kernel, read, u32, write } from '../gpu/kernel.ts';
 import type { Defs } from '../gpu/shaders.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, type Tensor } from '../gpu/tensor.ts';
-import { colSum, elemWindow, matmul, pickTile, simtTileDefs, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
+import { elemWindow, matmul, pickTile, simtTileDefs, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
 import { chooseSplitK, pickTcTile, simtGemmEntry, splitReduceEntry, tcDefs, TC_BK, tensorCoreEntry } from './gemm.ts';
 
 export interface Conv2dOptions {
@@ -29,10 +29,11 @@ export interface Conv2dOptions {
    */
   constSizes?: boolean;
   /**
-   * How a convolution other than a pointwise one runs: 'implicit' (the implicit GEMM: im2col gathered by the tile
-   * loaders, nothing stored) or 'im2col' (the im2col matrix stored, then plain GEMMs on the matmul kernels; see
-   * shaders/conv2d.wgsl). Default: im2col on CPU adapters whose matmuls run the direct core, where it measured
-   * 1.3-2x faster (defaultLowering), unless a tile, split-K or constSizes is forced (those choose the implicit GEMM's
+   * How the forward and grad input of a convolution other than a pointwise one run: 'implicit' (the implicit GEMM:
+   * im2col gathered by the tile loaders, nothing stored) or 'im2col' (the im2col matrix stored, then plain GEMMs on
+   * the matmul kernels; see shaders/conv2d.wgsl). Grad weight is the implicit GEMM either way. Default (`lowering`):
+   * im2col on CPU adapters whose matmuls run the direct core, where forward and grad input measured 1.1-2.7x faster
+   * at the small-f4 UNet's shapes, unless a tile, split-K or constSizes is forced (those choose the implicit GEMM's
    * kernels); implicit elsewhere.
    */
   lowering?: Lowering;
@@ -350,7 +351,9 @@ export function conv2dBackward(gpu: Gpu, x: Tensor, w: Tensor, dy: Tensor, opts:
   const dw = grad('dw', w.shape as number[]);
   const db = grad('db', [s.Co]);
   gradInput(gpu, op, s, x, w, dy, dx, acc, opts);
-  gradWeight(gpu, op, s, x, dy, dw, acc, opts);
+  // dw stays the implicit GEMM under either lowering: per-sample dy[n]·col[n]ᵀ summed over n measured 1.0-6x slower
+  // on lavapipe (its f32 [N, Co, Ci*KHW] parts outweigh the GEMM at 8x8 and smaller).
+  convGemm(gpu, op, Mode.GradWeight, s, dy, x, dw, null, acc, opts);
   biasGrad(gpu, op, s, dy, db, acc);
   return { dx, dw, db };
 }
@@ -397,31 +400,15 @@ function gradInput(gpu: Gpu, op: string, s: ConvShape, x: Tensor, w: Tensor, dy:
   gpu.free(dcol);
 }
 
-/**
- * dw (written, or added into): the implicit GEMM summing over samples; or, lowered, dw[n] = dy[n] · col[n]ᵀ per
- * sample in f32 (col = x itself for a pointwise conv), then their sum over n (colSum, f32).
- */
-function gradWeight(gpu: Gpu, op: string, s: ConvShape, x: Tensor, dy: Tensor, dw: Tensor, accumulate: boolean, opts: Conv2dOptions): void {
-  if (lowering(gpu, s, x, opts) !== 'im2col') return convGemm(gpu, op, Mode.GradWeight, s, dy, x, dw, null, accumulate, opts);
-  const hw = s.Ho * s.Wo;
-  const pointwise = isPointwise(s);
-  const col = pointwise ? x.reshape([s.N, s.Ci, hw]) : im2col(gpu, s, x);
-  const perSample = gpu.tensor([s.N, s.Co, colRows(s)], 'f32', 'scratch', 'conv2d.dw-per-sample');
-  matmul(gpu, dy.reshape([s.N, s.Co, hw]), col, { transB: true, out: perSample });
-  if (!pointwise) gpu.free(col);
-  colSum(gpu, perSample.reshape([s.N, s.Co * colRows(s)]), dw.reshape([dw.numel]), accumulate);
-  gpu.free(perSample);
-}
-
 /** Rows of the im2col matrix per sample: Ci * KH * KW. */
 function colRows(s: ConvShape): number {
   return s.Ci * s.KH * s.KW;
 }
 
 /**
- * The lowering a convolution runs (Conv2dOptions.lowering): given, else im2col on a CPU adapter whose matmuls run
- * the direct core, unless a test forces the implicit GEMM's tile, split-K or sizes, or a tensor of the lowered
- * path (x, col, y, the f32 dcol and per-sample dw) exceeds one storage binding (the implicit GEMM walks sample
+ * The lowering a convolution's forward and grad input run (Conv2dOptions.lowering): given, else im2col on a CPU
+ * adapter whose matmuls run the direct core, unless a test forces the implicit GEMM's tile, split-K or sizes, or a
+ * tensor of the lowered path (x, col, y, the f32 dcol) exceeds one storage binding (the implicit GEMM walks sample
  * chunks).
  */
 export function lowering(gpu: Gpu, s: ConvShape, x: Tensor, opts: Conv2dOptions): Lowering {
@@ -429,7 +416,7 @@ export function lowering(gpu: Gpu, s: ConvShape, x: Tensor, opts: Conv2dOptions)
   if (!gpu.cpuAdapter || !gpu.gemmConfig.direct) return 'implicit';
   if (opts.tile || opts.splitK !== undefined || opts.constSizes !== undefined) return 'implicit';
   const colBytes = s.N * colRows(s) * s.Ho * s.Wo * Math.max(BYTES[x.dtype], 4);
-  const biggest = Math.max(colBytes, s.N * s.Co * colRows(s) * 4, x.byteSize, s.N * s.Co * s.Ho * s.Wo * 4);
+  const biggest = Math.max(colBytes, x.byteSize, s.N * s.Co * s.Ho * s.Wo * 4);
   return windowBytesBound(gpu, biggest, 1) <= gpu.maxBinding ? 'im2col' : 'implicit';
 }
 

@@ -728,15 +728,15 @@ const COL_SUM_FINISH = kernel({
   ],
 });
 
-/**
- * out[n] = Σ_r x[r, n] in f32 (two passes: per-256-row partial sums, then their sum), rounded once into out, which
- * may be of either dtype (an f16 weight's gradient summed from f32 per-sample parts: src/ops/conv2d.ts).
- */
+/** out[n] = Σ_r x[r, n] in f32 (two passes: per-256-row partial sums, then their sum). */
 export function colSum(gpu: Gpu, x: Tensor, out?: Tensor, accumulate = false): Tensor {
   const op = 'colSum';
   if (x.shape.length !== 2) throw new ShapeError(op, `x must be 2-D, got ${fmtShape(x.shape)}`);
   const [rows, cols] = x.shape;
-  if (out) expectShape(op, 'out', out, [cols]);
+  if (out) {
+    expectShape(op, 'out', out, [cols]);
+    expectOutDType(op, x, out);
+  }
   if (accumulate && !out) throw new ShapeError(op, 'accumulate needs an out tensor');
   const o = out ?? gpu.tensor([cols], x.dtype, 'gradients', 'colsum');
   const bytes = BYTES[x.dtype];
