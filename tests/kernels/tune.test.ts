@@ -130,7 +130,7 @@ describe('GEMM tuning on this adapter (lavapipe)', () => {
     }
   });
 
-  it("times the 3x3 convolutions' implicit GEMMs, forward and backward, under each config it compares (both shape lists have them)", async () => {
+  it('times the 3x3 convolutions (implicit GEMMs, or im2col where lowered), forward and backward, under each config it compares (both shape lists have them)', async () => {
     for (const list of [CPU_TUNE_SHAPES, GPU_TUNE_SHAPES]) {
       const convs = list.filter((s) => 'conv' in s);
       assert.deepEqual(
@@ -148,14 +148,14 @@ describe('GEMM tuning on this adapter (lavapipe)', () => {
       { name: 'conv', conv: { batch: 1, channels: 8, out: 16, side: 8, kernel: 3 } },
       { name: 'conv backward', conv: { batch: 1, channels: 8, out: 16, side: 8, kernel: 3, backward: true } },
     ];
-    // Which config was in force at each convolution GEMM dispatch, by entry point.
+    // Which config was in force at each convolution pass: the implicit GEMM by its MODE, or, where the config
+    // lowers the forward and grad input to im2col (the direct core on a CPU adapter), their im2col / col2im kernels.
     const seen = new Map<string, Set<string>>();
+    const passOf: Record<string, string> = { im2col: '0', col2im: '1' };
     const run = gpu.run;
     gpu.run = (k, call) => {
-      if (k.entry.startsWith('conv_gemm')) {
-        const mode = String(call.defs?.MODE ?? '?');
-        seen.set(mode, (seen.get(mode) ?? new Set()).add(describeGemmConfig(gpu.gemmConfig)));
-      }
+      const pass = k.entry.startsWith('conv_gemm') ? String(call.defs?.MODE ?? '?') : passOf[k.entry];
+      if (pass) seen.set(pass, (seen.get(pass) ?? new Set()).add(describeGemmConfig(gpu.gemmConfig)));
       return run.call(gpu, k, call);
     };
     try {
