@@ -411,7 +411,7 @@ function colRows(s: ConvShape): number {
  * tensor of the lowered path (x, col, y, the f32 dcol) exceeds one storage binding (the implicit GEMM walks sample
  * chunks).
  */
-export function lowering(gpu: Gpu, s: ConvShape, x: Tensor, opts: Conv2dOptions): Lowering {
+function lowering(gpu: Gpu, s: ConvShape, x: Tensor, opts: Conv2dOptions): Lowering {
   if (opts.lowering) return opts.lowering;
   if (!gpu.cpuAdapter || !gpu.gemmConfig.direct) return 'implicit';
   if (opts.tile || opts.splitK !== undefined || opts.constSizes !== undefined) return 'implicit';
