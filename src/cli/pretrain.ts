@@ -2,7 +2,7 @@
 // scenes (src/train/synthetic.ts), with checkpoints and resume, and writes it as a diffusers folder.
 //   pretrain --out <dir> [--size small|small-f4|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px]
 //            [--data-size N] [--data-seed N] [--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px]
-//            [--ema-decay x] [--token-std x] [--solid-share p] [--prediction v_prediction|epsilon] [--checkpoint-every N] [--bpe <bpe_simple_vocab_16e6.txt.gz>]
+//            [--ema-decay x] [--token-std x] [--solid-share p] [--bare-share p] [--prediction v_prediction|epsilon] [--checkpoint-every N] [--bpe <bpe_simple_vocab_16e6.txt.gz>]
 //            [--vae-from <diffusers folder>] [--init-from <diffusers folder>] [--overwrite]
 //   pretrain --resume <dir> [--steps N] [--vae-steps N]   (more VAE steps only while the VAE stage runs)
 //   pretrain --resume <dir> --export      (writes <dir>/model from the last checkpoint, part-way, and trains nothing)
@@ -40,7 +40,7 @@ import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flag
 
 const USAGE =
   'usage: pretrain --out <dir> [--size small|small-f4|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px] [--data-size N] [--data-seed N] ' +
-  '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px] [--ema-decay x] [--token-std x] [--solid-share p] [--prediction v_prediction|epsilon] [--checkpoint-every N] [--bpe <file.txt.gz>] [--vae-from <diffusers folder>] [--init-from <diffusers folder>] [--overwrite] | pretrain --resume <dir> [--steps N] [--vae-steps N] | pretrain --resume <dir> --export';
+  '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px] [--ema-decay x] [--token-std x] [--solid-share p] [--bare-share p] [--prediction v_prediction|epsilon] [--checkpoint-every N] [--bpe <file.txt.gz>] [--vae-from <diffusers folder>] [--init-from <diffusers folder>] [--overwrite] | pretrain --resume <dir> [--steps N] [--vae-steps N] | pretrain --resume <dir> --export';
 
 /** Number flags and the setting each sets. */
 const NUMBER_FLAGS: [string, keyof PretrainSettings, { integer?: boolean; min?: number }][] = [
@@ -58,6 +58,7 @@ const NUMBER_FLAGS: [string, keyof PretrainSettings, { integer?: boolean; min?: 
   ['checkpoint-every', 'checkpointEvery', { integer: true, min: 0 }],
   ['token-std', 'tokenStd', {}],
   ['solid-share', 'solidShare', {}],
+  ['bare-share', 'bareShare', {}],
 ];
 const FLAGS: Flags = {
   ...Object.fromEntries(NUMBER_FLAGS.map(([f]) => [f, { type: 'string' as const }])),

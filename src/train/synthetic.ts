@@ -5,6 +5,7 @@
 // picture, on a background of one colour and pattern. Its caption says all of it, in a fixed grammar:
 //   "two small red striped circles on the left on a dotted blue background"
 //   "a green triangle on a grey background"            (medium size, solid fill, anywhere: left unsaid)
+//   "a green triangle"                                  (the background left unsaid: captionOf's `background: false`)
 // so a text encoder can learn every attribute from the words. A subject for DreamBooth is an object kind
 // the pretraining data never shows (`exclude` a shape) and, unlike any pretraining object, a fixed second
 // colour in its pattern ("a star with cyan dots"), so the fine-tuned model must learn it from the photos.
@@ -124,11 +125,16 @@ export function describeObjects(kind: ObjectKind, count: number, size: SizeName,
   return `${article} ${words.join(' ')}`;
 }
 
-/** The caption of a scene, in the fixed grammar of the file comment. */
-export function captionOf(scene: Scene): string {
+/**
+ * The caption of a scene, in the fixed grammar of the file comment; `background: false` leaves the background
+ * unsaid ("a green triangle"), as a person's prompt often does (pretraining's `bareShare`).
+ */
+export function captionOf(scene: Scene, opts: { background?: boolean } = {}): string {
   const where = scene.place === 'anywhere' ? '' : scene.place === 'center' ? ' in the center' : ` on the ${scene.place}`;
+  const objects = `${describeObjects(scene.kind, scene.objects.length, scene.size)}${where}`;
+  if (opts.background === false) return objects;
   const bgPattern = scene.background.pattern === 'solid' ? '' : `${scene.background.pattern} `;
-  return `${describeObjects(scene.kind, scene.objects.length, scene.size)}${where} on a ${bgPattern}${scene.background.colour} background`;
+  return `${objects} on a ${bgPattern}${scene.background.colour} background`;
 }
 
 /**

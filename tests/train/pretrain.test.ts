@@ -27,6 +27,7 @@ import {
 import { tinyTokenizer } from '../fixtures/models/make-tiny.ts';
 import { testGpu } from '../helpers.ts';
 import { roundToF16 } from '../../src/util/half.ts';
+import { Rng } from '../../src/util/rng.ts';
 import { readSafetensors } from '../../src/io/safetensors.ts';
 
 /** The SD 1.x layout at toy size: a factor-2 VAE (16 px pictures, 8x8 latents), a two-level UNet. */
@@ -351,7 +352,7 @@ describe('pretraining the demo model', () => {
     assert.ok(large < 0.25 && large < small - 0.25, `at 1 they start far apart (${large} vs ${small})`);
   });
 
-  it('predicts v by default and eps when asked (the first UNet loss differs); a run saved before its later settings (prediction, tokenStd, initSteps, solidShare) resumes as it began', async () => {
+  it('predicts v by default and eps when asked (the first UNet loss differs); a run saved before its later settings (prediction, tokenStd, initSteps, solidShare, bareShare) resumes as it began', async () => {
     const gpu = await testGpu();
     const firstUnetLoss = async (prediction: PretrainSettings['prediction']) => {
       const p = await Pretrainer.create(gpu, tokenizer, { ...SETTINGS, vaeSteps: 0, prediction }, new MemoryChunkStore(), `p-${prediction}`, TINY);
@@ -362,14 +363,50 @@ describe('pretraining the demo model', () => {
     const [v, eps] = [await firstUnetLoss('v_prediction'), await firstUnetLoss('epsilon')];
     assert.ok(Number.isFinite(v) && Number.isFinite(eps) && Math.abs(v - eps) > 1e-3 * eps, `v loss ${v}, eps loss ${eps}`);
     assert.equal(PRETRAIN_DEFAULTS.prediction, 'v_prediction');
-    const { prediction, tokenStd, initSteps, solidShare, ...older } = SETTINGS;
-    assert.ok(prediction && tokenStd && initSteps === 0 && solidShare === 0.5);
+    const { prediction, tokenStd, initSteps, solidShare, bareShare, ...older } = SETTINGS;
+    assert.ok(prediction && tokenStd && initSteps === 0 && solidShare === 0.5 && bareShare === null);
     const saved = savedPretrainSettings(older);
     assert.deepEqual(
-      { prediction: saved.prediction, tokenStd: saved.tokenStd, initSteps: saved.initSteps, solidShare: saved.solidShare },
-      { prediction: 'epsilon', tokenStd: 0.02, initSteps: 0, solidShare: null },
+      { prediction: saved.prediction, tokenStd: saved.tokenStd, initSteps: saved.initSteps, solidShare: saved.solidShare, bareShare: saved.bareShare },
+      { prediction: 'epsilon', tokenStd: 0.02, initSteps: 0, solidShare: null, bareShare: null },
       'a run saved before these settings draws its data and trains as it began',
     );
+  });
+
+  it('leaves the background out of bareShare of the captions it does not drop; a bareShare of null draws no more than before', async () => {
+    const gpu = await testGpu();
+    const N = 2000;
+    const captions = async (bareShare: number | null) => {
+      const p = await Pretrainer.create(
+        gpu,
+        tokenizer,
+        { ...SETTINGS, vaeSteps: 0, dataSize: N, bareShare },
+        new MemoryChunkStore(),
+        `bare-${bareShare}`,
+        TINY,
+      );
+      const out = Array.from({ length: N }, (_, i) => ({ got: p.trainingCaption(i), whole: p.captionOf(i) }));
+      p.destroy();
+      return out;
+    };
+    // bareShare 0.4 with dropCaption 0.1: about 0.1 empty, 0.9 x 0.4 = 0.36 without the background, the rest whole.
+    // Over 2000 draws one standard deviation of a share near 0.36 is 0.011: the bounds are about 3 of them.
+    const some = await captions(0.4);
+    const share = (f: (c: { got: string; whole: string }) => boolean) => some.filter(f).length / N;
+    const empty = share((c) => c.got === '');
+    const bare = share((c) => c.got !== '' && c.got !== c.whole);
+    assert.ok(Math.abs(empty - 0.1) < 0.025, `empty captions ${empty}`);
+    assert.ok(Math.abs(bare - 0.36) < 0.035, `captions without their background ${bare}`);
+    for (const c of some)
+      if (c.got !== '' && c.got !== c.whole) {
+        assert.ok(c.whole.startsWith(`${c.got} on a `) && c.whole.endsWith(' background'), `"${c.got}" is "${c.whole}" less its background`);
+        assert.doesNotMatch(c.got, /background/);
+      }
+    // null: every caption whole or dropped, and the run's Rng draws one uniform per caption, as before the setting
+    // (so runs saved before it, whose bareShare is null, draw the same batches, noise and timesteps on resume).
+    const none = await captions(null);
+    const rng = new Rng(SETTINGS.seed);
+    for (const c of none) assert.equal(c.got, rng.uniform() < SETTINGS.dropCaption ? '' : c.whole);
   });
 
   it('lengthens the VAE stage on resume while it runs (as if started that long), and refuses fewer steps or a stage that has ended', async () => {
@@ -450,8 +487,11 @@ describe('pretraining the demo model', () => {
       [{ vaeCrop: 72 }, /vaeCrop 72: use a whole number from 0 to 64/],
       [{ solidShare: 2 }, /dataset solidShare 2: use a probability from 0 to 1/],
       [{ initSteps: -1 }, /initSteps -1: use a whole number/],
+      [{ bareShare: 1.5 }, /bareShare 1\.5: use a probability from 0 to 1/],
+      [{ bareShare: NaN }, /bareShare NaN/],
     ];
     for (const [change, msg] of bad) assert.throws(() => checkPretrainSettings({ ...PRETRAIN_DEFAULTS, ...change }), msg);
     assert.doesNotThrow(() => checkPretrainSettings(PRETRAIN_DEFAULTS));
+    assert.doesNotThrow(() => checkPretrainSettings({ ...PRETRAIN_DEFAULTS, bareShare: 0.3 }));
   });
 });

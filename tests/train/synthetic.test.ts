@@ -104,6 +104,11 @@ describe('synthetic captioned scenes', () => {
     assert.equal(captionOf({ ...an, size: 'medium' }), 'an orange checkered crescent in the center on a grey background');
     const three: Scene = { ...one, kind: { shape: 'cross', colour: 'blue', pattern: 'solid' }, objects: [0, 1, 2].map(() => one.objects[0]) };
     assert.equal(captionOf(three), 'three blue crosses on a grey background');
+    // The background left unsaid (pretraining's bareShare): the rest of the caption word for word.
+    assert.equal(captionOf(one, { background: false }), 'a green triangle');
+    assert.equal(captionOf(two, { background: false }), 'two small red striped circles on the left');
+    assert.equal(captionOf(an, { background: false }), 'a large orange checkered crescent in the center');
+    assert.equal(captionOf(two, { background: true }), captionOf(two));
   });
 
   it('draw each object in its colour at its place, on the background colour, as many as the caption says', () => {
