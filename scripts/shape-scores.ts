@@ -4,7 +4,9 @@
 // colour (its area in pixels) and how much of its enclosing disc it fills (discFill: a disc 1.00, a square about
 // 0.84, a triangle about 0.6). The generator's own picture of the same prompt is scored beside it: what a model
 // that draws the shape would score. Speckled or fragmented objects score low on both area and fill.
-//   bash scripts/gpu-env.sh npx tsx scripts/shape-scores.ts [--model public/demo-model] [--seeds 1,2,3,4] [--shapes circle,square,triangle,cross]
+// --bare leaves the background out of the prompts ("a large green circle"), as pretraining's --bare-share does with
+// that share of its captions; the generator's picture beside it keeps the pair's background.
+//   bash scripts/gpu-env.sh npx tsx scripts/shape-scores.ts [--model public/demo-model] [--seeds 1,2,3,4] [--shapes circle,square,triangle,cross] [--bare]
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -21,6 +23,7 @@ const { values } = parseArgs({
     model: { type: 'string', default: 'public/demo-model' },
     seeds: { type: 'string', default: '1,2,3,4' },
     shapes: { type: 'string', default: 'circle,square,triangle,cross' },
+    bare: { type: 'boolean', default: false },
   },
 });
 const seeds = values.seeds!.split(',').map(Number);
@@ -56,7 +59,7 @@ function generatorPicture(shape: ShapeName, colour: ColourName, background: Colo
 const fmt = (xs: number[], digits: number) => xs.map((x) => x.toFixed(digits)).join(' ');
 for (const [colour, background] of PAIRS)
   for (const shape of shapes) {
-    const prompt = `a large ${colour} ${shape} on a ${background} background`;
+    const prompt = values.bare ? `a large ${colour} ${shape}` : `a large ${colour} ${shape} on a ${background} background`;
     const fills: number[] = [];
     const areas: number[] = [];
     for (const seed of seeds) {
