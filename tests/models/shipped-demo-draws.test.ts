@@ -91,8 +91,8 @@ for (const { name, dir: MODEL, outline } of MODELS)
 
     // Thresholds: about half of what the shipped model measured (in the comment; README "The demo model").
     for (const [what, prompt, colours, minShare, minRatio] of [
-      // Measured: own share 0.70-0.98 (shipped, step 6000) and 0.88-0.90 (factor 4, step 16700; 0.90-0.91 at 15200), none under another
-      // colour's prompt.
+      // Measured: own share 0.70-0.98 (shipped, step 6000) and 0.88-0.90 (factor 4, step 16700; 0.90-0.91 at 15200),
+      // none under another colour's prompt.
       ['background', (c: string) => `a white circle on a ${c} background`, TESTED, 0.4, 5],
       // Objects are not asserted: on a named background they are blobs of roughly a fifth of the picture whose colour
       // is near the named one (a red circle on blue comes out red-orange) but not reliably nearest to it.
@@ -148,8 +148,9 @@ for (const { name, dir: MODEL, outline } of MODELS)
         const show = (xs: number[]) => xs.map((x) => x.toFixed(2)).join(', ');
         console.log(`disc fill by seed: circle ${show(circle)}; triangle ${show(triangle)}`);
         // Measured (UNet step 16700, seeds 1-3): circle 0.96 / 0.96 / 0.95, triangle 0.63 / 0.84 / 0.74 (means 0.96 and
-        // 0.74, a gap of 0.22; step 15200: 0.94 and 0.71). Asserted: a gap of at least 0.15 on the means (two thirds of the measured one; the
-        // shipped factor-8 model: 0.82 vs 0.69, 0.13, with a triangle at 0.82 above a circle at 0.80), every circle rounder than every triangle, and the best triangle within 0.1 of the generator's 0.61.
+        // 0.74, a gap of 0.22; step 15200: 0.94 and 0.71). Asserted: a gap of at least 0.15 on the means (two thirds of
+        // the measured one; the shipped factor-8 model: 0.82 vs 0.69, 0.13, with a triangle at 0.82 above a circle at
+        // 0.80), every circle rounder than every triangle, and the best triangle within 0.1 of the generator's 0.61.
         assert.ok(mean(circle) - mean(triangle) >= 0.15, `disc fill: circle ${show(circle)} vs triangle ${show(triangle)}`);
         assert.ok(Math.min(...circle) > Math.max(...triangle), `disc fill: circle ${show(circle)} vs triangle ${show(triangle)}`);
         assert.ok(Math.min(...triangle) <= 0.71, `disc fill of the triangles ${show(triangle)}: none near the generator's 0.61`);
