@@ -49,6 +49,8 @@ export interface QualitySettings {
   classCount: number;
   classSteps: number;
   priorWeight: number;
+  /** LoRA on the text encoder too (settings' trainTextEncoder): lets the rare token "sks" move away from the class word. */
+  trainTextEncoder?: boolean;
   /** Samples per prompt, seeds SAMPLE_SEED.. (the same for the base and the fine-tuned model). */
   samples: number;
   sampleSteps: number;
@@ -154,7 +156,7 @@ export function runSettings(q: QualitySettings, resolution: number): RunSettings
     classSteps: q.classSteps,
     priorWeight: q.priorWeight,
   });
-  if (q.mode === 'lora') Object.assign(s, { rank: q.rank, alpha: q.rank });
+  if (q.mode === 'lora') Object.assign(s, { rank: q.rank, alpha: q.rank, trainTextEncoder: q.trainTextEncoder ?? false });
   // Full fine-tunes in fp32 AdamW: at this size the 8-bit default's block quantisation is a large share of
   // every update; the bench measures what DreamBooth learns, not the optimizer's compression.
   else Object.assign(s, { optimizer: 'adamw', master: 'fp32' });

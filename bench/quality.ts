@@ -1,4 +1,5 @@
-// `npm run bench:quality [-- --model <diffusers folder>] [--quick] [--seeds N] [--out file.json] [--figure file.png]`
+// `npm run bench:quality [-- --model <diffusers folder>] [--quick] [--seeds N] [--rank R] [--train-text-encoder]
+//   [--out file.json] [--figure file.png]`   (--rank and --train-text-encoder change the LoRA runs only)
 // Issue 16, Must show 3: DreamBooth on a pretrained model with a subject held out of pretraining (a yellow star
 // with purple dots; stars are excluded from `cli pretrain`'s data by default), 4 photos of it, LoRA and full,
 // each with and without prior preservation, through the product's run pipeline (bench/quality-run.ts).
@@ -39,17 +40,27 @@ const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
 export const DEFAULT_MODEL = join(ROOT, 'public', 'demo-model');
 
 const { values } = parseArgs({
-  options: { model: { type: 'string' }, quick: { type: 'boolean' }, seeds: { type: 'string' }, out: { type: 'string' }, figure: { type: 'string' } },
+  options: {
+    model: { type: 'string' },
+    quick: { type: 'boolean' },
+    seeds: { type: 'string' },
+    rank: { type: 'string' },
+    'train-text-encoder': { type: 'boolean' },
+    out: { type: 'string' },
+    figure: { type: 'string' },
+  },
 });
 const quick = values.quick === true;
 const model = resolve(values.model ?? DEFAULT_MODEL);
 const seeds = Number(values.seeds ?? (quick ? 1 : 3));
 if (!Number.isInteger(seeds) || seeds < 1 || seeds > 100) throw new Error(`--seeds ${values.seeds}: use a whole number of run seeds from 1 to 100`);
+const rank = values.rank === undefined ? undefined : Number(values.rank);
+if (rank !== undefined && !(Number.isInteger(rank) && rank >= 1 && rank <= 64)) throw new Error(`--rank ${values.rank}: use a LoRA rank from 1 to 64`);
 const outFile = resolve(values.out ?? join(ROOT, 'bench', 'results', 'quality.json'));
 
 /** The four configurations: LoRA and full, each without and with prior preservation. */
 function configurations(): Omit<QualitySettings, 'seed'>[] {
-  const lora = qualitySettings('lora', quick);
+  const lora = { ...qualitySettings('lora', quick), ...(rank ? { rank } : {}), trainTextEncoder: values['train-text-encoder'] === true };
   const full = qualitySettings('full', quick);
   return [
     { ...lora, prior: false },
