@@ -277,6 +277,7 @@ export async function writePeftLora(sink: ByteSink, adapters: LoraAdapters, info
       classPrompt: info.classPrompt,
       steps: info.steps,
       lr: info.lr,
+      textEncoderLr: info.textEncoderLr,
       resolution: info.resolution,
       numImages: info.numImages,
       numClassImages: info.numClassImages,

@@ -107,8 +107,10 @@ def train_loop_per_worker(config):
     if device.type == "cuda":
         unet.enable_gradient_checkpointing()  # train.sh passes --gradient_checkpointing too
 
-    params = [p for p in unet.parameters() if p.requires_grad] + ([p for p in text_encoder.parameters() if p.requires_grad] if train_te else [])
-    optimizer = torch.optim.AdamW(params, lr=s["lr"], betas=(0.9, 0.999), weight_decay=1e-2, eps=1e-8)
+    groups = [{"params": [p for p in unet.parameters() if p.requires_grad]}]
+    if train_te:  # the text encoder's adapters at their own rate (textEncoderLr; 0: the run's lr)
+        groups.append({"params": [p for p in text_encoder.parameters() if p.requires_grad], "lr": s.get("textEncoderLr") or s["lr"]})
+    optimizer = torch.optim.AdamW(groups, lr=s["lr"], betas=(0.9, 0.999), weight_decay=1e-2, eps=1e-8)
     step = 0
     checkpoint = ray.train.get_checkpoint()
     if checkpoint:

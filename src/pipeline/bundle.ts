@@ -165,8 +165,12 @@ export function mapSettings(
     add('priorWeight', s.priorWeight, `--prior_loss_weight=${s.priorWeight}`);
   }
   add('flip', s.flip, null, s.flip ? 'mirrored copies of every photo are in instance_images/ (the scripts have no flip option)' : 'off');
-  if (lora)
+  if (lora) {
     add('trainTextEncoder', s.trainTextEncoder, s.trainTextEncoder ? '--train_text_encoder' : null, s.trainTextEncoder ? 'LoRA on the text encoder' : 'off');
+    if (s.trainTextEncoder && s.textEncoderLr > 0 && s.textEncoderLr !== s.lr)
+      add('textEncoderLr', s.textEncoderLr, null, `train_dreambooth_lora.py trains the text encoder at --learning_rate (${s.lr}). ray_train.py honours it`);
+    else add('textEncoderLr', s.textEncoderLr, null, s.trainTextEncoder ? `the learning rate, ${s.lr}, as --learning_rate` : 'off');
+  }
   if (s.offsetNoise > 0) {
     if (!lora && s.offsetNoise === 0.1)
       add('offsetNoise', s.offsetNoise, '--offset_noise', 'train_dreambooth.py adds 0.1 * N(0, 1) per sample and channel, as the engine does');

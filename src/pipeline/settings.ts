@@ -47,6 +47,8 @@ export interface RunSettings {
   aspect: 'bucket' | 'square';
   /** LoRA adapters on the text encoder's attention too. */
   trainTextEncoder: boolean;
+  /** Their own learning rate (0: `lr`); read only with trainTextEncoder. */
+  textEncoderLr: number;
   /** AdamW moments: f32, or 8-bit blockwise (bitsandbytes' Adam8bit; parameters under 4096 elements stay f32). */
   optimizer: OptimizerKind;
   /** Master weights: a separate fp32 copy, or compact (the f16 weight + a 16-bit extension: 27 bits). */
@@ -179,6 +181,16 @@ export const SETTINGS: readonly SettingSpec[] = [
     help: 'non-square photos: bucket (train at their own aspect ratio, about the same pixel count) or square (centre or chosen square crop)',
   },
   { key: 'trainTextEncoder', kind: 'bool', flag: 'train-text-encoder', default: false, onlyMode: 'lora', help: 'LoRA on the text encoder too' },
+  {
+    key: 'textEncoderLr',
+    kind: 'number',
+    flag: 'text-encoder-lr',
+    min: 0,
+    max: 1,
+    default: 0,
+    onlyMode: 'lora',
+    help: "with --train-text-encoder: the text encoder's adapters' own AdamW learning rate, often lower than --lr (0: --lr)",
+  },
   {
     key: 'optimizer',
     kind: 'enum',

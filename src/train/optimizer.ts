@@ -60,6 +60,11 @@ export interface ParamSlot {
 export interface Chunk {
   index: number;
   params: ParamSlot[];
+  /**
+   * The chunk's own learning rate (its parameters' group, e.g. text-encoder LoRA's), or undefined: the optimizer's.
+   * Chunks never mix rates, so the step bound (adamwStepSafe) and every update of a chunk use one AdamW config.
+   */
+  lr?: number;
   /** Elements used (<= chunkElems). */
   elems: number;
   /** GPU state [master | m | v] as three f32 tensors of `elems` (fp32 mode), or null (stored, or a compact mode). */
@@ -76,19 +81,31 @@ export interface Chunk {
   stats: AdamWStateStats | null;
 }
 
-/** Packs parameters (in order) into chunks of at most `chunkElems` elements (a bigger tensor gets its own). */
-export function planChunks(params: { name: string; shape: number[] }[], chunkElems: number): ChunkPlan[] {
+/** A trainable parameter as the optimizer is given it; `lr` sets a learning rate of its own (undefined: the optimizer's). */
+export interface ParamSpec {
+  name: string;
+  shape: number[];
+  lr?: number;
+}
+
+/**
+ * Packs parameters (in order) into chunks of at most `chunkElems` elements (a bigger tensor gets its own). A
+ * parameter whose learning rate differs from the chunk's so far starts a new chunk.
+ */
+export function planChunks(params: ParamSpec[], chunkElems: number): ChunkPlan[] {
   const chunks: ChunkPlan[] = [];
   let cur: ParamSlot[] = [];
   let used = 0;
+  let lr: number | undefined;
   const close = () => {
-    if (cur.length) chunks.push({ index: chunks.length, params: cur, elems: used });
+    if (cur.length) chunks.push({ index: chunks.length, params: cur, elems: used, ...(lr !== undefined ? { lr } : {}) });
     cur = [];
     used = 0;
   };
   for (const p of params) {
     const numel = p.shape.reduce((a, b) => a * b, 1);
-    if (used > 0 && used + numel > chunkElems) close();
+    if (used > 0 && (used + numel > chunkElems || p.lr !== lr)) close();
+    lr = p.lr;
     cur.push({ name: p.name, shape: p.shape, numel, offset: used });
     used += numel;
   }
@@ -172,6 +189,7 @@ export class ChunkedAdamW {
     private readonly weights: Map<string, Tensor>,
   ) {
     this.chunks = chunks.map((c) => ({ ...c, resident: null, packed: null, version: 0, stats: null }));
+    this.cfgs = this.chunks.map((c) => (c.lr === undefined ? o.cfg : { ...o.cfg, lr: c.lr }));
     // The flags, the norm and the state statistics live in two buffers adamw_packed binds once each (packedSignals).
     ({ buffers: this.signals, updateFlag: this.updateFlag, flag: this.flag, stats: this.statsOut, norm: this.normOut } = packedSignals(gpu));
     this.mode = o.mode ?? FP32_MODE;
@@ -203,6 +221,8 @@ export class ChunkedAdamW {
 
   /** How this optimizer keeps its state. */
   readonly mode: OptimizerMode;
+  /** Each chunk's AdamW config: the optimizer's, with the chunk's own learning rate where it has one. */
+  private readonly cfgs: AdamWConfig[];
   /** Compact modes: each chunk's byte layout (null in fp32 mode). */
   private readonly packs: ChunkPack[] | null = null;
   /** Compact modes: the 8-bit code tables on the GPU. */
@@ -215,7 +235,7 @@ export class ChunkedAdamW {
    */
   static async create(
     gpu: Gpu,
-    params: { name: string; shape: number[] }[],
+    params: ParamSpec[],
     weights: Map<string, Tensor>,
     initial: (name: string) => Promise<Float32Array>,
     o: ChunkedAdamWOptions,
@@ -327,7 +347,7 @@ export class ChunkedAdamW {
       const st = hostState(bytes, p, p.ext >= 0 ? weightValues(i) : undefined);
       const master = p.master < 0 && p.ext < 0 ? weightValues(i) : mastersOf(st, p.numel);
       const { m, v } = momentsOf(st, p.numel);
-      const s = adamwStateStats(master, m, v, this.o.cfg);
+      const s = adamwStateStats(master, m, v, this.cfgs[c.index]);
       const max = (a: number, b: number) => (Number.isNaN(a) || Number.isNaN(b) ? NaN : Math.max(a, b));
       all.maxAbsMaster = max(all.maxAbsMaster, s.maxAbsMaster);
       all.maxAbsM = max(all.maxAbsM, s.maxAbsM);
@@ -389,7 +409,8 @@ export class ChunkedAdamW {
   private async stepPacked(grads: Map<string, Tensor>, s: AdamWStep): Promise<void> {
     const gpu = this.gpu;
     const run = { codes: this.codes!, updateFlag: this.updateFlag, stats: this.statsOut, check: false };
-    const update = (buf: Tensor, c: Chunk) => c.params.forEach((p, i) => adamwPacked(gpu, this.packedParam(buf, c, i), grads.get(p.name)!, this.o.cfg, s, run));
+    const update = (buf: Tensor, c: Chunk) =>
+      c.params.forEach((p, i) => adamwPacked(gpu, this.packedParam(buf, c, i), grads.get(p.name)!, this.cfgs[c.index], s, run));
     for (const c of this.chunks) if (c.packed) update(c.packed, c);
     let writing: Promise<void> | null = null;
     await this.streamPacked(
@@ -439,7 +460,7 @@ export class ChunkedAdamW {
   /** A stored chunk's statistics, measured on the host from its packed [master | m | v]. */
   private statsOf(c: Chunk, packed: Float32Array): AdamWStateStats {
     const e = c.elems;
-    return adamwStateStats(packed.subarray(0, e), packed.subarray(e, 2 * e), packed.subarray(2 * e, 3 * e), this.o.cfg);
+    return adamwStateStats(packed.subarray(0, e), packed.subarray(e, 2 * e), packed.subarray(2 * e, 3 * e), this.cfgs[c.index]);
   }
 
   /** Uploads a stored chunk's packed state into the staging set; returns its views. */
@@ -504,7 +525,7 @@ export class ChunkedAdamW {
       return { applied: true, gradNorm };
     }
     const update = (state: { master: Tensor; m: Tensor; v: Tensor }, c: Chunk) => {
-      for (const p of c.params) adamw(gpu, this.paramState(state, p), grads.get(p.name)!, this.o.cfg, s);
+      for (const p of c.params) adamw(gpu, this.paramState(state, p), grads.get(p.name)!, this.cfgs[c.index], s);
     };
     for (const c of this.chunks) if (c.resident) update(c.resident, c);
     // Stream the stored chunks: prefetch i+1 while i updates; write i back while i+1 updates.
@@ -514,7 +535,7 @@ export class ChunkedAdamW {
       async (st, c) => {
         update(st, c);
         gpu.write(this.statsOut, [0, 0, 0, 0]);
-        adamwStats(gpu, st, this.o.cfg, this.statsOut);
+        adamwStats(gpu, st, this.cfgs[c.index], this.statsOut);
         const packed = new Float32Array(3 * c.elems);
         packed.set(await gpu.read(st.master), 0);
         packed.set(await gpu.read(st.m), c.elems);
@@ -540,11 +561,11 @@ export class ChunkedAdamW {
     const gpu = this.gpu;
     clearFlag(gpu, this.updateFlag);
     const check = (state: { master: Tensor; m: Tensor; v: Tensor }, c: Chunk) => {
-      for (const p of c.params) adamwCheck(gpu, this.paramState(state, p), grads.get(p.name)!, this.o.cfg, s, this.updateFlag);
+      for (const p of c.params) adamwCheck(gpu, this.paramState(state, p), grads.get(p.name)!, this.cfgs[c.index], s, this.updateFlag);
     };
     const run = this.codes && { codes: this.codes, updateFlag: this.updateFlag, stats: this.statsOut, check: true };
     const checkPacked = (buf: Tensor, c: Chunk) =>
-      c.params.forEach((p, i) => adamwPacked(gpu, this.packedParam(buf, c, i), grads.get(p.name)!, this.o.cfg, s, run!));
+      c.params.forEach((p, i) => adamwPacked(gpu, this.packedParam(buf, c, i), grads.get(p.name)!, this.cfgs[c.index], s, run!));
     // Resident fp32 chunks: with clipping the gradient bound is known without another pass, so each chunk's
     // update is proven finite from its state's statistics (one reduction per chunk, one read-back for all),
     // and only a chunk the bound cannot prove is checked element by element. Without clipping the bound would
@@ -553,13 +574,13 @@ export class ChunkedAdamW {
     if (s.clip && resident.length) {
       const gradMax = Math.min(s.clip.maxNorm, Number.isNaN(gradNorm) ? Infinity : gradNorm);
       await this.measureResidentStats(resident.filter((c) => !c.stats));
-      for (const c of resident) if (!adamwStepSafe(c.stats!, this.o.cfg, s.step, gradMax, this.chunkLimit(c))) check(c.resident!, c);
+      for (const c of resident) if (!adamwStepSafe(c.stats!, this.cfgs[c.index], s.step, gradMax, this.chunkLimit(c))) check(c.resident!, c);
     } else for (const c of resident) check(c.resident!, c);
     for (const c of this.chunks) if (c.packed) checkPacked(c.packed, c);
     const stored = this.chunks.filter((c) => !this.onGpu(c));
     if (stored.length) {
       const gradMax = await this.gradientBound(s, all, gradNorm);
-      const unproven = stored.filter((c) => !adamwStepSafe(c.stats!, this.o.cfg, s.step, gradMax, this.chunkLimit(c)));
+      const unproven = stored.filter((c) => !adamwStepSafe(c.stats!, this.cfgs[c.index], s.step, gradMax, this.chunkLimit(c)));
       if (this.packs) await this.streamPacked(unproven, async (buf, c) => checkPacked(buf, c));
       else await this.streamChunks(unproven, async (st, c) => check(st, c));
     }
@@ -658,7 +679,7 @@ export class ChunkedAdamW {
       // fp32 resident chunks are measured on the GPU; a compact one without statistics (the first fused step after
       // create or restore) goes through the check pass once (measuring it would read its whole state back to the host).
       if (c.resident && !c.stats) c.stats = await this.measureResident(c);
-      if (!c.stats || !adamwStepSafe(c.stats, this.o.cfg, run.s.step, gradMax, this.chunkLimit(c))) run.unproven.add(c.index);
+      if (!c.stats || !adamwStepSafe(c.stats, this.cfgs[c.index], run.s.step, gradMax, this.chunkLimit(c))) run.unproven.add(c.index);
     }
     clearFlag(gpu, this.updateFlag);
     run.phase = run.unproven.size ? 'check' : 'apply';
@@ -677,10 +698,10 @@ export class ChunkedAdamW {
     if (this.packs) {
       const buf = c.packed ?? this.stageBytes(c, await this.readRaw(c));
       const r = { codes: this.codes!, updateFlag: this.updateFlag, stats: this.statsOut, check: true };
-      c.params.forEach((p, i) => adamwPacked(this.gpu, this.packedParam(buf, c, i), grads.get(p.name) ?? fail(p.name), this.o.cfg, s, r));
+      c.params.forEach((p, i) => adamwPacked(this.gpu, this.packedParam(buf, c, i), grads.get(p.name) ?? fail(p.name), this.cfgs[c.index], s, r));
     } else {
       const st = c.resident ?? this.stage(c, await this.readChunk(c));
-      for (const p of c.params) adamwCheck(this.gpu, this.paramState(st, p), grads.get(p.name) ?? fail(p.name), this.o.cfg, s, this.updateFlag);
+      for (const p of c.params) adamwCheck(this.gpu, this.paramState(st, p), grads.get(p.name) ?? fail(p.name), this.cfgs[c.index], s, this.updateFlag);
     }
   }
 
@@ -721,12 +742,12 @@ export class ChunkedAdamW {
     if (this.packs) {
       const buf = c.packed ?? this.stageBytes(c, await read);
       const r = { codes: this.codes!, updateFlag: this.updateFlag, stats: this.statsOut, check: false };
-      c.params.forEach((p, i) => adamwPacked(gpu, this.packedParam(buf, c, i), grads.get(p.name) ?? fail(p.name), this.o.cfg, s, r));
+      c.params.forEach((p, i) => adamwPacked(gpu, this.packedParam(buf, c, i), grads.get(p.name) ?? fail(p.name), this.cfgs[c.index], s, r));
       if (!c.packed) bytes = await this.readBytes(buf);
     } else {
       const st = c.resident ?? this.stage(c, await read.then((b) => new Float32Array(b.buffer, b.byteOffset, b.byteLength / 4)));
-      for (const p of c.params) adamw(gpu, this.paramState(st, p), grads.get(p.name) ?? fail(p.name), this.o.cfg, s);
-      adamwStats(gpu, st, this.o.cfg, this.statsOut);
+      for (const p of c.params) adamw(gpu, this.paramState(st, p), grads.get(p.name) ?? fail(p.name), this.cfgs[c.index], s);
+      adamwStats(gpu, st, this.cfgs[c.index], this.statsOut);
       if (!c.resident) {
         const packed = new Float32Array(3 * c.elems);
         packed.set(await gpu.read(st.master), 0);
@@ -810,7 +831,7 @@ export class ChunkedAdamW {
     const SLOT = 64; // f32s per slot: 256 bytes, WebGPU's largest minStorageBufferOffsetAlignment
     const out = this.gpu.zeros([SLOT * chunks.length], 'f32', 'scratch', 'opt.residentStats');
     try {
-      chunks.forEach((c, i) => adamwStats(this.gpu, c.resident!, this.o.cfg, new Tensor(out.alloc, [4], 'f32', out.byteOffset + 4 * SLOT * i, false)));
+      chunks.forEach((c, i) => adamwStats(this.gpu, c.resident!, this.cfgs[c.index], new Tensor(out.alloc, [4], 'f32', out.byteOffset + 4 * SLOT * i, false)));
       const all = await this.gpu.read(out);
       chunks.forEach((c, i) => {
         const [maxAbsMaster, maxAbsM, maxV, maxRatio] = all.subarray(i * SLOT, i * SLOT + 4);
@@ -824,7 +845,7 @@ export class ChunkedAdamW {
   /** An fp32 resident chunk's statistics now (adamwStats on the GPU, 16 bytes read back). */
   private async measureResident(c: Chunk): Promise<AdamWStateStats> {
     this.gpu.write(this.statsOut, [0, 0, 0, 0]);
-    adamwStats(this.gpu, c.resident!, this.o.cfg, this.statsOut);
+    adamwStats(this.gpu, c.resident!, this.cfgs[c.index], this.statsOut);
     const [maxAbsMaster, maxAbsM, maxV, maxRatio] = await this.gpu.read(this.statsOut);
     return { maxAbsMaster, maxAbsM, maxV, maxRatio };
   }

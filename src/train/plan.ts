@@ -36,8 +36,8 @@ import { clipParams, unetParams } from '../models/shapes.ts';
 import { SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
 import { DryRunChunkStore } from '../store/dryrun-store.ts';
 import { formatBytes } from '../util/bytes.ts';
-import { planChunks, stateBytesPerElement } from './optimizer.ts';
-import { DreamBoothTrainer, type TrainData, type TrainSettings } from './trainer.ts';
+import { planChunks, stateBytesPerElement, type ParamSpec } from './optimizer.ts';
+import { DreamBoothTrainer, textEncoderLrOf, type TrainData, type TrainSettings } from './trainer.ts';
 
 const GiB = 2 ** 30;
 
@@ -114,23 +114,24 @@ export interface DryRunResult extends PlanTrial {
 
 // ---------------------------------------------------------------------------------------------- dry run
 
-type ChunkSettings = Pick<TrainSettings, 'mode' | 'rank' | 'chunkElems' | 'textEncoderLora'>;
+type ChunkSettings = Pick<TrainSettings, 'mode' | 'rank' | 'chunkElems' | 'textEncoderLora' | 'lr' | 'textEncoderLr'>;
 
 /**
  * Trainable parameter shapes in the trainer's order (UNet adapters, then the text encoder's; or every UNet
- * weight in full mode): the optimizer packs its chunks in this order.
+ * weight in full mode): the optimizer packs its chunks in this order. The text encoder's adapters carry their
+ * own learning rate where it differs from the run's (they then get chunks of their own), as in the trainer.
  */
-export function trainableShapes(
-  model: Pick<PlanModel, 'config' | 'textEncoder'>,
-  settings: Omit<ChunkSettings, 'chunkElems'>,
-): { name: string; shape: number[] }[] {
+export function trainableShapes(model: Pick<PlanModel, 'config' | 'textEncoder'>, settings: Omit<ChunkSettings, 'chunkElems'>): ParamSpec[] {
   const unet = unetParams(model.config);
   const shapes = [...(settings.mode === 'lora' ? loraShapes(loraTargets('unet', unet.keys()), unet, settings.rank) : unet)];
+  const params: ParamSpec[] = shapes.map(([name, shape]) => ({ name, shape: [...shape] }));
   if (settings.mode === 'lora' && settings.textEncoderLora) {
     const te = clipParams(textEncoderOf(model));
-    shapes.push(...loraShapes(loraTargets('text_encoder', te.keys()), te, settings.rank));
+    const lr = textEncoderLrOf(settings);
+    for (const [name, shape] of loraShapes(loraTargets('text_encoder', te.keys()), te, settings.rank))
+      params.push({ name, shape: [...shape], ...(lr !== settings.lr ? { lr } : {}) });
   }
-  return shapes.map(([name, shape]) => ({ name, shape: [...shape] }));
+  return params;
 }
 
 /** Number of optimizer chunks the trainer will make for these settings. */

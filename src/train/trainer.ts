@@ -48,6 +48,11 @@ export interface TrainSettings {
   weightDecay: number;
   /** LoRA also on the text encoder's attention projections (it then stays on the GPU and runs every step). */
   textEncoderLora: boolean;
+  /**
+   * The text-encoder adapters' own learning rate (kohya's --text_encoder_lr); absent or 0: `lr`. Their optimizer
+   * state then sits in chunks of its own (planChunks), after the UNet's.
+   */
+  textEncoderLr?: number;
   /** Checkpoint every N steps (0: only when asked). */
   checkpointEvery: number;
   /** Activation checkpointing in the UNet (the planner picks it when the budget needs it). */
@@ -295,6 +300,8 @@ export class DreamBoothTrainer {
     const dtype = [...model.weights.values()][0].dtype;
     const trainable = new Map<string, Tensor>();
     let initial: (name: string) => Promise<Float32Array>;
+    /** Trainables before the text encoder's adapters (all of them without text-encoder LoRA). */
+    let unetCount = Infinity;
     if (settings.mode === 'lora') {
       const init = loraInit ?? new Map<string, Float32Array>();
       const addAdapters = (weights: Weights, layers: string[]) => {
@@ -309,6 +316,7 @@ export class DreamBoothTrainer {
         }
       };
       addAdapters(model.weights, loraTargets('unet', unetParams(model.config).keys()));
+      unetCount = trainable.size;
       if (settings.textEncoderLora) {
         const te = model.textEncoder;
         if (!te) throw new Error('text-encoder LoRA needs the text encoder (it stays on the GPU)');
@@ -322,7 +330,8 @@ export class DreamBoothTrainer {
       // Masters start from the weights as loaded (f16 values are exact in f32).
       initial = (n) => gpu.read(trainable.get(n)!);
     }
-    const params = [...trainable].map(([name, t]) => ({ name, shape: [...t.shape] }));
+    const teLr = textEncoderLrOf(settings);
+    const params = [...trainable].map(([name, t], i) => ({ name, shape: [...t.shape], ...(i >= unetCount && teLr !== settings.lr ? { lr: teLr } : {}) }));
     const optimizer = await ChunkedAdamW.create(gpu, params, trainable, initial, {
       cfg: { ...ADAMW_DEFAULTS, lr: settings.lr, weightDecay: settings.weightDecay },
       chunkElems: settings.chunkElems,
@@ -745,6 +754,10 @@ export class DreamBoothTrainer {
     for (const k of ['mode', 'rank', 'alpha', 'lr', 'seed', 'chunkElems', 'textEncoderLora'] as const)
       if (m.settings[k] !== this.settings[k])
         throw new Error(`this run's checkpoint was made with ${k} = ${m.settings[k]}, not ${this.settings[k]}: resume with the run's own settings`);
+    // Checkpoints from before the setting existed trained the text encoder at `lr`.
+    const teLr = { was: textEncoderLrOf({ lr: m.settings.lr, textEncoderLr: m.settings.textEncoderLr }), now: textEncoderLrOf(this.settings) };
+    if (this.settings.textEncoderLora && teLr.was !== teLr.now)
+      throw new Error(`this run's checkpoint was made with textEncoderLr = ${teLr.was}, not ${teLr.now}: resume with the run's own settings`);
     await this.optimizer.restore((n) => snap.read(n), m.versions, m.applied);
     if (m.gemm !== undefined) this.gpu.setGemmConfig(m.gemm); // checked above
     this.step = m.step;
@@ -814,9 +827,16 @@ function checkCheckpointMeta(m: CheckpointMeta, chunks: number): void {
     if (!whole(Number(k), 0, chunks - 1) || !whole(v, 0, Number.MAX_SAFE_INTEGER)) bad(`chunk ${k} version ${v} for a layout of ${chunks} chunks`);
 }
 
+/** The text-encoder adapters' learning rate: their own, or the run's (absent or 0). */
+export function textEncoderLrOf(s: Pick<TrainSettings, 'lr' | 'textEncoderLr'>): number {
+  return s.textEncoderLr ? s.textEncoderLr : s.lr;
+}
+
 function validate(data: TrainData, s: TrainSettings): void {
   if (data.instance.length === 0) throw new Error('no instance images: add at least one photo of the subject');
   if (!(s.lr > 0)) throw new Error(`learning rate must be > 0, got ${s.lr}`);
+  if (s.textEncoderLr !== undefined && !(s.textEncoderLr >= 0 && Number.isFinite(s.textEncoderLr)))
+    throw new Error(`text-encoder learning rate must be 0 (the learning rate) or more, got ${s.textEncoderLr}`);
   if (!Number.isInteger(s.steps) || s.steps < 1) throw new Error(`steps must be a positive integer, got ${s.steps}`);
   if (s.mode === 'lora' && (!Number.isInteger(s.rank) || s.rank < 1)) throw new Error(`LoRA rank must be a positive integer, got ${s.rank}`);
   if (!OPTIMIZER_KINDS.includes(s.optimizer)) throw new Error(`optimizer must be one of ${OPTIMIZER_KINDS.join(', ')}, got ${String(s.optimizer)}`);

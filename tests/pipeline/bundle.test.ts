@@ -160,7 +160,16 @@ describe('job bundle: train.sh against diffusers 0.40', () => {
 describe('job bundle: settings never dropped', () => {
   it('every setting of the schema is in job.json; those without a counterpart are named in the README', () => {
     for (const over of [
-      { mode: 'lora', offsetNoise: 0.05, minSnrGamma: 5, flip: true, priorPreservation: true, classPrompt: 'a photo of a dog' },
+      {
+        mode: 'lora',
+        offsetNoise: 0.05,
+        minSnrGamma: 5,
+        flip: true,
+        priorPreservation: true,
+        classPrompt: 'a photo of a dog',
+        trainTextEncoder: true,
+        textEncoderLr: 1e-5,
+      },
       { mode: 'full', offsetNoise: 0.2, sampleEvery: 5 },
     ] as const) {
       const files = jobBundle(input(over as Partial<RunSettings>), png);
@@ -182,6 +191,7 @@ describe('job bundle: settings never dropped', () => {
         assert.match(none, /\*\*alpha\*\* = 8/);
         assert.match(none, /\*\*captions\*\* = 1/);
         assert.match(none, /\*\*masks\*\* = 1: masked loss/);
+        assert.match(none, /\*\*textEncoderLr\*\* = 0\.00001: train_dreambooth_lora\.py trains the text encoder at --learning_rate/);
       } else assert.match(none, /\*\*offsetNoise\*\* = 0\.2: train_dreambooth\.py's --offset_noise is fixed at 0\.1/);
     }
   });
@@ -259,6 +269,7 @@ describe('job bundle: ray_train.py', () => {
       'TorchTrainer.restore(path',
       'FailureConfig(max_failures=',
       'ray.train.torch.prepare_model(unet)',
+      '"lr": s.get("textEncoderLr") or s["lr"]',
       'read_job()',
     ])
       assert.ok(py.includes(need), need);

@@ -70,6 +70,10 @@ describe('settings schema', () => {
     assert.equal(t.offsetNoise, 0.1);
     assert.equal(trainSettings({ ...defaultSettings(), minSnrGamma: 5, alpha: 4 }).minSnrGamma, 5);
     assert.equal(trainSettings({ ...defaultSettings(), alpha: 4 }).alpha, 4);
+    // The text encoder's own rate reaches the trainer only with text-encoder LoRA (0: the run's lr, left out).
+    assert.equal(trainSettings({ ...defaultSettings(), trainTextEncoder: true, textEncoderLr: 1e-5 }).textEncoderLr, 1e-5);
+    assert.equal(trainSettings({ ...defaultSettings(), trainTextEncoder: true }).textEncoderLr, undefined);
+    assert.equal(trainSettings({ ...defaultSettings(), trainTextEncoder: false, textEncoderLr: 1e-5 }).textEncoderLr, undefined);
     const full = trainSettings({ ...defaultSettings('full'), trainTextEncoder: false });
     assert.equal(full.rank, 0);
     assert.equal(full.textEncoderLora, false);

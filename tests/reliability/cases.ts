@@ -130,6 +130,20 @@ export const CASES: Case[] = [
     code: 1,
     message: /--train-text-encoder applies to --mode lora only/,
   },
+  {
+    name: 'a text-encoder learning rate without text-encoder LoRA',
+    before: 'clear',
+    args: (ws) => train(ws, '--text-encoder-lr', '1e-5'),
+    code: 1,
+    message: /--text-encoder-lr sets the learning rate of the text-encoder LoRA: add --train-text-encoder, or leave it out/,
+  },
+  {
+    name: 'text-encoder learning rate 2',
+    before: 'clear',
+    args: (ws) => train(ws, '--train-text-encoder', '--text-encoder-lr', '2'),
+    code: 1,
+    message: /--text-encoder-lr must be from 0 to 1, got 2/,
+  },
   { name: 'offset noise 5', before: 'wrong', args: (ws) => train(ws, '--offset-noise', '5'), code: 1, message: /--offset-noise must be from 0 to 1, got 5/ },
   { name: 'prior weight -1', before: 'wrong', args: (ws) => train(ws, '--prior-weight', '-1'), code: 1, message: /--prior-weight must be from 0 to 100/ },
   {

@@ -131,10 +131,15 @@ describe('cli train', () => {
       '--lr',
       '1e-2',
       '--train-text-encoder',
+      '--text-encoder-lr',
+      '5e-3',
       '--out',
       out,
     );
     assert.equal(r.code, 0, r.err);
+    // The text encoder's own rate is recorded as kohya records it (ss_unet_lr is the run's --lr).
+    const md = tensorsOf(join(out, 'lora-kohya.safetensors')).metadata;
+    assert.deepEqual([md.ss_unet_lr, md.ss_text_encoder_lr], ['0.01', '0.005']);
     const kohya = tensorsOf(join(out, 'lora-kohya.safetensors')).tensors;
     const teUps = [...kohya].filter(([k]) => k.startsWith('lora_te_text_model_encoder_layers_') && k.endsWith('.lora_up.weight'));
     assert.ok(teUps.length > 0, 'text-encoder adapters exported');

@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
+import type { Gpu } from '../../src/gpu/device.ts';
 import { nodeGpu } from '../../src/gpu/node.ts';
 import type { DType } from '../../src/gpu/tensor.ts';
 import { readSafetensors } from '../../src/io/safetensors.ts';
@@ -13,7 +14,7 @@ import { clipParams, unetParams } from '../../src/models/shapes.ts';
 import { clipConfigFromJson } from '../../src/nn/clip.ts';
 import { unetConfigFromJson } from '../../src/nn/unet.ts';
 import { SD_SCHEDULE } from '../../src/sample/schedulers.ts';
-import { MemoryChunkStore } from '../../src/store/chunkstore.ts';
+import { MemoryChunkStore, type ChunkStore } from '../../src/store/chunkstore.ts';
 import { DryRunChunkStore } from '../../src/store/dryrun-store.ts';
 import { dryRunPeak, optimizerChunkCount, planTraining, trainableShapes, type Plan, type PlanDataShape, type PlanModel } from '../../src/train/plan.ts';
 import { DreamBoothTrainer, type TrainSettings } from '../../src/train/trainer.ts';
@@ -50,22 +51,28 @@ async function realPeak(mode: Mode, dtype: DType, over: Partial<TrainSettings>):
   }
 }
 
-/** The same with text-encoder LoRA: the tiny CLIP (tests/fixtures/modules/clip_sd1) stays on the GPU and trains. */
-async function realPeakWithTextEncoder(over: Partial<TrainSettings>): Promise<number> {
+/** A real trainer with text-encoder LoRA: the tiny CLIP (tests/fixtures/modules/clip_sd1) stays on the GPU and trains. */
+async function textEncoderTrainer(gpu: Gpu, over: Partial<TrainSettings>, store: ChunkStore = new MemoryChunkStore()) {
   const clip = readSafetensors(new Uint8Array(readFileSync(join(FIXTURES, 'modules', 'clip_sd1.safetensors'))));
+  const fx = fixture('lora');
+  const upload = (names: Iterable<string>, from: typeof base) =>
+    new Map([...names].map((n) => [n, gpu.upload(from.tensors.get(n)!.data, from.tensors.get(n)!.shape, 'f32', 'weights', n)]));
+  const te = {
+    config: clipConfigFromJson(JSON.parse(clip.metadata.config)),
+    weights: upload(clipParams(clipConfigFromJson(JSON.parse(clip.metadata.config))).keys(), clip),
+  };
+  const ids = Int32Array.from({ length: 7 }, (_, i) => (i * 37) % 1000);
+  const data = { ...fx.data, instance: fx.data.instance.map((x) => ({ ...x, ids })), classes: fx.data.classes.map((x) => ({ ...x, ids })) };
+  const model = { config: cfg, weights: upload(unetParams(cfg).keys(), base), schedule: { ...SD_SCHEDULE, prediction: fx.prediction }, textEncoder: te };
+  const trainer = await DreamBoothTrainer.create(gpu, model, data, { ...fx.settings, textEncoderLora: true, ...over }, store, 'run');
+  return { trainer, fx };
+}
+
+/** Peak GPU bytes of two real steps with text-encoder LoRA. */
+async function realPeakWithTextEncoder(over: Partial<TrainSettings>): Promise<number> {
   const gpu = await nodeGpu();
   try {
-    const fx = fixture('lora');
-    const upload = (names: Iterable<string>, from: typeof base) =>
-      new Map([...names].map((n) => [n, gpu.upload(from.tensors.get(n)!.data, from.tensors.get(n)!.shape, 'f32', 'weights', n)]));
-    const te = {
-      config: clipConfigFromJson(JSON.parse(clip.metadata.config)),
-      weights: upload(clipParams(clipConfigFromJson(JSON.parse(clip.metadata.config))).keys(), clip),
-    };
-    const ids = Int32Array.from({ length: 7 }, (_, i) => (i * 37) % 1000);
-    const data = { ...fx.data, instance: fx.data.instance.map((x) => ({ ...x, ids })), classes: fx.data.classes.map((x) => ({ ...x, ids })) };
-    const model = { config: cfg, weights: upload(unetParams(cfg).keys(), base), schedule: { ...SD_SCHEDULE, prediction: fx.prediction }, textEncoder: te };
-    const trainer = await DreamBoothTrainer.create(gpu, model, data, { ...fx.settings, textEncoderLora: true, ...over }, new MemoryChunkStore(), 'run');
+    const { trainer, fx } = await textEncoderTrainer(gpu, over);
     let peak = 0;
     for (const inputs of fx.inputs.slice(0, 2)) peak = Math.max(peak, (await trainer.trainStep(inputs)).gpuPeakBytes);
     trainer.destroy();
@@ -124,6 +131,58 @@ describe('training planner (tiny UNet)', () => {
     assert.equal(teAdapters.length, 2 * 4 * 2, 'lora_A and lora_B on q/k/v/out_proj of both CLIP layers');
     assert.equal(planned.peakBytes, await realPeakWithTextEncoder(over));
     await assert.rejects(dryRunPeak(dryGpu, model('lora', 'f32'), dataShape, settingsOf('lora', over)), /needs the text encoder's config/);
+  });
+
+  it("text-encoder LoRA at its own learning rate: its adapters get chunks of their own, and AdamW's first step moves them by that rate", async () => {
+    const clip = readSafetensors(new Uint8Array(readFileSync(join(FIXTURES, 'modules', 'clip_sd1.safetensors'))));
+    const m = { ...model('lora', 'f32'), textEncoder: clipConfigFromJson(JSON.parse(clip.metadata.config)) };
+    const lr = fixture('lora').settings.lr;
+    const teLr = lr / 8;
+    const over = { textEncoderLora: true, textEncoderLr: teLr };
+    const gpu = await nodeGpu();
+    try {
+      const store = new MemoryChunkStore();
+      const { trainer, fx } = await textEncoderTrainer(gpu, over, store);
+      // The planner counts the chunks the trainer makes; no chunk mixes the two rates.
+      assert.equal(trainer.optimizer.chunks.length, optimizerChunkCount(m, settingsOf('lora', over)));
+      assert.equal((await dryRunPeak(dryGpu, m, dataShape, settingsOf('lora', over))).chunks, trainer.optimizer.chunks.length);
+      for (const c of trainer.optimizer.chunks) {
+        const te = c.params.map((p) => p.name.startsWith('text_model.'));
+        assert.ok(
+          te.every((x) => x === te[0]),
+          `chunk ${c.index} mixes UNet and text-encoder adapters`,
+        );
+        assert.equal(c.lr, te[0] ? teLr : undefined, `chunk ${c.index}'s learning rate`);
+      }
+      // lora_B starts at zero, so AdamW's first update of it is lr * g / (|g| + eps) (bias-corrected moments
+      // m = g, v = g^2; the decay of a zero weight is zero): +-lr wherever |g| >> eps. Its largest move is the
+      // rate to ~1e-6 (eps / |g| and f32 rounding); 1e-4 relative allows for that and nothing near 8x.
+      const before = new Map(await Promise.all([...trainer.trainable].map(async ([n, t]) => [n, await gpu.read(t)] as const)));
+      assert.ok((await trainer.trainStep(fx.inputs[0])).applied);
+      const largestMove = async (te: boolean) => {
+        let max = 0;
+        for (const [n, t] of trainer.trainable)
+          if (n.includes('lora_B') === true && n.startsWith('text_model.') === te) {
+            const after = await gpu.read(t);
+            after.forEach((x, i) => (max = Math.max(max, Math.abs(x - before.get(n)![i]))));
+          }
+        return max;
+      };
+      const [unetMove, teMove] = [await largestMove(false), await largestMove(true)];
+      assert.ok(Math.abs(unetMove / lr - 1) < 1e-4, `UNet lora_B moved at most ${unetMove}, lr ${lr}`);
+      assert.ok(Math.abs(teMove / teLr - 1) < 1e-4, `text-encoder lora_B moved at most ${teMove}, its rate ${teLr}`);
+      // A checkpoint resumes only at the rate it was made with.
+      await trainer.checkpoint();
+      trainer.destroy();
+      const other = (await textEncoderTrainer(gpu, { ...over, textEncoderLr: lr / 2 }, store)).trainer;
+      await assert.rejects(other.resume(), new RegExp(`made with textEncoderLr = ${teLr}, not ${lr / 2}`));
+      other.destroy();
+      const same = (await textEncoderTrainer(gpu, over, store)).trainer;
+      assert.equal(await same.resume(), true);
+      same.destroy();
+    } finally {
+      gpu.destroy();
+    }
   });
 
   it('a generous budget: no checkpointing, every chunk resident, one dry run; its peak is the real one', async () => {

@@ -529,6 +529,9 @@ function SettingsPanel() {
               {L.trainTextEncoder}
             </label>
           )}
+          {s.mode === 'lora' && s.trainTextEncoder && (
+            <NumberField name="textEncoderLr" label={L.textEncoderLr} value={s.textEncoderLr} min={0} step="any" onChange={(v) => set({ textEncoderLr: v })} />
+          )}
           <label className="check">
             <input type="checkbox" checked={s.priorPreservation} onChange={(e) => set({ priorPreservation: e.target.checked })} />
             {L.priorPreservation}

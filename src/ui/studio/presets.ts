@@ -57,6 +57,7 @@ export const SETTING_LABELS: Record<SettingKey, string> = {
   minSnrGamma: 'Min-SNR gamma (0: off)',
   flip: 'Also train on mirrored photos',
   trainTextEncoder: 'Also train the text encoder (LoRA)',
+  textEncoderLr: 'Text encoder learning rate (0: the learning rate)',
   optimizer: 'Optimizer moments (adamw8bit: 8-bit, a third of the state)',
   master: 'Master weights (compact: f16 + 16-bit extension)',
   fusedUpdates: 'Update inside the backward pass (less GPU memory, one more pass per step)',
