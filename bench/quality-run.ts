@@ -51,6 +51,8 @@ export interface QualitySettings {
   priorWeight: number;
   /** LoRA on the text encoder too (settings' trainTextEncoder): lets the rare token "sks" move away from the class word. */
   trainTextEncoder?: boolean;
+  /** The text encoder's adapters' own learning rate (settings' textEncoderLr; absent: `lr`). */
+  textEncoderLr?: number;
   /** Samples per prompt, seeds SAMPLE_SEED.. (the same for the base and the fine-tuned model). */
   samples: number;
   sampleSteps: number;
@@ -156,7 +158,7 @@ export function runSettings(q: QualitySettings, resolution: number): RunSettings
     classSteps: q.classSteps,
     priorWeight: q.priorWeight,
   });
-  if (q.mode === 'lora') Object.assign(s, { rank: q.rank, alpha: q.rank, trainTextEncoder: q.trainTextEncoder ?? false });
+  if (q.mode === 'lora') Object.assign(s, { rank: q.rank, alpha: q.rank, trainTextEncoder: q.trainTextEncoder ?? false, textEncoderLr: q.textEncoderLr ?? 0 });
   // Full fine-tunes in fp32 AdamW: at this size the 8-bit default's block quantisation is a large share of
   // every update; the bench measures what DreamBooth learns, not the optimizer's compression.
   else Object.assign(s, { optimizer: 'adamw', master: 'fp32' });

@@ -1,5 +1,5 @@
-// `npm run bench:quality [-- --model <diffusers folder>] [--quick] [--seeds N] [--rank R] [--train-text-encoder]
-//   [--out file.json] [--figure file.png]`   (--rank and --train-text-encoder change the LoRA runs only)
+// `npm run bench:quality [-- --model <diffusers folder>] [--quick] [--seeds N] [--rank R] [--train-text-encoder
+//   [--text-encoder-lr x]] [--out file.json] [--figure file.png]`   (--rank and the text-encoder flags change the LoRA runs only)
 // Issue 16, Must show 3: DreamBooth on a pretrained model with a subject held out of pretraining (a yellow star
 // with purple dots; stars are excluded from `cli pretrain`'s data by default), 4 photos of it, LoRA and full,
 // each with and without prior preservation, through the product's run pipeline (bench/quality-run.ts).
@@ -46,6 +46,7 @@ const { values } = parseArgs({
     seeds: { type: 'string' },
     rank: { type: 'string' },
     'train-text-encoder': { type: 'boolean' },
+    'text-encoder-lr': { type: 'string' },
     out: { type: 'string' },
     figure: { type: 'string' },
   },
@@ -56,11 +57,19 @@ const seeds = Number(values.seeds ?? (quick ? 1 : 3));
 if (!Number.isInteger(seeds) || seeds < 1 || seeds > 100) throw new Error(`--seeds ${values.seeds}: use a whole number of run seeds from 1 to 100`);
 const rank = values.rank === undefined ? undefined : Number(values.rank);
 if (rank !== undefined && !(Number.isInteger(rank) && rank >= 1 && rank <= 64)) throw new Error(`--rank ${values.rank}: use a LoRA rank from 1 to 64`);
+const teLr = values['text-encoder-lr'] === undefined ? undefined : Number(values['text-encoder-lr']);
+if (teLr !== undefined && !(teLr > 0 && teLr <= 1 && values['train-text-encoder']))
+  throw new Error(`--text-encoder-lr ${values['text-encoder-lr']}: give a learning rate above 0 and at most 1, with --train-text-encoder`);
 const outFile = resolve(values.out ?? join(ROOT, 'bench', 'results', 'quality.json'));
 
 /** The four configurations: LoRA and full, each without and with prior preservation. */
 function configurations(): Omit<QualitySettings, 'seed'>[] {
-  const lora = { ...qualitySettings('lora', quick), ...(rank ? { rank } : {}), trainTextEncoder: values['train-text-encoder'] === true };
+  const lora = {
+    ...qualitySettings('lora', quick),
+    ...(rank ? { rank } : {}),
+    trainTextEncoder: values['train-text-encoder'] === true,
+    ...(teLr ? { textEncoderLr: teLr } : {}),
+  };
   const full = qualitySettings('full', quick);
   return [
     { ...lora, prior: false },
