@@ -110,14 +110,14 @@ function importedInfo(source: ModelSource, lora: ReadLora, loraName: string): Lo
   })();
   const title = loraName.replace(/\.safetensors$/i, '');
   // A text-encoder rate of its own, when the file records one (kohya writes it for every LoRA with text-encoder adapters).
-  const textEncoderLrOf = (v: string) => (v !== '' && Number.isFinite(Number(v)) && Number(v) > 0 ? { textEncoderLr: Number(v) } : {});
+  const recordedTextEncoderLr = (v: string) => (v !== '' && Number.isFinite(Number(v)) && Number(v) > 0 ? { textEncoderLr: Number(v) } : {});
   return {
     family: source.family,
     prediction: source.prediction,
     resolution: res ? Number(res[1]) : num(String(training.resolution ?? ''), source.family === 'sd2' && source.prediction === 'v_prediction' ? 768 : 512),
     steps: num(md.ss_max_train_steps ?? String(training.steps ?? ''), 0),
     lr: num(md.ss_learning_rate ?? String(training.lr ?? ''), 0),
-    ...textEncoderLrOf(md.ss_text_encoder_lr ?? String(training.textEncoderLr ?? '')),
+    ...recordedTextEncoderLr(md.ss_text_encoder_lr ?? String(training.textEncoderLr ?? '')),
     instancePrompt: typeof training.instancePrompt === 'string' ? training.instancePrompt : (md['modelspec.trigger_phrase'] ?? ''),
     numImages: num(md.ss_num_train_images, 0),
     baseModelName: md.ss_sd_model_name ?? source.name,

@@ -204,6 +204,11 @@ export class RunStorageFullError extends RunError {
 
 // ---- settings -> trainer ------------------------------------------------------------------------------
 
+/** The text encoder's own learning rate, where the run trains it at one (text-encoder LoRA with textEncoderLr > 0). */
+function ownTextEncoderLr(s: RunSettings): { textEncoderLr?: number } {
+  return s.mode === 'lora' && s.trainTextEncoder && s.textEncoderLr > 0 ? { textEncoderLr: s.textEncoderLr } : {};
+}
+
 /** The trainer's settings for a run's (validated) settings. */
 export function trainSettings(s: RunSettings): TrainSettings {
   const lora = s.mode === 'lora';
@@ -219,7 +224,7 @@ export function trainSettings(s: RunSettings): TrainSettings {
     minSnrGamma: s.minSnrGamma > 0 ? s.minSnrGamma : null,
     checkpointEvery: s.checkpointEvery,
     textEncoderLora: lora && s.trainTextEncoder,
-    ...(lora && s.trainTextEncoder && s.textEncoderLr > 0 ? { textEncoderLr: s.textEncoderLr } : {}),
+    ...ownTextEncoderLr(s),
     optimizer: s.optimizer,
     master: s.master,
     fusedUpdates: !lora && s.fusedUpdates,
@@ -785,7 +790,7 @@ export class TrainingRun {
         resolution: s.resolution,
         steps: t.step,
         lr: s.lr,
-        ...(s.mode === 'lora' && s.trainTextEncoder && s.textEncoderLr > 0 ? { textEncoderLr: s.textEncoderLr } : {}),
+        ...ownTextEncoderLr(s),
         instancePrompt: this.run.prompt,
         ...(s.priorPreservation ? { classPrompt: s.classPrompt, numClassImages: t.data.classes.length } : {}),
         numImages: t.data.instance.length,
