@@ -1,10 +1,12 @@
 // The runs kept in the browser (issue 15, "Runs"; headless Chromium, SwiftShader, the demo model): two 1-step
 // LoRA runs (the second through "New run") are both listed with a thumbnail, mode, steps, date and storage;
-// the first opens again (its prompt, progress and chart); the second is deleted from the keyboard through the
-// confirmation dialog and the storage shown drops, its chunks gone from the run store; deleting a run while
-// it trains asks first (Escape keeps it) and stops it; a run whose training state the browser cleared is named
-// after a reload and can be removed. The list fits a 390 px screen.
+// the first, which trains the text encoder at its own rate, opens again (its prompt, settings, progress and
+// chart; its kohya file records the rate); the second is deleted from the keyboard through the confirmation
+// dialog and the storage shown drops, its chunks gone from the run store; deleting a run while it trains asks
+// first (Escape keeps it) and stops it; a run whose training state the browser cleared is named after a reload
+// and can be removed. The list fits a 390 px screen.
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
 import { encode } from 'fast-png';
 import type { Page } from 'playwright-core';
@@ -118,6 +120,12 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
         await page.getByLabel('Steps', { exact: true }).fill('1');
         await page.getByLabel('Sample every N steps (0: never)').fill('0');
         await page.getByLabel('Checkpoint every N steps').fill('0');
+        // The first run trains the text encoder too, at its own learning rate: the field shows only when the box is
+        // ticked, and the run's kohya file (exported below) records the rate.
+        const teLr = page.getByLabel('Text encoder learning rate (0: the learning rate)');
+        assert.equal(await teLr.count(), 0, 'no text-encoder rate without text-encoder training');
+        await page.getByLabel('Also train the text encoder (LoRA)').check();
+        await teLr.fill('0.002');
         await page.getByRole('button', { name: 'Train', exact: true }).click();
         await waitDone(page);
         const dogRun = await runIdOf(page);
@@ -127,6 +135,7 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
         await page.getByRole('button', { name: 'New run' }).click();
         await rows(page).nth(1).waitFor({ timeout: 30_000 });
         await page.getByLabel('Instance prompt', { exact: false }).fill('a photo of sks cat');
+        await page.getByLabel('Also train the text encoder (LoRA)').uncheck();
         await page.getByRole('button', { name: 'Train', exact: true }).click();
         await waitDone(page);
         const catRun = await runIdOf(page);
@@ -163,6 +172,8 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
         await page.getByRole('button', { name: 'Open a photo of sks dog' }).click();
         await page.getByRole('button', { name: 'Open a photo of sks cat' }).waitFor({ timeout: 30_000 });
         assert.equal(await page.getByLabel('Instance prompt', { exact: false }).inputValue(), 'a photo of sks dog');
+        assert.ok(await page.getByLabel('Also train the text encoder (LoRA)').isChecked(), "the first run's text-encoder box comes back");
+        assert.equal(await teLr.inputValue(), '0.002', 'and its text-encoder rate');
         assert.equal(await runIdOf(page), dogRun);
         assert.match((await page.getByTestId('train-progress-text').textContent()) ?? '', /^Step 1 \/ 1/);
         assert.match((await page.getByTestId('train-status').textContent()) ?? '', /Done/);
@@ -200,6 +211,15 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
           page.getByRole('button', { name: 'Export and download' }).click(),
         ]);
         assert.match(download.suggestedFilename(), /-step1-lora\.safetensors$/, 'the opened run (1 step) is exported');
+        const kohya = readFileSync(await download.path());
+        const kohyaHeader = JSON.parse(kohya.subarray(8, 8 + Number(kohya.readBigUInt64LE(0))).toString('utf8')) as Record<string, unknown>;
+        const kohyaMeta = kohyaHeader.__metadata__ as Record<string, string>;
+        assert.ok(
+          Object.keys(kohyaHeader).some((n) => n.startsWith('lora_te_')),
+          "the first run's text-encoder adapters are in its file",
+        );
+        assert.equal(Number(kohyaMeta.ss_text_encoder_lr), 0.002, 'its text-encoder rate is recorded');
+        assert.equal(Number(kohyaMeta.ss_unet_lr), Number(kohyaMeta.ss_learning_rate), 'the UNet keeps the run rate');
 
         // A paused run, left for another and opened again from the list, resumes from its checkpoint to the end.
         await page.getByRole('button', { name: 'New run' }).click();

@@ -530,7 +530,15 @@ function SettingsPanel() {
             </label>
           )}
           {s.mode === 'lora' && s.trainTextEncoder && (
-            <NumberField name="textEncoderLr" label={L.textEncoderLr} value={s.textEncoderLr} min={0} step="any" onChange={(v) => set({ textEncoderLr: v })} />
+            <NumberField
+              name="textEncoderLr"
+              label={L.textEncoderLr}
+              value={s.textEncoderLr}
+              min={0}
+              max={1}
+              step="any"
+              onChange={(v) => set({ textEncoderLr: v })}
+            />
           )}
           <label className="check">
             <input type="checkbox" checked={s.priorPreservation} onChange={(e) => set({ priorPreservation: e.target.checked })} />
