@@ -119,3 +119,11 @@ export async function dropPngs(page: Page, files: { name: string; bytes: number[
   }, files);
   await page.getByTestId('photo-drop').dispatchEvent('drop', { dataTransfer });
 }
+
+/** A downloaded safetensors file's tensor names and `__metadata__`, read from its JSON header. */
+export function safetensorsHeader(bytes: Buffer): { names: string[]; metadata: Record<string, string> } {
+  const n = Number(bytes.readBigUInt64LE(0));
+  const json = JSON.parse(bytes.subarray(8, 8 + n).toString('utf8')) as Record<string, unknown>;
+  const { __metadata__, ...tensors } = json;
+  return { names: Object.keys(tensors), metadata: (__metadata__ ?? {}) as Record<string, string> };
+}

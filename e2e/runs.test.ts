@@ -10,7 +10,7 @@ import { readFileSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
 import { encode } from 'fast-png';
 import type { Page } from 'playwright-core';
-import { launch, screenshotPath, serve } from './browser.ts';
+import { launch, safetensorsHeader, screenshotPath, serve } from './browser.ts';
 
 /** The worker's chunk store (src/studio/worker.ts RUN_DB; not imported: that module starts a worker). */
 const RUN_DB = 'dreambooth-studio-runs';
@@ -211,15 +211,13 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
           page.getByRole('button', { name: 'Export and download' }).click(),
         ]);
         assert.match(download.suggestedFilename(), /-step1-lora\.safetensors$/, 'the opened run (1 step) is exported');
-        const kohya = readFileSync(await download.path());
-        const kohyaHeader = JSON.parse(kohya.subarray(8, 8 + Number(kohya.readBigUInt64LE(0))).toString('utf8')) as Record<string, unknown>;
-        const kohyaMeta = kohyaHeader.__metadata__ as Record<string, string>;
+        const kohya = safetensorsHeader(readFileSync(await download.path()));
         assert.ok(
-          Object.keys(kohyaHeader).some((n) => n.startsWith('lora_te_')),
+          kohya.names.some((n) => n.startsWith('lora_te_')),
           "the first run's text-encoder adapters are in its file",
         );
-        assert.equal(Number(kohyaMeta.ss_text_encoder_lr), 0.002, 'its text-encoder rate is recorded');
-        assert.equal(Number(kohyaMeta.ss_unet_lr), Number(kohyaMeta.ss_learning_rate), 'the UNet keeps the run rate');
+        assert.equal(Number(kohya.metadata.ss_text_encoder_lr), 0.002, 'its text-encoder rate is recorded');
+        assert.equal(Number(kohya.metadata.ss_unet_lr), Number(kohya.metadata.ss_learning_rate), 'the UNet keeps the run rate');
 
         // A paused run, left for another and opened again from the list, resumes from its checkpoint to the end.
         await page.getByRole('button', { name: 'New run' }).click();

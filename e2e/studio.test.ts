@@ -12,7 +12,7 @@ import { after, before, describe, it } from 'node:test';
 import { encode } from 'fast-png';
 import { chromium, type Page } from 'playwright-core';
 import { build } from 'vite';
-import { CHROMIUM_FLAGS, launch, ROOT, screenshotPath, serve, serveWithTinyHub, WEBGPU_FLAGS } from './browser.ts';
+import { CHROMIUM_FLAGS, launch, ROOT, safetensorsHeader, screenshotPath, serve, serveWithTinyHub, WEBGPU_FLAGS } from './browser.ts';
 
 /** A w x h PNG: a soft disc on a gradient, a different colour per `k` (a "subject" the eye can follow). */
 function photo(w: number, h: number, k: number): number[] {
@@ -37,13 +37,6 @@ async function dropFiles(page: Page, testId: string, files: { name: string; type
     return d;
   }, files);
   await page.getByTestId(testId).dispatchEvent('drop', { dataTransfer: dt });
-}
-
-function header(bytes: Buffer): { names: string[]; metadata: Record<string, string> } {
-  const n = Number(bytes.readBigUInt64LE(0));
-  const json = JSON.parse(bytes.subarray(8, 8 + n).toString('utf8')) as Record<string, unknown>;
-  const { __metadata__, ...tensors } = json;
-  return { names: Object.keys(tensors), metadata: (__metadata__ ?? {}) as Record<string, string> };
 }
 
 async function shot(page: Page, name: string): Promise<void> {
@@ -360,11 +353,11 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       };
       const lora = await exportAs(/LoRA, kohya/);
       assert.match(lora.name, /^demo-sd1-small-dreambooth-lora-step6-lora\.safetensors$/);
-      const lh = header(lora.bytes);
+      const lh = safetensorsHeader(lora.bytes);
       assert.ok(lh.names.length > 0 && lh.names.every((n) => n.startsWith('lora_unet_')), lh.names.slice(0, 3).join(', '));
       assert.equal(lh.metadata.ss_network_dim, '8');
       const full = await exportAs(/Full checkpoint/);
-      const fh = header(full.bytes);
+      const fh = safetensorsHeader(full.bytes);
       for (const p of ['model.diffusion_model.', 'first_stage_model.', 'cond_stage_model.'])
         assert.ok(
           fh.names.some((n) => n.startsWith(p)),
