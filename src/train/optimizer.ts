@@ -222,7 +222,15 @@ export class ChunkedAdamW {
   /** How this optimizer keeps its state. */
   readonly mode: OptimizerMode;
   /** Each chunk's AdamW config: the optimizer's, with the chunk's own learning rate where it has one. */
-  private readonly cfgs: AdamWConfig[];
+  private cfgs: AdamWConfig[];
+
+  /**
+   * A learning-rate schedule's factor for the coming step: every chunk's rate (its own or the optimizer's)
+   * times `factor`. AdamW's moments do not depend on the rate, so the schedule is a pure function of the step.
+   */
+  setLrScale(factor: number): void {
+    this.cfgs = this.chunks.map((c) => ({ ...this.o.cfg, lr: (c.lr ?? this.o.cfg.lr) * factor }));
+  }
   /** Compact modes: each chunk's byte layout (null in fp32 mode). */
   private readonly packs: ChunkPack[] | null = null;
   /** Compact modes: the 8-bit code tables on the GPU. */
