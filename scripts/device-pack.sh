@@ -5,7 +5,6 @@
 #   webgpu/                 the `webgpu` package with only its linux-x64 dawn.node (xz-compressed)
 #   *.mjs                   esbuild bundles of the Node entry points (no tsx or node_modules needed there)
 #   debs/                   the Vulkan loader (libvulkan1), per the device README
-#   bpe.txt.gz              CLIP's BPE list (../shared does not travel)
 #   setup.sh                run first there: `source .dev/setup.sh` unpacks all that and puts node on PATH
 # Usage: bash scripts/device-pack.sh    (then `run` with carry ['.dev'])
 set -euo pipefail
@@ -16,7 +15,6 @@ mkdir -p $dev/webgpu $dev/debs
 [ -f $dev/node.xz ] || xz -T0 -9 -c "$(readlink -f "$(command -v node)")" >$dev/node.xz
 cp node_modules/webgpu/index.js node_modules/webgpu/package.json $dev/webgpu/
 [ -f $dev/webgpu/dawn.node.xz ] || xz -T0 -9 -c node_modules/webgpu/dist/linux-x64/dawn.node >$dev/webgpu/dawn.node.xz
-cp ../shared/data/clip/bpe_simple_vocab_16e6.txt.gz $dev/bpe.txt.gz
 if ! ls $dev/debs/libvulkan1_*.deb >/dev/null 2>&1; then
   mkdir -p /tmp/amd64/partial
   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'

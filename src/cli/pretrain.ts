@@ -74,8 +74,8 @@ const FLAGS: Flags = {
   export: { type: 'boolean' },
 };
 
-/** CLIP's BPE merge list as the tests use it (../shared/data/clip beside the repository). */
-const DEFAULT_BPE = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'shared', 'data', 'clip', 'bpe_simple_vocab_16e6.txt.gz');
+/** CLIP's BPE merge list, vendored in data/clip (MIT, with its licence). */
+const DEFAULT_BPE = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'data', 'clip', 'bpe_simple_vocab_16e6.txt.gz');
 
 interface RunFile {
   size: keyof typeof PRETRAIN_SIZES;

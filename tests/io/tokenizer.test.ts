@@ -1,4 +1,4 @@
-// The CLIP tokenizer against the ids of CLIP's reference tokenizer (../shared/data/clip), built from
+// The CLIP tokenizer against the ids of CLIP's reference tokenizer (data/clip, vendored), built from
 // vocab.json + merges.txt the way Hugging Face's CLIPTokenizer files are derived from CLIP's BPE file.
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { gunzipSync } from 'node:zlib';
 import { ClipTokenizer, TokenizerError } from '../../src/io/tokenizer.ts';
 
-const clipDir = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'shared', 'data', 'clip');
+const clipDir = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'data', 'clip');
 
 /** CLIP's bytes_to_unicode values in its order: printable bytes as themselves, then the rest as 256+. */
 function bytesToUnicode(): string[] {
