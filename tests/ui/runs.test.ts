@@ -7,6 +7,9 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import {
   chunkBytesByRun,
+  cleanRunName,
+  defaultRunName,
+  nextRunNumber,
   lostMessage,
   lostParts,
   photoUsers,
@@ -65,12 +68,33 @@ describe('runs list (pure)', () => {
     assert.equal(thumbSource({ ...p, photos: [], run: { ...p.run, samples: [] } }), null);
   });
 
-  it('summary: name from the prompt the run started with, mode and steps of its settings', () => {
+  it('summary: the prompt the run started with, mode and steps of its settings', () => {
     const p = project('w1', 'run-a', { step: 3, steps: 12, status: 'paused' });
     p.run.startedWith = { prompt: 'sks dog', settings: { ...p.settings, mode: 'full', steps: 12 }, photoIds: ['p1'], classIds: [] };
     const s = summarize(p);
-    assert.deepEqual([s.id, s.name, s.mode, s.step, s.steps, s.status, s.updated], ['w1', 'sks dog', 'full', 3, 12, 'paused', 2000]);
+    assert.deepEqual([s.id, s.prompt, s.mode, s.step, s.steps, s.status, s.updated], ['w1', 'sks dog', 'full', 3, 12, 'paused', 2000]);
     assert.equal(summarize(project('w2', null)).steps, 10, 'not started: the steps of its settings');
+  });
+
+  it('names: three runs of one prompt get different default names (mode, number, date); a given name wins; empty brings the default back', () => {
+    const runs = [1, 2, 3].map((n) => {
+      const p = project(`w${n}`, `run-${n}`);
+      p.prompt = 'a photo of sks dog';
+      p.workspace = { id: `w${n}`, created: Date.UTC(2026, 10, 29, 4, 10 + n), updated: 2000, number: n };
+      return p;
+    });
+    const names = runs.map((p) => summarize(p).name);
+    assert.equal(new Set(names).size, 3, `distinct names: ${names.join(' | ')}`);
+    assert.equal(new Set(runs.map((p) => summarize(p).prompt)).size, 1, 'same prompt');
+    assert.match(names[1], /^LoRA run 2 · 2026-11-29 \d\d:12$/, 'mode, number and date (local time)');
+    assert.match(defaultRunName('full', 7, 0), /^Full run 7$/);
+    runs[0].workspace!.name = 'Rex, first try';
+    assert.equal(summarize(runs[0]).name, 'Rex, first try');
+    assert.equal(cleanRunName('  two\n  words '), 'two words');
+    assert.equal(cleanRunName('x'.repeat(200)).length, 80);
+    assert.equal(nextRunNumber(runs.map((p) => p.workspace)), 4, 'one more than the highest');
+    assert.equal(nextRunNumber([{ id: 'old', created: 1, updated: 1 }]), 2, 'a run made before numbers counts as one');
+    assert.equal(nextRunNumber([]), 1);
   });
 
   it('storage: chunk bytes of the run id plus its Blobs; a shared photo counted in each run and said to be shared', () => {
@@ -115,7 +139,7 @@ describe('runs list (pure)', () => {
 
 describe('runs in the project database (fake-indexeddb)', () => {
   it('New run keeps the old one; Open restores each run; Delete frees only what no other run uses', async () => {
-    const { useStudioStore, saveProject, restoreProject, switchWorkspace, forgetWorkspace, savedWorkspaces, storedBlobSizes } =
+    const { useStudioStore, saveProject, restoreProject, switchWorkspace, forgetWorkspace, savedWorkspaces, storedBlobSizes, renameWorkspace } =
       await import('../../src/ui/studio/state.ts');
     const { createStore, keys } = await import('idb-keyval');
     const store = createStore('dreambooth-studio-project', 'project');
@@ -137,6 +161,7 @@ describe('runs in the project database (fake-indexeddb)', () => {
     assert.equal(await switchWorkspace(null), true);
     const second = useStudioStore.getState().workspace.id;
     assert.notEqual(second, first);
+    assert.equal(useStudioStore.getState().workspace.number, 2, 'the new run is run 2');
     assert.equal(useStudioStore.getState().run.runId, null);
     useStudioStore.getState().set((s) => ({ prompt: 'sks cat', photos: s.photos.filter((p) => p.id === 'p2') }));
     useStudioStore.getState().setRun({ runId: 'run-b', status: 'paused', step: 1, steps: 3, samples: [{ step: 1, blob: blob('SB') }] });
@@ -155,6 +180,17 @@ describe('runs in the project database (fake-indexeddb)', () => {
     useStudioStore.getState().set({ photos: [], prompt: '', restored: false });
     await restoreProject();
     assert.equal(useStudioStore.getState().workspace.id, second);
+    // Names: the kept run renamed in the list, the open one on the page; both survive a reload.
+    await renameWorkspace(first, '  Rex,  first try ');
+    await renameWorkspace(second, 'Cat');
+    useStudioStore.getState().set({ restored: false });
+    await restoreProject();
+    assert.deepEqual(
+      savedWorkspaces().map((p) => summarize(p).name),
+      ['Cat', 'Rex, first try'],
+    );
+    await renameWorkspace(second, ' ');
+    assert.match(summarize(savedWorkspaces()[0]).name, /^LoRA run 2 · /, 'an empty name brings the default back');
     assert.equal(await switchWorkspace(first), true);
     const opened = useStudioStore.getState();
     assert.equal(opened.prompt, 'sks dog');

@@ -3,8 +3,8 @@
 // New run keeps the open one and starts another, Delete frees its storage (asking first, and stopping it
 // when it is training). Runs whose storage the browser cleared are named, with a Remove button.
 import { useEffect, useRef, useState } from 'react';
-import { deleteRun, newRun, openRun } from './actions.ts';
-import { fmtBytes, runBusy, useStudioStore, type RunRow } from './state.ts';
+import { deleteRun, newRun, openRun, refreshRuns } from './actions.ts';
+import { fmtBytes, renameWorkspace, runBusy, useStudioStore, type RunRow } from './state.ts';
 import { summarize } from './runs.ts';
 
 const MODE_LABELS = { lora: 'LoRA', full: 'Full' } as const;
@@ -18,11 +18,22 @@ export function RunsPanel() {
   const prompt = useStudioStore((s) => s.prompt);
   const settings = useStudioStore((s) => s.settings);
   const run = useStudioStore((s) => s.run);
+  const workspace = useStudioStore((s) => s.workspace);
   // The open run's row follows the page as it changes (its storage and thumbnail come with the next refresh).
   const runs = listed.map((r) => {
     if (!r.open) return r;
     const { id, created, updated, photoIds } = r;
-    const live = summarize({ version: 2, prompt, settings, preset: 'lora', model: null, photos: [], classPhotos: [], run: { ...run, samples: [], tries: [] } });
+    const live = summarize({
+      version: 2,
+      workspace,
+      prompt,
+      settings,
+      preset: 'lora',
+      model: null,
+      photos: [],
+      classPhotos: [],
+      run: { ...run, samples: [], tries: [] },
+    });
     return { ...r, ...live, id, created, updated, photoIds };
   });
   const lost = useStudioStore((s) => s.lostRuns);
@@ -30,6 +41,7 @@ export function RunsPanel() {
   const status = useStudioStore((s) => s.run.status);
   const exporting = useStudioStore((s) => s.exporting);
   const [asking, setAsking] = useState<RunRow | null>(null);
+  const [renaming, setRenaming] = useState<string | null>(null);
   const [working, setWorking] = useState(false);
   const busy = runBusy(status);
   const blocked = busy ? 'Pause or stop the training run to open another.' : exporting ? 'Wait for the export to finish.' : null;
@@ -64,7 +76,18 @@ export function RunsPanel() {
           <li key={r.id} className={r.open ? 'open' : ''} aria-current={r.open ? 'true' : undefined} data-testid="run-row">
             {r.thumbUrl ? <img src={r.thumbUrl} alt={`Thumbnail of ${r.name}`} width={56} height={56} /> : <span className="no-thumb" aria-hidden="true" />}
             <div className="run-info">
-              <strong className="run-name">{r.name}</strong>
+              {renaming === r.id ? (
+                <RenameField
+                  row={r}
+                  onDone={(name) => {
+                    setRenaming(null);
+                    if (name !== null) void renameWorkspace(r.id, name).then(refreshRuns);
+                  }}
+                />
+              ) : (
+                <strong className="run-name">{r.name}</strong>
+              )}
+              {r.prompt && <span className="hint run-prompt">“{r.prompt}”</span>}
               <span data-testid="run-facts">
                 {MODE_LABELS[r.mode]} · step {r.step} / {r.steps} · {r.status === 'idle' ? 'not started' : r.status} · {fmtDate(r.updated)} ·{' '}
                 <span data-testid="run-bytes">{fmtBytes(r.bytes)}</span>
@@ -79,6 +102,15 @@ export function RunsPanel() {
                   Open
                 </button>
               )}
+              <button
+                type="button"
+                className="secondary"
+                onClick={() => setRenaming(r.id)}
+                disabled={working || renaming !== null}
+                aria-label={`Rename ${r.name}`}
+              >
+                Rename
+              </button>
               <button type="button" className="secondary" onClick={() => setAsking(r)} disabled={working} aria-label={`Delete ${r.name}`}>
                 Delete
               </button>
@@ -120,6 +152,9 @@ function ConfirmDelete({ row, training, onClose }: { row: RunRow; training: bool
   return (
     <dialog ref={ref} aria-labelledby="delete-title" data-testid="delete-dialog" onCancel={() => onClose(false)}>
       <h3 id="delete-title">Delete "{row.name}"?</h3>
+      <p data-testid="delete-which">
+        {MODE_LABELS[row.mode]} run of “{row.prompt || 'no prompt'}”, made {fmtDate(row.created)}, step {row.step} / {row.steps}.
+      </p>
       <p>
         {training ? 'This run is training now: it will be stopped first. ' : ''}
         Its checkpoints, samples and Try it images are deleted ({fmtBytes(row.bytes)}
@@ -134,5 +169,32 @@ function ConfirmDelete({ row, training, onClose }: { row: RunRow; training: bool
         </button>
       </div>
     </dialog>
+  );
+}
+
+/** The run's name as a text field (Enter or leaving it keeps the name, Escape drops the change; empty brings the default back). */
+function RenameField({ row, onDone }: { row: RunRow; onDone: (name: string | null) => void }) {
+  const [value, setValue] = useState(row.name);
+  const done = useRef(false);
+  const finish = (name: string | null) => {
+    if (done.current) return;
+    done.current = true;
+    onDone(name);
+  };
+  return (
+    <label className="run-rename">
+      Name of the run
+      <input
+        autoFocus
+        value={value}
+        maxLength={80}
+        onChange={(e) => setValue(e.target.value)}
+        onBlur={() => finish(value)}
+        onKeyDown={(e) => {
+          if (e.key === 'Enter') finish(value);
+          else if (e.key === 'Escape') finish(null);
+        }}
+      />
+    </label>
   );
 }

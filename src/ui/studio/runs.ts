@@ -22,6 +22,10 @@ export interface WorkspaceInfo {
   updated: number;
   /** What the thumbnail was drawn from (a sample or photo key), when there is one. */
   thumbFrom?: string;
+  /** The run's number in this browser (1, 2, ...), given when it is made; part of its default name. */
+  number?: number;
+  /** The name the user gave the run (else `defaultRunName`). */
+  name?: string;
 }
 
 /** A workspace as stored: the prompt, settings, photo metadata and the run's progress (Blobs under their own keys). */
@@ -79,8 +83,10 @@ export function thumbSource(p: Pick<SavedProject, 'photos' | 'run'>): string | n
 /** One row of the runs list. */
 export interface RunSummary {
   id: string;
-  /** The subject's prompt (what the user typed: the run's name). */
+  /** The run's name: the user's, else mode, number and date (`defaultRunName`), so runs of one prompt differ. */
   name: string;
+  /** The subject's prompt the run trains (or will train) on. */
+  prompt: string;
   mode: 'lora' | 'full';
   step: number;
   steps: number;
@@ -91,12 +97,36 @@ export interface RunSummary {
   photoIds: string[];
 }
 
+const two = (n: number) => String(n).padStart(2, '0');
+
+/**
+ * A run's name when the user gave none: mode, its number in this browser and when it was made ("LoRA run 3 ·
+ * 2026-11-29 04:18", local time), so three runs of one prompt read differently in the list and the dialogs.
+ */
+export function defaultRunName(mode: 'lora' | 'full', number: number | undefined, created: number): string {
+  const d = new Date(created);
+  const date = created ? ` · ${d.getFullYear()}-${two(d.getMonth() + 1)}-${two(d.getDate())} ${two(d.getHours())}:${two(d.getMinutes())}` : '';
+  return `${mode === 'lora' ? 'LoRA' : 'Full'} run${number ? ` ${number}` : ''}${date}`;
+}
+
+/** The number a new run gets: one more than any run kept (runs made before numbers count by their place in time). */
+export function nextRunNumber(workspaces: (WorkspaceInfo | undefined)[]): number {
+  const known = [...new Map(workspaces.filter((w): w is WorkspaceInfo => !!w).map((w) => [w.id, w])).values()];
+  return known.reduce((n, w) => Math.max(n, w.number ?? 0), known.length) + 1;
+}
+
+/** A name the user typed, trimmed and at most 80 characters; empty means "use the default". */
+export function cleanRunName(name: string): string {
+  return name.replace(/\s+/g, ' ').trim().slice(0, 80);
+}
+
 export function summarize(p: SavedProject): RunSummary {
   const settings = p.run.startedWith?.settings ?? p.settings;
   const ws = p.workspace;
   return {
     id: ws?.id ?? legacyWorkspaceId(p),
-    name: (p.run.startedWith?.prompt ?? p.prompt).trim() || 'Untitled run',
+    name: ws?.name || defaultRunName(settings.mode, ws?.number, ws?.created ?? 0),
+    prompt: (p.run.startedWith?.prompt ?? p.prompt).trim(),
     mode: settings.mode,
     step: p.run.step,
     steps: p.run.steps || settings.steps,

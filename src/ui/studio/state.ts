@@ -13,7 +13,9 @@ import { PAGE_DEFAULTS as DEFAULT_SETTINGS, PRESETS, type PresetName } from './p
 import type { ModelSummary } from '../../studio/worker.ts';
 import type { ValidationReport } from '../../train/trainer.ts';
 import {
+  cleanRunName,
   legacyMaskKey,
+  nextRunNumber,
   legacyWorkspaceId,
   maskKey,
   OPEN_KEY,
@@ -237,9 +239,10 @@ const written = new Map<string, Blob>();
 /** The other runs' workspaces (not open), as stored: their Blobs are kept. */
 const closed = new Map<string, SavedProject>();
 
-function newWorkspaceInfo(): WorkspaceInfo {
+/** A new run's workspace: a fresh id and the next number (ui/studio/runs.ts nextRunNumber) among `others`. */
+function newWorkspaceInfo(others: (WorkspaceInfo | undefined)[] = []): WorkspaceInfo {
   const now = Date.now();
-  return { id: `w-${now.toString(36)}-${Math.floor(Math.random() * 1e6).toString(36)}`, created: now, updated: now };
+  return { id: `w-${now.toString(36)}-${Math.floor(Math.random() * 1e6).toString(36)}`, created: now, updated: now, number: nextRunNumber(others) };
 }
 
 function snapshot(s: StudioState): { project: SavedProject; blobs: Map<string, Blob> } {
@@ -255,7 +258,7 @@ function snapshot(s: StudioState): { project: SavedProject; blobs: Map<string, B
   if (thumb && info.thumbFrom) blobs.set(thumbKey(ws), thumb);
   const project: SavedProject = {
     version: 2,
-    workspace: thumb ? info : { id: info.id, created: info.created, updated: info.updated },
+    workspace: thumb ? info : (({ thumbFrom: _f, ...rest }) => rest)(info),
     prompt: s.prompt,
     preset: s.preset,
     settings: s.settings,
@@ -426,7 +429,30 @@ export async function restoreProject(): Promise<void> {
   } catch {
     state = null;
   }
-  st.set(state ? { ...state, restored: true } : { restored: true });
+  // A first visit's run is run 1 (or the next number after the runs kept, should the open record be gone).
+  const first = { workspace: { ...st.workspace, number: nextRunNumber([...closed.values()].map((p) => p.workspace)) } };
+  st.set(state ? { ...state, restored: true } : { ...first, restored: true });
+}
+
+/** Names a run (the open one or one kept in the list); an empty name brings back the default (mode, number, date). */
+export function renameWorkspace(id: string, name: string): Promise<void> {
+  const clean = cleanRunName(name);
+  const named = <T extends WorkspaceInfo>(w: T): T => {
+    const { name: _n, ...rest } = w;
+    return (clean ? { ...rest, name: clean } : rest) as T;
+  };
+  const st = useStudioStore.getState();
+  if (st.workspace.id === id) {
+    st.set((s) => ({ workspace: named(s.workspace) }));
+    return saveProject();
+  }
+  return serial(async () => {
+    const p = closed.get(id);
+    if (!p?.workspace) return;
+    const next = { ...p, workspace: named(p.workspace) };
+    closed.set(id, next);
+    await idbSet(workspaceKey(id), next, db());
+  });
 }
 
 /** The stored workspaces: the open one (as it is now) first, then the others. */
@@ -475,7 +501,7 @@ export function switchWorkspace(next: string | null): Promise<boolean> {
       useStudioStore.setState({ ...rest, ...(same ? {} : { model }), exports: [], exportError: null, exportMessage: '' });
     } else {
       useStudioStore.setState((s) => ({
-        workspace: newWorkspaceInfo(),
+        workspace: newWorkspaceInfo([s.workspace, ...[...closed.values()].map((p) => p.workspace)]),
         run: { ...EMPTY_RUN },
         // The same photos (shared, by id) with the masks copied: the new run keeps its own.
         photos: s.photos.map((p) => ({ ...p })),
@@ -516,6 +542,7 @@ export function autosave(): () => void {
       s.model.ref === prev.model.ref &&
       s.preset === prev.preset &&
       s.workspace.thumb === prev.workspace.thumb &&
+      s.workspace.name === prev.workspace.name &&
       s.saveWithDialog === prev.saveWithDialog
     )
       return;
