@@ -9,7 +9,7 @@ import { fileURLToPath } from 'node:url';
 import { nodeGpu } from '../src/gpu/node.ts';
 import { SD15 } from '../src/models/shapes.ts';
 import { planTraining } from '../src/train/plan.ts';
-import { TRAIN_DEFAULTS } from '../src/train/trainer.ts';
+import { TRAIN_DEFAULTS } from '../src/pipeline/settings.ts';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const GiB = 2 ** 30;

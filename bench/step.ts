@@ -40,7 +40,8 @@ import { unetConfigFromJson, type UnetConfig } from '../src/nn/unet.ts';
 import { SD_SCHEDULE, type ScheduleConfig } from '../src/sample/schedulers.ts';
 import { MemoryChunkStore } from '../src/store/chunkstore.ts';
 import { planTraining, type Plan } from '../src/train/plan.ts';
-import { DreamBoothTrainer, TRAIN_DEFAULTS, type TrainData, type TrainMode, type TrainSettings } from '../src/train/trainer.ts';
+import { TRAIN_DEFAULTS } from '../src/pipeline/settings.ts';
+import { DreamBoothTrainer, type TrainData, type TrainMode, type TrainSettings } from '../src/train/trainer.ts';
 import { Rng } from '../src/util/rng.ts';
 import { median } from './core.ts';
 

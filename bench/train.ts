@@ -36,7 +36,8 @@ import { planTraining, storeBytesPerStep, type Plan } from '../src/train/plan.ts
 import { Rng } from '../src/util/rng.ts';
 import { median } from './core.ts';
 import type { MasterKind, OptimizerKind } from '../src/train/packed-state.ts';
-import { DreamBoothTrainer, TRAIN_DEFAULTS, type TrainData, type TrainMode, type TrainSettings } from '../src/train/trainer.ts';
+import { TRAIN_DEFAULTS } from '../src/pipeline/settings.ts';
+import { DreamBoothTrainer, type TrainData, type TrainMode, type TrainSettings } from '../src/train/trainer.ts';
 import type { IdbBenchOptions, IdbTiming } from './train-page.ts';
 
 const here = dirname(fileURLToPath(import.meta.url));

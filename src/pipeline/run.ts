@@ -30,7 +30,6 @@ import { encodeTrainData, generateClassImage, loadTrainData, saveTrainData, type
 import { planTraining, trainableShapes, type Plan } from '../train/plan.ts';
 import {
   DreamBoothTrainer,
-  TRAIN_DEFAULTS,
   VALIDATION_IMAGES,
   VALIDATION_T,
   type StepReport,
@@ -56,6 +55,7 @@ import {
   type Namer,
   type RunSettings,
   type TrainMode,
+  trainSettings,
 } from './settings.ts';
 
 // ---- what the host gives ------------------------------------------------------------------------------
@@ -209,27 +209,8 @@ function ownTextEncoderLr(s: RunSettings): { textEncoderLr?: number } {
   return s.mode === 'lora' && s.trainTextEncoder && s.textEncoderLr > 0 ? { textEncoderLr: s.textEncoderLr } : {};
 }
 
-/** The trainer's settings for a run's (validated) settings. */
-export function trainSettings(s: RunSettings): TrainSettings {
-  const lora = s.mode === 'lora';
-  return {
-    ...TRAIN_DEFAULTS[s.mode],
-    steps: s.steps,
-    lr: s.lr,
-    rank: lora ? s.rank : 0,
-    alpha: lora ? s.alpha || s.rank : 0,
-    seed: s.seed,
-    priorLossWeight: s.priorWeight,
-    offsetNoise: s.offsetNoise,
-    minSnrGamma: s.minSnrGamma > 0 ? s.minSnrGamma : null,
-    checkpointEvery: s.checkpointEvery,
-    textEncoderLora: lora && s.trainTextEncoder,
-    ...ownTextEncoderLr(s),
-    optimizer: s.optimizer,
-    master: s.master,
-    fusedUpdates: !lora && s.fusedUpdates,
-  };
-}
+/** The trainer's settings for a run's (validated) settings: the schema's entries say how (settings.ts). */
+export { trainSettings };
 
 /** The model's shape as the settings see it, from its configs and tensor shapes (nothing on the GPU yet). */
 export function modelShapeOf(source: ModelSource, withTextEncoder: boolean): ModelShape {

@@ -1,14 +1,17 @@
 // The one settings schema of a training run, shared by `cli train` and the studio: every option is one entry
-// here, with its type, its default, its range and its command-line flag. The command line builds its
-// parser from it, the studio validates what the page sends with it, and the run pipeline turns it into the
-// trainer's settings. Adding a training option means adding an entry here (and using it where it acts).
+// here, with its type, its default, its range, its command-line flag, its label and help, when it is shown
+// and when it acts, how it reaches the trainer (`train`) and how the job bundle maps it (`bundle`). The
+// command line builds its parser and --help from it, the studio generates its Advanced form from it
+// (ui/studio/AdvancedForm.tsx), the run pipeline turns it into the trainer's settings (trainSettings), and
+// TRAIN_DEFAULTS are its defaults plus the engine's own (ENGINE_DEFAULTS). Adding a training option means
+// adding an entry here and using it where it acts (the trainer reads its TrainSettings field).
 //
 // Validation has two stages, both before any image is decoded or encoded:
 //   validateSettings(s)         types and ranges that need nothing but the values;
 //   validateForModel(s, model)  what needs the model's shape (LoRA rank against the layer widths, the
 //                               resolution against the VAE and UNet down-sampling factor).
 import { MASTER_KINDS, OPTIMIZER_KINDS, type MasterKind, type OptimizerKind } from '../train/packed-state.ts';
-import type { TrainMode } from '../train/trainer.ts';
+import { ENGINE_DEFAULTS, type TrainMode, type TrainSettings } from '../train/trainer.ts';
 import { formatBytes, parseBytes } from '../util/bytes.ts';
 
 export type { TrainMode };
@@ -70,172 +73,365 @@ export type SettingKey = keyof RunSettings;
 
 type Kind = 'int' | 'number' | 'bool' | 'string' | 'bytes' | 'enum';
 
-/** One option: how it is written, what it may hold, what it defaults to. */
+/** A setting's row in the job bundle (pipeline/bundle.ts): its option of the diffusers script, or none and why. */
+export interface BundleRow {
+  option: string | null;
+  note?: string;
+}
+
+/** One option: how it is written, what it may hold, what it defaults to, how each host shows and uses it. */
 export interface SettingSpec<K extends SettingKey = SettingKey> {
   key: K;
   kind: Kind;
   /** Command-line flag without the dashes; null: not a flag of its own. */
   flag: string | null;
-  /** What the option does, for --help and as the page's fallback label. */
+  /** What the option does, for --help and under the page's field. */
   help: string;
+  /** The page's label (messages in the studio name the setting by it; e2e tests find the field by it). */
+  label: string;
   default: RunSettings[K] | Record<TrainMode, RunSettings[K]>;
   min?: number;
   max?: number;
+  /** The unit a value is in, for --help ("steps", "px"). */
+  unit?: string;
   /** For kind 'enum'. */
   values?: readonly string[];
+  /** The page's words for each enum value (default: the value). */
+  valueLabels?: Readonly<Record<string, string>>;
+  /** The page's choices for a 'bytes' setting (it offers these and the current value). */
+  choices?: readonly number[];
+  /** The page's input step for a number (default: 1 for whole numbers, any for others). */
+  step?: number;
   /** Only meaningful in this mode (setting it in the other mode is refused). */
   onlyMode?: TrainMode;
+  /** Not a field of the page's Advanced form (the page sets it elsewhere: the preset). */
+  hidden?: boolean;
+  /** The page shows the field only when this holds (besides onlyMode). */
+  showWhen?: (s: RunSettings) => boolean;
+  /**
+   * The option acts only when this holds; given on the command line when it does not, it is refused with
+   * `--flag ${why}` (a flag that would do nothing is never silently accepted).
+   */
+  activeWhen?: { test: (s: RunSettings) => boolean; why: string };
+  /** How the option reaches the trainer's settings (absent: the run pipeline uses it, not the trainer). */
+  train?: (v: RunSettings[K], s: RunSettings) => Partial<TrainSettings>;
+  /** The job bundle's row for the option (absent: bundle.ts maps it itself, or lists it as having no counterpart). */
+  bundle?: (s: RunSettings) => BundleRow;
 }
 
 /** The largest training resolution: SD 1.x/2.x train at 512-768 px; past 1024 px nothing here fits a GPU. */
 export const MAX_RESOLUTION = 1024;
 /** The smallest budget the planner is asked to fit (a bare "4" is 4 bytes: a typo); past it the planner says what a run needs. */
 export const MIN_BUDGET_BYTES = 2 ** 20;
+const MIB = 2 ** 20;
+
+/** An entry, typed by its key (so `default`, `train` and `bundle` see the key's own value type). */
+const entry = <K extends SettingKey>(e: SettingSpec<K>): SettingSpec => e as unknown as SettingSpec;
+const lora = (s: RunSettings) => s.mode === 'lora';
 
 export const SETTINGS: readonly SettingSpec[] = [
-  {
+  entry({
     key: 'mode',
     kind: 'enum',
     flag: 'mode',
+    label: 'Preset',
     values: ['lora', 'full'],
     default: 'lora',
+    hidden: true,
     help: 'lora: small adapters on the attention layers; full: every UNet weight',
-  },
-  { key: 'steps', kind: 'int', flag: 'steps', min: 1, max: 1_000_000, default: { lora: 400, full: 800 }, help: 'training steps' },
-  {
+    train: (v) => ({ mode: v }),
+  }),
+  entry({
+    key: 'steps',
+    kind: 'int',
+    flag: 'steps',
+    label: 'Steps',
+    unit: 'steps',
+    min: 1,
+    max: 1_000_000,
+    default: { lora: 400, full: 800 },
+    help: 'training steps',
+    train: (v) => ({ steps: v }),
+  }),
+  entry({
     key: 'lr',
     kind: 'number',
     flag: 'lr',
+    label: 'Learning rate',
     min: Number.MIN_VALUE,
     max: 1,
     default: { lora: 1e-4, full: 5e-6 },
     help: 'AdamW learning rate (DreamBooth uses about 1e-6 to 1e-3)',
-  },
-  {
+    train: (v) => ({ lr: v }),
+  }),
+  entry({
     key: 'rank',
     kind: 'int',
     flag: 'rank',
+    label: 'LoRA rank',
     min: 1,
     max: 1024,
     default: { lora: 8, full: 0 },
     onlyMode: 'lora',
     help: 'LoRA rank (at most the narrowest adapted layer)',
-  },
-  {
+    train: (v, s) => ({ rank: lora(s) ? v : 0 }),
+  }),
+  entry({
     key: 'alpha',
     kind: 'number',
     flag: 'alpha',
+    label: 'LoRA alpha (0: the rank)',
     min: 0,
     max: 100_000,
     default: 0,
     onlyMode: 'lora',
     help: 'LoRA alpha (scale alpha / rank; default: the rank, scale 1)',
-  },
-  {
+    train: (v, s) => ({ alpha: lora(s) ? v || s.rank : 0 }),
+  }),
+  entry({
     key: 'resolution',
     kind: 'int',
     flag: 'resolution',
+    label: 'Resolution (px)',
+    unit: 'px',
     min: 8,
     max: MAX_RESOLUTION,
+    step: 8,
     default: 512,
     help: `training and sample resolution in pixels (a multiple of the model's factor, at most ${MAX_RESOLUTION})`,
-  },
-  {
+  }),
+  entry({
     key: 'budgetBytes',
     kind: 'bytes',
     flag: 'budget',
+    label: 'GPU memory budget',
     min: MIN_BUDGET_BYTES,
     max: 2 ** 50,
     default: 4 * 2 ** 30,
+    choices: [256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576].map((m) => m * MIB),
     help: 'GPU memory the run may use, e.g. 4GiB',
-  },
-  { key: 'seed', kind: 'int', flag: 'seed', min: 0, max: 2 ** 32 - 1, default: 1, help: 'random seed (noise, timesteps, LoRA init, samples)' },
-  {
-    key: 'priorPreservation',
-    kind: 'bool',
-    flag: null,
-    default: false,
-    help: 'prior preservation with class images (on the command line: given by --class-prompt)',
-  },
-  { key: 'classPrompt', kind: 'string', flag: 'class-prompt', default: '', help: 'prior preservation: the class prompt, e.g. "a photo of a dog"' },
-  {
-    key: 'classCount',
+  }),
+  entry({
+    key: 'sampleEvery',
     kind: 'int',
-    flag: null,
+    flag: 'sample-every',
+    label: 'Sample every N steps (0: never)',
+    unit: 'steps',
+    min: 0,
+    max: 1_000_000,
+    default: 0,
+    help: 'a sample image every N steps (0: none)',
+  }),
+  entry({
+    key: 'samplePrompt',
+    kind: 'string',
+    flag: 'sample-prompt',
+    label: 'Sample prompt',
+    default: '',
+    help: 'prompt of the samples (default: the instance prompt)',
+    activeWhen: {
+      test: (s) => s.sampleEvery > 0,
+      why: 'does nothing without --sample-every N (samples are drawn only then): add --sample-every, or leave it out',
+    },
+  }),
+  entry({
+    key: 'sampleSteps',
+    kind: 'int',
+    flag: 'sample-steps',
+    label: 'Sampling steps',
+    unit: 'steps',
     min: 1,
     max: 1000,
-    default: 8,
-    help: 'class images to generate when none are given (command line: --class-images <count>)',
-  },
-  { key: 'classSteps', kind: 'int', flag: 'class-steps', min: 1, max: 1000, default: 25, help: 'denoising steps per generated class image' },
-  { key: 'priorWeight', kind: 'number', flag: 'prior-weight', min: 0, max: 100, default: 1, help: 'weight of the prior (class) loss' },
-  { key: 'offsetNoise', kind: 'number', flag: 'offset-noise', min: 0, max: 1, default: 0, help: 'offset noise strength (0: off)' },
-  { key: 'minSnrGamma', kind: 'number', flag: 'min-snr', min: 0, max: 1000, default: 0, help: 'min-SNR-gamma loss weighting, e.g. 5 (0: off)' },
-  { key: 'flip', kind: 'bool', flag: 'flip', default: false, help: 'also train on mirrored copies of the photos' },
-  {
+    default: 20,
+    help: 'denoising steps per sample',
+    activeWhen: {
+      test: (s) => s.sampleEvery > 0,
+      why: 'does nothing without --sample-every N (samples are drawn only then): add --sample-every, or leave it out',
+    },
+  }),
+  entry({
+    key: 'seed',
+    kind: 'int',
+    flag: 'seed',
+    label: 'Seed',
+    min: 0,
+    max: 2 ** 32 - 1,
+    default: 1,
+    help: 'random seed (noise, timesteps, LoRA init, samples)',
+    train: (v) => ({ seed: v }),
+  }),
+  entry({
+    key: 'checkpointEvery',
+    kind: 'int',
+    flag: 'checkpoint-every',
+    label: 'Checkpoint every N steps',
+    unit: 'steps',
+    min: 0,
+    max: 1_000_000,
+    default: { lora: 50, full: 100 },
+    help: 'checkpoint every N steps (0: at the end only)',
+    train: (v) => ({ checkpointEvery: v }),
+  }),
+  entry({
+    key: 'validateEvery',
+    kind: 'int',
+    flag: 'validate-every',
+    label: 'Validation loss every N steps (0: never)',
+    unit: 'steps',
+    min: 0,
+    max: 1_000_000,
+    default: { lora: 100, full: 200 },
+    help: 'a validation loss every N steps (0: none): fixed noise and timesteps on up to 4 instance and 4 class images; a rising class loss shows drift',
+  }),
+  entry({
+    key: 'offsetNoise',
+    kind: 'number',
+    flag: 'offset-noise',
+    label: 'Offset noise (0: off)',
+    min: 0,
+    max: 1,
+    default: 0,
+    help: 'offset noise strength (0: off)',
+    train: (v) => ({ offsetNoise: v }),
+  }),
+  entry({
+    key: 'minSnrGamma',
+    kind: 'number',
+    flag: 'min-snr',
+    label: 'Min-SNR gamma (0: off)',
+    min: 0,
+    max: 1000,
+    default: 0,
+    help: 'min-SNR-gamma loss weighting, e.g. 5 (0: off)',
+    train: (v) => ({ minSnrGamma: v > 0 ? v : null }),
+  }),
+  entry({
+    key: 'optimizer',
+    kind: 'enum',
+    flag: 'optimizer',
+    label: 'Optimizer moments (adamw8bit: 8-bit, a third of the state)',
+    values: OPTIMIZER_KINDS,
+    default: { lora: 'adamw', full: 'adamw8bit' },
+    help: 'AdamW moments: adamw (f32) or adamw8bit (8-bit blockwise, as bitsandbytes; a third of the state)',
+    train: (v) => ({ optimizer: v }),
+  }),
+  entry({
+    key: 'master',
+    kind: 'enum',
+    flag: 'master',
+    label: 'Master weights (compact: f16 + 16-bit extension)',
+    values: MASTER_KINDS,
+    default: { lora: 'fp32', full: 'compact' },
+    help: 'master weights: fp32 (a separate copy) or compact (the f16 weight + a 16-bit extension, 27 significant bits)',
+    train: (v) => ({ master: v }),
+  }),
+  entry({
+    key: 'fusedUpdates',
+    kind: 'bool',
+    flag: 'fused-updates',
+    label: 'Update inside the backward pass (less GPU memory, one more pass per step)',
+    default: false,
+    onlyMode: 'full',
+    help: 'always update each optimizer chunk inside the backward pass as its gradients become final (same weights bit for bit; the gradients never all exist at once, for one more forward and backward per step); off: the planner fuses only when that streams fewer bytes through storage',
+    train: (v, s) => ({ fusedUpdates: !lora(s) && v }),
+  }),
+  entry({
     key: 'aspect',
     kind: 'enum',
     flag: 'aspect',
+    label: 'Non-square photos train at',
     values: ['bucket', 'square'],
+    valueLabels: { bucket: 'own aspect (buckets)', square: 'square crop' },
     default: 'square',
     help: 'non-square photos: bucket (train at their own aspect ratio, about the same pixel count) or square (centre or chosen square crop)',
-  },
-  { key: 'trainTextEncoder', kind: 'bool', flag: 'train-text-encoder', default: false, onlyMode: 'lora', help: 'LoRA on the text encoder too' },
-  {
+  }),
+  entry({
+    key: 'flip',
+    kind: 'bool',
+    flag: 'flip',
+    label: 'Also train on mirrored photos',
+    default: false,
+    help: 'also train on mirrored copies of the photos',
+  }),
+  entry({
+    key: 'trainTextEncoder',
+    kind: 'bool',
+    flag: 'train-text-encoder',
+    label: 'Also train the text encoder (LoRA)',
+    default: false,
+    onlyMode: 'lora',
+    help: 'LoRA on the text encoder too',
+    train: (v, s) => ({ textEncoderLora: lora(s) && v }),
+  }),
+  entry({
     key: 'textEncoderLr',
     kind: 'number',
     flag: 'text-encoder-lr',
+    label: 'Text encoder learning rate (0: the learning rate)',
     min: 0,
     max: 1,
     default: 0,
     onlyMode: 'lora',
     help: "with --train-text-encoder: the text encoder's adapters' own AdamW learning rate, often lower than --lr (0: --lr)",
-  },
-  {
-    key: 'optimizer',
-    kind: 'enum',
-    flag: 'optimizer',
-    values: OPTIMIZER_KINDS,
-    default: { lora: 'adamw', full: 'adamw8bit' },
-    help: 'AdamW moments: adamw (f32) or adamw8bit (8-bit blockwise, as bitsandbytes; a third of the state)',
-  },
-  {
-    key: 'master',
-    kind: 'enum',
-    flag: 'master',
-    values: MASTER_KINDS,
-    default: { lora: 'fp32', full: 'compact' },
-    help: 'master weights: fp32 (a separate copy) or compact (the f16 weight + a 16-bit extension, 27 significant bits)',
-  },
-  {
-    key: 'fusedUpdates',
+    showWhen: (s) => s.trainTextEncoder,
+    activeWhen: { test: (s) => s.trainTextEncoder, why: 'sets the learning rate of the text-encoder LoRA: add --train-text-encoder, or leave it out' },
+    // The text encoder's own rate, where the run trains it at one; else its adapters share `lr`.
+    train: (v, s) => (lora(s) && s.trainTextEncoder && v > 0 ? { textEncoderLr: v } : {}),
+  }),
+  entry({
+    key: 'priorPreservation',
     kind: 'bool',
-    flag: 'fused-updates',
+    flag: null,
+    label: 'Prior preservation (class images)',
     default: false,
-    onlyMode: 'full',
-    help: 'always update each optimizer chunk inside the backward pass as its gradients become final (same weights bit for bit; the gradients never all exist at once, for one more forward and backward per step); off: the planner fuses only when that streams fewer bytes through storage',
-  },
-  {
-    key: 'checkpointEvery',
-    kind: 'int',
-    flag: 'checkpoint-every',
+    help: 'prior preservation with class images (on the command line: given by --class-prompt)',
+  }),
+  entry({
+    key: 'classPrompt',
+    kind: 'string',
+    flag: 'class-prompt',
+    label: 'Class prompt',
+    default: '',
+    help: 'prior preservation: the class prompt, e.g. "a photo of a dog"',
+    showWhen: (s) => s.priorPreservation,
+  }),
+  entry({
+    key: 'priorWeight',
+    kind: 'number',
+    flag: 'prior-weight',
+    label: 'Prior loss weight',
     min: 0,
-    max: 1_000_000,
-    default: { lora: 50, full: 100 },
-    help: 'checkpoint every N steps (0: at the end only)',
-  },
-  {
-    key: 'validateEvery',
+    max: 100,
+    default: 1,
+    help: 'weight of the prior (class) loss',
+    showWhen: (s) => s.priorPreservation,
+    activeWhen: { test: (s) => s.priorPreservation, why: 'weighs the prior loss of prior preservation: add --class-prompt, or leave it out' },
+    train: (v) => ({ priorLossWeight: v }),
+  }),
+  entry({
+    key: 'classCount',
     kind: 'int',
-    flag: 'validate-every',
-    min: 0,
-    max: 1_000_000,
-    default: { lora: 100, full: 200 },
-    help: 'a validation loss every N steps (0: none): fixed noise and timesteps on up to 4 instance and 4 class images; a rising class loss shows drift',
-  },
-  { key: 'sampleEvery', kind: 'int', flag: 'sample-every', min: 0, max: 1_000_000, default: 0, help: 'a sample image every N steps (0: none)' },
-  { key: 'samplePrompt', kind: 'string', flag: 'sample-prompt', default: '', help: 'prompt of the samples (default: the instance prompt)' },
-  { key: 'sampleSteps', kind: 'int', flag: 'sample-steps', min: 1, max: 1000, default: 20, help: 'denoising steps per sample' },
+    flag: null,
+    label: 'Class images to generate (when none are added)',
+    min: 1,
+    max: 1000,
+    default: 8,
+    help: 'class images to generate when none are given (command line: --class-images <count>)',
+    showWhen: (s) => s.priorPreservation,
+  }),
+  entry({
+    key: 'classSteps',
+    kind: 'int',
+    flag: 'class-steps',
+    label: 'Denoising steps per class image',
+    unit: 'steps',
+    min: 1,
+    max: 1000,
+    default: 25,
+    help: 'denoising steps per generated class image',
+    showWhen: (s) => s.priorPreservation,
+    activeWhen: { test: (s) => s.priorPreservation, why: 'is for class images of prior preservation: add --class-prompt, or leave it out' },
+  }),
 ];
 
 export const SETTING_SPECS = new Map(SETTINGS.map((s) => [s.key, s])) as ReadonlyMap<SettingKey, SettingSpec>;
@@ -264,6 +460,19 @@ export function defaultSettings(mode: TrainMode = 'lora'): RunSettings {
   out.mode = mode;
   return out as unknown as RunSettings;
 }
+
+/** The trainer's settings for a run's (validated) settings: the engine's own, then each entry's `train`. */
+export function trainSettings(s: RunSettings): TrainSettings {
+  const out: TrainSettings = { ...ENGINE_DEFAULTS[s.mode], mode: s.mode } as TrainSettings;
+  for (const spec of SETTINGS) if (spec.train) Object.assign(out, spec.train(s[spec.key], s));
+  return out;
+}
+
+/** The trainer's defaults: the schema's for each mode, plus the engine-internal ones. */
+export const TRAIN_DEFAULTS: Record<TrainMode, TrainSettings> = {
+  lora: trainSettings(defaultSettings('lora')),
+  full: trainSettings(defaultSettings('full')),
+};
 
 function isPerMode(d: unknown): d is Record<TrainMode, unknown> {
   return typeof d === 'object' && d !== null && 'lora' in d && 'full' in d;

@@ -78,50 +78,19 @@ export interface TrainSettings {
   fusedUpdates?: boolean;
 }
 
-export const TRAIN_DEFAULTS: Record<TrainMode, TrainSettings> = {
-  lora: {
-    mode: 'lora',
-    steps: 400,
-    lr: 1e-4,
-    rank: 8,
-    alpha: 8,
-    seed: 0,
-    priorLossWeight: 1,
-    offsetNoise: 0,
-    minSnrGamma: null,
-    textEncoderLora: false,
-    maxGradNorm: 1,
-    weightDecay: 1e-2,
-    checkpointEvery: 50,
-    activationCheckpointing: false,
-    chunkElems: 1 << 22,
-    residentChunks: Infinity,
-    maxConsecutiveSkips: 10,
-    optimizer: 'adamw',
-    master: 'fp32',
-  },
-  full: {
-    mode: 'full',
-    steps: 800,
-    lr: 5e-6,
-    rank: 0,
-    alpha: 0,
-    seed: 0,
-    priorLossWeight: 1,
-    offsetNoise: 0,
-    minSnrGamma: null,
-    textEncoderLora: false,
-    maxGradNorm: 1,
-    weightDecay: 1e-2,
-    checkpointEvery: 100,
-    activationCheckpointing: false,
-    chunkElems: 1 << 24,
-    residentChunks: Infinity,
-    maxConsecutiveSkips: 10,
-    // A full fine-tune's state is what streams through the store: 4.03 bytes per element instead of 12.
-    optimizer: 'adamw8bit',
-    master: 'compact',
-  },
+/** The settings only the engine sets (the planner or a test may change them); the rest are the run's. */
+export type EngineSettings = Pick<
+  TrainSettings,
+  'maxGradNorm' | 'weightDecay' | 'activationCheckpointing' | 'chunkElems' | 'residentChunks' | 'maxConsecutiveSkips'
+>;
+
+/**
+ * The engine's own defaults. Every other field's default is the settings schema's (pipeline/settings.ts
+ * TRAIN_DEFAULTS: the schema's defaults per mode over these).
+ */
+export const ENGINE_DEFAULTS: Record<TrainMode, EngineSettings> = {
+  lora: { maxGradNorm: 1, weightDecay: 1e-2, activationCheckpointing: false, chunkElems: 1 << 22, residentChunks: Infinity, maxConsecutiveSkips: 10 },
+  full: { maxGradNorm: 1, weightDecay: 1e-2, activationCheckpointing: false, chunkElems: 1 << 24, residentChunks: Infinity, maxConsecutiveSkips: 10 },
 };
 
 /** Latents (already times the VAE scaling factor) and text embeddings, computed once before training. */

@@ -8,7 +8,7 @@ import type { Tensor } from '../../src/gpu/tensor.ts';
 import { MemoryChunkStore, type ChunkStore } from '../../src/store/chunkstore.ts';
 import { chunkStateBytes, stateBytesPerElement, type OptimizerMode } from '../../src/train/packed-state.ts';
 import type { DreamBoothTrainer, TrainSettings } from '../../src/train/trainer.ts';
-import { TRAIN_DEFAULTS } from '../../src/train/trainer.ts';
+import { TRAIN_DEFAULTS } from '../../src/pipeline/settings.ts';
 import { testGpu } from '../helpers.ts';
 import { nodeGpu } from '../../src/gpu/node.ts';
 import { unetConfigFromJson } from '../../src/nn/unet.ts';

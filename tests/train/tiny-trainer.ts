@@ -8,7 +8,8 @@ import { readSafetensors } from '../../src/io/safetensors.ts';
 import { unetConfigFromJson } from '../../src/nn/unet.ts';
 import { SD_SCHEDULE } from '../../src/sample/schedulers.ts';
 import type { ChunkStore } from '../../src/store/chunkstore.ts';
-import { DreamBoothTrainer, TRAIN_DEFAULTS, type StepInputs, type TrainData, type TrainSettings } from '../../src/train/trainer.ts';
+import { TRAIN_DEFAULTS } from '../../src/pipeline/settings.ts';
+import { DreamBoothTrainer, type StepInputs, type TrainData, type TrainSettings } from '../../src/train/trainer.ts';
 import { FIXTURES } from '../helpers.ts';
 
 const load = (p: string) => readSafetensors(new Uint8Array(readFileSync(join(FIXTURES, p))));

@@ -3,9 +3,8 @@
 // whole flow works from the keyboard and with a screen reader.
 import { useEffect, useState, type DragEvent, type ReactNode } from 'react';
 import { EXPORT_FORMATS, type ExportFormat } from '../../pipeline/run.ts';
-import type { RunSettings } from '../../pipeline/settings.ts';
-import { MASTER_KINDS, OPTIMIZER_KINDS } from '../../train/packed-state.ts';
-import { EXPORT_LABELS, PRESETS, SETTING_LABELS, type PresetName } from './presets.ts';
+import { AdvancedForm } from './AdvancedForm.tsx';
+import { EXPORT_LABELS, PRESETS, type PresetName } from './presets.ts';
 import { OutgrowPanel } from './Outgrow.tsx';
 import { TryItPanel } from './TryIt.tsx';
 import {
@@ -388,43 +387,6 @@ function PhotosPanel() {
 
 // ---- settings ------------------------------------------------------------------------------------------
 
-const L = SETTING_LABELS;
-
-const BUDGETS = [256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576];
-
-function NumberField({
-  label,
-  value,
-  onChange,
-  min,
-  max,
-  step,
-  name,
-}: {
-  label: string;
-  value: number;
-  onChange: (v: number) => void;
-  min?: number;
-  max?: number;
-  step?: number | 'any';
-  name: string;
-}) {
-  return (
-    <label>
-      {label}
-      <input
-        name={name}
-        type="number"
-        value={value}
-        min={min}
-        max={max}
-        step={step}
-        onChange={(e) => e.target.value !== '' && onChange(Number(e.target.value))}
-      />
-    </label>
-  );
-}
-
 function SettingsPanel() {
   const prompt = useStudioStore((s) => s.prompt);
   const preset = useStudioStore((s) => s.preset);
@@ -458,101 +420,11 @@ function SettingsPanel() {
       </fieldset>
       <details>
         <summary>Advanced settings</summary>
-        <form className="form" onSubmit={(e) => e.preventDefault()}>
-          <NumberField name="steps" label={L.steps} value={s.steps} min={1} max={100000} onChange={(v) => set({ steps: Math.round(v) })} />
-          <NumberField name="lr" label={L.lr} value={s.lr} min={0} step="any" onChange={(v) => set({ lr: v })} />
-          {s.mode === 'lora' && <NumberField name="rank" label={L.rank} value={s.rank} min={1} max={256} onChange={(v) => set({ rank: Math.round(v) })} />}
-          {s.mode === 'lora' && <NumberField name="alpha" label={L.alpha} value={s.alpha} min={0} step="any" onChange={(v) => set({ alpha: v })} />}
-          <NumberField name="resolution" label={L.resolution} value={s.resolution} min={8} step={8} onChange={(v) => set({ resolution: Math.round(v) })} />
-          <label>
-            {L.budgetBytes}
-            <select name="budget" value={s.budgetBytes} onChange={(e) => set({ budgetBytes: Number(e.target.value) })}>
-              {[...new Set([...BUDGETS.map((m) => m * 2 ** 20), s.budgetBytes])]
-                .sort((a, b) => a - b)
-                .map((b) => (
-                  <option key={b} value={b}>
-                    {fmtBytes(b)}
-                  </option>
-                ))}
-            </select>
-          </label>
-          <NumberField name="sampleEvery" label={L.sampleEvery} value={s.sampleEvery} min={0} onChange={(v) => set({ sampleEvery: Math.round(v) })} />
-          <label>
-            {L.samplePrompt}
-            <input name="samplePrompt" value={s.samplePrompt} onChange={(e) => set({ samplePrompt: e.target.value })} />
-          </label>
-          <NumberField name="sampleSteps" label={L.sampleSteps} value={s.sampleSteps} min={1} max={150} onChange={(v) => set({ sampleSteps: Math.round(v) })} />
-          <NumberField name="seed" label={L.seed} value={s.seed} min={0} onChange={(v) => set({ seed: Math.round(v) })} />
-          <NumberField
-            name="checkpointEvery"
-            label={L.checkpointEvery}
-            value={s.checkpointEvery}
-            min={0}
-            onChange={(v) => set({ checkpointEvery: Math.round(v) })}
-          />
-          <NumberField name="offsetNoise" label={L.offsetNoise} value={s.offsetNoise} min={0} max={1} step="any" onChange={(v) => set({ offsetNoise: v })} />
-          <NumberField name="minSnrGamma" label={L.minSnrGamma} value={s.minSnrGamma} min={0} step="any" onChange={(v) => set({ minSnrGamma: v })} />
-          <label>
-            {L.optimizer}
-            <select name="optimizer" value={s.optimizer} onChange={(e) => set({ optimizer: e.target.value as RunSettings['optimizer'] })}>
-              {OPTIMIZER_KINDS.map((k) => (
-                <option key={k} value={k}>
-                  {k}
-                </option>
-              ))}
-            </select>
-          </label>
-          <label>
-            {L.master}
-            <select name="master" value={s.master} onChange={(e) => set({ master: e.target.value as RunSettings['master'] })}>
-              {MASTER_KINDS.map((k) => (
-                <option key={k} value={k}>
-                  {k}
-                </option>
-              ))}
-            </select>
-          </label>
-          <label>
-            {L.aspect}
-            <select name="aspect" value={s.aspect} onChange={(e) => set({ aspect: e.target.value as RunSettings['aspect'] })}>
-              <option value="bucket">own aspect (buckets)</option>
-              <option value="square">square crop</option>
-            </select>
-          </label>
-          <label className="check">
-            <input type="checkbox" name="flip" checked={s.flip} onChange={(e) => set({ flip: e.target.checked })} />
-            {L.flip}
-          </label>
-          {s.mode === 'lora' && (
-            <label className="check">
-              <input type="checkbox" checked={s.trainTextEncoder} onChange={(e) => set({ trainTextEncoder: e.target.checked })} />
-              {L.trainTextEncoder}
-            </label>
-          )}
-          {s.mode === 'lora' && s.trainTextEncoder && (
-            <NumberField
-              name="textEncoderLr"
-              label={L.textEncoderLr}
-              value={s.textEncoderLr}
-              min={0}
-              max={1}
-              step="any"
-              onChange={(v) => set({ textEncoderLr: v })}
-            />
-          )}
-          <label className="check">
-            <input type="checkbox" checked={s.priorPreservation} onChange={(e) => set({ priorPreservation: e.target.checked })} />
-            {L.priorPreservation}
-          </label>
-          {s.priorPreservation && (
-            <>
-              <label>
-                {L.classPrompt}
-                <input name="classPrompt" value={s.classPrompt} onChange={(e) => set({ classPrompt: e.target.value })} />
-              </label>
-              <NumberField name="priorWeight" label={L.priorWeight} value={s.priorWeight} min={0} step="any" onChange={(v) => set({ priorWeight: v })} />
-              <NumberField name="classCount" label={L.classCount} value={s.classCount} min={1} max={200} onChange={(v) => set({ classCount: Math.round(v) })} />
-              <NumberField name="classSteps" label={L.classSteps} value={s.classSteps} min={1} max={150} onChange={(v) => set({ classSteps: Math.round(v) })} />
+        <AdvancedForm
+          settings={s}
+          set={set}
+          after={{
+            classSteps: (
               <label className="file-button">
                 Add class images ({classPhotos.length})
                 <input
@@ -563,9 +435,9 @@ function SettingsPanel() {
                   onChange={(e) => void addPhotos(Array.from(e.target.files ?? []), 'classPhotos')}
                 />
               </label>
-            </>
-          )}
-        </form>
+            ),
+          }}
+        />
       </details>
     </section>
   );
