@@ -247,18 +247,17 @@ export function mapSettings(
       ? `masked loss: the scripts have none; masks/ holds each instance image's mask under the same name (white = trained, kohya's convention), and ray_train.py applies them`
       : 'no masks: no masked loss',
   );
-  // Every setting of the schema appears: one added to settings.ts after this table is listed, not dropped.
+  // Every setting of the schema appears: one added to settings.ts after this table is mapped by its entry's
+  // `bundle` field, or listed as having no counterpart, never dropped.
   const seen = new Set<string>(rows.map((r) => r.setting));
-  for (const spec of SETTINGS)
-    if (!seen.has(spec.key))
-      add(
-        spec.key,
-        s[spec.key],
-        null,
-        spec.onlyMode && spec.onlyMode !== s.mode
-          ? `not used: ${spec.onlyMode === 'lora' ? 'LoRA' : 'full'} runs only`
-          : `no counterpart in ${scriptFor(s)} (${spec.help})`,
-      );
+  for (const spec of SETTINGS) {
+    if (seen.has(spec.key)) continue;
+    if (spec.onlyMode && spec.onlyMode !== s.mode) add(spec.key, s[spec.key], null, `not used: ${spec.onlyMode === 'lora' ? 'LoRA' : 'full'} runs only`);
+    else if (spec.bundle) {
+      const row = spec.bundle(s);
+      add(spec.key, s[spec.key], row.option, row.note);
+    } else add(spec.key, s[spec.key], null, `no counterpart in ${scriptFor(s)} (${spec.help})`);
+  }
   return rows;
 }
 
@@ -285,7 +284,11 @@ function fixedOptions(s: RunSettings): string[] {
 export function trainScript(input: BundleInput & { mapping: SettingMapping[] }): string {
   const s = input.settings;
   const ref = modelReference(input.model);
-  const options = [...input.mapping.map((m) => m.option).filter((o): o is string => o !== null), ...fixedOptions(s)];
+  const mapped = input.mapping.map((m) => m.option).filter((o): o is string => o !== null);
+  // A pinned option that a setting maps (e.g. --lr_warmup_steps) is the setting's.
+  const optionName = (o: string) => o.split('=')[0];
+  const names = new Set(mapped.map(optionName));
+  const options = [...mapped, ...fixedOptions(s).filter((o) => !names.has(optionName(o)))];
   const model = ref.value ? `MODEL="\${MODEL:-${ref.value}}"` : `if [ -z "\${MODEL:-}" ]; then echo ${q(`set MODEL first: ${ref.note}`)} >&2; exit 2; fi`;
   return [
     '#!/usr/bin/env bash',
