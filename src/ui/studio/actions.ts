@@ -2,7 +2,8 @@
 // The page itself decodes nothing heavier than an image header; the GPU, the photos' pixels, storage and
 // exports all happen in the worker.
 import * as Comlink from 'comlink';
-import { centerCrop, imageSize, exifOrientation, orientedSize, sniffImage, MAX_IMAGES, type CropBox } from '../../io/image.ts';
+import { centerCrop, MAX_IMAGES, type CropBox } from '../../io/image.ts';
+import { browserDecoder, checkPhoto, type PhotoDecoder } from './photo-check.ts';
 import { storagePersistence } from '../../store/idb-store.ts';
 import { SHIPPED_DEMO_RESOLUTION } from '../../models/shipped-demo.ts';
 import { exportFileName, type ExportFormat, type RunInput } from '../../pipeline/run.ts';
@@ -156,17 +157,10 @@ export async function filesFromDrop(items: DataTransferItemList): Promise<{ file
 
 let nextId = Date.now();
 
-/** Reads a photo's header: kind, upright size (EXIF orientation), or a message naming what is wrong. */
-export async function probePhoto(file: Blob & { name: string }): Promise<{ width: number; height: number } | { error: string }> {
-  try {
-    // Headers sit in the first bytes; EXIF can be up to 64 KiB in, so read 256 KiB.
-    const head = new Uint8Array(await file.slice(0, 256 * 1024).arrayBuffer());
-    const kind = sniffImage(head, file.name);
-    const size = imageSize(head, kind, file.name);
-    return orientedSize(size, exifOrientation(head, kind));
-  } catch (e) {
-    return { error: (e as Error).message };
-  }
+/** How dropped photos are decoded to check them (the browser's decoder; Node tests pass a real one of their own). */
+let decoder: PhotoDecoder = browserDecoder;
+export function setPhotoDecoder(d: PhotoDecoder): void {
+  decoder = d;
 }
 
 async function toPhotos(files: File[], list: PhotoItem[]): Promise<{ added: PhotoItem[]; errors: string[] }> {
@@ -177,13 +171,13 @@ async function toPhotos(files: File[], list: PhotoItem[]): Promise<{ added: Phot
       errors.push(`${f.name}: not added, a run takes at most ${MAX_IMAGES} photos`);
       continue;
     }
-    const p = await probePhoto(f);
+    const p = await checkPhoto(f, decoder);
     if ('error' in p) {
       errors.push(p.error);
       continue;
     }
     // Copy the bytes into a Blob of our own: it is what gets saved, independent of the dropped file.
-    const blob = new Blob([await f.arrayBuffer()], { type: f.type });
+    const blob = new Blob([p.bytes as Uint8Array<ArrayBuffer>], { type: f.type });
     added.push({ id: `p${nextId++}`, name: f.name, blob, width: p.width, height: p.height, crop: centerCrop(p), caption: '', url: URL.createObjectURL(blob) });
   }
   return { added, errors };

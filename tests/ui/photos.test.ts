@@ -1,0 +1,82 @@
+// Photos are checked in full when they are dropped (ui/studio/photo-check.ts): a PNG, JPEG or WebP cut short
+// anywhere after its header, or one whose pixels do not decode, is refused at once with the file named, and
+// nothing of it reaches the page's state or the project database; whole photos pass with their upright size.
+import 'fake-indexeddb/auto';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { describe, it } from 'node:test';
+import { decodeImageNode } from '../../src/io/image-node.ts';
+import { checkPhoto, type PhotoDecoder } from '../../src/ui/studio/photo-check.ts';
+
+const dir = new URL('../fixtures/images/', import.meta.url);
+/** The Node decoders (jpeg-js, fast-png, libwebp) stand where the browser's createImageBitmap decodes on the page. */
+const nodeDecoder: PhotoDecoder = async (blob, _kind, name) => void (await decodeImageNode(new Uint8Array(await blob.arrayBuffer()), name));
+const file = (bytes: Uint8Array, name: string) => new File([bytes as Uint8Array<ArrayBuffer>], name);
+const FIXTURES = ['quadrants.png', 'quadrants.jpg', 'quadrants.webp'];
+
+void describe('photos are decoded in full at drop time', () => {
+  for (const name of FIXTURES) {
+    const whole = new Uint8Array(readFileSync(new URL(name, dir)));
+    void it(`${name}: whole passes; cut after its header, half-way or one byte short is refused naming the file`, async () => {
+      const ok = await checkPhoto(file(whole, name), nodeDecoder);
+      assert.ok(!('error' in ok), JSON.stringify(ok).slice(0, 200));
+      assert.ok(ok.width > 0 && ok.height > 0);
+      // 64 bytes holds every header's size field (PNG IHDR ends at 33, WebP VP8 frame header at 30, this JPEG's SOF at < 64 is
+      // not guaranteed, so the JPEG cut goes to the first byte after its frame header instead).
+      const afterHeader = name.endsWith('.jpg') ? jpegAfterFrameHeader(whole) : 64;
+      for (const cut of [afterHeader, Math.floor(whole.length / 2), whole.length - 1]) {
+        const r = await checkPhoto(file(whole.slice(0, cut), `cut-${name}`), nodeDecoder);
+        assert.ok('error' in r, `${name} cut at ${cut} of ${whole.length} bytes was accepted as ${JSON.stringify(r).slice(0, 80)}`);
+        assert.match(r.error, new RegExp(`cut-${name.replace('.', '\\.')}.*truncated`), r.error);
+      }
+    });
+  }
+
+  void it('a complete PNG whose pixel data is damaged is refused by the decode, not stored', async () => {
+    const png = new Uint8Array(readFileSync(new URL('quadrants.png', dir)));
+    const idat = findChunk(png, 'IDAT');
+    const bad = png.slice();
+    for (let i = idat + 8 + 2; i < idat + 8 + 40; i++) bad[i] ^= 0x5a; // past the zlib header: the deflate stream breaks
+    const r = await checkPhoto(file(bad, 'damaged.png'), nodeDecoder);
+    assert.ok('error' in r, 'accepted');
+    assert.match(r.error, /damaged\.png/);
+  });
+
+  void it('addPhotos: a truncated photo among good ones is named and nothing of it is kept or saved', async () => {
+    const { addPhotos, setPhotoDecoder } = await import('../../src/ui/studio/actions.ts');
+    const { useStudioStore, saveProject } = await import('../../src/ui/studio/state.ts');
+    const { createStore, keys } = await import('idb-keyval');
+    setPhotoDecoder(nodeDecoder);
+    (globalThis as { URL: typeof URL }).URL.createObjectURL ??= () => 'blob:test';
+    useStudioStore.getState().set({ restored: true, photos: [] });
+    const png = new Uint8Array(readFileSync(new URL('quadrants.png', dir)));
+    await addPhotos([file(png, 'good.png'), file(png.slice(0, 64), 'short.png')]);
+    const st = useStudioStore.getState();
+    assert.deepEqual(
+      st.photos.map((p) => p.name),
+      ['good.png'],
+    );
+    assert.equal(st.photoErrors.length, 1);
+    assert.match(st.photoErrors[0], /^short\.png is truncated/);
+    await saveProject();
+    const stored = (await keys(createStore('dreambooth-studio-project', 'project'))).map(String).filter((k) => k.startsWith('photo:'));
+    assert.deepEqual(stored, [`photo:${st.photos[0].id}`], 'only the good photo is stored');
+  });
+});
+
+function findChunk(png: Uint8Array, type: string): number {
+  const dv = new DataView(png.buffer, png.byteOffset);
+  for (let p = 8; p + 8 <= png.length; p += 12 + dv.getUint32(p)) if (String.fromCharCode(...png.subarray(p + 4, p + 8)) === type) return p;
+  throw new Error(`no ${type}`);
+}
+
+/** The offset just past a JPEG's SOFn segment (its size is known there, its pixels are not). */
+function jpegAfterFrameHeader(b: Uint8Array): number {
+  for (let p = 2; p + 4 <= b.length;) {
+    const marker = b[p + 1];
+    const len = (b[p + 2] << 8) | b[p + 3];
+    if (marker >= 0xc0 && marker <= 0xcf && marker !== 0xc4 && marker !== 0xc8 && marker !== 0xcc) return p + 2 + len;
+    p += 2 + len;
+  }
+  throw new Error('no SOF');
+}
