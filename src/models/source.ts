@@ -278,10 +278,32 @@ async function sd2PredictionFromWeights(file: SafetensorsFile): Promise<{ predic
   };
 }
 
-/** A single file's prediction type: the scheduler config's, else for SD2 the weights test, else the family default. */
+/**
+ * What the file itself says of its prediction type: Stability AI's `modelspec.prediction_type` ("v" or
+ * "epsilon", as our exports and kohya write it) or a `-v` architecture ("stable-diffusion-v2-768-v") in its
+ * metadata, else a `v_pred` marker tensor (ComfyUI's test for v-prediction SD1 checkpoints); null when silent.
+ */
+export function predictionFromFile(file: SafetensorsFile): { prediction: Prediction; source: string } | null {
+  const m = file.metadata;
+  const spec = m['modelspec.prediction_type']?.trim().toLowerCase();
+  if (spec === 'v' || spec === 'v_prediction') return { prediction: 'v_prediction', source: `the file's metadata (modelspec.prediction_type "${spec}")` };
+  if (spec === 'epsilon' || spec === 'eps') return { prediction: 'epsilon', source: `the file's metadata (modelspec.prediction_type "${spec}")` };
+  if (/-v(\/|$)/.test(m['modelspec.architecture'] ?? ''))
+    return { prediction: 'v_prediction', source: `the file's metadata (modelspec.architecture "${m['modelspec.architecture']}")` };
+  if (file.header.entries.has('v_pred')) return { prediction: 'v_prediction', source: "the file's v_pred marker tensor" };
+  return null;
+}
+
+/**
+ * A single file's prediction type: the scheduler config's, else what the file says of itself (metadata, marker),
+ * else for SD2 the weights test, else the family default.
+ */
 export async function singleFilePrediction(file: SafetensorsFile, family: Family, scheduler?: Json): Promise<{ prediction: Prediction; source: string }> {
   const fromConfig = predictionFor(family, scheduler as { prediction_type?: string } | undefined);
-  if (family !== 'sd2' || scheduler?.prediction_type !== undefined) return fromConfig;
+  if (scheduler?.prediction_type !== undefined) return fromConfig;
+  const own = predictionFromFile(file);
+  if (own) return own;
+  if (family !== 'sd2') return fromConfig;
   return (await sd2PredictionFromWeights(file)) ?? fromConfig;
 }
 
