@@ -36,7 +36,8 @@ import { clipParams, unetParams } from '../models/shapes.ts';
 import { SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
 import { DryRunChunkStore } from '../store/dryrun-store.ts';
 import { formatBytes } from '../util/bytes.ts';
-import { planChunks, stateBytesPerElement, type ParamSpec } from './optimizer.ts';
+import { planChunks, type ParamSpec } from './optimizer-chunks.ts';
+import { stateBytesPerElement } from './packed-state.ts';
 import { DreamBoothTrainer, textEncoderLrOf, type TrainData, type TrainSettings } from './trainer.ts';
 
 const GiB = 2 ** 30;
