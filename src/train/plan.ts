@@ -30,7 +30,6 @@
 import type { Gpu } from '../gpu/device.ts';
 import type { DType } from '../gpu/tensor.ts';
 import type { ClipTextConfig } from '../nn/clip.ts';
-import { loraShapes, loraTargets } from '../nn/lora.ts';
 import type { UnetConfig } from '../nn/unet.ts';
 import { clipParams, unetParams } from '../models/shapes.ts';
 import { SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
@@ -38,7 +37,8 @@ import { DryRunChunkStore } from '../store/dryrun-store.ts';
 import { formatBytes } from '../util/bytes.ts';
 import { planChunks, type ParamSpec } from './optimizer-chunks.ts';
 import { stateBytesPerElement } from './packed-state.ts';
-import { DreamBoothTrainer, textEncoderLrOf, type TrainData, type TrainSettings } from './trainer.ts';
+import { trainableSpec } from './trainable.ts';
+import { DreamBoothTrainer, type TrainData, type TrainSettings } from './trainer.ts';
 
 const GiB = 2 ** 30;
 
@@ -118,21 +118,12 @@ export interface DryRunResult extends PlanTrial {
 type ChunkSettings = Pick<TrainSettings, 'mode' | 'rank' | 'chunkElems' | 'textEncoderLora' | 'lr' | 'textEncoderLr'>;
 
 /**
- * Trainable parameter shapes in the trainer's order (UNet adapters, then the text encoder's; or every UNet
- * weight in full mode): the optimizer packs its chunks in this order. The text encoder's adapters carry their
- * own learning rate where it differs from the run's (they then get chunks of their own), as in the trainer.
+ * Trainable parameter shapes in the trainer's order (trainable.ts, the trainer's own trainableSpec): the
+ * optimizer packs its chunks in this order, with the text encoder's adapters at their own rate where it differs.
  */
 export function trainableShapes(model: Pick<PlanModel, 'config' | 'textEncoder'>, settings: Omit<ChunkSettings, 'chunkElems'>): ParamSpec[] {
-  const unet = unetParams(model.config);
-  const shapes = [...(settings.mode === 'lora' ? loraShapes(loraTargets('unet', unet.keys()), unet, settings.rank) : unet)];
-  const params: ParamSpec[] = shapes.map(([name, shape]) => ({ name, shape: [...shape] }));
-  if (settings.mode === 'lora' && settings.textEncoderLora) {
-    const te = clipParams(textEncoderOf(model));
-    const lr = textEncoderLrOf(settings);
-    for (const [name, shape] of loraShapes(loraTargets('text_encoder', te.keys()), te, settings.rank))
-      params.push({ name, shape: [...shape], ...(lr !== settings.lr ? { lr } : {}) });
-  }
-  return params;
+  const te = settings.mode === 'lora' && settings.textEncoderLora ? textEncoderOf(model) : undefined;
+  return trainableSpec(model.config, te, settings).flatMap((g) => g.params);
 }
 
 /** Number of optimizer chunks the trainer will make for these settings. */

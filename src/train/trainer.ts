@@ -15,17 +15,17 @@ import { gemmConfigProblem, type GemmConfig, type Gpu } from '../gpu/device.ts';
 import type { DType, Tensor } from '../gpu/tensor.ts';
 import type { Weights } from '../nn/blocks.ts';
 import { clipTextForward, type ClipTextConfig } from '../nn/clip.ts';
-import { initLora, loraShapes, loraTargets } from '../nn/lora.ts';
+import { initLora } from '../nn/lora.ts';
 import { Tape } from '../nn/ops.ts';
 import { unetForward, type UnetConfig } from '../nn/unet.ts';
 import { ADAMW_DEFAULTS } from '../ops/adamw.ts';
 import { DynamicLossScaler } from '../ops/lossscale.ts';
-import { clipParams, unetParams } from '../models/shapes.ts';
 import { alphasCumprod, type ScheduleConfig } from '../sample/schedulers.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
 import { addNoise, lossWeights, velocity, weightedMse, weightedMseBackward } from './objective.ts';
 import { ChunkedAdamW } from './optimizer.ts';
+import { textEncoderLrOf, trainableSpec } from './trainable.ts';
 import { MASTER_KINDS, OPTIMIZER_KINDS, type MasterKind, type OptimizerKind } from './packed-state.ts';
 import { Rng } from '../util/rng.ts';
 
@@ -265,42 +265,37 @@ export class DreamBoothTrainer {
     loraInit?: Map<string, Float32Array>,
   ): Promise<DreamBoothTrainer> {
     validate(data, settings);
+    if (settings.mode === 'lora' && settings.textEncoderLora) {
+      if (!model.textEncoder) throw new Error('text-encoder LoRA needs the text encoder (it stays on the GPU)');
+      if (!data.instance.every((s) => s.ids) || !data.classes.every((s) => s.ids))
+        throw new Error("text-encoder LoRA needs the prompts' token ids in the training data");
+    }
     const rng = new Rng(settings.seed);
     const dtype = [...model.weights.values()][0].dtype;
+    // The one trainable set the planner sizes too (trainable.ts): names, order, shapes and each group's rate.
+    const groups = trainableSpec(model.config, model.textEncoder?.config, settings);
     const trainable = new Map<string, Tensor>();
     let initial: (name: string) => Promise<Float32Array>;
-    /** Trainables before the text encoder's adapters (all of them without text-encoder LoRA). */
-    let unetCount = Infinity;
     if (settings.mode === 'lora') {
       const init = loraInit ?? new Map<string, Float32Array>();
-      const addAdapters = (weights: Weights, layers: string[]) => {
-        const shapes = new Map([...weights].map(([n, t]) => [n, t.shape]));
-        if (!loraInit) for (const [n, v] of initLora(layers, shapes, settings.rank, { next: () => rng.uniform() })) init.set(n, v);
-        for (const [name, shape] of loraShapes(layers, shapes, settings.rank)) {
-          const v = init.get(name);
-          if (!v) throw new Error(`LoRA init has no ${name}`);
-          const t = gpu.upload(v, shape, dtype, 'weights', name);
-          weights.set(name, t);
-          trainable.set(name, t);
+      for (const g of groups) {
+        const weights = g.model === 'unet' ? model.weights : model.textEncoder!.weights;
+        if (!loraInit) for (const [n, v] of initLora(g.layers, g.base, settings.rank, { next: () => rng.uniform() })) init.set(n, v);
+        for (const p of g.params) {
+          const v = init.get(p.name);
+          if (!v) throw new Error(`LoRA init has no ${p.name}`);
+          const t = gpu.upload(v, [...p.shape], dtype, 'weights', p.name);
+          weights.set(p.name, t);
+          trainable.set(p.name, t);
         }
-      };
-      addAdapters(model.weights, loraTargets('unet', unetParams(model.config).keys()));
-      unetCount = trainable.size;
-      if (settings.textEncoderLora) {
-        const te = model.textEncoder;
-        if (!te) throw new Error('text-encoder LoRA needs the text encoder (it stays on the GPU)');
-        if (!data.instance.every((s) => s.ids) || !data.classes.every((s) => s.ids))
-          throw new Error("text-encoder LoRA needs the prompts' token ids in the training data");
-        addAdapters(te.weights, loraTargets('text_encoder', clipParams(te.config).keys()));
       }
       initial = async (n) => init.get(n)!;
     } else {
-      for (const name of unetParams(model.config).keys()) trainable.set(name, model.weights.get(name)!);
+      for (const p of groups[0].params) trainable.set(p.name, model.weights.get(p.name)!);
       // Masters start from the weights as loaded (f16 values are exact in f32).
       initial = (n) => gpu.read(trainable.get(n)!);
     }
-    const teLr = textEncoderLrOf(settings);
-    const params = [...trainable].map(([name, t], i) => ({ name, shape: [...t.shape], ...(i >= unetCount && teLr !== settings.lr ? { lr: teLr } : {}) }));
+    const params = groups.flatMap((g) => g.params);
     const optimizer = await ChunkedAdamW.create(gpu, params, trainable, initial, {
       cfg: { ...ADAMW_DEFAULTS, lr: settings.lr, weightDecay: settings.weightDecay },
       chunkElems: settings.chunkElems,
@@ -796,10 +791,8 @@ function checkCheckpointMeta(m: CheckpointMeta, chunks: number): void {
     if (!whole(Number(k), 0, chunks - 1) || !whole(v, 0, Number.MAX_SAFE_INTEGER)) bad(`chunk ${k} version ${v} for a layout of ${chunks} chunks`);
 }
 
-/** The text-encoder adapters' learning rate: their own, or the run's (absent or 0). */
-export function textEncoderLrOf(s: Pick<TrainSettings, 'lr' | 'textEncoderLr'>): number {
-  return s.textEncoderLr ? s.textEncoderLr : s.lr;
-}
+/** The text-encoder adapters' learning rate (trainable.ts), for the trainer's importers. */
+export { textEncoderLrOf };
 
 function validate(data: TrainData, s: TrainSettings): void {
   if (data.instance.length === 0) throw new Error('no instance images: add at least one photo of the subject');

@@ -1,0 +1,59 @@
+// The trainable set of a run: which parameters the optimizer updates, in which order, with which shapes and
+// learning rates. The trainer (trainer.ts, DreamBoothTrainer.create) builds its tensors from it and the planner
+// (plan.ts) sizes the optimizer's chunks from it, so the two agree by construction:
+//   - full fine-tuning: every UNet weight, in the UNet's parameter order;
+//   - LoRA: the UNet's adapters (A [rank, in], B [out, rank] per targeted linear layer, peft's names), then,
+//     with textEncoderLora, the text encoder's adapters at the text encoder's rate (textEncoderLrOf). A rate
+//     that differs from the run's is carried on each parameter, so the optimizer gives those chunks of their own.
+import type { ClipTextConfig } from '../nn/clip.ts';
+import { loraShapes, loraTargets } from '../nn/lora.ts';
+import type { UnetConfig } from '../nn/unet.ts';
+import { clipParams, unetParams } from '../models/shapes.ts';
+import type { ParamSpec } from './optimizer-chunks.ts';
+
+/** The settings that decide the trainable set (a subset of TrainSettings). */
+export interface TrainableSettings {
+  mode: 'lora' | 'full';
+  rank: number;
+  textEncoderLora?: boolean;
+  lr: number;
+  textEncoderLr?: number;
+}
+
+/** One model's part of the trainable set. */
+export interface TrainableGroup {
+  model: 'unet' | 'text_encoder';
+  /** LoRA: the adapted layers (initLora's and loraShapes' input); full: empty. */
+  layers: string[];
+  /** The model's parameter shapes (from its config) the layers were found in. */
+  base: ReadonlyMap<string, readonly number[]>;
+  /** The group's parameters in the optimizer's order; `lr` where the group's rate differs from the run's. */
+  params: ParamSpec[];
+}
+
+/** The text-encoder adapters' learning rate: their own, or the run's (absent or 0). */
+export function textEncoderLrOf(s: Pick<TrainableSettings, 'lr' | 'textEncoderLr'>): number {
+  return s.textEncoderLr ? s.textEncoderLr : s.lr;
+}
+
+/**
+ * The trainable set for a UNet config (and the text encoder's, needed only with text-encoder LoRA), in the
+ * order the optimizer packs its chunks: the UNet group first, then the text encoder's.
+ */
+export function trainableSpec(unet: UnetConfig, textEncoder: ClipTextConfig | undefined, settings: TrainableSettings): TrainableGroup[] {
+  const unetShapes = unetParams(unet);
+  if (settings.mode !== 'lora')
+    return [{ model: 'unet', layers: [], base: unetShapes, params: [...unetShapes].map(([name, shape]) => ({ name, shape: [...shape] })) }];
+  const adapters = (model: TrainableGroup['model'], shapes: ReadonlyMap<string, readonly number[]>, lr?: number): TrainableGroup => {
+    const layers = loraTargets(model, shapes.keys());
+    const params = [...loraShapes(layers, shapes, settings.rank)].map(([name, shape]) => ({ name, shape: [...shape], ...(lr !== undefined ? { lr } : {}) }));
+    return { model, layers, base: shapes, params };
+  };
+  const groups = [adapters('unet', unetShapes)];
+  if (settings.textEncoderLora) {
+    if (!textEncoder) throw new Error("text-encoder LoRA needs the text encoder's config");
+    const lr = textEncoderLrOf(settings);
+    groups.push(adapters('text_encoder', clipParams(textEncoder), lr !== settings.lr ? lr : undefined));
+  }
+  return groups;
+}
