@@ -37,6 +37,8 @@ export interface RunSettings {
   /** Denoising steps per generated class image. */
   classSteps: number;
   priorWeight: number;
+  /** Linear warm-up of the learning rate over this many steps (0: none). */
+  lrWarmup: number;
   /** Offset noise strength (0: off). */
   offsetNoise: number;
   /** min-SNR-gamma loss weighting (0: off). */
@@ -163,6 +165,19 @@ export const SETTINGS: readonly SettingSpec[] = [
     default: { lora: 1e-4, full: 5e-6 },
     help: 'AdamW learning rate (DreamBooth uses about 1e-6 to 1e-3)',
     train: (v) => ({ lr: v }),
+  }),
+  entry({
+    key: 'lrWarmup',
+    kind: 'int',
+    flag: 'lr-warmup',
+    label: 'Warm-up steps (the rate rises linearly from 0)',
+    unit: 'steps',
+    min: 0,
+    max: 1_000_000,
+    default: 0,
+    help: 'linear warm-up of the learning rate over N steps (0: none); at most --steps',
+    train: (v) => ({ lrWarmup: v }),
+    bundle: (s) => ({ option: `--lr_warmup_steps=${s.lrWarmup}` }),
   }),
   entry({
     key: 'rank',
@@ -524,6 +539,8 @@ export function validateSettings(s: RunSettings, name: Namer = flagName): void {
         `${name(spec.key)} applies to ${spec.onlyMode === 'lora' ? 'LoRA' : 'full'} training only: turn it off for ${name('mode')} ${s.mode}`,
         spec.key,
       );
+  if (s.lrWarmup > s.steps)
+    throw new SettingsError(`${name('lrWarmup')} ${s.lrWarmup} is longer than the run (${name('steps')} ${s.steps}): use at most ${s.steps}`, 'lrWarmup');
   if (s.priorPreservation && !s.classPrompt.trim())
     throw new SettingsError(`prior preservation needs a class prompt (${name('classPrompt')}, e.g. "a photo of a dog")`, 'classPrompt');
 }

@@ -76,6 +76,8 @@ export interface TrainSettings {
    * for bit. LoRA keeps it off (its gradients are small). Absent: off.
    */
   fusedUpdates?: boolean;
+  /** Linear warm-up of the learning rate over this many steps (absent or 0: none); see lrFactor. */
+  lrWarmup?: number;
 }
 
 /** The settings only the engine sets (the planner or a test may change them); the rest are the run's. */
@@ -346,6 +348,7 @@ export class DreamBoothTrainer {
     const t0 = performance.now();
     gpu.allocator.resetPeak();
     const scale = this.scaler.scale;
+    this.optimizer.setLrScale(lrFactor(this.settings, this.step));
     const r = this.settings.fusedUpdates ? await this.fusedStep(inputs, scale) : await this.unfusedStep(inputs, scale);
     const { loss, applied, gradNorm, skipped } = r;
     await gpu.sync();
@@ -660,6 +663,9 @@ export class DreamBoothTrainer {
           'loss-mask',
         )
       : null;
+    // The noisy latents and cached embeddings need no gradient: conv_in's dx and the k/v projections' dx into the
+    // context are never formed (requires_grad pruning; a trained text encoder's output still gets its gradient).
+    tape.noGrad(xt, ...(te ? [] : [ctx]));
     const pred = unetForward(gpu, this.model.config, this.model.weights, xt, tT, ctx, tape, this.loraScale, this.settings.activationCheckpointing);
     const loss = await weightedMse(gpu, pred, target, weights, mask);
     const dy = weightedMseBackward(gpu, pred, target, weights, mask, scale);
@@ -789,6 +795,16 @@ function checkCheckpointMeta(m: CheckpointMeta, chunks: number): void {
   if (typeof m.versions !== 'object' || m.versions === null) bad('no chunk versions');
   for (const [k, v] of Object.entries(m.versions))
     if (!whole(Number(k), 0, chunks - 1) || !whole(v, 0, Number.MAX_SAFE_INTEGER)) bad(`chunk ${k} version ${v} for a layout of ${chunks} chunks`);
+}
+
+/**
+ * The learning rate's factor for the update after `step` completed steps, a pure function of the step (so a
+ * resumed run's rates are the uninterrupted run's): transformers' constant schedule with warm-up,
+ * step / warmup while step < warmup, then 1. The first update of a warmed-up run has rate 0, as there.
+ */
+export function lrFactor(s: Pick<TrainSettings, 'lrWarmup'>, step: number): number {
+  const w = s.lrWarmup ?? 0;
+  return step < w ? step / Math.max(1, w) : 1;
 }
 
 /** The text-encoder adapters' learning rate (trainable.ts), for the trainer's importers. */
