@@ -2,7 +2,7 @@
 // to allocate models without files (benchmarks at SD1.5 sizes), and later by training to lay out
 // parameters and optimizer state.
 import type { ClipTextConfig } from '../nn/clip.ts';
-import type { UnetConfig } from '../nn/unet.ts';
+import { transformerDepth, type UnetConfig } from '../nn/unet.ts';
 import type { VaeConfig } from '../nn/vae.ts';
 
 export type ParamShapes = Map<string, number[]>;
@@ -32,11 +32,7 @@ export function unetParams(c: UnetConfig): ParamShapes {
   const m: ParamShapes = new Map();
   const ch = c.blockOutChannels;
   const temb = 4 * ch[0];
-  const transformer = (p: string, cc: number) => {
-    norm(m, `${p}.norm`, cc);
-    if (c.linearProjection) lin(m, `${p}.proj_in`, cc, cc);
-    else conv(m, `${p}.proj_in`, cc, cc, 1);
-    const tb = `${p}.transformer_blocks.0`;
+  const block = (tb: string, cc: number) => {
     for (const n of ['norm1', 'norm2', 'norm3']) norm(m, `${tb}.${n}`, cc);
     for (const [a, kv] of [
       ['attn1', cc],
@@ -49,11 +45,21 @@ export function unetParams(c: UnetConfig): ParamShapes {
     }
     lin(m, `${tb}.ff.net.0.proj`, 8 * cc, cc);
     lin(m, `${tb}.ff.net.2`, cc, 4 * cc);
+  };
+  const transformer = (p: string, cc: number, depth: number) => {
+    norm(m, `${p}.norm`, cc);
+    if (c.linearProjection) lin(m, `${p}.proj_in`, cc, cc);
+    else conv(m, `${p}.proj_in`, cc, cc, 1);
+    for (let d = 0; d < depth; d++) block(`${p}.transformer_blocks.${d}`, cc);
     if (c.linearProjection) lin(m, `${p}.proj_out`, cc, cc);
     else conv(m, `${p}.proj_out`, cc, cc, 1);
   };
   lin(m, 'time_embedding.linear_1', temb, ch[0]);
   lin(m, 'time_embedding.linear_2', temb, temb);
+  if (c.textTime) {
+    lin(m, 'add_embedding.linear_1', temb, c.textTime.projectionInputDim);
+    lin(m, 'add_embedding.linear_2', temb, temb);
+  }
   conv(m, 'conv_in', ch[0], c.inChannels, 3);
   const skips = [ch[0]];
   let cin = ch[0];
@@ -61,7 +67,7 @@ export function unetParams(c: UnetConfig): ParamShapes {
     for (let j = 0; j < c.layersPerBlock; j++) {
       resnet(m, `down_blocks.${i}.resnets.${j}`, cin, cc, temb);
       cin = cc;
-      if (c.downAttention[i]) transformer(`down_blocks.${i}.attentions.${j}`, cc);
+      if (c.downAttention[i]) transformer(`down_blocks.${i}.attentions.${j}`, cc, transformerDepth(c, 'down', i));
       skips.push(cc);
     }
     if (i < ch.length - 1) {
@@ -71,13 +77,13 @@ export function unetParams(c: UnetConfig): ParamShapes {
   });
   const last = ch[ch.length - 1];
   resnet(m, 'mid_block.resnets.0', last, last, temb);
-  transformer('mid_block.attentions.0', last);
+  transformer('mid_block.attentions.0', last, transformerDepth(c, 'mid'));
   resnet(m, 'mid_block.resnets.1', last, last, temb);
   [...ch].reverse().forEach((cc, i) => {
     for (let j = 0; j < c.layersPerBlock + 1; j++) {
       resnet(m, `up_blocks.${i}.resnets.${j}`, cin + skips.pop()!, cc, temb);
       cin = cc;
-      if (c.upAttention[i]) transformer(`up_blocks.${i}.attentions.${j}`, cc);
+      if (c.upAttention[i]) transformer(`up_blocks.${i}.attentions.${j}`, cc, transformerDepth(c, 'up', i));
     }
     if (i < ch.length - 1) conv(m, `up_blocks.${i}.upsamplers.0.conv`, cc, cc, 3);
   });

@@ -25,6 +25,29 @@ export interface UnetConfig {
   upAttention: boolean[];
   inChannels: number;
   outChannels: number;
+  /**
+   * Transformer blocks in each attention of down block i (SDXL base: [1, 2, 10]); the up blocks take them
+   * reversed and the mid block the last, as diffusers does. Absent: one everywhere (SD 1.x/2.x).
+   */
+  transformerLayers?: number[];
+  /**
+   * SDXL's addition_embed_type 'text_time': the 6 time ids (original size, crop top-left, target size) each
+   * get a sinusoidal embedding of `timeEmbedDim` (addition_time_embed_dim, 256), concatenated after the pooled
+   * text embedding into `projectionInputDim` (projection_class_embeddings_input_dim, 2816 = 1280 + 6 * 256),
+   * then add_embedding (linear, SiLU, linear) is added to the time embedding. Absent for SD 1.x/2.x.
+   */
+  textTime?: { timeEmbedDim: number; projectionInputDim: number };
+}
+
+/** Number of SDXL time ids per sample: original (h, w), crop top-left (top, left), target (h, w). */
+export const TIME_IDS = 6;
+
+/** SDXL's extra UNet inputs (addition_embed_type 'text_time'). */
+export interface UnetAddedCond {
+  /** Pooled, projected output of text encoder 2 [B, projectionInputDim - 6 * timeEmbedDim]. */
+  textEmbeds: Tensor;
+  /** f32 [B, 6]: original height, width, crop top, left, target height, width. */
+  timeIds: Tensor;
 }
 
 export function unetConfigFromJson(j: Record<string, unknown>): UnetConfig {
@@ -45,7 +68,27 @@ export function unetConfigFromJson(j: Record<string, unknown>): UnetConfig {
     upAttention: up.map((t) => t.startsWith('CrossAttn')),
     inChannels: (j.in_channels as number) ?? 4,
     outChannels: (j.out_channels as number) ?? 4,
+    ...textTimeFromJson(j, channels.length),
   };
+}
+
+/** The SDXL fields of a unet config.json (transformer_layers_per_block, addition_embed_type 'text_time'). */
+function textTimeFromJson(j: Record<string, unknown>, blocks: number): Pick<UnetConfig, 'transformerLayers' | 'textTime'> {
+  const out: Pick<UnetConfig, 'transformerLayers' | 'textTime'> = {};
+  const t = j.transformer_layers_per_block;
+  if (Array.isArray(t)) out.transformerLayers = t as number[];
+  else if (typeof t === 'number' && t !== 1) out.transformerLayers = Array.from({ length: blocks }, () => t);
+  if (j.addition_embed_type === 'text_time')
+    out.textTime = { timeEmbedDim: j.addition_time_embed_dim as number, projectionInputDim: j.projection_class_embeddings_input_dim as number };
+  return out;
+}
+
+/** Transformer blocks per attention: down block i, up block i (diffusers order), mid. */
+export function transformerDepth(cfg: UnetConfig, where: 'down' | 'up' | 'mid', i = 0): number {
+  const t = cfg.transformerLayers;
+  if (!t) return 1;
+  if (where === 'mid') return t[t.length - 1];
+  return where === 'down' ? t[i] : t[t.length - 1 - i];
 }
 
 const RES_EPS = 1e-5;
@@ -76,7 +119,23 @@ function ln(F: Ops, x: Tensor, w: Weights, p: string): Tensor {
   return F.layerNorm(x, weight(w, `${p}.weight`), weight(w, `${p}.bias`), LN_EPS);
 }
 
-function transformer(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, heads: number, cfg: UnetConfig, loraScale: number): Tensor {
+/** BasicTransformerBlock on tokens h [b, n, c]: LN + self-attention, LN + cross-attention, LN + GEGLU, each residual. */
+function basicTransformerBlock(F: Ops, h: Tensor, context: Tensor, w: Weights, tb: string, heads: number, loraScale: number): Tensor {
+  let n = ln(F, h, w, `${tb}.norm1`);
+  h = residual(F, h, attention(F, n, n, w, `${tb}.attn1`, heads, loraScale));
+  F.release(n);
+  n = ln(F, h, w, `${tb}.norm2`);
+  h = residual(F, h, attention(F, n, context, w, `${tb}.attn2`, heads, loraScale));
+  F.release(n);
+  n = ln(F, h, w, `${tb}.norm3`);
+  const proj = F.linear(n, weight(w, `${tb}.ff.net.0.proj.weight`), weight(w, `${tb}.ff.net.0.proj.bias`));
+  const gg = F.geglu(proj);
+  const ff = F.linear(gg, weight(w, `${tb}.ff.net.2.weight`), weight(w, `${tb}.ff.net.2.bias`));
+  F.release(n, proj, gg);
+  return residual(F, h, ff);
+}
+
+function transformer(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, heads: number, cfg: UnetConfig, loraScale: number, depth = 1): Tensor {
   const [b, c, hh, ww] = x.shape;
   const g = F.groupNorm(x, weight(w, `${p}.norm.weight`), weight(w, `${p}.norm.bias`), cfg.groups, TRANSFORMER_NORM_EPS);
   let h: Tensor;
@@ -90,19 +149,7 @@ function transformer(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, 
     F.release(pc);
   }
   F.release(g);
-  const tb = `${p}.transformer_blocks.0`;
-  let n = ln(F, h, w, `${tb}.norm1`);
-  h = residual(F, h, attention(F, n, n, w, `${tb}.attn1`, heads, loraScale));
-  F.release(n);
-  n = ln(F, h, w, `${tb}.norm2`);
-  h = residual(F, h, attention(F, n, context, w, `${tb}.attn2`, heads, loraScale));
-  F.release(n);
-  n = ln(F, h, w, `${tb}.norm3`);
-  const proj = F.linear(n, weight(w, `${tb}.ff.net.0.proj.weight`), weight(w, `${tb}.ff.net.0.proj.bias`));
-  const gg = F.geglu(proj);
-  const ff = F.linear(gg, weight(w, `${tb}.ff.net.2.weight`), weight(w, `${tb}.ff.net.2.bias`));
-  F.release(n, proj, gg);
-  h = residual(F, h, ff);
+  for (let d = 0; d < depth; d++) h = basicTransformerBlock(F, h, context, w, `${p}.transformer_blocks.${d}`, heads, loraScale);
   // Back to channel-first [b, c, h, w] (the transposed buffer is released, not its reshape view).
   let out: Tensor;
   if (cfg.linearProjection) {
@@ -118,6 +165,31 @@ function transformer(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, 
   const y = F.add(F.reshape(out, [b, c, hh, ww]), x);
   F.release(out);
   return y;
+}
+
+/**
+ * SDXL's add_embedding(concat(text_embeds, sinusoid(time_ids))) [B, temb]: each of the 6 time ids gets
+ * diffusers' Timesteps(addition_time_embed_dim, flip_sin_to_cos, shift 0) embedding (cos half first), the
+ * 6 rows of a sample laid end to end after its pooled text embedding; then linear_1, SiLU, linear_2.
+ * The time ids are plain numbers (no gradient); the gradient reaches text_embeds (text-encoder training).
+ */
+function textTimeEmbedding(F: Ops, cfg: UnetConfig, w: Weights, B: number, added: UnetAddedCond | null): Tensor {
+  const tt = cfg.textTime!;
+  if (!added) throw new ShapeError('unet', 'this UNet (SDXL, addition_embed_type text_time) needs text_embeds and time_ids');
+  const { textEmbeds, timeIds } = added;
+  const pooled = tt.projectionInputDim - TIME_IDS * tt.timeEmbedDim;
+  if (timeIds.numel !== B * TIME_IDS || timeIds.shape[timeIds.shape.length - 1] !== TIME_IDS)
+    throw new ShapeError('unet', `time_ids must be [${B},${TIME_IDS}] (original h, w, crop top, left, target h, w), got [${timeIds.shape}]`);
+  if (textEmbeds.shape.length !== 2 || textEmbeds.shape[0] !== B || textEmbeds.shape[1] !== pooled)
+    throw new ShapeError('unet', `text_embeds must be [${B},${pooled}] (projection_class_embeddings_input_dim - 6 x addition_time_embed_dim), got [${textEmbeds.shape}]`);
+  const ids = F.keep(timestepEmbedding(F.gpu, timeIds.reshape([B * TIME_IDS]), tt.timeEmbedDim, textEmbeds.dtype));
+  const cat = F.concat(textEmbeds, ids.reshape([B, TIME_IDS * tt.timeEmbedDim]));
+  F.release(ids);
+  const l1 = F.linear(cat, weight(w, 'add_embedding.linear_1.weight'), weight(w, 'add_embedding.linear_1.bias'));
+  const s1 = F.act('silu', l1);
+  const out = F.linear(s1, weight(w, 'add_embedding.linear_2.weight'), weight(w, 'add_embedding.linear_2.bias'));
+  F.release(cat, l1, s1);
+  return out;
 }
 
 /**
@@ -141,6 +213,8 @@ export function unetForward(
    * plus the block boundaries (skips), at the price of about one more forward.
    */
   checkpointing = false,
+  /** SDXL's text embeddings and time ids, required exactly when the config has `textTime`. */
+  added: UnetAddedCond | null = null,
 ): Tensor {
   const F = new Ops(gpu, tape);
   const B = sample.shape[0];
@@ -152,12 +226,20 @@ export function unetForward(
   const f = 2 ** (cfg.blockOutChannels.length - 1);
   if (sample.shape[2] % f || sample.shape[3] % f) throw new ShapeError('unet', `latent size ${sample.shape[2]}x${sample.shape[3]} must be a multiple of ${f}`);
   // Time embedding: sinusoidal (flip_sin_to_cos, shift 0) -> linear -> SiLU -> linear; ResNets take SiLU of it.
-  const tEmb = F.keep(timestepEmbedding(gpu, timesteps, cfg.blockOutChannels[0], sample.dtype));
+  // Timesteps are not differentiable: the embedding (and the whole time MLP, frozen in LoRA) needs no gradient.
+  const tEmb = F.constant(timestepEmbedding(gpu, timesteps, cfg.blockOutChannels[0], sample.dtype));
   const l1 = F.linear(tEmb, weight(w, 'time_embedding.linear_1.weight'), weight(w, 'time_embedding.linear_1.bias'));
   const s1 = F.act('silu', l1);
-  const emb = F.linear(s1, weight(w, 'time_embedding.linear_2.weight'), weight(w, 'time_embedding.linear_2.bias'));
+  let emb = F.linear(s1, weight(w, 'time_embedding.linear_2.weight'), weight(w, 'time_embedding.linear_2.bias'));
+  F.release(tEmb, l1, s1);
+  if (cfg.textTime) {
+    const a = textTimeEmbedding(F, cfg, w, B, added);
+    const sum = F.add(emb, a);
+    F.release(emb, a);
+    emb = sum;
+  } else if (added) throw new ShapeError('unet', 'text_embeds and time_ids were given but this UNet has no text_time addition embedding (not SDXL)');
   const embAct = F.act('silu', emb);
-  F.release(tEmb, l1, s1, emb);
+  F.release(emb);
   const segment = (fn: (G: Ops) => Tensor): Tensor => (checkpointing ? F.checkpoint(fn) : fn(F));
   const resnet = (x: Tensor, p: string) =>
     segment((G) => {
@@ -166,7 +248,7 @@ export function unetForward(
       G.release(tp);
       return y;
     });
-  const attn = (x: Tensor, p: string, heads: number) => segment((G) => transformer(G, x, context, w, p, heads, cfg, loraScale));
+  const attn = (x: Tensor, p: string, heads: number, depth: number) => segment((G) => transformer(G, x, context, w, p, heads, cfg, loraScale, depth));
   let x = conv(F, sample, w, 'conv_in');
   const skips: Tensor[] = [x];
   const blocks = cfg.blockOutChannels.length;
@@ -174,7 +256,7 @@ export function unetForward(
     for (let j = 0; j < cfg.layersPerBlock; j++) {
       x = resnet(x, `down_blocks.${i}.resnets.${j}`);
       if (cfg.downAttention[i]) {
-        const y = attn(x, `down_blocks.${i}.attentions.${j}`, cfg.heads[i]);
+        const y = attn(x, `down_blocks.${i}.attentions.${j}`, cfg.heads[i], transformerDepth(cfg, 'down', i));
         F.release(x);
         x = y;
       }
@@ -186,7 +268,7 @@ export function unetForward(
     }
   }
   let m = resnet(x, 'mid_block.resnets.0');
-  const mt = attn(m, 'mid_block.attentions.0', cfg.heads[blocks - 1]);
+  const mt = attn(m, 'mid_block.attentions.0', cfg.heads[blocks - 1], transformerDepth(cfg, 'mid'));
   F.release(m);
   m = resnet(mt, 'mid_block.resnets.1');
   F.release(mt);
@@ -200,7 +282,7 @@ export function unetForward(
       x = resnet(cat, `up_blocks.${i}.resnets.${j}`);
       F.release(cat);
       if (cfg.upAttention[i]) {
-        const y = attn(x, `up_blocks.${i}.attentions.${j}`, cfg.heads[headIdx]);
+        const y = attn(x, `up_blocks.${i}.attentions.${j}`, cfg.heads[headIdx], transformerDepth(cfg, 'up', i));
         F.release(x);
         x = y;
       }
