@@ -1,4 +1,4 @@
-// The DreamBooth objective's element-wise parts, with coefficients per sample (each sample of a batch
+// The denoising loss's element-wise parts (ops/loss.ts), with coefficients per sample (each sample of a batch
 // has its own timestep). Specialised by T (storage) and WG.
 //   mix:      out = c[b].x * x + c[b].y * y    (x_t = sqrt(ā) x0 + sqrt(1-ā) eps;  v = sqrt(ā) eps - sqrt(1-ā) x0)
 //   wmse_grad: d/dpred of sum_b w[b] mean_b((pred - target)^2) / B, times the loss scale:

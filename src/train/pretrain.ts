@@ -30,7 +30,7 @@ import { alphasCumprod, scheduleFromJson, type ScheduleConfig } from '../sample/
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
 import { Rng } from '../util/rng.ts';
-import { addNoise, velocity, weightedMse, weightedMseBackward } from './objective.ts';
+import { addNoise, velocity, weightedMse, weightedMseBackward } from '../ops/loss.ts';
 import { ChunkedAdamW } from './optimizer.ts';
 import { captionOf, checkDatasetOptions, drawScene, sceneAt, toModelInput, type ShapeName } from './synthetic.ts';
 

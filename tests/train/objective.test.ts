@@ -10,7 +10,8 @@ import { compare, randomValues } from '../../src/selftest/check.ts';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { readSafetensors } from '../../src/io/safetensors.ts';
-import { addNoise, latentMask, lossWeights, velocity, weightedMse, weightedMseBackward } from '../../src/train/objective.ts';
+import { addNoise, velocity, weightedMse, weightedMseBackward } from '../../src/ops/loss.ts';
+import { latentMask, lossWeights } from '../../src/train/objective.ts';
 import { assertChecks, FIXTURES, testGpu } from '../helpers.ts';
 
 const acp = alphasCumprod(SD_SCHEDULE);
