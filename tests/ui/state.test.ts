@@ -5,11 +5,12 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { cropAt, photoInput } from '../../src/ui/studio/actions.ts';
 import { chartColumns, legendValues, validationAt } from '../../src/ui/studio/chart-values.ts';
-import { fmtBytes, fmtDuration, progressLine, runBusy, statusMessage, storageShortfall } from '../../src/ui/studio/state.ts';
+import { fmtBytes, fmtDuration, progressLine, runBusy, samplesHint, statusMessage, stepCount, storageShortfall } from '../../src/ui/studio/state.ts';
+import { PAGE_DEFAULTS } from '../../src/ui/studio/presets.ts';
 import { storageNeed } from '../../src/studio/session.ts';
 
-describe('studio page helpers', () => {
-  it('storage pre-check: a full SD 1.5 fine-tune does not fit 10 GiB free; LoRA does; unknown quota passes', () => {
+void describe('studio page helpers', () => {
+  void it('storage pre-check: a full SD 1.5 fine-tune does not fit 10 GiB free; LoRA does; unknown quota passes', () => {
     const fullNeed = storageNeed(859_520_964, 4 * 2 ** 20); // SD 1.5 UNet parameters
     assert.ok(fullNeed > 20e9);
     const msg = storageShortfall(fullNeed, 12 * 2 ** 30, 2 * 2 ** 30, 0);
@@ -21,7 +22,7 @@ describe('studio page helpers', () => {
     assert.equal(storageShortfall(fullNeed, null, null, 0), null);
   });
 
-  it('crop slider: 0 is the left/top square, 1 the right/bottom one, never outside the photo', () => {
+  void it('crop slider: 0 is the left/top square, 1 the right/bottom one, never outside the photo', () => {
     assert.deepEqual(cropAt({ width: 400, height: 300 }, 0), { x: 0, y: 0, size: 300 });
     assert.deepEqual(cropAt({ width: 400, height: 300 }, 1), { x: 100, y: 0, size: 300 });
     assert.deepEqual(cropAt({ width: 300, height: 500 }, 0.5), { x: 0, y: 100, size: 300 });
@@ -29,14 +30,14 @@ describe('studio page helpers', () => {
     assert.deepEqual(cropAt({ width: 256, height: 256 }, 0.3), { x: 0, y: 0, size: 256 });
   });
 
-  it('a crop goes to the run only once chosen (the run warns "not square" for the others)', () => {
+  void it('a crop goes to the run only once chosen (the run warns "not square" for the others)', () => {
     const blob = new Blob(['x']);
     const p = { id: 'p1', name: 'a.png', blob, width: 48, height: 40, crop: { x: 4, y: 0, size: 40 }, caption: '' };
     assert.equal('crop' in photoInput(p), false, "a centred crop nobody moved is the run's own centre crop");
     assert.deepEqual(photoInput({ ...p, crop: { x: 0, y: 0, size: 40 }, cropChosen: true }).crop, { x: 0, y: 0, size: 40 });
   });
 
-  it('the model and photos are locked while the run prepares or trains; the status line says a message once', () => {
+  void it('the model and photos are locked while the run prepares or trains; the status line says a message once', () => {
     for (const s of ['preparing', 'training', 'pausing'] as const) assert.equal(runBusy(s), true, s);
     for (const s of ['idle', 'paused', 'done', 'cancelled', 'error', 'interrupted', 'device-lost', 'quota'] as const) assert.equal(runBusy(s), false, s);
     // The interrupted note and the lost-device alert show the message; the status line then only names the state.
@@ -45,7 +46,7 @@ describe('studio page helpers', () => {
     assert.equal(statusMessage({ status: 'paused', message: 'Paused at step 3 (checkpoint saved).' }), 'Paused at step 3 (checkpoint saved).');
   });
 
-  it("the chart legend shows numbers: the latest step's, or the hovered step's; nothing before step 1", () => {
+  void it("the chart legend shows numbers: the latest step's, or the hovered step's; nothing before step 1", () => {
     assert.equal(legendValues([], null), null);
     const losses = [0.5, 0.3, 0.4].map((loss, i) => ({ step: i + 1, loss }));
     const latest = legendValues(losses, null)!;
@@ -61,7 +62,7 @@ describe('studio page helpers', () => {
     assert.equal(legendValues(losses, 7)!.step, 3, 'an index past the data shows the latest');
   });
 
-  it('the progress line: warm-up apart from s/step, the ETA (about, while it rests on a first estimate)', () => {
+  void it('the progress line: warm-up apart from s/step, the ETA (about, while it rests on a first estimate)', () => {
     const run = { step: 0, steps: 6, secondsPerStep: null, warmupSeconds: null, etaSeconds: null, etaProvisional: false, lastCheckpoint: 0 };
     assert.equal(progressLine(run), 'Step 0 / 6', 'nothing timed: no pace, no ETA');
     assert.equal(
@@ -74,7 +75,37 @@ describe('studio page helpers', () => {
     );
   });
 
-  it('formats bytes and durations', () => {
+  void it('no ETA on the progress line of a run that is not running; "1 step", not "1 steps"', () => {
+    const run = { step: 3, steps: 3, secondsPerStep: 1, warmupSeconds: 5, etaSeconds: 2, etaProvisional: false, lastCheckpoint: 3 };
+    assert.match(progressLine({ ...run, status: 'training' }), /ETA 0:02/);
+    for (const status of ['done', 'paused', 'error', 'interrupted'] as const) assert.doesNotMatch(progressLine({ ...run, status }), /ETA/, status);
+    assert.equal(stepCount(1), '1 step');
+    assert.equal(stepCount(3), '3 steps');
+  });
+
+  void it("Samples panel: the run's own interval, and the changed setting for the next run; before a run the setting", () => {
+    const started = { status: 'done' as const, startedWith: { prompt: 'p', settings: { ...PAGE_DEFAULTS, sampleEvery: 5 }, photoIds: [], classIds: [] } };
+    assert.equal(
+      samplesHint({ status: 'idle', startedWith: null }, { sampleEvery: 2 }),
+      'A sample appears before the first step and every 2 steps, always with the same seed.',
+    );
+    const h = samplesHint(started, { sampleEvery: 2 });
+    assert.match(h, /^This run draws a sample before the first step and every 5 steps/);
+    assert.match(h, /next run.*every 2 steps/);
+    assert.doesNotMatch(samplesHint(started, { sampleEvery: 5 }), /next run/);
+    assert.match(samplesHint({ status: 'idle', startedWith: null }, { sampleEvery: 0 }), /off/);
+  });
+
+  void it("the demo model's settings come only when switching to it: loading it again after a reload keeps the changed interval", async () => {
+    const { modelDefaults } = await import('../../src/ui/studio/actions.ts');
+    const summary = { nativeResolution: 64 };
+    assert.equal(modelDefaults({ kind: 'demo' }, null, summary, { steps: 400 }).sampleEvery, 5, 'first time: the demo defaults');
+    assert.equal(modelDefaults({ kind: 'demo' }, { kind: 'hub', endpoint: 'e', repo: 'r' }, summary, { steps: 400 }).resolution, 64);
+    assert.deepEqual(modelDefaults({ kind: 'demo' }, { kind: 'demo' }, summary, { steps: 400 }), {}, 'the same model again: nothing changed');
+    assert.deepEqual(modelDefaults({ kind: 'hub', endpoint: 'e', repo: 'r' }, null, summary, { steps: 400 }), {});
+  });
+
+  void it('formats bytes and durations', () => {
     assert.equal(fmtBytes(512), '512 B');
     assert.equal(fmtBytes(1536), '1.5 KiB');
     assert.equal(fmtBytes(3 * 2 ** 30), '3.00 GiB');
@@ -83,8 +114,8 @@ describe('studio page helpers', () => {
   });
 });
 
-describe('studio project persistence (IndexedDB via fake-indexeddb)', () => {
-  it('photos and samples are stored once under their own keys; a reload restores them; a training run becomes interrupted', async () => {
+void describe('studio project persistence (IndexedDB via fake-indexeddb)', () => {
+  void it('photos and samples are stored once under their own keys; a reload restores them; a training run becomes interrupted', async () => {
     const { useStudioStore, saveProject, restoreProject, EMPTY_RUN } = await import('../../src/ui/studio/state.ts');
     const { createStore, keys, get } = await import('idb-keyval');
     const st = useStudioStore.getState();
@@ -131,7 +162,7 @@ describe('studio project persistence (IndexedDB via fake-indexeddb)', () => {
     assert.equal(await r.run.samples[0].blob.text(), 'S0');
   });
 
-  it('"Choose where to save" is remembered across a reload (on when the saved project predates it)', async () => {
+  void it('"Choose where to save" is remembered across a reload (on when the saved project predates it)', async () => {
     const { useStudioStore, saveProject, restoreProject } = await import('../../src/ui/studio/state.ts');
     const { createStore, get, set } = await import('idb-keyval');
     const st = useStudioStore.getState();
@@ -147,7 +178,44 @@ describe('studio project persistence (IndexedDB via fake-indexeddb)', () => {
     assert.equal(useStudioStore.getState().saveWithDialog, true);
   });
 
-  it('the chart aligns training and validation losses by step (validation from step 0, gaps as null)', () => {
+  void it('a finished run after a reload: "Done" with its steps, no ETA, no download message; a late download event changes nothing', async () => {
+    const { useStudioStore, saveProject, restoreProject, EMPTY_RUN, progressLine, statusMessage } = await import('../../src/ui/studio/state.ts');
+    const { onEvent } = await import('../../src/ui/studio/actions.ts');
+    const st = useStudioStore.getState();
+    st.set({ restored: true });
+    // As the issue saw it: an export after the run finished had downloaded the demo model; the ETA was left over.
+    st.setRun({
+      ...EMPTY_RUN,
+      runId: 'run-d',
+      status: 'done',
+      step: 3,
+      steps: 3,
+      lastCheckpoint: 3,
+      etaSeconds: 2,
+      secondsPerStep: 1.5,
+      message: 'Downloading demo model: 13.8 MiB of 13.8 MiB',
+    });
+    await saveProject();
+    st.set({ restored: false });
+    st.setRun(EMPTY_RUN);
+    await restoreProject();
+    const r = useStudioStore.getState().run;
+    assert.equal(r.status, 'done');
+    assert.equal(statusMessage(r), 'Trained 3 steps. Try it or export the result below.');
+    assert.equal(r.etaSeconds, null);
+    assert.doesNotMatch(progressLine(r), /ETA/, progressLine(r));
+    onEvent({ type: 'download', path: 'demo model', loaded: 1, total: 2 });
+    assert.equal(
+      useStudioStore.getState().run.message,
+      'Trained 3 steps. Try it or export the result below.',
+      'no download on the status line of a stopped run',
+    );
+    useStudioStore.getState().setRun({ status: 'preparing' });
+    onEvent({ type: 'download', path: 'demo model', loaded: 1, total: 2 });
+    assert.match(useStudioStore.getState().run.message, /^Downloading demo model/, 'while the run prepares it does say so');
+  });
+
+  void it('the chart aligns training and validation losses by step (validation from step 0, gaps as null)', () => {
     const losses = [1, 2, 3, 4].map((step) => ({ step, loss: 1 / step }));
     const validation = [
       { step: 0, instance: 0.5, class: 0.25 },

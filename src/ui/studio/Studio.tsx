@@ -34,7 +34,7 @@ import { RunsPanel } from './Runs.tsx';
 import { bucketFor, bucketRegion } from '../../io/image.ts';
 import { LossChart } from './LossChart.tsx';
 import { MaskEditor } from './MaskEditor.tsx';
-import { autosave, fmtBytes, progressLine, restoreProject, runBusy, statusMessage, useStudioStore, type PhotoItem } from './state.ts';
+import { autosave, fmtBytes, progressLine, restoreProject, runBusy, samplesHint, statusMessage, stepCount, useStudioStore, type PhotoItem } from './state.ts';
 
 export function Studio() {
   useEffect(() => {
@@ -463,6 +463,7 @@ function TrainPanel() {
   const storage = useStudioStore((s) => s.storage);
   const photos = useStudioStore((s) => s.photos);
   const modelStatus = useStudioStore((s) => s.model.status);
+  const sampleSettings = useStudioStore((s) => s.settings);
   const busy = runBusy(run.status);
   const canResume =
     run.runId !== null && run.startedWith !== null && ['paused', 'interrupted', 'device-lost', 'error', 'quota'].includes(run.status) && run.step < run.steps;
@@ -504,7 +505,7 @@ function TrainPanel() {
               run.step > 0 &&
               run.status !== 'cancelled' &&
               !confirm(
-                `Train this run again from the start? Its ${run.step} steps and checkpoints will be deleted; export it first, or use "New run" (Runs, above) to keep it.`,
+                `Train this run again from the start? Its ${stepCount(run.step)} and checkpoints will be deleted; export it first, or use "New run" (Runs, above) to keep it.`,
               )
             )
               return;
@@ -524,7 +525,7 @@ function TrainPanel() {
           type="button"
           className="secondary"
           onClick={() => {
-            if (run.step > 0 && !confirm(`Cancel the run? Its ${run.step} steps and checkpoints will be deleted.`)) return;
+            if (run.step > 0 && !confirm(`Cancel the run? Its ${stepCount(run.step)} and checkpoints will be deleted.`)) return;
             void cancelTraining();
           }}
           disabled={!run.runId || run.status === 'done' || run.status === 'cancelled'}
@@ -580,13 +581,10 @@ function TrainPanel() {
       )}
       <LossChart losses={run.losses} validation={run.validation} />
       <h3>Samples</h3>
-      {run.samples.length === 0 ? (
-        <p className="hint">
-          {(run.startedWith?.settings ?? useStudioStore.getState().settings).sampleEvery > 0
-            ? `A sample appears before the first step and every ${(run.startedWith?.settings ?? useStudioStore.getState().settings).sampleEvery} steps, always with the same seed.`
-            : 'Samples are off (Advanced settings: sample every N steps).'}
-        </p>
-      ) : (
+      <p className="hint" data-testid="samples-hint">
+        {samplesHint(run, sampleSettings)}
+      </p>
+      {run.samples.length === 0 ? null : (
         <ul className="samples" data-testid="samples">
           {[...run.samples]
             .sort((a, b) => a.step - b.step)

@@ -9,10 +9,13 @@ import { SHIPPED_DEMO_RESOLUTION } from '../../models/shipped-demo.ts';
 import { exportFileName, type ExportFormat, type RunInput } from '../../pipeline/run.ts';
 import type { TryItOptions, TryItResult } from '../../pipeline/tryit.ts';
 import { PRESETS, SETTING_LABELS, type PresetName } from './presets.ts';
-import type { ModelChoice, StudioWorkerApi, WorkerEvent } from '../../studio/worker.ts';
+import type { ModelChoice, ModelSummary, StudioWorkerApi, WorkerEvent } from '../../studio/worker.ts';
+import type { RunSettings } from '../../pipeline/settings.ts';
 import {
   EMPTY_RUN,
+  finishedMessage,
   fmtBytes,
+  STOPPED,
   forgetWorkspace,
   runBusy,
   savedWorkspaces,
@@ -22,6 +25,7 @@ import {
   storedBlobSizes,
   switchWorkspace,
   useStudioStore,
+  type ModelRef,
   type PhotoItem,
   type RunProgress,
   type RunRow,
@@ -47,6 +51,9 @@ export async function initStudio(): Promise<void> {
   const r = await w.init();
   S().set({ env: r.ok ? { kind: 'ready', adapter: r.adapter, hasF16: r.hasF16, gemm: r.gemm } : { kind: 'error', noWebGpu: r.noWebGpu, message: r.message } });
   await refreshStorage();
+  // The model the open run used comes back by itself where it can (the demo model ships with the page); a file or
+  // folder must be given again (the model panel asks), a hub model says it comes from the cache.
+  if (r.ok && S().model.ref?.kind === 'demo' && S().model.status === 'none') void loadDemoModel();
   (globalThis as { __studio?: unknown }).__studio = { loseDevice: () => api?.loseDevice(), state: S };
 }
 
@@ -93,17 +100,7 @@ async function loadModelChoice(choice: ModelChoice): Promise<void> {
     const differs = prev && S().run.runId && S().run.status !== 'idle' && JSON.stringify(prev) !== JSON.stringify(ref);
     modelChoice = choice;
     S().set({ model: { ref, summary, status: 'ready', message: '', download: null } });
-    if (choice.kind === 'demo') {
-      // The demo model trains at its own pretraining size (64 px): its photos and samples are tiny and fast.
-      S().setSettings({
-        resolution: summary.nativeResolution ?? SHIPPED_DEMO_RESOLUTION,
-        budgetBytes: 512 * 2 ** 20,
-        sampleEvery: 5,
-        sampleSteps: 8,
-        steps: Math.min(S().settings.steps, 20),
-        checkpointEvery: 5,
-      });
-    }
+    S().setSettings(modelDefaults(ref, prev, summary, S().settings));
     if (differs)
       S().setRun((r) => ({
         warnings: [
@@ -114,6 +111,28 @@ async function loadModelChoice(choice: ModelChoice): Promise<void> {
   } catch (e) {
     S().set({ model: { ref: S().model.ref, summary: null, status: 'error', message: (e as Error).message, download: null } });
   }
+}
+
+/**
+ * Settings a model brings when it is chosen: the demo model trains at its own pretraining size (64 px), so its
+ * photos and samples are tiny and fast. Only when switching to it: the same model loaded again (after a
+ * reload) keeps the settings the user changed since.
+ */
+export function modelDefaults(
+  ref: ModelRef,
+  prev: ModelRef | null,
+  summary: Pick<ModelSummary, 'nativeResolution'>,
+  settings: Pick<RunSettings, 'steps'>,
+): Partial<RunSettings> {
+  if (ref.kind !== 'demo' || prev?.kind === 'demo') return {};
+  return {
+    resolution: summary.nativeResolution ?? SHIPPED_DEMO_RESOLUTION,
+    budgetBytes: 512 * 2 ** 20,
+    sampleEvery: 5,
+    sampleSteps: 8,
+    steps: Math.min(settings.steps, 20),
+    checkpointEvery: 5,
+  };
 }
 
 export const loadDemoModel = () => loadModelChoice({ kind: 'demo' });
@@ -244,7 +263,8 @@ export function applyPreset(name: PresetName): void {
 /** An export is under way: the worker's phase messages are the export's, not the run's. */
 let exportInProgress = false;
 
-function onEvent(e: WorkerEvent): void {
+/** What the page does with each worker event (exported for tests). */
+export function onEvent(e: WorkerEvent): void {
   const { setRun } = S();
   switch (e.type) {
     case 'phase':
@@ -300,9 +320,13 @@ function onEvent(e: WorkerEvent): void {
         message: `The GPU device was lost (${e.message}). Your progress up to the checkpoint at step ${S().run.lastCheckpoint} is saved.`,
       });
       break;
-    case 'download':
-      setRun({ message: `Downloading ${e.path}: ${fmtBytes(e.loaded)}${e.total ? ` of ${fmtBytes(e.total)}` : ''}` });
+    case 'download': {
+      // A download for an export or Try it of a stopped run is said on the export's line, never as the run's status.
+      const message = `Downloading ${e.path}: ${fmtBytes(e.loaded)}${e.total ? ` of ${fmtBytes(e.total)}` : ''}`;
+      if (exportInProgress) S().set({ exportMessage: message });
+      else if (runBusy(S().run.status)) setRun({ message });
       break;
+    }
   }
 }
 
@@ -345,9 +369,9 @@ async function driveRun(start: () => Promise<'done' | 'paused' | 'cancelled' | '
     if (result === 'cancelled') {
       await api?.discard(r.runId!);
       setRun({ ...EMPTY_RUN, status: 'cancelled', message: 'Training cancelled; its checkpoints were deleted.' });
-    } else if (result === 'paused') setRun({ status: 'paused', message: `Paused at step ${r.step} (checkpoint saved).` });
-    else if (result === 'done') setRun({ status: 'done', message: `Done: ${r.step} steps. Export the result below.` });
-    else setRun({ status: 'paused', message: `Loaded at step ${r.step}.` });
+    } else if (result === 'paused') setRun({ ...STOPPED, status: 'paused', message: `Paused at step ${r.step} (checkpoint saved).` });
+    else if (result === 'done') setRun({ ...STOPPED, status: 'done', message: finishedMessage(r.step) });
+    else setRun({ ...STOPPED, status: 'paused', message: `Loaded at step ${r.step}.` });
   } catch (e) {
     if (S().run.status === 'device-lost') return;
     const err = e as Error;
@@ -358,8 +382,8 @@ async function driveRun(start: () => Promise<'done' | 'paused' | 'cancelled' | '
       });
       return;
     }
-    if (err.name === 'QuotaTooSmall' || err.name === 'StorageFullError') setRun({ status: 'quota', error: err.message, message: '' });
-    else setRun({ status: 'error', error: err.message, message: '' });
+    if (err.name === 'QuotaTooSmall' || err.name === 'StorageFullError') setRun({ ...STOPPED, status: 'quota', error: err.message, message: '' });
+    else setRun({ ...STOPPED, status: 'error', error: err.message, message: '' });
   } finally {
     await saveProject();
     void refreshStorage().then(refreshRuns);

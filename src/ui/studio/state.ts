@@ -367,7 +367,10 @@ async function readWorkspace(saved: SavedProject): Promise<{ state: Partial<Stud
   }
   const thumb = info.thumbFrom ? await blob(thumbKey(info.id)) : undefined;
   const busy: RunStatus[] = ['preparing', 'training', 'pausing'];
-  const run: RunProgress = { ...EMPTY_RUN, ...saved.run, samples, tries };
+  // Nothing runs after a reload: no ETA or sample under way; a finished run says it is finished (not the last
+  // thing the worker said, e.g. a download for an export).
+  const run: RunProgress = { ...EMPTY_RUN, ...saved.run, samples, tries, ...STOPPED };
+  if (run.status === 'done') run.message = finishedMessage(run.step);
   if (busy.includes(run.status)) {
     run.status = 'interrupted';
     run.message =
@@ -554,6 +557,34 @@ export function autosave(): () => void {
   });
 }
 
+/** What a run that stopped (finished, paused, cancelled, failed, reloaded) no longer has: an ETA, a sample under way. */
+export const STOPPED = { etaSeconds: null, etaProvisional: false, sampling: null } satisfies Partial<RunProgress>;
+
+/** "1 step", "3 steps". */
+export function stepCount(n: number): string {
+  return `${n} ${n === 1 ? 'step' : 'steps'}`;
+}
+
+/** The status line of a finished run (after the "Done." label), also after a reload. */
+export function finishedMessage(step: number): string {
+  return `Trained ${stepCount(step)}. Try it or export the result below.`;
+}
+
+/**
+ * What the Samples panel says of the interval: the open run's own (the settings it started with), and the
+ * current setting too where it differs (it applies to the next run), or the current setting before any run.
+ */
+export function samplesHint(run: Pick<RunProgress, 'status' | 'startedWith'>, settings: Pick<StudioSettings, 'sampleEvery'>): string {
+  const every = (n: number) => (n > 0 ? `before the first step and every ${stepCount(n)}` : 'never (samples are off)');
+  const own = run.startedWith && run.status !== 'idle' && run.status !== 'cancelled' ? run.startedWith.settings.sampleEvery : null;
+  if (own === null)
+    return settings.sampleEvery > 0
+      ? `A sample appears ${every(settings.sampleEvery)}, always with the same seed.`
+      : 'Samples are off (Advanced settings: sample every N steps).';
+  const next = own !== settings.sampleEvery ? ` The next run, with the settings as they are now: ${every(settings.sampleEvery)}.` : '';
+  return `This run draws a sample ${every(own)}, always with the same seed.${next}`;
+}
+
 /** While the run is being prepared or trained: the model and the photos it uses must not change then. */
 export function runBusy(status: RunStatus): boolean {
   return status === 'preparing' || status === 'training' || status === 'pausing';
@@ -592,8 +623,10 @@ export function fmtBytes(n: number): string {
  * checkpoints; "about" while it rests on a first estimate) and the last checkpoint.
  */
 export function progressLine(
-  run: Pick<RunProgress, 'step' | 'steps' | 'secondsPerStep' | 'warmupSeconds' | 'etaSeconds' | 'etaProvisional' | 'lastCheckpoint'>,
+  run: Pick<RunProgress, 'step' | 'steps' | 'secondsPerStep' | 'warmupSeconds' | 'etaSeconds' | 'etaProvisional' | 'lastCheckpoint'> & { status?: RunStatus },
 ): string {
+  // A run that is not running has nothing left to estimate.
+  if (run.status !== undefined && !runBusy(run.status)) run = { ...run, etaSeconds: null };
   const parts = [`Step ${run.step} / ${run.steps || '—'}`];
   const warm = run.secondsPerStep !== null && run.secondsPerStep > 0;
   if (run.warmupSeconds != null)
