@@ -181,7 +181,10 @@ function textTimeEmbedding(F: Ops, cfg: UnetConfig, w: Weights, B: number, added
   if (timeIds.numel !== B * TIME_IDS || timeIds.shape[timeIds.shape.length - 1] !== TIME_IDS)
     throw new ShapeError('unet', `time_ids must be [${B},${TIME_IDS}] (original h, w, crop top, left, target h, w), got [${timeIds.shape}]`);
   if (textEmbeds.shape.length !== 2 || textEmbeds.shape[0] !== B || textEmbeds.shape[1] !== pooled)
-    throw new ShapeError('unet', `text_embeds must be [${B},${pooled}] (projection_class_embeddings_input_dim - 6 x addition_time_embed_dim), got [${textEmbeds.shape}]`);
+    throw new ShapeError(
+      'unet',
+      `text_embeds must be [${B},${pooled}] (projection_class_embeddings_input_dim - 6 x addition_time_embed_dim), got [${textEmbeds.shape}]`,
+    );
   const ids = F.keep(timestepEmbedding(F.gpu, timeIds.reshape([B * TIME_IDS]), tt.timeEmbedDim, textEmbeds.dtype));
   const cat = F.concat(textEmbeds, ids.reshape([B, TIME_IDS * tt.timeEmbedDim]));
   F.release(ids);
