@@ -6,7 +6,7 @@
 import type { Gpu } from '../gpu/device.ts';
 import { Tensor } from '../gpu/tensor.ts';
 import { flashAttention, flashAttentionBackward, type AttentionOptions } from '../ops/attention.ts';
-import { conv2d, conv2dBackward, conv2dBackwardInput, type Conv2dOptions } from '../ops/conv2d.ts';
+import { conv2d, conv2dBackward, conv2dBackwardInput, conv2dBackwardWeight, type Conv2dOptions } from '../ops/conv2d.ts';
 import {
   activation,
   activationBackward,
@@ -24,10 +24,10 @@ import {
   upsample2xBackward,
   type Activation,
 } from '../ops/elementwise.ts';
-import { colSum, linear, linearBackward, matmul, matmulBackward, type MatmulOptions } from '../ops/matmul.ts';
+import { colSum, linear, linearBackward, linearBackwardWeight, matmul, matmulBackward, type MatmulOptions } from '../ops/matmul.ts';
 import { softmax, softmaxBackward } from '../ops/softmax.ts';
 import { pad2d, pad2dBackward, repeat, type Pad2d } from '../ops/elementwise.ts';
-import { groupNorm, groupNormBackward, layerNorm, layerNormBackward } from '../ops/norm.ts';
+import { groupNorm, groupNormBackwardParts, layerNorm, layerNormBackwardParts } from '../ops/norm.ts';
 
 export class Tape {
   private readonly records: (() => void)[] = [];
@@ -43,6 +43,18 @@ export class Tape {
   private readonly firstUse = new Map<Tensor, number>();
   /** Weights whose gradient backwardFused has handed over (a gradient reaching one after that is a bug). */
   private readonly handed = new Set<Tensor>();
+  /**
+   * Tensors whose gradient reaches no trainable tensor (requires_grad false, as PyTorch propagates it):
+   * inputs declared by `noGrad` and every output of a recorded op whose inputs are all frozen or in here.
+   * A checkpointed segment's sub-tape shares its parent's set, so the re-run forward knows it too.
+   */
+  readonly constants: WeakSet<Tensor>;
+  /**
+   * `prune` (default true): ops compute no gradient for an input that needs none (a frozen weight, a
+   * `constants` tensor) and frozen norms skip their parameter gradients. False gives the unpruned tape
+   * (every non-weight tensor gets its gradient), the oracle the pruned one is tested against.
+   */
+  readonly prune: boolean;
 
   /**
    * `trainable`: the weights that get gradients. Other tensors tagged 'weights' are frozen: the ops
@@ -52,11 +64,30 @@ export class Tape {
   constructor(
     private readonly gpu: Gpu,
     readonly trainable: ReadonlySet<Tensor> | null = null,
-  ) {}
+    opts: { prune?: boolean; constants?: WeakSet<Tensor> } = {},
+  ) {
+    this.prune = opts.prune ?? true;
+    this.constants = opts.constants ?? new WeakSet();
+  }
 
   /** False for a frozen weight: nothing should compute or keep its gradient. */
   wants(t: Tensor): boolean {
     return !this.trainable || t.tag !== 'weights' || this.trainable.has(t);
+  }
+
+  /** Whether an op should compute t's gradient: a trainable weight, or a tensor a trainable one depends on. */
+  needs(t: Tensor): boolean {
+    return this.wants(t) && !(this.prune && this.constants.has(t));
+  }
+
+  /** Declares tensors whose gradient nobody wants (the step's inputs: noisy latents, cached text embeddings). */
+  noGrad(...ts: Tensor[]): void {
+    for (const t of ts) this.constants.add(t);
+  }
+
+  /** Marks y constant when none of the inputs it was computed from needs a gradient. */
+  derive(y: Tensor, inputs: readonly (Tensor | null | undefined)[]): void {
+    if (inputs.every((t) => !t || !this.needs(t))) this.constants.add(y);
   }
 
   record(backward: () => void): void {
@@ -78,7 +109,7 @@ export class Tape {
 
   /** Adds g into the gradient of t (taking ownership of g); frozen weights drop it. */
   acc(t: Tensor, g: Tensor): void {
-    if (!this.wants(t)) {
+    if (!this.needs(t)) {
       this.gpu.free(g);
       return;
     }
@@ -174,7 +205,8 @@ export class Ops {
    * Records the backward of an op whose output is y: `fn(dy)` runs when a gradient reached y; y and
    * the `saved` tensors are freed after it either way.
    */
-  private rec(y: Tensor, saved: Tensor[], fn: (dy: Tensor) => void): void {
+  private rec(y: Tensor, saved: Tensor[], inputs: readonly (Tensor | null | undefined)[], fn: (dy: Tensor) => void): void {
+    this.uses?.derive(y, inputs);
     const tape = this.tape;
     if (!tape) return;
     tape.record(() => {
@@ -184,9 +216,9 @@ export class Ops {
     });
   }
 
-  /** Gradient wanted for this tensor (false for frozen weights under a tape with a trainable set). */
-  private wants(t: Tensor): boolean {
-    return this.tape!.wants(t);
+  /** Gradient wanted for this tensor (false for frozen weights and for tensors no trainable one depends on). */
+  private needs(t: Tensor | null | undefined): boolean {
+    return !!t && this.tape!.needs(t);
   }
 
   /**
@@ -203,13 +235,19 @@ export class Ops {
       const dy = tape.take(y);
       this.gpu.free(y);
       if (!dy) return;
-      const sub = new Tape(this.gpu, tape.trainable);
+      const sub = new Tape(this.gpu, tape.trainable, { prune: tape.prune, constants: tape.constants });
       const y2 = fn(new Ops(this.gpu, sub));
       sub.backward(y2, dy);
       for (const [t, g] of sub.grads) tape.acc(t, g);
       sub.grads.clear();
     });
     return y;
+  }
+
+  /** A tensor made by a raw op that needs no gradient (requires_grad false): kept like `keep`. */
+  constant(t: Tensor): Tensor {
+    this.uses?.noGrad(t);
+    return this.keep(t);
   }
 
   /** A tensor made by a raw op (not through Ops) that the backward reads: freed after the backward. */
@@ -221,14 +259,16 @@ export class Ops {
   linear(x: Tensor, w: Tensor, b?: Tensor | null): Tensor {
     this.uses?.use(w, b);
     const y = linear(this.gpu, x, w, b);
-    this.rec(y, [], (dy) => {
+    this.rec(y, [], [x, w, b], (dy) => {
       const tape = this.tape!;
-      if (this.wants(w) || (b && this.wants(b))) {
-        const g = linearBackward(this.gpu, x, w, dy, b);
-        tape.acc(x, g.dx);
+      const needX = this.needs(x);
+      if (this.needs(w) || this.needs(b)) {
+        // dx is skipped when x needs none (a frozen layer's input, the text embeddings under a k/v adapter).
+        const g: { dx?: Tensor; dw: Tensor; dbias?: Tensor } = needX ? linearBackward(this.gpu, x, w, dy, b) : linearBackwardWeight(this.gpu, x, w, dy, b);
+        if (g.dx) tape.acc(x, g.dx);
         tape.acc(w, g.dw);
         if (b && g.dbias) tape.acc(b, g.dbias);
-      } else {
+      } else if (needX) {
         // Frozen weight: only dx = dy W (no dW, no db kernels).
         const rows = dy.numel / w.shape[0];
         const dx = matmul(this.gpu, dy.reshape([rows, w.shape[0]]), w);
@@ -242,15 +282,21 @@ export class Ops {
   conv(x: Tensor, w: Tensor, b: Tensor | null, opts: Conv2dOptions): Tensor {
     this.uses?.use(w, b);
     const y = conv2d(this.gpu, x, w, b, opts);
-    this.rec(y, [], (dy) => {
+    this.rec(y, [], [x, w, b], (dy) => {
       const tape = this.tape!;
-      if (this.wants(w) || (b && this.wants(b))) {
+      const needX = this.needs(x);
+      if ((this.needs(w) || this.needs(b)) && needX) {
         const g = conv2dBackward(this.gpu, x, w, dy, opts);
         tape.acc(x, g.dx);
         tape.acc(w, g.dw);
         if (b) tape.acc(b, g.db);
         else this.gpu.free(g.db);
-      } else tape.acc(x, conv2dBackwardInput(this.gpu, x, w, dy, opts));
+      } else if (this.needs(w) || this.needs(b)) {
+        // A trainable conv on an input that needs no gradient (conv_in in a full fine-tune): no dx kernels.
+        const g = conv2dBackwardWeight(this.gpu, x, w, dy, { ...opts, bias: !!b });
+        tape.acc(w, g.dw);
+        if (b && g.db) tape.acc(b, g.db);
+      } else if (needX) tape.acc(x, conv2dBackwardInput(this.gpu, x, w, dy, opts));
       this.gpu.free(dy);
     });
     return y;
@@ -260,11 +306,11 @@ export class Ops {
     this.uses?.use(gamma, beta);
     const r = groupNorm(this.gpu, x, gamma, beta, groups, eps);
     if (!this.tape) this.gpu.free(r.mean, r.rstd);
-    this.rec(r.y, [r.mean, r.rstd], (dy) => {
-      const g = groupNormBackward(this.gpu, x, gamma, r, dy, groups);
-      this.acc32(gamma, g.dgamma);
-      this.acc32(beta, g.dbeta);
-      this.tape!.acc(x, g.dx);
+    this.rec(r.y, [r.mean, r.rstd], [x, gamma, beta], (dy) => {
+      const g = groupNormBackwardParts(this.gpu, x, gamma, r, dy, groups, this.normParts(x, gamma, beta));
+      if (g.dgamma) this.acc32(gamma, g.dgamma);
+      if (g.dbeta) this.acc32(beta, g.dbeta);
+      if (g.dx) this.tape!.acc(x, g.dx);
       this.gpu.free(dy);
     });
     return r.y;
@@ -274,19 +320,28 @@ export class Ops {
     this.uses?.use(gamma, beta);
     const r = layerNorm(this.gpu, x, gamma, beta, eps);
     if (!this.tape) this.gpu.free(r.mean, r.rstd);
-    this.rec(r.y, [r.mean, r.rstd], (dy) => {
-      const g = layerNormBackward(this.gpu, x, gamma, r, dy);
-      this.acc32(gamma, g.dgamma);
-      this.acc32(beta, g.dbeta);
-      this.tape!.acc(x, g.dx);
+    this.rec(r.y, [r.mean, r.rstd], [x, gamma, beta], (dy) => {
+      const g = layerNormBackwardParts(this.gpu, x, gamma, r, dy, this.normParts(x, gamma, beta));
+      if (g.dgamma) this.acc32(gamma, g.dgamma);
+      if (g.dbeta) this.acc32(beta, g.dbeta);
+      if (g.dx) this.tape!.acc(x, g.dx);
       this.gpu.free(dy);
     });
     return r.y;
   }
 
+  /**
+   * Which halves of a norm's backward to run: dx when x needs a gradient, dgamma/dbeta when either
+   * parameter does (a frozen norm in a LoRA run skips them; the unpruned tape runs both, as it always did).
+   */
+  private normParts(x: Tensor, gamma: Tensor, beta: Tensor): { dx: boolean; params: boolean } {
+    if (!this.tape!.prune) return { dx: true, params: true };
+    return { dx: this.needs(x), params: this.needs(gamma) || this.needs(beta) };
+  }
+
   /** Norm parameter gradients come out f32; keep them in the parameter's dtype like the others. */
   private acc32(p: Tensor, g: Tensor): void {
-    if (p.dtype === 'f32' || !this.wants(p)) {
+    if (p.dtype === 'f32' || !this.needs(p)) {
       this.tape!.acc(p, g);
       return;
     }
@@ -296,7 +351,7 @@ export class Ops {
 
   act(kind: Activation, x: Tensor): Tensor {
     const y = activation(this.gpu, kind, x);
-    this.rec(y, [], (dy) => {
+    this.rec(y, [], [x], (dy) => {
       this.tape!.acc(x, activationBackward(this.gpu, kind, x, dy));
       this.gpu.free(dy);
     });
@@ -305,27 +360,31 @@ export class Ops {
 
   add(a: Tensor, b: Tensor): Tensor {
     const y = add(this.gpu, a, b);
-    this.rec(y, [], (dy) => {
-      // Both operands receive dy: give the second its own copy.
-      this.tape!.acc(b, scale(this.gpu, dy, 1));
-      this.tape!.acc(a, dy);
+    this.rec(y, [], [a, b], (dy) => {
+      const [needA, needB] = [this.needs(a), this.needs(b)];
+      // Both operands receive dy: when both need it the second gets its own copy, else dy itself moves on.
+      if (needA && needB) this.tape!.acc(b, scale(this.gpu, dy, 1));
+      else if (needB) this.tape!.acc(b, dy);
+      if (needA) this.tape!.acc(a, dy);
+      else if (!needB) this.gpu.free(dy);
     });
     return y;
   }
 
   addChannel(x: Tensor, t: Tensor): Tensor {
     const y = addChannel(this.gpu, x, t);
-    this.rec(y, [], (dy) => {
-      const g = addChannelBackward(this.gpu, x, t, dy);
-      this.tape!.acc(t, g.dt);
-      this.tape!.acc(x, dy);
+    this.rec(y, [], [x, t], (dy) => {
+      // dt (a sum over each plane) only when t needs it: a frozen time-embedding projection does not.
+      if (this.needs(t)) this.tape!.acc(t, addChannelBackward(this.gpu, x, t, dy).dt);
+      if (this.needs(x)) this.tape!.acc(x, dy);
+      else this.gpu.free(dy);
     });
     return y;
   }
 
   geglu(x: Tensor): Tensor {
     const y = geglu(this.gpu, x);
-    this.rec(y, [], (dy) => {
+    this.rec(y, [], [x], (dy) => {
       this.tape!.acc(x, gegluBackward(this.gpu, x, dy));
       this.gpu.free(dy);
     });
@@ -334,7 +393,7 @@ export class Ops {
 
   transpose(x: Tensor): Tensor {
     const y = transpose2d(this.gpu, x);
-    this.rec(y, [], (dy) => {
+    this.rec(y, [], [x], (dy) => {
       this.tape!.acc(x, transpose2d(this.gpu, dy));
       this.gpu.free(dy);
     });
@@ -343,9 +402,9 @@ export class Ops {
 
   concat(x: Tensor, s: Tensor): Tensor {
     const y = concatChannels(this.gpu, x, s);
-    this.rec(y, [], (dy) => {
-      this.tape!.acc(x, splitChannels(this.gpu, dy, 0, x.shape[1]));
-      this.tape!.acc(s, splitChannels(this.gpu, dy, x.shape[1], s.shape[1]));
+    this.rec(y, [], [x, s], (dy) => {
+      if (this.needs(x)) this.tape!.acc(x, splitChannels(this.gpu, dy, 0, x.shape[1]));
+      if (this.needs(s)) this.tape!.acc(s, splitChannels(this.gpu, dy, x.shape[1], s.shape[1]));
       this.gpu.free(dy);
     });
     return y;
@@ -353,7 +412,7 @@ export class Ops {
 
   upsample(x: Tensor): Tensor {
     const y = upsample2x(this.gpu, x);
-    this.rec(y, [], (dy) => {
+    this.rec(y, [], [x], (dy) => {
       this.tape!.acc(x, upsample2xBackward(this.gpu, x, dy));
       this.gpu.free(dy);
     });
@@ -362,7 +421,7 @@ export class Ops {
 
   matmul(a: Tensor, b: Tensor, opts: Pick<MatmulOptions, 'transA' | 'transB'> = {}): Tensor {
     const y = matmul(this.gpu, a, b, opts);
-    this.rec(y, [], (dy) => {
+    this.rec(y, [], [a, b], (dy) => {
       const g = matmulBackward(this.gpu, a, b, dy, opts);
       this.tape!.acc(a, g.da);
       this.tape!.acc(b, g.db);
@@ -373,7 +432,7 @@ export class Ops {
 
   softmax(x: Tensor): Tensor {
     const y = softmax(this.gpu, x);
-    this.rec(y, [], (dy) => {
+    this.rec(y, [], [x], (dy) => {
       this.tape!.acc(x, softmaxBackward(this.gpu, y, dy));
       this.gpu.free(dy);
     });
@@ -382,7 +441,7 @@ export class Ops {
 
   scale(x: Tensor, s: number): Tensor {
     const y = scale(this.gpu, x, s);
-    this.rec(y, [], (dy) => {
+    this.rec(y, [], [x], (dy) => {
       this.tape!.acc(x, scale(this.gpu, dy, s));
       this.gpu.free(dy);
     });
@@ -391,7 +450,7 @@ export class Ops {
 
   pad(x: Tensor, p: Pad2d): Tensor {
     const y = pad2d(this.gpu, x, p);
-    this.rec(y, [], (dy) => {
+    this.rec(y, [], [x], (dy) => {
       this.tape!.acc(x, pad2dBackward(this.gpu, x, dy, p));
       this.gpu.free(dy);
     });
@@ -401,7 +460,7 @@ export class Ops {
   /** [times, ...x.shape]; the backward sums the copies. */
   repeat(x: Tensor, times: number): Tensor {
     const y = repeat(this.gpu, x, times);
-    this.rec(y, [], (dy) => {
+    this.rec(y, [], [x], (dy) => {
       const summed = colSum(this.gpu, dy.reshape([times, x.numel]));
       this.tape!.acc(x, new Tensor(summed.alloc, x.shape, summed.dtype, summed.byteOffset, summed.owner));
       this.gpu.free(dy);
@@ -413,14 +472,14 @@ export class Ops {
   reshape(x: Tensor, shape: readonly number[]): Tensor {
     const y = x.reshape(shape);
     // y is a view (freeing it is a no-op); the gradient buffer changes hands with its shape.
-    this.rec(y, [], (dy) => this.tape!.acc(x, new Tensor(dy.alloc, x.shape, dy.dtype, dy.byteOffset, dy.owner)));
+    this.rec(y, [], [x], (dy) => this.tape!.acc(x, new Tensor(dy.alloc, x.shape, dy.dtype, dy.byteOffset, dy.owner)));
     return y;
   }
 
   attention(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions): Tensor {
     const r = flashAttention(this.gpu, q, k, v, opts);
     if (!this.tape) this.gpu.free(r.lse);
-    this.rec(r.out, [r.lse], (dy) => {
+    this.rec(r.out, [r.lse], [q, k, v], (dy) => {
       const g = flashAttentionBackward(this.gpu, q, k, v, r.out, r.lse, dy, opts);
       this.tape!.acc(q, g.dq);
       this.tape!.acc(k, g.dk);

@@ -358,6 +358,22 @@ export function conv2dBackward(gpu: Gpu, x: Tensor, w: Tensor, dy: Tensor, opts:
   return { dx, dw, db };
 }
 
+/**
+ * dw (and db with `bias`) of conv2dBackward without dx: an input that needs no gradient (requires_grad
+ * pruning). The same kernels as conv2dBackward's dw and db, so bit-identical to them.
+ */
+export function conv2dBackwardWeight(gpu: Gpu, x: Tensor, w: Tensor, dy: Tensor, opts: Conv2dOptions & { bias: boolean }): { dw: Tensor; db: Tensor | null } {
+  const op = 'conv2dBackwardWeight';
+  const s = convShape(op, x.shape, w.shape, opts);
+  expectSameDType(op, x, w, dy);
+  expectShape(op, 'dy', dy, [s.N, s.Co, s.Ho, s.Wo]);
+  const dw = gpu.tensor(w.shape, x.dtype, 'gradients', 'conv2d-dw');
+  convGemm(gpu, op, Mode.GradWeight, s, dy, x, dw, null, false, opts);
+  const db = opts.bias ? gpu.tensor([s.Co], x.dtype, 'gradients', 'conv2d-db') : null;
+  if (db) biasGrad(gpu, op, s, dy, db, false);
+  return { dw, db };
+}
+
 /** Only dx of conv2dBackward (a frozen weight: no grad-weight or bias kernels). */
 export function conv2dBackwardInput(gpu: Gpu, x: Tensor, w: Tensor, dy: Tensor, opts: Conv2dOptions): Tensor {
   const op = 'conv2dBackwardInput';

@@ -659,6 +659,21 @@ export interface MatmulBackwardOptions extends MatmulOptions {
  * only says whether dbias is wanted). With `accumulate`, adds into `into.*`.
  */
 export function matmulBackward(gpu: Gpu, a: Tensor, b: Tensor, dy: Tensor, opts: MatmulBackwardOptions = {}): MatmulGrads {
+  return matmulGrads(gpu, a, b, dy, opts, { a: true, b: true }) as MatmulGrads;
+}
+
+/**
+ * matmulBackward's kernels for the wanted operands only (a frozen input needs no da: requires_grad pruning);
+ * each gradient is the same dispatch sequence as in the full backward, so it comes out bit-identical.
+ */
+function matmulGrads(
+  gpu: Gpu,
+  a: Tensor,
+  b: Tensor,
+  dy: Tensor,
+  opts: MatmulBackwardOptions,
+  want: { a: boolean; b: boolean },
+): { da?: Tensor; db?: Tensor; dbias?: Tensor } {
   const op = 'matmulBackward';
   const transA = opts.transA ?? false;
   const transB = opts.transB ?? false;
@@ -667,14 +682,16 @@ export function matmulBackward(gpu: Gpu, a: Tensor, b: Tensor, dy: Tensor, opts:
   expectSameDType(op, a, dy);
   const acc = opts.accumulate ?? false;
   const into = opts.into ?? {};
-  if (acc && (!into.da || !into.db || (opts.bias && !into.dbias))) throw new ShapeError(op, 'accumulate needs into.da, into.db (and into.dbias with a bias)');
+  if (acc && ((want.a && !into.da) || (want.b && !into.db) || (want.b && opts.bias && !into.dbias)))
+    throw new ShapeError(op, 'accumulate needs into.da, into.db (and into.dbias with a bias)');
   const sumA = !s.aBatched && s.bBatched;
   const sumB = !s.bBatched && s.aBatched;
 
   const tile: TileChoice = { tile: opts.tile, tcTile: opts.tcTile, splitK: opts.splitK };
   // dop(A) = dY · op(B)ᵀ. Stored A = op(A) (no transA) or op(A)ᵀ = op(B) · dYᵀ (transA).
-  let da: Tensor;
-  if (!transA)
+  let da: Tensor | undefined;
+  if (!want.a) da = undefined;
+  else if (!transA)
     da = sumA
       ? matmulSumBatch(gpu, op, dy, b, false, !transB, into.da, acc, tile)
       : matmul(gpu, dy, b, { transB: !transB, out: into.da, accumulate: acc, ...tile });
@@ -684,8 +701,9 @@ export function matmulBackward(gpu: Gpu, a: Tensor, b: Tensor, dy: Tensor, opts:
       : matmul(gpu, b, dy, { transA: transB, transB: true, out: into.da, accumulate: acc, ...tile });
 
   // dop(B) = op(A)ᵀ · dY. Stored B = op(B) (no transB) or op(B)ᵀ = dYᵀ · op(A) (transB).
-  let db: Tensor;
-  if (!transB)
+  let db: Tensor | undefined;
+  if (!want.b) db = undefined;
+  else if (!transB)
     db = sumB
       ? matmulSumBatch(gpu, op, a, dy, !transA, false, into.db, acc, tile)
       : matmul(gpu, a, dy, { transA: !transA, out: into.db, accumulate: acc, ...tile });
@@ -694,8 +712,8 @@ export function matmulBackward(gpu: Gpu, a: Tensor, b: Tensor, dy: Tensor, opts:
       ? matmulSumBatch(gpu, op, dy, a, true, transA, into.db, acc, tile)
       : matmul(gpu, dy, a, { transA: true, transB: transA, out: into.db, accumulate: acc, ...tile });
 
-  const grads: MatmulGrads = { da, db };
-  if (opts.bias) grads.dbias = colSum(gpu, dy.reshape([dy.numel / s.N, s.N]), into.dbias, acc);
+  const grads: { da?: Tensor; db?: Tensor; dbias?: Tensor } = { da, db };
+  if (opts.bias && want.b) grads.dbias = colSum(gpu, dy.reshape([dy.numel / s.N, s.N]), into.dbias, acc);
   return grads;
 }
 
@@ -827,6 +845,26 @@ export function linearBackward(
   const out: LinearGrads = { dx: into?.dx ?? new Tensor(g.da.alloc, x.shape, g.da.dtype, g.da.byteOffset, g.da.owner), dw: g.db };
   if (g.dbias) out.dbias = g.dbias;
   return out;
+}
+
+/**
+ * dW (and dbias) of linear without dx: for an input that needs no gradient. The same kernels as
+ * linearBackward's dW and dbias, so bit-identical to them.
+ */
+export function linearBackwardWeight(gpu: Gpu, x: Tensor, weight: Tensor, dy: Tensor, bias?: Tensor | null): { dw: Tensor; dbias?: Tensor } {
+  if (x.shape.length < 1 || weight.shape.length !== 2 || x.shape[x.shape.length - 1] !== weight.shape[1])
+    throw new ShapeError('linearBackwardWeight', `x ${fmtShape(x.shape)}, weight ${fmtShape(weight.shape)} (must be [out, in])`);
+  const rows = x.numel / weight.shape[1];
+  expectShape('linearBackwardWeight', 'dy', dy, [...x.shape.slice(0, -1), weight.shape[0]]);
+  const g = matmulGrads(
+    gpu,
+    x.reshape([rows, weight.shape[1]]),
+    weight,
+    dy.reshape([rows, weight.shape[0]]),
+    { transB: true, bias: bias ?? undefined },
+    { a: false, b: true },
+  );
+  return g.dbias ? { dw: g.db!, dbias: g.dbias } : { dw: g.db! };
 }
 
 // ---- plain-TS references (float64 accumulation) ---------------------------------------------

@@ -63,6 +63,12 @@ export interface NormGrads {
   dbeta: Tensor;
 }
 
+/** Which halves of a norm backward to run: the input gradient, the parameter gradients. */
+export interface NormParts {
+  dx: boolean;
+  params: boolean;
+}
+
 function groupLayout(op: string, x: Tensor, groups: number): Layout {
   if (x.shape.length < 2) throw new ShapeError(op, `x must be [N,C,...], got ${fmtShape(x.shape)}`);
   const [n, c] = x.shape;
@@ -173,22 +179,25 @@ function normBackward(
   l: Layout,
   accumulate: boolean,
   grads?: { dgamma: Tensor; dbeta: Tensor },
-): NormGrads {
+  parts: NormParts = { dx: true, params: true },
+): Partial<NormGrads> {
   expectSameDType(op, x, gamma, dy);
   if (dy.numel !== x.numel) throw new ShapeError(op, `dy ${fmtShape(dy.shape)} does not match x ${fmtShape(x.shape)}`);
-  const dx = gpu.tensor(x.shape, x.dtype, 'gradients', `${op}.dx`);
-  const dgamma = grads?.dgamma ?? gpu.tensor([l.channels], 'f32', 'gradients', `${op}.dgamma`);
-  const dbeta = grads?.dbeta ?? gpu.tensor([l.channels], 'f32', 'gradients', `${op}.dbeta`);
+  const dx = parts.dx ? gpu.tensor(x.shape, x.dtype, 'gradients', `${op}.dx`) : undefined;
+  const dgamma = parts.params ? (grads?.dgamma ?? gpu.tensor([l.channels], 'f32', 'gradients', `${op}.dgamma`)) : undefined;
+  const dbeta = parts.params ? (grads?.dbeta ?? gpu.tensor([l.channels], 'f32', 'gradients', `${op}.dbeta`)) : undefined;
   const segBytes = l.cpg * l.inner * BYTES[x.dtype];
   gpu.chunks(l.segs, segBytes).forEach(({ start, count }, i) => {
     const win = (t: Tensor) => gpu.subWindow(t, start, count, segBytes);
     const lanes = normLanes(l.cpg * l.inner, gpu.cpuAdapter);
-    gpu.run(NORM_BWD_INPUT, {
-      defs: { T: x.dtype, WG },
-      uniforms: segments(l, start, count, lanes),
-      bindings: { x: win(x), gamma, dy: win(dy), dx: win(dx), mean: saved.mean, rstd: saved.rstd },
-      workgroups: slotGrid(gpu, count, lanes),
-    });
+    if (dx)
+      gpu.run(NORM_BWD_INPUT, {
+        defs: { T: x.dtype, WG },
+        uniforms: segments(l, start, count, lanes),
+        bindings: { x: win(x), gamma, dy: win(dy), dx: win(dx), mean: saved.mean, rstd: saved.rstd },
+        workgroups: slotGrid(gpu, count, lanes),
+      });
+    if (!dgamma || !dbeta) return;
     // A channel's elements in this dispatch: inner per segment of its group.
     const paramLanes = normLanes(Math.ceil(count / l.groups) * l.inner, gpu.cpuAdapter);
     gpu.run(NORM_BWD_PARAMS, {
@@ -216,7 +225,16 @@ export function groupNormBackward(
   groups = 32,
   opts: { accumulate?: boolean; grads?: { dgamma: Tensor; dbeta: Tensor } } = {},
 ): NormGrads {
-  return normBackward(gpu, 'groupNormBackward', x, gamma, saved, dy, groupLayout('groupNormBackward', x, groups), !!opts.accumulate, opts.grads);
+  return normBackward(gpu, 'groupNormBackward', x, gamma, saved, dy, groupLayout('groupNormBackward', x, groups), !!opts.accumulate, opts.grads) as NormGrads;
+}
+
+/**
+ * The halves of groupNormBackward that `parts` asks for: dx (NORM_BWD_INPUT) and/or dgamma + dbeta
+ * (NORM_BWD_PARAMS), two independent dispatches, so each is bit-identical to the full backward's.
+ * A frozen norm skips its parameter gradients; a norm whose input needs no gradient skips dx.
+ */
+export function groupNormBackwardParts(gpu: Gpu, x: Tensor, gamma: Tensor, saved: NormSaved, dy: Tensor, groups: number, parts: NormParts): Partial<NormGrads> {
+  return normBackward(gpu, 'groupNormBackward', x, gamma, saved, dy, groupLayout('groupNormBackward', x, groups), false, undefined, parts);
 }
 
 /** LayerNorm over the last dim, affine. */
@@ -232,7 +250,12 @@ export function layerNormBackward(
   dy: Tensor,
   opts: { accumulate?: boolean; grads?: { dgamma: Tensor; dbeta: Tensor } } = {},
 ): NormGrads {
-  return normBackward(gpu, 'layerNormBackward', x, gamma, saved, dy, layerLayout('layerNormBackward', x), !!opts.accumulate, opts.grads);
+  return normBackward(gpu, 'layerNormBackward', x, gamma, saved, dy, layerLayout('layerNormBackward', x), !!opts.accumulate, opts.grads) as NormGrads;
+}
+
+/** The halves of layerNormBackward that `parts` asks for (see groupNormBackwardParts). */
+export function layerNormBackwardParts(gpu: Gpu, x: Tensor, gamma: Tensor, saved: NormSaved, dy: Tensor, parts: NormParts): Partial<NormGrads> {
+  return normBackward(gpu, 'layerNormBackward', x, gamma, saved, dy, layerLayout('layerNormBackward', x), false, undefined, parts);
 }
 
 // ---- plain-TS references (f64 accumulation) ----------------------------------------------------
