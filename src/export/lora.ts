@@ -79,6 +79,9 @@ export interface LoraInfo {
   date: Date;
   startedAt?: Date;
   seed?: number;
+  /** The learning-rate schedule (transformers' name, e.g. cosine) and its warm-up steps. */
+  lrScheduler?: string;
+  lrWarmup?: number;
   batchSize?: number;
   /** CLIP skip used in training (1 = last layer). */
   clipSkip?: number;
@@ -200,6 +203,8 @@ export function kohyaMetadata(adapters: LoraAdapters, info: LoraInfo): Record<st
   if (info.baseModelHash) md.ss_new_sd_model_hash = info.baseModelHash;
   if (info.clipSkip !== undefined) md.ss_clip_skip = String(info.clipSkip);
   if (info.seed !== undefined) md.ss_seed = String(info.seed);
+  if (info.lrScheduler !== undefined) md.ss_lr_scheduler = info.lrScheduler;
+  if (info.lrWarmup !== undefined) md.ss_lr_warmup_steps = String(info.lrWarmup);
   if (info.batchSize !== undefined) md.ss_batch_size_per_device = String(info.batchSize);
   return md;
 }

@@ -2,9 +2,10 @@
 // workers. The same for every bundle: it reads job.json (settings, model reference) and prompts.jsonl.
 // The loop is diffusers' train_dreambooth(_lora).py step (VAE-encode, noise, timestep, UNet, MSE, prior
 // term) with what those scripts lack and the engine has: per-photo captions, the LoRA alpha, offset noise
-// of any strength, min-SNR-gamma on every sample and the masked loss. Checkpoints go through ray.train.report(checkpoint=)
-// and come back through ray.train.get_checkpoint() (worker restarts) and TorchTrainer.restore (a new run
-// of the script on the same storage path). tests/pipeline/bundle.test.ts compiles it with python3.
+// of any strength, min-SNR-gamma on every sample and the masked loss; its learning-rate schedule (lr_factor)
+// is train.sh's. Checkpoints go through ray.train.report(checkpoint=) and come back through
+// ray.train.get_checkpoint() (worker restarts) and TorchTrainer.restore (a new run of the script on the same
+// storage path). tests/pipeline/bundle.test.ts compiles it with python3.
 export const RAY_TRAIN_PY = String.raw`#!/usr/bin/env python3
 """DreamBooth Studio job bundle: the job in job.json as a Ray Train TorchTrainer over N workers.
 
@@ -20,6 +21,7 @@ scripts: pytorch_lora_weights.safetensors (LoRA) or a diffusers folder (full).
 """
 import argparse
 import json
+import math
 import os
 import random
 import tempfile
@@ -33,6 +35,30 @@ def read_job():
     with open(os.path.join(HERE, "prompts.jsonl"), encoding="utf-8") as f:
         job["instances"] = [json.loads(line) for line in f if line.strip()]
     return job
+
+
+def lr_factor(s, step):
+    """The learning rate's factor for the update after step updates: transformers' get_scheduler formulas."""
+    name, warmup, total = s.get("lrScheduler", "constant"), s.get("lrWarmup", 0), s["steps"]
+    if name == "constant" and warmup > 0:
+        name = "constant_with_warmup"
+    if name == "constant":
+        return 1.0
+    if step < warmup:
+        return step / max(1, warmup)
+    progress = (step - warmup) / max(1, total - warmup)
+    if name == "linear":
+        return max(0.0, (total - step) / max(1, total - warmup))
+    if name == "cosine":
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))
+    if name == "cosine_with_restarts":
+        return 0.0 if progress >= 1.0 else max(0.0, 0.5 * (1.0 + math.cos(math.pi * ((s.get("lrCycles", 1) * progress) % 1.0))))
+    if name == "polynomial":
+        end = 1e-7
+        if step > total:
+            return end / s["lr"]
+        return ((s["lr"] - end) * (1 - (step - warmup) / (total - warmup)) ** s.get("lrPower", 1.0) + end) / s["lr"]
+    return 1.0  # constant_with_warmup
 
 
 def class_items(job):
@@ -111,6 +137,7 @@ def train_loop_per_worker(config):
     if train_te:  # the text encoder's adapters at their own rate (textEncoderLr; 0: the run's lr)
         groups.append({"params": [p for p in text_encoder.parameters() if p.requires_grad], "lr": s.get("textEncoderLr") or s["lr"]})
     optimizer = torch.optim.AdamW(groups, lr=s["lr"], betas=(0.9, 0.999), weight_decay=1e-2, eps=1e-8)
+    base_lrs = [g["lr"] for g in optimizer.param_groups]
     step = 0
     checkpoint = ray.train.get_checkpoint()
     if checkpoint:
@@ -189,6 +216,8 @@ def train_loop_per_worker(config):
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
+        for g, base in zip(optimizer.param_groups, base_lrs):  # the schedule is a pure function of the step
+            g["lr"] = base * lr_factor(s, step)
         optimizer.step()
         step += 1
         metrics = {"step": step, "loss": float(loss.detach())}

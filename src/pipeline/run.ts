@@ -27,6 +27,7 @@ import { txt2img } from '../sample/txt2img.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { crc32, StorageFullError } from '../store/chunkstore.ts';
 import { encodeTrainData, generateClassImage, loadTrainData, saveTrainData, type PreparedSet } from '../train/preprocess.ts';
+import { effectiveScheduler } from '../train/lr-schedule.ts';
 import { planTraining, trainableShapes, type Plan } from '../train/plan.ts';
 import {
   DreamBoothTrainer,
@@ -772,6 +773,8 @@ export class TrainingRun {
         steps: t.step,
         lr: s.lr,
         ...ownTextEncoderLr(s),
+        lrScheduler: effectiveScheduler(s.lrScheduler, s.lrWarmup),
+        lrWarmup: s.lrWarmup,
         instancePrompt: this.run.prompt,
         ...(s.priorPreservation ? { classPrompt: s.classPrompt, numClassImages: t.data.classes.length } : {}),
         numImages: t.data.instance.length,

@@ -11,6 +11,7 @@
 //   validateForModel(s, model)  what needs the model's shape (LoRA rank against the layer widths, the
 //                               resolution against the VAE and UNet down-sampling factor).
 import { MASTER_KINDS, OPTIMIZER_KINDS, type MasterKind, type OptimizerKind } from '../train/packed-state.ts';
+import { effectiveScheduler, LR_SCHEDULERS, POLYNOMIAL_LR_END, type LrScheduler } from '../train/lr-schedule.ts';
 import { ENGINE_DEFAULTS, type TrainMode, type TrainSettings } from '../train/trainer.ts';
 import { formatBytes, parseBytes } from '../util/bytes.ts';
 
@@ -39,6 +40,12 @@ export interface RunSettings {
   priorWeight: number;
   /** Linear warm-up of the learning rate over this many steps (0: none). */
   lrWarmup: number;
+  /** The learning-rate schedule after the warm-up (transformers' get_scheduler names; train/lr-schedule.ts). */
+  lrScheduler: LrScheduler;
+  /** cosine_with_restarts: hard restarts. */
+  lrCycles: number;
+  /** polynomial: the decay's power. */
+  lrPower: number;
   /** Offset noise strength (0: off). */
   offsetNoise: number;
   /** min-SNR-gamma loss weighting (0: off). */
@@ -178,6 +185,46 @@ export const SETTINGS: readonly SettingSpec[] = [
     help: 'linear warm-up of the learning rate over N steps (0: none); at most --steps',
     train: (v) => ({ lrWarmup: v }),
     bundle: (s) => ({ option: `--lr_warmup_steps=${s.lrWarmup}` }),
+  }),
+  entry({
+    key: 'lrScheduler',
+    kind: 'enum',
+    flag: 'lr-scheduler',
+    label: 'Rate schedule',
+    values: LR_SCHEDULERS,
+    default: 'constant',
+    help: "the learning rate over the run, after --lr-warmup (transformers' formulas): constant (with a warm-up: constant_with_warmup), linear or cosine (to 0), cosine_with_restarts (--lr-cycles), polynomial (--lr-power, to 1e-7)",
+    train: (v) => ({ lrScheduler: v }),
+    bundle: (s) => ({ option: `--lr_scheduler=${effectiveScheduler(s.lrScheduler, s.lrWarmup)}` }),
+  }),
+  entry({
+    key: 'lrCycles',
+    kind: 'int',
+    flag: 'lr-cycles',
+    label: 'Schedule restarts',
+    min: 1,
+    max: 1000,
+    default: 1,
+    help: 'cosine_with_restarts: the number of hard restarts (num_cycles)',
+    showWhen: (s) => s.lrScheduler === 'cosine_with_restarts',
+    activeWhen: { test: (s) => s.lrScheduler === 'cosine_with_restarts', why: 'is for --lr-scheduler cosine_with_restarts only: add it, or leave this out' },
+    train: (v) => ({ lrCycles: v }),
+    bundle: (s) =>
+      s.lrScheduler === 'cosine_with_restarts' ? { option: `--lr_num_cycles=${s.lrCycles}` } : { option: null, note: 'not used: cosine_with_restarts only' },
+  }),
+  entry({
+    key: 'lrPower',
+    kind: 'number',
+    flag: 'lr-power',
+    label: 'Schedule decay power',
+    min: 0.01,
+    max: 100,
+    default: 1,
+    help: 'polynomial: the power of the decay (1: linear to 1e-7)',
+    showWhen: (s) => s.lrScheduler === 'polynomial',
+    activeWhen: { test: (s) => s.lrScheduler === 'polynomial', why: 'is for --lr-scheduler polynomial only: add it, or leave this out' },
+    train: (v) => ({ lrPower: v }),
+    bundle: (s) => (s.lrScheduler === 'polynomial' ? { option: `--lr_power=${s.lrPower}` } : { option: null, note: 'not used: polynomial only' }),
   }),
   entry({
     key: 'rank',
@@ -541,6 +588,11 @@ export function validateSettings(s: RunSettings, name: Namer = flagName): void {
       );
   if (s.lrWarmup > s.steps)
     throw new SettingsError(`${name('lrWarmup')} ${s.lrWarmup} is longer than the run (${name('steps')} ${s.steps}): use at most ${s.steps}`, 'lrWarmup');
+  if (s.lrScheduler === 'polynomial' && !(s.lr > POLYNOMIAL_LR_END))
+    throw new SettingsError(
+      `${name('lrScheduler')} polynomial decays to ${POLYNOMIAL_LR_END}: ${name('lr')} must be above it (got ${s.lr}); raise it or choose another schedule`,
+      'lrScheduler',
+    );
   if (s.priorPreservation && !s.classPrompt.trim())
     throw new SettingsError(`prior preservation needs a class prompt (${name('classPrompt')}, e.g. "a photo of a dog")`, 'classPrompt');
 }

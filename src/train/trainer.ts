@@ -23,6 +23,7 @@ import { DynamicLossScaler } from '../ops/lossscale.ts';
 import { alphasCumprod, type ScheduleConfig } from '../sample/schedulers.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
+import { scheduleFactor, type LrScheduler } from './lr-schedule.ts';
 import { addNoise, velocity, weightedMse, weightedMseBackward } from '../ops/loss.ts';
 import { lossWeights } from './objective.ts';
 import { ChunkedAdamW } from './optimizer.ts';
@@ -79,6 +80,12 @@ export interface TrainSettings {
   fusedUpdates?: boolean;
   /** Linear warm-up of the learning rate over this many steps (absent or 0: none); see lrFactor. */
   lrWarmup?: number;
+  /** The learning-rate schedule after the warm-up (train/lr-schedule.ts); absent: constant. */
+  lrScheduler?: LrScheduler;
+  /** cosine_with_restarts: hard restarts (absent: 1). */
+  lrCycles?: number;
+  /** polynomial: the decay's power (absent: 1). */
+  lrPower?: number;
 }
 
 /** The settings only the engine sets (the planner or a test may change them); the rest are the run's. */
@@ -799,13 +806,15 @@ function checkCheckpointMeta(m: CheckpointMeta, chunks: number): void {
 }
 
 /**
- * The learning rate's factor for the update after `step` completed steps, a pure function of the step (so a
- * resumed run's rates are the uninterrupted run's): transformers' constant schedule with warm-up,
- * step / warmup while step < warmup, then 1. The first update of a warmed-up run has rate 0, as there.
+ * The learning rate's factor for the update after `step` completed steps: the run's schedule
+ * (train/lr-schedule.ts, transformers' formulas), a pure function of the step, so a resumed run's rates are
+ * the uninterrupted run's. With a warm-up the first update has rate 0, as in transformers.
  */
-export function lrFactor(s: Pick<TrainSettings, 'lrWarmup'>, step: number): number {
-  const w = s.lrWarmup ?? 0;
-  return step < w ? step / Math.max(1, w) : 1;
+export function lrFactor(s: Partial<Pick<TrainSettings, 'lrWarmup' | 'lrScheduler' | 'lrCycles' | 'lrPower' | 'steps' | 'lr'>>, step: number): number {
+  return scheduleFactor(
+    { scheduler: s.lrScheduler ?? 'constant', warmup: s.lrWarmup ?? 0, steps: s.steps ?? 0, lr: s.lr ?? 0, cycles: s.lrCycles ?? 1, power: s.lrPower ?? 1 },
+    step,
+  );
 }
 
 /** The text-encoder adapters' learning rate (trainable.ts), for the trainer's importers. */
