@@ -6,6 +6,7 @@
 // so a new folder gets a place in the order before it gets code.
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { dirname, join, posix } from 'node:path';
 import { describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
@@ -132,5 +133,92 @@ describe('layers: imports only point down', () => {
       'src/newdir/h.ts: src/newdir/ is in no layer: give it a place in LAYERS (tests/layers.test.ts) and docs/ARCHITECTURE.md',
       "src/train/i.ts:1 import '../newdir/q.ts': imports src/newdir/, which is in no layer",
     ]);
+  });
+});
+
+// ------------------------------------------------------------------------------------------------ sizes
+//
+// Rooms a newcomer can read: no source file over MAX_FILE_LINES lines, no function (declaration, method,
+// arrow or expression, nested ones counted on their own too) over MAX_FUNCTION_LINES, first line to last.
+// Functions are found by parsing, with the classic TypeScript API that ESLint already installs
+// (scripts/eslint-typescript: the root's TypeScript 7 has no JavaScript API).
+
+const MAX_FILE_LINES = 800;
+const MAX_FUNCTION_LINES = 120;
+
+/**
+ * Known rooms still too big, each named exactly and in files someone else was reworking when the check came in
+ * (issue 45, "Smaller rooms"): split the room, then delete its line here (a line that no longer matches fails).
+ */
+const OVERSIZE_KNOWN: ReadonlyMap<string, string> = new Map([
+  ['src/gpu/device.ts', 'file: adapter profile work (issue 45 item 4, gpu owner)'],
+  ['src/ops/matmul.ts', 'file: dispatch fusion work (ops owner)'],
+  ['src/pipeline/run.ts', 'file: TrainingRun preparation and export modules (issue 45 item 2, run.ts owner)'],
+  ['src/pipeline/run.ts#prepareLoaded', 'function: same'],
+  ['src/pipeline/bundle.ts#mapSettings', 'function: the bundle mapping becomes a schema field (issue 45 item 1, settings owner)'],
+  ['src/train/trainer.ts', 'file: settings and tape sections under concurrent edit (issue 45 items 1-2)'],
+  ['src/cli/pretrain.ts#pretrainCommand', 'function: the demo-model lab move (issue 45 item 3) and --out safety (cli owner)'],
+  ['src/ui/studio/MaskEditor.tsx#MaskEditor', 'function: studio (ui owner)'],
+  ['src/ui/studio/Outgrow.tsx#OutgrowPanel', 'function: studio (ui owner)'],
+  ['src/ui/studio/Runs.tsx#RunsPanel', 'function: studio (ui owner)'],
+  ['src/ui/studio/Studio.tsx#TrainPanel', 'function: the generated Advanced form (issue 45 item 1, ui owner)'],
+  ['src/ui/studio/TryIt.tsx#TryItPanel', 'function: studio (ui owner)'],
+]);
+
+interface Oversize {
+  /** 'path' for a file, 'path#name' for a function. */
+  key: string;
+  lines: number;
+  line: number;
+}
+
+const classicTs = (): typeof import('../scripts/eslint-typescript/node_modules/typescript') =>
+  createRequire(import.meta.url)(createRequire(join(ROOT, 'scripts/eslint-typescript/package.json')).resolve('typescript'));
+
+/** Files over MAX_FILE_LINES and functions over MAX_FUNCTION_LINES among the given sources. */
+function oversize(files: ReadonlyMap<string, string>, ts = classicTs()): Oversize[] {
+  const out: Oversize[] = [];
+  for (const [file, text] of files) {
+    const lines = text.split('\n').length - (text.endsWith('\n') ? 1 : 0);
+    if (lines > MAX_FILE_LINES) out.push({ key: file, lines, line: 0 });
+    const sf = ts.createSourceFile(file, text, ts.ScriptTarget.Latest, true, file.endsWith('.tsx') ? ts.ScriptKind.TSX : ts.ScriptKind.TS);
+    const visit = (n: import('../scripts/eslint-typescript/node_modules/typescript').Node): void => {
+      if (ts.isFunctionLike(n) && 'body' in n && n.body) {
+        const first = sf.getLineAndCharacterOfPosition(n.getStart(sf)).line;
+        const span = sf.getLineAndCharacterOfPosition(n.end).line - first + 1;
+        const name = n.name && ts.isIdentifier(n.name) ? n.name.text : ts.isVariableDeclaration(n.parent) ? n.parent.name.getText(sf) : '(anonymous)';
+        if (span > MAX_FUNCTION_LINES) out.push({ key: `${file}#${name}`, lines: span, line: first + 1 });
+      }
+      ts.forEachChild(n, visit);
+    };
+    visit(sf);
+  }
+  return out;
+}
+
+describe('sizes: files and functions a newcomer can read', () => {
+  it(`no file under src/ over ${MAX_FILE_LINES} lines, no function over ${MAX_FUNCTION_LINES} (beyond the named known ones)`, () => {
+    const files = new Map(sourceFiles().map((f) => [f, readFileSync(join(ROOT, f), 'utf8')]));
+    const found = oversize(files);
+    const fmt = (o: Oversize) => `${o.key}${o.line ? ` (line ${o.line})` : ''}: ${o.lines} lines`;
+    const unknown = found.filter((o) => !OVERSIZE_KNOWN.has(o.key));
+    assert.deepEqual(unknown.map(fmt), [], `over the limits (split them):\n${unknown.map(fmt).join('\n')}`);
+    const stale = [...OVERSIZE_KNOWN.keys()].filter((k) => !found.some((o) => o.key === k));
+    assert.deepEqual(stale, [], `within the limits now: delete these lines from OVERSIZE_KNOWN:\n${stale.join('\n')}`);
+  });
+
+  it('the scan counts a file one line over, functions of every kind one line over, and not one at the limit', () => {
+    const body = (n: number) => Array.from({ length: n - 2 }, (_, i) => `  x += ${i};`).join('\n');
+    const files = new Map([
+      ['src/a.ts', `${'\n'.repeat(MAX_FILE_LINES)}`],
+      ['src/b.ts', `${'//\n'.repeat(MAX_FILE_LINES + 1)}`],
+      ['src/c.ts', `export function f() {\n${body(MAX_FUNCTION_LINES + 1)}\n}\nfunction g() {\n${body(MAX_FUNCTION_LINES)}\n}\n`],
+      ['src/d.ts', `class K {\n  m() {\n${body(MAX_FUNCTION_LINES + 1)}\n  }\n}\nconst h = () => {\n${body(MAX_FUNCTION_LINES + 1)}\n};\n`],
+      ['src/e.tsx', `export function P() {\n${body(MAX_FUNCTION_LINES)}\n  return <div />;\n}\n`],
+    ]);
+    assert.deepEqual(
+      oversize(files).map((o) => `${o.key}:${o.lines}`),
+      ['src/b.ts:801', 'src/c.ts#f:121', 'src/d.ts#m:121', 'src/d.ts#h:121', 'src/e.tsx#P:121'],
+    );
   });
 });
