@@ -10,6 +10,9 @@
 //   it counts only until a warm one is measured) or, before any is measured, at a first estimate.
 // - A sample reports its own progress (denoising step i of n), and the ETA then counts down inside it.
 // - Validation losses (every `validateEvery` steps, after the step and before its sample) count the same way.
+// - Before a warm step is measured, the sample drawn before training gives the pace: its denoising steps after
+//   the first run warm, and a training step is about 1.5 of them (DENOISE_STEP_PER_TRAIN_STEP), so the ETA right
+//   after the warm-up step does not rest on the warm-up's compile time.
 
 /** The parts of a run's settings that set its schedule. */
 export interface RunSchedule {
@@ -96,9 +99,15 @@ export class RunClock {
   private warmup: number | null = null;
   private warmSteps: number[] = [];
   /** Samples drawn in this session: seconds, and whether it was the session's first (pipelines compiled). */
-  private samples: { seconds: number; first: boolean }[] = [];
+  private samples: { seconds: number; first: boolean; decode: number | null }[] = [];
   private checkpoints: number[] = [];
   private validations: number[] = [];
+  /** Seconds per warm denoising step (a sample's steps after its first, whose pipelines were compiled by then). */
+  private denoisePace: number | null = null;
+  /** The sample being drawn: its step, and when its first denoising step ended. */
+  private sampleMark: { step: number; first: number } | null = null;
+  /** The sample's denoising steps, once all were drawn: when the last ended, and how many. */
+  private sampleDenoised: { step: number; last: number; total: number } | null = null;
 
   constructor(private readonly schedule: RunSchedule) {}
 
@@ -113,7 +122,8 @@ export class RunClock {
   }
 
   recordSample(seconds: number): void {
-    this.samples.push({ seconds, first: this.samples.length === 0 });
+    this.samples.push({ seconds, first: this.samples.length === 0, decode: this.sampleDenoised ? seconds - this.sampleDenoised.last : null });
+    this.sampleMark = this.sampleDenoised = null;
   }
 
   recordCheckpoint(seconds: number): void {
@@ -132,16 +142,30 @@ export class RunClock {
     return this.warmup;
   }
 
-  /** Seconds per step for the ETA: the warm median, else the warm-up step (an over-estimate), else unknown. */
+  /**
+   * Seconds per step for the ETA: the warm median; before a warm step, the warm denoising pace of the sample
+   * drawn before training (a step is about 1 / DENOISE_STEP_PER_TRAIN_STEP denoising steps) where it is below the
+   * warm-up step, which mostly compiles pipelines (3-4x the rest of a short run on a software adapter); else the
+   * warm-up step (an over-estimate); else unknown.
+   */
   private get stepEstimate(): number | null {
-    return this.secondsPerStep ?? this.warmup;
+    if (this.secondsPerStep !== null) return this.secondsPerStep;
+    const byPace = this.denoisePace === null ? null : this.denoisePace / DENOISE_STEP_PER_TRAIN_STEP;
+    if (byPace !== null && (this.warmup === null || byPace < this.warmup)) return byPace;
+    return this.warmup;
   }
 
-  /** One sample: the median of the warm samples, else the first (it compiled), else a first estimate from s/step. */
+  /**
+   * One sample: the median of the warm samples; else the first one's warm part (its denoising steps at their
+   * warm pace and its decode) where known, else the whole first (it compiled); else a first estimate from s/step.
+   */
   sampleEstimate(): { seconds: number; measured: boolean } {
     const warm = this.samples.filter((x) => !x.first).map((x) => x.seconds);
     if (warm.length) return { seconds: median(warm), measured: true };
-    if (this.samples.length) return { seconds: this.samples[0].seconds, measured: true };
+    const first = this.samples[0];
+    if (first && this.denoisePace !== null && first.decode !== null)
+      return { seconds: Math.min(first.seconds, this.schedule.sampleSteps * this.denoisePace + first.decode), measured: true };
+    if (first) return { seconds: first.seconds, measured: true };
     return { seconds: this.schedule.sampleSteps * DENOISE_STEP_PER_TRAIN_STEP * (this.stepEstimate ?? 0), measured: false };
   }
 
@@ -181,12 +205,26 @@ export class RunClock {
   }
 
   /**
+   * Learns the warm denoising pace from a sample's progress: the time from the end of its first denoising step
+   * (which compiles the sampling pipelines in a session's first sample) to the end of its last, per step.
+   */
+  private observeSample(step: number, denoised: number, total: number, elapsed: number): void {
+    if (denoised === 1) this.sampleMark = { step, first: elapsed };
+    if (denoised === total && total > 1 && this.sampleMark?.step === step) {
+      const pace = (elapsed - this.sampleMark.first) / (total - 1);
+      if (this.denoisePace === null || pace < this.denoisePace) this.denoisePace = pace;
+      this.sampleDenoised = { step, last: elapsed, total };
+    }
+  }
+
+  /**
    * The time report while the sample at step `done` is drawn (step 0: the one before training):
    * `denoised` of `total` denoising steps done in `elapsed` seconds. What is left of it is the larger of its
    * own pace (seconds per denoising step so far) and its estimate less the time spent (the VAE decode comes
    * after the last denoising step); then the rest of the run after it.
    */
   duringSample(done: number, denoised: number, total: number, elapsed: number): TimeReport {
+    this.observeSample(done, denoised, total, elapsed);
     const rest = this.left(done, samplesIn(done + 1, this.schedule.steps, this.schedule), validationsIn(done + 1, this.schedule.steps, this.schedule));
     const byPace = denoised > 0 ? (elapsed / denoised) * (total - denoised) : 0;
     const byEstimate = this.sampleEstimate().seconds - elapsed;
