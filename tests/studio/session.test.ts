@@ -18,17 +18,17 @@ import { unetFromDiffusers } from '../../src/models/keymap.ts';
 import { detectDiffusers } from '../../src/models/detect.ts';
 import { folderFromSources, openDiffusers, tokenizerFilesFrom } from '../../src/models/source.ts';
 import { MemoryChunkStore, type ChunkStore } from '../../src/store/chunkstore.ts';
-import {
-  DEFAULT_SETTINGS,
-  StudioError,
-  StudioSession,
-  type ExportFormat,
-  type OpenedModel,
-  type RunInput,
-  type StudioEvent,
-  type StudioSettings,
-} from '../../src/studio/session.ts';
+import { defaultSettings, type RunSettings } from '../../src/pipeline/settings.ts';
+import { RunError, TrainingRun, type ExportFormat, type OpenedModel, type RunEvent, type RunInput } from '../../src/pipeline/run.ts';
 import { testGpu } from '../helpers.ts';
+
+/** The schema's LoRA defaults with samples on (every 50 steps), as the page starts. */
+const DEFAULT_SETTINGS: RunSettings = {
+  ...defaultSettings('lora'),
+  sampleEvery: 50,
+  classPrompt: 'a photo of a dog',
+  samplePrompt: 'a photo of sks dog',
+};
 
 async function demoModel(seed = 1): Promise<OpenedModel> {
   const files = new Map([...demoModelFiles(seed)].map(([p, b]) => [p, new BytesSource(b, p)]));
@@ -51,13 +51,13 @@ function png(w: number, h: number, k: number): Blob {
   return new Blob([new Uint8Array(encode({ width: w, height: h, data, channels: 3, depth: 8 }))], { type: 'image/png' });
 }
 
-function host(gpu: Gpu, store: ChunkStore, events: StudioEvent[], onEvent?: (e: StudioEvent) => void) {
+function host(gpu: Gpu, store: ChunkStore, events: RunEvent[], onEvent?: (e: RunEvent) => void) {
   return {
     gpu,
     dryRunGpu: () => nodeGpu({ dryRun: true, disableF16: !gpu.hasF16 }),
     store,
     decode: async (blob: Blob, name: string) => decodeImageNode(new Uint8Array(await blob.arrayBuffer()), name),
-    emit: (e: StudioEvent) => {
+    emit: (e: RunEvent) => {
       events.push(e);
       onEvent?.(e);
     },
@@ -65,7 +65,7 @@ function host(gpu: Gpu, store: ChunkStore, events: StudioEvent[], onEvent?: (e: 
   };
 }
 
-function run(settings: Partial<StudioSettings> = {}, runId = 'r1'): RunInput {
+function run(settings: Partial<RunSettings> = {}, runId = 'r1'): RunInput {
   return {
     runId,
     prompt: 'a photo of sks toy',
@@ -125,7 +125,7 @@ function mergedReference(
   return { value, tolerance };
 }
 
-async function sinkBytes(session: StudioSession, f: ExportFormat): Promise<Uint8Array> {
+async function sinkBytes(session: TrainingRun, f: ExportFormat): Promise<Uint8Array> {
   const sink = blobSink();
   await session.exportTo(f, sink);
   return new Uint8Array(await sink.blob().arrayBuffer());
@@ -159,11 +159,11 @@ for (const dtype of ['f32', 'f16'] as const) {
       const gpu = await getGpu();
       if (dtype === 'f16') assert.ok(gpu.hasF16, 'lavapipe offers shader-f16');
       // Uninterrupted reference run.
-      const refEvents: StudioEvent[] = [];
-      const ref = await StudioSession.prepare(host(gpu, new MemoryChunkStore(), refEvents), await demoModel(), run());
+      const refEvents: RunEvent[] = [];
+      const ref = await TrainingRun.prepare(host(gpu, new MemoryChunkStore(), refEvents), await demoModel(), run());
       assert.equal(await ref.train(), 'done');
       const refValues = await ref.trainer.trainedValues();
-      const refSamples = refEvents.filter((e): e is Extract<StudioEvent, { type: 'sample' }> => e.type === 'sample');
+      const refSamples = refEvents.filter((e): e is Extract<RunEvent, { type: 'sample' }> => e.type === 'sample');
       assert.deepEqual(
         refSamples.map((e) => e.step),
         [0, 2, 4],
@@ -182,7 +182,7 @@ for (const dtype of ['f32', 'f16'] as const) {
         warnings.join(' | '),
       );
       assert.ok(!warnings.some((w) => /^b\.png is not square/.test(w) || /blurry|upscaled/.test(w)), warnings.join(' | '));
-      const steps = refEvents.filter((e): e is Extract<StudioEvent, { type: 'step' }> => e.type === 'step');
+      const steps = refEvents.filter((e): e is Extract<RunEvent, { type: 'step' }> => e.type === 'step');
       assert.equal(steps.length, 4);
       for (const s of steps) assert.ok(Number.isFinite(s.report.loss) && s.report.gpuBytes > 0 && s.storageBytes > 0);
       // Honest time: step 1 is warm-up (no s/step yet), later steps have s/step from warm steps only; every
@@ -211,10 +211,10 @@ for (const dtype of ['f32', 'f16'] as const) {
 
       // Interrupted run: pause after step 2 (checkpoint), a fresh session on the same store resumes.
       const store = new MemoryChunkStore();
-      const events: StudioEvent[] = [];
+      const events: RunEvent[] = [];
       const beforeFirst = Date.now();
-      let first: StudioSession | null = null;
-      first = await StudioSession.prepare(
+      let first: TrainingRun | null = null;
+      first = await TrainingRun.prepare(
         host(gpu, store, events, (e) => e.type === 'step' && e.report.step === 2 && first!.pause()),
         await demoModel(),
         run(),
@@ -225,8 +225,8 @@ for (const dtype of ['f32', 'f16'] as const) {
       // The clock moves on before the resume, so a start time taken at the resume (or at the export) is told apart.
       await new Promise((r) => setTimeout(r, 20));
       const beforeSecond = Date.now();
-      const events2: StudioEvent[] = [];
-      const second = await StudioSession.prepare(host(gpu, store, events2), await demoModel(), run());
+      const events2: RunEvent[] = [];
+      const second = await TrainingRun.prepare(host(gpu, store, events2), await demoModel(), run());
       const resumed = events2.find((e) => e.type === 'resumed');
       assert.ok(resumed && resumed.type === 'resumed' && resumed.step === 2 && resumed.losses.length === 2);
       assert.ok(!events2.some((e) => e.type === 'phase' && e.phase === 'encoding'), 'latents come from the store on resume');
@@ -276,7 +276,7 @@ for (const dtype of ['f32', 'f16'] as const) {
         // A high learning rate for a few steps: Adam moves every adapter element by about lr per step, so B A
         // grows far past the export's rounding and a merge that dropped, halved or transposed the adapters
         // (or returned W as it was) fails below. At the default 1e-4 the change would be below the tolerance.
-        const s = await StudioSession.prepare(host(gpu, new MemoryChunkStore(), []), await demoModel(), run({ lr: MERGE_LR, steps: 3, sampleEvery: 0 }));
+        const s = await TrainingRun.prepare(host(gpu, new MemoryChunkStore(), []), await demoModel(), run({ lr: MERGE_LR, steps: 3, sampleEvery: 0 }));
         assert.equal(await s.train(), 'done');
         const values = await s.trainer.trainedValues();
         const layers = [...values.keys()].filter((n) => n.endsWith('.lora_A.weight')).map((n) => n.slice(0, -'.lora_A.weight'.length));
@@ -320,8 +320,8 @@ for (const dtype of ['f32', 'f16'] as const) {
 
     it('full fine-tune with prior preservation from generated class images; LoRA formats refused', { timeout: 300_000 }, async () => {
       const gpu = await getGpu();
-      const events: StudioEvent[] = [];
-      const s = await StudioSession.prepare(
+      const events: RunEvent[] = [];
+      const s = await TrainingRun.prepare(
         host(gpu, new MemoryChunkStore(), events),
         await demoModel(),
         run({ mode: 'full', lr: 1e-4, steps: 2, sampleEvery: 0, priorPreservation: true, classPrompt: 'a photo of a toy', classCount: 2 }),
@@ -343,21 +343,21 @@ describe('studio session: bad input', () => {
     const store = new MemoryChunkStore();
     const bad = run();
     bad.images[1] = { id: 'x', name: 'notes.txt', blob: new Blob(['hello, not an image']) };
-    await assert.rejects(StudioSession.prepare(host(gpu, store, []), await demoModel(), bad), /notes\.txt/);
+    await assert.rejects(TrainingRun.prepare(host(gpu, store, []), await demoModel(), bad), /notes\.txt/);
     const empty = run();
     empty.prompt = ' ';
     await assert.rejects(
-      StudioSession.prepare(host(gpu, store, []), await demoModel(), empty),
-      (e: Error) => e instanceof StudioError && /prompt is empty/.test(e.message),
+      TrainingRun.prepare(host(gpu, store, []), await demoModel(), empty),
+      (e: Error) => e instanceof RunError && /prompt is empty/.test(e.message),
     );
     assert.deepEqual(await store.keys(), []);
-    await assert.rejects(StudioSession.prepare(host(gpu, store, []), await demoModel(), run({ resolution: 30 })), /multiple of 4/);
-    await assert.rejects(StudioSession.prepare(host(gpu, store, []), await demoModel(), run({ budgetBytes: 2 ** 20 })), /needs at least .* of GPU memory/);
+    await assert.rejects(TrainingRun.prepare(host(gpu, store, []), await demoModel(), run({ resolution: 30 })), /multiple of 4/);
+    await assert.rejects(TrainingRun.prepare(host(gpu, store, []), await demoModel(), run({ budgetBytes: 2 ** 20 })), /needs at least .* of GPU memory/);
   });
 
   it('a device with less memory than the budget: the out-of-memory error says what the step needs and what to change', { timeout: 120_000 }, async () => {
     const gpu = await testGpu();
-    const session = await StudioSession.prepare(host(gpu, new MemoryChunkStore(), []), await demoModel(), run({ sampleEvery: 0 }));
+    const session = await TrainingRun.prepare(host(gpu, new MemoryChunkStore(), []), await demoModel(), run({ sampleEvery: 0 }));
     // The fault a real device raises at the step's sync when it cannot back an allocation (lavapipe uses host
     // memory and cannot be exhausted safely in a test), injected into the real trainer's step.
     const trainStep = session.trainer.trainStep.bind(session.trainer);
@@ -367,7 +367,7 @@ describe('studio session: bad input', () => {
       return trainStep(...a);
     };
     await assert.rejects(session.train(), (e: Error) => {
-      assert.ok(e instanceof StudioError, e.name);
+      assert.ok(e instanceof RunError, e.name);
       assert.match(e.message, /ran out of memory at step 2 \(64(\.0)? MiB for activations 'conv2d'\)/);
       assert.match(
         e.message,

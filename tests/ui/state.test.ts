@@ -7,7 +7,7 @@ import { cropAt, photoInput } from '../../src/ui/studio/actions.ts';
 import { chartColumns, legendValues, validationAt } from '../../src/ui/studio/chart-values.ts';
 import { fmtBytes, fmtDuration, progressLine, runBusy, samplesHint, statusMessage, stepCount, storageShortfall } from '../../src/ui/studio/state.ts';
 import { PAGE_DEFAULTS } from '../../src/ui/studio/presets.ts';
-import { storageNeed } from '../../src/studio/session.ts';
+import { storageNeed } from '../../src/pipeline/run.ts';
 
 void describe('studio page helpers', () => {
   void it('storage pre-check: a full SD 1.5 fine-tune does not fit 10 GiB free; LoRA does; unknown quota passes', () => {
