@@ -167,7 +167,7 @@ export function inferUnet(shapes: Map<string, readonly number[]>, family: Family
   return { layout: { blocks, layersPerBlock: L, downAttention, upAttention }, config };
 }
 
-function inferVae(shapes: Map<string, readonly number[]>): Json {
+export function inferVae(shapes: Map<string, readonly number[]>): Json {
   const names = [...shapes.keys()];
   const blocks = maxIndex(names, /^encoder\.down\.(\d+)\./) + 1;
   if (blocks < 1) throw new ModelError('the VAE has no encoder.down.* blocks');

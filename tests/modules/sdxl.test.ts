@@ -24,7 +24,15 @@ const load = (n: string) => readSafetensors(new Uint8Array(readFileSync(join(FIX
 const maxAbs = (d: Float32Array) => d.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
 
 /** One compare per golden gradient, scaled by its largest value (floored at `floor`). */
-async function gradChecks(gpu: Gpu, tape: Tape, golden: Map<string, { data: Float32Array }>, prefix: string, weights: Map<string, Tensor>, k: number, floor = 0) {
+async function gradChecks(
+  gpu: Gpu,
+  tape: Tape,
+  golden: Map<string, { data: Float32Array }>,
+  prefix: string,
+  weights: Map<string, Tensor>,
+  k: number,
+  floor = 0,
+) {
   const checks: Check[] = [];
   for (const [n, t] of golden) {
     if (!n.startsWith(prefix)) continue;
@@ -46,7 +54,9 @@ describe('SDXL UNet (tiny) vs PyTorch', () => {
       assert.deepEqual(cfg.textTime, { timeEmbedDim: 8, projectionInputDim: 88 });
       const g = (k: string) => tensors.get(k)!;
       const weights = new Map<string, Tensor>();
-      for (const [k, t] of tensors) if (!/^(grad|grad_input)\.|^(sample|timestep|encoder_hidden_states|text_embeds|time_ids|out|target|loss)$/.test(k)) weights.set(k, gpu.upload(t.data, t.shape, dtype, 'weights', k));
+      for (const [k, t] of tensors)
+        if (!/^(grad|grad_input)\.|^(sample|timestep|encoder_hidden_states|text_embeds|time_ids|out|target|loss)$/.test(k))
+          weights.set(k, gpu.upload(t.data, t.shape, dtype, 'weights', k));
       const up = (k: string, dt = dtype) => gpu.upload(g(k).data, g(k).shape, dt);
       const textEmbeds = up('text_embeds');
       const tape = new Tape(gpu);
@@ -75,12 +85,17 @@ describe('SDXL UNet (tiny) vs PyTorch', () => {
     const { tensors, metadata } = load('unet_sdxl');
     const cfg = unetConfigFromJson(JSON.parse(metadata.config));
     const weights = new Map<string, Tensor>();
-    for (const [k, t] of tensors) if (!k.includes('.') || k.startsWith('grad')) continue; else weights.set(k, gpu.upload(t.data, t.shape, 'f32', 'weights', k));
+    for (const [k, t] of tensors)
+      if (!k.includes('.') || k.startsWith('grad')) continue;
+      else weights.set(k, gpu.upload(t.data, t.shape, 'f32', 'weights', k));
     const up = (k: string) => gpu.upload(tensors.get(k)!.data, tensors.get(k)!.shape, 'f32');
     const args = [up('sample'), up('timestep'), up('encoder_hidden_states')] as const;
     assert.throws(() => unetForward(gpu, cfg, weights, ...args), /needs text_embeds and time_ids/);
     const five = gpu.upload(new Float32Array(10), [2, 5], 'f32');
-    assert.throws(() => unetForward(gpu, cfg, weights, ...args, null, 1, false, { textEmbeds: up('text_embeds'), timeIds: five }), /time_ids must be \[2,6\].*got \[2,5\]/);
+    assert.throws(
+      () => unetForward(gpu, cfg, weights, ...args, null, 1, false, { textEmbeds: up('text_embeds'), timeIds: five }),
+      /time_ids must be \[2,6\].*got \[2,5\]/,
+    );
     assert.throws(
       () => unetForward(gpu, cfg, weights, ...args, null, 1, false, { textEmbeds: gpu.upload(new Float32Array(20), [2, 10], 'f32'), timeIds: up('time_ids') }),
       /text_embeds must be \[2,40\]/,
