@@ -3,10 +3,11 @@
 // same flags, settings schema and checks as a run (the settings against the model's shape too, read from
 // its headers: no GPU); --out is not needed. A model in the Hugging Face cache
 // (models--<org>--<name>/snapshots/<commit>) gives its hub id and revision itself.
-import { chmodSync, existsSync, mkdirSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, statSync } from 'node:fs';
 import { basename, dirname, extname, join, resolve } from 'node:path';
 import { encode as encodePng } from 'fast-png';
 import { loadImageDir } from '../io/image-node.ts';
+import { checkOutFolder, claimEntries, recordWritten, removeWritten, writeOutput, writtenEntries } from '../io/outpath.ts';
 import { SafetensorsFile } from '../io/safetensors.ts';
 import { NodeFileSource } from '../io/source-node.ts';
 import { nodeFolder } from '../models/folder-node.ts';
@@ -19,7 +20,7 @@ import { configOverrides } from './run.ts';
 import { FLAGS, settingsFromFlags, TRAIN_USAGE } from './train.ts';
 
 const BUNDLE_FLAGS: Flags = { ...FLAGS, bundle: { type: 'string' }, 'hub-id': { type: 'string' }, revision: { type: 'string' } };
-const BUNDLE_USAGE = `${TRAIN_USAGE}\n       train <the same flags, no --out> --bundle <dir> [--hub-id <hub repo of --model> [--revision <commit or branch>]] [--overwrite]`;
+export const BUNDLE_USAGE = `${TRAIN_USAGE}\n       train <the same flags, no --out> --bundle <dir> [--hub-id <hub repo of --model> [--revision <commit or branch>]] [--overwrite]`;
 
 /** The model reference: --hub-id, or a Hugging Face cache snapshot's own repo and commit, or the local path's kind. */
 export function bundleModel(path: string, hubId: string | undefined, revision: string | undefined): BundleModel {
@@ -66,9 +67,6 @@ function needFolder(path: string, flag: string): void {
   if (!existsSync(path) || !statSync(path).isDirectory()) throw new UsageError(`--${flag} ${path} is not a folder of images`);
 }
 
-/** What a bundle writes at its top level. */
-const BUNDLE_ENTRIES = ['instance_images', 'class_images', 'prompts.jsonl', 'job.json', 'train.sh', 'ray_train.py', 'requirements.txt', 'README.md'];
-
 export async function bundleCommand(argv: string[]): Promise<void> {
   const { values } = parseFlags(argv, BUNDLE_FLAGS, BUNDLE_USAGE);
   const out = stringFlag(values, 'bundle');
@@ -88,8 +86,17 @@ export async function bundleCommand(argv: string[]): Promise<void> {
   const classArg = stringFlag(values, 'class-images');
   if (classArg !== undefined && !/^\d+$/.test(classArg)) needFolder(classArg, 'class-images');
   if (existsSync(out) && !statSync(out).isDirectory()) throw new UsageError(`--bundle ${out} is a file: give a folder (it is created if missing)`);
-  if (existsSync(out) && readdirSync(out).some((f) => BUNDLE_ENTRIES.includes(f)) && values.overwrite !== true)
+  checkOutFolder('--bundle', out, [
+    { flag: '--model', path: model },
+    { flag: '--images', path: images },
+    { flag: '--masks', path: stringFlag(values, 'masks') },
+    { flag: '--class-images', path: classArg },
+    { flag: '--config', path: stringFlag(values, 'config') },
+  ]);
+  if (existsSync(out) && writtenEntries(out).length && values.overwrite !== true)
     throw new UsageError(`--bundle ${out} holds a bundle already: choose another folder, or add --overwrite to replace it`);
+  if (values.overwrite === true && !(existsSync(out) && writtenEntries(out).length))
+    throw new UsageError(`--overwrite: ${out} holds no bundle to replace (leave --overwrite out)`);
   // The settings against the model's shape (rank, resolution factor) from its headers, as a run checks them.
   const { source, close } = await openSource(model, stringFlag(values, 'config'));
   try {
@@ -111,13 +118,17 @@ export async function bundleCommand(argv: string[]): Promise<void> {
     },
     (rgb, width, height) => encodePng({ width, height, data: rgb, channels: 3, depth: 8 }),
   );
-  // --overwrite replaces what a bundle writes, nothing else of the folder.
-  if (values.overwrite === true) for (const f of BUNDLE_ENTRIES) rmSync(join(out, f), { recursive: true, force: true });
+  // Only what a bundle wrote here is replaced (the folder's manifest, so an old bundle's masks/ goes too);
+  // any other entry of a name the bundle writes is the user's and is refused. Checked before anything is written.
+  const top = [...new Set([...files.map((f) => f.path.split('/')[0]), ...(settings.priorPreservation ? ['class_images'] : [])])];
+  claimEntries('--bundle', out, top);
+  mkdirSync(out, { recursive: true });
+  if (values.overwrite === true) removeWritten(out);
+  recordWritten(out, top);
   for (const f of files) {
     const path = join(out, f.path);
     mkdirSync(dirname(path), { recursive: true });
-    writeFileSync(path, f.data);
-    if (f.executable) chmodSync(path, 0o755);
+    writeOutput(path, f.data, { flag: '--bundle', mode: f.executable ? 0o755 : 0o644 });
   }
   if (settings.priorPreservation) mkdirSync(join(out, 'class_images'), { recursive: true });
   if (!ref.hubId) console.error(`warning: ${JSON.parse(files.find((f) => f.path === 'job.json')!.data as string).model.note}`);

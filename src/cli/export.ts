@@ -5,8 +5,9 @@
 //   --lora + full-single-file / diffusers-zip: --model with the LoRA merged into its UNet;
 //   no --lora + full-single-file / diffusers-zip: --model itself (train_dreambooth.py's output folder as one file).
 import { existsSync, readFileSync, statSync } from 'node:fs';
-import { basename, dirname, join, resolve } from 'node:path';
+import { basename, join } from 'node:path';
 import { SafetensorsFile } from '../io/safetensors.ts';
+import { checkOutFile } from '../io/outpath.ts';
 import { nodeFileSink } from '../io/sink-node.ts';
 import { NodeFileSource } from '../io/source-node.ts';
 import { nodeFolder } from '../models/folder-node.ts';
@@ -18,7 +19,7 @@ import { parseFlags, stringFlag, UsageError } from './args.ts';
 import { configOverrides } from './run.ts';
 import { readLoraFile } from './sample.ts';
 
-const EXPORT_USAGE =
+export const EXPORT_USAGE =
   'usage: export --model <diffusers folder | model.safetensors> [--lora <file.safetensors>] --format lora-kohya|lora-diffusers|full-single-file|diffusers-zip --out <file> [--tokenizer <dir>] [--config <json>]';
 
 /** The base as the run pipeline opens models (a diffusers folder, or a single file with tokenizer files for the zip). */
@@ -57,8 +58,12 @@ export async function exportCommand(args: string[]): Promise<void> {
   if (!model || !format || !out) throw new UsageError(`export needs --model, --format and --out\n${EXPORT_USAGE}`);
   if (!(format in EXPORT_FORMATS)) throw new UsageError(`--format: unknown format "${format}": use one of ${Object.keys(EXPORT_FORMATS).join(', ')}`);
   if (!existsSync(model)) throw new UsageError(`--model ${model}: no such file or folder`);
-  if (!existsSync(dirname(resolve(out)))) throw new UsageError(`--out ${out}: the folder ${dirname(resolve(out))} does not exist`);
-  if (existsSync(out) && statSync(out).isDirectory()) throw new UsageError(`--out ${out} is a folder: give the file to write`);
+  checkOutFile('--out', out, [
+    { flag: '--model', path: model },
+    { flag: '--lora', path: loraPath },
+    { flag: '--tokenizer', path: tokDir },
+    { flag: '--config', path: arg('config') },
+  ]);
   if (tokDir !== undefined && !existsSync(tokDir)) throw new UsageError(`--tokenizer ${tokDir}: no such folder`);
   const fmt = format as ExportFormat;
   if (!loraPath && EXPORT_FORMATS[fmt].modes.includes('lora') && !EXPORT_FORMATS[fmt].modes.includes('full'))

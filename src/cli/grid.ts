@@ -3,19 +3,20 @@
 // One row per prompt, one column per seed, each image upscaled by --scale (nearest neighbour, so small models'
 // pixels stay visible), and a JSON line per image with its prompt and seed. The README's demo-model grid is
 // made with it (see README "The demo model").
-import { existsSync, statSync, writeFileSync } from 'node:fs';
-import { dirname, join, resolve } from 'node:path';
+import { existsSync, statSync } from 'node:fs';
+import { join } from 'node:path';
 import { encode } from 'fast-png';
 import type { Gpu } from '../gpu/device.ts';
 import { MAX_IMAGE_SIDE } from '../sample/txt2img.ts';
 import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flags } from './args.ts';
+import { checkOutFile, writeOutput } from '../io/outpath.ts';
 import { loadModel } from './run.ts';
 import { loadTokenizer, modelSchedule, txt2imgCli } from './sample.ts';
 
 const GRID_FLAGS: Flags = Object.fromEntries(
   ['model', 'prompts', 'out', 'negative', 'steps', 'guidance', 'seeds', 'sampler', 'width', 'height', 'scale'].map((k) => [k, { type: 'string' as const }]),
 );
-const GRID_USAGE =
+export const GRID_USAGE =
   'usage: grid --model <folder> --prompts "first prompt|second prompt|..." --out grid.png [--seeds 1,2,3] [--steps 25] [--guidance 7.5] [--negative "..."] [--sampler dpm++2m|ddim] [--width px] [--height px] [--scale 4]';
 
 /** Gap in px between the images of the grid (white). */
@@ -37,7 +38,7 @@ export async function gridCommand(gpu: Gpu, args: string[]): Promise<void> {
   if (!modelPath || arg('prompts') === undefined || !out) throw new UsageError(`grid needs --model, --prompts and --out\n${GRID_USAGE}`);
   if (prompts.some((p) => !p)) throw new UsageError(`--prompts ${arg('prompts')}: an empty prompt between the | separators`);
   if (!existsSync(modelPath) || !statSync(modelPath).isDirectory()) throw new UsageError(`--model ${modelPath}: give a diffusers model folder`);
-  if (!existsSync(dirname(resolve(out)))) throw new UsageError(`--out ${out}: the folder ${dirname(resolve(out))} does not exist`);
+  checkOutFile('--out', out, [{ flag: '--model', path: modelPath }]);
   const sampler = (arg('sampler') ?? 'dpm++2m') as 'ddim' | 'dpm++2m';
   if (sampler !== 'ddim' && sampler !== 'dpm++2m') throw new UsageError(`--sampler must be ddim or dpm++2m, got ${sampler}`);
   const seeds = parseSeeds(arg('seeds') ?? '1');
@@ -76,6 +77,6 @@ export async function gridCommand(gpu: Gpu, args: string[]): Promise<void> {
         }
       console.log(JSON.stringify({ row, col, prompt, seed }));
     }
-  writeFileSync(out, encode({ width: W, height: H, data: grid, channels: 3, depth: 8 }));
+  writeOutput(out, encode({ width: W, height: H, data: grid, channels: 3, depth: 8 }));
   console.log(JSON.stringify({ out, width: W, height: H, prompts: prompts.length, seeds, steps, guidance, sampler }));
 }

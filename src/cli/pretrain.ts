@@ -13,13 +13,14 @@
 // The run folder holds pretrain.json (size and settings, validated on resume), tokenizer/ (vocab.json and
 // merges.txt, built once from CLIP's BPE list), store/ (checkpoints) and, at the end, model/ (the diffusers
 // folder: fp16 weights, configs, tokenizer).
-import { cpSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
+import { checkOutFolder, claimEntries, recordWritten, removeWritten, writeOutput } from '../io/outpath.ts';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { gunzipSync } from 'node:zlib';
 import type { Gpu } from '../gpu/device.ts';
 import { ClipTokenizer } from '../io/tokenizer.ts';
-import { clipTokenizerFromBpe } from '../models/demo.ts';
+import { clipTokenizerFromBpe } from '../../lab/demo-model/demo.ts';
 import { StorageFullError } from '../store/chunkstore.ts';
 import { FsChunkStore } from '../store/fs-store.ts';
 import {
@@ -33,12 +34,12 @@ import {
   type PretrainConfigs,
   type PretrainedVae,
   type PretrainSettings,
-} from '../train/pretrain.ts';
+} from '../../lab/demo-model/pretrain.ts';
 import { readSafetensors } from '../io/safetensors.ts';
-import { SHAPES, type ShapeName } from '../train/synthetic.ts';
+import { SHAPES, type ShapeName } from '../../lab/demo-model/synthetic.ts';
 import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flags, type ParsedFlags } from './args.ts';
 
-const USAGE =
+export const USAGE =
   'usage: pretrain --out <dir> [--size small|small-f4|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px] [--data-size N] [--data-seed N] ' +
   '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px] [--ema-decay x] [--token-std x] [--solid-share p] [--bare-share p] [--prediction v_prediction|epsilon] [--checkpoint-every N] [--bpe <file.txt.gz>] [--vae-from <diffusers folder>] [--init-from <diffusers folder>] [--overwrite] | pretrain --resume <dir> [--steps N] [--vae-steps N] | pretrain --resume <dir> --export';
 
@@ -205,9 +206,10 @@ function runTokenizer(dir: string, vocabSize: number, bpePath: string | undefine
     const bpe = bpePath ?? DEFAULT_BPE;
     if (!existsSync(bpe)) throw new UsageError(`--bpe ${bpe}: no such file; give CLIP's merge list bpe_simple_vocab_16e6.txt.gz`);
     const files = clipTokenizerFromBpe(gunzipSync(readFileSync(bpe)).toString('utf8'), vocabSize);
+    recordWritten(dir, ['tokenizer']);
     mkdirSync(join(dir, 'tokenizer'), { recursive: true });
-    writeFileSync(vocabPath, JSON.stringify(files.vocab));
-    writeFileSync(mergesPath, files.merges);
+    writeOutput(vocabPath, JSON.stringify(files.vocab));
+    writeOutput(mergesPath, files.merges);
   }
   const files = { vocab: JSON.parse(readFileSync(vocabPath, 'utf8')) as Record<string, number>, merges: readFileSync(mergesPath, 'utf8') };
   return { files, tokenizer: ClipTokenizer.fromFiles(files) };
@@ -215,12 +217,16 @@ function runTokenizer(dir: string, vocabSize: number, bpePath: string | undefine
 
 /** Writes the diffusers folder to <dir>/model, replacing an earlier one. */
 function writeModel(dir: string, files: Map<string, Uint8Array>): void {
+  recordWritten(dir, ['model']);
   rmSync(join(dir, 'model'), { recursive: true, force: true });
   for (const [path, bytes] of files) {
     mkdirSync(dirname(join(dir, 'model', path)), { recursive: true });
-    writeFileSync(join(dir, 'model', path), bytes);
+    writeOutput(join(dir, 'model', path), bytes);
   }
 }
+
+/** What a pretraining run writes at the top of its folder. */
+const PRETRAIN_ENTRIES = ['pretrain.json', 'store', 'model', 'tokenizer'];
 
 export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
   const { values } = parseFlags(args, FLAGS, USAGE);
@@ -285,15 +291,24 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
     checkPretrainSettings(run.settings, PRETRAIN_SIZES[size]);
     if (existsSync(runPath) && !values.overwrite)
       throw new UsageError(`--out ${dir} already holds a pretraining run: continue it with --resume ${dir}, or pass --overwrite`);
-    if (existsSync(dir) && values.overwrite)
-      for (const sub of ['store', 'model', 'tokenizer', 'pretrain.json']) rmSync(join(dir, sub), { recursive: true, force: true });
+    if (!existsSync(runPath) && values.overwrite) throw new UsageError(`--overwrite: ${dir} holds no pretraining run to replace (leave --overwrite out)`);
+    checkOutFolder('--out', dir, [
+      { flag: '--vae-from', path: vaeFromDir },
+      { flag: '--init-from', path: initFromDir },
+      { flag: '--bpe', path: stringFlag(values, 'bpe') },
+    ]);
+    // Only what a pretraining run wrote there is replaced (the folder's manifest): a model folder's own
+    // tokenizer/ or model/ is refused, never deleted.
+    claimEntries('--out', dir, PRETRAIN_ENTRIES);
     mkdirSync(dir, { recursive: true });
+    if (values.overwrite) removeWritten(dir);
+    recordWritten(dir, ['pretrain.json', 'store', ...(initFromDir ? ['tokenizer'] : [])]);
     // The text encoder goes on reading the tokenizer it was trained with.
     if (initFromDir) cpSync(join(initFromDir, 'tokenizer'), join(dir, 'tokenizer'), { recursive: true });
   }
   const configs = PRETRAIN_SIZES[run.size];
   const { files: tokFiles, tokenizer } = runTokenizer(dir, configs.text_encoder.vocab_size, stringFlag(values, 'bpe'));
-  if (!resumeDir) writeFileSync(runPath, JSON.stringify(run, null, 2));
+  if (!resumeDir) writeOutput(runPath, JSON.stringify(run, null, 2));
   const store = await FsChunkStore.open(join(dir, 'store'));
   // The run's checkpoints are written with its original step count; a longer --steps on resume extends it.
   // On resume everything comes back from the checkpoint; the model a run started from only seeds it.
@@ -301,7 +316,7 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
   try {
     if (await p.resume()) {
       console.log(`resumed at ${p.stage} step ${p.step}`);
-      writeFileSync(runPath, JSON.stringify(run, null, 2)); // longer --steps / --vae-steps, once the checkpoint accepted them
+      writeOutput(runPath, JSON.stringify(run, null, 2)); // longer --steps / --vae-steps, once the checkpoint accepted them
     } else if (resumeDir && (run.initFrom ?? run.vaeFrom) && !start.vae) {
       const from = (run.initFrom ?? run.vaeFrom)!;
       throw new UsageError(`--resume ${dir}: the run started from ${from}, which is gone, and has no checkpoint yet; start it again with --out`);

@@ -1,10 +1,11 @@
 // `cli run <unet|text-encoder|vae-encode|vae-decode> --model <file|folder> --in <in.safetensors>
 //  --out <out.safetensors> [--config <config.json>] [--dtype f32|f16]`: one component forward on the
 // engine, tensors in and out by the contract's names; outputs f32, inputs any float dtype.
-import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, statSync } from 'node:fs';
 import type { Gpu } from '../gpu/device.ts';
 import type { DType } from '../gpu/tensor.ts';
 import { readSafetensors, SafetensorsFile, writeSafetensors, type NamedTensor } from '../io/safetensors.ts';
+import { checkOutFile, writeOutput } from '../io/outpath.ts';
 import { NodeFileSource } from '../io/source-node.ts';
 import { nodeFolder } from '../models/folder-node.ts';
 import { loadDiffusers, loadSingleFile, type LoadedModel, type LoadOptions } from '../models/load.ts';
@@ -87,9 +88,9 @@ const COMPONENT_FLAGS: Flags = {
   config: { type: 'string' },
   dtype: { type: 'string' },
 };
-const RUN_USAGE =
+export const RUN_USAGE =
   'usage: run <unet|text-encoder|vae-encode|vae-decode> --model <path> --in <in.safetensors> --out <out.safetensors> [--config <json>] [--dtype f32|f16]';
-const GRAD_USAGE = 'usage: grad unet --model <path> --in <in.safetensors> --out <grads.safetensors> [--config <json>] [--dtype f32|f16]';
+export const GRAD_USAGE = 'usage: grad unet --model <path> --in <in.safetensors> --out <grads.safetensors> [--config <json>] [--dtype f32|f16]';
 
 /** Strict flags of `run` and `grad`: the command's target and --flag values. */
 function componentArgs(args: string[], usage: string): { target: string | undefined; arg: (k: string) => string | undefined } {
@@ -101,6 +102,13 @@ function componentArgs(args: string[], usage: string): { target: string | undefi
   return { target: positionals[0], arg: (k) => stringFlag(values, k.replace(/^--/, '')) };
 }
 
+/** What `run` and `grad` read: their output may be none of these. */
+const readPaths = (model: string, input: string, config: string | undefined) => [
+  { flag: '--model', path: model },
+  { flag: '--in', path: input },
+  { flag: '--config', path: config },
+];
+
 export async function runCommand(gpu: Gpu, args: string[]): Promise<void> {
   const { target: t, arg } = componentArgs(args, RUN_USAGE);
   const target = t as RunTarget;
@@ -109,12 +117,13 @@ export async function runCommand(gpu: Gpu, args: string[]): Promise<void> {
   const inPath = arg('--in');
   const outPath = arg('--out');
   if (!modelPath || !inPath || !outPath) throw new Error('run needs --model, --in and --out');
+  checkOutFile('--out', outPath, readPaths(modelPath, inPath, arg('--config')));
   const dtype = (arg('--dtype') ?? 'f32') as DType;
   if (dtype !== 'f32' && dtype !== 'f16') throw new Error(`--dtype must be f32 or f16, got ${dtype}`);
   if (dtype === 'f16' && !gpu.hasF16) throw new Error('--dtype f16 needs a GPU with shader-f16; this one has none (use f32)');
   const model = await loadModel(gpu, modelPath, { dtype, overrides: configOverrides(arg('--config'), target) });
   const outputs = await runComponent(gpu, target, model, inPath, dtype);
-  writeFileSync(outPath, writeSafetensors(outputs));
+  writeOutput(outPath, writeSafetensors(outputs));
 }
 
 /**
@@ -129,6 +138,7 @@ export async function gradCommand(gpu: Gpu, args: string[]): Promise<void> {
   const inPath = arg('--in');
   const outPath = arg('--out');
   if (!modelPath || !inPath || !outPath) throw new Error('grad needs --model, --in and --out');
+  checkOutFile('--out', outPath, readPaths(modelPath, inPath, arg('--config')));
   const dtype = (arg('--dtype') ?? 'f32') as DType;
   if (dtype !== 'f32' && dtype !== 'f16') throw new Error(`--dtype must be f32 or f16, got ${dtype}`);
   const model = await loadModel(gpu, modelPath, { dtype, overrides: configOverrides(arg('--config'), 'unet') });
@@ -149,5 +159,5 @@ export async function gradCommand(gpu: Gpu, args: string[]): Promise<void> {
     if (!g) throw new Error(`no gradient reached ${name}`);
     result.set(name, { shape: [...w.shape], data: await gpu.read(g) });
   }
-  writeFileSync(outPath, writeSafetensors(result));
+  writeOutput(outPath, writeSafetensors(result));
 }

@@ -3,8 +3,8 @@
 //  [--lora <file.safetensors> [--lora-scale 1]] --out image.png`
 // --lora: a LoRA from diffusers' train_dreambooth_lora.py (pytorch_lora_weights.safetensors) or kohya, or one
 // of our exports, applied to the UNet (and text encoder) at its own alpha / rank times --lora-scale.
-import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
-import { dirname, join, resolve } from 'node:path';
+import { existsSync, readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
 import { encode } from 'fast-png';
 import type { Gpu } from '../gpu/device.ts';
 import { ClipTokenizer } from '../io/tokenizer.ts';
@@ -16,6 +16,7 @@ import type { LoadedModel } from '../models/load.ts';
 import { configOverrides, loadModel } from './run.ts';
 import { SafetensorsFile } from '../io/safetensors.ts';
 import { NodeFileSource } from '../io/source-node.ts';
+import { checkOutFile, writeOutput } from '../io/outpath.ts';
 import { applyLora, checkImportedLora, loadedShapes, readImportedLora, type ReadLora } from '../pipeline/imported.ts';
 
 /** The tokenizer folder: --tokenizer, or <model folder>/tokenizer. */
@@ -34,7 +35,7 @@ const SAMPLE_FLAGS: Flags = Object.fromEntries(
     { type: 'string' as const },
   ]),
 );
-const SAMPLE_USAGE =
+export const SAMPLE_USAGE =
   'usage: sample --model <path> --prompt "..." --out image.png [--steps 25] [--seed 1] [--guidance 7.5] [--negative "..."] [--sampler dpm++2m|ddim] [--width 512] [--height 512] [--tokenizer <dir>] [--config <json>] [--lora <file.safetensors> [--lora-scale 1]]';
 
 /** A LoRA file read (and refused by key when it is for another architecture or rank layout) before the model loads. */
@@ -72,7 +73,12 @@ export async function sampleCommand(gpu: Gpu, args: string[]): Promise<void> {
   const out = arg('out');
   if (!modelPath || prompt === undefined || !out) throw new UsageError(`sample needs --model, --prompt and --out\n${SAMPLE_USAGE}`);
   if (!existsSync(modelPath)) throw new UsageError(`--model ${modelPath}: no such file or folder`);
-  if (!existsSync(dirname(resolve(out)))) throw new UsageError(`--out ${out}: the folder ${dirname(resolve(out))} does not exist`);
+  checkOutFile('--out', out, [
+    { flag: '--model', path: modelPath },
+    { flag: '--lora', path: arg('lora') },
+    { flag: '--tokenizer', path: arg('tokenizer') },
+    { flag: '--config', path: arg('config') },
+  ]);
   const sampler = (arg('sampler') ?? 'dpm++2m') as 'ddim' | 'dpm++2m';
   if (sampler !== 'ddim' && sampler !== 'dpm++2m') throw new UsageError(`--sampler must be ddim or dpm++2m, got ${sampler}`);
   // Ranges first (before the model loads); the sizes against the model's factor once it is known.
@@ -124,7 +130,7 @@ export async function sampleCommand(gpu: Gpu, args: string[]): Promise<void> {
     ...(lora ? { loraScale: lora.scale * loraStrength } : {}),
     onStep: (i, n) => process.stderr.write(`step ${i}/${n} ${((performance.now() - t0) / 1000).toFixed(1)} s\n`),
   });
-  writeFileSync(out, encode({ width: img.width, height: img.height, data: img.rgb, channels: 3, depth: 8 }));
+  writeOutput(out, encode({ width: img.width, height: img.height, data: img.rgb, channels: 3, depth: 8 }));
   console.log(
     JSON.stringify({
       out,

@@ -7,13 +7,14 @@
 // The run folder holds run.json (the run's inputs and settings, validated on resume), store/ (cached latents
 // and embeddings, optimizer chunks, checkpoints), samples/ (with --sample-every), the exports, and a lock
 // while a process trains in it. A folder that holds another run is refused unless --resume or --overwrite.
-import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync, openSync, closeSync, writeSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, openSync, closeSync, writeSync } from 'node:fs';
 import { basename, extname, join, resolve } from 'node:path';
 import { encode as encodePng } from 'fast-png';
 import type { Gpu } from '../gpu/device.ts';
 import { nodeGpu } from '../gpu/node.ts';
 import { decodeImageNode, loadImageDir } from '../io/image-node.ts';
 import { SafetensorsFile } from '../io/safetensors.ts';
+import { checkOutFolder, claimEntries, recordWritten, removeWritten, writeOutput } from '../io/outpath.ts';
 import { nodeFileSink } from '../io/sink-node.ts';
 import { NodeFileSource } from '../io/source-node.ts';
 import type { ClipTokenizerFiles } from '../io/tokenizer.ts';
@@ -315,15 +316,40 @@ export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
           `${out} holds another run (run.json, store/): continue it with --resume ${out}, replace it with --overwrite, or choose another --out`,
         );
     } else if (values.overwrite === true) throw new UsageError(`--overwrite: ${out} holds no run to replace (leave --overwrite out)`);
+    const i = run.inputs;
+    checkOutFolder('--out', out, [
+      { flag: '--model', path: i.model },
+      { flag: '--images', path: i.images },
+      { flag: '--masks', path: i.masks },
+      { flag: '--class-images', path: i.classImages },
+      { flag: '--tokenizer', path: i.tokenizer },
+      { flag: '--config', path: i.config },
+    ]);
+    // Only what this project wrote there is replaced (the folder's manifest); anything else of that name is refused.
+    claimEntries('--out', out, RUN_FILES);
   }
+  const created = !existsSync(out);
   makeRunFolder(out);
   const unlock = lockRun(out);
+  const state = { training: false };
   try {
-    if (values.resume === undefined && values.overwrite === true) for (const f of RUN_FILES) rmSync(join(out, f), { recursive: true, force: true });
-    await trainIn(gpu, out, run, values.resume !== undefined);
+    if (values.resume === undefined && values.overwrite === true) removeWritten(out);
+    await trainIn(gpu, out, run, values.resume !== undefined, state);
+  } catch (e) {
+    // A new run refused before its first step (no photos, a rank or budget that does not fit, ...) leaves no
+    // trace: what it wrote goes, and the folder too if it made it, so the corrected retry is not "another run".
+    if (values.resume === undefined && !state.training) abandonNewRun(out, created);
+    throw e;
   } finally {
     unlock();
   }
+}
+
+/** Removes what a refused new run wrote (its manifest's entries), and its folder if the run created it and it is empty. */
+function abandonNewRun(out: string, created: boolean): void {
+  removeWritten(out);
+  rmSync(join(out, 'lock'), { force: true });
+  if (created && readdirSync(out).length === 0) rmSync(out, { recursive: true, force: true });
 }
 
 /** Opens the model the CLI way: a diffusers folder, or a single file with --tokenizer; --config overrides. */
@@ -432,9 +458,10 @@ function printEvent(e: RunEvent, out: string): void {
       break;
     }
     case 'sample': {
+      recordWritten(out, ['samples']);
       mkdirSync(join(out, 'samples'), { recursive: true });
       const file = join(out, 'samples', `step-${String(e.step).padStart(6, '0')}.png`);
-      writeFileSync(file, e.png);
+      writeOutput(file, e.png);
       console.error(`sample: ${file} (${e.seconds.toFixed(1)} s)`);
       break;
     }
@@ -454,11 +481,13 @@ function modelKeyOf(r: TrainingRun): string {
   return JSON.stringify({ family: r.model.family, prediction: r.model.prediction, unet: r.model.unet.config });
 }
 
-async function trainIn(gpu: Gpu, out: string, run: RunFile, resuming: boolean): Promise<void> {
+async function trainIn(gpu: Gpu, out: string, run: RunFile, resuming: boolean, state: { training: boolean }): Promise<void> {
   const { inputs, settings } = run;
   // A new run's record goes first, so a run killed while encoding is still this folder's run (and
-  // resumable); a resumed one is rewritten only once its model is known to be the run's.
-  if (!resuming) writeFileSync(join(out, 'run.json'), JSON.stringify(run, null, 2));
+  // resumable); a resumed one is rewritten only once its model is known to be the run's. Each entry is
+  // listed in the folder's manifest before it is written (outpath.ts).
+  recordWritten(out, ['run.json', 'store']);
+  if (!resuming) writeOutput(join(out, 'run.json'), JSON.stringify(run, null, 2));
   const { opened, close } = await openModel(run);
   try {
     const photos = await folderImages(inputs.images, true);
@@ -483,7 +512,8 @@ async function trainIn(gpu: Gpu, out: string, run: RunFile, resuming: boolean): 
         if (resuming && run.modelKey && run.modelKey !== key)
           throw new UsageError(`--model ${inputs.model} is not the model this run started with (its architecture differs): pass the run's own model`);
         run.modelKey = key;
-        writeFileSync(join(out, 'run.json'), JSON.stringify(run, null, 2));
+        writeOutput(join(out, 'run.json'), JSON.stringify(run, null, 2));
+        state.training = true;
         await trainAndExport(tr, out, run, inputs.exports);
       } finally {
         await tr.destroy();
@@ -524,6 +554,7 @@ async function trainAndExport(tr: TrainingRun, out: string, run: RunFile, export
   const sizes: Record<string, number> = {};
   for (const format of exports) {
     const file = EXPORT_FORMATS[format].file;
+    recordWritten(out, [file]);
     await tr.exportTo(format, await nodeFileSink(join(out, file)));
     sizes[file] = statSync(join(out, file)).size;
   }

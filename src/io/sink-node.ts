@@ -8,6 +8,7 @@
 // The file system calls go through a small interface (FileOps) so tests can inject a failing disk.
 import { open, rename, rm } from 'node:fs/promises';
 import { basename, dirname } from 'node:path';
+import { partialPath, refuseNonRegular } from './outpath.ts';
 import type { ByteSink } from './safetensors.ts';
 
 /** The file handle calls the sink makes (a subset of node:fs/promises' FileHandle). */
@@ -51,8 +52,7 @@ export interface NodeFileSink extends ByteSink {
   abort(reason?: unknown): Promise<void>;
 }
 
-/** Where the bytes go until the file is complete. */
-export const partialPath = (path: string) => `${path}.partial`;
+export { partialPath };
 
 const mib = (bytes: number) => Math.max(1, Math.ceil(bytes / 2 ** 20));
 
@@ -85,9 +85,14 @@ export function describeWriteError(e: unknown, path: string, written: number, ex
  */
 export async function nodeFileSink(path: string, fs: FileOps = nodeFileOps): Promise<NodeFileSink> {
   const temp = partialPath(path);
+  // Nothing but a regular file is replaced, and the temp file is created exclusively ('wx': O_CREAT | O_EXCL,
+  // which never follows a link planted at its name); a regular one left by an interrupted write goes first.
+  refuseNonRegular(path, '--out');
+  refuseNonRegular(temp, '--out');
   let fh: FileHandleOps;
   try {
-    fh = await fs.open(temp, 'w');
+    await fs.remove(temp);
+    fh = await fs.open(temp, 'wx');
   } catch (e) {
     throw describeWriteError(e, path, 0);
   }
@@ -132,6 +137,7 @@ export async function nodeFileSink(path: string, fs: FileOps = nodeFileOps): Pro
       }
       state = 'closed';
       try {
+        refuseNonRegular(path, '--out'); // a link or device put there while writing is not replaced either
         await fs.rename(temp, path);
       } catch (e) {
         await fs.remove(temp).catch(() => undefined);

@@ -19,6 +19,7 @@
 import { prepareImage, scaleCrop, type CropBox, type ImageSize, type RgbaImage } from '../io/image.ts';
 import { prepareMask } from '../io/mask.ts';
 import { RAY_TRAIN_PY } from './bundle-ray.ts';
+import { shellComment, shellQuote } from './quote.ts';
 import { RunError, SETTINGS, validatePrompt, validateSettings, type RunSettings } from './settings.ts';
 
 /** The diffusers release the bundle's commands are written for (tests/fixtures/diffusers/dreambooth-options.json). */
@@ -69,7 +70,7 @@ export interface SettingMapping {
   note?: string;
 }
 
-const q = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
+const q = (s: string) => shellQuote(s, 'a value for train.sh');
 
 /** A safe file name: the photo's own name without its extension, numbered so names stay unique and ordered. */
 function fileName(i: number, name: string, suffix = ''): string {
@@ -289,10 +290,12 @@ export function trainScript(input: BundleInput & { mapping: SettingMapping[] }):
   const optionName = (o: string) => o.split('=')[0];
   const names = new Set(mapped.map(optionName));
   const options = [...mapped, ...fixedOptions(s).filter((o) => !names.has(optionName(o)))];
-  const model = ref.value ? `MODEL="\${MODEL:-${ref.value}}"` : `if [ -z "\${MODEL:-}" ]; then echo ${q(`set MODEL first: ${ref.note}`)} >&2; exit 2; fi`;
+  const model = ref.value
+    ? `if [ -z "\${MODEL:-}" ]; then MODEL=${q(ref.value)}; fi`
+    : `if [ -z "\${MODEL:-}" ]; then echo ${q(`set MODEL first: ${ref.note}`)} >&2; exit 2; fi`;
   return [
     '#!/usr/bin/env bash',
-    `# DreamBooth Studio job: ${s.mode === 'lora' ? 'LoRA' : 'full'} DreamBooth of ${input.prompt.replace(/\n/g, ' ')}`,
+    `# DreamBooth Studio job: ${s.mode === 'lora' ? 'LoRA' : 'full'} DreamBooth of ${shellComment(input.prompt)}`,
     `# for diffusers ${DIFFUSERS_TARGET.version} (${DIFFUSERS_TARGET.tag}, commit ${DIFFUSERS_TARGET.commit}): examples/dreambooth/${scriptFor(s)}.`,
     '# Several GPUs: run `accelerate config` once (multi-GPU, or DeepSpeed), then this script; see README.md.',
     '# Extra arguments are passed to the script, e.g. ./train.sh --report_to=wandb',

@@ -346,7 +346,17 @@ describe('cli train --bundle', () => {
       out,
     );
     assert.equal(r.status, 0, r.stderr.toString());
-    assert.deepEqual(readdirSync(out).sort(), ['README.md', 'instance_images', 'job.json', 'prompts.jsonl', 'ray_train.py', 'requirements.txt', 'train.sh']);
+    // .dbs-written.json: the folder's manifest of what the bundle wrote (src/io/outpath.ts; --overwrite removes only those).
+    assert.deepEqual(readdirSync(out).sort(), [
+      '.dbs-written.json',
+      'README.md',
+      'instance_images',
+      'job.json',
+      'prompts.jsonl',
+      'ray_train.py',
+      'requirements.txt',
+      'train.sh',
+    ]);
     assert.deepEqual(readdirSync(join(out, 'instance_images')).sort(), ['001-a.png', '002-b.png']);
     const sh = readFileSync(join(out, 'train.sh'), 'utf8');
     assert.match(sh, /--max_train_steps=30 \\/);

@@ -2,9 +2,11 @@
 // and time limit, leak no internal wording and change nothing it names. The summary line gives the counts
 // the issue asks for: tried, and how each went before (clear / wrong / unclear / hung) — now all clear.
 import { after, describe, it } from 'node:test';
-import { CASES } from './cases.ts';
+import { CASES as BASE_CASES } from './cases.ts';
+import { WRITE_CASES } from './cases-writes.ts';
 import { makeWorkspace, runCase, type Before } from './harness.ts';
 
+const CASES = [...BASE_CASES, ...WRITE_CASES];
 const ws = makeWorkspace();
 const passed = new Set<string>();
 

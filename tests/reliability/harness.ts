@@ -120,7 +120,7 @@ export interface Case {
   /** Arguments to the command line (after `npm run cli --`). */
   args: (ws: Workspace) => string[];
   /** Makes the bad input; returns the paths that must be unchanged by the command (default: none). */
-  setup?: (ws: Workspace) => { args?: string[]; unchanged?: string[] } | void;
+  setup?: (ws: Workspace) => { args?: string[]; unchanged?: string[]; absent?: string[]; after?: () => void } | void;
   /** Exit code: 1 for a refusal, 0 for a warning on a run that goes on. */
   code: 0 | 1;
   /** What the message must say (stderr for refusals and warnings). */
@@ -145,6 +145,8 @@ export function treeDigest(path: string): string {
     }
     const st = lstatSync(p);
     if (st.isSymbolicLink()) h.update(`link ${p} ${readlinkSync(p)}\n`);
+    else if (!st.isFile() && !st.isDirectory())
+      h.update(`special ${p} ${st.mode} ${st.rdev}\n`); // a FIFO or device: never read (it would block)
     else if (st.isDirectory()) for (const e of readdirSync(p).sort()) walk(join(p, e));
     else h.update(`file ${p} ${st.size}\n`).update(readFileSync(p));
   };
@@ -166,5 +168,7 @@ export function runCase(ws: Workspace, c: Case): CliResult {
   if (c.notOut) assert.doesNotMatch(r.out, c.notOut, shown);
   if (c.out) assert.match(r.out, c.out, shown);
   for (const [p, digest] of before) assert.equal(treeDigest(p), digest, `${p} changed\n${shown}`);
+  for (const p of prepared.absent ?? []) assert.ok(!existsSync(p), `${p} was left behind\n${shown}`);
+  prepared.after?.();
   return r;
 }

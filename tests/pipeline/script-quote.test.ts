@@ -1,0 +1,166 @@
+// Issue 46: every value a user types reaches the job bundle's generated scripts through one quoting function
+// (src/pipeline/quote.ts) for train.sh, and through JSON (job.json / prompts.jsonl) for ray_train.py. A corpus of
+// hostile strings (the issue's hub id, $(...), backticks, quotes, newlines, globs, unicode) must come back
+// byte for byte from a real bash and dash, and from Python's json, and no command inside them may run.
+import assert from 'node:assert/strict';
+import { spawnSync, type SpawnSyncReturns } from 'node:child_process';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { describe, it } from 'node:test';
+import { encode } from 'fast-png';
+import type { RgbaImage } from '../../src/io/image.ts';
+import { jobBundle, type BundleFile, type BundleInput } from '../../src/pipeline/bundle.ts';
+import { shellComment, shellQuote } from '../../src/pipeline/quote.ts';
+import { defaultSettings } from '../../src/pipeline/settings.ts';
+
+/** Each would run a command (touch PWNED) or change the value if it reached a script unquoted. */
+const HOSTILE = [
+  'org/x}"; touch PWNED; echo "$(touch PWNED)',
+  '$(touch PWNED)',
+  '`touch PWNED`',
+  "it's a 'quoted' dog",
+  'say "hi" \\" \\\\ \\n',
+  'line one\nline two\r\n; touch PWNED',
+  '${HOME} $HOME $0 $$ $? !! !-1',
+  '* ? [a-z] ~ ~root {a,b}',
+  '; touch PWNED & | > PWNED < /dev/null',
+  "'; touch PWNED; echo '",
+  '-rf --help',
+  'ünïcödé 犬 🐕 \u200b zero-width \u2028 line sep',
+  "\\'\\''",
+  '%s %n %x',
+  ' leading and trailing spaces ',
+  '#not a comment',
+];
+
+function tmp(): string {
+  return mkdtempSync(join(tmpdir(), 'dbs-quote-'));
+}
+
+function pwned(dir: string): boolean {
+  return existsSync(join(dir, 'PWNED'));
+}
+
+describe('shellQuote: hostile strings through real shells', () => {
+  for (const shell of ['bash', 'sh']) {
+    it(`${shell} reads every hostile string back unchanged and runs nothing`, () => {
+      const cwd = tmp();
+      const script = HOSTILE.map((s) => `printf '%s\\0' ${shellQuote(s)}`).join('\n');
+      const r = spawnSync(shell, ['-c', script], { cwd, encoding: 'utf8' });
+      assert.equal(r.status, 0, r.stderr);
+      assert.deepEqual(r.stdout.split('\0').slice(0, -1), HOSTILE);
+      assert.ok(!pwned(cwd), 'a command inside a value ran');
+    });
+  }
+
+  it('refuses a NUL (no process argument can carry it) instead of cutting the value', () => {
+    assert.throws(() => shellQuote('a\0b', 'the prompt'), /the prompt holds a NUL character/);
+  });
+
+  it('a comment cannot be ended by a line break in the value', () => {
+    for (const s of HOSTILE) assert.ok(!/[\n\r\u2028\u2029]/.test(shellComment(s)), JSON.stringify(s));
+  });
+});
+
+const png = (rgb: Uint8Array, width: number, height: number) => encode({ width, height, data: rgb, channels: 3, depth: 8 });
+
+function photo(seed: number): RgbaImage {
+  const data = new Uint8ClampedArray(16 * 16 * 4).map((_, i) => (i * 13 + seed) % 256);
+  return { width: 16, height: 16, data };
+}
+
+/** A bundle whose every typed value is `s`: hub id, revision, instance, class and sample prompts, file name. */
+function hostileBundle(s: string): BundleFile[] {
+  const input: BundleInput = {
+    prompt: s,
+    images: [{ name: `${s}.png`, image: photo(1) }],
+    classImages: [],
+    settings: {
+      ...defaultSettings('lora'),
+      resolution: 16,
+      priorPreservation: true,
+      classPrompt: s,
+      sampleEvery: 10,
+      samplePrompt: s,
+    },
+    model: { kind: 'hub', name: s, hubId: s, revision: s },
+  };
+  return jobBundle(input, png);
+}
+
+/** Writes the bundle and runs train.sh with a fake `accelerate` that records its arguments (NUL-separated). */
+function runTrainSh(files: BundleFile[], env: Record<string, string> = {}): { status: number | null; args: string[]; stderr: string; dir: string } {
+  const dir = tmp();
+  for (const f of files) {
+    mkdirSync(dirname(join(dir, f.path)), { recursive: true });
+    writeFileSync(join(dir, f.path), f.data);
+    if (f.executable) chmodSync(join(dir, f.path), 0o755);
+  }
+  const bin = join(dir, 'fake-bin');
+  mkdirSync(bin);
+  writeFileSync(join(bin, 'accelerate'), `#!/usr/bin/env bash\nfor a in "$@"; do printf '%s\\0' "$a"; done > "${dir}/args"\n`);
+  chmodSync(join(bin, 'accelerate'), 0o755);
+  const r = spawnSync('bash', [join(dir, 'train.sh')], { cwd: dir, env: { PATH: `${bin}:/usr/bin:/bin`, DIFFUSERS_EXAMPLES: '/x', ...env } });
+  const args = existsSync(join(dir, 'args')) ? readFileSync(join(dir, 'args'), 'utf8').split('\0').slice(0, -1) : [];
+  return { status: r.status, args, stderr: r.stderr.toString(), dir };
+}
+
+describe('train.sh: every typed value is one quoted word', () => {
+  for (const s of HOSTILE) {
+    it(`reaches accelerate unchanged and runs nothing: ${JSON.stringify(s).slice(0, 50)}`, () => {
+      const files = hostileBundle(s);
+      const sh = files.find((f) => f.path === 'train.sh')!.data as string;
+      assert.equal(spawnSync('bash', ['-n', '-c', sh]).status, 0, `bash -n:\n${sh}`);
+      const r = runTrainSh(files);
+      assert.equal(r.status, 0, r.stderr);
+      for (const opt of ['pretrained_model_name_or_path', 'revision', 'instance_prompt', 'class_prompt', 'validation_prompt'])
+        assert.ok(r.args.includes(`--${opt}=${s}`), `--${opt} arrived as ${JSON.stringify(r.args.find((a) => a.startsWith(`--${opt}=`)))}`);
+      assert.ok(!pwned(r.dir) && !readdirSync(r.dir).includes('PWNED'), 'a command inside a value ran');
+    });
+  }
+
+  it('every option word is a plain value, a single-quoted string or "$MODEL" (nothing else can expand)', () => {
+    const sh = hostileBundle(HOSTILE[0]).find((f) => f.path === 'train.sh')!.data as string;
+    const options = sh
+      .split('\n')
+      .filter((l) => /^ {2}--/.test(l))
+      .map((l) => l.trim().replace(/ \\$/, ''));
+    assert.ok(options.length > 15);
+    // Single-quoted: '...' pieces joined by \' (how a ' is written), nothing outside them.
+    const word = /^--[a-z_0-9]+(=([A-Za-z0-9._/+-]+|"\$MODEL"|'[^']*'(\\''[^']*')*))?$/;
+    for (const o of options) assert.match(o, word);
+  });
+});
+
+describe('ray_train.py: values through JSON, never through its source', () => {
+  it("Python's json reads every hostile value back unchanged from job.json and prompts.jsonl", () => {
+    const python = ['/usr/bin/python3', 'python3'].find((p) => spawnSync(p, ['--version']).status === 0);
+    assert.ok(python, 'python3 is installed (Debian base system)');
+    const dir = tmp();
+    const got: unknown[] = [];
+    for (const s of HOSTILE) {
+      const files = hostileBundle(s);
+      const ray = files.find((f) => f.path === 'ray_train.py')!.data as string;
+      assert.ok(!ray.includes(s), 'the value is not written into the Python source');
+      for (const f of files.filter((f) => f.path === 'job.json' || f.path === 'prompts.jsonl')) writeFileSync(join(dir, f.path), f.data);
+      // The same reads ray_train.py makes (json.load / json.loads per line); printed back as ASCII-escaped JSON.
+      const r: SpawnSyncReturns<string> = spawnSync(
+        python!,
+        [
+          '-c',
+          'import json,sys\nj=json.load(open("job.json",encoding="utf-8"))\np=[json.loads(l) for l in open("prompts.jsonl",encoding="utf-8") if l.strip()]\n' +
+            'print(json.dumps([j["instance_prompt"],j["class_prompt"],j["model"]["reference"],j["model"]["revision"],p[0]["prompt"]]))',
+        ],
+        { cwd: dir, encoding: 'utf8' },
+      );
+      assert.equal(r.status, 0, r.stderr);
+      got.push(JSON.parse(r.stdout));
+    }
+    assert.deepEqual(
+      got,
+      HOSTILE.map((s) => [s, s, s, s, s]),
+    );
+    assert.ok(!pwned(dir));
+  });
+});

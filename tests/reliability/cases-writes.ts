@@ -1,0 +1,301 @@
+// Issue 46's rows of the bad-input corpus: what a command writes. One output-path guard (src/io/outpath.ts):
+// never over an input, never through a link or into a device or FIFO, partial files created exclusively,
+// --overwrite removing only what the project wrote (the folder's manifest); and "validate fully, then
+// create": a new run refused before its first step leaves no folder and no run.json.
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { copyFileSync, cpSync, existsSync, mkdirSync, readdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { FIXTURES } from '../helpers.ts';
+import { cli, trainArgs, type Case, type Workspace } from './harness.ts';
+
+/** A special file made by a system tool (mkfifo, mknod; `{}` in `cmd` is the path); the path. */
+function special(path: string, ...cmd: string[]): string {
+  const r = spawnSync(
+    cmd[0],
+    cmd.slice(1).map((a) => (a === '{}' ? path : a)),
+    { encoding: 'utf8' },
+  );
+  assert.equal(r.status, 0, `${cmd.join(' ')} ${path}: ${r.stderr}`);
+  return path;
+}
+
+/** A file outside every output, which a followed link would overwrite. */
+function victim(ws: Workspace): string {
+  const file = ws.path('victim');
+  writeFileSync(file, 'the user owns this file');
+  return file;
+}
+
+const exportArgs = (ws: Workspace, out: string) => ['export', '--model', ws.tiny.folder, '--format', 'full-single-file', '--out', out];
+
+const sampleArgs = (ws: Workspace, model: string, out: string) => [
+  'sample',
+  '--model',
+  model,
+  '--tokenizer',
+  ws.tokenizer,
+  '--config',
+  ws.config,
+  '--prompt',
+  'a dog',
+  '--width',
+  '32',
+  '--height',
+  '32',
+  '--steps',
+  '1',
+  '--out',
+  out,
+];
+
+/** The same valid LoRA run as trainArgs, with one flag's value replaced and --out at a new path (returned too). */
+function newRun(ws: Workspace, flag: string | null, value?: string): { out: string; args: string[] } {
+  const out = ws.path('new-run');
+  const a = trainArgs(ws, out);
+  if (flag) {
+    const i = a.indexOf(flag);
+    if (i >= 0) a.splice(i, 2);
+    a.push(flag, value!);
+  }
+  return { out, args: a };
+}
+
+/** A folder of images made by `fill` (under the workspace). */
+function imageDir(ws: Workspace, fill: (dir: string) => void): string {
+  const dir = ws.path('photos');
+  mkdirSync(dir);
+  fill(dir);
+  return dir;
+}
+
+const bundleArgs = (ws: Workspace, out: string, ...extra: string[]) => [
+  'train',
+  '--model',
+  ws.tiny.folder,
+  '--images',
+  ws.images,
+  '--prompt',
+  'a photo of sks dog',
+  '--resolution',
+  '32',
+  '--hub-id',
+  'org/tiny',
+  '--bundle',
+  out,
+  ...extra,
+];
+
+export const WRITE_CASES: Case[] = [
+  // ---- never write over an input ---------------------------------------------------------------------------
+  {
+    name: 'sample --out the model file itself (a typo)',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /--out \S+tiny-\d+\.safetensors is --model \S+: writing it would destroy an input of this command; choose another --out/,
+    setup: (ws) => {
+      const model = ws.path('tiny') + '.safetensors';
+      copyFileSync(ws.tiny.singleFile, model);
+      return { args: sampleArgs(ws, model, model), unchanged: [model] };
+    },
+  },
+  {
+    name: 'sample --out a hard link of the model file',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /--out \S+ is --model \S+: writing it would destroy an input/,
+    setup: (ws) => {
+      const model = ws.path('tiny') + '.safetensors';
+      copyFileSync(ws.tiny.singleFile, model);
+      const link = ws.path('same') + '.png';
+      spawnSync('ln', [model, link]);
+      return { args: sampleArgs(ws, model, link), unchanged: [model] };
+    },
+  },
+  {
+    name: 'train --out inside the --images folder',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /--out \S+ lies inside --images \S+: the command never writes into its own inputs/,
+    setup: (ws) => {
+      const images = imageDir(ws, (d) => copyFileSync(join(FIXTURES, 'images', 'quadrants.png'), join(d, 'a.png')));
+      const a = trainArgs(ws, join(images, 'run'));
+      a[a.indexOf('--images') + 1] = images;
+      return { args: a, unchanged: [images] };
+    },
+  },
+  // ---- never through a link, never into a device or FIFO ------------------------------------------------------
+  {
+    name: 'export --out whose .partial is a planted symlink to a file outside',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /--out \S+o\.safetensors\.partial is a symbolic link: outputs are written only as regular files/,
+    setup: (ws) => {
+      const target = victim(ws);
+      const out = join(ws.path('exp'), 'o.safetensors');
+      mkdirSync(join(out, '..'));
+      symlinkSync(target, `${out}.partial`);
+      return { args: exportArgs(ws, out), unchanged: [target, join(out, '..')] };
+    },
+  },
+  {
+    name: 'export --out a device node',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /--out \S+null-dev-\d+ is a device: outputs are written only as regular files/,
+    setup: (ws) => {
+      const dev = special(ws.path('null-dev'), 'mknod', '-m', '666', '{}', 'c', '1', '3');
+      return { args: exportArgs(ws, dev), unchanged: [dev] };
+    },
+  },
+  {
+    name: 'sample --out a FIFO',
+    before: 'hung',
+    args: () => [],
+    code: 1,
+    message: /--out \S+fifo-\d+ is a FIFO \(named pipe\): outputs are written only as regular files/,
+    setup: (ws) => {
+      const fifo = special(ws.path('fifo'), 'mkfifo', '{}');
+      return { args: sampleArgs(ws, ws.tiny.singleFile, fifo), unchanged: [fifo] };
+    },
+  },
+  {
+    name: 'sample --out a symlink to a file outside',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /--out \S+link-\d+\.png is a symbolic link/,
+    setup: (ws) => {
+      const target = victim(ws);
+      const link = ws.path('link') + '.png';
+      symlinkSync(target, link);
+      return { args: sampleArgs(ws, ws.tiny.singleFile, link), unchanged: [target, link] };
+    },
+  },
+  // ---- --overwrite removes only what the project wrote ----------------------------------------------------------
+  {
+    name: "pretrain --out a model folder --overwrite (its tokenizer/ is not the run's)",
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /--overwrite: \S+ holds no pretraining run to replace/,
+    setup: (ws) => {
+      const folder = ws.path('model');
+      cpSync(ws.tiny.folder, folder, { recursive: true });
+      return {
+        args: ['pretrain', '--out', folder, '--overwrite', '--size', 'tiny', '--steps', '1', '--vae-steps', '1', '--resolution', '16'],
+        unchanged: [folder],
+      };
+    },
+  },
+  {
+    name: 'pretrain --out a model folder (its tokenizer/ would be written over)',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /--out \S+ already holds (model, )?tokenizer, which this project did not write: choose a new or empty folder/,
+    setup: (ws) => {
+      const folder = ws.path('model');
+      cpSync(ws.tiny.folder, folder, { recursive: true });
+      return { args: ['pretrain', '--out', folder, '--size', 'tiny', '--steps', '1', '--vae-steps', '1', '--resolution', '16'], unchanged: [folder] };
+    },
+  },
+  {
+    name: "--bundle a folder of the user's --overwrite",
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /--overwrite: \S+ holds no bundle to replace/,
+    setup: (ws) => {
+      const dir = ws.path('mine');
+      mkdirSync(dir);
+      writeFileSync(join(dir, 'README.md'), 'my notes');
+      writeFileSync(join(dir, 'requirements.txt'), 'numpy');
+      return { args: bundleArgs(ws, dir, '--overwrite'), unchanged: [dir] };
+    },
+  },
+  {
+    name: "re-bundle with --overwrite drops the old bundle's masks/",
+    before: 'wrong',
+    args: () => [],
+    code: 0,
+    message: /^/,
+    out: /"bundle"/,
+    setup: (ws) => {
+      const dir = ws.path('bundle');
+      const masks = imageDir(ws, (d) => {
+        for (const f of readdirSync(ws.images)) copyFileSync(join(ws.images, f), join(d, f));
+      });
+      const first = cli(...bundleArgs(ws, dir, '--masks', masks));
+      assert.equal(first.code, 0, first.err);
+      assert.ok(existsSync(join(dir, 'masks')), 'the first bundle has masks/');
+      writeFileSync(join(dir, 'my-notes.txt'), 'kept');
+      return {
+        args: bundleArgs(ws, dir, '--overwrite'),
+        absent: [join(dir, 'masks')],
+        after: () => assert.equal(readFileSync(join(dir, 'my-notes.txt'), 'utf8'), 'kept', 'a file the bundle never wrote is kept'),
+      };
+    },
+  },
+  // ---- validate fully, then create: a refused new run leaves nothing ----------------------------------------------
+  ...(
+    [
+      [
+        'an empty --images folder',
+        /add at least one image/,
+        (ws: Workspace) =>
+          newRun(
+            ws,
+            '--images',
+            imageDir(ws, () => undefined),
+          ),
+      ],
+      [
+        'a text file named photo.png',
+        /photo\.png[\s\S]*add at least one image/,
+        (ws: Workspace) =>
+          newRun(
+            ws,
+            '--images',
+            imageDir(ws, (d) => writeFileSync(join(d, 'photo.png'), 'not a picture')),
+          ),
+      ],
+      [
+        '--rank 64 on a model whose narrowest layer is narrower',
+        /--rank 64 is larger than this model's narrowest adapted layer/,
+        (ws: Workspace) => newRun(ws, '--rank', '64'),
+      ],
+      ['--resolution 30 on a model of factor 4', /--resolution 30 does not suit this model/, (ws: Workspace) => newRun(ws, '--resolution', '30')],
+      ['--budget 1MiB', /needs at least [\d.]+ MiB of GPU memory .* the budget is 1\.00 MiB/, (ws: Workspace) => newRun(ws, '--budget', '1MiB')],
+    ] as const
+  ).map(([what, message, make]): Case => ({
+    name: `a new run refused for ${what} leaves no folder (the corrected retry is not "another run")`,
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message,
+    notOut: /^step /m,
+    setup: (ws) => {
+      const { out, args } = make(ws);
+      return { args, absent: [out] };
+    },
+  })),
+  {
+    name: 'a refused new run in an existing folder leaves the folder as it was',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /--rank 64 is larger/,
+    setup: (ws) => {
+      const { out, args } = newRun(ws, '--rank', '64');
+      mkdirSync(out);
+      writeFileSync(join(out, 'notes.txt'), 'mine');
+      return { args, unchanged: [out] };
+    },
+  },
+];
