@@ -11,7 +11,7 @@ import { idbDownloadCache } from '../io/cache-idb.ts';
 import { idbTuningCache } from '../io/tuning-idb.ts';
 import { downloadDiffusersModel, downloadFile } from '../io/hub.ts';
 import { decodeImageBrowser } from '../io/image-browser.ts';
-import { SafetensorsFile } from '../io/safetensors.ts';
+import { SafetensorsError, SafetensorsFile } from '../io/safetensors.ts';
 import { blobSink } from '../io/sink-blob.ts';
 import { BlobSource, BytesSource, type ByteSource } from '../io/source.ts';
 import { describeGemmConfig, tuneGemm } from '../ops/tune.ts';
@@ -36,6 +36,7 @@ import { TOKENIZER_FILES } from '../export/full.ts';
 import { jobBundle, type BundleModel } from '../pipeline/bundle.ts';
 import { exportImported, openSource, readImportedLora, tryLora, type ReadLora } from '../pipeline/imported.ts';
 import type { TryItOptions, TryItResult } from '../pipeline/tryit.ts';
+import { importedExportName, notSafetensorsMessage } from './imported-files.ts';
 import { downloadZip } from 'client-zip';
 
 /** Where the model comes from (what the page persists, minus the File objects). */
@@ -370,8 +371,28 @@ class StudioWorker {
     return { blob, name: `${folder}.zip`, size: blob.size };
   }
 
+  /** A LoRA file read in full (its header and every adapter); a file that is not safetensors is named and said what it is. */
   private async importedLora(file: File | null): Promise<ReadLora | null> {
-    return file ? readImportedLora(await SafetensorsFile.open(new BlobSource(file, file.name))) : null;
+    if (!file) return null;
+    let st: SafetensorsFile;
+    try {
+      st = await SafetensorsFile.open(new BlobSource(file, file.name));
+    } catch (e) {
+      if (e instanceof SafetensorsError && /not a safetensors file|pickle/.test(e.message))
+        throw new StudioError(notSafetensorsMessage(file.name, new Uint8Array(await file.slice(0, 64).arrayBuffer()), 'LoRA'));
+      throw e;
+    }
+    return readImportedLora(st);
+  }
+
+  /** Reads a LoRA the moment it is chosen, so a wrong file is refused then: its adapted layers, or what is wrong. */
+  async checkLora(file: File): Promise<{ layers: number } | { error: string }> {
+    try {
+      const lora = await this.importedLora(file);
+      return { layers: lora!.adapters.size };
+    } catch (e) {
+      return { error: (e as Error).message };
+    }
   }
 
   /** "Try it": one image of `choice` with a LoRA trained elsewhere (or none), as PNG bytes. */
@@ -405,8 +426,7 @@ class StudioWorker {
       await source.close();
     }
     const blob = sink.blob();
-    const stem = (loraFile?.name ?? opened.name).replace(/\.safetensors$/i, '');
-    return { blob, name: `${stem}${EXPORT_FORMATS[format].suffix}`, size: blob.size, warnings };
+    return { blob, name: importedExportName(loraFile?.name ?? null, opened.name, format), size: blob.size, warnings };
   }
 
   async storageBytes(): Promise<number> {

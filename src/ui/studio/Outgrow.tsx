@@ -4,7 +4,7 @@
 // formats; a full diffusers folder is loaded as the model itself (Model above) and exported here with no LoRA.
 import { useState } from 'react';
 import { EXPORT_FORMATS, type ExportFormat } from '../../pipeline/run.ts';
-import { downloadBundle, exportImportedLora, tryImportedLora } from './actions.ts';
+import { checkLoraFile, downloadBundle, exportImportedLora, tryImportedLora } from './actions.ts';
 import { EXPORT_LABELS } from './presets.ts';
 import { fmtBytes, useStudioStore } from './state.ts';
 
@@ -57,7 +57,25 @@ export function OutgrowPanel() {
       <form className="form" onSubmit={(e) => e.preventDefault()}>
         <label className="span-2">
           LoRA trained elsewhere (pytorch_lora_weights.safetensors or kohya); none: the loaded model itself
-          <input type="file" name="imported-lora" accept=".safetensors" onChange={(e) => setLora(e.target.files?.[0] ?? null)} />
+          <input
+            type="file"
+            name="imported-lora"
+            accept=".safetensors"
+            onChange={(e) => {
+              const input = e.target;
+              const file = input.files?.[0] ?? null;
+              setLora(null);
+              setError('');
+              if (!file) return;
+              // Read at once: a wrong file is refused now, by name, not at Try or Export.
+              void checkLoraFile(file).then((problem) => {
+                if (problem) {
+                  setError(problem);
+                  input.value = '';
+                } else setLora(file);
+              });
+            }}
+          />
         </label>
         <label className="span-2">
           Prompt to try

@@ -733,6 +733,13 @@ export async function downloadBundle(): Promise<{ name: string; size: number }> 
   return { name: out.name, size: out.size };
 }
 
+/** Reads a LoRA file the moment it is chosen: null when it is one, else what is wrong with it (the file named). */
+export async function checkLoraFile(lora: File): Promise<string | null> {
+  if (!api) return null;
+  const r = await api.checkLora(lora);
+  return 'error' in r ? r.error : null;
+}
+
 /** "Try it" with a LoRA trained elsewhere (or none): an image of the loaded base model, as an object URL. */
 export async function tryImportedLora(lora: File | null, o: { prompt: string; seed: number; steps: number; strength: number }): Promise<string> {
   if (!api || !modelChoice || S().model.status !== 'ready') throw new Error('Load the base model first (see Model above): the LoRA runs on it.');
