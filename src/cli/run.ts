@@ -15,6 +15,7 @@ import { vaeDecode, vaeEncode } from '../nn/vae.ts';
 import { Tape } from '../nn/ops.ts';
 import { mseLoss, mseLossBackward } from '../ops/reduce.ts';
 import { parseFlags, readJsonFile, stringFlag, UsageError, type Flags } from './args.ts';
+import { gradSdxlCommand, isSdxlPath, runSdxlCommand } from './run-sdxl.ts';
 
 const COMPONENT = { unet: 'unet', 'text-encoder': 'text_encoder', 'vae-encode': 'vae', 'vae-decode': 'vae' } as const;
 export type RunTarget = keyof typeof COMPONENT;
@@ -23,7 +24,7 @@ export type RunTarget = keyof typeof COMPONENT;
 export function configOverrides(path: string | undefined, target: RunTarget): LoadOptions['overrides'] {
   if (!path) return undefined;
   const j = readJsonFile(path, '--config');
-  const keys = ['unet', 'vae', 'text_encoder', 'scheduler'];
+  const keys = ['unet', 'vae', 'text_encoder', 'text_encoder_2', 'scheduler'];
   if (Object.keys(j).some((k) => keys.includes(k))) return j as LoadOptions['overrides'];
   return { [COMPONENT[target]]: j };
 }
@@ -121,6 +122,7 @@ export async function runCommand(gpu: Gpu, args: string[]): Promise<void> {
   const dtype = (arg('--dtype') ?? 'f32') as DType;
   if (dtype !== 'f32' && dtype !== 'f16') throw new Error(`--dtype must be f32 or f16, got ${dtype}`);
   if (dtype === 'f16' && !gpu.hasF16) throw new Error('--dtype f16 needs a GPU with shader-f16; this one has none (use f32)');
+  if (await isSdxlPath(modelPath)) return runSdxlCommand(gpu, target, modelPath, inPath, outPath, dtype, configOverrides(arg('--config'), target));
   const model = await loadModel(gpu, modelPath, { dtype, overrides: configOverrides(arg('--config'), target) });
   const outputs = await runComponent(gpu, target, model, inPath, dtype);
   writeOutput(outPath, writeSafetensors(outputs));
@@ -141,6 +143,7 @@ export async function gradCommand(gpu: Gpu, args: string[]): Promise<void> {
   checkOutFile('--out', outPath, readPaths(modelPath, inPath, arg('--config')));
   const dtype = (arg('--dtype') ?? 'f32') as DType;
   if (dtype !== 'f32' && dtype !== 'f16') throw new Error(`--dtype must be f32 or f16, got ${dtype}`);
+  if (await isSdxlPath(modelPath)) return gradSdxlCommand(gpu, modelPath, inPath, outPath, dtype, configOverrides(arg('--config'), 'unet'));
   const model = await loadModel(gpu, modelPath, { dtype, overrides: configOverrides(arg('--config'), 'unet') });
   const inputs = readSafetensors(new Uint8Array(readFileSync(inPath))).tensors;
   const up = (t: NamedTensor, d: DType = dtype) => gpu.upload(t.data, t.shape, d, 'activations');

@@ -1,0 +1,97 @@
+// `cli run` / `cli grad unet` on the tiny SDXL model (tests/fixtures/models/make-tiny-sdxl.ts): the UNet takes
+// sample, timestep, encoder_hidden_states, text_embeds and time_ids from the single file (with a --config
+// that includes text_encoder_2), the text encoders give prompt_embeds and pooled from the folder, grad unet
+// gives every parameter's gradient; all against the PyTorch goldens (tolerances as tests/modules/sdxl.test.ts,
+// f32). time_ids of the wrong length exit 1 naming the --in file.
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { after, describe, it } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { readSafetensors, writeSafetensors, type NamedTensor } from '../../src/io/safetensors.ts';
+import { compare, type Check } from '../../src/selftest/check.ts';
+import { writeTinySdxl } from '../fixtures/models/make-tiny-sdxl.ts';
+import { assertChecks, FIXTURES } from '../helpers.ts';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const dir = mkdtempSync(join(tmpdir(), 'dbs-cli-sdxl-'));
+after(() => rmSync(dir, { recursive: true, force: true }));
+const tiny = writeTinySdxl(dir);
+const configPath = join(dir, 'overrides.json');
+writeFileSync(configPath, JSON.stringify(tiny.overrides));
+const fixture = (n: string) => readSafetensors(new Uint8Array(readFileSync(join(FIXTURES, 'modules', `${n}.safetensors`)))).tensors;
+
+function cli(...args: string[]): { code: number; err: string } {
+  try {
+    execFileSync(process.execPath, ['--import', 'tsx', join(root, 'src/cli/main.ts'), ...args], { stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8' });
+    return { code: 0, err: '' };
+  } catch (e) {
+    const x = e as { status: number; stderr: string };
+    return { code: x.status, err: x.stderr };
+  }
+}
+const writeIn = (name: string, t: Map<string, NamedTensor>) => {
+  const p = join(dir, `${name}.in.safetensors`);
+  writeFileSync(p, writeSafetensors(t));
+  return p;
+};
+const readOut = (p: string) => readSafetensors(new Uint8Array(readFileSync(p))).tensors;
+
+describe('cli on an SDXL model', () => {
+  const u = fixture('unet_sdxl');
+  const names = ['sample', 'timestep', 'encoder_hidden_states', 'text_embeds', 'time_ids'];
+  const unetIn = new Map(names.map((n) => [n, u.get(n)!] as const));
+
+  it('run unet (single file, --config with text_encoder_2) and grad unet (folder) match PyTorch', () => {
+    const inPath = writeIn('unet', unetIn);
+    const out = join(dir, 'unet.out.safetensors');
+    const r = cli('run', 'unet', '--model', tiny.singleFile, '--config', configPath, '--in', inPath, '--out', out);
+    assert.equal(r.code, 0, r.err);
+    const gradIn = writeIn('grad', new Map([...unetIn, ['target', u.get('target')!]]));
+    const gradOut = join(dir, 'grad.out.safetensors');
+    const g = cli('grad', 'unet', '--model', tiny.folder, '--in', gradIn, '--out', gradOut);
+    assert.equal(g.code, 0, g.err);
+    const grads = readOut(gradOut);
+    const checks: Check[] = [
+      compare('out', readOut(out).get('out')!.data, u.get('out')!.data, { atol: 5e-4, rtol: 2e-4 }),
+      compare('loss', grads.get('loss')!.data, u.get('loss')!.data, { atol: 1e-6, rtol: 1e-4 }),
+    ];
+    for (const [n, t] of u) {
+      if (!n.startsWith('grad.')) continue;
+      const scale = t.data.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+      checks.push(compare(n, grads.get(n.slice(5))!.data, t.data, { atol: 1e-4 * scale + 1e-12, rtol: 1e-4 }));
+    }
+    assert.equal(checks.length, 2 + tiny.weights.unet.size);
+    assertChecks(checks);
+  });
+
+  it('run text-encoder gives prompt_embeds and pooled', () => {
+    const c = fixture('clip_sdxl');
+    const inPath = writeIn(
+      'te',
+      new Map([
+        ['input_ids', c.get('input_ids')!],
+        ['input_ids_2', c.get('input_ids_2')!],
+      ]),
+    );
+    const out = join(dir, 'te.out.safetensors');
+    const r = cli('run', 'text-encoder', '--model', tiny.folder, '--in', inPath, '--out', out);
+    assert.equal(r.code, 0, r.err);
+    const o = readOut(out);
+    assertChecks([
+      compare('prompt_embeds', o.get('prompt_embeds')!.data, c.get('prompt_embeds')!.data, { atol: 1e-4, rtol: 1e-4 }),
+      compare('pooled', o.get('pooled')!.data, c.get('pooled')!.data, { atol: 1e-4, rtol: 1e-4 }),
+    ]);
+  });
+
+  it('time ids of the wrong length are refused naming the file', () => {
+    const bad = new Map(unetIn);
+    bad.set('time_ids', { shape: [2, 5], data: new Float32Array(10) });
+    const inPath = writeIn('bad', bad);
+    const r = cli('run', 'unet', '--model', tiny.folder, '--in', inPath, '--out', join(dir, 'bad.out.safetensors'));
+    assert.equal(r.code, 1);
+    assert.match(r.err, /bad\.in\.safetensors: 'time_ids' must be \[2,6\].*got \[2,5\]/);
+  });
+});
