@@ -158,6 +158,9 @@ export async function downloadDiffusersModel(repo: string, o: HubOptions): Promi
   ];
   for (const c of ['unet', 'vae', 'text_encoder', 'scheduler'])
     if (!(c in parts)) throw new HubError(`${repo}: model_index.json lists no ${c}: not a Stable Diffusion pipeline`);
+  // SDXL: a second text encoder (CLIPTextModelWithProjection) and its tokenizer.
+  const second = 'text_encoder_2' in parts;
+  if (second) want.push(['text_encoder_2/config.json', []], ['text_encoder_2/model.fp16.safetensors', ['text_encoder_2/model.safetensors']]);
   for (const [first, fallbacks] of want) {
     let got: ByteSource | null = null;
     let name = first;
@@ -169,18 +172,20 @@ export async function downloadDiffusersModel(repo: string, o: HubOptions): Promi
     if (!got) throw new HubError(`${repo}: ${[first, ...fallbacks].join(' or ')} not found`, 404);
     files.set(name, got);
   }
-  // Tokenizer: tokenizer.json when present, else CLIPTokenizer's vocab + merges; configs optional.
-  const tj = await tryDownload(repo, 'tokenizer/tokenizer.json', o);
-  if (tj) files.set('tokenizer/tokenizer.json', tj);
-  else
-    for (const p of ['tokenizer/vocab.json', 'tokenizer/merges.txt']) {
+  // Tokenizer (and SDXL's tokenizer_2): tokenizer.json when present, else CLIPTokenizer's vocab + merges; configs optional.
+  for (const t of second ? ['tokenizer', 'tokenizer_2'] : ['tokenizer']) {
+    const tj = await tryDownload(repo, `${t}/tokenizer.json`, o);
+    if (tj) files.set(`${t}/tokenizer.json`, tj);
+    else
+      for (const p of [`${t}/vocab.json`, `${t}/merges.txt`]) {
+        const f = await tryDownload(repo, p, o);
+        if (!f) throw new HubError(`${repo}: ${p} not found (and no ${t}/tokenizer.json)`, 404);
+        files.set(p, f);
+      }
+    for (const p of [`${t}/tokenizer_config.json`, `${t}/special_tokens_map.json`]) {
       const f = await tryDownload(repo, p, o);
-      if (!f) throw new HubError(`${repo}: ${p} not found (and no tokenizer/tokenizer.json)`, 404);
-      files.set(p, f);
+      if (f) files.set(p, f);
     }
-  for (const p of ['tokenizer/tokenizer_config.json', 'tokenizer/special_tokens_map.json']) {
-    const f = await tryDownload(repo, p, o);
-    if (f) files.set(p, f);
   }
   await o.cache.dropPartial(manifestKey);
   await o.cache.appendPartial(manifestKey, new TextEncoder().encode(JSON.stringify({ files: [...files.keys()] })));

@@ -5,13 +5,17 @@
 // for the encoders, as there); refiners, inpainting models, mixed keys, a missing embedder and text widths
 // that do not add up are refused naming the file.
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { readSafetensors, SafetensorsFile } from '../../src/io/safetensors.ts';
 import { NodeFileSource } from '../../src/io/source-node.ts';
+import { nodeDownloadCache } from '../../src/io/cache-node.ts';
+import { downloadDiffusersModel } from '../../src/io/hub.ts';
 import { nodeFolder } from '../../src/models/folder-node.ts';
+import { folderFromSources } from '../../src/models/source.ts';
 import {
   detectSdxlDiffusers,
   detectSdxlSingleFile,
@@ -156,5 +160,34 @@ describe('SDXL refusals name the file and what is wrong', () => {
     const gpu = await testGpu();
     await assert.rejects(loadSdxl(gpu, src, 'f32'), /add embedding takes 88 = 40 pooled \+ 6 x 8 time-id values, but text_encoder_2 projects to 24/);
     await src.close();
+  });
+});
+
+describe('SDXL from a hub id', () => {
+  it('downloads text_encoder_2 and tokenizer_2 with the rest and loads the generator weights', async () => {
+    const requests: string[] = [];
+    const server = createServer((req, res) => {
+      const path = decodeURIComponent(/^\/org\/tiny-sdxl\/resolve\/main\/(.+)$/.exec(req.url ?? '')?.[1] ?? '');
+      requests.push(path);
+      const file = join(tiny.folder, path);
+      if (!path || path.includes('..') || !existsSync(file)) return void res.writeHead(404).end();
+      const body = readFileSync(file);
+      res.writeHead(200, { 'content-length': body.length }).end(body);
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    try {
+      const port = (server.address() as { port: number }).port;
+      const m = await downloadDiffusersModel('org/tiny-sdxl', { endpoint: `http://127.0.0.1:${port}`, cache: nodeDownloadCache(join(dir, 'hub-cache')) });
+      for (const p of ['text_encoder_2/config.json', 'text_encoder_2/model.safetensors', 'tokenizer_2/vocab.json', 'tokenizer_2/merges.txt'])
+        assert.ok(m.files.has(p), `downloaded ${p}`);
+      const src = await openSdxlDiffusers(folderFromSources('org/tiny-sdxl', m.files));
+      const gpu = await testGpu();
+      const model = await loadSdxl(gpu, src, 'f32');
+      await src.close();
+      for (const c of components) for (const [n, t] of model[c].weights) assert.deepEqual(await gpu.read(t), tiny.weights[source[c]].get(n)!.data, `${c} ${n}`);
+      assert.ok(requests.includes('text_encoder_2/model.fp16.safetensors'), 'asked for the fp16 variant first');
+    } finally {
+      server.close();
+    }
   });
 });
