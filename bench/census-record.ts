@@ -6,7 +6,9 @@
 //
 // Kept to the engine APIs that commit 2756811 already had, so the same file records that commit's kernel choices
 // from a worktree (bench/census.ts --record-at): `npx tsx bench/census-record.ts --profile nvidia-h200 --mode lora
-// --px 128 --batch 2 --step 1 --out FILE` writes the step's dispatches, identical ones counted once with `count`.
+// --px 128 --batch 2 --step 1 [--dry] --out FILE` writes the step's dispatches, identical ones counted once with
+// `count`. --dry (commits with GpuOptions.recording) runs a dry run that still encodes: the same dispatches without the
+// optimizer's host-side packing.
 import { writeFileSync } from 'node:fs';
 import { Gpu } from '../src/gpu/device.ts';
 import { PROFILES, type AdapterProfile } from '../src/gpu/profile.ts';
@@ -80,7 +82,7 @@ export function fold(list: RecordedDispatch[]): CountedDispatch[] {
  * Records step `step` of a run of `c` on `profile`: everything the trainer dispatches inside that trainStep. All
  * optimizer state resident and no activation checkpointing (what planTraining picks on a GPU of the H200's size).
  */
-export async function recordStep(profile: AdapterProfile, c: CensusCase, step = 2, opts: { tensorCores?: boolean } = {}): Promise<StepRecord> {
+export async function recordStep(profile: AdapterProfile, c: CensusCase, step = 2, opts: { dry?: boolean } = {}): Promise<StepRecord> {
   await webgpuGlobals();
   let recording = false;
   const recorded: RecordedDispatch[] = [];
@@ -88,7 +90,9 @@ export async function recordStep(profile: AdapterProfile, c: CensusCase, step = 
     recordingGpu(profile, (d) => {
       if (recording) recorded.push(d);
     }),
-    { shaders: nodeShaderSource(), tensorCores: opts.tensorCores ?? false },
+    // dry: a dry run that still encodes (GpuOptions.recording): the optimizer skips its host-side packing, which takes
+    // minutes for a full fine-tune; commits before that option record with a plain Gpu (reads map zeros either way)
+    { shaders: nodeShaderSource(), tensorCores: false, ...(opts.dry ? { dryRun: true, recording: true } : {}) },
   );
   const weights = new Map<string, Tensor>();
   for (const [name, shape] of unetParams(SD15.unet)) weights.set(name, gpu.tensor(shape, gpu.computeDType, 'weights', name));
@@ -106,6 +110,7 @@ export async function recordStep(profile: AdapterProfile, c: CensusCase, step = 
     await trainer.trainStep();
   }
   recording = false;
+  if (!recorded.length) throw new Error('census: the step reached the device with no dispatch (a dry run on a commit whose Gpu has no `recording` option?)');
   const gemm = (gpu as unknown as { gemmConfig?: unknown }).gemmConfig;
   trainer.destroy();
   gpu.destroy();
@@ -119,7 +124,7 @@ if (process.argv[1]?.endsWith('census-record.ts')) {
   const profile = PROFILES[arg('--profile', 'nvidia-h200')];
   if (!profile) throw new Error(`--profile: unknown profile; use one of ${Object.keys(PROFILES).join(', ')}`);
   const c: CensusCase = { mode: arg('--mode', 'lora') as TrainMode, resolution: Number(arg('--px', '128')), batch: Number(arg('--batch', '2')) as 1 | 2 };
-  const rec = await recordStep(profile, c, Number(arg('--step', '1')));
+  const rec = await recordStep(profile, c, Number(arg('--step', '1')), { dry: args.includes('--dry') });
   writeFileSync(arg('--out', '/dev/stdout'), JSON.stringify(rec));
   process.exit(0);
 }

@@ -113,12 +113,15 @@ export class Allocator {
 
   /**
    * `dryRun`: account every byte but back each allocation with a 4-byte buffer (memory planning: the
-   * real code paths run, allocate and free as they would, and no memory is used).
+   * real code paths run, allocate and free as they would, and no memory is used). `sizedDryRun`: a dry run on a
+   * device that backs nothing (src/gpu/recording.ts), whose buffers are made at their real size so the ranges
+   * bound to dispatches are the real ones.
    */
   constructor(
     private readonly device: GPUDevice,
     private readonly maxBufferSize: number,
     readonly dryRun = false,
+    private readonly sizedDryRun = false,
   ) {}
 
   /** Buffer of `bytes` (rounded up to 4) from the pool or new. OOM of a new one is reported at the next takeOomErrors(). */
@@ -129,7 +132,8 @@ export class Allocator {
     if (pooled) return this.record(pooled, size, capacity, true, tag, label);
     this.makeRoom(capacity);
     this.countCreated();
-    if (this.dryRun) return this.record(this.created(this.device.createBuffer({ size: 4, usage, label })), size, capacity, false, tag, label);
+    if (this.dryRun)
+      return this.record(this.created(this.device.createBuffer({ size: this.dryRunSize(capacity), usage, label })), size, capacity, false, tag, label);
     if (capacity >= OOM_SCOPE_BYTES) {
       this.device.pushErrorScope('out-of-memory');
       const buffer = this.created(this.device.createBuffer({ size: capacity, usage, label }));
@@ -273,10 +277,15 @@ export class Allocator {
     this.poolStats.misses++;
   }
 
+  /** The size of a dry run's buffer: a 4-byte placeholder, or the real size on a device that backs nothing. */
+  private dryRunSize(capacity: number): number {
+    return this.sizedDryRun ? capacity : 4;
+  }
+
   /** A new buffer, or the out-of-memory message when the device refused it. */
   private async createChecked(capacity: number, usage: number, label: string): Promise<GPUBuffer | string> {
     this.countCreated();
-    if (this.dryRun) return this.created(this.device.createBuffer({ size: 4, usage, label }));
+    if (this.dryRun) return this.created(this.device.createBuffer({ size: this.dryRunSize(capacity), usage, label }));
     this.device.pushErrorScope('out-of-memory');
     const buffer = this.device.createBuffer({ size: capacity, usage, label });
     const err = await this.device.popErrorScope();

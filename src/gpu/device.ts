@@ -60,6 +60,12 @@ export interface GpuOptions {
    */
   dryRun?: boolean;
   /**
+   * With dryRun, on a device that backs and runs nothing (src/gpu/recording.ts, the census's): buffers are made at
+   * their real size and dispatches are encoded and submitted, so the device sees every dispatch the run issues;
+   * writes and reads stay skipped (reads return zeros) as in any dry run.
+   */
+  recording?: boolean;
+  /**
    * Fill every new tensor with NaN (0xFFFFFFFF words) before handing it out, so code that reads memory it never
    * wrote fails loudly (the pool hands out buffers with stale contents). The tests run with it (DBS_GPU_POISON=1).
    */
@@ -230,6 +236,8 @@ export class Gpu {
   /** Largest byte range one storage binding may cover (the device limit, or a lower test override). */
   readonly maxBinding: number;
   readonly dryRun: boolean;
+  /** A dry run that still encodes its dispatches (GpuOptions.recording). */
+  private readonly encodesDryRun: boolean;
   private readonly pipelines = new Map<string, GPUComputePipeline>();
   private encoder: GPUCommandEncoder | null = null;
   private pass: GPUComputePassEncoder | null = null;
@@ -277,6 +285,7 @@ export class Gpu {
     this.hasTimestamps = device.features.has('timestamp-query');
     this.maxBinding = Math.min(opts.bindingLimit ?? Infinity, device.limits.maxStorageBufferBindingSize);
     this.dryRun = opts.dryRun ?? false;
+    this.encodesDryRun = this.dryRun && (opts.recording ?? false);
     this.poison = (opts.poison ?? false) && !this.dryRun;
     this.cpuAdapter = isCpuAdapter(adapter);
     this.bindGroupCacheMax = bindGroupCacheMax(this.cpuAdapter);
@@ -284,9 +293,9 @@ export class Gpu {
     // SwiftShader refuses the direct core (matmul.ts directRefusal): its config says what runs, whatever it is given
     this.directAllowed = !isSwiftShader(adapter);
     this.gemm.direct &&= this.directAllowed;
-    this.allocator = new Allocator(device, device.limits.maxBufferSize, this.dryRun);
+    this.allocator = new Allocator(device, device.limits.maxBufferSize, this.dryRun, this.encodesDryRun);
     this.allocator.onEvict = () => this.bindGroups.clear();
-    device.lost.then((info) => {
+    void device.lost.then((info) => {
       this.lost = new GpuDeviceLostError(info.reason ?? 'unknown', info.message || 'no message');
       for (const l of this.lostListeners) l(this.lost);
     });
@@ -531,7 +540,7 @@ export class Gpu {
    */
   run<D extends KernelDecl>(k: D, call: KernelCall<D>): void {
     this.checkAlive();
-    if (this.dryRun) return;
+    if (this.dryRun && !this.encodesDryRun) return;
     const label = `${k.shader}.${k.entry}`;
     const [x, y = 1, z = 1] = call.workgroups;
     const maxWg = this.device.limits.maxComputeWorkgroupsPerDimension;
