@@ -282,10 +282,11 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       const warningList = page.getByRole('list', { name: 'Warnings' });
       const warnings = (await warningList.count()) ? ((await warningList.textContent()) ?? '') : '';
       assert.doesNotMatch(warnings, /not square|blurry|upscaled/);
+      // The two photos that are not square say why they train square, and from which size they would not.
       assert.deepEqual(await page.getByTestId('bucket').allTextContents(), [
-        'Trains at 64×64 (square crop)',
-        'Trains at 64×64 (square crop)',
-        'Trains at 64×64 (square crop)',
+        'Trains at 64×64, a square crop: at 64 px, with bucket sides in steps of 64 px, no other shape is nearer its 6:5; from 384 px it trains at its own aspect ratio.',
+        'Trains at 64×64, a square crop: at 64 px, with bucket sides in steps of 64 px, no other shape is nearer its 5:7; from 256 px it trains at its own aspect ratio.',
+        'Trains at 64×64 (square)',
       ]);
       // The page stays responsive while the worker trains: a click on the advanced panel answers at once.
       const t0 = Date.now();

@@ -7,6 +7,7 @@ import { cropAt, photoInput } from '../../src/ui/studio/actions.ts';
 import { chartColumns, legendValues, validationAt } from '../../src/ui/studio/chart-values.ts';
 import { fmtBytes, fmtDuration, progressLine, runBusy, samplesHint, statusMessage, stepCount, storageShortfall } from '../../src/ui/studio/state.ts';
 import { PAGE_DEFAULTS } from '../../src/ui/studio/presets.ts';
+import { bucketNote } from '../../src/ui/studio/bucket-note.ts';
 import { storageNeed } from '../../src/pipeline/run.ts';
 
 void describe('studio page helpers', () => {
@@ -103,6 +104,17 @@ void describe('studio page helpers', () => {
     assert.equal(modelDefaults({ kind: 'demo' }, { kind: 'hub', endpoint: 'e', repo: 'r' }, summary, { steps: 400 }).resolution, 64);
     assert.deepEqual(modelDefaults({ kind: 'demo' }, { kind: 'demo' }, summary, { steps: 400 }), {}, 'the same model again: nothing changed');
     assert.deepEqual(modelDefaults({ kind: 'hub', endpoint: 'e', repo: 'r' }, null, summary, { steps: 400 }), {});
+  });
+
+  void it('a photo that is not square but trains square with buckets says why, and from which resolution it would not', () => {
+    // The demo model: 64 px, factor 64 (VAE 8 x UNet 8): only the 64x64 bucket exists.
+    assert.equal(
+      bucketNote({ width: 400, height: 300 }, 64, 64),
+      'Trains at 64×64, a square crop: at 64 px, with bucket sides in steps of 64 px, no other shape is nearer its 4:3; from 256 px it trains at its own aspect ratio.',
+    );
+    assert.match(bucketNote({ width: 1600, height: 900 }, 64, 64), /its 16:9; from 192 px/);
+    assert.equal(bucketNote({ width: 1600, height: 900 }, 512, 64), 'Trains at 640×384 (its own aspect ratio)');
+    assert.equal(bucketNote({ width: 300, height: 300 }, 64, 64), 'Trains at 64×64 (square)');
   });
 
   void it('formats bytes and durations', () => {

@@ -32,6 +32,7 @@ import {
 } from './actions.ts';
 import { RunsPanel } from './Runs.tsx';
 import { bucketFor, bucketRegion } from '../../io/image.ts';
+import { bucketNote } from './bucket-note.ts';
 import { LossChart } from './LossChart.tsx';
 import { MaskEditor } from './MaskEditor.tsx';
 import { autosave, fmtBytes, progressLine, restoreProject, runBusy, samplesHint, statusMessage, stepCount, useStudioStore, type PhotoItem } from './state.ts';
@@ -282,7 +283,7 @@ function Thumb({ p, index, locked }: { p: PhotoItem; index: number; locked: bool
       />
       {bucket && (
         <span className="hint" data-testid="bucket">
-          Trains at {bucket.width}×{bucket.height} ({bucket.width === bucket.height ? 'square crop' : 'its own aspect ratio'})
+          {bucketNote(p, resolution, factor!)}
         </span>
       )}
       <span className="name" title={p.name}>
