@@ -30,7 +30,7 @@ export default defineConfig(
     ignores: ['dist/', 'bench/dist/', 'bench/results/', '.local/', '.dev/', 'test-results/', 'scripts/eslint-typescript/'],
   },
   {
-    files: ['{src,tests,e2e,bench,scripts}/**/*.{ts,tsx}', '*.ts', 'eslint.config.js'],
+    files: ['{src,tests,e2e,bench,scripts,lab}/**/*.{ts,tsx}', '*.ts', 'eslint.config.js'],
     extends: [js.configs.recommended, ...tseslint.configs.recommended],
     plugins: { 'react-hooks': reactHooks },
     rules: {

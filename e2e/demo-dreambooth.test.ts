@@ -11,8 +11,8 @@ import { readFileSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
 import { decode, encode } from 'fast-png';
 import type { Page } from 'playwright-core';
-import { INSTANCE_PROMPT, SAMPLE_SEED, subjectPhotos } from '../bench/quality-run.ts';
-import { colourFidelity } from '../src/train/quality.ts';
+import { INSTANCE_PROMPT, SAMPLE_SEED, subjectPhotos } from '../lab/demo-model/bench/quality-run.ts';
+import { colourFidelity } from '../lab/demo-model/quality.ts';
 import { dropPngs, launch, screenshotPath, serve, useDemoModel } from './browser.ts';
 
 const SIZE = 64;

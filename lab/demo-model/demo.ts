@@ -7,12 +7,12 @@
 // Initialisation (what makes a random SD stack numerically tame): every matrix and conv kernel
 // N(0, 1/fan_in) (LeCun), so each layer roughly preserves activation variance; norm scales 1, biases 0;
 // embeddings N(0, 0.02^2) as CLIP does.
-import { writeSafetensors, type NamedTensor } from '../io/safetensors.ts';
-import { clipParams, unetParams, vaeParams, type ParamShapes } from './shapes.ts';
-import { clipConfigFromJson } from '../nn/clip.ts';
-import { unetConfigFromJson } from '../nn/unet.ts';
-import { vaeConfigFromJson } from '../nn/vae.ts';
-import { Rng } from '../util/rng.ts';
+import { writeSafetensors, type NamedTensor } from '../../src/io/safetensors.ts';
+import { clipParams, unetParams, vaeParams, type ParamShapes } from '../../src/models/shapes.ts';
+import { clipConfigFromJson } from '../../src/nn/clip.ts';
+import { unetConfigFromJson } from '../../src/nn/unet.ts';
+import { vaeConfigFromJson } from '../../src/nn/vae.ts';
+import { Rng } from '../../src/util/rng.ts';
 
 /** diffusers config.json of each component (the sizes the studio's e2e tests train at in software). */
 export const DEMO_CONFIGS = {

@@ -13,25 +13,25 @@
 // EMA copies of the UNet and text encoder (diffusers' EMAModel warm-up decay, folded over `emaEvery` steps)
 // are what ships. Checkpoints are snapshots in a chunk store (optimizer state, EMA, the finished VAE, the
 // Rng, the step): a killed or lost-device run resumes to the same state.
-import type { Gpu } from '../gpu/device.ts';
-import type { Tensor } from '../gpu/tensor.ts';
-import { ADAMW_DEFAULTS } from '../ops/adamw.ts';
-import { add, concatChannels, scale, splitChannels } from '../ops/elementwise.ts';
-import { readSafetensors, writeSafetensors, type NamedTensor } from '../io/safetensors.ts';
-import type { ClipTokenizer } from '../io/tokenizer.ts';
-import type { Weights } from '../nn/blocks.ts';
-import { clipConfigFromJson, clipTextForward, type ClipTextConfig } from '../nn/clip.ts';
-import { Tape } from '../nn/ops.ts';
-import { unetConfigFromJson, unetForward, type UnetConfig } from '../nn/unet.ts';
-import { vaeConfigFromJson, vaeDecode, vaeEncode, type VaeConfig } from '../nn/vae.ts';
-import { DEMO_CONFIGS, diffusersModelFiles, initWeights } from '../models/demo.ts';
-import { clipParams, unetParams, vaeParams } from '../models/shapes.ts';
-import { alphasCumprod, scheduleFromJson, type ScheduleConfig } from '../sample/schedulers.ts';
-import type { ChunkStore } from '../store/chunkstore.ts';
-import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
-import { Rng } from '../util/rng.ts';
-import { addNoise, velocity, weightedMse, weightedMseBackward } from '../ops/loss.ts';
-import { ChunkedAdamW } from './optimizer.ts';
+import type { Gpu } from '../../src/gpu/device.ts';
+import type { Tensor } from '../../src/gpu/tensor.ts';
+import { ADAMW_DEFAULTS } from '../../src/ops/adamw.ts';
+import { add, concatChannels, scale, splitChannels } from '../../src/ops/elementwise.ts';
+import { readSafetensors, writeSafetensors, type NamedTensor } from '../../src/io/safetensors.ts';
+import type { ClipTokenizer } from '../../src/io/tokenizer.ts';
+import type { Weights } from '../../src/nn/blocks.ts';
+import { clipConfigFromJson, clipTextForward, type ClipTextConfig } from '../../src/nn/clip.ts';
+import { Tape } from '../../src/nn/ops.ts';
+import { unetConfigFromJson, unetForward, type UnetConfig } from '../../src/nn/unet.ts';
+import { vaeConfigFromJson, vaeDecode, vaeEncode, type VaeConfig } from '../../src/nn/vae.ts';
+import { DEMO_CONFIGS, diffusersModelFiles, initWeights } from './demo.ts';
+import { clipParams, unetParams, vaeParams } from '../../src/models/shapes.ts';
+import { alphasCumprod, scheduleFromJson, type ScheduleConfig } from '../../src/sample/schedulers.ts';
+import type { ChunkStore } from '../../src/store/chunkstore.ts';
+import { commitSnapshot, openSnapshot } from '../../src/store/snapshot.ts';
+import { Rng } from '../../src/util/rng.ts';
+import { addNoise, velocity, weightedMse, weightedMseBackward } from '../../src/ops/loss.ts';
+import { ChunkedAdamW } from '../../src/train/optimizer.ts';
 import { captionOf, checkDatasetOptions, drawScene, sceneAt, toModelInput, type ShapeName } from './synthetic.ts';
 
 /** diffusers config.json of each component: SD 1.x's layout (four UNet levels, factor-8 VAE) at a laptop's size. */
@@ -77,7 +77,7 @@ export type PretrainConfigs = typeof PRETRAIN_CONFIGS;
 /**
  * Model sizes:
  * - `small`: SD's factor-8 VAE at 64 px, so 8x8x4 latents. Its VAE (the shipped demo model's) decodes every
- *   lone shape to the same smudge after 800 steps (scripts/vae-reconstruction.ts): each latent cell spans
+ *   lone shape to the same smudge after 800 steps (lab/demo-model/scripts/vae-reconstruction.ts): each latent cell spans
  *   8x8 px, so a shape's outline must be coded inside a cell's 4 numbers, which this small a VAE learns slowly.
  * - `small-f4`: the same UNet and text encoder on 16x16x4 latents from a factor-4 VAE (three levels, SD's
  *   blocks), where a 16-32 px shape spans 4-8 cells and its outline is the latent's own layout.

@@ -1,5 +1,5 @@
 // DreamBooth's quality measures (issue 16; the DreamBooth paper's DreamBench: subject fidelity, prompt fidelity,
-// language drift), on features this project can compute itself, for bench/quality.ts and its test.
+// language drift), on features this project can compute itself, for lab/demo-model/bench/quality.ts and its test.
 //
 // Features. The paper uses DINO / CLIP image embeddings; we have neither, so two extractors are used and both
 // reported:
@@ -17,13 +17,13 @@
 // Drift: class-prompt samples of the fine-tuned model against the base model's for the same seeds: 1 - cosine of
 // the VAE features, averaged over seeds (0: the same pictures).
 // Also in pixels and in colours (1 - histogram intersection: position-free).
-import type { Gpu } from '../gpu/device.ts';
-import type { LoadedModel } from '../models/load.ts';
-import { encodeImage } from './preprocess.ts';
+import type { Gpu } from '../../src/gpu/device.ts';
+import type { LoadedModel } from '../../src/models/load.ts';
+import { encodeImage } from '../../src/train/preprocess.ts';
 import { COLOURS, toModelInput, type ColourName } from './synthetic.ts';
 
 /**
- * How the demo model's drawing checks sample (tests/models/shipped-demo-draws.test.ts, scripts/shape-scores.ts):
+ * How the demo model's drawing checks sample (lab/demo-model/tests/shipped-demo-draws.test.ts, lab/demo-model/scripts/shape-scores.ts):
  * DPM++ 2M, 15 steps, guidance 6, no negative prompt.
  */
 export const CHECK_SAMPLING = { sampler: 'dpm++2m', steps: 15, guidance: 6, negativePrompt: '' } as const;

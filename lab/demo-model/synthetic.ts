@@ -14,7 +14,7 @@
 // an object when it is inside the object's outline (circle: distance; polygons: edge half-planes or the
 // even-odd rule), and a pattern picks the object's colour or its second colour from the sample's position
 // in the object's own frame (stripes: diagonal bands; dots: a disc per grid cell; checks: cell parity).
-import { Rng } from '../util/rng.ts';
+import { Rng } from '../../src/util/rng.ts';
 
 export const SHAPES = ['circle', 'square', 'triangle', 'diamond', 'crescent', 'cross', 'star', 'ring'] as const;
 export type ShapeName = (typeof SHAPES)[number];

@@ -7,7 +7,7 @@ import { encode } from 'fast-png';
 import { nodeGpu } from '../../src/gpu/node.ts';
 import { decodeImageNode } from '../../src/io/image-node.ts';
 import { BytesSource } from '../../src/io/source.ts';
-import { demoModelFiles, DEMO_RESOLUTION } from '../../src/models/demo.ts';
+import { demoModelFiles, DEMO_RESOLUTION } from '../../lab/demo-model/demo.ts';
 import { folderFromSources, tokenizerFilesFrom } from '../../src/models/source.ts';
 import { MemoryChunkStore } from '../../src/store/chunkstore.ts';
 import { maskFingerprint, TrainingRun, type OpenedModel, type RunEvent, type RunInput } from '../../src/pipeline/run.ts';

@@ -10,7 +10,7 @@ import type { Gpu } from '../../src/gpu/device.ts';
 import { nodeGpu } from '../../src/gpu/node.ts';
 import { decodeImageNode } from '../../src/io/image-node.ts';
 import { BytesSource } from '../../src/io/source.ts';
-import { demoModelFiles, DEMO_RESOLUTION } from '../../src/models/demo.ts';
+import { demoModelFiles, DEMO_RESOLUTION } from '../../lab/demo-model/demo.ts';
 import { loadModel } from '../../src/models/load.ts';
 import { folderFromSources, openDiffusers, tokenizerFilesFrom } from '../../src/models/source.ts';
 import { TrainingRun, type OpenedModel, type RunEvent, type RunInput } from '../../src/pipeline/run.ts';

@@ -13,7 +13,7 @@ import { parseHeader, readSafetensors } from '../../src/io/safetensors.ts';
 import { unetLayout } from '../../src/export/full.ts';
 import { blobSink } from '../../src/io/sink-blob.ts';
 import { BytesSource } from '../../src/io/source.ts';
-import { DEMO_CONFIGS, demoModelFiles, DEMO_RESOLUTION } from '../../src/models/demo.ts';
+import { DEMO_CONFIGS, demoModelFiles, DEMO_RESOLUTION } from '../../lab/demo-model/demo.ts';
 import { unetFromDiffusers } from '../../src/models/keymap.ts';
 import { detectDiffusers } from '../../src/models/detect.ts';
 import { folderFromSources, openDiffusers, tokenizerFilesFrom } from '../../src/models/source.ts';

@@ -1,23 +1,23 @@
-// The DreamBooth quality experiment (issue 16, Must show 3) shared by bench/quality.ts and
+// The DreamBooth quality experiment (issue 16, Must show 3) shared by lab/demo-model/bench/quality.ts and
 // tests/train/quality.test.ts: a subject the pretrained model never saw (a shape excluded from pretraining,
 // drawn with its own pattern colours), 4 photos of it, one DreamBooth run through the product's run pipeline
 // (src/pipeline/run.ts TrainingRun, as `cli train` builds it from a model folder, photos, prompts and class
 // images), then samples of the fine-tuned and the base model for the same seeds (TrainingRun.tryIt, the
-// studio's "Try it") scored by src/train/quality.ts.
+// studio's "Try it") scored by lab/demo-model/quality.ts.
 import { existsSync, readFileSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import { decode, encode } from 'fast-png';
-import type { Gpu } from '../src/gpu/device.ts';
-import { nodeGpu } from '../src/gpu/node.ts';
-import { loadModel, type LoadedModel } from '../src/models/load.ts';
-import { nodeFolder } from '../src/models/folder-node.ts';
-import { openDiffusers, tokenizerFilesFrom } from '../src/models/source.ts';
-import { TrainingRun, type OpenedModel, type RunEvent } from '../src/pipeline/run.ts';
-import { defaultSettings, type RunSettings, type TrainMode } from '../src/pipeline/settings.ts';
-import { MemoryChunkStore } from '../src/store/chunkstore.ts';
-import { colourDrift, colourFidelity, featureDrift, featureFidelity, pixelDrift, promptFidelity, vaeFeature } from '../src/train/quality.ts';
-import { classImageSeed } from '../src/train/preprocess.ts';
-import { drawScene, subjectScene, type ColourName, type ObjectKind } from '../src/train/synthetic.ts';
+import type { Gpu } from '../../../src/gpu/device.ts';
+import { nodeGpu } from '../../../src/gpu/node.ts';
+import { loadModel, type LoadedModel } from '../../../src/models/load.ts';
+import { nodeFolder } from '../../../src/models/folder-node.ts';
+import { openDiffusers, tokenizerFilesFrom } from '../../../src/models/source.ts';
+import { TrainingRun, type OpenedModel, type RunEvent } from '../../../src/pipeline/run.ts';
+import { defaultSettings, type RunSettings, type TrainMode } from '../../../src/pipeline/settings.ts';
+import { MemoryChunkStore } from '../../../src/store/chunkstore.ts';
+import { colourDrift, colourFidelity, featureDrift, featureFidelity, pixelDrift, promptFidelity, vaeFeature } from '../quality.ts';
+import { classImageSeed } from '../../../src/train/preprocess.ts';
+import { drawScene, subjectScene, type ColourName, type ObjectKind } from '../synthetic.ts';
 
 /** The held-out subject: a star (excluded from pretraining by default), yellow with purple dots (pretraining's yellow objects carry another second colour). */
 export const SUBJECT: ObjectKind = { shape: 'star', colour: 'yellow', pattern: 'dotted', second: 'purple' };

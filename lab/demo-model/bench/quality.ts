@@ -2,7 +2,7 @@
 //   [--text-encoder-lr x]] [--out file.json] [--figure file.png]`   (--rank and the text-encoder flags change the LoRA runs only)
 // Issue 16, Must show 3: DreamBooth on a pretrained model with a subject held out of pretraining (a yellow star
 // with purple dots; stars are excluded from `cli pretrain`'s data by default), 4 photos of it, LoRA and full,
-// each with and without prior preservation, through the product's run pipeline (bench/quality-run.ts).
+// each with and without prior preservation, through the product's run pipeline (lab/demo-model/bench/quality-run.ts).
 // Per run, before (the base model) and after fine-tuning, on samples of the same seeds:
 //   subject_fidelity_*  mean cosine of VAE-encoder latents of "a sks star" samples vs the photos (all pairs)
 //   subject_colour_*    mean colour-histogram intersection of the same pairs
@@ -18,9 +18,9 @@ import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { encode as encodePng } from 'fast-png';
-import { nodeGpu } from '../src/gpu/node.ts';
-import { median } from '../src/train/quality.ts';
-import { gitCommit } from './git.ts';
+import { nodeGpu } from '../../../src/gpu/node.ts';
+import { median } from '../quality.ts';
+import { gitCommit } from '../../../bench/git.ts';
 import {
   BACKGROUND_PROMPT,
   CLASS_PROMPT,
@@ -36,7 +36,7 @@ import {
   type QualitySettings,
 } from './quality-run.ts';
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 export const DEFAULT_MODEL = join(ROOT, 'public', 'demo-model');
 
 const { values } = parseArgs({

@@ -1,22 +1,22 @@
 // Does a pretrained model draw the shape its caption names? For each "a large <colour> <shape> on a <background>
 // background" prompt, samples through the product's txt2img (DPM++ 2M, 15 steps, guidance 6: the draws test's
-// settings) and scores every picture with src/train/quality.ts: the largest region of pixels nearest the named
+// settings) and scores every picture with lab/demo-model/quality.ts: the largest region of pixels nearest the named
 // colour (its area in pixels) and how much of its enclosing disc it fills (discFill: a disc 1.00, a square about
 // 0.84, a triangle about 0.6). The generator's own picture of the same prompt is scored beside it: what a model
 // that draws the shape would score. Speckled or fragmented objects score low on both area and fill.
 // --bare leaves the background out of the prompts ("a large green circle"), as pretraining's --bare-share does with
 // that share of its captions; the generator's picture beside it keeps the pair's background.
-//   bash scripts/gpu-env.sh npx tsx scripts/shape-scores.ts [--model public/demo-model] [--seeds 1,2,3,4] [--shapes circle,square,triangle,cross] [--bare]
+//   bash scripts/gpu-env.sh npx tsx lab/demo-model/scripts/shape-scores.ts [--model public/demo-model] [--seeds 1,2,3,4] [--shapes circle,square,triangle,cross] [--bare]
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { loadTokenizer, modelSchedule } from '../src/cli/sample.ts';
-import { nodeGpu } from '../src/gpu/node.ts';
-import { loadDiffusers } from '../src/models/load.ts';
-import { nodeFolder } from '../src/models/folder-node.ts';
-import { txt2img } from '../src/sample/txt2img.ts';
-import { CHECK_SAMPLING, discFill, largestColourRegion, median } from '../src/train/quality.ts';
-import { drawScene, SHAPES, type ColourName, type Scene, type ShapeName } from '../src/train/synthetic.ts';
+import { loadTokenizer, modelSchedule } from '../../../src/cli/sample.ts';
+import { nodeGpu } from '../../../src/gpu/node.ts';
+import { loadDiffusers } from '../../../src/models/load.ts';
+import { nodeFolder } from '../../../src/models/folder-node.ts';
+import { txt2img } from '../../../src/sample/txt2img.ts';
+import { CHECK_SAMPLING, discFill, largestColourRegion, median } from '../quality.ts';
+import { drawScene, SHAPES, type ColourName, type Scene, type ShapeName } from '../synthetic.ts';
 
 const { values } = parseArgs({
   options: {

@@ -1,12 +1,12 @@
 // Ships a pretrained model as the studio's demo model: copies the diffusers folder a `cli pretrain` run wrote
 // (<run>/model, after the run or `pretrain --resume <run> --export`) into public/demo-model/ and writes its
 // manifest (every file's size and SHA-256, the pretraining stage, step and settings).
-//   npx tsx scripts/ship-demo-model.ts <run>/model [--name demo-sd1-small]
+//   npx tsx lab/demo-model/scripts/ship-demo-model.ts <run>/model [--name demo-sd1-small]
 import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { readSafetensors } from '../src/io/safetensors.ts';
-import { SHIPPED_DEMO_DIR, SHIPPED_DEMO_MANIFEST, sha256Hex, type ShippedDemoManifest } from '../src/models/shipped-demo.ts';
+import { readSafetensors } from '../../../src/io/safetensors.ts';
+import { SHIPPED_DEMO_DIR, SHIPPED_DEMO_MANIFEST, sha256Hex, type ShippedDemoManifest } from '../../../src/models/shipped-demo.ts';
 
 /** The issue's ceiling for what the page downloads. */
 const MAX_BYTES = 20e6;
@@ -14,7 +14,7 @@ const MAX_BYTES = 20e6;
 const [src, ...rest] = process.argv.slice(2);
 const name = rest[0] === '--name' ? rest[1] : 'demo-sd1-small';
 if (!src || !existsSync(join(src, 'model_index.json'))) {
-  console.error('usage: npx tsx scripts/ship-demo-model.ts <pretraining run>/model [--name demo-sd1-small]  (a diffusers folder)');
+  console.error('usage: npx tsx lab/demo-model/scripts/ship-demo-model.ts <pretraining run>/model [--name demo-sd1-small]  (a diffusers folder)');
   process.exit(1);
 }
 const walk = (dir: string): string[] => readdirSync(dir).flatMap((f) => (statSync(join(dir, f)).isDirectory() ? walk(join(dir, f)) : [join(dir, f)]));
@@ -40,7 +40,7 @@ const manifest: ShippedDemoManifest = {
   settings,
   files,
 };
-const out = join(dirname(fileURLToPath(import.meta.url)), '..', 'public', SHIPPED_DEMO_DIR);
+const out = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'public', SHIPPED_DEMO_DIR);
 rmSync(out, { recursive: true, force: true });
 mkdirSync(out, { recursive: true });
 cpSync(src, out, { recursive: true });

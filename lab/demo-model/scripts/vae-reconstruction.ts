@@ -4,23 +4,23 @@
 // reconstructions below, each picture upscaled 3x. The UNet can draw no finer than this VAE decodes.
 // --noise 0.05,0.1,... adds a row per level: the latent means plus Gaussian noise of that standard deviation per
 // element, decoded (how much a UNet's error in latent space the decoder tolerates; the latents' RMS is printed).
-//   bash scripts/gpu-env.sh npx tsx scripts/vae-reconstruction.ts [--model public/demo-model] [--noise 0.1,0.2] --out recon.png
+//   bash scripts/gpu-env.sh npx tsx lab/demo-model/scripts/vae-reconstruction.ts [--model public/demo-model] [--noise 0.1,0.2] --out recon.png
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { encode } from 'fast-png';
-import { loadModel } from '../src/cli/run.ts';
-import { nodeGpu } from '../src/gpu/node.ts';
-import { vaeDecode, vaeEncode } from '../src/nn/vae.ts';
-import { Rng } from '../src/util/rng.ts';
-import { drawScene, sceneAt, SHAPES, subjectScene, toModelInput, type Scene } from '../src/train/synthetic.ts';
+import { loadModel } from '../../../src/cli/run.ts';
+import { nodeGpu } from '../../../src/gpu/node.ts';
+import { vaeDecode, vaeEncode } from '../../../src/nn/vae.ts';
+import { Rng } from '../../../src/util/rng.ts';
+import { drawScene, sceneAt, SHAPES, subjectScene, toModelInput, type Scene } from '../synthetic.ts';
 
 const { values } = parseArgs({
   options: { model: { type: 'string', default: 'public/demo-model' }, noise: { type: 'string', default: '' }, out: { type: 'string' } },
 });
 const noiseLevels = values.noise ? values.noise.split(',').map(Number) : [];
 if (!values.out || !noiseLevels.every((x) => Number.isFinite(x) && x > 0)) {
-  console.error('usage: npx tsx scripts/vae-reconstruction.ts [--model <diffusers folder>] [--noise <std>,<std>,...] --out <png>');
+  console.error('usage: npx tsx lab/demo-model/scripts/vae-reconstruction.ts [--model <diffusers folder>] [--noise <std>,<std>,...] --out <png>');
   process.exit(1);
 }
 const gpu = await nodeGpu();

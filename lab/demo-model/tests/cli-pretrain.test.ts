@@ -9,9 +9,9 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
-import { readSafetensors } from '../../src/io/safetensors.ts';
+import { readSafetensors } from '../../../src/io/safetensors.ts';
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 const fixture = join(root, 'tests', 'fixtures', 'models', 'pretrained-tiny');
 const dir = mkdtempSync(join(tmpdir(), 'dbs-pretrain-'));
 

@@ -1,4 +1,4 @@
-// Pretraining the demo model (src/train/pretrain.ts) at a size lavapipe runs in seconds: both stages learn
+// Pretraining the demo model (lab/demo-model/pretrain.ts) at a size lavapipe runs in seconds: both stages learn
 // (their losses must fall), a run killed at any checkpoint resumes to exactly the state an uninterrupted run
 // reaches (bit-identical weights, EMA and losses, across the stage boundary too), and settings that cannot
 // be honoured are refused before any work.
@@ -7,13 +7,13 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { describe, it } from 'node:test';
-import { ClipTokenizer } from '../../src/io/tokenizer.ts';
-import { loadDiffusers } from '../../src/models/load.ts';
-import { nodeFolder } from '../../src/models/folder-node.ts';
-import { MemoryChunkStore } from '../../src/store/chunkstore.ts';
-import { splitChannels } from '../../src/ops/elementwise.ts';
-import { vaeDecode, vaeEncode } from '../../src/nn/vae.ts';
-import { clipConfigFromJson, clipTextForward } from '../../src/nn/clip.ts';
+import { ClipTokenizer } from '../../../src/io/tokenizer.ts';
+import { loadDiffusers } from '../../../src/models/load.ts';
+import { nodeFolder } from '../../../src/models/folder-node.ts';
+import { MemoryChunkStore } from '../../../src/store/chunkstore.ts';
+import { splitChannels } from '../../../src/ops/elementwise.ts';
+import { vaeDecode, vaeEncode } from '../../../src/nn/vae.ts';
+import { clipConfigFromJson, clipTextForward } from '../../../src/nn/clip.ts';
 import {
   checkPretrainSettings,
   cropPicture,
@@ -23,12 +23,12 @@ import {
   PRETRAIN_SIZES,
   savedPretrainSettings,
   type PretrainSettings,
-} from '../../src/train/pretrain.ts';
-import { tinyTokenizer } from '../fixtures/models/make-tiny.ts';
-import { testGpu } from '../helpers.ts';
-import { roundToF16 } from '../../src/util/half.ts';
-import { Rng } from '../../src/util/rng.ts';
-import { readSafetensors } from '../../src/io/safetensors.ts';
+} from '../pretrain.ts';
+import { tinyTokenizer } from '../../../tests/fixtures/models/make-tiny.ts';
+import { testGpu } from '../../../tests/helpers.ts';
+import { roundToF16 } from '../../../src/util/half.ts';
+import { Rng } from '../../../src/util/rng.ts';
+import { readSafetensors } from '../../../src/io/safetensors.ts';
 
 /** The SD 1.x layout at toy size: a factor-2 VAE (16 px pictures, 8x8 latents), a two-level UNet. */
 const TINY = PRETRAIN_SIZES.tiny;

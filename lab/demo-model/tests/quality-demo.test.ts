@@ -1,16 +1,16 @@
 // Issue 16, Must show 3 on the shipped demo model (public/demo-model, 64 px, stars held out of its pretraining):
-// DreamBooth LoRA through the product's run pipeline (bench/quality-run.ts, the code bench:quality runs), with and
-// without prior preservation, scored by src/train/quality.ts on samples of the same seeds before and after.
+// DreamBooth LoRA through the product's run pipeline (lab/demo-model/bench/quality-run.ts, the code bench:quality runs), with and
+// without prior preservation, scored by lab/demo-model/quality.ts on samples of the same seeds before and after.
 import assert from 'node:assert/strict';
 import { dirname, join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
-import type { Gpu } from '../../src/gpu/device.ts';
-import type { LoadedModel } from '../../src/models/load.ts';
-import { loadFeatureVae, qualityRun, qualitySettings, type QualitySettings } from '../../bench/quality-run.ts';
-import { testGpu } from '../helpers.ts';
+import type { Gpu } from '../../../src/gpu/device.ts';
+import type { LoadedModel } from '../../../src/models/load.ts';
+import { loadFeatureVae, qualityRun, qualitySettings, type QualitySettings } from '../bench/quality-run.ts';
+import { testGpu } from '../../../tests/helpers.ts';
 
-const MODEL = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'public', 'demo-model');
+const MODEL = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'public', 'demo-model');
 
 /** bench:quality --quick's LoRA run (rank 4, lr 1e-2, 100 steps; 8 class images for the prior), run seed 1. */
 const LORA: QualitySettings = { ...qualitySettings('lora', true), prior: false, seed: 1 };

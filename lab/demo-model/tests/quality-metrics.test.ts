@@ -1,4 +1,4 @@
-// The quality measures of src/train/quality.ts on pictures with known answers: each must score its property
+// The quality measures of lab/demo-model/quality.ts on pictures with known answers: each must score its property
 // at the top when it holds and lower when it breaks (CPU only, no model).
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
@@ -17,8 +17,8 @@ import {
   nearestColour,
   pixelDrift,
   promptFidelity,
-} from '../../src/train/quality.ts';
-import { COLOURS, drawScene, subjectScene, type ColourName, type Scene, type ShapeName } from '../../src/train/synthetic.ts';
+} from '../quality.ts';
+import { COLOURS, drawScene, subjectScene, type ColourName, type Scene, type ShapeName } from '../synthetic.ts';
 
 const SIZE = 16;
 

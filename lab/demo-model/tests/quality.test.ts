@@ -1,14 +1,14 @@
 // Issue 16, Must show 3 at test size: DreamBooth on the tiny pretrained model (tests/fixtures/models/pretrained-tiny,
-// stars held out of its pretraining) through the product's run pipeline, scored by src/train/quality.ts
-// (bench/quality-run.ts, the code bench:quality runs). Same seeds for the base and the fine-tuned samples.
+// stars held out of its pretraining) through the product's run pipeline, scored by lab/demo-model/quality.ts
+// (lab/demo-model/bench/quality-run.ts, the code bench:quality runs). Same seeds for the base and the fine-tuned samples.
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import type { Gpu } from '../../src/gpu/device.ts';
-import type { LoadedModel } from '../../src/models/load.ts';
-import { classImageSeed } from '../../src/train/preprocess.ts';
-import { cosine, vaeFeature } from '../../src/train/quality.ts';
-import { drawScene, subjectScene } from '../../src/train/synthetic.ts';
+import type { Gpu } from '../../../src/gpu/device.ts';
+import type { LoadedModel } from '../../../src/models/load.ts';
+import { classImageSeed } from '../../../src/train/preprocess.ts';
+import { cosine, vaeFeature } from '../quality.ts';
+import { drawScene, subjectScene } from '../synthetic.ts';
 import {
   loadFeatureVae,
   modelResolution,
@@ -19,8 +19,8 @@ import {
   SUBJECT,
   subjectPhotos,
   type QualitySettings,
-} from '../../bench/quality-run.ts';
-import { FIXTURES, testGpu } from '../helpers.ts';
+} from '../bench/quality-run.ts';
+import { FIXTURES, testGpu } from '../../../tests/helpers.ts';
 
 const MODEL = join(FIXTURES, 'models', 'pretrained-tiny');
 

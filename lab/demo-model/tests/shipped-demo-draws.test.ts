@@ -1,27 +1,27 @@
 // The shipped demo model (public/demo-model/) draws what its caption says: sampled through the product's own
 // txt2img at the model's 64 px, every pixel sorted to the nearest of the generator's 12 colours
-// (src/train/synthetic.ts COLOURS), the colour a prompt names covers far more of the picture than it does when
+// (lab/demo-model/synthetic.ts COLOURS), the colour a prompt names covers far more of the picture than it does when
 // the prompt names another colour. A random or caption-blind model fails it: its pictures do not change with
 // the colour word (the first pretraining runs, caption-blind, drew the same picture for every prompt). And the
 // shape word sets the object's size as in the generator's pictures. The same checks run on the factor-4 model
-// that is not shipped yet (models/pretrain-small-f4), plus its outline: a triangle fills far less of its
+// that is not shipped yet (lab/demo-model/models/pretrain-small-f4), plus its outline: a triangle fills far less of its
 // enclosing disc than a circle, as the generator draws them (the shipped factor-8 model draws blobs and fails that).
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { before, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
-import type { Gpu } from '../../src/gpu/device.ts';
-import { loadTokenizer } from '../../src/cli/sample.ts';
-import { loadDiffusers, type LoadedModel } from '../../src/models/load.ts';
-import { nodeFolder } from '../../src/models/folder-node.ts';
-import { scheduleFromJson, SD_SCHEDULE } from '../../src/sample/schedulers.ts';
-import { txt2img } from '../../src/sample/txt2img.ts';
-import { CHECK_SAMPLING, discFill, largestColourRegion } from '../../src/train/quality.ts';
-import { COLOUR_NAMES, COLOURS, type ColourName } from '../../src/train/synthetic.ts';
-import { testGpu } from '../helpers.ts';
+import type { Gpu } from '../../../src/gpu/device.ts';
+import { loadTokenizer } from '../../../src/cli/sample.ts';
+import { loadDiffusers, type LoadedModel } from '../../../src/models/load.ts';
+import { nodeFolder } from '../../../src/models/folder-node.ts';
+import { scheduleFromJson, SD_SCHEDULE } from '../../../src/sample/schedulers.ts';
+import { txt2img } from '../../../src/sample/txt2img.ts';
+import { CHECK_SAMPLING, discFill, largestColourRegion } from '../quality.ts';
+import { COLOUR_NAMES, COLOURS, type ColourName } from '../synthetic.ts';
+import { testGpu } from '../../../tests/helpers.ts';
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 const SEEDS = [1, 2, 3];
 const TESTED: ColourName[] = ['red', 'green', 'blue', 'yellow'];
 
@@ -53,7 +53,7 @@ const MODELS: Drawn[] = [
   // The studio's demo model: factor-8 VAE, UNet step 6000.
   { name: 'the shipped demo model (public/demo-model)', dir: join(ROOT, 'public', 'demo-model'), outline: false },
   // The factor-4 model, UNet step 16700 (trained on past the shipped one, on the lent H200, then with --bare-share).
-  { name: 'the factor-4 model (models/pretrain-small-f4)', dir: join(ROOT, 'models', 'pretrain-small-f4'), outline: true },
+  { name: 'the factor-4 model (lab/demo-model/models/pretrain-small-f4)', dir: join(ROOT, 'lab', 'demo-model', 'models', 'pretrain-small-f4'), outline: true },
 ];
 
 for (const { name, dir: MODEL, outline } of MODELS)
@@ -124,7 +124,7 @@ for (const { name, dir: MODEL, outline } of MODELS)
 
     // The shape word sets how much of the picture the object covers, as it does in the generator's pictures: a large
     // circle (840 px at 64 px) covers 2.5x a large triangle (336 px). The object is the largest region of pixels
-    // nearest the named colour (src/train/quality.ts largestColourRegion). A caption-blind model, or one that draws
+    // nearest the named colour (lab/demo-model/quality.ts largestColourRegion). A caption-blind model, or one that draws
     // every shape alike, gives a ratio near 1.
     it('the shape word sets the object\'s size as in the generator\'s pictures ("a large green circle" vs "a large green triangle" on white)', async () => {
       const circle = (await greenRegions('circle')).map((r) => r.length);
@@ -139,7 +139,7 @@ for (const { name, dir: MODEL, outline } of MODELS)
 
     // "a green triangle gives a green triangle" (issue 16): the outline, not only the size. discFill is the share of
     // the region's enclosing disc (its 95th-percentile radius) it covers: the generator's circle 1.01, square 0.84,
-    // triangle 0.61 (scripts/shape-scores.ts). A blob scores 0.8-0.9 whatever its shape word: the factor-4 model at
+    // triangle 0.61 (lab/demo-model/scripts/shape-scores.ts). A blob scores 0.8-0.9 whatever its shape word: the factor-4 model at
     // UNet step 11900 drew circles at 0.82 and triangles at 0.76 (4 seeds), a gap of 0.06 this check refuses.
     if (outline)
       it('the shape word sets the outline: "a large green triangle" fills far less of its enclosing disc than "a large green circle"', async () => {

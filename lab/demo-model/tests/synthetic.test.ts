@@ -1,4 +1,4 @@
-// The demo model's pretraining data (src/train/synthetic.ts): the pictures say what their captions say.
+// The demo model's pretraining data (lab/demo-model/synthetic.ts): the pictures say what their captions say.
 // No GPU: the generator is plain CPU code. Checks read pixels back, so a renderer that drew the wrong colour,
 // count, shape or place, or a caption that disagreed with the scene, fails here.
 import assert from 'node:assert/strict';
@@ -18,7 +18,7 @@ import {
   subjectScene,
   toModelInput,
   type Scene,
-} from '../../src/train/synthetic.ts';
+} from '../synthetic.ts';
 
 const SIZE = 64;
 const px = (img: Uint8Array, x: number, y: number) => {
