@@ -1,9 +1,11 @@
 // Strict command-line flags for every command, on node's util.parseArgs: an unknown flag or a typo is
 // refused before any work, naming the closest known flag; a flag given twice, a value missing, or a value
 // given to a switch are refused too. Negative numbers are accepted as values (`--lr -1` reaches the range
-// check, which then says what the flag accepts).
+// check, which then says what the flag accepts). Numbers are read in decimal only (decimalProblem). `--help`
+// and `-h` are answered before any parsing (main.ts, help.ts).
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
+import { decimalProblem } from '../pipeline/settings.ts';
 
 export interface FlagSpec {
   /** 'boolean': a switch; 'string': takes a value. */
@@ -88,12 +90,14 @@ function suggest(name: string, known: string[]): string {
   return c ? ` (did you mean --${c}?)` : ` (known: ${known.map((k) => `--${k}`).join(', ')})`;
 }
 
-/** A number flag: a finite number within [min, max] (integer when asked), or the default when absent. */
+/** A number flag: a finite number in decimal within [min, max] (integer when asked), or the default when absent. */
 export function numberFlag(values: ParsedFlags, name: string, d: number, o: { min?: number; max?: number; integer?: boolean } = {}): number {
   const v = values[name];
   if (v === undefined) return d;
-  const x = typeof v === 'string' && v.trim() !== '' ? Number(v) : NaN;
-  if (!Number.isFinite(x)) throw new UsageError(`--${name} must be a number, got ${JSON.stringify(v)}`);
+  if (typeof v !== 'string') throw new UsageError(`--${name} must be a number, got ${JSON.stringify(v)}`);
+  const problem = decimalProblem(v, o.integer === true);
+  if (problem) throw new UsageError(`--${name} ${problem}`);
+  const x = Number(v);
   if (o.integer && !Number.isInteger(x)) throw new UsageError(`--${name} must be a whole number, got ${x}`);
   if ((o.min !== undefined && x < o.min) || (o.max !== undefined && x > o.max))
     throw new UsageError(

@@ -1,4 +1,5 @@
-// Command line on the same engine (Node + Dawn): `npm run cli -- <command> ...`.
+// Command line on the same engine (Node + Dawn): `npm run cli -- <command> ...`; `--help` (or -h), alone or
+// after a command, prints usage and exits 0 (help.ts).
 //   inspect <model.safetensors | diffusers folder> [--config scheduler_config.json]
 //   run <unet|text-encoder|vae-encode|vae-decode> --model <path> --in <in.safetensors> --out <out.safetensors>
 //       [--config <config.json>] [--dtype f32|f16]
@@ -15,6 +16,7 @@ import { nodeFolder } from '../models/folder-node.ts';
 import { inspectDiffusers, inspectionReport, inspectSingleFile } from '../models/inspect.ts';
 import type { SourceOptions } from '../models/source.ts';
 import { parseFlags, readJsonFile, stringFlag, UsageError } from './args.ts';
+import { helpText, wantsHelp } from './help.ts';
 
 const INSPECT_USAGE = 'usage: inspect <model.safetensors | diffusers folder> [--config config.json]';
 
@@ -72,8 +74,10 @@ const exportModel = async (args: string[]) => (await import('./export.ts')).expo
 const [command, ...rest] = process.argv.slice(2);
 const commands: Record<string, (a: string[]) => Promise<void>> = { inspect, run, grad, sample, grid, train, export: exportModel, pretrain };
 try {
-  if (!command || !commands[command]) throw new Error(`usage: npm run cli -- <${Object.keys(commands).join('|')}> ...`);
-  await commands[command](rest);
+  if ((command === undefined || !commands[command]) && wantsHelp(process.argv.slice(2))) console.log(await helpText(undefined, INSPECT_USAGE));
+  else if (!command || !commands[command]) throw new Error(`usage: npm run cli -- <${Object.keys(commands).join('|')}> ...   (--help: every command's usage)`);
+  else if (wantsHelp(rest)) console.log(await helpText(command, INSPECT_USAGE));
+  else await commands[command](rest);
 } catch (e) {
   console.error(`error: ${(e as Error).message}`);
   process.exitCode = 1;

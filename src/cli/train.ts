@@ -35,6 +35,7 @@ import {
   parseSettingValue,
   SETTINGS,
   SettingsError,
+  refuseInactive,
   validatePrompt,
   validateSettings,
   type RunSettings,
@@ -115,10 +116,10 @@ export function settingsFromFlags(values: ParsedFlags): RunSettings {
   if (classImages !== undefined && !settings.priorPreservation)
     throw new SettingsError('--class-images needs --class-prompt (prior preservation uses both)', 'classPrompt');
   if (classImages !== undefined && /^\d+$/.test(classImages)) settings.classCount = Number(classImages);
-  if (values['text-encoder-lr'] !== undefined && !settings.trainTextEncoder)
-    throw new SettingsError('--text-encoder-lr sets the learning rate of the text-encoder LoRA: add --train-text-encoder, or leave it out', 'textEncoderLr');
   if (settings.mode === 'lora' && values.alpha === undefined) settings.alpha = settings.rank;
   validateSettings(settings);
+  // A flag that would do nothing as given (--sample-steps without --sample-every, ...) is refused by name.
+  refuseInactive(settings, (spec) => values[spec.flag!] !== undefined);
   return settings;
 }
 

@@ -628,6 +628,22 @@ export function validateForModel(s: RunSettings, m: ModelShape, name: Namer = fl
   }
 }
 
+/**
+ * What is wrong with a number as typed, or null: only decimal is read (`0x10`, `0o7`, `0b1`, ` 5 ` and
+ * `Infinity` are refused, not taken as 16, 7, 1, 5 and infinity); a whole number has no exponent (`1e3`).
+ * The words follow the flag's name.
+ */
+export function decimalProblem(raw: string, integer: boolean): string | null {
+  if (!/^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/.test(raw)) {
+    const x = raw.trim() === '' ? NaN : Number(raw);
+    return Number.isFinite(x)
+      ? `must be a number written in decimal digits, got ${JSON.stringify(raw)} (hexadecimal, octal, binary and spaces are not read)`
+      : `must be a number, got ${JSON.stringify(raw)}`;
+  }
+  if (integer && /[eE]/.test(raw)) return `must be a whole number written in decimal digits (e.g. ${Number(raw)}), got ${JSON.stringify(raw)}`;
+  return null;
+}
+
 /** Reads a command-line value of a setting's kind (validateSettings checks the range afterwards). */
 export function parseSettingValue(spec: SettingSpec, raw: string | boolean): RunSettings[SettingKey] {
   const flag = spec.flag ? `--${spec.flag}` : spec.key;
@@ -642,7 +658,51 @@ export function parseSettingValue(spec: SettingSpec, raw: string | boolean): Run
     if (!Number.isFinite(b)) throw new SettingsError(`${flag}: cannot read ${JSON.stringify(raw)} as a size (e.g. 4GiB, 3500MiB)`, spec.key);
     return b;
   }
-  const x = raw.trim() === '' ? NaN : Number(raw);
-  if (!Number.isFinite(x)) throw new SettingsError(`${flag} must be a number, got ${JSON.stringify(raw)}`, spec.key);
-  return x;
+  const problem = decimalProblem(raw, spec.kind === 'int');
+  if (problem) throw new SettingsError(`${flag} ${problem}`, spec.key);
+  return Number(raw);
+}
+
+/**
+ * Flags given that would do nothing in the command as given (an entry's activeWhen does not hold), refused by
+ * name; `given` says whether a setting's flag was on the command line.
+ */
+export function refuseInactive(s: RunSettings, given: (spec: SettingSpec) => boolean): void {
+  for (const spec of SETTINGS)
+    if (spec.flag && spec.activeWhen && given(spec) && !spec.activeWhen.test(s)) throw new SettingsError(`--${spec.flag} ${spec.activeWhen.why}`, spec.key);
+}
+
+/** A setting's value as --help shows it. */
+function shown(spec: SettingSpec, v: unknown): string {
+  if (spec.kind === 'bytes') return formatBytes(v as number);
+  if (spec.kind === 'string') return v === '' ? '""' : JSON.stringify(v);
+  if (spec.kind === 'bool') return v ? 'on' : 'off';
+  return String(v);
+}
+
+/** --help's lines for the schema's flags: each flag, what it does, its default (per mode) and its range. */
+export function settingsHelp(): string[] {
+  const lines: string[] = [];
+  for (const spec of SETTINGS) {
+    if (!spec.flag) continue;
+    const arg =
+      spec.kind === 'bool'
+        ? ''
+        : spec.kind === 'enum'
+          ? ` <${spec.values!.join('|')}>`
+          : spec.kind === 'string'
+            ? ' <text>'
+            : spec.kind === 'bytes'
+              ? ' <size>'
+              : ' <n>';
+    const d = spec.default;
+    const def = isPerMode(d) ? `${shown(spec, d.lora)} (lora), ${shown(spec, d.full)} (full)` : shown(spec, d);
+    const range =
+      spec.min === undefined || spec.max === undefined
+        ? ''
+        : `; ${spec.kind === 'int' ? 'whole, ' : ''}${spec.min === Number.MIN_VALUE ? 'above 0' : `from ${shown(spec, spec.min)}`} to ${shown(spec, spec.max)}${spec.unit ? ` ${spec.unit}` : ''}`;
+    const only = spec.onlyMode ? `; --mode ${spec.onlyMode} only` : '';
+    lines.push(`  --${spec.flag}${arg}`, `      ${spec.help} [default ${def}${range}${only}]`);
+  }
+  return lines;
 }
