@@ -5,9 +5,8 @@
 // ones the step would issue on that adapter. Reads map zeros (loss 0, no overflow: every step is applied).
 //
 // Kept to the engine APIs that commit 2756811 already had, so the same file records that commit's kernel choices
-// from a worktree (bench/census.ts --record-at): `npx tsx bench/census-record.ts --profile nvidia-h200 --mode lora
-// --px 128 --batch 2 --step 1 [--dry] --out FILE` writes the step's dispatches, identical ones counted once with
-// `count`. --dry (commits with GpuOptions.recording) runs a dry run that still encodes: the same dispatches without the
+// from a worktree (bench/census.ts --at): `npx tsx bench/census-record.ts --profile nvidia-h200 --cases lora-128-2
+// --step 1 [--dry] --out FILE` writes each case's dispatches, identical ones counted once with `count`. --dry (commits with GpuOptions.recording) runs a dry run that still encodes: the same dispatches without the
 // optimizer's host-side packing.
 import { writeFileSync } from 'node:fs';
 import { Gpu } from '../src/gpu/device.ts';
@@ -117,14 +116,24 @@ export async function recordStep(profile: AdapterProfile, c: CensusCase, step = 
   return { profile: profile.name, case: c, step, dispatches: recorded.length, dtype: gpu.computeDType, gemmConfig: gemm, kernels: fold(recorded) };
 }
 
-// CLI (used from a worktree of an older commit by bench/census.ts --record-at).
+/** `lora-128-2` -> a CensusCase (mode-resolution-batch). */
+export function parseCase(s: string): CensusCase {
+  const [mode, px, batch] = s.split('-');
+  const c = { mode: mode as TrainMode, resolution: Number(px), batch: Number(batch) as 1 | 2 };
+  if (!['lora', 'full'].includes(c.mode) || !(c.resolution >= 64 && c.resolution % 64 === 0) || ![1, 2].includes(c.batch))
+    throw new Error(`census case "${s}": expected mode-px-batch, e.g. lora-128-2 (mode lora|full, px a multiple of 64, batch 1|2)`);
+  return c;
+}
+
+// CLI (used from a worktree of another commit by bench/census.ts --at): one JSON array of StepRecords.
 if (process.argv[1]?.endsWith('census-record.ts')) {
   const args = process.argv.slice(2);
   const arg = (n: string, d: string) => (args.includes(n) ? args[args.indexOf(n) + 1] : d);
   const profile = PROFILES[arg('--profile', 'nvidia-h200')];
   if (!profile) throw new Error(`--profile: unknown profile; use one of ${Object.keys(PROFILES).join(', ')}`);
-  const c: CensusCase = { mode: arg('--mode', 'lora') as TrainMode, resolution: Number(arg('--px', '128')), batch: Number(arg('--batch', '2')) as 1 | 2 };
-  const rec = await recordStep(profile, c, Number(arg('--step', '1')), { dry: args.includes('--dry') });
-  writeFileSync(arg('--out', '/dev/stdout'), JSON.stringify(rec));
+  const out: StepRecord[] = [];
+  for (const c of arg('--cases', 'lora-128-2').split(','))
+    out.push(await recordStep(profile, parseCase(c), Number(arg('--step', '1')), { dry: args.includes('--dry') }));
+  writeFileSync(arg('--out', '/dev/stdout'), JSON.stringify(out));
   process.exit(0);
 }
