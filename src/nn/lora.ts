@@ -25,9 +25,12 @@ export function loraLinear(F: Ops, x: Tensor, w: Weights, layer: string, loraSca
   }
   const down = F.linear(x, a);
   const up = F.linear(down, weight(w, `${layer}.lora_B.weight`));
-  const scaled = F.scale(up, loraScale);
+  // alpha = rank makes the scale 1: multiplying by 1 is exact, so no
+  // dispatch (forward or backward) is spent on it.
+  const scaled = loraScale === 1 ? up : F.scale(up, loraScale);
   const out = F.add(y, scaled);
-  F.release(y, down, up, scaled);
+  F.release(y, down, up);
+  if (scaled !== up) F.release(scaled);
   return out;
 }
 

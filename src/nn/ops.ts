@@ -3,6 +3,7 @@
 // each op also records its backward (a closure over exactly what that backward needs: the llm.c
 // habit, one level up), `release` keeps everything, and `Tape.backward` replays the records in reverse,
 // accumulating gradients per tensor, weights included.
+import type { Allocation } from '../gpu/allocator.ts';
 import type { Gpu } from '../gpu/device.ts';
 import { Tensor } from '../gpu/tensor.ts';
 import { flashAttention, flashAttentionBackward, type AttentionOptions } from '../ops/attention.ts';
@@ -55,6 +56,11 @@ export class Tape {
    * (every non-weight tensor gets its gradient), the oracle the pruned one is tested against.
    */
   readonly prune: boolean;
+  /**
+   * Gradient buffers handed to more than one holder (the add backward gives both operands dy itself):
+   * the holders beyond the first, by allocation. `release` frees a buffer only when its last holder lets go.
+   */
+  private readonly shared: Map<Allocation, number>;
 
   /**
    * `trainable`: the weights that get gradients. Other tensors tagged 'weights' are frozen: the ops
@@ -64,10 +70,36 @@ export class Tape {
   constructor(
     private readonly gpu: Gpu,
     readonly trainable: ReadonlySet<Tensor> | null = null,
-    opts: { prune?: boolean; constants?: WeakSet<Tensor> } = {},
+    opts: { prune?: boolean; constants?: WeakSet<Tensor>; shared?: Map<Allocation, number> } = {},
   ) {
     this.prune = opts.prune ?? true;
     this.constants = opts.constants ?? new WeakSet();
+    this.shared = opts.shared ?? new Map();
+  }
+
+  /** A tape for a checkpointed segment's re-run: same trainable set, constants and shared buffers. */
+  child(): Tape {
+    return new Tape(this.gpu, this.trainable, { prune: this.prune, constants: this.constants, shared: this.shared });
+  }
+
+  /**
+   * Gives g (an owning gradient) one more holder: each holder hands it on (acc) or releases it once,
+   * and only the last release frees it. Safe because no op writes into a gradient it was given.
+   */
+  share(g: Tensor): Tensor {
+    this.shared.set(g.alloc, (this.shared.get(g.alloc) ?? 0) + 1);
+    return g;
+  }
+
+  /** Frees gradients a backward is done with, minding buffers `share` gave to several holders. */
+  release(...ts: (Tensor | null | undefined)[]): void {
+    for (const t of ts) {
+      if (!t) continue;
+      const extra = t.owner ? this.shared.get(t.alloc) : undefined;
+      if (!extra) this.gpu.free(t);
+      else if (extra === 1) this.shared.delete(t.alloc);
+      else this.shared.set(t.alloc, extra - 1);
+    }
   }
 
   /** False for a frozen weight: nothing should compute or keep its gradient. */
@@ -110,11 +142,11 @@ export class Tape {
   /** Adds g into the gradient of t (taking ownership of g); frozen weights drop it. */
   acc(t: Tensor, g: Tensor): void {
     if (!this.needs(t)) {
-      this.gpu.free(g);
+      this.release(g);
       return;
     }
     if (this.handed.has(t)) {
-      this.gpu.free(g);
+      this.release(g);
       throw new Error(`a gradient reached the weight ${t.alloc.label} after it was handed over as final: an op reads it without Tape.use (nn/ops.ts)`);
     }
     const prev = this.grads.get(t);
@@ -123,7 +155,7 @@ export class Tape {
       return;
     }
     this.grads.set(t, add(this.gpu, prev, g));
-    this.gpu.free(prev, g);
+    this.release(prev, g);
   }
 
   /** The gradient of t, removed from the map (null if nothing flowed into t). */
@@ -182,7 +214,7 @@ export class Tape {
   dropGrads(keep: ReadonlySet<Tensor> = new Set()): void {
     for (const [t, g] of this.grads)
       if (!keep.has(t)) {
-        this.gpu.free(g);
+        this.release(g);
         this.grads.delete(t);
       }
   }
@@ -235,7 +267,7 @@ export class Ops {
       const dy = tape.take(y);
       this.gpu.free(y);
       if (!dy) return;
-      const sub = new Tape(this.gpu, tape.trainable, { prune: tape.prune, constants: tape.constants });
+      const sub = tape.child();
       const y2 = fn(new Ops(this.gpu, sub));
       sub.backward(y2, dy);
       for (const [t, g] of sub.grads) tape.acc(t, g);
@@ -274,7 +306,7 @@ export class Ops {
         const dx = matmul(this.gpu, dy.reshape([rows, w.shape[0]]), w);
         tape.acc(x, new Tensor(dx.alloc, x.shape, dx.dtype, dx.byteOffset, dx.owner));
       }
-      this.gpu.free(dy);
+      this.tape!.release(dy);
     });
     return y;
   }
@@ -297,7 +329,7 @@ export class Ops {
         tape.acc(w, g.dw);
         if (b && g.db) tape.acc(b, g.db);
       } else if (needX) tape.acc(x, conv2dBackwardInput(this.gpu, x, w, dy, opts));
-      this.gpu.free(dy);
+      this.tape!.release(dy);
     });
     return y;
   }
@@ -311,7 +343,7 @@ export class Ops {
       if (g.dgamma) this.acc32(gamma, g.dgamma);
       if (g.dbeta) this.acc32(beta, g.dbeta);
       if (g.dx) this.tape!.acc(x, g.dx);
-      this.gpu.free(dy);
+      this.tape!.release(dy);
     });
     return r.y;
   }
@@ -325,7 +357,7 @@ export class Ops {
       if (g.dgamma) this.acc32(gamma, g.dgamma);
       if (g.dbeta) this.acc32(beta, g.dbeta);
       if (g.dx) this.tape!.acc(x, g.dx);
-      this.gpu.free(dy);
+      this.tape!.release(dy);
     });
     return r.y;
   }
@@ -346,14 +378,14 @@ export class Ops {
       return;
     }
     this.tape!.acc(p, cast(this.gpu, g, p.dtype, 'gradients'));
-    this.gpu.free(g);
+    this.tape!.release(g);
   }
 
   act(kind: Activation, x: Tensor): Tensor {
     const y = activation(this.gpu, kind, x);
     this.rec(y, [], [x], (dy) => {
       this.tape!.acc(x, activationBackward(this.gpu, kind, x, dy));
-      this.gpu.free(dy);
+      this.tape!.release(dy);
     });
     return y;
   }
@@ -362,11 +394,13 @@ export class Ops {
     const y = add(this.gpu, a, b);
     this.rec(y, [], [a, b], (dy) => {
       const [needA, needB] = [this.needs(a), this.needs(b)];
-      // Both operands receive dy: when both need it the second gets its own copy, else dy itself moves on.
-      if (needA && needB) this.tape!.acc(b, scale(this.gpu, dy, 1));
-      else if (needB) this.tape!.acc(b, dy);
-      if (needA) this.tape!.acc(a, dy);
-      else if (!needB) this.gpu.free(dy);
+      // Both operands receive dy itself (one more holder when both need it; no copy). The unpruned tape
+      // copies it for the second, as it always did.
+      const tape = this.tape!;
+      if (needA && needB) tape.acc(b, tape.prune ? tape.share(dy) : scale(this.gpu, dy, 1));
+      else if (needB) tape.acc(b, dy);
+      if (needA) tape.acc(a, dy);
+      else if (!needB) tape.release(dy);
     });
     return y;
   }
@@ -377,7 +411,7 @@ export class Ops {
       // dt (a sum over each plane) only when t needs it: a frozen time-embedding projection does not.
       if (this.needs(t)) this.tape!.acc(t, addChannelBackward(this.gpu, x, t, dy).dt);
       if (this.needs(x)) this.tape!.acc(x, dy);
-      else this.gpu.free(dy);
+      else this.tape!.release(dy);
     });
     return y;
   }
@@ -386,7 +420,7 @@ export class Ops {
     const y = geglu(this.gpu, x);
     this.rec(y, [], [x], (dy) => {
       this.tape!.acc(x, gegluBackward(this.gpu, x, dy));
-      this.gpu.free(dy);
+      this.tape!.release(dy);
     });
     return y;
   }
@@ -395,7 +429,7 @@ export class Ops {
     const y = transpose2d(this.gpu, x);
     this.rec(y, [], [x], (dy) => {
       this.tape!.acc(x, transpose2d(this.gpu, dy));
-      this.gpu.free(dy);
+      this.tape!.release(dy);
     });
     return y;
   }
@@ -405,7 +439,7 @@ export class Ops {
     this.rec(y, [], [x, s], (dy) => {
       if (this.needs(x)) this.tape!.acc(x, splitChannels(this.gpu, dy, 0, x.shape[1]));
       if (this.needs(s)) this.tape!.acc(s, splitChannels(this.gpu, dy, x.shape[1], s.shape[1]));
-      this.gpu.free(dy);
+      this.tape!.release(dy);
     });
     return y;
   }
@@ -414,7 +448,7 @@ export class Ops {
     const y = upsample2x(this.gpu, x);
     this.rec(y, [], [x], (dy) => {
       this.tape!.acc(x, upsample2xBackward(this.gpu, x, dy));
-      this.gpu.free(dy);
+      this.tape!.release(dy);
     });
     return y;
   }
@@ -425,7 +459,7 @@ export class Ops {
       const g = matmulBackward(this.gpu, a, b, dy, opts);
       this.tape!.acc(a, g.da);
       this.tape!.acc(b, g.db);
-      this.gpu.free(dy);
+      this.tape!.release(dy);
     });
     return y;
   }
@@ -434,7 +468,7 @@ export class Ops {
     const y = softmax(this.gpu, x);
     this.rec(y, [], [x], (dy) => {
       this.tape!.acc(x, softmaxBackward(this.gpu, y, dy));
-      this.gpu.free(dy);
+      this.tape!.release(dy);
     });
     return y;
   }
@@ -443,7 +477,7 @@ export class Ops {
     const y = scale(this.gpu, x, s);
     this.rec(y, [], [x], (dy) => {
       this.tape!.acc(x, scale(this.gpu, dy, s));
-      this.gpu.free(dy);
+      this.tape!.release(dy);
     });
     return y;
   }
@@ -452,7 +486,7 @@ export class Ops {
     const y = pad2d(this.gpu, x, p);
     this.rec(y, [], [x], (dy) => {
       this.tape!.acc(x, pad2dBackward(this.gpu, x, dy, p));
-      this.gpu.free(dy);
+      this.tape!.release(dy);
     });
     return y;
   }
@@ -463,7 +497,7 @@ export class Ops {
     this.rec(y, [], [x], (dy) => {
       const summed = colSum(this.gpu, dy.reshape([times, x.numel]));
       this.tape!.acc(x, new Tensor(summed.alloc, x.shape, summed.dtype, summed.byteOffset, summed.owner));
-      this.gpu.free(dy);
+      this.tape!.release(dy);
     });
     return y;
   }
@@ -484,7 +518,7 @@ export class Ops {
       this.tape!.acc(q, g.dq);
       this.tape!.acc(k, g.dk);
       this.tape!.acc(v, g.dv);
-      this.gpu.free(dy);
+      this.tape!.release(dy);
     });
     return r.out;
   }
