@@ -14,6 +14,8 @@
 // merges.txt, built once from CLIP's BPE list), store/ (checkpoints) and, at the end, model/ (the diffusers
 // folder: fp16 weights, configs, tokenizer).
 import { cpSync, existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
+import { takeRunLock } from '../io/runlock.ts';
+import { onStopSignal, SIGNAL_EXIT_CODES, type StopSignal } from './signals.ts';
 import { checkOutFolder, claimEntries, recordWritten, removeWritten, writeOutput } from '../io/outpath.ts';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -306,6 +308,48 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
     // The text encoder goes on reading the tokenizer it was trained with.
     if (initFromDir) cpSync(join(initFromDir, 'tokenizer'), join(dir, 'tokenizer'), { recursive: true });
   }
+  // One process per run folder (the same lock as train's), and the stop signals: before the first step
+  // nothing is lost, so the lock goes and the process exits; during training the step in flight finishes and
+  // is checkpointed.
+  const unlock = takeRunLock(dir, 'pretraining in it');
+  const stop: PretrainStop = { signal: null, stepping: false };
+  const offSignals = onStopSignal(
+    (signal) => {
+      stop.signal = signal;
+      if (!stop.stepping) {
+        console.error(`${signal}: stopped before a training step; nothing to save`);
+        unlock();
+        process.exit(SIGNAL_EXIT_CODES[signal]);
+      }
+      console.error(`${signal}: pausing: finishing the step and saving a checkpoint (a second signal stops at once)`);
+    },
+    () => unlock(),
+  );
+  try {
+    await pretrainIn(gpu, dir, run, start, values, resumeDir, stop);
+  } finally {
+    offSignals();
+    unlock();
+  }
+}
+
+/** What the signal handler told the training loop. */
+interface PretrainStop {
+  signal: StopSignal | null;
+  /** The loop is stepping (a signal then waits for the step and a checkpoint). */
+  stepping: boolean;
+}
+
+async function pretrainIn(
+  gpu: Gpu,
+  dir: string,
+  run: RunFile,
+  start: Start,
+  values: ParsedFlags,
+  resumeDir: string | undefined,
+  stop: PretrainStop,
+): Promise<void> {
+  const runPath = join(dir, 'pretrain.json');
   const configs = PRETRAIN_SIZES[run.size];
   const { files: tokFiles, tokenizer } = runTokenizer(dir, configs.text_encoder.vocab_size, stringFlag(values, 'bpe'));
   if (!resumeDir) writeOutput(runPath, JSON.stringify(run, null, 2));
@@ -331,9 +375,16 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
     const t0 = performance.now();
     const recent: number[] = [];
     let last = 0;
+    stop.stepping = true;
     for (;;) {
       const r = await p.trainStep();
       if (!r) break;
+      if (stop.signal) {
+        await p.checkpoint();
+        console.error(`paused at ${p.stage} step ${p.step} with a checkpoint: continue with npm run cli -- pretrain --resume ${dir}`);
+        process.exitCode = SIGNAL_EXIT_CODES[stop.signal];
+        return;
+      }
       recent.push(r.loss);
       if (recent.length > 20) recent.shift();
       const total = r.stage === 'vae' ? run.settings.vaeSteps : run.settings.steps;

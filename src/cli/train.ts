@@ -7,13 +7,15 @@
 // The run folder holds run.json (the run's inputs and settings, validated on resume), store/ (cached latents
 // and embeddings, optimizer chunks, checkpoints), samples/ (with --sample-every), the exports, and a lock
 // while a process trains in it. A folder that holds another run is refused unless --resume or --overwrite.
-import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, openSync, closeSync, writeSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { basename, extname, join, resolve } from 'node:path';
 import { encode as encodePng } from 'fast-png';
 import type { Gpu } from '../gpu/device.ts';
 import { nodeGpu } from '../gpu/node.ts';
 import { decodeImageNode, loadImageDir } from '../io/image-node.ts';
 import { SafetensorsFile } from '../io/safetensors.ts';
+import { takeRunLock } from '../io/runlock.ts';
+import { onStopSignal, SIGNAL_EXIT_CODES, type StopSignal } from './signals.ts';
 import { checkOutFolder, claimEntries, recordWritten, removeWritten, writeOutput } from '../io/outpath.ts';
 import { nodeFileSink } from '../io/sink-node.ts';
 import { NodeFileSource } from '../io/source-node.ts';
@@ -33,9 +35,9 @@ import {
 import {
   defaultSettings,
   parseSettingValue,
+  refuseInactive,
   SETTINGS,
   SettingsError,
-  refuseInactive,
   validatePrompt,
   validateSettings,
   type RunSettings,
@@ -249,37 +251,6 @@ function isRunFolder(out: string): boolean {
   return existsSync(join(out, 'run.json')) || existsSync(join(out, 'store'));
 }
 
-/** Takes the folder's lock (a file with our pid); refuses while another live process holds it. */
-function lockRun(out: string): () => void {
-  const path = join(out, 'lock');
-  for (let attempt = 0; attempt < 2; attempt++) {
-    try {
-      const fd = openSync(path, 'wx');
-      writeSync(fd, String(process.pid));
-      closeSync(fd);
-      return () => rmSync(path, { force: true });
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
-      const pid = Number(readFileSync(path, 'utf8').trim());
-      if (Number.isInteger(pid) && pid > 0 && pid !== process.pid && alive(pid))
-        throw new UsageError(
-          `${out} is in use: process ${pid} is training in it (${path}). Wait for it to finish or stop it; two processes must never train one run`,
-        );
-      rmSync(path, { force: true }); // left by a process that died: take it over
-    }
-  }
-  throw new UsageError(`${out}: could not take the lock ${path}`);
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (e) {
-    return (e as NodeJS.ErrnoException).code === 'EPERM';
-  }
-}
-
 /** The run folder, created if need be; a file in its place or a folder that cannot be written is named. */
 function makeRunFolder(out: string): void {
   if (existsSync(out) && !statSync(out).isDirectory()) throw new UsageError(`--out ${out} is a file: give a folder for the run (it is created if missing)`);
@@ -331,19 +302,47 @@ export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
   }
   const created = !existsSync(out);
   makeRunFolder(out);
-  const unlock = lockRun(out);
-  const state = { training: false };
+  const unlock = takeRunLock(out, 'training in it');
+  const state: RunState = { training: false, pause: null, signal: null };
+  const isNew = values.resume === undefined;
+  // Stopped while loading or encoding, nothing is trained yet: the lock goes (and a new run's files), so the
+  // identical retry starts cleanly. Stopped while training, the step in flight finishes and is checkpointed.
+  const offSignals = onStopSignal(
+    (signal) => {
+      state.signal = signal;
+      if (!state.training || !state.pause) {
+        console.error(`${signal}: stopped before training began; nothing was trained`);
+        if (isNew) abandonNewRun(out, created);
+        unlock();
+        process.exit(SIGNAL_EXIT_CODES[signal]);
+      }
+      console.error(`${signal}: pausing: finishing the step and saving a checkpoint (a second signal stops at once)`);
+      state.pause();
+    },
+    () => unlock(),
+  );
   try {
     if (values.resume === undefined && values.overwrite === true) removeWritten(out);
     await trainIn(gpu, out, run, values.resume !== undefined, state);
   } catch (e) {
     // A new run refused before its first step (no photos, a rank or budget that does not fit, ...) leaves no
     // trace: what it wrote goes, and the folder too if it made it, so the corrected retry is not "another run".
-    if (values.resume === undefined && !state.training) abandonNewRun(out, created);
+    if (isNew && !state.training) abandonNewRun(out, created);
     throw e;
   } finally {
+    offSignals();
     unlock();
   }
+}
+
+/** A run's progress as the signal handler sees it. */
+interface RunState {
+  /** Training has begun (a refusal after this keeps the run's files: it is resumable). */
+  training: boolean;
+  /** Asks the run to stop at the end of the step in flight, with a checkpoint. */
+  pause: (() => void) | null;
+  /** The stop signal received, if any (its exit code is the command's). */
+  signal: StopSignal | null;
 }
 
 /** Removes what a refused new run wrote (its manifest's entries), and its folder if the run created it and it is empty. */
@@ -482,7 +481,7 @@ function modelKeyOf(r: TrainingRun): string {
   return JSON.stringify({ family: r.model.family, prediction: r.model.prediction, unet: r.model.unet.config });
 }
 
-async function trainIn(gpu: Gpu, out: string, run: RunFile, resuming: boolean, state: { training: boolean }): Promise<void> {
+async function trainIn(gpu: Gpu, out: string, run: RunFile, resuming: boolean, state: RunState): Promise<void> {
   const { inputs, settings } = run;
   // A new run's record goes first, so a run killed while encoding is still this folder's run (and
   // resumable); a resumed one is rewritten only once its model is known to be the run's. Each entry is
@@ -515,7 +514,7 @@ async function trainIn(gpu: Gpu, out: string, run: RunFile, resuming: boolean, s
         run.modelKey = key;
         writeOutput(join(out, 'run.json'), JSON.stringify(run, null, 2));
         state.training = true;
-        await trainAndExport(tr, out, run, inputs.exports);
+        await trainAndExport(tr, out, run, inputs.exports, state);
       } finally {
         await tr.destroy();
       }
@@ -527,17 +526,11 @@ async function trainIn(gpu: Gpu, out: string, run: RunFile, resuming: boolean, s
   }
 }
 
-async function trainAndExport(tr: TrainingRun, out: string, run: RunFile, exports: ExportFormat[]): Promise<void> {
+async function trainAndExport(tr: TrainingRun, out: string, run: RunFile, exports: ExportFormat[], state: RunState): Promise<void> {
   const s = run.settings;
   console.error(`training ${s.mode} for ${s.steps} steps (${tr.trainer.optimizer.storedChunks} optimizer chunks streamed through the store)`);
-  // Ctrl-C pauses at the next step boundary with a checkpoint; a second one stops at once.
-  let interrupts = 0;
-  const onInt = () => {
-    if (++interrupts > 1) process.exit(130);
-    console.error('pausing: saving a checkpoint (Ctrl-C again to stop at once)');
-    tr.pause();
-  };
-  process.on('SIGINT', onInt);
+  // A stop signal (signals.ts) pauses at the next step boundary with a checkpoint; a second one stops at once.
+  state.pause = () => tr.pause();
   let result: Awaited<ReturnType<TrainingRun['train']>>;
   try {
     result = await tr.train();
@@ -545,11 +538,11 @@ async function trainAndExport(tr: TrainingRun, out: string, run: RunFile, export
     if (e instanceof RunStorageFullError) throw new Error(`${e.message}\nAfter freeing space: npm run cli -- train --resume ${out}`, { cause: e });
     throw e;
   } finally {
-    process.off('SIGINT', onInt);
+    state.pause = null;
   }
   if (result !== 'done') {
     console.error(`paused at step ${tr.step} with a checkpoint: continue with npm run cli -- train --resume ${out}`);
-    process.exitCode = 130;
+    process.exitCode = SIGNAL_EXIT_CODES[state.signal ?? 'SIGINT'];
     return;
   }
   const sizes: Record<string, number> = {};

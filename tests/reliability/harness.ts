@@ -12,7 +12,7 @@ import { fileURLToPath } from 'node:url';
 import { writeTinyModel, type TinyModel } from '../fixtures/models/make-tiny.ts';
 import { FIXTURES } from '../helpers.ts';
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+export const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 
 export interface Workspace {
   dir: string;
