@@ -45,9 +45,9 @@ describe('SDXL sampling', () => {
       width: 16,
       height: 16,
     });
-    // f32 UNet error (5e-4 + 2e-4 relative, tests/modules/sdxl.test.ts) times guidance: eps = neg + 5 (pos - neg)
-    // carries up to 11x the per-output error, through 2 steps whose coefficients are below 1.5.
-    assertChecks([compare('latents', x, g.get('out')!.data, { atol: 1e-2, rtol: 5e-3 })]);
+    // Measured 5.0e-5 at |x| <= 8.9 (f32 UNet against float64; guidance 5 carries up to 11x the UNet's error);
+    // the tolerance leaves 40x headroom, and a 1% change of the pooled text embedding moves the result by 3.0e-2.
+    assertChecks([compare('latents', x, g.get('out')!.data, { atol: 2e-3, rtol: 5e-4 })]);
   });
 
   it('an empty negative prompt is zeros; the prompt half is the encoders output', async () => {
