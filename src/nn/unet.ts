@@ -1,10 +1,11 @@
-// UNet2DConditionModel for SD 1.x / 2.x on the engine, forward, with diffusers tensor names:
+// UNet2DConditionModel for SD 1.x / 2.x and SDXL on the engine, forward, with diffusers tensor names:
 // timestep embedding -> MLP; conv_in; down blocks (ResNets with the time embedding, cross-attention
 // transformers where the config has them, stride-2 conv downsamplers); mid (ResNet, transformer, ResNet);
 // up blocks (each layer concatenates a skip, ResNet, transformer; nearest-2x + conv upsamplers);
 // GroupNorm + SiLU + conv_out. Transformer2DModel: GroupNorm, proj_in (1x1 conv, or linear for SD2's
 // use_linear_projection), BasicTransformerBlock (LN + self-attention, LN + cross-attention to the text,
 // LN + GEGLU feed-forward, each residual), proj_out, residual.
+// SDXL adds several BasicTransformerBlocks per transformer (transformerLayers) and the text_time embedding.
 import type { Gpu } from '../gpu/device.ts';
 import { ShapeError } from '../gpu/errors.ts';
 import type { Tensor } from '../gpu/tensor.ts';
