@@ -78,13 +78,13 @@ async function totalBytes(page: Page): Promise<number> {
   return Number(m[1]) * 1024 ** ['B', 'KiB', 'MiB', 'GiB'].indexOf(m[2]);
 }
 
-describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)', () => {
+void describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)', () => {
   let server: Awaited<ReturnType<typeof serve>>;
   // E2E_DIST: a build elsewhere than dist/ (several builds may share the tree).
   before(async () => (server = await serve(process.env.E2E_DIST || undefined)));
   after(async () => server?.close());
 
-  it(
+  void it(
     'two runs listed; open the first; delete the second (storage drops); a training run asks first; evicted storage is named',
     { timeout: 900_000 },
     async () => {
@@ -147,18 +147,26 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
         const listed = await rows(page).evaluateAll((lis) =>
           lis.map((li) => ({
             name: li.querySelector('.run-name')?.textContent,
+            prompt: li.querySelector('.run-prompt')?.textContent,
             facts: li.querySelector('[data-testid="run-facts"]')?.textContent ?? '',
             thumb: (li.querySelector('img') as HTMLImageElement | null)?.naturalWidth ?? 0,
             open: li.getAttribute('aria-current') === 'true',
           })),
         );
+        // Each run has its own name (mode, number, date) with its prompt beside it.
         assert.deepEqual(
-          listed.map((r) => [r.name, r.open]),
+          listed.map((r) => [/^LoRA run \d · \d{4}-\d\d-\d\d \d\d:\d\d$/.test(r.name ?? '') && r.name!.slice(0, 10), r.prompt, r.open]),
           [
-            ['a photo of sks cat', true],
-            ['a photo of sks dog', false],
+            ['LoRA run 2', '“a photo of sks cat”', true],
+            ['LoRA run 1', '“a photo of sks dog”', false],
           ],
         );
+        // Renamed from the list (keyboard: the field takes the focus, Enter keeps the name).
+        await page.getByRole('button', { name: 'Rename LoRA run 2' }).click();
+        await page.keyboard.press('ControlOrMeta+a');
+        await page.keyboard.type('Cat, second try');
+        await page.keyboard.press('Enter');
+        await rows(page).first().locator('.run-name').filter({ hasText: 'Cat, second try' }).waitFor({ timeout: 30_000 });
         const year = String(new Date().getFullYear());
         for (const r of listed) {
           assert.match(r.facts, /^LoRA · step 1 \/ 1 · done · .+ · [\d.]+ (KiB|MiB)/, r.facts);
@@ -169,8 +177,8 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
         const before2 = await totalBytes(page);
 
         // Open the first run: its prompt, progress and chart come back; the second is now the one in the list.
-        await page.getByRole('button', { name: 'Open a photo of sks dog' }).click();
-        await page.getByRole('button', { name: 'Open a photo of sks cat' }).waitFor({ timeout: 30_000 });
+        await page.getByRole('button', { name: 'Open LoRA run 1' }).click();
+        await page.getByRole('button', { name: 'Open Cat, second try' }).waitFor({ timeout: 30_000 });
         assert.equal(await page.getByLabel('Instance prompt', { exact: false }).inputValue(), 'a photo of sks dog');
         assert.ok(await page.getByLabel('Also train the text encoder (LoRA)').isChecked(), "the first run's text-encoder box comes back");
         assert.equal(await teLr.inputValue(), '0.002', 'and its text-encoder rate');
@@ -179,11 +187,12 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
         assert.match((await page.getByTestId('train-status').textContent()) ?? '', /Done/);
 
         // Delete the second from the keyboard: the dialog opens on "Keep it"; Shift+Tab, Enter deletes.
-        await page.getByRole('button', { name: 'Delete a photo of sks cat' }).focus();
+        await page.getByRole('button', { name: 'Delete Cat, second try' }).focus();
         await page.keyboard.press('Enter');
         const dialog = page.getByTestId('delete-dialog');
         await dialog.waitFor();
-        assert.match((await dialog.textContent()) ?? '', /Delete "a photo of sks cat"\?/);
+        assert.match((await dialog.textContent()) ?? '', /Delete "Cat, second try"\?/);
+        assert.match((await dialog.getByTestId('delete-which').textContent()) ?? '', /^LoRA run of “a photo of sks cat”, made .+, step 1 \/ 1\.$/);
         assert.equal(await page.evaluate(() => document.activeElement?.textContent), 'Keep it');
         await page.keyboard.press('Shift+Tab');
         await page.keyboard.press('Enter');
@@ -232,9 +241,9 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
         await page.getByRole('button', { name: 'Pause', exact: true }).click();
         await page.waitForFunction(() => /Paused/.test(document.querySelector('[data-testid="train-status"]')?.textContent ?? ''), null, { timeout: 120_000 });
         const pausedAt = Number(/^Step (\d+)/.exec((await page.getByTestId('train-progress-text').textContent()) ?? '')?.[1]);
-        await page.getByRole('button', { name: 'Open a photo of sks dog' }).click();
-        await page.getByRole('button', { name: 'Open a photo of sks fox' }).click({ timeout: 30_000 });
-        await page.getByRole('button', { name: 'Open a photo of sks dog' }).waitFor({ timeout: 30_000 });
+        await page.getByRole('button', { name: 'Open LoRA run 1' }).click();
+        await page.getByRole('button', { name: 'Open LoRA run 2' }).click({ timeout: 30_000 });
+        await page.getByRole('button', { name: 'Open LoRA run 1' }).waitFor({ timeout: 30_000 });
         assert.match((await page.getByTestId('train-status').textContent()) ?? '', /Paused/);
         await page.getByRole('button', { name: 'Resume', exact: true }).click();
         await page.waitForFunction(
@@ -242,7 +251,7 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
           pausedAt,
           { timeout: 300_000 },
         );
-        await page.getByRole('button', { name: 'Delete a photo of sks fox' }).click();
+        await page.getByRole('button', { name: 'Delete LoRA run 2' }).click();
         await dialog.getByRole('button', { name: 'Stop and delete' }).click();
         // the run stops at the end of the step in flight before its data goes: as long as the wait for a step above
         // (on SwiftShader this once took past 120 s in a CI run; 103 s for the whole test alone)
@@ -255,13 +264,13 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
         await page.getByLabel('Steps', { exact: true }).fill('400');
         await page.getByRole('button', { name: 'Train', exact: true }).click();
         await page.getByRole('button', { name: 'New run' }).and(page.locator(':disabled')).waitFor({ timeout: 30_000 });
-        await page.getByRole('button', { name: 'Delete a photo of sks bird' }).click();
+        await page.getByRole('button', { name: 'Delete LoRA run 2' }).click();
         await dialog.waitFor();
         assert.match((await dialog.textContent()) ?? '', /training now: it will be stopped first/);
         await page.keyboard.press('Escape');
         await dialog.waitFor({ state: 'detached' });
         assert.match((await page.getByTestId('train-status').textContent()) ?? '', /Preparing|Training/);
-        await page.getByRole('button', { name: 'Delete a photo of sks bird' }).click();
+        await page.getByRole('button', { name: 'Delete LoRA run 2' }).click();
         await dialog.getByRole('button', { name: 'Stop and delete' }).click();
         await page.waitForFunction(() => document.querySelectorAll('[data-testid="run-row"]').length === 1, null, { timeout: 300_000 });
         assert.equal(await page.getByLabel('Instance prompt', { exact: false }).inputValue(), 'a photo of sks dog', 'the first run is open again');
@@ -283,9 +292,9 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
         await lost.waitFor({ timeout: 60_000 });
         assert.match(
           (await lost.textContent()) ?? '',
-          /Storage for run "a photo of sks dog" was cleared by the browser: its training state \(checkpoints at step 1\)/,
+          /Storage for run "LoRA run 1 · [^"]+" was cleared by the browser: its training state \(checkpoints at step 1\)/,
         );
-        await lost.getByRole('button', { name: 'Remove "a photo of sks dog" from the list' }).click();
+        await lost.getByRole('button', { name: 'Remove "LoRA run 1' }).click();
         await lost.waitFor({ state: 'detached', timeout: 30_000 });
         // What is left is a new, empty run: nothing to list, so the panel is gone until it starts.
         await page.getByTestId('runs-panel').waitFor({ state: 'detached', timeout: 30_000 });
