@@ -43,13 +43,6 @@ export interface StepRecord {
   kernels: CountedDispatch[];
 }
 
-/** The WebGPU constants device.ts and the allocator read (GPUBufferUsage, GPUMapMode): the `webgpu` package's. */
-async function webgpuGlobals(): Promise<void> {
-  if ((globalThis as { GPUBufferUsage?: unknown }).GPUBufferUsage) return;
-  const webgpu = (await import('webgpu')) as unknown as { globals: object };
-  Object.assign(globalThis, webgpu.globals);
-}
-
 function stepData(c: CensusCase): TrainData {
   const rng = new Rng(1);
   const lat = c.resolution / 8;
@@ -82,7 +75,6 @@ export function fold(list: RecordedDispatch[]): CountedDispatch[] {
  * optimizer state resident and no activation checkpointing (what planTraining picks on a GPU of the H200's size).
  */
 export async function recordStep(profile: AdapterProfile, c: CensusCase, step = 2, opts: { dry?: boolean } = {}): Promise<StepRecord> {
-  await webgpuGlobals();
   let recording = false;
   const recorded: RecordedDispatch[] = [];
   const gpu = await Gpu.create(

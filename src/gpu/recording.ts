@@ -215,6 +215,21 @@ function recordingDevice(profile: AdapterProfile, sink: (d: RecordedDispatch) =>
  * records dispatches into `sink` instead of running them.
  */
 export function recordingGpu(profile: AdapterProfile, sink: (d: RecordedDispatch) => void): GPU {
+  // The WebGPU spec's flag constants, for hosts that have no WebGPU of their own (Node without the `webgpu` package).
+  const g = globalThis as Record<string, unknown>;
+  g.GPUBufferUsage ??= {
+    MAP_READ: 1,
+    MAP_WRITE: 2,
+    COPY_SRC: 4,
+    COPY_DST: 8,
+    INDEX: 16,
+    VERTEX: 32,
+    UNIFORM: 64,
+    STORAGE: 128,
+    INDIRECT: 256,
+    QUERY_RESOLVE: 512,
+  };
+  g.GPUMapMode ??= { READ: 1, WRITE: 2 };
   const features = new Set(profile.features);
   const adapter = {
     features,
