@@ -1,19 +1,33 @@
 // The one settings schema (src/pipeline/settings.ts) and the strict flag parser (src/cli/args.ts): the
 // defaults are valid, every range is enforced at both ends with a message naming the setting as the host
-// names it, model-level checks use the model's shape, and trainSettings maps the schema onto the trainer.
+// names it, model-level checks use the model's shape, and trainSettings maps the schema onto the trainer;
+// the trainer's defaults, the page's labels, the presets and --help all come from the one schema.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { closestFlag, parseFlags, UsageError } from '../../src/cli/args.ts';
 import { mergeLora } from '../../src/export/merge.ts';
 import { trainSettings } from '../../src/pipeline/run.ts';
-import { defaultSettings, SETTINGS, SettingsError, validateForModel, validateSettings, type RunSettings } from '../../src/pipeline/settings.ts';
+import {
+  decimalProblem,
+  defaultSettings,
+  refuseInactive,
+  SETTINGS,
+  SettingsError,
+  settingsHelp,
+  TRAIN_DEFAULTS,
+  validateForModel,
+  validateSettings,
+  type RunSettings,
+} from '../../src/pipeline/settings.ts';
+import { ENGINE_DEFAULTS, type TrainSettings } from '../../src/train/trainer.ts';
+import { PRESETS, SETTING_LABELS } from '../../src/ui/studio/presets.ts';
 
-describe('settings schema', () => {
-  it('the defaults of both modes are valid', () => {
+void describe('settings schema', () => {
+  void it('the defaults of both modes are valid', () => {
     for (const mode of ['lora', 'full'] as const) validateSettings(defaultSettings(mode));
   });
 
-  it('every numeric range is enforced at both ends, naming the flag', () => {
+  void it('every numeric range is enforced at both ends, naming the flag', () => {
     for (const spec of SETTINGS) {
       if (spec.min === undefined || spec.max === undefined) continue;
       const mode = spec.onlyMode ?? 'lora';
@@ -31,7 +45,7 @@ describe('settings schema', () => {
     }
   });
 
-  it('non-numbers, fractions and missing values are refused; the host names settings its own way', () => {
+  void it('non-numbers, fractions and missing values are refused; the host names settings its own way', () => {
     const labels = (k: string) => `"${k.toUpperCase()}"`;
     assert.throws(
       () => validateSettings({ ...defaultSettings(), steps: NaN }, labels),
@@ -47,7 +61,7 @@ describe('settings schema', () => {
     assert.throws(() => validateSettings({ ...defaultSettings(), priorPreservation: true, classPrompt: '  ' }), /prior preservation needs a class prompt/);
   });
 
-  it('model checks: rank against the narrowest adapted layer, resolution against the factor', () => {
+  void it('model checks: rank against the narrowest adapted layer, resolution against the factor', () => {
     const model = { resolutionFactor: 64, maxRank: 320 };
     validateForModel({ ...defaultSettings(), rank: 320, resolution: 512 }, model);
     assert.throws(
@@ -62,7 +76,7 @@ describe('settings schema', () => {
     validateForModel({ ...defaultSettings('full'), rank: 100000, resolution: 512 }, model);
   });
 
-  it('trainSettings maps the schema onto the trainer (alpha 0 = rank, min-SNR 0 = off, LoRA fields zero in full runs)', () => {
+  void it('trainSettings maps the schema onto the trainer (alpha 0 = rank, min-SNR 0 = off, LoRA fields zero in full runs)', () => {
     const t = trainSettings({ ...defaultSettings(), rank: 16, alpha: 0, minSnrGamma: 0, priorWeight: 0.5, offsetNoise: 0.1 });
     assert.equal(t.alpha, 16);
     assert.equal(t.minSnrGamma, null);
@@ -80,18 +94,72 @@ describe('settings schema', () => {
   });
 });
 
-describe('strict flags', () => {
+void describe('one schema for every host', () => {
+  void it("the trainer's defaults are the schema's (seed 1 in both modes) plus the engine's own", () => {
+    for (const mode of ['lora', 'full'] as const) {
+      assert.deepEqual(TRAIN_DEFAULTS[mode], trainSettings(defaultSettings(mode)));
+      assert.equal(TRAIN_DEFAULTS[mode].seed, 1);
+      for (const [k, v] of Object.entries(ENGINE_DEFAULTS[mode])) assert.equal(TRAIN_DEFAULTS[mode][k as keyof TrainSettings], v, k);
+    }
+    assert.deepEqual([TRAIN_DEFAULTS.lora.steps, TRAIN_DEFAULTS.lora.alpha, TRAIN_DEFAULTS.full.rank, TRAIN_DEFAULTS.full.optimizer], [400, 8, 0, 'adamw8bit']);
+  });
+
+  void it('every entry has its own label and help; the page labels are the entries', () => {
+    assert.equal(new Set(SETTINGS.map((s) => s.label)).size, SETTINGS.length, 'labels are unique (the page and its tests find fields by them)');
+    for (const spec of SETTINGS) assert.ok(spec.help.length > 5 && spec.label.length > 2, spec.key);
+    assert.deepEqual(SETTING_LABELS, Object.fromEntries(SETTINGS.map((s) => [s.key, s.label])));
+  });
+
+  void it("presets carry only their differences from the mode's schema defaults", () => {
+    for (const [name, p] of Object.entries(PRESETS)) {
+      const d = defaultSettings(p.settings.mode);
+      const differ = Object.entries(p.settings).filter(([k, v]) => d[k as keyof RunSettings] !== v);
+      assert.deepEqual(Object.fromEntries(differ), name === 'full' ? { priorPreservation: true } : {}, name);
+    }
+  });
+
+  void it('numbers are read in decimal only; a whole number takes no exponent', () => {
+    for (const ok of ['16', '-3', '2.5', '.5', '1e-4', '+7']) assert.equal(decimalProblem(ok, false), null, ok);
+    for (const bad of ['0x10', '0b11', '0o7', ' 5', 'Infinity', '1_000']) assert.match(decimalProblem(bad, false) ?? '', /must be a number/, bad);
+    assert.match(decimalProblem('0x10', true) ?? '', /written in decimal digits, got "0x10"/);
+    assert.match(decimalProblem('1e3', true) ?? '', /whole number written in decimal digits \(e\.g\. 1000\), got "1e3"/);
+    assert.equal(decimalProblem('1000', true), null);
+  });
+
+  void it('a flag that acts only with another is refused without it and accepted with it', () => {
+    const given =
+      (...flags: string[]) =>
+      (spec: { flag: string | null }) =>
+        flags.includes(spec.flag!);
+    const s = defaultSettings();
+    assert.throws(() => refuseInactive(s, given('sample-steps')), /--sample-steps does nothing without --sample-every/);
+    refuseInactive({ ...s, sampleEvery: 10 }, given('sample-steps', 'sample-prompt'));
+    assert.throws(() => refuseInactive(s, given('prior-weight')), /--prior-weight weighs the prior loss/);
+    refuseInactive({ ...s, priorPreservation: true, classPrompt: 'a dog' }, given('prior-weight', 'class-steps'));
+    assert.throws(() => refuseInactive(s, given('lr-cycles')), /--lr-cycles is for --lr-scheduler cosine_with_restarts only/);
+    refuseInactive({ ...s, lrScheduler: 'cosine_with_restarts' }, given('lr-cycles'));
+    refuseInactive(s, given('steps', 'lr', 'seed', 'rank')); // no condition: always act
+  });
+
+  void it('--help lists every flag of the schema with its description and default', () => {
+    const text = settingsHelp().join('\n');
+    for (const spec of SETTINGS.filter((x) => x.flag)) assert.match(text, new RegExp(`  --${spec.flag}\\b[^\\n]*\\n {6}[^\\n]*\\[default `), spec.key);
+    assert.match(text, /--steps <n>\n\s+training steps \[default 400 \(lora\), 800 \(full\); whole, from 1 to 1000000 steps\]/);
+  });
+});
+
+void describe('strict flags', () => {
   const flags = {
     steps: { type: 'string' as const },
     lr: { type: 'string' as const },
     flip: { type: 'boolean' as const },
     'class-prompt': { type: 'string' as const },
   };
-  it('values, switches, negative numbers and = forms', () => {
+  void it('values, switches, negative numbers and = forms', () => {
     const { values } = parseFlags(['--steps', '-3', '--flip', '--lr=1e-4', '--class-prompt', '-a dog-'], flags, 'usage');
     assert.deepEqual({ ...values }, { steps: '-3', flip: true, lr: '1e-4', 'class-prompt': '-a dog-' });
   });
-  it('unknown flags name the closest known one; twice, missing values and stray words are refused', () => {
+  void it('unknown flags name the closest known one; twice, missing values and stray words are refused', () => {
     assert.throws(
       () => parseFlags(['--step', '2'], flags, 'usage'),
       (e: Error) => e instanceof UsageError && /unknown option --step \(did you mean --steps\?\)/.test(e.message),
@@ -103,14 +171,14 @@ describe('strict flags', () => {
     assert.throws(() => parseFlags(['--flip=yes'], flags, 'usage'), /--flip is a switch and takes no value/);
     assert.throws(() => parseFlags(['oops'], flags, 'usage'), /unexpected argument "oops"/);
   });
-  it('closestFlag stays quiet when nothing is close', () => {
+  void it('closestFlag stays quiet when nothing is close', () => {
     assert.equal(closestFlag('resolutoin', ['resolution', 'rank']), 'resolution');
     assert.equal(closestFlag('xyz', ['resolution', 'rank']), null);
   });
 });
 
-describe('LoRA merge (export/merge.ts)', () => {
-  it('W + scale · B · A, against a hand computation', () => {
+void describe('LoRA merge (export/merge.ts)', () => {
+  void it('W + scale · B · A, against a hand computation', () => {
     // W [2, 3], A [1, 3], B [2, 1], scale 0.5: W' = W + 0.5 * [[2], [-1]] [1, 2, 3]
     const w = Float32Array.from([1, 1, 1, 0, 0, 0]);
     const out = mergeLora(w, Float32Array.from([1, 2, 3]), Float32Array.from([2, -1]), 2, 0.5);
