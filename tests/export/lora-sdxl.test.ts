@@ -7,7 +7,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
-import { sdxlKohyaName, writeSdxlKohyaLora, type SdxlLoraAdapters } from '../../src/export/lora-sdxl.ts';
+import { sdxlKohyaName, writeSdxlKohyaLora, writeSdxlPeftLora, type SdxlLoraAdapters } from '../../src/export/lora-sdxl.ts';
 import { mapProvider } from '../../src/export/provider.ts';
 import { SafetensorsFile, type NamedTensor } from '../../src/io/safetensors.ts';
 import { BytesSource } from '../../src/io/source.ts';
@@ -21,6 +21,27 @@ import { INFO, memorySink } from './fixtures.ts';
 const SDXL_BASE: UnetLayout = { blocks: 3, layersPerBlock: 2, downAttention: [false, true, true], upAttention: [true, true, false] };
 const dir = mkdtempSync(join(tmpdir(), 'lora-sdxl-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
+
+function tinyAdapters() {
+  const tiny = writeTinySdxl(dir);
+  let seed = 1;
+  const rand = () => ((seed = (seed * 16807) % 2147483647) / 2147483647 - 0.5) * 0.2;
+  const adapters = (weights: Map<string, NamedTensor>, kind: 'unet' | 'text_encoder') => {
+    const m = new Map<string, NamedTensor>();
+    for (const layer of loraTargets(kind, weights.keys())) {
+      const [o, i] = weights.get(`${layer}.weight`)!.shape;
+      m.set(`${layer}.lora_A.weight`, { shape: [4, i], data: roundToF16(Float32Array.from({ length: 4 * i }, rand)) });
+      m.set(`${layer}.lora_B.weight`, { shape: [o, 4], data: roundToF16(Float32Array.from({ length: 4 * o }, rand)) });
+    }
+    return m;
+  };
+  const unet = adapters(tiny.weights.unet, 'unet');
+  const te1 = adapters(tiny.weights.text_encoder, 'text_encoder');
+  const te2 = adapters(tiny.weights.text_encoder_2, 'text_encoder');
+  const layout: UnetLayout = { blocks: 2, layersPerBlock: 1, downAttention: [false, true], upAttention: [true, false] };
+  const a: SdxlLoraAdapters = { rank: 4, alpha: 8, layout, unet: mapProvider(unet), textEncoder: mapProvider(te1), textEncoder2: mapProvider(te2) };
+  return { tiny, unet, te1, te2, layout, a };
+}
 
 describe('SDXL kohya LoRA', () => {
   it("names SDXL base's modules as kohya does", () => {
@@ -37,23 +58,7 @@ describe('SDXL kohya LoRA', () => {
   });
 
   it('writes every adapter of the tiny SDXL model with its values, alpha and SDXL metadata', async () => {
-    const tiny = writeTinySdxl(dir);
-    let seed = 1;
-    const rand = () => ((seed = (seed * 16807) % 2147483647) / 2147483647 - 0.5) * 0.2;
-    const adapters = (weights: Map<string, NamedTensor>, kind: 'unet' | 'text_encoder') => {
-      const m = new Map<string, NamedTensor>();
-      for (const layer of loraTargets(kind, weights.keys())) {
-        const [o, i] = weights.get(`${layer}.weight`)!.shape;
-        m.set(`${layer}.lora_A.weight`, { shape: [4, i], data: roundToF16(Float32Array.from({ length: 4 * i }, rand)) });
-        m.set(`${layer}.lora_B.weight`, { shape: [o, 4], data: roundToF16(Float32Array.from({ length: 4 * o }, rand)) });
-      }
-      return m;
-    };
-    const unet = adapters(tiny.weights.unet, 'unet');
-    const te1 = adapters(tiny.weights.text_encoder, 'text_encoder');
-    const te2 = adapters(tiny.weights.text_encoder_2, 'text_encoder');
-    const layout: UnetLayout = { blocks: 2, layersPerBlock: 1, downAttention: [false, true], upAttention: [true, false] };
-    const a: SdxlLoraAdapters = { rank: 4, alpha: 8, layout, unet: mapProvider(unet), textEncoder: mapProvider(te1), textEncoder2: mapProvider(te2) };
+    const { tiny, unet, te1, te2, layout, a } = tinyAdapters();
     const sink = memorySink();
     await writeSdxlKohyaLora(sink, a, { ...INFO, resolution: 1024, baseModelName: 'tiny-sdxl.safetensors' });
     const file = await SafetensorsFile.open(new BytesSource(sink.bytes(), 'lora.safetensors'));
@@ -86,5 +91,27 @@ describe('SDXL kohya LoRA', () => {
       }
     }
     assert.equal(file.names.length, count, 'nothing else in the file');
+  });
+
+  it('writes the diffusers SDXL LoRA: unet., text_encoder., text_encoder_2. with alpha / rank folded into lora_B', async () => {
+    const { unet, te1, te2, a } = tinyAdapters();
+    const sink = memorySink();
+    await writeSdxlPeftLora(sink, a, { ...INFO, resolution: 1024, baseModelName: 'tiny-sdxl.safetensors' });
+    const file = await SafetensorsFile.open(new BytesSource(sink.bytes(), 'pytorch_lora_weights.safetensors'));
+    assert.equal(file.header.metadata['modelspec.architecture'], 'stable-diffusion-xl-v1-base/lora');
+    assert.equal(file.header.metadata['dreambooth_studio.lora_alpha_folded'], 'true');
+    let count = 0;
+    for (const [prefix, src] of [
+      ['unet', unet],
+      ['text_encoder', te1],
+      ['text_encoder_2', te2],
+    ] as const)
+      for (const [n, t] of src) {
+        const got = (await file.read(`${prefix}.${n}`)).data;
+        // lora_B carries alpha / rank = 2 (exact in f16: a power of two).
+        assert.deepEqual(got, n.endsWith('lora_B.weight') ? t.data.map((v) => v * 2) : t.data, `${prefix}.${n}`);
+        count++;
+      }
+    assert.equal(file.names.length, count);
   });
 });
