@@ -1,8 +1,8 @@
 // Issue 16, Must show 4, in the studio (headless Chromium, SwiftShader: the f32 path): DreamBooth on the demo
-// model with the subject it never saw (bench/quality-run.ts's yellow star with purple dots, 4 photos at the
+// model with the subject it never saw (lab/demo-model/bench/quality-run.ts's yellow star with purple dots, 4 photos at the
 // model's 64 px), as a person would do it: "Use the demo model", drop the photos, prompt "a sks star", a LoRA run
 // of bench:quality --quick's settings (100 steps, rank 4, lr 1e-2, run seed 1, no prior), then "Try it" for three
-// seeds. The fine-tuned samples must move toward the photos: their colours (src/train/quality.ts colourFidelity,
+// seeds. The fine-tuned samples must move toward the photos: their colours (lab/demo-model/quality.ts colourFidelity,
 // histogram intersection with the photos, computed here on the downloaded PNGs) well above the base model's for
 // the same seeds. A run that learned nothing draws the base model's pictures again and fails. The Try-it panel's
 // screenshot (base | fine-tuned per seed) is the README's studio before/after.
@@ -57,7 +57,7 @@ describe('studio: DreamBooth on the demo model moves its samples toward the phot
         );
         await page.getByText('star-4.png').first().waitFor({ timeout: 60_000 });
 
-        // bench:quality --quick's LoRA run (bench/quality-run.ts runSettings): everything else at the studio's defaults
+        // bench:quality --quick's LoRA run (lab/demo-model/bench/quality-run.ts runSettings): everything else at the studio's defaults
         // (which also take a validation loss at step 100, on fixed noise: it reads the weights, it does not change them).
         await page.getByLabel(/^Instance prompt/).fill(INSTANCE_PROMPT);
         if (

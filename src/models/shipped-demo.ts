@@ -1,8 +1,8 @@
 // The demo model the studio ships under public/demo-model/: a small model in the SD 1.x layout, pretrained
-// from scratch by `cli pretrain` (src/train/pretrain.ts) on the procedural captioned scenes, as a diffusers
+// from scratch by `cli pretrain` (lab/demo-model/pretrain.ts) on the procedural captioned scenes, as a diffusers
 // folder (fp16 weights, configs, the CLIP tokenizer) with a manifest. The manifest names every file with its
 // size and SHA-256, so a file the server lost, cut short or replaced is refused by name instead of loading
-// as a broken model. scripts/ship-demo-model.ts writes it from a pretraining run.
+// as a broken model. lab/demo-model/scripts/ship-demo-model.ts writes it from a pretraining run.
 
 /** The folder under public/ (served at the page's base URL). */
 export const SHIPPED_DEMO_DIR = 'demo-model';
@@ -34,7 +34,7 @@ export async function sha256Hex(bytes: Uint8Array): Promise<string> {
 
 /** Checks a manifest's shape, so a stray or hand-edited file is named rather than half-read. */
 export function checkShippedManifest(m: unknown, where: string): ShippedDemoManifest {
-  const bad = (what: string) => new ShippedDemoError(`${where}: ${what}; rebuild it with scripts/ship-demo-model.ts`);
+  const bad = (what: string) => new ShippedDemoError(`${where}: ${what}; rebuild it with lab/demo-model/scripts/ship-demo-model.ts`);
   if (!m || typeof m !== 'object') throw bad('not a JSON object');
   const o = m as Partial<ShippedDemoManifest>;
   if (typeof o.name !== 'string' || !o.name) throw bad('no "name"');
