@@ -23,7 +23,10 @@ const dir = mkdtempSync(join(tmpdir(), 'sdxl-sample-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
 const tiny = writeTinySdxl(dir);
 
-async function setup() {
+let shared: ReturnType<typeof load> | undefined;
+/** One load of the tiny model for the file's tests. */
+const setup = () => (shared ??= load());
+async function load() {
   const gpu = await testGpu();
   const src = await openSdxlDiffusers(nodeFolder(tiny.folder));
   const model = await loadSdxl(gpu, src, 'f32');
