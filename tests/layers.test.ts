@@ -169,7 +169,6 @@ const OVERSIZE_KNOWN: ReadonlyMap<string, string> = new Map([
   ['src/pipeline/run.ts#prepareLoaded', 'function: same'],
   ['src/pipeline/bundle.ts#mapSettings', 'function: the bundle mapping becomes a schema field (issue 45 item 1, settings owner)'],
   ['src/train/trainer.ts', 'file: settings and tape sections under concurrent edit (issue 45 items 1-2)'],
-  ['src/cli/pretrain.ts#pretrainCommand', 'function: the demo-model lab move (issue 45 item 3) and --out safety (cli owner)'],
   ['src/ui/studio/MaskEditor.tsx#MaskEditor', 'function: studio (ui owner)'],
   ['src/ui/studio/Outgrow.tsx#OutgrowPanel', 'function: studio (ui owner)'],
   ['src/ui/studio/Runs.tsx#RunsPanel', 'function: studio (ui owner)'],
