@@ -40,6 +40,13 @@ export async function loadModel(gpu: Gpu, path: string, o: LoadOptions): Promise
   }
 }
 
+/** Refuses a tensor holding NaN or Inf, naming it: `run` never reads or writes non-finite values silently. */
+function refuseNonFinite(data: Float32Array, what: string, then: string): void {
+  let bad = 0;
+  for (const v of data) if (!Number.isFinite(v)) bad++;
+  if (bad) throw new Error(`${what} holds ${bad} non-finite value${bad === 1 ? '' : 's'} (NaN/Inf) of ${data.length}: ${then}`);
+}
+
 function need(inputs: Map<string, NamedTensor>, name: string, rank: number, file: string): NamedTensor {
   const t = inputs.get(name);
   if (!t) throw new Error(`${file} has no tensor '${name}' (has: ${[...inputs.keys()].join(', ') || 'none'})`);
@@ -49,9 +56,14 @@ function need(inputs: Map<string, NamedTensor>, name: string, rank: number, file
 
 export async function runComponent(gpu: Gpu, target: RunTarget, model: LoadedModel, inPath: string, dtype: DType): Promise<Map<string, NamedTensor>> {
   const inputs = readSafetensors(new Uint8Array(readFileSync(inPath))).tensors;
+  for (const [name, t] of inputs) refuseNonFinite(t.data, `${inPath}: input '${name}'`, 'give finite inputs');
   const up = (t: NamedTensor, d: DType = dtype) => gpu.upload(t.data, t.shape, d, 'activations');
   const outputs = new Map<string, NamedTensor>();
-  const read = async (name: string, t: Awaited<ReturnType<typeof up>>) => outputs.set(name, { shape: [...t.shape], data: await gpu.read(t) });
+  const read = async (name: string, t: Awaited<ReturnType<typeof up>>) => {
+    const data = await gpu.read(t);
+    refuseNonFinite(data, `the ${target} output '${name}'`, 'nothing was written');
+    outputs.set(name, { shape: [...t.shape], data });
+  };
   if (target === 'unet') {
     const sample = need(inputs, 'sample', 4, inPath);
     const timestep = need(inputs, 'timestep', 1, inPath);

@@ -55,7 +55,7 @@ export async function readLoraFile(path: string, flag = '--lora'): Promise<ReadL
 export function modelSchedule(folder: string | null, model: LoadedModel, overrides?: Record<string, unknown>): ScheduleConfig {
   const path = folder && join(folder, 'scheduler/scheduler_config.json');
   const json = path && existsSync(path) ? readJsonFile(path, 'the scheduler config') : {};
-  return { ...SD_SCHEDULE, ...scheduleFromJson({ ...json, ...overrides }, model.prediction) };
+  return { ...SD_SCHEDULE, ...scheduleFromJson({ ...json, ...overrides }, model.prediction, path || '--config scheduler') };
 }
 
 /** txt2img for the command line: its option errors (checked before any GPU work) become usage errors naming the flag. */

@@ -20,7 +20,40 @@ export const SD_SCHEDULE: ScheduleConfig = {
   prediction: 'epsilon',
 };
 
-export function scheduleFromJson(j: Record<string, unknown>, prediction?: 'epsilon' | 'v_prediction'): ScheduleConfig {
+/** A scheduler config the engine cannot honour; the message names the file and the field. */
+export class ScheduleConfigError extends Error {}
+
+/**
+ * Checks a scheduler config's fields before they are used: a schedule of 0 steps, betas out of (0, 1) or
+ * falling, or a beta_schedule / prediction_type the engine does not implement would otherwise sample or train
+ * on nonsense silently.
+ */
+export function checkScheduleJson(j: Record<string, unknown>, where: string): void {
+  const bad = (field: string, why: string) => new ScheduleConfigError(`${where}: ${field} ${why}`);
+  const n = j.num_train_timesteps;
+  if (n !== undefined && !(typeof n === 'number' && Number.isInteger(n) && n >= 2 && n <= 100_000))
+    throw bad('num_train_timesteps', `must be a whole number from 2 to 100000, got ${JSON.stringify(n)}`);
+  for (const k of ['beta_start', 'beta_end']) {
+    const v = j[k];
+    if (v !== undefined && !(typeof v === 'number' && v > 0 && v < 1)) throw bad(k, `must be a number between 0 and 1 (exclusive), got ${JSON.stringify(v)}`);
+  }
+  const start = (j.beta_start as number | undefined) ?? SD_SCHEDULE.betaStart;
+  const end = (j.beta_end as number | undefined) ?? SD_SCHEDULE.betaEnd;
+  if (start > end) throw bad('beta_start', `${start} is above beta_end ${end}: the noise must grow with the timestep`);
+  const schedules = ['linear', 'scaled_linear'];
+  if (j.beta_schedule !== undefined && !schedules.includes(j.beta_schedule as string))
+    throw bad('beta_schedule', `${JSON.stringify(j.beta_schedule)} is not one the engine implements (${schedules.join(', ')})`);
+  const predictions = ['epsilon', 'v_prediction'];
+  if (j.prediction_type !== undefined && !predictions.includes(j.prediction_type as string))
+    throw bad('prediction_type', `${JSON.stringify(j.prediction_type)} is not one the engine implements (${predictions.join(', ')})`);
+}
+
+export function scheduleFromJson(
+  j: Record<string, unknown>,
+  prediction?: 'epsilon' | 'v_prediction',
+  where = 'scheduler/scheduler_config.json',
+): ScheduleConfig {
+  checkScheduleJson(j, where);
   return {
     numTrainTimesteps: (j.num_train_timesteps as number) ?? 1000,
     betaStart: (j.beta_start as number) ?? 0.00085,

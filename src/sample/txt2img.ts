@@ -56,6 +56,18 @@ export function checkTxt2ImgOptions(
       throw new SampleOptionError(`${k} must be a multiple of ${f} from ${f} to ${MAX_IMAGE_SIDE} px for this model, got ${v}`);
 }
 
+/** A sample that went non-finite (NaN/Inf): the message names the stage and, with a LoRA, its scale. */
+export class NonFiniteSampleError extends Error {}
+
+/** Refuses values with a NaN or Inf: an overflow would otherwise become a black image that looks like a result. */
+function checkFinite(values: Float32Array, stage: string, o: Txt2ImgOptions): void {
+  let bad = 0;
+  for (const v of values) if (!Number.isFinite(v)) bad++;
+  if (!bad) return;
+  const lora = o.loraScale !== undefined ? ` with the LoRA at scale ${o.loraScale} (a smaller --lora-scale may stay finite)` : '';
+  throw new NonFiniteSampleError(`${stage} holds ${bad} non-finite values (NaN/Inf) of ${values.length}${lora}; no image was written`);
+}
+
 /** Returns an RGB image [H, W, 3] as bytes. */
 export async function txt2img(
   gpu: Gpu,
@@ -82,14 +94,18 @@ export async function txt2img(
     const tt = gpu.upload([t, t], [2], 'f32');
     const out = await gpu.read(unetForward(gpu, model.unet.config, model.unet.weights, latents, tt, context, null, o.loraScale ?? 1));
     gpu.free(latents, tt);
+    const where = `sampling step ${i + 1}/${sampler.timesteps.length} (timestep ${t})`;
+    checkFinite(out, `the UNet's output at ${where}`, o);
     const guided = new Float32Array(n);
     for (let k = 0; k < n; k++) guided[k] = out[k] + o.guidance * (out[n + k] - out[k]);
     x = sampler.step(i, x, guided);
+    checkFinite(x, `the latents after ${where}`, o);
     o.onStep?.(i + 1, sampler.timesteps.length);
   }
   gpu.free(context);
   const scaled = x.map((v) => v / model.vae.config.scalingFactor);
   const image = await gpu.read(vaeDecode(gpu, model.vae.config, model.vae.weights, gpu.upload(scaled, [1, zc, h, w], dtype)));
+  checkFinite(image, "the VAE decoder's output", o);
   const H = h * f;
   const W = w * f;
   const rgb = new Uint8Array(H * W * 3);

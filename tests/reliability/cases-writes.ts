@@ -1,10 +1,13 @@
-// Issue 46's rows of the bad-input corpus: what a command writes. One output-path guard (src/io/outpath.ts):
+// Issue 46's rows of the bad-input corpus: what a command writes, and what it must never take for a result. One output-path guard (src/io/outpath.ts):
 // never over an input, never through a link or into a device or FIFO, partial files created exclusively,
 // --overwrite removing only what the project wrote (the folder's manifest); and "validate fully, then
-// create": a new run refused before its first step leaves no folder and no run.json.
+// create": a new run refused before its first step leaves no folder and no run.json; NaN/Inf reaching a
+// sample or an op's output is an error naming the stage (nothing written); scheduler configs checked by field;
+// a FIFO in place of a file refused at once.
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { copyFileSync, cpSync, existsSync, mkdirSync, readdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
+import { copyFileSync, cpSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { readSafetensors, writeSafetensors } from '../../src/io/safetensors.ts';
 import { join } from 'node:path';
 import { FIXTURES } from '../helpers.ts';
 import { cli, trainArgs, type Case, type Workspace } from './harness.ts';
@@ -296,6 +299,99 @@ export const WRITE_CASES: Case[] = [
       mkdirSync(out);
       writeFileSync(join(out, 'notes.txt'), 'mine');
       return { args, unchanged: [out] };
+    },
+  },
+  // ---- non-finite values: an error naming the stage, nothing written ------------------------------------------
+  {
+    name: 'sample with a LoRA at --lora-scale 10 that overflows',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /non-finite values \(NaN\/Inf\) of \d+ with the LoRA at scale 10 .*no image was written/,
+    setup: (ws) => {
+      const f = ws.path('huge') + '.safetensors';
+      const layer = 'down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q';
+      const unet = readSafetensors(new Uint8Array(readFileSync(join(ws.tiny.folder, 'unet', 'diffusion_pytorch_model.safetensors')))).tensors;
+      const [o, i] = unet.get(`${layer}.weight`)!.shape;
+      // Within f16's range (the LoRA is accepted) but B·A = 4·3.6e9 per element at scale 1: past f16's 65504
+      // (lavapipe computes in f16), so the UNet's output overflows.
+      const big = (n: number) => new Float32Array(n).fill(6e4);
+      writeFileSync(
+        f,
+        writeSafetensors(
+          new Map([
+            [`unet.${layer}.lora_A.weight`, { shape: [4, i], data: big(4 * i) }],
+            [`unet.${layer}.lora_B.weight`, { shape: [o, 4], data: big(o * 4) }],
+          ]),
+        ),
+      );
+      const out = ws.path('black') + '.png';
+      return { args: [...sampleArgs(ws, ws.tiny.singleFile, out), '--lora', f, '--lora-scale', '10'], absent: [out] };
+    },
+  },
+  {
+    name: 'run unet with a NaN timestep',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /input 'timestep' holds 1 non-finite value \(NaN\/Inf\) of 1: give finite inputs/,
+    setup: (ws) => {
+      const unetCfg = JSON.parse(readFileSync(join(ws.tiny.folder, 'unet', 'config.json'), 'utf8')) as { in_channels: number; cross_attention_dim: number };
+      const input = ws.path('in') + '.safetensors';
+      writeFileSync(
+        input,
+        writeSafetensors(
+          new Map([
+            ['sample', { shape: [1, unetCfg.in_channels, 8, 8], data: new Float32Array(unetCfg.in_channels * 64).fill(0.1) }],
+            ['timestep', { shape: [1], data: new Float32Array([NaN]) }],
+            ['encoder_hidden_states', { shape: [1, 8, unetCfg.cross_attention_dim], data: new Float32Array(8 * unetCfg.cross_attention_dim).fill(0.1) }],
+          ]),
+        ),
+      );
+      const out = ws.path('unet-out') + '.safetensors';
+      return { args: ['run', 'unet', '--model', ws.tiny.folder, '--in', input, '--out', out], absent: [out] };
+    },
+  },
+  // ---- model folders: scheduler configs checked by field, special files refused at once ---------------------------
+  ...(
+    [
+      ['num_train_timesteps 0', { num_train_timesteps: 0 }, /num_train_timesteps must be a whole number from 2 to 100000, got 0/],
+      ['beta_start above beta_end', { beta_start: 0.02, beta_end: 0.012 }, /beta_start 0\.02 is above beta_end 0\.012/],
+      ['a beta above 1', { beta_end: 1.5 }, /beta_end must be a number between 0 and 1 \(exclusive\), got 1\.5/],
+      [
+        'an unknown beta_schedule',
+        { beta_schedule: 'squaredcos_cap_v2' },
+        /beta_schedule "squaredcos_cap_v2" is not one the engine implements \(linear, scaled_linear\)/,
+      ],
+    ] as const
+  ).map(([what, fields, message]): Case => ({
+    name: `a scheduler config with ${what} is refused naming the file and field`,
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: new RegExp(`scheduler[/\\\\]scheduler_config\\.json: ${message.source}`),
+    setup: (ws) => {
+      const folder = ws.path('model');
+      cpSync(ws.tiny.folder, folder, { recursive: true });
+      const path = join(folder, 'scheduler', 'scheduler_config.json');
+      writeFileSync(path, JSON.stringify({ ...JSON.parse(readFileSync(path, 'utf8')), ...fields }));
+      const out = ws.path('img') + '.png';
+      return { args: sampleArgs(ws, folder, out).filter((a, i, all) => a !== '--config' && all[i - 1] !== '--config'), absent: [out] };
+    },
+  })),
+  {
+    name: 'a FIFO in place of the UNet weights is refused at once (no hang)',
+    before: 'hung',
+    args: () => [],
+    code: 1,
+    message: /diffusion_pytorch_model\.safetensors is a FIFO \(named pipe\): models, configs and inputs are read from regular files only/,
+    setup: (ws) => {
+      const folder = ws.path('model');
+      cpSync(ws.tiny.folder, folder, { recursive: true });
+      const weights = join(folder, 'unet', 'diffusion_pytorch_model.safetensors');
+      rmSync(weights);
+      special(weights, 'mkfifo', '{}');
+      return { args: sampleArgs(ws, folder, ws.path('img') + '.png') };
     },
   },
 ];
