@@ -31,11 +31,11 @@ const arg = (n: string) => (args.includes(n) ? args[args.indexOf(n) + 1] : undef
 const ALL_CASES = ['lora-128-1', 'lora-128-2', 'lora-512-1', 'lora-512-2', 'full-128-1', 'full-128-2', 'full-512-1', 'full-512-2'];
 const cases = args.includes('--quick') ? ['lora-128-2'] : (arg('--cases')?.split(',') ?? ALL_CASES);
 cases.forEach(parseCase); // refuses a malformed case before any work
-const at = arg('--at');
+const atArg = arg('--at');
 const profileName = arg('--profile') ?? 'nvidia-h200';
 if (profileName !== 'local' && !PROFILES[profileName])
   throw new Error(`--profile: "${profileName}" is not local or one of ${Object.keys(PROFILES).join(', ')}`);
-if (at && profileName === 'local') throw new Error('--at records in a worktree with a named profile; use --profile nvidia-h200');
+if (atArg && profileName === 'local') throw new Error('--at records in a worktree with a named profile; use --profile nvidia-h200');
 
 /** The profiled H200 step (calibration) and the profile before its GPU tiles (held out: not fitted). */
 const CALIBRATION = { commit: '2756811', case: 'lora-128-2', step: 1 };
@@ -52,6 +52,9 @@ const TORCH_MEASURED = { case: 'lora-128-2', f32: 0.12334, amp: 0.12891, matmulF
 function git(...a: string[]): string {
   return execFileSync('git', a, { cwd: root, encoding: 'utf8' }).trim();
 }
+
+/** The commit --at names, resolved once (HEAD may move while the census runs). */
+const at = atArg ? git('rev-parse', '--short', atArg) : undefined;
 
 /**
  * Records `list` at `commit` from a git worktree (made once under /tmp): the census files are copied in (and, where
