@@ -4,7 +4,7 @@ import 'fake-indexeddb/auto';
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { cropAt, photoInput } from '../../src/ui/studio/actions.ts';
-import { chartColumns, legendValues, validationAt } from '../../src/ui/studio/chart-values.ts';
+import { chartColumns, legendValues, STEP_TICKS, validationAt } from '../../src/ui/studio/chart-values.ts';
 import { fmtBytes, fmtDuration, progressLine, runBusy, samplesHint, statusMessage, stepCount, storageShortfall } from '../../src/ui/studio/state.ts';
 import { PAGE_DEFAULTS } from '../../src/ui/studio/presets.ts';
 import { bucketNote } from '../../src/ui/studio/bucket-note.ts';
@@ -243,5 +243,6 @@ void describe('studio project persistence (IndexedDB via fake-indexeddb)', () =>
     assert.equal(c.average[2], 0.75, 'the moving average of the training loss at step 2');
     assert.deepEqual(validationAt(validation, 3), validation[1]);
     assert.equal(validationAt(validation.slice(1), 1), null);
+    assert.ok(STEP_TICKS.length > 0 && STEP_TICKS.every((t) => Number.isInteger(t) && t >= 1), 'the x axis ticks at whole steps only');
   });
 });

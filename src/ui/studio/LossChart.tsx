@@ -7,7 +7,7 @@
 import { useEffect, useMemo, useRef, useState } from 'react';
 import uPlot from 'uplot';
 import 'uplot/dist/uPlot.min.css';
-import { chartColumns, legendValues, movingAverage, validationAt, type ValidationPoint } from './chart-values.ts';
+import { chartColumns, legendValues, movingAverage, STEP_TICKS, validationAt, type ValidationPoint } from './chart-values.ts';
 
 const RAW = '#9bb7e0';
 const AVERAGE = '#1f5fbf';
@@ -34,7 +34,11 @@ export function LossChart({ losses, validation = [] }: { losses: { step: number;
         width: width(),
         height: 220,
         scales: { x: { time: false } },
-        axes: [{ label: 'step' }, { label: 'loss', size: 60 }],
+        // Steps are whole numbers: the x axis ticks only at whole steps (1, 2, 5, 10, ... apart).
+        axes: [
+          { label: 'step', incrs: STEP_TICKS },
+          { label: 'loss', size: 60 },
+        ],
         series: [
           { label: 'step' },
           { label: 'loss', stroke: RAW, width: 1 },

@@ -64,3 +64,6 @@ export function validationAt(validation: ValidationPoint[], step: number): Valid
   for (const v of validation) if (v.step <= step && (!found || v.step >= found.step)) found = v;
   return found;
 }
+
+/** The loss chart's x-axis tick spacings: whole steps only (1, 2, 5 per decade), never a fractional step. */
+export const STEP_TICKS: number[] = [1, 2, 5].flatMap((m) => [1, 10, 100, 1000, 10000, 100000].map((d) => m * d)).sort((a, b) => a - b);
