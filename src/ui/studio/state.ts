@@ -8,7 +8,7 @@ import type { AdapterSummary } from '../../gpu/device.ts';
 import type { CropBox } from '../../io/image.ts';
 import { formatBytes } from '../../util/bytes.ts';
 import type { ExportFormat, PlanSummary } from '../../pipeline/run.ts';
-import type { RunSettings as StudioSettings } from '../../pipeline/settings.ts';
+import { defaultSettings, type RunSettings as StudioSettings } from '../../pipeline/settings.ts';
 import { PAGE_DEFAULTS as DEFAULT_SETTINGS, PRESETS, type PresetName } from './presets.ts';
 import type { ModelSummary } from '../../studio/worker.ts';
 import type { ValidationReport } from '../../train/trainer.ts';
@@ -370,6 +370,8 @@ async function readWorkspace(saved: SavedProject): Promise<{ state: Partial<Stud
   // Nothing runs after a reload: no ETA or sample under way; a finished run says it is finished (not the last
   // thing the worker said, e.g. a download for an export).
   const run: RunProgress = { ...EMPTY_RUN, ...saved.run, samples, tries, ...STOPPED };
+  // A run saved before a setting existed trained with its schema default (e.g. no LR warm-up).
+  if (run.startedWith) run.startedWith = { ...run.startedWith, settings: { ...defaultSettings(run.startedWith.settings.mode), ...run.startedWith.settings } };
   if (run.status === 'done') run.message = finishedMessage(run.step);
   if (busy.includes(run.status)) {
     run.status = 'interrupted';
