@@ -3,9 +3,11 @@
 //   run text-encoder: input_ids (tokenizer 1) and input_ids_2 (tokenizer 2) -> prompt_embeds (both encoders'
 //     penultimate states concatenated) and pooled (encoder 2's projected EOS row);
 //   run vae-encode / vae-decode: as for SD, in f32 (SDXL's VAE overflows in f16);
-//   grad unet: the unet inputs and target -> loss and every UNet parameter's gradient.
+//   grad unet: the unet inputs and target -> loss and every UNet parameter's gradient;
+//   sample: txt2img with both tokenizers (sample/txt2img-sdxl.ts).
 // --config may hold text_encoder_2 overrides for a single file.
-import { readFileSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import type { Gpu } from '../gpu/device.ts';
 import type { DType, Tensor } from '../gpu/tensor.ts';
 import { readSafetensors, SafetensorsFile, writeSafetensors, type NamedTensor } from '../io/safetensors.ts';
@@ -18,6 +20,12 @@ import { sdxlTextEncode } from '../nn/sdxl.ts';
 import { unetForward } from '../nn/unet.ts';
 import { vaeDecode, vaeEncode } from '../nn/vae.ts';
 import { mseLoss, mseLossBackward } from '../ops/reduce.ts';
+import { ClipTokenizer } from '../io/tokenizer.ts';
+import { tokenizerFilesFrom } from '../models/source.ts';
+import { scheduleFromJson } from '../sample/schedulers.ts';
+import { SampleOptionError, type Txt2ImgOptions } from '../sample/txt2img.ts';
+import { txt2imgSdxl } from '../sample/txt2img-sdxl.ts';
+import { UsageError } from './args.ts';
 
 type Overrides = Partial<Record<SdxlComponent | 'scheduler', Json>>;
 
@@ -140,4 +148,35 @@ export async function gradSdxlCommand(gpu: Gpu, modelPath: string, inPath: strin
     result.set(name, { shape: [...w.shape], data: await gpu.read(g) });
   }
   writeFileSync(outPath, writeSafetensors(result));
+}
+
+/**
+ * `cli sample` on an SDXL model: `tokenizers` is a folder holding tokenizer/ and tokenizer_2/ (the model's
+ * own folder by default; a single file carries none). The schedule comes from the folder's scheduler config
+ * (SDXL's is SD's scaled_linear DDPM schedule) with the model's prediction type.
+ */
+export async function sampleSdxl(
+  gpu: Gpu,
+  modelPath: string,
+  tokenizers: string | undefined,
+  overrides: Overrides | undefined,
+  o: Omit<Txt2ImgOptions, 'schedule'>,
+): Promise<{ rgb: Uint8Array; width: number; height: number }> {
+  if (!tokenizers) throw new UsageError('an SDXL single file carries no tokenizers: pass --tokenizer <folder with tokenizer/ and tokenizer_2/>');
+  const tok = async (sub: string) => {
+    const files = await tokenizerFilesFrom(nodeFolder(tokenizers), `${sub}/`);
+    if (!files)
+      throw new UsageError(
+        `--tokenizer ${tokenizers}: no ${sub}/ with tokenizer.json, or vocab.json and merges.txt (an SDXL model needs tokenizer/ and tokenizer_2/)`,
+      );
+    return ClipTokenizer.fromFiles(files);
+  };
+  const pair: [ClipTokenizer, ClipTokenizer] = [await tok('tokenizer'), await tok('tokenizer_2')];
+  const model = await loadSdxlPath(gpu, modelPath, gpu.computeDType, overrides);
+  const schedPath = join(modelPath, 'scheduler', 'scheduler_config.json');
+  const sched = statSync(modelPath).isDirectory() && existsSync(schedPath) ? (JSON.parse(readFileSync(schedPath, 'utf8')) as Json) : {};
+  const schedule = scheduleFromJson({ ...sched, ...overrides?.scheduler }, model.prediction);
+  return txt2imgSdxl(gpu, model, pair, { ...o, schedule }).catch((e: unknown) => {
+    throw e instanceof SampleOptionError ? new UsageError(`--${e.message}`) : e;
+  });
 }

@@ -14,19 +14,25 @@ import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flag
 import { scheduleFromJson, SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
 import type { LoadedModel } from '../models/load.ts';
 import { configOverrides, loadModel } from './run.ts';
+import { isSdxlPath, sampleSdxl } from './run-sdxl.ts';
 import { SafetensorsFile } from '../io/safetensors.ts';
-import { NodeFileSource } from '../io/source-node.ts';
+import { needRegularFile, NodeFileSource } from '../io/source-node.ts';
 import { checkOutFile, writeOutput } from '../io/outpath.ts';
 import { applyLora, checkImportedLora, loadedShapes, readImportedLora, type ReadLora } from '../pipeline/imported.ts';
 
 /** The tokenizer folder: --tokenizer, or <model folder>/tokenizer. */
 export function loadTokenizer(dir: string): ClipTokenizer {
   const p = (f: string) => join(dir, f);
-  const json = (f: string) => (existsSync(p(f)) ? JSON.parse(readFileSync(p(f), 'utf8')) : undefined);
+  const json = (f: string) => (existsSync(p(f)) ? readJsonFile(p(f), `the tokenizer's ${f}`) : undefined);
   const config = { ...json('special_tokens_map.json'), ...json('tokenizer_config.json') };
   if (existsSync(p('tokenizer.json'))) return ClipTokenizer.fromFiles({ tokenizerJson: json('tokenizer.json'), config });
   if (!existsSync(p('vocab.json')) || !existsSync(p('merges.txt'))) throw new Error(`${dir}: no tokenizer.json, or vocab.json and merges.txt`);
-  return ClipTokenizer.fromFiles({ vocab: json('vocab.json'), merges: readFileSync(p('merges.txt'), 'utf8'), config });
+  needRegularFile(p('merges.txt'));
+  try {
+    return ClipTokenizer.fromFiles({ vocab: json('vocab.json') as Record<string, number>, merges: readFileSync(p('merges.txt'), 'utf8'), config });
+  } catch (e) {
+    throw new UsageError(`${dir}: ${(e as Error).message}`);
+  }
 }
 
 const SAMPLE_FLAGS: Flags = Object.fromEntries(
@@ -37,6 +43,14 @@ const SAMPLE_FLAGS: Flags = Object.fromEntries(
 );
 export const SAMPLE_USAGE =
   'usage: sample --model <path> --prompt "..." --out image.png [--steps 25] [--seed 1] [--guidance 7.5] [--negative "..."] [--sampler dpm++2m|ddim] [--width 512] [--height 512] [--tokenizer <dir>] [--config <json>] [--lora <file.safetensors> [--lora-scale 1]]';
+
+/** A prompt of nothing but special tokens (<|endoftext|>, ...) conditions on no words: refused, not sampled. */
+export function refuseSpecialOnly(tokenizer: ClipTokenizer, prompt: string, flag: string): void {
+  const ids = prompt.trim() ? tokenizer.encode(prompt) : [];
+  const special = new Set([tokenizer.bosId, tokenizer.eosId, tokenizer.padId]);
+  if (ids.length && ids.every((id) => special.has(id)))
+    throw new UsageError(`${flag} ${JSON.stringify(prompt)} holds only special tokens (start, end or padding of text): describe the picture in words`);
+}
 
 /** A LoRA file read (and refused by key when it is for another architecture or rank layout) before the model loads. */
 export async function readLoraFile(path: string, flag = '--lora'): Promise<ReadLora> {
@@ -92,9 +106,18 @@ export async function sampleCommand(gpu: Gpu, args: string[]): Promise<void> {
   const loraStrength = numberFlag(values, 'lora-scale', 1, { min: -10, max: 10 });
   const lora = loraPath ? await readLoraFile(loraPath) : null;
   const isDir = statSync(modelPath).isDirectory();
+  if (await isSdxlPath(modelPath)) {
+    if (lora) throw new UsageError(`--lora ${loraPath}: LoRAs on SDXL models are not supported yet`);
+    const o = { prompt, negativePrompt: arg('negative') ?? '', steps, guidance, seed, width, height, sampler };
+    const img = await sampleSdxl(gpu, modelPath, arg('tokenizer') ?? (isDir ? modelPath : undefined), configOverrides(arg('config'), 'unet'), o);
+    writeOutput(out, encode({ width: img.width, height: img.height, data: img.rgb, channels: 3, depth: 8 }));
+    console.log(JSON.stringify({ out, width: img.width, height: img.height, sampler, steps, seed, model: 'sdxl' }));
+    return;
+  }
   const tokDir = arg('tokenizer') ?? (isDir ? join(modelPath, 'tokenizer') : undefined);
   if (!tokDir) throw new UsageError('a single-file checkpoint carries no tokenizer: pass --tokenizer <folder with vocab.json and merges.txt>');
   const tokenizer = loadTokenizer(tokDir);
+  refuseSpecialOnly(tokenizer, prompt, '--prompt');
   for (const [text, flag] of [
     [prompt, '--prompt'],
     [arg('negative') ?? '', '--negative'],

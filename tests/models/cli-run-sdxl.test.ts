@@ -2,7 +2,7 @@
 // sample, timestep, encoder_hidden_states, text_embeds and time_ids from the single file (with a --config
 // that includes text_encoder_2), the text encoders give prompt_embeds and pooled from the folder, grad unet
 // gives every parameter's gradient; all against the PyTorch goldens (tolerances as tests/modules/sdxl.test.ts,
-// f32). time_ids of the wrong length exit 1 naming the --in file.
+// f32). time_ids of the wrong length exit 1 naming the --in file; `cli sample` draws with both tokenizers.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -93,5 +93,13 @@ describe('cli on an SDXL model', () => {
     const r = cli('run', 'unet', '--model', tiny.folder, '--in', inPath, '--out', join(dir, 'bad.out.safetensors'));
     assert.equal(r.code, 1);
     assert.match(r.err, /bad\.in\.safetensors: 'time_ids' must be \[2,6\].*got \[2,5\]/);
+  });
+
+  it('sample draws a PNG of the asked size with both tokenizers', () => {
+    const png = join(dir, 'sdxl.png');
+    const r = cli('sample', '--model', tiny.folder, '--prompt', 'a red cube', '--out', png, '--steps', '2', '--width', '16', '--height', '24', '--seed', '3');
+    assert.equal(r.code, 0, r.err);
+    const b = readFileSync(png);
+    assert.deepEqual([b.readUInt32BE(16), b.readUInt32BE(20)], [16, 24], 'IHDR width and height');
   });
 });
