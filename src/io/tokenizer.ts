@@ -54,6 +54,26 @@ export function clipTokenizerJson(vocab: Record<string, number>, merges: string[
   };
 }
 
+/** vocab.json must map tokens to distinct whole-number ids: anything else tokenizes into nonsense. */
+function checkVocab(vocab: unknown): void {
+  if (typeof vocab !== 'object' || vocab === null || Array.isArray(vocab)) throw new TokenizerError('tokenizer vocab.json is not a map of tokens to ids');
+  const entries = Object.entries(vocab);
+  if (!entries.length) throw new TokenizerError('tokenizer vocab.json is empty: give the model its own tokenizer files');
+  const bad = entries.find(([, id]) => !(Number.isInteger(id) && (id as number) >= 0));
+  if (bad) throw new TokenizerError(`tokenizer vocab.json: token ${JSON.stringify(bad[0])} has id ${JSON.stringify(bad[1])}, not a whole number`);
+}
+
+/** merges.txt's merge rules: UTF-8 text of "a b" lines after an optional #version header, at least one. */
+function checkMerges(text: string): string[] {
+  if (text.includes('\uFFFD') || text.includes('\0'))
+    throw new TokenizerError('tokenizer merges.txt is not UTF-8 text (a binary file?): give the model its own merges.txt');
+  const lines = text.split('\n').filter((l) => l.length > 0 && !l.startsWith('#version'));
+  if (!lines.length) throw new TokenizerError('tokenizer merges.txt holds no merges (empty): give the model its own merges.txt');
+  const i = lines.findIndex((l) => l.replace(/\r$/, '').split(' ').length !== 2);
+  if (i >= 0) throw new TokenizerError(`tokenizer merges.txt: line ${JSON.stringify(lines[i].slice(0, 40))} is not a merge ("a b")`);
+  return lines;
+}
+
 export class ClipTokenizer {
   private constructor(
     private readonly tok: Tokenizer,
@@ -66,7 +86,8 @@ export class ClipTokenizer {
     let json = files.tokenizerJson;
     if (!json) {
       if (!files.vocab || files.merges === undefined) throw new TokenizerError('the tokenizer needs tokenizer.json, or vocab.json and merges.txt');
-      const merges = files.merges.split('\n').filter((l) => l.length > 0 && !l.startsWith('#version'));
+      checkVocab(files.vocab);
+      const merges = checkMerges(files.merges);
       json = clipTokenizerJson(files.vocab, merges);
     }
     const tok = new Tokenizer(json, files.config ?? {});

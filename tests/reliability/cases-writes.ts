@@ -394,4 +394,40 @@ export const WRITE_CASES: Case[] = [
       return { args: sampleArgs(ws, folder, ws.path('img') + '.png') };
     },
   },
+  // ---- tokenizer files checked when loaded, naming the file; prompts of special tokens only refused ----------------
+  ...(
+    [
+      ['an empty merges.txt', 'merges.txt', '', /merges\.txt holds no merges \(empty\)/],
+      ['a binary merges.txt', 'merges.txt', Buffer.from([0x00, 0xff, 0xfe, 0x89, 0x50]), /merges\.txt is not UTF-8 text/],
+      ['a truncated vocab.json', 'vocab.json', '{"a": 1, "b', /vocab\.json: invalid JSON/],
+    ] as const
+  ).map(([what, file, bytes, message]): Case => ({
+    name: `a model folder with ${what} is refused naming the file`,
+    before: 'unclear',
+    args: () => [],
+    code: 1,
+    message,
+    setup: (ws) => {
+      const folder = ws.path('model');
+      cpSync(ws.tiny.folder, folder, { recursive: true });
+      writeFileSync(join(folder, 'tokenizer', file), bytes);
+      const out = ws.path('img') + '.png';
+      const args = sampleArgs(ws, folder, out);
+      args[args.indexOf('--tokenizer') + 1] = join(folder, 'tokenizer');
+      return { args, absent: [out] };
+    },
+  })),
+  {
+    name: 'a prompt of special tokens only',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /--prompt "<\|endoftext\|><\|endoftext\|>" holds only special tokens/,
+    setup: (ws) => {
+      const out = ws.path('img') + '.png';
+      const args = sampleArgs(ws, ws.tiny.singleFile, out);
+      args[args.indexOf('--prompt') + 1] = '<|endoftext|><|endoftext|>';
+      return { args, absent: [out] };
+    },
+  },
 ];
