@@ -255,8 +255,15 @@ const calibration = {
     },
   },
 };
+// census.json is the full H200 census; --at, --quick, --cases and other profiles write beside it
+const partial = args.includes('--quick') || args.includes('--cases');
 const out =
-  arg('--out') ?? join(here, 'results', at ? `census-${commit}.json` : profile.name === 'nvidia-h200' ? 'census.json' : `census-${profile.name}.json`);
+  arg('--out') ??
+  join(
+    here,
+    'results',
+    at ? `census-${commit}.json` : profile.name !== 'nvidia-h200' ? `census-${profile.name}.json` : partial ? 'census-partial.json' : 'census.json',
+  );
 mkdirSync(dirname(out), { recursive: true });
 writeFileSync(out, `${JSON.stringify({ calibration, cases: rows.map(({ _families, ...r }) => r) }, null, 2)}\n`);
 if (arg('--dispatches')) writeFileSync(arg('--dispatches')!, JSON.stringify(dispatchDump));
