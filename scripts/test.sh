@@ -16,7 +16,7 @@ if [ -f index.html ]; then
   echo "[test] vite build"
   npx vite build --logLevel warn
 fi
-mapfile -t files < <(find tests e2e -name '*.test.ts' 2>/dev/null | sort)
+mapfile -t files < <(find tests lab e2e -name '*.test.ts' 2>/dev/null | sort)
 echo "[test] ${#files[@]} test files"
 # New GPU tensors are NaN-filled in the tests, so code that reads memory it never wrote fails.
 export DBS_GPU_POISON=1
