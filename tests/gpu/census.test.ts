@@ -44,8 +44,8 @@ function work(gpu: Gpu): void {
   gpu.free(r.out, r.lse);
 }
 
-void describe('census: the recording device', () => {
-  void it("records the H200 profile's GEMM and conv with hand-counted FLOPs, grids and bound bytes", async () => {
+describe('census: the recording device', () => {
+  it("records the H200 profile's GEMM and conv with hand-counted FLOPs, grids and bound bytes", async () => {
     const { gpu, seen } = await recorder(NVIDIA_H200);
     assert.equal(gpu.computeDType, 'f16', 'the profile offers shader-f16');
     assert.equal(gpu.cpuAdapter, false);
@@ -69,7 +69,7 @@ void describe('census: the recording device', () => {
     gpu.destroy();
   });
 
-  void it('sees exactly the dispatches a real device runs (lavapipe, its own profile)', async () => {
+  it('sees exactly the dispatches a real device runs (lavapipe, its own profile)', async () => {
     const real = await nodeGpu({ poison: false });
     const before = real.stats.dispatches;
     work(real);
@@ -86,11 +86,11 @@ void describe('census: the recording device', () => {
   });
 });
 
-void describe('census: the cost model', () => {
+describe('census: the cost model', () => {
   const record = JSON.parse(readFileSync(join(results, 'census-records', '2756811-lora-128-2-step1.json'), 'utf8')) as StepRecord;
   const measured = measuredProfile(JSON.parse(readFileSync(join(results, 'step-nvidia-h200.json'), 'utf8')), '2756811');
 
-  void it("the recorded 2756811 step has the profiled step's dispatches, family by family", () => {
+  it("the recorded 2756811 step has the profiled step's dispatches, family by family", () => {
     const step = modelStep(
       H200,
       { loadLatencyS: 1e-6, stepLatencyS: 0, floorS: 0, arrayFmaCycles: 1, hostPerDispatchS: 0, warmOverProfiled: 1 },
@@ -100,7 +100,7 @@ void describe('census: the cost model', () => {
     for (const f of ['conv2d', 'matmul', 'attention', 'other'] as const) assert.equal(step.byFamily[f].dispatches, measured.families[f].dispatches, f);
   });
 
-  void it('calibrated on the 2756811 profile, reproduces its conv2d, matmul and attention GPU ms within 15 %', () => {
+  it('calibrated on the 2756811 profile, reproduces its conv2d, matmul and attention GPU ms within 15 %', () => {
     const fit = calibrate(H200, [{ kernels: record.kernels, measured }]);
     for (const f of ['conv2d', 'matmul', 'attention'] as const) {
       const ratio = fit.steps[0].byFamily[f].ms / measured.families[f].ms;
