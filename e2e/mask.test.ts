@@ -74,7 +74,7 @@ describe('studio: loss masks (Chromium)', () => {
       await page.getByTestId('photo-drop').dispatchEvent('drop', { dataTransfer: dt });
       await page.getByText('dog-1.png').first().waitFor({ timeout: 60_000 });
 
-      await page.getByRole('button', { name: 'Paint a mask on dog-1.png' }).click();
+      await page.getByRole('button', { name: 'Paint mask on dog-1.png' }).click();
       const clear = page.getByRole('button', { name: 'Clear', exact: true });
       await clear.waitFor();
       await page.waitForFunction(() => !document.querySelector<HTMLButtonElement>('.mask-editor button')?.disabled, null, { timeout: 30_000 });
@@ -106,10 +106,10 @@ describe('studio: loss masks (Chromium)', () => {
       // A reload keeps it; Edit mask then Remove mask drops it.
       await page.reload();
       await page.getByTestId('mask-status').waitFor({ timeout: 60_000 });
-      await page.getByRole('button', { name: 'Edit the mask of dog-1.png' }).click();
+      await page.getByRole('button', { name: 'Edit mask of dog-1.png' }).click();
       await page.getByRole('button', { name: 'Remove mask' }).click();
       assert.equal(await page.getByTestId('mask-status').count(), 0);
-      assert.ok(await page.getByRole('button', { name: 'Paint a mask on dog-1.png' }).isVisible());
+      assert.ok(await page.getByRole('button', { name: 'Paint mask on dog-1.png' }).isVisible());
       assert.deepEqual(pageErrors, []);
     } finally {
       await browser.close();

@@ -1,7 +1,7 @@
 // The studio page: one column of steps (model, photos, prompt and settings, train, export) under the
 // environment notices (WebGPU, shader-f16, storage). Every control is a labelled native element, so the
 // whole flow works from the keyboard and with a screen reader.
-import { useEffect, useState, type DragEvent, type ReactNode } from 'react';
+import { useEffect, useRef, useState, type DragEvent, type ReactNode } from 'react';
 import { EXPORT_FORMATS, type ExportFormat } from '../../pipeline/run.ts';
 import { AdvancedForm } from './AdvancedForm.tsx';
 import { EXPORT_LABELS, PRESETS, type PresetName } from './presets.ts';
@@ -55,6 +55,7 @@ export function Studio() {
       {env.kind === 'error' && <NoGpu noWebGpu={env.noWebGpu} message={env.message} />}
       {env.kind === 'ready' && (
         <>
+          <SkipLinks />
           <Notices />
           <RunsPanel />
           <ModelPanel />
@@ -74,6 +75,42 @@ export function Studio() {
         </>
       )}
     </main>
+  );
+}
+
+/** Links to each step's heading: a keyboard reaches any section in a few presses (the headings are a screen reader's list too). */
+function SkipLinks() {
+  const steps = [
+    ['model-title', 'Model'],
+    ['photos-title', 'Photos'],
+    ['settings-title', 'Settings'],
+    ['train-title', 'Train'],
+    ['tryit-title', 'Try it'],
+    ['export-title', 'Export'],
+    ['runs-title', 'Runs'],
+  ] as const;
+  const go = (id: string) => {
+    const h = document.getElementById(id);
+    if (!h) return;
+    // A heading is not focusable by itself: it takes the focus for the jump, so the next Tab starts in its section.
+    h.tabIndex = -1;
+    h.focus();
+  };
+  return (
+    <nav aria-label="Jump to a step" className="skip-links" data-testid="skip-links">
+      {steps.map(([id, label]) => (
+        <a
+          key={id}
+          href={`#${id}`}
+          onClick={(e) => {
+            e.preventDefault();
+            go(id);
+          }}
+        >
+          {label}
+        </a>
+      ))}
+    </nav>
   );
 }
 
@@ -325,7 +362,7 @@ function Thumb({ p, index, locked }: { p: PhotoItem; index: number; locked: bool
           disabled={locked}
           aria-expanded={painting}
           onClick={() => setPainting((v) => !v)}
-          aria-label={`${p.mask ? 'Edit the mask of' : 'Paint a mask on'} ${p.name}`}
+          aria-label={`${p.mask ? 'Edit mask of' : 'Paint mask on'} ${p.name}`}
         >
           {p.mask ? 'Edit mask' : 'Paint mask'}
         </button>
@@ -460,6 +497,7 @@ function Gauge({ label, value, max, id }: { label: string; value: number; max: n
 }
 
 function TrainPanel() {
+  const statusRef = useRef<HTMLParagraphElement>(null);
   const run = useStudioStore((s) => s.run);
   const storage = useStudioStore((s) => s.storage);
   const photos = useStudioStore((s) => s.photos);
@@ -510,6 +548,9 @@ function TrainPanel() {
               )
             )
               return;
+            // The Train button is disabled while the run prepares: the focus goes to the run's status (a live
+            // region), which says that the run started, not to the page's body.
+            statusRef.current?.focus();
             void startTraining();
           }}
           disabled={busy || !ready || photos.length === 0}
@@ -549,7 +590,7 @@ function TrainPanel() {
           <progress id="sample-progress" max={run.sampling.total} value={run.sampling.denoised} />
         </div>
       )}
-      <p role="status" data-testid="train-status">
+      <p role="status" aria-live="polite" data-testid="train-status" tabIndex={-1} ref={statusRef}>
         {run.status !== 'idle' && <strong>{statusLabel(run.status)}. </strong>}
         {statusMessage(run)}
       </p>
