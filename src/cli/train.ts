@@ -289,14 +289,19 @@ export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
         );
     } else if (values.overwrite === true) throw new UsageError(`--overwrite: ${out} holds no run to replace (leave --overwrite out)`);
     const i = run.inputs;
-    checkOutFolder('--out', out, [
-      { flag: '--model', path: i.model },
-      { flag: '--images', path: i.images },
-      { flag: '--masks', path: i.masks },
-      { flag: '--class-images', path: i.classImages },
-      { flag: '--tokenizer', path: i.tokenizer },
-      { flag: '--config', path: i.config },
-    ]);
+    checkOutFolder(
+      '--out',
+      out,
+      [
+        { flag: '--model', path: i.model },
+        { flag: '--images', path: i.images },
+        { flag: '--masks', path: i.masks },
+        { flag: '--class-images', path: i.classImages },
+        { flag: '--tokenizer', path: i.tokenizer },
+        { flag: '--config', path: i.config },
+      ],
+      'a folder for the run',
+    );
     // Only what this project wrote there is replaced (the folder's manifest); anything else of that name is refused.
     claimEntries('--out', out, RUN_FILES);
   }

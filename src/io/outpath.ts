@@ -106,11 +106,11 @@ export function checkOutFile(flag: string, out: string, inputs: ReadPath[]): voi
  * An output folder, checked before it is created: not a file, link or device (a link to a folder is the
  * user's choice of place and is allowed), and neither an input nor inside one.
  */
-export function checkOutFolder(flag: string, out: string, inputs: ReadPath[]): void {
+export function checkOutFolder(flag: string, out: string, inputs: ReadPath[], what = 'a folder'): void {
   const st = lstatOrNull(out);
   if (st && !st.isDirectory()) {
     const target = st.isSymbolicLink() ? statOrNull(out) : null;
-    if (!target?.isDirectory()) throw new OutputPathError(`${flag} ${out} is ${st.isFile() ? 'a file' : kindOf(st)}: give a folder (it is created if missing)`);
+    if (!target?.isDirectory()) throw new OutputPathError(`${flag} ${out} is ${st.isFile() ? 'a file' : kindOf(st)}: give ${what} (it is created if missing)`);
   }
   refuseInputs(flag, out, inputs);
 }
