@@ -368,7 +368,9 @@ void describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => 
       assert.equal(await page.locator('[data-testid="exports"] li').count(), 2);
       // The export says what it did on its own line; the run's status stays the run's.
       assert.match((await page.getByTestId('export-status').textContent()) ?? '', /^Exported demo-sd1-small-dreambooth-lora-step6\.safetensors \(/);
-      assert.match((await page.getByTestId('train-status').textContent()) ?? '', /^Done\. Done: 6 steps/);
+      // "Done. Trained 6 steps." (it read "Done. Done: 6 steps"), and no ETA left on the finished run's progress line.
+      assert.match((await page.getByTestId('train-status').textContent()) ?? '', /^Done\. Trained 6 steps\./);
+      assert.doesNotMatch((await progressText(page)) ?? '', /ETA/);
       // Through the save dialog: the worker streams into the chosen file. The OS dialog is replaced by one that
       // answers with a file in the origin-private file system; everything after it is the real path.
       {
