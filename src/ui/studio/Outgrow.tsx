@@ -15,6 +15,8 @@ export function OutgrowPanel() {
   const [message, setMessage] = useState('');
   const [error, setError] = useState('');
   const [lora, setLora] = useState<File | null>(null);
+  /** A chosen LoRA is being read: Try it and Export wait for the verdict. */
+  const [checking, setChecking] = useState(false);
   const [prompt, setPrompt] = useState<string | null>(null);
   const [strength, setStrength] = useState(1);
   const [steps, setSteps] = useState(20);
@@ -68,12 +70,15 @@ export function OutgrowPanel() {
               setError('');
               if (!file) return;
               // Read at once: a wrong file is refused now, by name, not at Try or Export.
-              void checkLoraFile(file).then((problem) => {
-                if (problem) {
-                  setError(problem);
-                  input.value = '';
-                } else setLora(file);
-              });
+              setChecking(true);
+              void checkLoraFile(file)
+                .then((problem) => {
+                  if (problem) {
+                    setError(problem);
+                    input.value = '';
+                  } else setLora(file);
+                })
+                .finally(() => setChecking(false));
             }}
           />
         </label>
@@ -99,7 +104,7 @@ export function OutgrowPanel() {
         </label>
         <button
           type="button"
-          disabled={busy !== null || !modelReady}
+          disabled={busy !== null || checking || !modelReady}
           onClick={() =>
             void act('try', async () => {
               const url = await tryImportedLora(lora, { prompt: prompt ?? defaultPrompt, seed: 1, steps, strength });
@@ -125,7 +130,7 @@ export function OutgrowPanel() {
         </label>
         <button
           type="button"
-          disabled={busy !== null || !modelReady}
+          disabled={busy !== null || checking || !modelReady}
           onClick={() =>
             void act('export', async () => {
               const out = await exportImportedLora(lora, chosen);
