@@ -64,9 +64,14 @@ export interface Scene {
   background: { colour: ColourName; pattern: PatternName };
 }
 
+/** The look of an object kind pretraining must never show (shape, colour and fill pattern). */
+export type HeldOutLook = Pick<ObjectKind, 'shape' | 'colour' | 'pattern'>;
+
 export interface SceneOptions {
   /** Shapes never drawn (the held-out subject's). */
   exclude?: readonly ShapeName[];
+  /** Object kinds never drawn: a scene drawing one is drawn again (the `stars` data's held-out subject look). */
+  holdOut?: readonly HeldOutLook[];
   /** At most this many objects (1-3; default 3). */
   maxCount?: number;
   /**
@@ -183,6 +188,7 @@ export function sceneAt(seed: number, index: number, opts: SceneOptions = {}): S
   for (;;) {
     const colour = pick(rng, COLOUR_NAMES);
     const kind: ObjectKind = { shape: pick(rng, shapes), colour, pattern: pickPattern(rng, opts.solidShare) };
+    if (isHeldOut(kind, opts.holdOut)) continue; // a held-out look: draw the scene again from the same Rng
     const size = pick(rng, SIZES);
     const place = pick(rng, PLACES);
     const count = 1 + rng.int(maxCount);
@@ -197,6 +203,43 @@ export function sceneAt(seed: number, index: number, opts: SceneOptions = {}): S
     for (const o of objects) o.angle = kind.shape === 'circle' || kind.shape === 'ring' ? 0 : (rng.uniform() - 0.5) * 0.5;
     return { kind, size, place, objects, background };
   }
+}
+
+/** Does `kind` have the shape, colour and pattern of one of `looks`? */
+export function isHeldOut(kind: Pick<ObjectKind, 'shape' | 'colour' | 'pattern'>, looks: readonly HeldOutLook[] = []): boolean {
+  return looks.some((l) => l.shape === kind.shape && l.colour === kind.colour && l.pattern === kind.pattern);
+}
+
+// ------------------------------------------------------------------------------------------- data versions
+
+/**
+ * DreamBooth's subject on the demo model: a yellow star with purple dots. Pretraining's objects take their
+ * pattern's second colour from their own colour (`secondColour`: black or white), so no pretraining object ever
+ * has purple in its pattern; the `stars` data also holds out the subject's shape, colour and fill together
+ * (yellow dotted stars, whose dots would be black), so the nearest pretraining object differs from the subject in
+ * its pattern's presence as well as its colour.
+ */
+export const SUBJECT_LOOK: Required<ObjectKind> = { shape: 'star', colour: 'yellow', pattern: 'dotted', second: 'purple' };
+
+/**
+ * The pretraining datasets by name:
+ * - `v1`: stars excluded altogether (the shipped and the factor-4 models were trained on it; the default of
+ *   saved runs and of the engine's `cli pretrain`). The class "star" is then unknown to the base model.
+ * - `stars`: every shape in every colour and fill, stars included, with the subject's look held out
+ *   (`SUBJECT_LOOK`): DreamBooth's setting of a known class and an unseen instance (issue 49).
+ */
+export const DATA_VERSIONS = ['v1', 'stars'] as const;
+export type DataVersion = (typeof DATA_VERSIONS)[number];
+
+/** The scene options of a data version, refusing (by name) options that would show the held-out subject. */
+export function dataSceneOptions(version: DataVersion, o: { exclude?: readonly ShapeName[]; solidShare?: number }, field = 'dataset'): SceneOptions {
+  if (!(DATA_VERSIONS as readonly string[]).includes(version)) throw new Error(`${field} data "${String(version)}": use one of ${DATA_VERSIONS.join(', ')}`);
+  const exclude = o.exclude ?? (version === 'v1' ? ['star'] : []);
+  if (version === 'v1' && !exclude.includes(SUBJECT_LOOK.shape))
+    throw new Error(
+      `${field} exclude [${exclude.join(', ')}]: the v1 data holds the subject out by excluding "star"; without it, it draws yellow dotted stars (the held-out subject's look). Keep star excluded, or use data "stars", which shows stars and holds out only the subject's look`,
+    );
+  return { exclude, solidShare: o.solidShare, ...(version === 'stars' ? { holdOut: [SUBJECT_LOOK] } : {}) };
 }
 
 /** A photo of a subject (one object of `kind`) at a random place, size and background; for DreamBooth's instance set. */
