@@ -46,8 +46,8 @@ before(async () => {
 });
 after(() => server.close());
 
-void describe('studio accessibility (Chromium, SwiftShader)', () => {
-  void it('no serious or critical axe violation on each screen; skip links; focus and announcement after Train', { timeout: 300_000 }, async () => {
+describe('studio accessibility (Chromium, SwiftShader)', () => {
+  it('no serious or critical axe violation on each screen; skip links; focus and announcement after Train', { timeout: 300_000 }, async () => {
     const browser = await launch(true);
     try {
       const page = await (await browser.newContext({ viewport: { width: 1280, height: 900 } })).newPage();

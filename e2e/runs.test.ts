@@ -78,13 +78,13 @@ async function totalBytes(page: Page): Promise<number> {
   return Number(m[1]) * 1024 ** ['B', 'KiB', 'MiB', 'GiB'].indexOf(m[2]);
 }
 
-void describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)', () => {
+describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)', () => {
   let server: Awaited<ReturnType<typeof serve>>;
   // E2E_DIST: a build elsewhere than dist/ (several builds may share the tree).
   before(async () => (server = await serve(process.env.E2E_DIST || undefined)));
   after(async () => server?.close());
 
-  void it(
+  it(
     'two runs listed; open the first; delete the second (storage drops); a training run asks first; evicted storage is named',
     { timeout: 900_000 },
     async () => {

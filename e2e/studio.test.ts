@@ -176,12 +176,12 @@ async function waitForStatus(page: Page, re: RegExp, timeout = 300_000): Promise
   await page.waitForFunction((src) => new RegExp(src).test(document.querySelector('[data-testid="train-status"]')?.textContent ?? ''), re.source, { timeout });
 }
 
-void describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
+describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
   let server: Awaited<ReturnType<typeof serve>>;
   before(async () => (server = await serve()));
   after(async () => server?.close());
 
-  void it('demo model, 3 photos and a bad file, train, reload mid-run, resume, export LoRA and full checkpoint', { timeout: 900_000 }, async () => {
+  it('demo model, 3 photos and a bad file, train, reload mid-run, resume, export LoRA and full checkpoint', { timeout: 900_000 }, async () => {
     const browser = await launch(true);
     try {
       const context = await browser.newContext({ viewport: { width: 1280, height: 800 }, acceptDownloads: true });
@@ -411,7 +411,7 @@ void describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => 
     }
   });
 
-  void it('pause, resume, cancel; a lost GPU device offers resume and the run finishes', { timeout: 900_000 }, async () => {
+  it('pause, resume, cancel; a lost GPU device offers resume and the run finishes', { timeout: 900_000 }, async () => {
     const browser = await launch(true);
     try {
       const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
@@ -459,7 +459,7 @@ void describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => 
     }
   });
 
-  void it('a storage quota too small for a full fine-tune stops it with the storage screen; the checkpoint stays intact', { timeout: 300_000 }, async (t) => {
+  it('a storage quota too small for a full fine-tune stops it with the storage screen; the checkpoint stays intact', { timeout: 300_000 }, async (t) => {
     const t0 = Date.now();
     const phase = (what: string) => t.diagnostic(`${((Date.now() - t0) / 1000).toFixed(1)} s: ${what}`);
     // An on-disk profile, not an incognito context: IndexedDB then writes real files whose sizes the quota
@@ -552,12 +552,12 @@ void describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => 
   });
 });
 
-void describe('the studio page: models from the hub and bad files (Chromium)', () => {
+describe('the studio page: models from the hub and bad files (Chromium)', () => {
   let server: Awaited<ReturnType<typeof serveWithTinyHub>>;
   before(async () => (server = await serveWithTinyHub()));
   after(async () => server?.close());
 
-  void it(
+  it(
     'downloads a diffusers model from a hub with progress; refuses a bad model file and a bad photo replacement by name; removes a photo',
     { timeout: 300_000 },
     async () => {

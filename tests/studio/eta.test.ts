@@ -58,13 +58,13 @@ function simulate(s: RunSchedule, c: Costs): { eta: number; actual: number } {
 
 const SOFTWARE: Costs = { warmup: 12, step: 0.5, firstDenoise: 6, denoise: 0.3, firstDecode: 1.2, decode: 0.3, checkpoint: 0.2 };
 
-void describe('ETA right after the warm-up step', () => {
+describe('ETA right after the warm-up step', () => {
   for (const [what, schedule] of [
     ['the demo run (3 steps, samples before and after)', { steps: 3, sampleEvery: 5, sampleSteps: 8, checkpointEvery: 5 }],
     ['20 steps, a sample and a checkpoint every 5', { steps: 20, sampleEvery: 5, sampleSteps: 8, checkpointEvery: 5 }],
     ['20 steps, no samples', { steps: 20, sampleEvery: 0, sampleSteps: 8, checkpointEvery: 5 }],
   ] as const)
-    void it(`${what}: within 1.5x of the time that follows`, () => {
+    it(`${what}: within 1.5x of the time that follows`, () => {
       const { eta, actual } = simulate(schedule, SOFTWARE);
       const ratio = eta / actual;
       // 1.5x either way is the issue's bar; the warm-up alone (12 s of compile for a 0.5 s step) would give 3-20x.

@@ -9,8 +9,8 @@ import { fileKind, importedExportName, notSafetensorsMessage } from '../../src/s
 
 const bytes = (...b: (number | string)[]) => new Uint8Array(b.flatMap((x) => (typeof x === 'string' ? [...x].map((c) => c.charCodeAt(0)) : [x])));
 
-void describe('files brought back', () => {
-  void it('export names: LoRA formats keep the LoRA name; a merged full model names the model and the LoRA', () => {
+describe('files brought back', () => {
+  it('export names: LoRA formats keep the LoRA name; a merged full model names the model and the LoRA', () => {
     assert.equal(importedExportName('rex.safetensors', 'demo model', 'lora-kohya'), 'rex-lora.safetensors');
     assert.equal(importedExportName('rex.safetensors', 'demo model', 'lora-diffusers'), 'rex-lora-diffusers.safetensors');
     assert.equal(importedExportName('rex.safetensors', 'sd15.safetensors', 'full-single-file'), 'sd15+rex-merged.safetensors');
@@ -18,7 +18,7 @@ void describe('files brought back', () => {
     assert.equal(importedExportName(null, 'sd15.safetensors', 'full-single-file'), 'sd15.safetensors', 'no LoRA: the model itself');
   });
 
-  void it('what a wrong file is, and the message naming it', async () => {
+  it('what a wrong file is, and the message naming it', async () => {
     assert.equal(fileKind(bytes(0xff, 0xd8, 0xff, 0xe0)), 'a JPEG image');
     assert.equal(fileKind(bytes(0x89, 'PNG')), 'a PNG image');
     assert.equal(fileKind(bytes('RIFF', 0, 0, 0, 0, 'WEBP')), 'a WebP image');

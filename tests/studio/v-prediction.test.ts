@@ -53,8 +53,8 @@ async function prediction(path: string, overrides: object, scheduler?: { predict
   return { loaded: src.prediction, source: src.predictionSource, inspected: inspected.prediction };
 }
 
-void describe('single-file prediction type', () => {
-  void it('a v-prediction model exported as one file loads back as v-prediction (loader and inspect), from modelspec.prediction_type', async () => {
+describe('single-file prediction type', () => {
+  it('a v-prediction model exported as one file loads back as v-prediction (loader and inspect), from modelspec.prediction_type', async () => {
     const v = await exported('v_prediction');
     const meta = (await SafetensorsFile.open(await NodeFileSource.open(v.path))).metadata;
     assert.equal(meta['modelspec.prediction_type'], 'v', 'the export says so');
@@ -66,7 +66,7 @@ void describe('single-file prediction type', () => {
     assert.deepEqual([q.loaded, q.inspected], ['epsilon', 'epsilon'], 'an epsilon export stays epsilon');
   });
 
-  void it("without metadata: a v_pred marker tensor means v; nothing at all is the family's default; a scheduler config wins", async () => {
+  it("without metadata: a v_pred marker tensor means v; nothing at all is the family's default; a scheduler config wins", async () => {
     const v = await exported('v_prediction');
     const marked = join(dir, 'marked.safetensors');
     await rewritten(v.path, marked, [{ name: 'v_pred', dtype: 'F32', shape: [1] }]);

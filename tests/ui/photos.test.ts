@@ -14,10 +14,10 @@ const nodeDecoder: PhotoDecoder = async (blob, _kind, name) => void (await decod
 const file = (bytes: Uint8Array, name: string) => new File([bytes as Uint8Array<ArrayBuffer>], name);
 const FIXTURES = ['quadrants.png', 'quadrants.jpg', 'quadrants.webp'];
 
-void describe('photos are decoded in full at drop time', () => {
+describe('photos are decoded in full at drop time', () => {
   for (const name of FIXTURES) {
     const whole = new Uint8Array(readFileSync(new URL(name, dir)));
-    void it(`${name}: whole passes; cut after its header, half-way or one byte short is refused naming the file`, async () => {
+    it(`${name}: whole passes; cut after its header, half-way or one byte short is refused naming the file`, async () => {
       const ok = await checkPhoto(file(whole, name), nodeDecoder);
       assert.ok(!('error' in ok), JSON.stringify(ok).slice(0, 200));
       assert.ok(ok.width > 0 && ok.height > 0);
@@ -32,7 +32,7 @@ void describe('photos are decoded in full at drop time', () => {
     });
   }
 
-  void it('a complete PNG whose pixel data is damaged is refused by the decode, not stored', async () => {
+  it('a complete PNG whose pixel data is damaged is refused by the decode, not stored', async () => {
     const png = new Uint8Array(readFileSync(new URL('quadrants.png', dir)));
     const idat = findChunk(png, 'IDAT');
     const bad = png.slice();
@@ -42,7 +42,7 @@ void describe('photos are decoded in full at drop time', () => {
     assert.match(r.error, /damaged\.png/);
   });
 
-  void it('addPhotos: a truncated photo among good ones is named and nothing of it is kept or saved', async () => {
+  it('addPhotos: a truncated photo among good ones is named and nothing of it is kept or saved', async () => {
     const { addPhotos, setPhotoDecoder } = await import('../../src/ui/studio/actions.ts');
     const { useStudioStore, saveProject } = await import('../../src/ui/studio/state.ts');
     const { createStore, keys } = await import('idb-keyval');

@@ -46,8 +46,8 @@ function project(id: string, runId: string | null, o: Partial<SavedProject['run'
   };
 }
 
-void describe('runs list (pure)', () => {
-  void it('a run refers to its photos, its own masks, samples, Try it images and thumbnail', () => {
+describe('runs list (pure)', () => {
+  it('a run refers to its photos, its own masks, samples, Try it images and thumbnail', () => {
     const p = project('w1', 'run-a', {
       samples: [{ step: 0 }, { step: 5 }],
       tries: [{ id: 't1', step: 5, prompt: 'x', negativePrompt: '', steps: 4, guidance: 7, seed: 1, strength: 1 }],
@@ -68,7 +68,7 @@ void describe('runs list (pure)', () => {
     assert.equal(thumbSource({ ...p, photos: [], run: { ...p.run, samples: [] } }), null);
   });
 
-  void it('summary: the prompt the run started with, mode and steps of its settings', () => {
+  it('summary: the prompt the run started with, mode and steps of its settings', () => {
     const p = project('w1', 'run-a', { step: 3, steps: 12, status: 'paused' });
     p.run.startedWith = { prompt: 'sks dog', settings: { ...p.settings, mode: 'full', steps: 12 }, photoIds: ['p1'], classIds: [] };
     const s = summarize(p);
@@ -76,7 +76,7 @@ void describe('runs list (pure)', () => {
     assert.equal(summarize(project('w2', null)).steps, 10, 'not started: the steps of its settings');
   });
 
-  void it('names: three runs of one prompt get different default names (mode, number, date); a given name wins; empty brings the default back', () => {
+  it('names: three runs of one prompt get different default names (mode, number, date); a given name wins; empty brings the default back', () => {
     const runs = [1, 2, 3].map((n) => {
       const p = project(`w${n}`, `run-${n}`);
       p.prompt = 'a photo of sks dog';
@@ -97,7 +97,7 @@ void describe('runs list (pure)', () => {
     assert.equal(nextRunNumber([]), 1);
   });
 
-  void it('storage: chunk bytes of the run id plus its Blobs; a shared photo counted in each run and said to be shared', () => {
+  it('storage: chunk bytes of the run id plus its Blobs; a shared photo counted in each run and said to be shared', () => {
     const a = project('w1', 'run-a', { step: 2 });
     const b = project('w2', 'run-b', { step: 1 }, ['p2', 'p3']);
     const chunks = chunkBytesByRun([
@@ -126,7 +126,7 @@ void describe('runs list (pure)', () => {
     assert.deepEqual(runStorage(b, sizes, chunks, users), { bytes: 7 + 20 + 30 + 2, shared: 20 });
   });
 
-  void it('lost: a run with steps but no chunks, or with photos gone, names what is gone; a run not started is not lost', () => {
+  it('lost: a run with steps but no chunks, or with photos gone, names what is gone; a run not started is not lost', () => {
     const blobs = new Set(['photo:p1', 'photo:p2']);
     const a = project('w1', 'run-a', { step: 4, lastCheckpoint: 3 });
     assert.deepEqual(lostParts(a, blobs, runIdsOfChunks(['run-a/latents'])), []);
@@ -137,8 +137,8 @@ void describe('runs list (pure)', () => {
   });
 });
 
-void describe('runs in the project database (fake-indexeddb)', () => {
-  void it('New run keeps the old one; Open restores each run; Delete frees only what no other run uses', async () => {
+describe('runs in the project database (fake-indexeddb)', () => {
+  it('New run keeps the old one; Open restores each run; Delete frees only what no other run uses', async () => {
     const { useStudioStore, saveProject, restoreProject, switchWorkspace, forgetWorkspace, savedWorkspaces, storedBlobSizes, renameWorkspace } =
       await import('../../src/ui/studio/state.ts');
     const { createStore, keys } = await import('idb-keyval');
@@ -209,7 +209,7 @@ void describe('runs in the project database (fake-indexeddb)', () => {
     assert.equal((await storedBlobSizes()).get('photo:p1'), 4);
   });
 
-  void it('a project saved before runs existed becomes the first run, its mask moved under the run', async () => {
+  it('a project saved before runs existed becomes the first run, its mask moved under the run', async () => {
     const { useStudioStore, saveProject, restoreProject, savedWorkspaces } = await import('../../src/ui/studio/state.ts');
     const { legacyWorkspaceId } = await import('../../src/ui/studio/runs.ts');
     const { clear, createStore, keys, set } = await import('idb-keyval');

@@ -10,8 +10,8 @@ import { PAGE_DEFAULTS } from '../../src/ui/studio/presets.ts';
 import { bucketNote } from '../../src/ui/studio/bucket-note.ts';
 import { storageNeed } from '../../src/pipeline/run.ts';
 
-void describe('studio page helpers', () => {
-  void it('storage pre-check: a full SD 1.5 fine-tune does not fit 10 GiB free; LoRA does; unknown quota passes', () => {
+describe('studio page helpers', () => {
+  it('storage pre-check: a full SD 1.5 fine-tune does not fit 10 GiB free; LoRA does; unknown quota passes', () => {
     const fullNeed = storageNeed(859_520_964, 4 * 2 ** 20); // SD 1.5 UNet parameters
     assert.ok(fullNeed > 20e9);
     const msg = storageShortfall(fullNeed, 12 * 2 ** 30, 2 * 2 ** 30, 0);
@@ -23,7 +23,7 @@ void describe('studio page helpers', () => {
     assert.equal(storageShortfall(fullNeed, null, null, 0), null);
   });
 
-  void it('crop slider: 0 is the left/top square, 1 the right/bottom one, never outside the photo', () => {
+  it('crop slider: 0 is the left/top square, 1 the right/bottom one, never outside the photo', () => {
     assert.deepEqual(cropAt({ width: 400, height: 300 }, 0), { x: 0, y: 0, size: 300 });
     assert.deepEqual(cropAt({ width: 400, height: 300 }, 1), { x: 100, y: 0, size: 300 });
     assert.deepEqual(cropAt({ width: 300, height: 500 }, 0.5), { x: 0, y: 100, size: 300 });
@@ -31,14 +31,14 @@ void describe('studio page helpers', () => {
     assert.deepEqual(cropAt({ width: 256, height: 256 }, 0.3), { x: 0, y: 0, size: 256 });
   });
 
-  void it('a crop goes to the run only once chosen (the run warns "not square" for the others)', () => {
+  it('a crop goes to the run only once chosen (the run warns "not square" for the others)', () => {
     const blob = new Blob(['x']);
     const p = { id: 'p1', name: 'a.png', blob, width: 48, height: 40, crop: { x: 4, y: 0, size: 40 }, caption: '' };
     assert.equal('crop' in photoInput(p), false, "a centred crop nobody moved is the run's own centre crop");
     assert.deepEqual(photoInput({ ...p, crop: { x: 0, y: 0, size: 40 }, cropChosen: true }).crop, { x: 0, y: 0, size: 40 });
   });
 
-  void it('the model and photos are locked while the run prepares or trains; the status line says a message once', () => {
+  it('the model and photos are locked while the run prepares or trains; the status line says a message once', () => {
     for (const s of ['preparing', 'training', 'pausing'] as const) assert.equal(runBusy(s), true, s);
     for (const s of ['idle', 'paused', 'done', 'cancelled', 'error', 'interrupted', 'device-lost', 'quota'] as const) assert.equal(runBusy(s), false, s);
     // The interrupted note and the lost-device alert show the message; the status line then only names the state.
@@ -47,7 +47,7 @@ void describe('studio page helpers', () => {
     assert.equal(statusMessage({ status: 'paused', message: 'Paused at step 3 (checkpoint saved).' }), 'Paused at step 3 (checkpoint saved).');
   });
 
-  void it("the chart legend shows numbers: the latest step's, or the hovered step's; nothing before step 1", () => {
+  it("the chart legend shows numbers: the latest step's, or the hovered step's; nothing before step 1", () => {
     assert.equal(legendValues([], null), null);
     const losses = [0.5, 0.3, 0.4].map((loss, i) => ({ step: i + 1, loss }));
     const latest = legendValues(losses, null)!;
@@ -63,7 +63,7 @@ void describe('studio page helpers', () => {
     assert.equal(legendValues(losses, 7)!.step, 3, 'an index past the data shows the latest');
   });
 
-  void it('the progress line: warm-up apart from s/step, the ETA (about, while it rests on a first estimate)', () => {
+  it('the progress line: warm-up apart from s/step, the ETA (about, while it rests on a first estimate)', () => {
     const run = { step: 0, steps: 6, secondsPerStep: null, warmupSeconds: null, etaSeconds: null, etaProvisional: false, lastCheckpoint: 0 };
     assert.equal(progressLine(run), 'Step 0 / 6', 'nothing timed: no pace, no ETA');
     assert.equal(
@@ -76,7 +76,7 @@ void describe('studio page helpers', () => {
     );
   });
 
-  void it('no ETA on the progress line of a run that is not running; "1 step", not "1 steps"', () => {
+  it('no ETA on the progress line of a run that is not running; "1 step", not "1 steps"', () => {
     const run = { step: 3, steps: 3, secondsPerStep: 1, warmupSeconds: 5, etaSeconds: 2, etaProvisional: false, lastCheckpoint: 3 };
     assert.match(progressLine({ ...run, status: 'training' }), /ETA 0:02/);
     for (const status of ['done', 'paused', 'error', 'interrupted'] as const) assert.doesNotMatch(progressLine({ ...run, status }), /ETA/, status);
@@ -84,7 +84,7 @@ void describe('studio page helpers', () => {
     assert.equal(stepCount(3), '3 steps');
   });
 
-  void it("Samples panel: the run's own interval, and the changed setting for the next run; before a run the setting", () => {
+  it("Samples panel: the run's own interval, and the changed setting for the next run; before a run the setting", () => {
     const started = { status: 'done' as const, startedWith: { prompt: 'p', settings: { ...PAGE_DEFAULTS, sampleEvery: 5 }, photoIds: [], classIds: [] } };
     assert.equal(
       samplesHint({ status: 'idle', startedWith: null }, { sampleEvery: 2 }),
@@ -97,7 +97,7 @@ void describe('studio page helpers', () => {
     assert.match(samplesHint({ status: 'idle', startedWith: null }, { sampleEvery: 0 }), /off/);
   });
 
-  void it("the demo model's settings come only when switching to it: loading it again after a reload keeps the changed interval", async () => {
+  it("the demo model's settings come only when switching to it: loading it again after a reload keeps the changed interval", async () => {
     const { modelDefaults } = await import('../../src/ui/studio/actions.ts');
     const summary = { nativeResolution: 64 };
     assert.equal(modelDefaults({ kind: 'demo' }, null, summary, { steps: 400 }).sampleEvery, 5, 'first time: the demo defaults');
@@ -106,7 +106,7 @@ void describe('studio page helpers', () => {
     assert.deepEqual(modelDefaults({ kind: 'hub', endpoint: 'e', repo: 'r' }, null, summary, { steps: 400 }), {});
   });
 
-  void it('a photo that is not square but trains square with buckets says why, and from which resolution it would not', () => {
+  it('a photo that is not square but trains square with buckets says why, and from which resolution it would not', () => {
     // The demo model: 64 px, factor 64 (VAE 8 x UNet 8): only the 64x64 bucket exists.
     assert.equal(
       bucketNote({ width: 400, height: 300 }, 64, 64),
@@ -117,7 +117,7 @@ void describe('studio page helpers', () => {
     assert.equal(bucketNote({ width: 300, height: 300 }, 64, 64), 'Trains at 64×64 (square)');
   });
 
-  void it('formats bytes and durations', () => {
+  it('formats bytes and durations', () => {
     assert.equal(fmtBytes(512), '512 B');
     assert.equal(fmtBytes(1536), '1.5 KiB');
     assert.equal(fmtBytes(3 * 2 ** 30), '3.00 GiB');
@@ -126,8 +126,8 @@ void describe('studio page helpers', () => {
   });
 });
 
-void describe('studio project persistence (IndexedDB via fake-indexeddb)', () => {
-  void it('photos and samples are stored once under their own keys; a reload restores them; a training run becomes interrupted', async () => {
+describe('studio project persistence (IndexedDB via fake-indexeddb)', () => {
+  it('photos and samples are stored once under their own keys; a reload restores them; a training run becomes interrupted', async () => {
     const { useStudioStore, saveProject, restoreProject, EMPTY_RUN } = await import('../../src/ui/studio/state.ts');
     const { createStore, keys, get } = await import('idb-keyval');
     const st = useStudioStore.getState();
@@ -174,7 +174,7 @@ void describe('studio project persistence (IndexedDB via fake-indexeddb)', () =>
     assert.equal(await r.run.samples[0].blob.text(), 'S0');
   });
 
-  void it('"Choose where to save" is remembered across a reload (on when the saved project predates it)', async () => {
+  it('"Choose where to save" is remembered across a reload (on when the saved project predates it)', async () => {
     const { useStudioStore, saveProject, restoreProject } = await import('../../src/ui/studio/state.ts');
     const { createStore, get, set } = await import('idb-keyval');
     const st = useStudioStore.getState();
@@ -190,7 +190,7 @@ void describe('studio project persistence (IndexedDB via fake-indexeddb)', () =>
     assert.equal(useStudioStore.getState().saveWithDialog, true);
   });
 
-  void it('a finished run after a reload: "Done" with its steps, no ETA, no download message; a late download event changes nothing', async () => {
+  it('a finished run after a reload: "Done" with its steps, no ETA, no download message; a late download event changes nothing', async () => {
     const { useStudioStore, saveProject, restoreProject, EMPTY_RUN, progressLine, statusMessage } = await import('../../src/ui/studio/state.ts');
     const { onEvent } = await import('../../src/ui/studio/actions.ts');
     const st = useStudioStore.getState();
@@ -227,7 +227,7 @@ void describe('studio project persistence (IndexedDB via fake-indexeddb)', () =>
     assert.match(useStudioStore.getState().run.message, /^Downloading demo model/, 'while the run prepares it does say so');
   });
 
-  void it('the chart aligns training and validation losses by step (validation from step 0, gaps as null)', () => {
+  it('the chart aligns training and validation losses by step (validation from step 0, gaps as null)', () => {
     const losses = [1, 2, 3, 4].map((step) => ({ step, loss: 1 / step }));
     const validation = [
       { step: 0, instance: 0.5, class: 0.25 },
