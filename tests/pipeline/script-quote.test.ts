@@ -42,9 +42,9 @@ function pwned(dir: string): boolean {
   return existsSync(join(dir, 'PWNED'));
 }
 
-describe('shellQuote: hostile strings through real shells', () => {
+void describe('shellQuote: hostile strings through real shells', () => {
   for (const shell of ['bash', 'sh']) {
-    it(`${shell} reads every hostile string back unchanged and runs nothing`, () => {
+    void it(`${shell} reads every hostile string back unchanged and runs nothing`, () => {
       const cwd = tmp();
       const script = HOSTILE.map((s) => `printf '%s\\0' ${shellQuote(s)}`).join('\n');
       const r = spawnSync(shell, ['-c', script], { cwd, encoding: 'utf8' });
@@ -54,11 +54,11 @@ describe('shellQuote: hostile strings through real shells', () => {
     });
   }
 
-  it('refuses a NUL (no process argument can carry it) instead of cutting the value', () => {
+  void it('refuses a NUL (no process argument can carry it) instead of cutting the value', () => {
     assert.throws(() => shellQuote('a\0b', 'the prompt'), /the prompt holds a NUL character/);
   });
 
-  it('a comment cannot be ended by a line break in the value', () => {
+  void it('a comment cannot be ended by a line break in the value', () => {
     for (const s of HOSTILE) assert.ok(!/[\n\r\u2028\u2029]/.test(shellComment(s)), JSON.stringify(s));
   });
 });
@@ -106,9 +106,9 @@ function runTrainSh(files: BundleFile[], env: Record<string, string> = {}): { st
   return { status: r.status, args, stderr: r.stderr.toString(), dir };
 }
 
-describe('train.sh: every typed value is one quoted word', () => {
+void describe('train.sh: every typed value is one quoted word', () => {
   for (const s of HOSTILE) {
-    it(`reaches accelerate unchanged and runs nothing: ${JSON.stringify(s).slice(0, 50)}`, () => {
+    void it(`reaches accelerate unchanged and runs nothing: ${JSON.stringify(s).slice(0, 50)}`, () => {
       const files = hostileBundle(s);
       const sh = files.find((f) => f.path === 'train.sh')!.data as string;
       assert.equal(spawnSync('bash', ['-n', '-c', sh]).status, 0, `bash -n:\n${sh}`);
@@ -120,7 +120,7 @@ describe('train.sh: every typed value is one quoted word', () => {
     });
   }
 
-  it('every option word is a plain value, a single-quoted string or "$MODEL" (nothing else can expand)', () => {
+  void it('every option word is a plain value, a single-quoted string or "$MODEL" (nothing else can expand)', () => {
     const sh = hostileBundle(HOSTILE[0]).find((f) => f.path === 'train.sh')!.data as string;
     const options = sh
       .split('\n')
@@ -133,8 +133,8 @@ describe('train.sh: every typed value is one quoted word', () => {
   });
 });
 
-describe('ray_train.py: values through JSON, never through its source', () => {
-  it("Python's json reads every hostile value back unchanged from job.json and prompts.jsonl", () => {
+void describe('ray_train.py: values through JSON, never through its source', () => {
+  void it("Python's json reads every hostile value back unchanged from job.json and prompts.jsonl", () => {
     const python = ['/usr/bin/python3', 'python3'].find((p) => spawnSync(p, ['--version']).status === 0);
     assert.ok(python, 'python3 is installed (Debian base system)');
     const dir = tmp();

@@ -10,9 +10,9 @@ const CASES = [...BASE_CASES, ...WRITE_CASES];
 const ws = makeWorkspace();
 const passed = new Set<string>();
 
-describe('bad input and faults on the command line (tests/reliability/cases.ts)', { concurrency: 1 }, () => {
+void describe('bad input and faults on the command line (tests/reliability/cases.ts)', { concurrency: 1 }, () => {
   for (const c of CASES)
-    it(`${c.name} (before: ${c.before})`, () => {
+    void it(`${c.name} (before: ${c.before})`, () => {
       runCase(ws, c);
       passed.add(c.name);
     });

@@ -42,8 +42,8 @@ function signalled(
   });
 }
 
-describe('stop signals and the run lock', { concurrency: 1 }, () => {
-  it("SIGTERM mid-step: the step finishes with a checkpoint, exit 143, no lock; the resumed run ends with the uninterrupted run's LoRA bit for bit", async () => {
+void describe('stop signals and the run lock', { concurrency: 1 }, () => {
+  void it("SIGTERM mid-step: the step finishes with a checkpoint, exit 143, no lock; the resumed run ends with the uninterrupted run's LoRA bit for bit", async () => {
     const whole = ws.path('whole');
     const a = cli(...run(whole));
     assert.equal(a.code, 0, a.err);
@@ -64,7 +64,7 @@ describe('stop signals and the run lock', { concurrency: 1 }, () => {
     for (const [k, t] of want) assert.deepEqual(got.get(k)!.data, t.data, `${k} differs after the SIGTERM and resume`);
   });
 
-  it('Ctrl-C while loading: exit 130, no lock and no folder left, so the identical retry is not refused', async () => {
+  void it('Ctrl-C while loading: exit 130, no lock and no folder left, so the identical retry is not refused', async () => {
     const out = ws.path('loading');
     // The lock exists from just before the model loads until the run ends: interrupt as soon as it appears.
     const r = await signalled(run(out), 'SIGINT', () => existsSync(join(out, 'lock')));
@@ -74,7 +74,7 @@ describe('stop signals and the run lock', { concurrency: 1 }, () => {
     assert.ok(!existsSync(out), `${out} was left behind`);
   });
 
-  it('a lock whose pid is alive but is another process (start time differs) is stale and taken over', () => {
+  void it('a lock whose pid is alive but is another process (start time differs) is stale and taken over', () => {
     const out = ws.path('stale');
     mkdirSync(out);
     writeFileSync(join(out, 'run.json'), readFileSync(join(ws.trainedRun(), 'run.json')));
@@ -86,7 +86,7 @@ describe('stop signals and the run lock', { concurrency: 1 }, () => {
     assert.ok(!existsSync(join(out, 'lock')), 'the stale lock is gone after the run');
   });
 
-  it('a lock held by a live process (pid and start time match) refuses a second train and a second pretrain', () => {
+  void it('a lock held by a live process (pid and start time match) refuses a second train and a second pretrain', () => {
     const out = ws.path('held');
     mkdirSync(out);
     writeFileSync(join(out, 'run.json'), readFileSync(join(ws.trainedRun(), 'run.json')));
