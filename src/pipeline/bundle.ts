@@ -141,7 +141,12 @@ export function mapSettings(
   rows.push({ setting: 'prompt', value: 'instance_images', option: '--instance_data_dir=instance_images' });
   add('mode', s.mode, null, `${lora ? 'LoRA' : 'full'} DreamBooth: the script is ${scriptFor(s)}`);
   add('steps', s.steps, `--max_train_steps=${s.steps}`);
-  add('lr', s.lr, `--learning_rate=${s.lr}`, 'not scaled by batch or GPU count (as the engine trains); its schedule and warm-up are the lrScheduler and lrWarmup rows');
+  add(
+    'lr',
+    s.lr,
+    `--learning_rate=${s.lr}`,
+    'not scaled by batch or GPU count (as the engine trains); its schedule and warm-up are the lrScheduler and lrWarmup rows',
+  );
   if (lora) {
     add('rank', s.rank, `--rank=${s.rank}`);
     const alpha = s.alpha || s.rank;
