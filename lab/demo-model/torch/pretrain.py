@@ -330,6 +330,7 @@ def parse(argv):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     ap.add_argument("--max-steps", type=int, default=0, help="stop (after a checkpoint) once this many steps ran in this call")
+    ap.add_argument("--max-seconds", type=float, default=0, help="stop (after a checkpoint) once this call has trained this long")
     for flag, typ in FLAGS.items():
         ap.add_argument("--" + flag, type=typ)
     return ap.parse_args(argv)
@@ -390,13 +391,14 @@ def main(argv):
     if a.export:
         run.export(part_way=True)
         return
-    done = 0
+    done, t0 = 0, time.time()
     while run.stage != "done":
         rec = run.train_step()
         done += 1
         if rec["step"] % 10 == 0 or rec["step"] == 1:
             print(f"{rec['stage']} step {rec['step']}: loss {rec['loss']:.5f} ({rec['seconds']:.3f} s)", flush=True)
-        if a.max_steps and done >= a.max_steps and run.stage != "done":
+        out_of_time = a.max_seconds and time.time() - t0 >= a.max_seconds
+        if (a.max_steps and done >= a.max_steps or out_of_time) and run.stage != "done":
             run.checkpoint()
             print(f"stopped after {done} steps at stage {run.stage}, step {run.step} (checkpointed)", flush=True)
             return
