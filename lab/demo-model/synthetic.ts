@@ -239,6 +239,8 @@ export function dataSceneOptions(version: DataVersion, o: { exclude?: readonly S
     throw new Error(
       `${field} exclude [${exclude.join(', ')}]: the v1 data holds the subject out by excluding "star"; without it, it draws yellow dotted stars (the held-out subject's look). Keep star excluded, or use data "stars", which shows stars and holds out only the subject's look`,
     );
+  if (version === 'stars' && exclude.includes('star'))
+    throw new Error(`${field} exclude [${exclude.join(', ')}]: the stars data is the one that shows stars; leave "star" out of exclude, or use data "v1"`);
   return { exclude, solidShare: o.solidShare, ...(version === 'stars' ? { holdOut: [SUBJECT_LOOK] } : {}) };
 }
 

@@ -71,6 +71,7 @@ describe('data options that would show the subject', () => {
     assert.throws(() => dataSceneOptions('v1', { exclude: [] }), /dataset exclude \[\]: the v1 data holds the subject out by excluding "star"/);
     assert.throws(() => dataSceneOptions('v1', { exclude: ['ring'] }, '--data'), /--data exclude \[ring\].*yellow dotted stars/);
     assert.throws(() => dataSceneOptions('v3' as 'v1', {}), /data "v3": use one of v1, stars/);
+    assert.throws(() => dataSceneOptions('stars', { exclude: ['star'] }), /dataset exclude \[star\]: the stars data is the one that shows stars/);
     assert.doesNotThrow(() => dataSceneOptions('v1', { exclude: ['star', 'ring'] }));
     assert.deepEqual(dataSceneOptions('stars', {}).holdOut, [SUBJECT_LOOK]);
   });

@@ -95,6 +95,10 @@ def read_data(folder):
     m = json.load(open(path))
     if m.get("format") != DATA_FORMAT:
         raise Refused(f"--data {folder}: data.json's format is {m.get('format')!r}, not {DATA_FORMAT}: export it again")
+    subject = {"shape": "star", "colour": "yellow", "pattern": "dotted", "second": "purple"}  # synthetic.ts SUBJECT_LOOK
+    if (m.get("data") == "v1" and "star" not in m.get("exclude", [])) or (m.get("data") == "stars" and subject not in m.get("holdOut", [])):
+        raise Refused(f"--data {folder}: its data.json ({m.get('data')}, exclude {m.get('exclude')}, holdOut {m.get('holdOut')}) would show "
+                      "the DreamBooth subject's look in pretraining: export the data again with export-data.ts, which holds it out")
     raw = {}
     for name, digest in m["sha256"].items():
         b = open(os.path.join(folder, name), "rb").read()
