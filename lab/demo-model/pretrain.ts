@@ -32,7 +32,7 @@ import { commitSnapshot, openSnapshot } from '../../src/store/snapshot.ts';
 import { Rng } from '../../src/util/rng.ts';
 import { addNoise, velocity, weightedMse, weightedMseBackward } from '../../src/ops/loss.ts';
 import { ChunkedAdamW } from '../../src/train/optimizer.ts';
-import { captionOf, checkDatasetOptions, drawScene, sceneAt, toModelInput, type ShapeName } from './synthetic.ts';
+import { captionOf, checkDatasetOptions, dataSceneOptions, drawScene, sceneAt, toModelInput, type DataVersion, type ShapeName } from './synthetic.ts';
 
 /** diffusers config.json of each component: SD 1.x's layout (four UNet levels, factor-8 VAE) at a laptop's size. */
 export const PRETRAIN_CONFIGS = {
@@ -114,6 +114,11 @@ export interface PretrainSettings {
   dataSeed: number;
   dataSize: number;
   exclude: ShapeName[];
+  /**
+   * The dataset's version (synthetic.ts DATA_VERSIONS): `v1` without stars (the shipped model's), or `stars` with
+   * stars and the DreamBooth subject's look held out. Options that would show the subject are refused.
+   */
+  data: DataVersion;
   /** The run's own Rng (batches, noise, timesteps, caption dropout). */
   seed: number;
   batch: number;
@@ -179,6 +184,7 @@ export const PRETRAIN_DEFAULTS: PretrainSettings = {
   dataSeed: 1,
   dataSize: 20000,
   exclude: ['star'],
+  data: 'v1',
   seed: 1,
   batch: 16,
   vaeSteps: 1500,
@@ -207,6 +213,7 @@ export const PRETRAIN_SETTINGS_BEFORE_ADDED: Partial<PretrainSettings> = {
   initSteps: 0,
   solidShare: null,
   bareShare: null,
+  data: 'v1',
 };
 
 /** A saved run's settings with every setting it predates filled in as it ran. */
@@ -221,6 +228,7 @@ export function checkPretrainSettings(s: PretrainSettings, cfg: PretrainConfigs 
     { seed: s.dataSeed, size: s.resolution, factor, count: s.dataSize, exclude: s.exclude, solidShare: s.solidShare ?? undefined },
     'dataset',
   );
+  dataSceneOptions(s.data, { exclude: s.exclude, solidShare: s.solidShare ?? undefined }, 'dataset');
   const whole = (k: keyof PretrainSettings, lo: number, hi: number) => {
     const v = s[k] as number;
     if (!Number.isInteger(v) || v < lo || v > hi) throw new Error(`${k} ${v}: use a whole number from ${lo} to ${hi}`);
@@ -452,7 +460,8 @@ export class Pretrainer {
   }
 
   private sceneOf(index: number) {
-    return sceneAt(this.settings.dataSeed, index, { exclude: this.settings.exclude, solidShare: this.settings.solidShare ?? undefined });
+    const s = this.settings;
+    return sceneAt(s.dataSeed, index, dataSceneOptions(s.data, { exclude: s.exclude, solidShare: s.solidShare ?? undefined }));
   }
 
   private drawBatch(): number[] {

@@ -489,9 +489,14 @@ describe('pretraining the demo model', () => {
       [{ initSteps: -1 }, /initSteps -1: use a whole number/],
       [{ bareShare: 1.5 }, /bareShare 1\.5: use a probability from 0 to 1/],
       [{ bareShare: NaN }, /bareShare NaN/],
+      // Data that would show the DreamBooth subject's look in pretraining (synthetic.ts dataSceneOptions).
+      [{ exclude: [] }, /dataset exclude \[\]: the v1 data holds the subject out by excluding "star"/],
+      [{ data: 'stars' }, /dataset exclude \[star\]: the stars data is the one that shows stars/],
+      [{ data: 'v2' as 'v1' }, /dataset data "v2": use one of v1, stars/],
     ];
     for (const [change, msg] of bad) assert.throws(() => checkPretrainSettings({ ...PRETRAIN_DEFAULTS, ...change }), msg);
     assert.doesNotThrow(() => checkPretrainSettings(PRETRAIN_DEFAULTS));
     assert.doesNotThrow(() => checkPretrainSettings({ ...PRETRAIN_DEFAULTS, bareShare: 0.3 }));
+    assert.doesNotThrow(() => checkPretrainSettings({ ...PRETRAIN_DEFAULTS, data: 'stars', exclude: [] }));
   });
 });
