@@ -264,7 +264,8 @@ class Run:
         os.replace(tmp, os.path.join(self.dir, "checkpoint.pt"))  # a killed run keeps the last whole checkpoint
 
     def restore(self):
-        st = torch.load(os.path.join(self.dir, "checkpoint.pt"), map_location="cpu")
+        # The run's own file (optimizer state, generator state, settings): newer torch loads only tensors by default.
+        st = torch.load(os.path.join(self.dir, "checkpoint.pt"), map_location="cpu", weights_only=False)
         for c in self.W:
             for k in self.W[c]:
                 self.W[c][k] = st["weights"][c][k].to(self.device)
@@ -354,7 +355,7 @@ def open_run(a):
                 continue
             if v != s[k]:
                 raise Refused(f"--{k}: this run's checkpoint was made with {k} = {json.dumps(s[k])}, not {json.dumps(v)}: resume with the run's own settings")
-        st_stage = torch.load(os.path.join(a.resume, "checkpoint.pt"), map_location="cpu")["stage"] if os.path.exists(os.path.join(a.resume, "checkpoint.pt")) else "vae"
+        st_stage = torch.load(os.path.join(a.resume, "checkpoint.pt"), map_location="cpu", weights_only=False)["stage"] if os.path.exists(os.path.join(a.resume, "checkpoint.pt")) else "vae"
         if "steps" in given and (given["steps"] < s["steps"] or st_stage == "done" and given["steps"] != s["steps"]):
             raise Refused(f"--steps {given['steps']}: this run was started for {s['steps']} UNet steps (stage {st_stage}): resume with at least that many, or go on in a new run")
         if "vaeSteps" in given and given["vaeSteps"] != s["vaeSteps"] and (st_stage != "vae" or given["vaeSteps"] < s["vaeSteps"]):
