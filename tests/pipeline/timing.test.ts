@@ -12,6 +12,7 @@ import {
   samplesFrom,
   type RunSchedule,
 } from '../../src/pipeline/timing.ts';
+import { etaText, PhaseClock, phaseLine } from '../../src/pipeline/progress.ts';
 
 /** The e2e run's schedule: 6 steps, a sample every 3 (8 denoising steps), a checkpoint every 2. */
 const SIX: RunSchedule = { steps: 6, sampleEvery: 3, sampleSteps: 8, checkpointEvery: 2 };
@@ -120,5 +121,54 @@ describe('run time accounting', () => {
     close(clock.afterStep(5).etaSeconds, 1 + 0.5 + 0.25, 'only the last');
     close(clock.afterStep(6).etaSeconds, 0.5 + 0.25, 'the last validation and the final checkpoint');
     close(new RunClock({ ...V, validateEvery: 0 }).afterStep(0).etaSeconds ?? 0, 0, 'nothing timed, nothing counted');
+  });
+});
+
+// A long phase's i of n and time left (src/pipeline/progress.ts): class images, encoding, validation, export,
+// the self-test and text to image all report through it.
+describe('phase progress', () => {
+  /** Feeds the clock a phase whose first item takes `first` s (it compiles) and each later one `warm` s. */
+  function etaAfter(clock: PhaseClock, first: number, warm: number, done: number): number | null {
+    let r = clock.at(0, 0);
+    for (let i = 1; i <= done; i++) r = clock.at(i, first + (i - 1) * warm);
+    return r.etaSeconds;
+  }
+
+  it('after the first (compiling) item, the time left is the warm items pace: within 1.5x of what follows', () => {
+    // Ten class images on a software adapter: the first 12 s (pipelines compile), each later one 1 s. After two,
+    // 8 s follow; the whole phase's average pace (13 s / 2 items) would say 52 s, 6.5x too long.
+    const eta = etaAfter(new PhaseClock(10), 12, 1, 2);
+    assert.ok(eta !== null && eta <= 8 * 1.5 && eta >= 8 / 1.5, `ETA after item 2: ${eta} s, 8 s follow`);
+    close(etaAfter(new PhaseClock(10), 12, 1, 5), 5, 'after item 5: five warm items left');
+  });
+
+  it('counts down inside an item reported fractionally, and reads 0 once every item is done', () => {
+    const clock = new PhaseClock(4);
+    clock.at(1, 12);
+    const r = clock.at(2.5, 15); // 1.5 warm items took 3 s: 2 s each, 1.5 items left
+    close(r.etaSeconds, 3, 'ETA mid-item');
+    assert.equal(r.provisional, false);
+    assert.deepEqual(clock.at(4, 20), { done: 4, total: 4, etaSeconds: 0, provisional: false });
+  });
+
+  it('before anything is measured: the prior estimate (provisional), else no number', () => {
+    assert.deepEqual(new PhaseClock(3, 2).at(0, 1), { done: 0, total: 3, etaSeconds: 5, provisional: true });
+    assert.equal(new PhaseClock(3).at(0, 1).etaSeconds, null);
+    const first = new PhaseClock(3).at(1, 4);
+    assert.deepEqual([first.etaSeconds, first.provisional], [8, true], 'only the compiling item measured: its pace, marked provisional');
+  });
+
+  it('the line says what it does, i of n (the item under way) and the time left', () => {
+    assert.equal(
+      phaseLine('Generating class image', { done: 0, total: 4, etaSeconds: null, provisional: false }),
+      'Generating class image 1 of 4 · estimating the time left',
+    );
+    assert.equal(
+      phaseLine('Generating class image', { done: 1.4, total: 4, etaSeconds: 40, provisional: true }),
+      'Generating class image 2 of 4 · about 0:40 left',
+    );
+    assert.equal(phaseLine('Kernel check', { done: 139, total: 140, etaSeconds: 3725, provisional: false }), 'Kernel check 140 of 140 · 1:02:05 left');
+    assert.equal(phaseLine('Denoising step', { done: 25, total: 25, etaSeconds: 0, provisional: false }), 'Denoising step 25 of 25');
+    assert.equal(etaText({ done: 2, total: 2, etaSeconds: 0, provisional: false }), '');
   });
 });
