@@ -11,217 +11,41 @@
 //   grads = d(loss * scale)/dθ;  overflow -> skip the update, halve the scale;  else AdamW with clipping
 //   an update that would make a weight non-finite (a learning rate far too high) -> skip, scale kept
 //   `maxConsecutiveSkips` skipped steps in a row -> TrainingStalledError (nothing is being learned)
-import { gemmConfigProblem, type GemmConfig, type Gpu } from '../gpu/device.ts';
+import type { Gpu } from '../gpu/device.ts';
 import type { DType, Tensor } from '../gpu/tensor.ts';
-import type { Weights } from '../nn/blocks.ts';
-import { clipTextForward, type ClipTextConfig } from '../nn/clip.ts';
+import { clipTextForward } from '../nn/clip.ts';
 import { initLora } from '../nn/lora.ts';
 import { Tape } from '../nn/ops.ts';
-import { unetForward, type UnetConfig } from '../nn/unet.ts';
+import { unetForward } from '../nn/unet.ts';
 import { ADAMW_DEFAULTS } from '../ops/adamw.ts';
 import { DynamicLossScaler } from '../ops/lossscale.ts';
-import { alphasCumprod, type ScheduleConfig } from '../sample/schedulers.ts';
+import { alphasCumprod } from '../sample/schedulers.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
-import { scheduleFactor, type LrScheduler } from './lr-schedule.ts';
+import { scheduleFactor } from './lr-schedule.ts';
 import { addNoise, velocity, weightedMse, weightedMseBackward } from '../ops/loss.ts';
 import { lossWeights } from './objective.ts';
 import { ChunkedAdamW } from './optimizer.ts';
 import { textEncoderLrOf, trainableSpec } from './trainable.ts';
-import { MASTER_KINDS, OPTIMIZER_KINDS, type MasterKind, type OptimizerKind } from './packed-state.ts';
+import { checkCheckpointMeta, validate } from './trainer-checks.ts';
+import {
+  TrainingStalledError,
+  VALIDATION_IMAGES,
+  VALIDATION_SEED,
+  VALIDATION_T,
+  type CheckpointMeta,
+  type StepInputs,
+  type StepReport,
+  type TrainData,
+  type TrainerModel,
+  type TrainSample,
+  type TrainSettings,
+  type ValidationReport,
+} from './train-types.ts';
 import { Rng } from '../util/rng.ts';
 
-export type TrainMode = 'lora' | 'full';
-
-export interface TrainSettings {
-  mode: TrainMode;
-  steps: number;
-  lr: number;
-  /** LoRA rank and alpha (scale alpha / rank). */
-  rank: number;
-  alpha: number;
-  seed: number;
-  priorLossWeight: number;
-  /** Offset noise strength (0: off). */
-  offsetNoise: number;
-  /** min-SNR-gamma (null: off). */
-  minSnrGamma: number | null;
-  maxGradNorm: number;
-  weightDecay: number;
-  /** LoRA also on the text encoder's attention projections (it then stays on the GPU and runs every step). */
-  textEncoderLora: boolean;
-  /**
-   * The text-encoder adapters' own learning rate (kohya's --text_encoder_lr); absent or 0: `lr`. Their optimizer
-   * state then sits in chunks of its own (planChunks), after the UNet's.
-   */
-  textEncoderLr?: number;
-  /** Checkpoint every N steps (0: only when asked). */
-  checkpointEvery: number;
-  /** Activation checkpointing in the UNet (the planner picks it when the budget needs it). */
-  activationCheckpointing: boolean;
-  /** fp32 optimizer elements per chunk (the store's unit of transfer). */
-  chunkElems: number;
-  /** Chunks of optimizer state kept on the GPU (the rest stream through the store); Infinity: all. */
-  residentChunks: number;
-  /** Skipped steps in a row after which trainStep throws TrainingStalledError. */
-  maxConsecutiveSkips: number;
-  /** AdamW moments: f32 ('adamw') or 8-bit blockwise ('adamw8bit', bitsandbytes' Adam8bit); see train/packed-state.ts. */
-  optimizer: OptimizerKind;
-  /** Master weights: a separate fp32 copy, or 'compact' (the f16 weight + a 16-bit extension; the f32 weight itself). */
-  master: MasterKind;
-  /** One UNet pass per sample even when the batch's samples share a shape (tests compare it with the batched pass). */
-  passPerSample?: boolean;
-  /**
-   * Full fine-tuning: each optimizer chunk updates inside the backward pass as soon as its gradients are
-   * final, so the whole gradient set never exists at once (ChunkedAdamW's fused step: a norm pass first,
-   * then the update pass; one more forward and backward per step). Same weights as the unfused step, bit
-   * for bit. LoRA keeps it off (its gradients are small). Absent: off.
-   */
-  fusedUpdates?: boolean;
-  /** Linear warm-up of the learning rate over this many steps (absent or 0: none); see lrFactor. */
-  lrWarmup?: number;
-  /** The learning-rate schedule after the warm-up (train/lr-schedule.ts); absent: constant. */
-  lrScheduler?: LrScheduler;
-  /** cosine_with_restarts: hard restarts (absent: 1). */
-  lrCycles?: number;
-  /** polynomial: the decay's power (absent: 1). */
-  lrPower?: number;
-}
-
-/** The settings only the engine sets (the planner or a test may change them); the rest are the run's. */
-export type EngineSettings = Pick<
-  TrainSettings,
-  'maxGradNorm' | 'weightDecay' | 'activationCheckpointing' | 'chunkElems' | 'residentChunks' | 'maxConsecutiveSkips'
->;
-
-/**
- * The engine's own defaults. Every other field's default is the settings schema's (pipeline/settings.ts
- * TRAIN_DEFAULTS: the schema's defaults per mode over these).
- */
-export const ENGINE_DEFAULTS: Record<TrainMode, EngineSettings> = {
-  lora: { maxGradNorm: 1, weightDecay: 1e-2, activationCheckpointing: false, chunkElems: 1 << 22, residentChunks: Infinity, maxConsecutiveSkips: 10 },
-  full: { maxGradNorm: 1, weightDecay: 1e-2, activationCheckpointing: false, chunkElems: 1 << 24, residentChunks: Infinity, maxConsecutiveSkips: 10 },
-};
-
-/** Latents (already times the VAE scaling factor) and text embeddings, computed once before training. */
-export interface TrainData {
-  latentShape: [number, number, number];
-  contextShape: [number, number];
-  instance: TrainSample[];
-  /** Class (prior preservation) images; empty: no prior loss. */
-  classes: TrainSample[];
-}
-
-export interface TrainSample {
-  latent: Float32Array;
-  /** The prompt's text-encoder output [L, D]. */
-  context: Float32Array;
-  /** The prompt's token ids [L] (the text encoder runs on them when it trains). */
-  ids?: Int32Array;
-  /** A loss mask at latent resolution [h, w] in [0, 1] (the photo's painted subject mask, pooled); none: all ones. */
-  mask?: Float32Array;
-  /** Its own latent shape [C, h, w] when it trains at an aspect-ratio bucket; absent: TrainData.latentShape. */
-  latentShape?: [number, number, number];
-}
-
-/** Everything random about one step (drawn from the run's Rng, or injected by a test). */
-export interface StepInputs {
-  /** Which instance / class sample (indices into TrainData). */
-  instance: number;
-  classIndex: number | null;
-  /** Noise for the batch: each sample's [C, h, w] in batch order (offset noise already added). */
-  noise: Float32Array;
-  timesteps: number[];
-}
-
-export interface StepReport {
-  step: number;
-  loss: number;
-  applied: boolean;
-  /** Why a step was skipped (a non-finite loss, gradient or update), for the progress line and the UI. */
-  skipped?: string;
-  lossScale: number;
-  gradNorm: number;
-  seconds: number;
-  gpuBytes: number;
-  gpuPeakBytes: number;
-}
-
-/**
- * Validation loss at one step: the plain MSE (no min-SNR or prior weights) of the model at fixed noise and
- * timesteps, averaged over the first VALIDATION_IMAGES instance photos and, separately, class images. The instance loss falling
- * says the subject is being learnt; the class loss rising says the model is drifting from the class
- * (overfitting, language drift): what prior preservation is there to stop.
- */
-export interface ValidationReport {
-  step: number;
-  instance: number;
-  /** null without class images. */
-  class: number | null;
-}
-
-/** The timesteps every validation image is noised at, as fractions of the schedule's length (spread over it). */
-export const VALIDATION_T = [0.1, 0.3, 0.5, 0.7, 0.9];
-/** Images per set (instance, class) that validation uses: the first ones; a class set may hold hundreds. */
-export const VALIDATION_IMAGES = 4;
-/** Mixed into the run's seed so the validation noise never equals the training draws. */
-const VALIDATION_SEED = 0x5eed_7a11;
-
-export interface TrainerModel {
-  config: UnetConfig;
-  /** UNet weights in the compute dtype (diffusers names); LoRA adapters are added to this map. */
-  weights: Weights;
-  schedule: ScheduleConfig;
-  /** The text encoder (CLIP weights in the compute dtype), needed only with textEncoderLora. */
-  textEncoder?: { config: ClipTextConfig; weights: Weights };
-}
-
-interface CheckpointMeta {
-  step: number;
-  rng: number;
-  scaler: { scale: number; goodSteps: number; skipped: number };
-  versions: Record<number, number>;
-  applied: number;
-  losses: number[];
-  /** Validation losses up to this step (absent in checkpoints made before validation existed). */
-  validation?: ValidationReport[];
-  settings: TrainSettings;
-  /**
-   * The run of skipped steps the checkpoint ends on (count and the last reason), so a resumed run stops
-   * after the same number of skips in a row. Absent in checkpoints made before it existed: 0.
-   */
-  skipRun?: { count: number; last: string };
-  /**
-   * The GEMM kernel choices the run trained with (Gpu.gemmConfig: split-K changes the order of sums), applied again
-   * on resume so the resumed steps match the uninterrupted ones bit for bit even where this adapter's tuning
-   * (src/ops/tune.ts) has since chosen otherwise. Absent in checkpoints made before it existed: the device's own.
-   */
-  gemm?: GemmConfig;
-}
-
-/**
- * trainStep's error after `maxConsecutiveSkips` skipped steps in a row: the run is going nowhere (every
- * update was refused), so it stops instead of reporting progress. The weights are those of the last
- * applied step (never non-finite); the trainer stays usable.
- */
-export class TrainingStalledError extends Error {
-  override name = 'TrainingStalledError';
-  constructor(
-    /** Skipped steps in a row. */
-    readonly skippedInARow: number,
-    /** The step (1-based) that was the last of them. */
-    readonly step: number,
-    /** Why that step was skipped. */
-    readonly lastReason: string,
-    /** Steps applied in the whole run. */
-    readonly appliedSteps: number,
-  ) {
-    super(
-      `training stalled: ${skippedInARow} steps in a row were skipped (steps ${step - skippedInARow + 1}-${step}; ${appliedSteps} applied in the whole run). ` +
-        `The last: ${lastReason}. Lower the learning rate (--lr / Learning rate), check the model's weights, or use f32.`,
-    );
-  }
-}
+export * from './train-types.ts';
+export { CheckpointError } from './trainer-checks.ts';
 
 export class DreamBoothTrainer {
   /** Steps done (applied or skipped). */
@@ -762,49 +586,6 @@ export class DreamBoothTrainer {
   }
 }
 
-/** A checkpoint whose record cannot be true (a damaged or edited file): never trusted, always named. */
-export class CheckpointError extends Error {
-  override name = 'CheckpointError';
-}
-
-/**
- * The checkpoint's record checked before anything is restored: the step a whole number within the run it
- * was made for, applied steps within it, one loss per step, a finite loss scale, a version for each stored
- * chunk of this run's layout. Optimizer files are checked for size as they are read (optimizer.restore).
- */
-function checkCheckpointMeta(m: CheckpointMeta, chunks: number): void {
-  const bad = (what: string) => {
-    throw new CheckpointError(`this run's last checkpoint is damaged (${what}): it cannot be resumed; start the run again`);
-  };
-  const whole = (x: unknown, lo: number, hi: number) => typeof x === 'number' && Number.isInteger(x) && x >= lo && x <= hi;
-  if (typeof m !== 'object' || m === null || typeof m.settings !== 'object' || m.settings === null) bad('no settings');
-  if (!whole(m.settings.steps, 1, Number.MAX_SAFE_INTEGER)) bad(`its run has ${m.settings.steps} steps`);
-  if (!whole(m.step, 0, m.settings.steps)) bad(`step ${m.step} is not within 0..${m.settings.steps}`);
-  if (!whole(m.applied, 0, m.step)) bad(`${m.applied} applied steps at step ${m.step}`);
-  if (
-    m.validation !== undefined &&
-    (!Array.isArray(m.validation) ||
-      !m.validation.every((v) => whole(v?.step, 0, m.step) && [v.instance, v.class].every((l) => l === null || typeof l === 'number')))
-  )
-    bad('validation losses');
-  if (!Array.isArray(m.losses) || m.losses.length !== m.step || !m.losses.every((l) => l === null || typeof l === 'number'))
-    bad(`${Array.isArray(m.losses) ? m.losses.length : 'no'} losses for ${m.step} steps`);
-  if (!whole(m.rng, 0, 2 ** 32 - 1)) bad(`random state ${m.rng}`);
-  if (m.gemm !== undefined && gemmConfigProblem(m.gemm)) bad(`GEMM config: ${gemmConfigProblem(m.gemm)}`);
-  const sc = m.scaler;
-  if (
-    typeof sc !== 'object' ||
-    sc === null ||
-    !(Number.isFinite(sc.scale) && sc.scale > 0) ||
-    !whole(sc.goodSteps, 0, Number.MAX_SAFE_INTEGER) ||
-    !whole(sc.skipped, 0, Number.MAX_SAFE_INTEGER)
-  )
-    bad('loss scale');
-  if (typeof m.versions !== 'object' || m.versions === null) bad('no chunk versions');
-  for (const [k, v] of Object.entries(m.versions))
-    if (!whole(Number(k), 0, chunks - 1) || !whole(v, 0, Number.MAX_SAFE_INTEGER)) bad(`chunk ${k} version ${v} for a layout of ${chunks} chunks`);
-}
-
 /**
  * The learning rate's factor for the update after `step` completed steps: the run's schedule
  * (train/lr-schedule.ts, transformers' formulas), a pure function of the step, so a resumed run's rates are
@@ -819,31 +600,3 @@ export function lrFactor(s: Partial<Pick<TrainSettings, 'lrWarmup' | 'lrSchedule
 
 /** The text-encoder adapters' learning rate (trainable.ts), for the trainer's importers. */
 export { textEncoderLrOf };
-
-function validate(data: TrainData, s: TrainSettings): void {
-  if (data.instance.length === 0) throw new Error('no instance images: add at least one photo of the subject');
-  if (!(s.lr > 0)) throw new Error(`learning rate must be > 0, got ${s.lr}`);
-  if (s.textEncoderLr !== undefined && !(s.textEncoderLr >= 0 && Number.isFinite(s.textEncoderLr)))
-    throw new Error(`text-encoder learning rate must be 0 (the learning rate) or more, got ${s.textEncoderLr}`);
-  if (!Number.isInteger(s.steps) || s.steps < 1) throw new Error(`steps must be a positive integer, got ${s.steps}`);
-  if (s.mode === 'lora' && (!Number.isInteger(s.rank) || s.rank < 1)) throw new Error(`LoRA rank must be a positive integer, got ${s.rank}`);
-  if (!OPTIMIZER_KINDS.includes(s.optimizer)) throw new Error(`optimizer must be one of ${OPTIMIZER_KINDS.join(', ')}, got ${String(s.optimizer)}`);
-  if (s.fusedUpdates && s.mode !== 'full')
-    throw new Error(`fused updates are for full fine-tuning (a LoRA run's gradients are small): turn fusedUpdates (--fused-updates) off for a ${s.mode} run`);
-  if (!MASTER_KINDS.includes(s.master)) throw new Error(`master must be one of ${MASTER_KINDS.join(', ')}, got ${String(s.master)}`);
-  if (!Number.isInteger(s.maxConsecutiveSkips) || s.maxConsecutiveSkips < 1)
-    throw new Error(`maxConsecutiveSkips (skipped steps in a row before the run stops) must be a positive integer, got ${s.maxConsecutiveSkips}`);
-  for (const [what, set] of [
-    ['instance', data.instance],
-    ['class', data.classes],
-  ] as const)
-    for (const [i, x] of set.entries()) {
-      const [c, h, w] = x.latentShape ?? data.latentShape;
-      if (x.latentShape && (x.latentShape.length !== 3 || c !== data.latentShape[0] || !x.latentShape.every((d) => Number.isInteger(d) && d > 0)))
-        throw new Error(`${what} image ${i}'s latent shape [${x.latentShape.join(', ')}] is not [${data.latentShape[0]}, h, w]`);
-      if (x.latent.length !== c * h * w) throw new Error(`${what} latent ${i} has ${x.latent.length} values, expected ${c}x${h}x${w}`);
-      if (!x.mask) continue;
-      if (x.mask.length !== h * w) throw new Error(`${what} image ${i}'s loss mask has ${x.mask.length} values, expected ${h}x${w}`);
-      if (!x.mask.every((v) => v >= 0 && v <= 1)) throw new Error(`${what} image ${i}'s loss mask has values outside [0, 1] (or non-finite ones)`);
-    }
-}
