@@ -6,6 +6,7 @@ import { formatBytes } from '../util/bytes.ts';
 import { describeCheck } from '../selftest/check.ts';
 import { ALL_CASES } from '../selftest/cases/index.ts';
 import { browserGolden } from '../selftest/browser.ts';
+import { PhaseClock, phaseLine, type PhaseReport } from '../pipeline/progress.ts';
 import { dtypesFor, notRunReason, runCase, type CaseResult } from '../selftest/runner.ts';
 import { Generate } from './Generate.tsx';
 import { Studio } from './studio/Studio.tsx';
@@ -49,24 +50,32 @@ async function initGpu(): Promise<void> {
   }
 }
 
+/** The cases the self-test runs on this GPU: (case, dtype) pairs; ?only=<text> keeps those whose family/name contains it. */
+function selfTestCases(gpu: Gpu): { c: (typeof ALL_CASES)[number]; dtype: ReturnType<typeof dtypesFor>[number] }[] {
+  const only = new URLSearchParams(location.search).get('only');
+  return ALL_CASES.filter((k) => !only || `${k.family}/${k.name}`.includes(only)).flatMap((c) => dtypesFor(gpu, c).map((dtype) => ({ c, dtype })));
+}
+
 export async function runSelfTest(): Promise<void> {
   const st = useAppStore.getState();
   if (st.gpu.kind !== 'ready' || st.running) return;
   const gpu = st.gpu.gpu;
-  st.startRun();
+  const cases = selfTestCases(gpu);
+  st.startRun(cases.length);
   const results: CaseResult[] = [];
   window.__selftest = { done: false, results, adapter: gpu.adapter };
-  // ?only=<text>: just the cases whose family/name contains it (e.g. ?autorun=1&only=prefetch)
-  const only = new URLSearchParams(location.search).get('only');
-  for (const c of ALL_CASES.filter((k) => !only || `${k.family}/${k.name}`.includes(only))) {
-    for (const dtype of dtypesFor(gpu, c)) {
-      const golden = await browserGolden(c.family).catch(() => null);
-      const r = golden
-        ? await runCase(gpu, c, dtype, golden)
-        : { family: c.family, name: c.name, dtype, pass: false, checks: [], error: 'golden fixture failed to load', ms: 0 };
-      results.push(r);
-      useAppStore.getState().addResult(r);
-    }
+  // The time left: each family's first case also loads its golden values and compiles its kernels, so the
+  // pace comes from the cases after the first (pipeline/progress.ts).
+  const clock = new PhaseClock(cases.length);
+  const t0 = performance.now();
+  for (const { c, dtype } of cases) {
+    if (useAppStore.getState().stopAsked) break;
+    const golden = await browserGolden(c.family).catch(() => null);
+    const r = golden
+      ? await runCase(gpu, c, dtype, golden)
+      : { family: c.family, name: c.name, dtype, pass: false, checks: [], error: 'golden fixture failed to load', ms: 0 };
+    results.push(r);
+    useAppStore.getState().addResult(r, clock.at(results.length, (performance.now() - t0) / 1000));
   }
   useAppStore.getState().finishRun();
   window.__selftest = { done: true, results, adapter: gpu.adapter };
@@ -128,22 +137,43 @@ function AdapterPanel() {
   );
 }
 
+/** The self-test's line: the check under way and the time left while it runs, then what passed (or where it stopped). */
+function selfTestStatus(
+  s: { results: CaseResult[]; running: boolean; done: boolean; stopAsked: boolean; progress: PhaseReport | null },
+  total: number,
+): string {
+  const failed = s.results.filter((r) => !r.pass).length;
+  if (s.running && s.progress) return `${phaseLine('Kernel check', s.progress)}${s.stopAsked ? ' · stopping after this check' : ''}`;
+  if (!s.done) return '';
+  const stopped = s.results.length < total ? `Stopped after ${s.results.length} of ${total} kernel checks: ` : '';
+  if (failed === 0) return `${stopped}${stopped ? 'all' : 'All'} ${s.results.length} kernel checks passed.`;
+  return `${stopped}${failed} of ${s.results.length} kernel checks failed.`;
+}
+
 function SelfTestPanel() {
-  const { gpu, results, running, done } = useAppStore();
+  const state = useAppStore();
+  const { gpu, results, running, done } = state;
   if (gpu.kind !== 'ready') return null;
-  const failed = results.filter((r) => !r.pass).length;
-  const total = ALL_CASES.reduce((n, c) => n + dtypesFor(gpu.gpu, c).length, 0);
+  const total = selfTestCases(gpu.gpu).length;
   const notRun = ALL_CASES.filter((c) => notRunReason(gpu.gpu, c) !== null);
   return (
     <section aria-labelledby="selftest-title">
       <h2 id="selftest-title">Kernel self-test</h2>
-      <p>Runs every WGSL kernel on this GPU and compares it with PyTorch golden values and a reference implementation.</p>
-      <button type="button" onClick={() => void runSelfTest()} disabled={running} aria-describedby="selftest-status">
-        {running ? 'Running…' : 'Run kernel self-test'}
-      </button>
+      <p>
+        Runs every WGSL kernel on this GPU and compares it with PyTorch golden values and a reference implementation ({total} checks; several minutes on a
+        software adapter).
+      </p>
+      <div className="row-wrap">
+        <button type="button" onClick={() => void runSelfTest()} disabled={running} aria-describedby="selftest-status">
+          {running ? 'Running…' : 'Run kernel self-test'}
+        </button>
+        <button type="button" className="secondary" onClick={() => state.askStop()} disabled={!running || state.stopAsked}>
+          Stop
+        </button>
+      </div>
+      {running && state.progress && <progress aria-label="Kernel checks" max={state.progress.total} value={state.progress.done} />}
       <p id="selftest-status" role="status" data-testid="selftest-status">
-        {running && `${results.length} / ${total} done`}
-        {done && (failed === 0 ? `All ${results.length} kernel checks passed.` : `${failed} of ${results.length} kernel checks failed.`)}
+        {selfTestStatus(state, total)}
         {done && notRun.length > 0 && ` ${notRun.length} not run on this GPU: ${notRunReason(gpu.gpu, notRun[0])}.`}
       </p>
       {results.length > 0 && (

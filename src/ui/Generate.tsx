@@ -11,6 +11,7 @@ import { folderFromSources, tokenizerFilesFrom } from '../models/source.ts';
 import { loadDiffusers } from '../models/load.ts';
 import { scheduleFromJson, SD_SCHEDULE } from '../sample/schedulers.ts';
 import { txt2img } from '../sample/txt2img.ts';
+import { PhaseClock, phaseLine, type PhaseReport } from '../pipeline/progress.ts';
 import { formatBytes } from '../util/bytes.ts';
 
 /** A dropped or chosen diffusers folder: paths relative to its top folder -> files, read by slices. */
@@ -37,6 +38,8 @@ export function Generate({ gpu }: { gpu: Gpu }) {
   const [size, setSize] = useState(512);
   const [sampler, setSampler] = useState<'dpm++2m' | 'ddim'>('dpm++2m');
   const [status, setStatus] = useState('');
+  /** The denoising steps drawn so far and the time left (null outside the denoising loop). */
+  const [denoise, setDenoise] = useState<PhaseReport | null>(null);
   const [busy, setBusy] = useState(false);
   const [image, setImage] = useState<string | null>(null);
 
@@ -62,6 +65,14 @@ export function Generate({ gpu }: { gpu: Gpu }) {
       const tokenizer = ClipTokenizer.fromFiles(tokFiles);
       const sched = m.files.has('scheduler/scheduler_config.json') ? await files.readJson('scheduler/scheduler_config.json') : {};
       const t0 = performance.now();
+      // The first denoising step compiles the UNet's pipelines: the time left comes from the steps after it.
+      const clock = new PhaseClock(steps);
+      const progress = (done: number) => {
+        const r = clock.at(done, (performance.now() - t0) / 1000);
+        setDenoise(r);
+        setStatus(phaseLine('Denoising step', r));
+      };
+      progress(0);
       const img = await txt2img(gpu, model, tokenizer, {
         prompt,
         negativePrompt: negative,
@@ -72,7 +83,10 @@ export function Generate({ gpu }: { gpu: Gpu }) {
         height: size,
         sampler,
         schedule: { ...SD_SCHEDULE, ...scheduleFromJson(sched, model.prediction) },
-        onStep: (i, n) => setStatus(`Step ${i} / ${n} (${((performance.now() - t0) / 1000).toFixed(1)} s)`),
+        onStep: (i, n) => {
+          progress(i);
+          if (i === n) setStatus('Decoding the image with the VAE…');
+        },
       });
       for (const part of [model.unet.weights, model.vae.weights, model.textEncoder.weights]) gpu.free(...part.values());
       const png = encode({ width: img.width, height: img.height, data: img.rgb, channels: 3, depth: 8 });
@@ -81,6 +95,7 @@ export function Generate({ gpu }: { gpu: Gpu }) {
     } catch (e) {
       setStatus(`Could not generate: ${(e as Error).message}`);
     } finally {
+      setDenoise(null);
       setBusy(false);
     }
   }
@@ -137,6 +152,7 @@ export function Generate({ gpu }: { gpu: Gpu }) {
           {busy ? 'Generating…' : 'Generate'}
         </button>
       </form>
+      {denoise && <progress aria-label="Denoising steps" data-testid="gen-progress" max={denoise.total} value={denoise.done} />}
       <p role="status" data-testid="gen-status">
         {status}
       </p>

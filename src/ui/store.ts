@@ -2,6 +2,7 @@
 // useStudioStore in studio/state.ts.
 import { create } from 'zustand';
 import type { AdapterSummary, Gpu } from '../gpu/device.ts';
+import type { PhaseReport } from '../pipeline/progress.ts';
 import type { CaseResult } from '../selftest/runner.ts';
 
 export type GpuStatus = { kind: 'loading' } | { kind: 'ready'; gpu: Gpu; adapter: AdapterSummary } | { kind: 'error'; title: string; message: string };
@@ -11,9 +12,14 @@ interface AppState {
   results: CaseResult[];
   running: boolean;
   done: boolean;
+  /** Stop was pressed: the self-test ends after the case under way. */
+  stopAsked: boolean;
+  /** Cases checked of all, and the time left (pipeline/progress.ts). */
+  progress: PhaseReport | null;
   setGpu(g: GpuStatus): void;
-  startRun(): void;
-  addResult(r: CaseResult): void;
+  startRun(total: number): void;
+  addResult(r: CaseResult, progress: PhaseReport): void;
+  askStop(): void;
   finishRun(): void;
 }
 
@@ -22,8 +28,11 @@ export const useAppStore = create<AppState>((set) => ({
   results: [],
   running: false,
   done: false,
+  stopAsked: false,
+  progress: null,
   setGpu: (gpu) => set({ gpu }),
-  startRun: () => set({ results: [], running: true, done: false }),
-  addResult: (r) => set((s) => ({ results: [...s.results, r] })),
+  startRun: (total) => set({ results: [], running: true, done: false, stopAsked: false, progress: { done: 0, total, etaSeconds: null, provisional: false } }),
+  addResult: (r, progress) => set((s) => ({ results: [...s.results, r], progress })),
+  askStop: () => set({ stopAsked: true }),
   finishRun: () => set({ running: false, done: true }),
 }));
