@@ -3,191 +3,42 @@
 //   prepare: validate the settings (schema, then against the model's shape, before any image is read), load
 //            the model, decode and crop the photos, generate class images when asked, cache latents and
 //            text embeddings in the store (or find them there), free the encoders, plan placement under the
-//            GPU budget, build the trainer, resume from the last checkpoint when there is one;
+//            GPU budget (prepare.ts), build the trainer, resume from the last checkpoint when there is one;
 //   train:   step until done, paused or cancelled, reporting every step (median s/step, ETA, storage),
 //            sampling every N steps with a fixed seed, checkpointing on schedule and on pause; a full store
 //            stops with the last checkpoint intact (RunStorageFullError);
 //   export:  the four formats (kohya and PEFT LoRA, single file, diffusers zip) streamed to a ByteSink; a
-//            LoRA run exported as a full model has its adapters merged (export/merge.ts).
+//            LoRA run exported as a full model has its adapters merged (run-export.ts).
 // The VAE decoder and the text encoder stay on the GPU when samples are on (their bytes come off the
-// budget the planner gets); the VAE encoder leaves once the latents are cached.
-import type { Gpu } from '../gpu/device.ts';
+// budget the planner gets); the VAE encoder leaves once the latents are cached. What the host gives and what
+// the run reports are in run-host.ts.
 import { GpuOutOfMemoryError } from '../gpu/errors.ts';
-import { bucketFor, bucketRegion, checkImageSet, cropPosition, prepareImage, scaleCrop, type CropBox, type ImageSize, type RgbaImage } from '../io/image.ts';
-import { prepareMask, type MaskOptions } from '../io/mask.ts';
-import { SafetensorsFile, type ByteSink } from '../io/safetensors.ts';
-import type { TensorProvider } from '../io/tensor-provider.ts';
-import { CLIP_MAX_LENGTH, ClipTokenizer, type ClipTokenizerFiles } from '../io/tokenizer.ts';
+import type { ByteSink } from '../io/safetensors.ts';
+import { ClipTokenizer } from '../io/tokenizer.ts';
 import type { Family } from '../models/detect.ts';
 import { loadModel, type LoadedModel } from '../models/load.ts';
-import { openDiffusers, openSingleFile, type FolderReader, type Json, type ModelSource, type SourceOptions } from '../models/source.ts';
-import { loraTargets } from '../nn/lora.ts';
+import { openDiffusers, openSingleFile, type Json, type ModelSource } from '../models/source.ts';
 import { scheduleFromJson, SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
 import { txt2img } from '../sample/txt2img.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
-import { crc32, StorageFullError } from '../store/chunkstore.ts';
-import { encodeTrainData, generateClassImage, loadTrainData, saveTrainData, type PreparedSet } from '../train/preprocess.ts';
-import { effectiveScheduler } from '../train/lr-schedule.ts';
-import { planTraining, trainableShapes, type Plan } from '../train/plan.ts';
-import {
-  DreamBoothTrainer,
-  VALIDATION_IMAGES,
-  VALIDATION_T,
-  type StepReport,
-  type TrainSettings,
-  type ValidationReport,
-  type TrainData,
-} from '../train/trainer.ts';
-import { chunkedProvider } from '../export/chunked.ts';
-import { writeSingleFile, zipDiffusers } from '../export/full.ts';
-import { writeKohyaLora, writePeftLora, type LoraInfo } from '../export/lora.ts';
-import { mergedLoraProvider } from '../export/merge.ts';
-import { pipeToSink } from '../export/stream.ts';
+import { StorageFullError } from '../store/chunkstore.ts';
+import { DreamBoothTrainer, VALIDATION_IMAGES, VALIDATION_T, type TrainSettings } from '../train/trainer.ts';
 import { formatBytes } from '../util/bytes.ts';
+import { cachedTrainData, modelShapeOf, planRun, promptWarning, releaseFor, runStartedAt } from './prepare.ts';
+import { exportFileName, exportRun, type ExportFormat } from './run-export.ts';
+import type { OpenedModel, PlanSummary, RunHost, RunInput } from './run-host.ts';
 import { RunClock } from './timing.ts';
 import { generateTryIt, type TryItOptions, type TryItResult } from './tryit.ts';
-import {
-  RunError,
-  validatePrompt,
-  validateForModel,
-  validateSettings,
-  flagName,
-  type ModelShape,
-  type Namer,
-  type RunSettings,
-  type TrainMode,
-  trainSettings,
-} from './settings.ts';
+import { RunError, validatePrompt, validateForModel, validateSettings, flagName, trainSettings } from './settings.ts';
 
-// ---- what the host gives ------------------------------------------------------------------------------
-
-export interface ImageInput {
-  id: string;
-  name: string;
-  /** The file (the studio): decoded by the host's `decode`. */
-  blob?: Blob;
-  /** Pixels already decoded upright (the command line). */
-  pixels?: RgbaImage;
-  /** Square crop in the upright photo's pixels; default the centred square. */
-  crop?: CropBox;
-  /** Replaces the prompt for this photo (kohya-style captions). */
-  caption?: string;
-  /** The photo's loss mask: white where the subject is (trained), black where not (src/io/mask.ts). */
-  mask?: MaskInput;
-}
-
-/** A loss mask image: a file the host decodes, or pixels already decoded upright (at any size of the photo's shape). */
-export interface MaskInput {
-  name: string;
-  blob?: Blob;
-  pixels?: RgbaImage;
-}
-
-export interface RunInput {
-  runId: string;
-  prompt: string;
-  images: ImageInput[];
-  /** Prior preservation's class images; none: `settings.classCount` are generated by the base model. */
-  classImages: ImageInput[];
-  settings: RunSettings;
-}
-
-/** A model the host has opened: a diffusers folder, or a single file plus tokenizer files. */
-export type OpenedModel =
-  | { kind: 'diffusers'; name: string; reader: FolderReader; tokenizer: ClipTokenizerFiles; overrides?: SourceOptions['overrides'] }
-  | {
-      kind: 'single-file';
-      name: string;
-      file: SafetensorsFile;
-      tokenizer: ClipTokenizerFiles;
-      tokenizerFiles?: Map<string, Uint8Array>;
-      overrides?: SourceOptions['overrides'];
-    };
-
-export interface RunHost {
-  gpu: Gpu;
-  /** A planning device on the same adapter (dryRun: true). */
-  dryRunGpu: () => Promise<Gpu>;
-  store: ChunkStore;
-  /** Decodes a photo's file upright; `original` is the file's upright size (crops are given in it). */
-  decode: (blob: Blob, name: string, resolution: number) => Promise<RgbaImage & { original?: ImageSize }>;
-  emit: (e: RunEvent) => void;
-  /** PNG encoder for samples. */
-  encodePng: (rgb: Uint8Array, width: number, height: number) => Uint8Array;
-  /** How settings are named in messages: flags on the command line (the default), fields on the page. */
-  settingName?: Namer;
-}
-
-// ---- what the run reports -----------------------------------------------------------------------------
-
-/** The instance photos' largest aspect-ratio bucket (by latent area), for the plan; none when all are square. */
-function largestBucket(data: TrainData): { instanceShape?: [number, number, number] } {
-  const shapes = data.instance.map((x) => x.latentShape).filter((s): s is [number, number, number] => !!s);
-  if (!shapes.length) return {};
-  return { instanceShape: shapes.reduce((a, b) => (b[1] * b[2] > a[1] * a[2] ? b : a)) };
-}
+export type { ImageInput, MaskInput, OpenedModel, Phase, PlanSummary, RunEvent, RunHost, RunInput } from './run-host.ts';
+export { DEFAULT_EXPORTS, EXPORT_FORMATS, exportFileName, type ExportFormat } from './run-export.ts';
+export { maskFingerprint, modelShapeOf, promptWarning, storageNeed } from './prepare.ts';
 
 /** Batch-1 UNet forwards one validation runs (DreamBoothTrainer.validate). */
 function validationForwards(t: DreamBoothTrainer): number {
   return (Math.min(VALIDATION_IMAGES, t.data.instance.length) + Math.min(VALIDATION_IMAGES, t.data.classes.length)) * VALIDATION_T.length;
 }
-
-export type Phase =
-  'loading' | 'images' | 'class-images' | 'encoding' | 'planning' | 'ready' | 'training' | 'validating' | 'sampling' | 'checkpoint' | 'exporting';
-
-export type RunEvent =
-  | { type: 'phase'; phase: Phase; message: string; done?: number; total?: number }
-  | { type: 'warning'; message: string }
-  | { type: 'plan'; plan: PlanSummary }
-  | { type: 'resumed'; step: number; losses: number[]; validation: ValidationReport[] }
-  | { type: 'validation'; report: ValidationReport; seconds: number }
-  | {
-      type: 'step';
-      report: StepReport;
-      steps: number;
-      /** Median of the recent warm steps; null after the session's first step, which is warm-up. */
-      secondsPerStep: number | null;
-      /** The session's first step (it compiles the GPU pipelines), seconds. */
-      warmupSeconds: number | null;
-      /** Steps, samples and checkpoints still to come (timing.ts). */
-      etaSeconds: number | null;
-      /** The ETA rests partly on first estimates (nothing of that kind measured yet). */
-      provisional: boolean;
-      storageBytes: number;
-    }
-  /** A sample being drawn: `denoised` of `total` denoising steps done. */
-  | { type: 'sample-progress'; step: number; denoised: number; total: number; etaSeconds: number | null }
-  | { type: 'sample'; step: number; png: Uint8Array; width: number; height: number; seconds: number }
-  | { type: 'checkpoint'; step: number };
-
-export interface PlanSummary {
-  peakBytes: number;
-  budgetBytes: number;
-  activationCheckpointing: boolean;
-  residentChunks: number;
-  /** The planner fused the optimizer updates into the backward pass (or the settings asked for it). */
-  fusedUpdates: boolean;
-  chunks: number;
-  /** Bytes kept on the GPU for samples (VAE decoder, text encoder). */
-  samplingBytes: number;
-  trainableParams: number;
-  /** About what the run stores: cached latents, optimizer state and its checkpointed copy. */
-  storageNeedBytes: number;
-  message?: string;
-}
-
-export type ExportFormat = 'lora-kohya' | 'lora-diffusers' | 'full-single-file' | 'diffusers-zip';
-
-/** The formats, the modes that offer them, their file names (command line) and suffixes (studio downloads). */
-export const EXPORT_FORMATS: Record<ExportFormat, { modes: TrainMode[]; file: string; suffix: string; type: string }> = {
-  'lora-kohya': { modes: ['lora'], file: 'lora-kohya.safetensors', suffix: '-lora.safetensors', type: 'application/octet-stream' },
-  'lora-diffusers': { modes: ['lora'], file: 'lora-peft.safetensors', suffix: '-lora-diffusers.safetensors', type: 'application/octet-stream' },
-  'full-single-file': { modes: ['lora', 'full'], file: 'model.safetensors', suffix: '.safetensors', type: 'application/octet-stream' },
-  'diffusers-zip': { modes: ['lora', 'full'], file: 'model-diffusers.zip', suffix: '-diffusers.zip', type: 'application/zip' },
-};
-
-/** What a run exports when the user names nothing: its own kind of file in both layouts. */
-export const DEFAULT_EXPORTS: Record<TrainMode, ExportFormat[]> = { lora: ['lora-kohya', 'lora-diffusers'], full: ['full-single-file', 'diffusers-zip'] };
 
 export { RunError };
 
@@ -203,51 +54,8 @@ export class RunStorageFullError extends RunError {
   }
 }
 
-// ---- settings -> trainer ------------------------------------------------------------------------------
-
-/** The text encoder's own learning rate, where the run trains it at one (text-encoder LoRA with textEncoderLr > 0). */
-function ownTextEncoderLr(s: RunSettings): { textEncoderLr?: number } {
-  return s.mode === 'lora' && s.trainTextEncoder && s.textEncoderLr > 0 ? { textEncoderLr: s.textEncoderLr } : {};
-}
-
 /** The trainer's settings for a run's (validated) settings: the schema's entries say how (settings.ts). */
 export { trainSettings };
-
-/** The model's shape as the settings see it, from its configs and tensor shapes (nothing on the GPU yet). */
-export function modelShapeOf(source: ModelSource, withTextEncoder: boolean): ModelShape {
-  const blocks = (c: Json) => (Array.isArray(c.block_out_channels) ? c.block_out_channels.length : 1);
-  const resolutionFactor = 2 ** (blocks(source.configs.vae) - 1) * 2 ** (blocks(source.configs.unet) - 1);
-  let maxRank = Infinity;
-  const narrowest = (kind: 'unet' | 'text_encoder', shapes: Map<string, readonly number[]>) => {
-    for (const layer of loraTargets(kind, shapes.keys())) {
-      const w = shapes.get(`${layer}.weight`);
-      if (w)
-        maxRank = Math.min(
-          maxRank,
-          w[0],
-          w.slice(1).reduce((a, b) => a * b, 1),
-        );
-    }
-  };
-  narrowest('unet', source.shapes('unet'));
-  if (withTextEncoder) narrowest('text_encoder', source.shapes('text_encoder'));
-  return { resolutionFactor, maxRank: Number.isFinite(maxRank) ? maxRank : 0 };
-}
-
-/** The prompt, checked: not empty; past the text encoder's 75 tokens, a warning that names the words cut. */
-export function promptWarning(tokenizer: ClipTokenizer, prompt: string, what: string): string | null {
-  const ids = tokenizer.encode(prompt);
-  const keep = CLIP_MAX_LENGTH - 2;
-  if (ids.length <= keep) return null;
-  const cut = tokenizer.decode(ids.slice(keep)).trim();
-  return `${what} is ${ids.length} tokens; the text encoder reads only the first ${keep}, so "${cut}" is cut: shorten it`;
-}
-
-function tensorBytes(ws: Iterable<{ byteSize: number }>): number {
-  let n = 0;
-  for (const t of ws) n += t.byteSize;
-  return n;
-}
 
 // ---- the run ------------------------------------------------------------------------------------------
 
@@ -330,7 +138,6 @@ export class TrainingRun {
     const s = run.settings;
     const sampling = s.sampleEvery > 0;
     const schedule = { ...SD_SCHEDULE, ...scheduleFromJson(source.scheduler as Json, model.prediction) };
-    const factor = 2 ** (model.vae.config.blockOutChannels.length - 1);
     for (const [text, what] of [
       [run.prompt, 'the instance prompt'],
       [s.priorPreservation ? s.classPrompt : '', 'the class prompt'],
@@ -339,95 +146,10 @@ export class TrainingRun {
       const w = text ? promptWarning(tokenizer, text, what) : null;
       if (w) emit({ type: 'warning', message: w });
     }
-
-    // The cached latents hold the masks as they were when encoded: a mask painted, changed or removed since
-    // (a resumed run) encodes the photos again.
-    const masks = await maskFingerprint(run.images);
-    let data = await loadTrainData(store, run.runId);
-    if (
-      data &&
-      !(await cachedMasksMatch(
-        store,
-        run.runId,
-        masks,
-        run.images,
-        data.instance.some((x) => x.mask),
-      ))
-    ) {
-      emit({ type: 'phase', phase: 'encoding', message: 'A mask changed since the photos were encoded: encoding them again' });
-      data = null;
-    }
-    if (!data) {
-      const step = s.aspect === 'bucket' ? modelShapeOf(source, false).resolutionFactor : null;
-      const instance = await TrainingRun.prepareSet(host, tokenizer, run.images, run.prompt, s.resolution, s.flip, 'images', step);
-      let classes: PreparedSet | null = null;
-      if (s.priorPreservation) {
-        if (run.classImages.length)
-          classes = await TrainingRun.prepareSet(host, tokenizer, run.classImages, s.classPrompt, s.resolution, false, 'class-images', step);
-        else classes = await TrainingRun.generateClassImages(host, model, tokenizer, schedule, s);
-      }
-      emit({
-        type: 'phase',
-        phase: 'encoding',
-        message: 'Encoding the photos with the VAE and the prompts with the text encoder',
-        done: 0,
-        total: instance.images.length + (classes?.images.length ?? 0),
-      });
-      data = await encodeTrainData(gpu, model, tokenizer, s.resolution, instance, classes, (done, total) =>
-        emit({ type: 'phase', phase: 'encoding', message: `Encoded ${done} of ${total} images`, done, total }),
-      );
-      await saveTrainData(store, run.runId, data);
-      await store.write(masksKey(run.runId), new TextEncoder().encode(masks));
-    }
+    const data = await cachedTrainData(host, run, source, model, tokenizer, schedule);
     // The VAE encoder is done; the decoder and the text encoder stay only for samples (or text-encoder LoRA).
-    TrainingRun.releaseFor(gpu, model, sampling, settings.textEncoderLora);
-    const samplingBytes = sampling
-      ? tensorBytes(model.vae.weights.values()) + (settings.textEncoderLora ? 0 : tensorBytes(model.textEncoder.weights.values()))
-      : 0;
-
-    emit({ type: 'phase', phase: 'planning', message: 'Planning GPU memory' });
-    const planModel = {
-      config: model.unet.config,
-      dtype: gpu.computeDType,
-      schedule,
-      textEncoder: settings.textEncoderLora ? model.textEncoder.config : undefined,
-    };
-    const plan: Plan = await planTraining(
-      host.dryRunGpu,
-      planModel,
-      {
-        latentShape: data.latentShape,
-        contextShape: data.contextShape,
-        withClass: data.classes.length > 0,
-        vaeFactor: factor,
-        masked: data.instance.some((x) => x.mask),
-        ...largestBucket(data),
-      },
-      settings,
-      s.budgetBytes - samplingBytes,
-    );
-    const trainableParams = trainableShapes(planModel, settings).reduce((a, t) => a + t.shape.reduce((x, y) => x * y, 1), 0);
-    const cacheBytes =
-      (data.instance.length + data.classes.length) * 4 * (data.latentShape.reduce((a, b) => a * b, 1) + data.contextShape[0] * data.contextShape[1]);
-    const summary: PlanSummary = {
-      peakBytes: plan.peakBytes + samplingBytes,
-      budgetBytes: s.budgetBytes,
-      activationCheckpointing: plan.activationCheckpointing,
-      residentChunks: plan.residentChunks,
-      fusedUpdates: plan.fusedUpdates,
-      chunks: plan.chunks,
-      samplingBytes,
-      trainableParams,
-      storageNeedBytes: storageNeed(trainableParams, cacheBytes),
-      ...(plan.message
-        ? { message: plan.message + (samplingBytes ? ` (plus ${formatBytes(samplingBytes)} kept for samples: set samples to 0 to free it)` : '') }
-        : {}),
-    };
-    emit({ type: 'plan', plan: summary });
-    if (!plan.fits) throw new RunError(summary.message ?? 'the run does not fit the GPU memory budget');
-    settings.activationCheckpointing = plan.activationCheckpointing;
-    settings.residentChunks = plan.residentChunks;
-    settings.fusedUpdates = plan.fusedUpdates;
+    releaseFor(gpu, model, sampling, settings.textEncoderLora);
+    const summary = await planRun(host, s, model, data, settings, schedule);
     // The allocator's pool keeps freed buffers for reuse: within the budget, and without what preparation
     // (the VAE encoder, decoding) left in it.
     gpu.trimPool();
@@ -451,102 +173,6 @@ export class TrainingRun {
     }
     emit({ type: 'phase', phase: 'ready', message: trainer.step ? `Ready to continue from step ${trainer.step}` : 'Ready to train' });
     return new TrainingRun(host, model, opened, source, tokenizer, schedule, trainer, run, summary, startedAt);
-  }
-
-  /** Decodes, checks and crops one set of photos (instance or class); `flip` adds mirrored copies. */
-  private static async prepareSet(
-    host: RunHost,
-    tokenizer: ClipTokenizer,
-    items: ImageInput[],
-    prompt: string,
-    resolution: number,
-    flip: boolean,
-    what: 'images' | 'class-images',
-    /** Aspect-ratio buckets with sides multiples of this (the model's factor); null: square crops. */
-    bucketStep: number | null = null,
-  ): Promise<PreparedSet> {
-    const label = what === 'images' ? 'photos' : 'class images';
-    const decoded: { item: ImageInput; img: RgbaImage & { original?: ImageSize } }[] = [];
-    for (let i = 0; i < items.length; i++) {
-      host.emit({ type: 'phase', phase: 'images', message: `Reading ${label}: ${items[i].name}`, done: i, total: items.length });
-      const { pixels, blob, name } = items[i];
-      if (!pixels && !blob) throw new RunError(`${name}: the image has neither a file nor pixels`);
-      decoded.push({ item: items[i], img: pixels ?? (await host.decode(blob!, name, resolution)) });
-    }
-    // A crop the host gives was chosen by the user (the studio sends one only when the slider moved): no
-    // "not square" note for it.
-    const report = checkImageSet(
-      decoded.map(({ item, img }) => ({ name: item.name, ...(img.original ?? img), ...(item.crop ? { crop: item.crop } : {}) })),
-      { resolution, buckets: bucketStep !== null },
-    );
-    for (const w of report.warnings) host.emit({ type: 'warning', message: w });
-    if (report.errors.length) throw new RunError(report.errors.join('; '));
-    const set: PreparedSet = { images: [], prompts: [] };
-    for (const { item, img } of decoded) {
-      const crop = item.crop && img.original ? scaleCrop(item.crop, img.original, img) : (item.crop ?? 'center');
-      const caption = item.caption?.trim();
-      const w = caption ? promptWarning(tokenizer, caption, `the caption of ${item.name}`) : null;
-      if (w) host.emit({ type: 'warning', message: w });
-      if (item.mask && !item.mask.pixels && !item.mask.blob) throw new RunError(`${item.mask.name}: the mask has neither a file nor pixels`);
-      const maskPixels = item.mask ? (item.mask.pixels ?? (await host.decode(item.mask.blob!, item.mask.name, resolution))) : null;
-      // A bucket: the photo's own aspect ratio at about the square's pixel count, from the largest region of that
-      // shape (placed where a chosen square crop sits along the long side, else centred).
-      const upright = img.original ?? img;
-      const size = bucketStep !== null ? bucketFor(upright, resolution, bucketStep) : null;
-      const bucket = size ? { size, region: bucketRegion(img, size, item.crop ? cropPosition(upright, item.crop) : 0.5) } : undefined;
-      for (const f of flip ? [false, true] : [false]) {
-        set.images.push(prepareImage(img, { resolution, crop, flip: f, name: item.name, ...(bucket ? { bucket } : {}) }));
-        set.prompts.push(caption || prompt);
-        (set.sizes ??= []).push(size);
-        const maskOpts: MaskOptions = { resolution, crop, flip: f, photoName: item.name, maskName: item.mask?.name ?? '', ...(bucket ? { bucket } : {}) };
-        (set.masks ??= []).push(maskPixels ? prepareMask(maskPixels, img, maskOpts) : null);
-      }
-    }
-    return set;
-  }
-
-  /** Prior-preservation images from the base model itself (what diffusers' train_dreambooth does). */
-  private static async generateClassImages(
-    host: RunHost,
-    model: LoadedModel,
-    tokenizer: ClipTokenizer,
-    schedule: ScheduleConfig,
-    s: RunSettings,
-  ): Promise<PreparedSet> {
-    const set: PreparedSet = { images: [], prompts: [] };
-    for (let i = 0; i < s.classCount; i++) {
-      host.emit({
-        type: 'phase',
-        phase: 'class-images',
-        message: `Generating class image ${i + 1} of ${s.classCount} ("${s.classPrompt}")`,
-        done: i,
-        total: s.classCount,
-      });
-      set.images.push(
-        await generateClassImage(host.gpu, model, tokenizer, schedule, {
-          prompt: s.classPrompt,
-          seed: s.seed,
-          index: i,
-          steps: s.classSteps,
-          resolution: s.resolution,
-        }),
-      );
-      set.prompts.push(s.classPrompt);
-    }
-    return set;
-  }
-
-  /** Frees what training does not use: the VAE encoder always, the rest unless samples (or TE LoRA) need it. */
-  private static releaseFor(gpu: Gpu, model: LoadedModel, sampling: boolean, keepTextEncoder: boolean): void {
-    const drop = (ws: Map<string, { byteSize: number }>, keep: (n: string) => boolean) => {
-      for (const [n, t] of ws)
-        if (!keep(n)) {
-          gpu.free(t as never);
-          ws.delete(n);
-        }
-    };
-    drop(model.vae.weights, (n) => sampling && !/^(encoder|quant_conv)\./.test(n));
-    drop(model.textEncoder.weights, () => sampling || keepTextEncoder);
   }
 
   pause(): void {
@@ -753,71 +379,8 @@ export class TrainingRun {
 
   /** Streams the trained model in `format` to `sink` (LoRA formats for LoRA runs; full formats for both). */
   async exportTo(format: ExportFormat, sink: ByteSink): Promise<void> {
-    const t = this.trainer;
-    const s = this.run.settings;
-    if (!EXPORT_FORMATS[format].modes.includes(s.mode))
-      throw new RunError(`${format} holds LoRA adapters: this is a full fine-tune, export a full checkpoint (full-single-file or diffusers-zip)`);
-    this.host.emit({ type: 'phase', phase: 'exporting', message: `Writing ${format}` });
-    // LoRA adapters are small: read them all. A full fine-tune streams its masters chunk by chunk.
-    const values = s.mode === 'lora' ? await t.trainedValues() : new Map<string, Float32Array>();
-    const title = `${this.opened.name} dreambooth ${s.mode}`;
-    const provider = (keep: (n: string) => boolean): TensorProvider => {
-      const names = [...values.keys()].filter(keep);
-      return { names: () => names, shape: (n) => [...t.trainable.get(n)!.shape], read: async (n) => values.get(n)! };
-    };
-    if (format === 'lora-kohya' || format === 'lora-diffusers') {
-      const info: LoraInfo = {
-        family: this.model.family,
-        prediction: this.model.prediction,
-        resolution: s.resolution,
-        steps: t.step,
-        lr: s.lr,
-        ...ownTextEncoderLr(s),
-        lrScheduler: effectiveScheduler(s.lrScheduler, s.lrWarmup),
-        lrWarmup: s.lrWarmup,
-        instancePrompt: this.run.prompt,
-        ...(s.priorPreservation ? { classPrompt: s.classPrompt, numClassImages: t.data.classes.length } : {}),
-        numImages: t.data.instance.length,
-        baseModelName: this.opened.name,
-        title,
-        date: new Date(),
-        startedAt: this.startedAt,
-        seed: s.seed,
-      };
-      const te = provider((n) => n.startsWith('text_model.'));
-      const ts = t.settings;
-      const adapters = {
-        rank: ts.rank,
-        alpha: ts.alpha,
-        unet: provider((n) => !n.startsWith('text_model.')),
-        ...(te.names().length ? { textEncoder: te } : {}),
-      };
-      await (format === 'lora-kohya' ? writeKohyaLora : writePeftLora)(sink, adapters, info);
-      return;
-    }
-    // Full formats: the trained UNet over the base's other components. A LoRA run is merged into the UNet
-    // first (W + scale B A), which is what "export a full checkpoint" of a LoRA run means.
-    if ([...values.keys()].some((n) => n.startsWith('text_model.')))
-      this.host.emit({
-        type: 'warning',
-        message: 'The text-encoder LoRA is not merged into full exports (they carry the base text encoder): export a LoRA format to keep it.',
-      });
-    const weights = this.model.unet.weights;
-    const unet =
-      s.mode === 'full'
-        ? chunkedProvider(t.optimizer)
-        : mergedLoraProvider({ shape: (n) => weights.get(n)!.shape, read: (n) => this.host.gpu.read(weights.get(n)!) }, values, t.loraScale);
-    const opts = { title, date: new Date(), resolution: s.resolution, ...(this.opened.overrides ? { overrides: this.opened.overrides } : {}) };
-    const base = this.opened.kind === 'diffusers' ? this.source : this.opened.file;
-    if (format === 'full-single-file') await writeSingleFile(sink, base, unet, opts);
-    else
-      await pipeToSink(
-        zipDiffusers(base, unet, {
-          ...opts,
-          ...(this.opened.kind === 'diffusers' ? { folder: this.opened.reader } : { tokenizer: this.opened.tokenizerFiles ?? new Map() }),
-        }),
-        sink,
-      );
+    const { host, model, opened, source, trainer, run, startedAt } = this;
+    await exportRun({ gpu: host.gpu, emit: (e) => host.emit(e), model, opened, source, trainer, run, startedAt }, format, sink);
   }
 
   /** Frees the GPU state (the store keeps the checkpoint). */
@@ -832,66 +395,4 @@ export class TrainingRun {
   static async discard(store: ChunkStore, runId: string): Promise<void> {
     for (const k of await store.keys(`${runId}/`)) await store.delete(k);
   }
-}
-
-/** Store key of the fingerprint of the masks the cached latents were encoded with (maskFingerprint's text). */
-const masksKey = (runId: string) => `${runId}/cache-masks`;
-
-/** Which photos have masks and what each mask is (its bytes' CRC-32): the cached latents' validity. */
-export async function maskFingerprint(images: ImageInput[]): Promise<string> {
-  const parts: string[] = [];
-  for (const img of images) {
-    const m = img.mask;
-    if (!m) parts.push(`${img.id}:-`);
-    else if (m.pixels) {
-      const px = m.pixels.data;
-      parts.push(`${img.id}:${m.pixels.width}x${m.pixels.height}:${crc32(new Uint8Array(px.buffer, px.byteOffset, px.byteLength)).toString(16)}`);
-    } else if (m.blob) parts.push(`${img.id}:${crc32(new Uint8Array(await m.blob.arrayBuffer())).toString(16)}`);
-    else parts.push(`${img.id}:?`);
-  }
-  return parts.join(',');
-}
-
-/**
- * Whether the cached latents were encoded with these masks. A cache from before the fingerprint was kept
- * counts as matching when neither it nor the photos have masks.
- */
-async function cachedMasksMatch(store: ChunkStore, runId: string, masks: string, images: ImageInput[], cacheHasMasks: boolean): Promise<boolean> {
-  const kept = await store.read(masksKey(runId));
-  if (kept) return new TextDecoder().decode(kept) === masks;
-  return !cacheHasMasks && !images.some((i) => i.mask);
-}
-
-/** Store key of a run's start time (ISO 8601 text). */
-const startedKey = (runId: string) => `${runId}/started`;
-
-/**
- * When run `runId` first started: the time kept in the store, or `now` (then written there) for a new run or
- * one from before the time was kept. Unreadable text counts as absent.
- */
-export async function runStartedAt(store: ChunkStore, runId: string, now: Date): Promise<Date> {
-  const kept = await store.read(startedKey(runId));
-  const t = kept ? new Date(new TextDecoder().decode(kept)) : null;
-  if (t && Number.isFinite(t.getTime())) return t;
-  await store.write(startedKey(runId), new TextEncoder().encode(now.toISOString()));
-  return now;
-}
-
-/** An export's file name: the base model's name, the mode and the step, and the format's suffix. */
-export function exportFileName(modelName: string, mode: TrainMode, step: number, format: ExportFormat): string {
-  const base =
-    modelName
-      .replace(/\.(safetensors|ckpt)$/i, '')
-      .replace(/[^A-Za-z0-9._-]+/g, '-')
-      .slice(0, 60) || 'model';
-  return `${base}-dreambooth-${mode}-step${step}${EXPORT_FORMATS[format].suffix}`;
-}
-
-/**
- * About what a run keeps in storage: the cached latents and embeddings, and the fp32 optimizer state
- * (master weights, first and second moments: 12 bytes per trained parameter) twice over, since the last
- * checkpoint's version stays pinned while the next is written.
- */
-export function storageNeed(trainableParams: number, cacheBytes: number): number {
-  return cacheBytes + 2 * 12 * trainableParams;
 }
