@@ -14,6 +14,7 @@ import { existsSync, statSync } from 'node:fs';
 import { NodeFileSource } from '../io/source-node.ts';
 import { nodeFolder } from '../models/folder-node.ts';
 import { inspectDiffusers, inspectionReport, inspectSingleFile } from '../models/inspect.ts';
+import { inspectSdxlPath, isSdxlPath } from './run-sdxl.ts';
 import type { SourceOptions } from '../models/source.ts';
 import { parseFlags, readJsonFile, stringFlag, UsageError } from './args.ts';
 import { helpText, wantsHelp } from './help.ts';
@@ -28,9 +29,13 @@ async function inspect(args: string[]): Promise<void> {
   const cfgPath = stringFlag(values, 'config');
   const json = cfgPath ? readJsonFile(cfgPath, '--config') : undefined;
   // Per-component overrides ({unet: {...}, ...}) as the loader takes them; a plain object is the scheduler config.
-  const perComponent = json && ['unet', 'vae', 'text_encoder', 'scheduler'].some((k) => k in json);
+  const perComponent = json && ['unet', 'vae', 'text_encoder', 'text_encoder_2', 'scheduler'].some((k) => k in json);
   const overrides = perComponent ? (json as SourceOptions['overrides']) : undefined;
   const config = perComponent ? undefined : json;
+  if (await isSdxlPath(path)) {
+    console.log(JSON.stringify(await inspectSdxlPath(path, { ...overrides, ...(config ? { scheduler: config } : {}) }), null, 2));
+    return;
+  }
   let r;
   if (statSync(path).isDirectory()) r = await inspectDiffusers(nodeFolder(path), config, overrides);
   else {

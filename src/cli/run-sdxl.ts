@@ -13,8 +13,18 @@ import type { DType, Tensor } from '../gpu/tensor.ts';
 import { readSafetensors, SafetensorsFile, writeSafetensors, type NamedTensor } from '../io/safetensors.ts';
 import { NodeFileSource } from '../io/source-node.ts';
 import { nodeFolder } from '../models/folder-node.ts';
-import { isSdxlDiffusers, isSdxlSingleFile, loadSdxl, openSdxlDiffusers, openSdxlSingleFile, type LoadedSdxl, type SdxlComponent } from '../models/sdxl.ts';
+import {
+  isSdxlDiffusers,
+  isSdxlSingleFile,
+  loadSdxl,
+  openSdxlDiffusers,
+  openSdxlSingleFile,
+  SDXL_COMPONENTS,
+  type LoadedSdxl,
+  type SdxlComponent,
+} from '../models/sdxl.ts';
 import type { Json } from '../models/source.ts';
+import { inspectSdxl, type SdxlInspection } from '../models/sdxl-inspect.ts';
 import { Tape } from '../nn/ops.ts';
 import { sdxlTextEncode } from '../nn/sdxl.ts';
 import { unetForward } from '../nn/unet.ts';
@@ -56,6 +66,27 @@ export async function loadSdxlPath(gpu: Gpu, path: string, dtype: DType, overrid
   const file = await SafetensorsFile.open(await NodeFileSource.open(path));
   try {
     return await loadSdxl(gpu, await openSdxlSingleFile(file, { overrides }), dtype);
+  } finally {
+    await file.source.close?.();
+  }
+}
+
+/** `inspect` on an SDXL model: its architecture and the loader's refusals (models/sdxl-inspect.ts), headers only. */
+export async function inspectSdxlPath(path: string, overrides: Overrides | undefined): Promise<SdxlInspection> {
+  if (statSync(path).isDirectory()) {
+    const src = await openSdxlDiffusers(nodeFolder(path), { overrides });
+    try {
+      return inspectSdxl(
+        src,
+        SDXL_COMPONENTS.map((c) => src.tensorOrigin(c, '')),
+      );
+    } finally {
+      await src.close();
+    }
+  }
+  const file = await SafetensorsFile.open(await NodeFileSource.open(path));
+  try {
+    return inspectSdxl(await openSdxlSingleFile(file, { overrides }), [path]);
   } finally {
     await file.source.close?.();
   }

@@ -2,7 +2,8 @@
 // sample, timestep, encoder_hidden_states, text_embeds and time_ids from the single file (with a --config
 // that includes text_encoder_2), the text encoders give prompt_embeds and pooled from the folder, grad unet
 // gives every parameter's gradient; all against the PyTorch goldens (tolerances as tests/modules/sdxl.test.ts,
-// f32). time_ids of the wrong length exit 1 naming the --in file; `cli sample` draws with both tokenizers.
+// f32). time_ids of the wrong length exit 1 naming the --in file; `cli sample` draws with both tokenizers;
+// `cli inspect` reports either layout as SDXL and names a missing tensor among its problems.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -10,6 +11,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
+import { inspectSdxlPath } from '../../src/cli/run-sdxl.ts';
 import { readSafetensors, writeSafetensors, type NamedTensor } from '../../src/io/safetensors.ts';
 import { compare, type Check } from '../../src/selftest/check.ts';
 import { writeTinySdxl } from '../fixtures/models/make-tiny-sdxl.ts';
@@ -84,6 +86,45 @@ describe('cli on an SDXL model', () => {
       compare('prompt_embeds', o.get('prompt_embeds')!.data, c.get('prompt_embeds')!.data, { atol: 1e-4, rtol: 1e-4 }),
       compare('pooled', o.get('pooled')!.data, c.get('pooled')!.data, { atol: 1e-4, rtol: 1e-4 }),
     ]);
+  });
+
+  it('inspect reports both layouts as SDXL (widths, depths, parameters) and a missing tensor as a problem', async () => {
+    // The command line once (its SDXL dispatch), the same function in this process for the rest.
+    type Report = Record<string, unknown> & { parameters: Record<string, number>; problems: string[] };
+    const cliInspect = (path: string) =>
+      JSON.parse(
+        execFileSync(process.execPath, ['--import', 'tsx', join(root, 'src/cli/main.ts'), 'inspect', path], {
+          stdio: ['ignore', 'pipe', 'pipe'],
+          encoding: 'utf8',
+        }),
+      ) as Report;
+    const inspect = async (path: string) => (path === tiny.singleFile ? cliInspect(path) : ((await inspectSdxlPath(path, undefined)) as unknown as Report));
+    const count = (m: Map<string, NamedTensor>) => [...m.values()].reduce((a, t) => a + t.data.length, 0);
+    for (const [layout, path] of [
+      ['single-file', tiny.singleFile],
+      ['diffusers', tiny.folder],
+    ]) {
+      const r = await inspect(path);
+      assert.equal(r.architecture, 'sdxl');
+      assert.equal(r.layout, layout);
+      assert.equal(r.contextDim, 80);
+      assert.deepEqual(r.textEncoders, { width1: 32, width2: 48, projection: 40 });
+      assert.deepEqual(r.transformerLayersPerBlock, [1, 2]);
+      assert.equal(r.vaeScalingFactor, 0.13025);
+      for (const c of ['unet', 'vae', 'text_encoder', 'text_encoder_2'] as const)
+        assert.equal(r.parameters[c], count(tiny.weights[c]), `${layout} ${c} parameters`);
+      assert.deepEqual(r.problems, [], `${layout}: no problems`);
+    }
+    const damaged = readSafetensors(new Uint8Array(readFileSync(tiny.singleFile))).tensors;
+    damaged.delete('model.diffusion_model.out.2.weight');
+    const path = join(dir, 'damaged-sdxl.safetensors');
+    writeFileSync(path, writeSafetensors(damaged));
+    const r = await inspect(path);
+    assert.equal(r.architecture, 'sdxl');
+    assert.ok(
+      r.problems.some((p) => /unet/.test(p) && /conv_out\.weight/.test(p)),
+      `problems name the missing UNet tensor: ${r.problems.join(' | ')}`,
+    );
   });
 
   it('time ids of the wrong length are refused naming the file', () => {
