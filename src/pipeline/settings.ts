@@ -14,11 +14,12 @@ import { MASTER_KINDS, OPTIMIZER_KINDS, type MasterKind, type OptimizerKind } fr
 import { effectiveScheduler, LR_SCHEDULERS, POLYNOMIAL_LR_END, type LrScheduler } from '../train/lr-schedule.ts';
 import { ENGINE_DEFAULTS, type TrainMode, type TrainSettings } from '../train/trainer.ts';
 import { formatBytes, parseBytes } from '../util/bytes.ts';
+import { KNOB_SETTINGS, knobProblem, type KnobSettings } from './settings-knobs.ts';
 
 export type { TrainMode };
 
 /** A run's settings, as the user chose them (the trainer's own settings are derived from these). */
-export interface RunSettings {
+export interface RunSettings extends KnobSettings {
   mode: TrainMode;
   steps: number;
   lr: number;
@@ -494,6 +495,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     showWhen: (s) => s.priorPreservation,
     activeWhen: { test: (s) => s.priorPreservation, why: 'is for class images of prior preservation: add --class-prompt, or leave it out' },
   }),
+  ...KNOB_SETTINGS,
 ];
 
 export const SETTING_SPECS = new Map(SETTINGS.map((s) => [s.key, s])) as ReadonlyMap<SettingKey, SettingSpec>;
@@ -593,6 +595,8 @@ export function validateSettings(s: RunSettings, name: Namer = flagName): void {
       `${name('lrScheduler')} polynomial decays to ${POLYNOMIAL_LR_END}: ${name('lr')} must be above it (got ${s.lr}); raise it or choose another schedule`,
       'lrScheduler',
     );
+  const knob = knobProblem(s, name);
+  if (knob) throw new SettingsError(knob.message, knob.key);
   if (s.priorPreservation && !s.classPrompt.trim())
     throw new SettingsError(`prior preservation needs a class prompt (${name('classPrompt')}, e.g. "a photo of a dog")`, 'classPrompt');
 }

@@ -3,22 +3,23 @@
 // The kernels (noising, the v target, the weighted MSE and its gradient) are ops/loss.ts; noise with an offset
 // is formed on the host.
 import { ShapeError } from '../gpu/errors.ts';
+import { debiasedWeight } from './loss-options.ts';
 
 /**
  * Per-sample loss weights: min-SNR-gamma (Hang et al.; SNR = ā / (1 - ā): min(SNR, γ) / SNR for epsilon,
- * min(SNR, γ) / (SNR + 1) for v-prediction) times a class weight (prior_loss_weight for class images).
+ * min(SNR, γ) / (SNR + 1) for v-prediction), times debiased estimation's weight (train/loss-options.ts), times a
+ * class weight (prior_loss_weight for class images).
  */
 export function lossWeights(
   timesteps: number[],
   acp: Float64Array,
-  o: { prediction: 'epsilon' | 'v_prediction'; minSnrGamma?: number; classWeights?: number[] },
+  o: { prediction: 'epsilon' | 'v_prediction'; minSnrGamma?: number; debiased?: boolean; classWeights?: number[] },
 ): number[] {
   return timesteps.map((t, i) => {
     let w = 1;
-    if (o.minSnrGamma !== undefined) {
-      const snr = acp[t] / (1 - acp[t]);
-      w = Math.min(snr, o.minSnrGamma) / (o.prediction === 'epsilon' ? snr : snr + 1);
-    }
+    const snr = acp[t] / (1 - acp[t]);
+    if (o.minSnrGamma !== undefined) w = Math.min(snr, o.minSnrGamma) / (o.prediction === 'epsilon' ? snr : snr + 1);
+    if (o.debiased) w *= debiasedWeight(snr, o.prediction);
     return w * (o.classWeights?.[i] ?? 1);
   });
 }

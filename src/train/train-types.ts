@@ -8,6 +8,8 @@ import type { UnetConfig } from '../nn/unet.ts';
 import type { ScheduleConfig } from '../sample/schedulers.ts';
 import type { LrScheduler } from './lr-schedule.ts';
 import type { MasterKind, OptimizerKind } from './packed-state.ts';
+import type { HuberSchedule, LossKind } from './loss-options.ts';
+import type { EmaSettings } from './ema.ts';
 
 export type TrainMode = 'lora' | 'full';
 
@@ -64,6 +66,24 @@ export interface TrainSettings {
   lrCycles?: number;
   /** polynomial: the decay's power (absent: 1). */
   lrPower?: number;
+  /** Zero-terminal-SNR schedule for noising (train/noise.ts; for v-prediction models). Absent: off. */
+  zeroTerminalSnr?: boolean;
+  /** Debiased estimation's loss weight per sample (train/loss-options.ts). Absent: off. */
+  debiasedEstimation?: boolean;
+  /** Multi-resolution noise levels (0 or absent: off) and their discount (train/noise.ts). */
+  multiresNoiseIterations?: number;
+  multiresNoiseDiscount?: number;
+  /** Input-perturbation noise strength (0 or absent: off). */
+  ipNoiseGamma?: number;
+  /** Timesteps are drawn from min..max-1 (absent: 0 and the schedule's length). */
+  minTimestep?: number;
+  maxTimestep?: number;
+  /** The loss (absent: l2) and, for huber and smooth_l1, sd-scripts' huber_c and its schedule (train/loss-options.ts). */
+  loss?: LossKind;
+  huberC?: number;
+  huberSchedule?: HuberSchedule;
+  /** An exponential moving average of the trained weights (train/ema.ts; absent: off). */
+  ema?: EmaSettings;
 }
 
 /** The settings only the engine sets (the planner or a test may change them); the rest are the run's. */
@@ -110,6 +130,8 @@ export interface StepInputs {
   /** Noise for the batch: each sample's [C, h, w] in batch order (offset noise already added). */
   noise: Float32Array;
   timesteps: number[];
+  /** Input perturbation (ip noise): the noise x_t is made with, `noise` + gamma N(0, I); absent: `noise`. */
+  inputNoise?: Float32Array;
 }
 
 export interface StepReport {
@@ -175,6 +197,8 @@ export interface CheckpointMeta {
    * (src/ops/tune.ts) has since chosen otherwise. Absent in checkpoints made before it existed: the device's own.
    */
   gemm?: GemmConfig;
+  /** With settings.ema: the EMA's updates so far (its shadow is in the checkpoint's ema-c<i> files). */
+  ema?: number;
 }
 
 /**

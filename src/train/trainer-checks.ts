@@ -2,6 +2,7 @@
 // and a checkpoint's record (checkCheckpointMeta, before anything is restored).
 import { gemmConfigProblem } from '../gpu/device.ts';
 import { MASTER_KINDS, OPTIMIZER_KINDS } from './packed-state.ts';
+import { HUBER_C_DEFAULT, LOSS_KINDS } from './loss-options.ts';
 import type { CheckpointMeta, TrainData, TrainSettings } from './train-types.ts';
 
 /** A checkpoint whose record cannot be true (a damaged or edited file): never trusted, always named. */
@@ -32,6 +33,7 @@ export function checkCheckpointMeta(m: CheckpointMeta, chunks: number): void {
   if (!Array.isArray(m.losses) || m.losses.length !== m.step || !m.losses.every((l) => l === null || typeof l === 'number'))
     bad(`${Array.isArray(m.losses) ? m.losses.length : 'no'} losses for ${m.step} steps`);
   if (!whole(m.rng, 0, 2 ** 32 - 1)) bad(`random state ${m.rng}`);
+  if (m.settings.ema && !whole(m.ema, 0, m.step)) bad(`${m.ema} EMA updates at step ${m.step}`);
   if (m.gemm !== undefined && gemmConfigProblem(m.gemm)) bad(`GEMM config: ${gemmConfigProblem(m.gemm)}`);
   const sc = m.scaler;
   if (
@@ -73,4 +75,43 @@ export function validate(data: TrainData, s: TrainSettings): void {
       if (x.mask.length !== h * w) throw new Error(`${what} image ${i}'s loss mask has ${x.mask.length} values, expected ${h}x${w}`);
       if (!x.mask.every((v) => v >= 0 && v <= 1)) throw new Error(`${what} image ${i}'s loss mask has values outside [0, 1] (or non-finite ones)`);
     }
+}
+
+/** The noise, loss and EMA settings against the model's schedule (the trainer's own API checks them too). */
+export function validateKnobs(s: TrainSettings, T: number, prediction: 'epsilon' | 'v_prediction'): void {
+  const whole = (x: number | undefined, lo: number, hi: number) => x === undefined || (Number.isInteger(x) && x >= lo && x <= hi);
+  const lo = s.minTimestep ?? 0;
+  const hi = s.maxTimestep ?? T;
+  if (!whole(lo, 0, T - 1) || !whole(hi, 1, T) || lo >= hi)
+    throw new Error(`timesteps must be drawn from a range within 0..${T}: minTimestep ${lo} must be below maxTimestep ${hi}, both whole`);
+  if (s.zeroTerminalSnr && prediction !== 'v_prediction')
+    throw new Error(
+      "zero terminal SNR trains the last timestep on pure noise, where an epsilon-prediction model's target is its own input: it needs a v-prediction model (SD 2.x 768-v); leave zeroTerminalSnr (--zero-terminal-snr) off for this one",
+    );
+  if (!whole(s.multiresNoiseIterations, 0, 100)) throw new Error(`multiresNoiseIterations must be a whole number 0..100, got ${s.multiresNoiseIterations}`);
+  if (s.multiresNoiseIterations && s.offsetNoise > 0) throw new Error('multires noise and offset noise both reshape the noise: use one of them');
+  for (const [k, v, max] of [
+    ['multiresNoiseDiscount', s.multiresNoiseDiscount, 1],
+    ['ipNoiseGamma', s.ipNoiseGamma, 1],
+    ['huberC', s.huberC, 1],
+  ] as const)
+    if (v !== undefined && !(v >= 0 && v <= max)) throw new Error(`${k} must be from 0 to ${max}, got ${v}`);
+  if (s.loss !== undefined && !LOSS_KINDS.includes(s.loss)) throw new Error(`loss must be one of ${LOSS_KINDS.join(', ')}, got ${String(s.loss)}`);
+  if (s.loss && s.loss !== 'l2' && !((s.huberC ?? HUBER_C_DEFAULT) > 0)) throw new Error(`huberC must be above 0 for the ${s.loss} loss, got ${s.huberC}`);
+  const e = s.ema;
+  if (
+    e &&
+    !(
+      e.decay >= 0 &&
+      e.decay < 1 &&
+      e.minDecay >= 0 &&
+      e.minDecay <= e.decay &&
+      e.invGamma > 0 &&
+      e.power > 0 &&
+      whole(e.updateAfterStep, 0, Number.MAX_SAFE_INTEGER)
+    )
+  )
+    throw new Error(
+      `ema settings out of range (decay in [0, 1), 0 <= minDecay <= decay, invGamma and power above 0, updateAfterStep whole): ${JSON.stringify(e)}`,
+    );
 }

@@ -23,11 +23,14 @@ import { alphasCumprod } from '../sample/schedulers.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { commitSnapshot, openSnapshot } from '../store/snapshot.ts';
 import { scheduleFactor } from './lr-schedule.ts';
-import { addNoise, velocity, weightedMse, weightedMseBackward } from '../ops/loss.ts';
+import { addNoise, velocity, weightedMse } from '../ops/loss.ts';
 import { lossWeights } from './objective.ts';
+import { huberCs, passLoss, HUBER_C_DEFAULT } from './loss-options.ts';
+import { drawStepNoise, zeroTerminalSnr } from './noise.ts';
+import { WeightEma } from './ema.ts';
 import { ChunkedAdamW } from './optimizer.ts';
 import { textEncoderLrOf, trainableSpec } from './trainable.ts';
-import { checkCheckpointMeta, validate } from './trainer-checks.ts';
+import { checkCheckpointMeta, validate, validateKnobs } from './trainer-checks.ts';
 import {
   TrainingStalledError,
   VALIDATION_IMAGES,
@@ -50,6 +53,8 @@ export { CheckpointError } from './trainer-checks.ts';
 export class DreamBoothTrainer {
   /** Steps done (applied or skipped). */
   step = 0;
+  /** The EMA of the trained weights (settings.ema), updated after every step; null: off. */
+  ema: WeightEma | null = null;
   readonly losses: number[] = [];
   readonly validation: ValidationReport[] = [];
   readonly rng: Rng;
@@ -57,6 +62,7 @@ export class DreamBoothTrainer {
   /** Skipped steps since the last applied one, and the last one's reason. */
   private skipRun = { count: 0, last: '' };
   private readonly acp: Float64Array;
+  private readonly snrAcp: Float64Array;
   private readonly dtype: DType;
 
   private constructor(
@@ -72,7 +78,10 @@ export class DreamBoothTrainer {
     rng: Rng,
   ) {
     this.rng = rng;
-    this.acp = alphasCumprod(model.schedule);
+    // Loss weights read the schedule's own SNR, as sd-scripts computes all_snr before the zero-terminal-SNR
+    // rescale (so they stay finite at the last timestep, whose rescaled SNR is 0); noising reads the rescaled one.
+    this.snrAcp = alphasCumprod(model.schedule);
+    this.acp = settings.zeroTerminalSnr ? zeroTerminalSnr(this.snrAcp) : this.snrAcp;
     this.dtype = [...model.weights.values()][0].dtype;
     // f32 compute needs no loss scale (nothing underflows): 1 keeps it exact.
     this.scaler = new DynamicLossScaler(this.dtype === 'f16' ? {} : { initScale: 1, growthInterval: Number.MAX_SAFE_INTEGER });
@@ -99,6 +108,7 @@ export class DreamBoothTrainer {
     loraInit?: Map<string, Float32Array>,
   ): Promise<DreamBoothTrainer> {
     validate(data, settings);
+    validateKnobs(settings, model.schedule.numTrainTimesteps, model.schedule.prediction);
     if (settings.mode === 'lora' && settings.textEncoderLora) {
       if (!model.textEncoder) throw new Error('text-encoder LoRA needs the text encoder (it stays on the GPU)');
       if (!data.instance.every((s) => s.ids) || !data.classes.every((s) => s.ids))
@@ -139,7 +149,9 @@ export class DreamBoothTrainer {
       maxGradNorm: settings.maxGradNorm > 0 ? settings.maxGradNorm : undefined,
       mode: { optimizer: settings.optimizer, master: settings.master },
     });
-    return new DreamBoothTrainer(gpu, model, data, settings, store, runId, trainable, optimizer, rng);
+    const trainer = new DreamBoothTrainer(gpu, model, data, settings, store, runId, trainable, optimizer, rng);
+    if (settings.ema) trainer.ema = await WeightEma.start(settings.ema, optimizer.chunks.length, (i) => optimizer.chunkMasters(i));
+    return trainer;
   }
 
   /** Draws the next step's sample indices, noise and timesteps from the run's Rng. */
@@ -148,20 +160,7 @@ export class DreamBoothTrainer {
     const instance = this.step % this.data.instance.length;
     const classIndex = hasClass ? this.step % this.data.classes.length : null;
     const shapes = this.batchOf(instance, classIndex).map((x) => this.shapeOf(x));
-    const c = shapes[0][0];
-    const planes = shapes.map(([, h, w]) => h * w);
-    const noise = this.rng.normals(c * planes.reduce((a, b) => a + b, 0));
-    if (this.settings.offsetNoise > 0) {
-      // Offset noise (Guttenberg): one extra normal per sample and channel shifts the whole plane, so the
-      // model can learn to change an image's mean brightness.
-      const off = this.rng.normals(shapes.length * c);
-      let start = 0;
-      for (let b = 0; b < shapes.length; b++)
-        for (let ch = 0; ch < c; ch++, start += planes[b]) for (let i = 0; i < planes[b]; i++) noise[start + i] += this.settings.offsetNoise * off[b * c + ch];
-    }
-    const T = this.model.schedule.numTrainTimesteps;
-    const timesteps = Array.from({ length: shapes.length }, () => this.rng.int(T));
-    return { instance, classIndex, noise, timesteps };
+    return { instance, classIndex, ...drawStepNoise(this.rng, shapes, this.settings, this.model.schedule.numTrainTimesteps) };
   }
 
   /** A step's samples: the instance photo, then the class image when there is one. */
@@ -185,6 +184,7 @@ export class DreamBoothTrainer {
     const { loss, applied, gradNorm, skipped } = r;
     await gpu.sync();
     this.step++;
+    if (this.ema) await this.ema.update((i) => this.optimizer.chunkMasters(i));
     this.losses.push(loss);
     const mem = gpu.allocator.report();
     const report: StepReport = {
@@ -222,7 +222,12 @@ export class DreamBoothTrainer {
     const prediction = this.model.schedule.prediction;
     // diffusers adds the prior term to the instance mean: per-sample weights times B undo weightedMse's 1/B.
     const classWeights = samples.map((_, i) => (i === 0 ? 1 : this.settings.priorLossWeight) * B);
-    const weights = lossWeights(inputs.timesteps, this.acp, { prediction, minSnrGamma: this.settings.minSnrGamma ?? undefined, classWeights });
+    const weights = lossWeights(inputs.timesteps, this.snrAcp, {
+      prediction,
+      minSnrGamma: this.settings.minSnrGamma ?? undefined,
+      debiased: this.settings.debiasedEstimation,
+      classWeights,
+    });
     const tape = new Tape(this.gpu, new Set(this.trainable.values()));
     const sameShape = samples.every((x) => this.shapeOf(x).join() === this.shapeOf(samples[0]).join());
     const passes = sameShape && !this.settings.passPerSample ? [samples.map((_, i) => i)] : samples.map((_, i) => [i]);
@@ -234,7 +239,7 @@ export class DreamBoothTrainer {
       loss += await this.trainPass(
         tape,
         pass.map((i) => ({ sample: samples[i], t: inputs.timesteps[i], w: weights[i], noise: noiseStart[i] })),
-        inputs.noise,
+        inputs,
         B,
         scale,
         fused && last ? { loss: (l) => fused.loss(before + l), onFinal: this.chunkHandover(tape, fused.chunk) } : undefined,
@@ -430,7 +435,8 @@ export class DreamBoothTrainer {
   private async trainPass(
     tape: Tape,
     items: { sample: TrainSample; t: number; w: number; noise: number }[],
-    noise: Float32Array,
+    /** The batch's noise (the target's) and, with input perturbation, the noise x_t is made with. */
+    noise: Pick<StepInputs, 'noise' | 'inputNoise'>,
     batch: number,
     scale: number,
     /** The fused step's last pass: sees the batch's loss before the backward, which hands over final weights. */
@@ -455,12 +461,21 @@ export class DreamBoothTrainer {
       'x0',
     );
     const eps = gpu.upload(
-      cat((it) => noise.subarray(it.noise, it.noise + c * h * w)),
+      cat((it) => noise.noise.subarray(it.noise, it.noise + c * h * w)),
       [n, c, h, w],
       this.dtype,
       'activations',
       'noise',
     );
+    const epsIn = noise.inputNoise
+      ? gpu.upload(
+          cat((it) => noise.inputNoise!.subarray(it.noise, it.noise + c * h * w)),
+          [n, c, h, w],
+          this.dtype,
+          'activations',
+          'input-noise',
+        )
+      : eps;
     const te = this.settings.textEncoderLora ? this.model.textEncoder! : null;
     // A trained text encoder runs on the tape (its output is freed by it); else the cached embeddings.
     const ctx = te
@@ -481,7 +496,7 @@ export class DreamBoothTrainer {
           'context',
         );
     const tT = gpu.upload(timesteps, [n], 'f32', 'activations', 'timesteps');
-    const xt = addNoise(gpu, x0, eps, timesteps, this.acp);
+    const xt = addNoise(gpu, x0, epsIn, timesteps, this.acp);
     const target = this.model.schedule.prediction === 'epsilon' ? eps : velocity(gpu, x0, eps, timesteps, this.acp);
     // weightedMse divides by this pass's size; times n / batch it divides by the batch's (exactly 1 for one pass).
     const weights = items.map((it) => (it.w * n) / batch);
@@ -499,9 +514,9 @@ export class DreamBoothTrainer {
     // context are never formed (requires_grad pruning; a trained text encoder's output still gets its gradient).
     tape.noGrad(xt, ...(te ? [] : [ctx]));
     const pred = unetForward(gpu, this.model.config, this.model.weights, xt, tT, ctx, tape, this.loraScale, this.settings.activationCheckpointing);
-    const loss = await weightedMse(gpu, pred, target, weights, mask);
-    const dy = weightedMseBackward(gpu, pred, target, weights, mask, scale);
-    const inputs = [x0, eps, tT, xt, ...(target !== eps ? [target] : []), ...(te ? [] : [ctx]), ...(mask ? [mask] : [])];
+    const cs = huberCs(timesteps, this.acp, this.settings.huberC ?? HUBER_C_DEFAULT, this.settings.huberSchedule ?? 'snr');
+    const { loss, dy } = await passLoss(gpu, pred, target, weights, mask, scale, { kind: this.settings.loss ?? 'l2', cs });
+    const inputs = [x0, eps, ...(epsIn !== eps ? [epsIn] : []), tT, xt, ...(target !== eps ? [target] : []), ...(te ? [] : [ctx]), ...(mask ? [mask] : [])];
     try {
       fused?.loss(loss);
       if (fused) await tape.backwardFused(pred, dy, fused.onFinal);
@@ -530,8 +545,9 @@ export class DreamBoothTrainer {
       settings: this.settings,
       skipRun: this.skipRun,
       gemm: this.gpu.gemmConfig,
+      ...(this.ema ? { ema: this.ema.updates } : {}),
     };
-    await commitSnapshot(this.store, this.ckptPrefix, st.files, meta);
+    await commitSnapshot(this.store, this.ckptPrefix, this.ema ? new Map([...st.files, ...this.ema.files()]) : st.files, meta);
     await this.optimizer.pin(st.versions);
   }
 
@@ -560,7 +576,12 @@ export class DreamBoothTrainer {
     const teLr = { was: textEncoderLrOf({ lr: m.settings.lr, textEncoderLr: m.settings.textEncoderLr }), now: textEncoderLrOf(this.settings) };
     if (this.settings.textEncoderLora && teLr.was !== teLr.now)
       throw new Error(`this run's checkpoint was made with textEncoderLr = ${teLr.was}, not ${teLr.now}: resume with the run's own settings`);
+    if (JSON.stringify(m.settings.ema ?? null) !== JSON.stringify(this.settings.ema ?? null))
+      throw new Error(
+        `this run's checkpoint was made with ema = ${JSON.stringify(m.settings.ema ?? null)}, not ${JSON.stringify(this.settings.ema ?? null)}: resume with the run's own settings`,
+      );
     await this.optimizer.restore((n) => snap.read(n), m.versions, m.applied);
+    if (this.ema) await this.ema.restore((n) => snap.read(n), m.ema!);
     if (m.gemm !== undefined) this.gpu.setGemmConfig(m.gemm); // checked above
     this.step = m.step;
     this.rng.restore(m.rng);
@@ -574,11 +595,37 @@ export class DreamBoothTrainer {
     return true;
   }
 
-  /** The trained values (fp32 masters) of every trainable parameter, by name. */
-  async trainedValues(): Promise<Map<string, Float32Array>> {
+  /**
+   * The trained values (fp32 masters) of every trainable parameter, by name; with `ema` (and an EMA kept),
+   * their moving average instead.
+   */
+  async trainedValues(o: { ema?: boolean } = {}): Promise<Map<string, Float32Array>> {
     const out = new Map<string, Float32Array>();
-    for (const name of this.trainable.keys()) out.set(name, await this.optimizer.master(name));
+    const chunks = new Map<number, Float32Array>();
+    const ema = o.ema ? this.ema : null;
+    for (const name of this.trainable.keys()) {
+      const at = this.optimizer.locate(name);
+      if (!chunks.has(at.chunk)) chunks.set(at.chunk, ema ? ema.shadow[at.chunk] : await this.optimizer.chunkMasters(at.chunk));
+      out.set(name, chunks.get(at.chunk)!.slice(at.offset, at.offset + at.numel));
+    }
     return out;
+  }
+
+  /**
+   * Runs `fn` with the EMA's values in the model's trainable weights (samples and try-it use the average when
+   * one is kept), then puts the trained weights back exactly (their compute-dtype values, read before).
+   */
+  async withEmaWeights<T>(fn: () => Promise<T>): Promise<T> {
+    if (!this.ema) return fn();
+    const ema = await this.trainedValues({ ema: true });
+    const saved = new Map<string, Float32Array>();
+    for (const [name, t] of this.trainable) saved.set(name, await this.gpu.read(t));
+    try {
+      for (const [name, t] of this.trainable) this.gpu.write(t, ema.get(name)!);
+      return await fn();
+    } finally {
+      for (const [name, t] of this.trainable) this.gpu.write(t, saved.get(name)!);
+    }
   }
 
   destroy(): void {

@@ -1,0 +1,293 @@
+// The settings schema's entries for the trainer's knobs that LoRA trainers bring from kohya's sd-scripts and
+// diffusers: the noise and loss options (train/noise.ts, train/loss-options.ts) and the EMA of the trained
+// weights (train/ema.ts). settings.ts appends KNOB_SETTINGS to SETTINGS and checks knobProblem in
+// validateSettings; this file imports only types from it (settings.ts imports this one).
+import { EMA_DEFAULTS } from '../train/ema.ts';
+import { HUBER_C_DEFAULT, HUBER_SCHEDULES, LOSS_KINDS, type HuberSchedule, type LossKind } from '../train/loss-options.ts';
+import { MULTIRES_DISCOUNT_DEFAULT } from '../train/noise.ts';
+import type { Namer, RunSettings, SettingKey, SettingSpec } from './settings.ts';
+
+/** The knobs' fields of RunSettings. */
+export interface KnobSettings {
+  /** Rescale the noise schedule to zero terminal SNR (for v-prediction models). */
+  zeroTerminalSnr: boolean;
+  /** Debiased estimation's loss weight per sample. */
+  debiasedEstimation: boolean;
+  /** Multi-resolution noise levels (0: off) and their discount. */
+  multiresNoiseIterations: number;
+  multiresNoiseDiscount: number;
+  /** Input-perturbation noise strength (0: off). */
+  ipNoiseGamma: number;
+  /** Timesteps drawn from min..max-1. */
+  minTimestep: number;
+  maxTimestep: number;
+  /** The loss, and for huber / smooth_l1 sd-scripts' huber_c and its schedule. */
+  loss: LossKind;
+  huberC: number;
+  huberSchedule: HuberSchedule;
+  /** EMA of the trained weights (LoRA): used for samples and try-it; exported instead of the raw weights with exportEma. */
+  ema: boolean;
+  emaDecay: number;
+  emaMinDecay: number;
+  emaUpdateAfter: number;
+  emaWarmup: boolean;
+  emaPower: number;
+  emaInvGamma: number;
+  exportEma: boolean;
+}
+
+const entry = <K extends SettingKey>(e: SettingSpec<K>): SettingSpec => e as unknown as SettingSpec;
+const none = (note: string) => () => ({ option: null, note });
+const robust = (s: RunSettings) => s.loss !== 'l2';
+const robustOnly = { test: robust, why: 'is for --loss huber or smooth_l1 only: add one, or leave this out' };
+const emaOnly = { test: (s: RunSettings) => s.ema, why: 'sets the EMA of the trained weights: add --ema, or leave this out' };
+const emaWarmupOnly = { test: (s: RunSettings) => s.ema && s.emaWarmup, why: "is the EMA warm-up's: add --ema --ema-warmup, or leave this out" };
+
+export const KNOB_SETTINGS: readonly SettingSpec[] = [
+  entry({
+    key: 'zeroTerminalSnr',
+    kind: 'bool',
+    flag: 'zero-terminal-snr',
+    label: 'Zero terminal SNR (v-prediction models)',
+    default: false,
+    help: 'rescale the noise schedule so its last timestep is pure noise (Lin et al.; sd-scripts --zero_terminal_snr); needs a v-prediction model',
+    train: (v) => (v ? { zeroTerminalSnr: true } : {}),
+    bundle: none('the diffusers scripts have no zero-terminal-SNR option'),
+  }),
+  entry({
+    key: 'debiasedEstimation',
+    kind: 'bool',
+    flag: 'debiased-estimation',
+    label: 'Debiased estimation loss',
+    default: false,
+    help: "weigh each sample's loss by 1/sqrt(SNR) (v-prediction: 1/(SNR+1)), SNR at most 1000 (sd-scripts --debiased_estimation_loss)",
+    train: (v) => (v ? { debiasedEstimation: true } : {}),
+  }),
+  entry({
+    key: 'multiresNoiseIterations',
+    kind: 'int',
+    flag: 'multires-noise-iterations',
+    label: 'Multires noise levels (0: off)',
+    min: 0,
+    max: 20,
+    default: 0,
+    help: 'multi-resolution (pyramid) noise with N levels, e.g. 6 (sd-scripts --multires_noise_iterations); not with --offset-noise',
+    activeWhen: { test: (s) => s.offsetNoise === 0, why: 'and --offset-noise both reshape the noise (sd-scripts uses one or the other): leave one out' },
+    train: (v) => (v > 0 ? { multiresNoiseIterations: v } : {}),
+  }),
+  entry({
+    key: 'multiresNoiseDiscount',
+    kind: 'number',
+    flag: 'multires-noise-discount',
+    label: 'Multires noise discount',
+    min: 0,
+    max: 1,
+    default: MULTIRES_DISCOUNT_DEFAULT,
+    help: "each level's weight is discount^level (sd-scripts --multires_noise_discount)",
+    showWhen: (s) => s.multiresNoiseIterations > 0,
+    activeWhen: { test: (s) => s.multiresNoiseIterations > 0, why: 'is for multires noise: add --multires-noise-iterations N, or leave this out' },
+    train: (v, s) => (s.multiresNoiseIterations > 0 ? { multiresNoiseDiscount: v } : {}),
+  }),
+  entry({
+    key: 'ipNoiseGamma',
+    kind: 'number',
+    flag: 'ip-noise-gamma',
+    label: 'Input perturbation noise (0: off)',
+    min: 0,
+    max: 1,
+    default: 0,
+    help: 'input-perturbation noise: x_t is noised with eps + gamma N(0, I), the target stays eps, e.g. 0.1 (sd-scripts --ip_noise_gamma)',
+    train: (v) => (v > 0 ? { ipNoiseGamma: v } : {}),
+  }),
+  entry({
+    key: 'minTimestep',
+    kind: 'int',
+    flag: 'min-timestep',
+    label: 'Lowest timestep',
+    min: 0,
+    max: 999,
+    default: 0,
+    help: 'timesteps are drawn from min..max-1 (sd-scripts --min_timestep)',
+    train: (v) => (v > 0 ? { minTimestep: v } : {}),
+  }),
+  entry({
+    key: 'maxTimestep',
+    kind: 'int',
+    flag: 'max-timestep',
+    label: 'Timesteps below',
+    min: 1,
+    max: 1000,
+    default: 1000,
+    help: "timesteps are drawn below this (sd-scripts --max_timestep; the schedule's length, 1000, by default)",
+    train: (v) => (v < 1000 ? { maxTimestep: v } : {}),
+  }),
+  entry({
+    key: 'loss',
+    kind: 'enum',
+    flag: 'loss',
+    label: 'Loss',
+    values: LOSS_KINDS,
+    valueLabels: { l2: 'L2 (MSE)', huber: 'Huber', smooth_l1: 'smooth L1' },
+    default: 'l2',
+    help: "l2 (MSE), huber (2c(sqrt(d^2+c^2)-c)) or smooth_l1 (2(sqrt(d^2+c^2)-c)), c from --huber-delta and --huber-schedule (sd-scripts' --loss_type)",
+    train: (v) => (v !== 'l2' ? { loss: v } : {}),
+  }),
+  entry({
+    key: 'huberC',
+    kind: 'number',
+    flag: 'huber-delta',
+    label: 'Huber delta (c)',
+    min: 1e-4,
+    max: 1,
+    default: HUBER_C_DEFAULT,
+    help: "the Huber loss's c (sd-scripts --huber_c)",
+    showWhen: robust,
+    activeWhen: robustOnly,
+    train: (v, s) => (robust(s) ? { huberC: v } : {}),
+  }),
+  entry({
+    key: 'huberSchedule',
+    kind: 'enum',
+    flag: 'huber-schedule',
+    label: 'Huber delta over timesteps',
+    values: HUBER_SCHEDULES,
+    default: 'snr',
+    help: 'c per timestep: snr ((1-c)/(1+sigma_t)^2 + c), exponential (c^(t/T)) or constant (sd-scripts --huber_schedule)',
+    showWhen: robust,
+    activeWhen: robustOnly,
+    train: (v, s) => (robust(s) ? { huberSchedule: v } : {}),
+  }),
+  entry({
+    key: 'ema',
+    kind: 'bool',
+    flag: 'ema',
+    label: 'EMA of the trained weights',
+    default: false,
+    onlyMode: 'lora',
+    help: "keep an exponential moving average of the LoRA weights (diffusers' EMAModel): samples and try-it use it; --export-ema exports it",
+    bundle: (s) => (s.ema ? { option: '--use_ema', note: 'the full-model scripts only' } : { option: null, note: 'off' }),
+  }),
+  entry({
+    key: 'emaDecay',
+    kind: 'number',
+    flag: 'ema-decay',
+    label: 'EMA decay',
+    min: 0,
+    max: 0.999999,
+    default: EMA_DEFAULTS.decay,
+    onlyMode: 'lora',
+    help: 'the largest decay; without --ema-warmup the decay is min(this, (1+n)/(10+n)) at the n-th update',
+    showWhen: (s) => s.ema,
+    activeWhen: emaOnly,
+  }),
+  entry({
+    key: 'emaMinDecay',
+    kind: 'number',
+    flag: 'ema-min-decay',
+    label: 'EMA smallest decay',
+    min: 0,
+    max: 0.999999,
+    default: EMA_DEFAULTS.minDecay,
+    onlyMode: 'lora',
+    help: 'the decay is at least this (after --ema-update-after)',
+    showWhen: (s) => s.ema,
+    activeWhen: emaOnly,
+  }),
+  entry({
+    key: 'emaUpdateAfter',
+    kind: 'int',
+    flag: 'ema-update-after',
+    label: 'EMA starts averaging after',
+    unit: 'steps',
+    min: 0,
+    max: 1_000_000,
+    default: EMA_DEFAULTS.updateAfterStep,
+    onlyMode: 'lora',
+    help: 'the EMA copies the weights (decay 0) for this many steps first',
+    showWhen: (s) => s.ema,
+    activeWhen: emaOnly,
+  }),
+  entry({
+    key: 'emaWarmup',
+    kind: 'bool',
+    flag: 'ema-warmup',
+    label: 'EMA warm-up (1 - (1 + n/inv_gamma)^-power)',
+    default: EMA_DEFAULTS.warmup,
+    onlyMode: 'lora',
+    help: "diffusers' use_ema_warmup: decay 1 - (1 + n / --ema-inv-gamma)^(---ema-power) instead of (1+n)/(10+n)",
+    showWhen: (s) => s.ema,
+    activeWhen: emaOnly,
+  }),
+  entry({
+    key: 'emaPower',
+    kind: 'number',
+    flag: 'ema-power',
+    label: 'EMA warm-up power',
+    min: 0.01,
+    max: 10,
+    default: EMA_DEFAULTS.power,
+    onlyMode: 'lora',
+    help: "the warm-up's power (diffusers: 2/3)",
+    showWhen: (s) => s.ema && s.emaWarmup,
+    activeWhen: emaWarmupOnly,
+  }),
+  entry({
+    key: 'emaInvGamma',
+    kind: 'number',
+    flag: 'ema-inv-gamma',
+    label: 'EMA warm-up inv_gamma',
+    min: 0.01,
+    max: 1_000_000,
+    default: EMA_DEFAULTS.invGamma,
+    onlyMode: 'lora',
+    help: "the warm-up's inv_gamma (diffusers: 1)",
+    showWhen: (s) => s.ema && s.emaWarmup,
+    activeWhen: emaWarmupOnly,
+    // Every EMA field reaches the trainer in one object (this last entry writes it).
+    train: (_v, s) =>
+      s.ema && s.mode === 'lora'
+        ? {
+            ema: {
+              decay: s.emaDecay,
+              minDecay: s.emaMinDecay,
+              updateAfterStep: s.emaUpdateAfter,
+              warmup: s.emaWarmup,
+              power: s.emaPower,
+              invGamma: s.emaInvGamma,
+            },
+          }
+        : {},
+  }),
+  entry({
+    key: 'exportEma',
+    kind: 'bool',
+    flag: 'export-ema',
+    label: 'Export the EMA weights',
+    default: false,
+    onlyMode: 'lora',
+    help: "export the EMA of the weights instead of the last step's",
+    showWhen: (s) => s.ema,
+    activeWhen: emaOnly,
+  }),
+];
+
+/**
+ * The knobs' checks across settings, or null: a problem's message (worded with the host's `name`) and the
+ * setting it names (validateSettings throws it).
+ */
+export function knobProblem(s: RunSettings, name: Namer): { message: string; key: SettingKey } | null {
+  if (s.minTimestep >= s.maxTimestep)
+    return {
+      message: `${name('minTimestep')} ${s.minTimestep} must be below ${name('maxTimestep')} ${s.maxTimestep} (timesteps are drawn from min to max-1)`,
+      key: 'minTimestep',
+    };
+  if (s.multiresNoiseIterations > 0 && s.offsetNoise > 0)
+    return {
+      message: `${name('multiresNoiseIterations')} and ${name('offsetNoise')} both reshape the noise (sd-scripts uses one or the other): set one of them to 0`,
+      key: 'multiresNoiseIterations',
+    };
+  if (s.ema && s.emaMinDecay > s.emaDecay)
+    return { message: `${name('emaMinDecay')} ${s.emaMinDecay} is above ${name('emaDecay')} ${s.emaDecay}: use at most the decay`, key: 'emaMinDecay' };
+  if (s.exportEma && !s.ema) return { message: `${name('exportEma')} exports the EMA: turn on ${name('ema')} too`, key: 'exportEma' };
+  return null;
+}
