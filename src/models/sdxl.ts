@@ -317,6 +317,13 @@ export interface LoadedSdxl {
   textEncoder2: { config: ClipTextConfig; weights: Weights };
 }
 
+/** Text encoder 2's tensors (CLIPTextModelWithProjection): CLIP's and the text projection [projection, width]. */
+export function sdxlTextEncoder2Params(te2: ClipTextConfig): Map<string, number[]> {
+  const m = clipParams(te2);
+  m.set('text_projection.weight', [te2.projectionDim ?? te2.hiddenSize, te2.hiddenSize]);
+  return m;
+}
+
 /** The parsed engine configs of an SdxlSource, and each component's expected tensors. */
 export function sdxlConfigs(src: SdxlSource) {
   const unet = unetConfigFromJson(src.configs.unet);
@@ -330,8 +337,7 @@ export function sdxlConfigs(src: SdxlSource) {
     throw new ModelError(
       `${src.name}: the UNet's add embedding takes ${unet.textTime.projectionInputDim} = ${pooled} pooled + 6 x ${unet.textTime.timeEmbedDim} time-id values, but text_encoder_2 projects to ${te2.projectionDim}`,
     );
-  const te2Params = clipParams(te2);
-  te2Params.set('text_projection.weight', [te2.projectionDim, te2.hiddenSize]);
+  const te2Params = sdxlTextEncoder2Params(te2);
   return {
     unet,
     vae,

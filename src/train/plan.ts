@@ -32,6 +32,7 @@ import type { DType } from '../gpu/tensor.ts';
 import type { ClipTextConfig } from '../nn/clip.ts';
 import type { UnetConfig } from '../nn/unet.ts';
 import { clipParams, unetParams } from '../models/shapes.ts';
+import { sdxlTextEncoder2Params } from '../models/sdxl.ts';
 import { SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
 import { DryRunChunkStore } from '../store/dryrun-store.ts';
 import { formatBytes } from '../util/bytes.ts';
@@ -52,6 +53,8 @@ export interface PlanModel {
   name?: string;
   /** The text encoder's config: needed with textEncoderLora (it then stays on the GPU and runs every step). */
   textEncoder?: ClipTextConfig;
+  /** SDXL's second text encoder's config: needed with textEncoderLora on SDXL (both encoders then train). */
+  textEncoder2?: ClipTextConfig;
 }
 
 export interface PlanDataShape {
@@ -121,13 +124,14 @@ type ChunkSettings = Pick<TrainSettings, 'mode' | 'rank' | 'chunkElems' | 'textE
  * Trainable parameter shapes in the trainer's order (trainable.ts, the trainer's own trainableSpec): the
  * optimizer packs its chunks in this order, with the text encoder's adapters at their own rate where it differs.
  */
-export function trainableShapes(model: Pick<PlanModel, 'config' | 'textEncoder'>, settings: Omit<ChunkSettings, 'chunkElems'>): ParamSpec[] {
-  const te = settings.mode === 'lora' && settings.textEncoderLora ? textEncoderOf(model) : undefined;
-  return trainableSpec(model.config, te, settings).flatMap((g) => g.params);
+export function trainableShapes(model: Pick<PlanModel, 'config' | 'textEncoder' | 'textEncoder2'>, settings: Omit<ChunkSettings, 'chunkElems'>): ParamSpec[] {
+  const withTe = settings.mode === 'lora' && settings.textEncoderLora;
+  const te = withTe ? textEncoderOf(model) : undefined;
+  return trainableSpec(model.config, te, settings, withTe ? model.textEncoder2 : undefined).flatMap((g) => g.params);
 }
 
 /** Number of optimizer chunks the trainer will make for these settings. */
-export function optimizerChunkCount(model: Pick<PlanModel, 'config' | 'textEncoder'>, settings: ChunkSettings): number {
+export function optimizerChunkCount(model: Pick<PlanModel, 'config' | 'textEncoder' | 'textEncoder2'>, settings: ChunkSettings): number {
   return planChunks(trainableShapes(model, settings), settings.chunkElems).length;
 }
 
@@ -136,11 +140,17 @@ function textEncoderOf(model: Pick<PlanModel, 'textEncoder'>): ClipTextConfig {
   return model.textEncoder;
 }
 
-/** Zero latents, embeddings and token ids of the run's shapes: one instance sample (+ one class sample). */
-function dryData(d: PlanDataShape): TrainData {
+/**
+ * Zero latents, embeddings and token ids of the run's shapes: one instance sample (+ one class sample); for an
+ * SDXL UNet (text_time) also the pooled embedding, tokenizer-2 ids and time ids.
+ */
+function dryData(d: PlanDataShape, unet: UnetConfig): TrainData {
   const [c, h, w] = d.latentShape;
   const [l, e] = d.contextShape;
-  const sample = () => ({ latent: new Float32Array(c * h * w), context: new Float32Array(l * e), ids: new Int32Array(l) });
+  const tt = unet.textTime;
+  const sdxl = () =>
+    tt ? { pooled: new Float32Array(tt.projectionInputDim - 6 * tt.timeEmbedDim), ids2: new Int32Array(l), timeIds: Float32Array.of(h, w, 0, 0, h, w) } : {};
+  const sample = () => ({ latent: new Float32Array(c * h * w), context: new Float32Array(l * e), ids: new Int32Array(l), ...sdxl() });
   const [, ih, iw] = d.instanceShape ?? d.latentShape;
   const bucketed = d.instanceShape && (ih !== h || iw !== w);
   const instance = {
@@ -166,10 +176,18 @@ export async function dryRunPeak(makeGpu: () => Promise<Gpu>, model: PlanModel, 
     const weights = unbacked(unetParams(model.config));
     const withTe = settings.mode === 'lora' && settings.textEncoderLora;
     const te = withTe ? { config: textEncoderOf(model), weights: unbacked(clipParams(textEncoderOf(model))) } : undefined;
+    const te2Config = withTe ? model.textEncoder2 : undefined;
+    const te2 = te2Config ? { config: te2Config, weights: unbacked(sdxlTextEncoder2Params(te2Config)) } : undefined;
     const store = new DryRunChunkStore();
     const s: TrainSettings = { ...settings, checkpointEvery: 0 };
-    const trainerModel = { config: model.config, weights, schedule: model.schedule ?? SD_SCHEDULE, ...(te ? { textEncoder: te } : {}) };
-    const trainer = await DreamBoothTrainer.create(gpu, trainerModel, dryData(dataShape), s, store, 'plan');
+    const trainerModel = {
+      config: model.config,
+      weights,
+      schedule: model.schedule ?? SD_SCHEDULE,
+      ...(te ? { textEncoder: te } : {}),
+      ...(te2 ? { textEncoder2: te2 } : {}),
+    };
+    const trainer = await DreamBoothTrainer.create(gpu, trainerModel, dryData(dataShape, model.config), s, store, 'plan');
     const steps = trainer.optimizer.storedChunks > 0 ? 2 : 1;
     let peak = 0;
     const byTag: Record<string, number> = {};

@@ -3,8 +3,10 @@
 // (plan.ts) sizes the optimizer's chunks from it, so the two agree by construction:
 //   - full fine-tuning: every UNet weight, in the UNet's parameter order;
 //   - LoRA: the UNet's adapters (A [rank, in], B [out, rank] per targeted linear layer, peft's names), then,
-//     with textEncoderLora, the text encoder's adapters at the text encoder's rate (textEncoderLrOf). A rate
-//     that differs from the run's is carried on each parameter, so the optimizer gives those chunks of their own.
+//     with textEncoderLora, the text encoder's adapters at the text encoder's rate (textEncoderLrOf), and for
+//     SDXL the second text encoder's after them, named under `text_encoder_2.` (both encoders use the same
+//     transformers names, and the optimizer needs one name per parameter). A rate that differs from the run's is
+//     carried on each parameter, so the optimizer gives those chunks of their own.
 import type { ClipTextConfig } from '../nn/clip.ts';
 import { loraShapes, loraTargets } from '../nn/lora.ts';
 import type { UnetConfig } from '../nn/unet.ts';
@@ -22,7 +24,9 @@ export interface TrainableSettings {
 
 /** One model's part of the trainable set. */
 export interface TrainableGroup {
-  model: 'unet' | 'text_encoder';
+  model: 'unet' | 'text_encoder' | 'text_encoder_2';
+  /** Prepended to the model's own parameter names in `params` ('' but for SDXL's second text encoder). */
+  prefix: string;
   /** LoRA: the adapted layers (initLora's and loraShapes' input); full: empty. */
   layers: string[];
   /** The model's parameter shapes (from its config) the layers were found in. */
@@ -30,6 +34,9 @@ export interface TrainableGroup {
   /** The group's parameters in the optimizer's order; `lr` where the group's rate differs from the run's. */
   params: ParamSpec[];
 }
+
+/** The optimizer-name prefix of SDXL's second text encoder's adapters. */
+export const TEXT_ENCODER_2_PREFIX = 'text_encoder_2.';
 
 /** The text-encoder adapters' learning rate: their own, or the run's (absent or 0). */
 export function textEncoderLrOf(s: Pick<TrainableSettings, 'lr' | 'textEncoderLr'>): number {
@@ -40,20 +47,32 @@ export function textEncoderLrOf(s: Pick<TrainableSettings, 'lr' | 'textEncoderLr
  * The trainable set for a UNet config (and the text encoder's, needed only with text-encoder LoRA), in the
  * order the optimizer packs its chunks: the UNet group first, then the text encoder's.
  */
-export function trainableSpec(unet: UnetConfig, textEncoder: ClipTextConfig | undefined, settings: TrainableSettings): TrainableGroup[] {
+export function trainableSpec(
+  unet: UnetConfig,
+  textEncoder: ClipTextConfig | undefined,
+  settings: TrainableSettings,
+  /** SDXL's second text encoder (CLIPTextModelWithProjection): its adapters train with the first's. */
+  textEncoder2?: ClipTextConfig,
+): TrainableGroup[] {
   const unetShapes = unetParams(unet);
   if (settings.mode !== 'lora')
-    return [{ model: 'unet', layers: [], base: unetShapes, params: [...unetShapes].map(([name, shape]) => ({ name, shape: [...shape] })) }];
+    return [{ model: 'unet', prefix: '', layers: [], base: unetShapes, params: [...unetShapes].map(([name, shape]) => ({ name, shape: [...shape] })) }];
   const adapters = (model: TrainableGroup['model'], shapes: ReadonlyMap<string, readonly number[]>, lr?: number): TrainableGroup => {
-    const layers = loraTargets(model, shapes.keys());
-    const params = [...loraShapes(layers, shapes, settings.rank)].map(([name, shape]) => ({ name, shape: [...shape], ...(lr !== undefined ? { lr } : {}) }));
-    return { model, layers, base: shapes, params };
+    const prefix = model === 'text_encoder_2' ? TEXT_ENCODER_2_PREFIX : '';
+    const layers = loraTargets(model === 'unet' ? 'unet' : 'text_encoder', shapes.keys());
+    const params = [...loraShapes(layers, shapes, settings.rank)].map(([name, shape]) => ({
+      name: prefix + name,
+      shape: [...shape],
+      ...(lr !== undefined ? { lr } : {}),
+    }));
+    return { model, prefix, layers, base: shapes, params };
   };
   const groups = [adapters('unet', unetShapes)];
   if (settings.textEncoderLora) {
     if (!textEncoder) throw new Error("text-encoder LoRA needs the text encoder's config");
     const lr = textEncoderLrOf(settings);
     groups.push(adapters('text_encoder', clipParams(textEncoder), lr !== settings.lr ? lr : undefined));
+    if (textEncoder2) groups.push(adapters('text_encoder_2', clipParams(textEncoder2), lr !== settings.lr ? lr : undefined));
   }
   return groups;
 }
