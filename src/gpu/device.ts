@@ -10,6 +10,11 @@ import { kernel, kernelModule, orderBindings, packUniforms, type BindingArgs, ty
 import { defsKey, type Defs, type ShaderSource } from './shaders.ts';
 import { BYTES, numel, Tensor, type DType } from './tensor.ts';
 import { checkTensorCores, chooseMatrixShape, type MatrixShape } from './tensorcore.ts';
+import { defaultGemmConfig, gemmConfigProblem, type GemmConfig } from './gemm-config.ts';
+import { profileSummary, resolveTimestamps, startProfiling, type GpuProfile, type Profiling } from './timestamps.ts';
+
+export { defaultGemmConfig, GEMM_CONFIG_VALUES, gemmConfigProblem, type GemmConfig } from './gemm-config.ts';
+export type { GpuProfile } from './timestamps.ts';
 
 /** Limits we raise to the adapter's maximum when requesting the device. */
 const RAISED_LIMITS = [
@@ -84,68 +89,6 @@ export interface GpuOptions {
   splitK?: boolean;
 }
 
-/**
- * The GEMM kernel choices a per-adapter timing (src/ops/tune.ts) may change; until it runs (or where a host skips
- * it), the defaults for the adapter's kind (`defaultGemmConfig`). The register block, step depth, prefetch and the
- * direct core change speed only: every output still sums its products in k order. Split-K changes the order of the sums, so results differ in the last
- * bits: a training run records the config it started with and a resume applies it again.
- */
-export interface GemmConfig {
-  /** Outputs per invocation in the square tiles, as a side: 8 (8x8 blocks) or 4 (4x4 blocks). */
-  registerBlock: 4 | 8;
-  /** Workgroups a dispatch needs before a bigger tile pays (pickTile) or split-K stops (pickSplitK). */
-  fillWorkgroups: number;
-  /** Whether GEMMs with few output tiles and a long reduction split it on their own (split-K). */
-  splitK: boolean;
-  /** Reduction depth staged per step in the SIMT tiles: 16 or 32 (where the tile's shared memory fits the device). */
-  bk: 16 | 32;
-  /** Whether each step's global loads of the next staged tile are issued into registers before its FMAs (prefetch). */
-  prefetch: boolean;
-  /**
-   * Whether matmuls (not the convolutions' implicit GEMMs) run on the direct SIMT core: no shared tiles and no
-   * barriers, each invocation reading its own operands (src/ops/gemm.ts; matmul.ts DIRECT_TILES). A config recorded
-   * before this field existed has none: the device keeps its own value (gemmConfigProblem, Gpu.setGemmConfig).
-   */
-  direct: boolean;
-}
-
-/** The values each GemmConfig field may take. */
-export const GEMM_CONFIG_VALUES = {
-  registerBlock: [8, 4],
-  fillWorkgroups: [8, 64, 256],
-  splitK: [false, true],
-  bk: [16, 32],
-  prefetch: [false, true],
-  direct: [false, true],
-} as const;
-
-/** GemmConfig fields a recorded config may lack (it predates them); Gpu.setGemmConfig keeps the device's value. */
-const GEMM_CONFIG_OPTIONAL: readonly string[] = ['direct'];
-
-/**
- * Before any timing: CPU adapters (one workgroup per thread, a few cores) get 8x8 blocks and a fill of 8, which
- * measured twice the GEMM rate of 4x4 blocks on lavapipe, no automatic split-K (0.87-1.02x there), 16-deep steps
- * and no prefetch (a CPU lane has no load latency to hide behind other work); GPUs get the usual shape of a fast
- * SIMT GEMM, to be confirmed by timing on each (src/ops/tune.ts): 4x4 blocks in 32-256-invocation workgroups, a fill
- * of 256 (an H200 has 132 multiprocessors holding several workgroups each), split-K, 32-deep steps (half the
- * barriers per k) and the next step's loads in flight during the FMAs.
- */
-export function defaultGemmConfig(cpuAdapter: boolean, splitK?: boolean): GemmConfig {
-  return cpuAdapter
-    ? { registerBlock: 8, fillWorkgroups: 8, splitK: splitK ?? false, bk: 16, prefetch: false, direct: true }
-    : { registerBlock: 4, fillWorkgroups: 256, splitK: splitK ?? true, bk: 32, prefetch: true, direct: false };
-}
-
-/** The reason `c` is not a GemmConfig (a field missing or out of GEMM_CONFIG_VALUES), or null when it is one. */
-export function gemmConfigProblem(c: unknown): string | null {
-  if (typeof c !== 'object' || c === null) return 'not an object';
-  const o = c as Record<string, unknown>;
-  for (const [field, allowed] of Object.entries(GEMM_CONFIG_VALUES))
-    if (!(o[field] === undefined && GEMM_CONFIG_OPTIONAL.includes(field)) && !(allowed as readonly unknown[]).includes(o[field]))
-      return `${field} is ${JSON.stringify(o[field])}, expected one of ${allowed.join(', ')}`;
-  return null;
-}
-
 export interface AdapterSummary {
   vendor: string;
   architecture: string;
@@ -182,25 +125,6 @@ export interface GpuStats {
   bindGroupsCached: number;
 }
 
-/** GPU time of the profiled dispatches, by op family (shader file) and by kernel (shader.entry). */
-export interface GpuProfile {
-  byFamily: Record<string, { ms: number; dispatches: number }>;
-  byKernel: Record<string, { ms: number; dispatches: number }>;
-  totalMs: number;
-}
-
-/** State of a profiling window: one timestamp pair per dispatch, resolved at each submit. */
-interface Profiling {
-  querySet: GPUQuerySet;
-  /** Timestamp pairs the query set holds. */
-  capacity: number;
-  /** `${shader}.${entry}` of each dispatch recorded since the last submit, in query-pair order. */
-  kernels: string[];
-  /** Read-backs of submitted query results, accumulating into `totals`. */
-  pending: Promise<void>[];
-  totals: Map<string, { ms: number; dispatches: number }>;
-}
-
 /** Uniform slots per flush before the ring must grow (or the recording be submitted early). */
 const UNIFORM_RING_START = 64 * 1024;
 const UNIFORM_RING_MAX = 16 << 20;
@@ -215,8 +139,6 @@ const UNIFORM_RING_MAX = 16 << 20;
 export function bindGroupCacheMax(cpuAdapter: boolean): number {
   return cpuAdapter ? 1 << 13 : 1 << 16;
 }
-/** Timestamp pairs per query set while profiling (the query-set size limit is 4096 queries). */
-const PROFILE_PAIRS = 2048;
 
 export class Gpu {
   readonly allocator: Allocator;
@@ -634,8 +556,7 @@ export class Gpu {
     if (!this.hasTimestamps) throw new Error('profiling needs the timestamp-query feature, which this adapter lacks');
     if (this.profiling) throw new Error('a profile is already running');
     this.flush();
-    const querySet = this.device.createQuerySet({ type: 'timestamp', count: PROFILE_PAIRS * 2 });
-    this.profiling = { querySet, capacity: PROFILE_PAIRS, kernels: [], pending: [], totals: new Map() };
+    this.profiling = startProfiling(this.device);
   }
 
   /** Ends the profile: waits for its timestamps and returns the milliseconds by family and by kernel. */
@@ -646,18 +567,7 @@ export class Gpu {
     this.profiling = null;
     await Promise.all(prof.pending);
     prof.querySet.destroy();
-    const byFamily: GpuProfile['byFamily'] = {};
-    const byKernel: GpuProfile['byKernel'] = {};
-    let totalMs = 0;
-    for (const [kernel, t] of [...prof.totals].sort((a, b) => b[1].ms - a[1].ms)) {
-      byKernel[kernel] = { ...t };
-      const family = kernel.slice(0, kernel.indexOf('.'));
-      const f = (byFamily[family] ??= { ms: 0, dispatches: 0 });
-      f.ms += t.ms;
-      f.dispatches += t.dispatches;
-      totalMs += t.ms;
-    }
-    return { byFamily, byKernel, totalMs };
+    return profileSummary(prof);
   }
 
   /** A new compute pass whose begin and end timestamps go to the next query pair. */
@@ -677,29 +587,8 @@ export class Gpu {
   private resolveProfile(encoder: GPUCommandEncoder): (() => void) | null {
     const prof = this.profiling;
     if (!prof || prof.kernels.length === 0) return null;
-    const kernels = prof.kernels.splice(0);
-    const bytes = kernels.length * 16;
-    const resolved = this.device.createBuffer({ size: bytes, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC });
-    const staging = this.device.createBuffer({ size: bytes, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
     this.otherBuffersCreated += 2;
-    encoder.resolveQuerySet(prof.querySet, 0, kernels.length * 2, resolved, 0);
-    encoder.copyBufferToBuffer(resolved, 0, staging, 0, bytes);
-    return () => {
-      prof.pending.push(
-        staging.mapAsync(GPUMapMode.READ).then(() => {
-          const ticks = new BigUint64Array(staging.getMappedRange());
-          kernels.forEach((kernel, i) => {
-            const t = prof.totals.get(kernel) ?? { ms: 0, dispatches: 0 };
-            t.ms += Number(ticks[2 * i + 1] - ticks[2 * i]) / 1e6;
-            t.dispatches++;
-            prof.totals.set(kernel, t);
-          });
-          staging.unmap();
-          staging.destroy();
-          resolved.destroy();
-        }),
-      );
-    };
+    return resolveTimestamps(this.device, encoder, prof);
   }
 
   /** Splits `n` workgroups over x and y so neither exceeds the per-dimension limit. */
