@@ -49,11 +49,13 @@ export function closestFlag(name: string, known: Iterable<string>): string | nul
 export function parseFlags(argv: string[], flags: Flags, usage: string, o: { positionals?: number } = {}): { values: ParsedFlags; positionals: string[] } {
   const known = Object.keys(flags);
   const args: string[] = [];
+  // Positionals are kept here, not handed to parseArgs, which would read a dash-led one ("-5") as an option.
+  const positionals: string[] = [];
   const seen = new Set<string>();
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     if (!a.startsWith('-') || /^-\d/.test(a) || a === '-') {
-      args.push(a);
+      positionals.push(a);
       continue;
     }
     if (!a.startsWith('--')) throw new UsageError(`unknown option ${a}: options are written --name${suggest(a.replace(/^-+/, ''), known)}\n${usage}`);
@@ -78,11 +80,11 @@ export function parseFlags(argv: string[], flags: Flags, usage: string, o: { pos
     args.push(`--${name}=${value}`);
   }
   const options = Object.fromEntries(Object.entries(flags).map(([k, f]) => [k, { type: f.type }]));
-  const parsed = parseArgs({ args, options, strict: true, allowPositionals: true });
+  const parsed = parseArgs({ args, options, strict: true, allowPositionals: false });
   const max = o.positionals ?? 0;
-  if (parsed.positionals.length > max)
-    throw new UsageError(`unexpected argument "${parsed.positionals[max]}"${max === 0 ? ': every value follows its --flag' : ''}\n${usage}`);
-  return { values: parsed.values as ParsedFlags, positionals: parsed.positionals };
+  if (positionals.length > max)
+    throw new UsageError(`unexpected argument "${positionals[max]}"${max === 0 ? ': every value follows its --flag' : ''}\n${usage}`);
+  return { values: parsed.values as ParsedFlags, positionals };
 }
 
 function suggest(name: string, known: string[]): string {

@@ -145,8 +145,12 @@ async function decodeRaw(bytes: Uint8Array, kind: ImageKind, name: string): Prom
     return await decodeWebpRgba(bytes);
   } catch (e) {
     if (e instanceof ImageError) throw e;
-    const why = e instanceof Error ? e.message : String(e);
-    throw new ImageError(name, `${name}: could not decode the ${KIND_NAME[kind]} (${why})`);
+    // A decoder's own refusals are plain Errors that say what it found ("SOI not found", "invalid huffman
+    // sequence"); a TypeError or RangeError is the decoder itself failing on data it did not expect, whose
+    // wording ("Cannot read properties of undefined") says nothing about the file.
+    const own = e instanceof Error && e.constructor === Error;
+    const why = own ? e.message : 'its image data is damaged';
+    throw new ImageError(name, `${name}: could not decode the ${KIND_NAME[kind]} (${why}): save it again or use another file`);
   }
 }
 
@@ -232,7 +236,12 @@ async function readCaption(path: string, image: string, warn: (message: string) 
   const file = basename(path);
   let bytes: Uint8Array;
   try {
-    const size = (await stat(path)).size;
+    const st = await stat(path);
+    if (!st.isFile()) {
+      warn(`${file} is not a file (a folder or device), so not a caption: ignored, ${image} is trained with the prompt`);
+      return undefined;
+    }
+    const size = st.size;
     if (size > CAPTION_MAX_BYTES) {
       warn(`${file} is ${(size / 2 ** 20).toFixed(1)} MiB, far too large for a caption: ignored, ${image} is trained with the prompt`);
       return undefined;

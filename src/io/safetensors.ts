@@ -3,6 +3,7 @@
 // This in-memory reader/writer serves small files (golden fixtures, test models); it validates
 // the header as strictly as the streamed reader that loads real checkpoints.
 
+import { firstNonUtf8, jsonSyntaxProblem, preview } from '../util/describe.ts';
 import { f16BitsToF32, toF16Bits } from '../util/half.ts';
 import type { ByteSource } from './source.ts';
 
@@ -84,20 +85,38 @@ export function repeatedTopLevelKey(text: string): string | null {
   return null;
 }
 
+/**
+ * The header's bytes as text. The format requires UTF-8; a byte that is not (in a tensor name, say) would
+ * otherwise decode to U+FFFD and the tensor be "missing" under its real name later, so it is refused here,
+ * naming where it sits.
+ */
+function headerText(raw: Uint8Array): string {
+  try {
+    return new TextDecoder('utf-8', { fatal: true }).decode(raw);
+  } catch {
+    const at = firstNonUtf8(raw);
+    const before = new TextDecoder().decode(raw.subarray(Math.max(0, at - 40), at));
+    throw new SafetensorsError(
+      `the header is not UTF-8 text: byte ${8 + at} of the file (after ${JSON.stringify(before)}) is not UTF-8, which no safetensors writer produces (a damaged tensor name or metadata value); the file is corrupt: use another copy`,
+    );
+  }
+}
+
 export function parseHeader(prefix: Uint8Array, fileSize: number): StHeader {
   if (fileSize < 8) throw new SafetensorsError(`not a safetensors file: ${fileSize} bytes is shorter than the 8-byte header length`);
   const len = Number(new DataView(prefix.buffer, prefix.byteOffset, 8).getBigUint64(0, true));
   if (len < 2 || len > MAX_HEADER) throw new SafetensorsError(`header length ${len} is out of bounds (2..${MAX_HEADER})`);
   if (8 + len > fileSize) throw new SafetensorsError(`header length ${len} runs past the end of the ${fileSize}-byte file (truncated?)`);
   if (prefix.length < 8 + len) throw new SafetensorsError(`need ${8 + len} bytes of prefix to parse the header, got ${prefix.length}`);
+  const text = headerText(prefix.subarray(8, 8 + len));
   let json: unknown;
-  const text = new TextDecoder().decode(prefix.subarray(8, 8 + len));
   try {
     json = JSON.parse(text);
   } catch (e) {
-    throw new SafetensorsError(`header is not valid JSON: ${(e as Error).message}`);
+    throw new SafetensorsError(`the header's JSON is damaged: ${jsonSyntaxProblem(e, text)}; the file is truncated or corrupt: use another copy`);
   }
-  if (typeof json !== 'object' || json === null || Array.isArray(json)) throw new SafetensorsError('header JSON is not an object');
+  if (typeof json !== 'object' || json === null || Array.isArray(json))
+    throw new SafetensorsError(`the header is not a JSON object (it is ${preview(json, 40)}): not a safetensors file`);
   const twice = repeatedTopLevelKey(text);
   if (twice !== null)
     throw new SafetensorsError(
@@ -110,19 +129,20 @@ export function parseHeader(prefix: Uint8Array, fileSize: number): StHeader {
   for (const [name, raw] of Object.entries(json as Record<string, unknown>)) {
     if (name === '__metadata__') {
       if (typeof raw !== 'object' || raw === null || Array.isArray(raw) || Object.values(raw).some((v) => typeof v !== 'string'))
-        throw new SafetensorsError(`__metadata__ must map names to strings, got ${JSON.stringify(raw).slice(0, 80)}`);
+        throw new SafetensorsError(`__metadata__ must map names to strings, got ${preview(raw)}`);
       metadata = raw as Record<string, string>;
       continue;
     }
     const r = raw as { dtype?: unknown; shape?: unknown; data_offsets?: unknown };
-    if (typeof r !== 'object' || r === null) throw new SafetensorsError(`tensor '${name}': entry is not an object`);
+    if (typeof r !== 'object' || r === null || Array.isArray(r))
+      throw new SafetensorsError(`tensor '${name}': its entry is ${preview(r, 40)}, not an object {dtype, shape, data_offsets}`);
     if (typeof r.dtype !== 'string' || !(r.dtype in DTYPE_BYTES))
-      throw new SafetensorsError(`tensor '${name}': unknown dtype ${JSON.stringify(r.dtype)} (safetensors defines ${Object.keys(DTYPE_BYTES).join(', ')})`);
+      throw new SafetensorsError(`tensor '${name}': unknown dtype ${preview(r.dtype, 40)} (safetensors defines ${Object.keys(DTYPE_BYTES).join(', ')})`);
     if (!Array.isArray(r.shape) || r.shape.some((d) => !Number.isInteger(d) || d < 0))
-      throw new SafetensorsError(`tensor '${name}': shape ${JSON.stringify(r.shape)} is not a list of non-negative integers`);
+      throw new SafetensorsError(`tensor '${name}': shape ${preview(r.shape)} is not a list of non-negative integers`);
     const off = r.data_offsets;
     if (!Array.isArray(off) || off.length !== 2 || !off.every((x) => Number.isInteger(x) && x >= 0) || off[1] < off[0])
-      throw new SafetensorsError(`tensor '${name}': data_offsets ${JSON.stringify(off)} is not [begin, end]`);
+      throw new SafetensorsError(`tensor '${name}': data_offsets ${preview(off)} is not [begin, end]`);
     const bytes = (r.shape as number[]).reduce((a, b) => a * b, 1) * DTYPE_BYTES[r.dtype];
     if (off[1] - off[0] !== bytes)
       throw new SafetensorsError(`tensor '${name}': shape [${r.shape}] x ${r.dtype} is ${bytes} bytes but its range holds ${off[1] - off[0]}`);

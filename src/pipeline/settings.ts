@@ -15,6 +15,7 @@ import { effectiveScheduler, LR_SCHEDULERS, POLYNOMIAL_LR_END, type LrScheduler 
 import { ENGINE_DEFAULTS, type TrainMode, type TrainSettings } from '../train/trainer.ts';
 import { formatBytes, parseBytes } from '../util/bytes.ts';
 import { KNOB_SETTINGS, knobProblem, type KnobSettings } from './settings-knobs.ts';
+import { preview } from '../util/describe.ts';
 
 export type { TrainMode };
 
@@ -563,13 +564,13 @@ export function validateSettings(s: RunSettings, name: Namer = flagName): void {
     const what = name(spec.key);
     if (v === undefined || v === null) throw new SettingsError(`${what} is missing`, spec.key);
     if (spec.kind === 'bool') {
-      if (typeof v !== 'boolean') throw new SettingsError(`${what} must be true or false, got ${JSON.stringify(v)}`, spec.key);
+      if (typeof v !== 'boolean') throw new SettingsError(`${what} must be true or false, got ${preview(v)}`, spec.key);
     } else if (spec.kind === 'string') {
-      if (typeof v !== 'string') throw new SettingsError(`${what} must be text, got ${JSON.stringify(v)}`, spec.key);
+      if (typeof v !== 'string') throw new SettingsError(`${what} must be text, got ${preview(v)}`, spec.key);
     } else if (spec.kind === 'enum') {
-      if (!spec.values!.includes(v as string)) throw new SettingsError(`${what} must be ${spec.values!.join(' or ')}, got ${JSON.stringify(v)}`, spec.key);
+      if (!spec.values!.includes(v as string)) throw new SettingsError(`${what} must be ${spec.values!.join(' or ')}, got ${preview(v)}`, spec.key);
     } else {
-      if (typeof v !== 'number' || !Number.isFinite(v)) throw new SettingsError(`${what} must be a finite number, got ${JSON.stringify(v)}`, spec.key);
+      if (typeof v !== 'number' || !Number.isFinite(v)) throw new SettingsError(`${what} must be a finite number, got ${preview(v)}`, spec.key);
       if ((spec.kind === 'int' || spec.kind === 'bytes') && !Number.isInteger(v)) throw new SettingsError(`${what} must be a whole number, got ${v}`, spec.key);
       if (spec.onlyMode && spec.onlyMode !== s.mode) continue; // ignored in the other mode
       const lo = spec.min ?? -Infinity;
@@ -641,10 +642,10 @@ export function decimalProblem(raw: string, integer: boolean): string | null {
   if (!/^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/.test(raw)) {
     const x = raw.trim() === '' ? NaN : Number(raw);
     return Number.isFinite(x)
-      ? `must be a number written in decimal digits, got ${JSON.stringify(raw)} (hexadecimal, octal, binary and spaces are not read)`
-      : `must be a number, got ${JSON.stringify(raw)}`;
+      ? `must be a number written in decimal digits, got ${preview(raw)} (hexadecimal, octal, binary and spaces are not read)`
+      : `must be a number, got ${preview(raw)}`;
   }
-  if (integer && /[eE]/.test(raw)) return `must be a whole number written in decimal digits (e.g. ${Number(raw)}), got ${JSON.stringify(raw)}`;
+  if (integer && /[eE]/.test(raw)) return `must be a whole number written in decimal digits (e.g. ${Number(raw)}), got ${preview(raw)}`;
   return null;
 }
 
@@ -659,7 +660,7 @@ export function parseSettingValue(spec: SettingSpec, raw: string | boolean): Run
   if (spec.kind === 'string' || spec.kind === 'enum') return raw;
   if (spec.kind === 'bytes') {
     const b = parseBytes(raw);
-    if (!Number.isFinite(b)) throw new SettingsError(`${flag}: cannot read ${JSON.stringify(raw)} as a size (e.g. 4GiB, 3500MiB)`, spec.key);
+    if (!Number.isFinite(b)) throw new SettingsError(`${flag}: cannot read ${preview(raw)} as a size (e.g. 4GiB, 3500MiB)`, spec.key);
     return b;
   }
   const problem = decimalProblem(raw, spec.kind === 'int');
