@@ -38,7 +38,7 @@ const { default: prettier } = await import('eslint-config-prettier');
 
 export default defineConfig(
   {
-    ignores: ['dist/', 'bench/dist/', 'bench/results/', '.local/', '.dev/', 'test-results/', 'scripts/eslint-typescript/'],
+    ignores: ['dist/', '.cache/', 'bench/dist/', 'bench/results/', '.local/', '.dev/', 'test-results/', 'scripts/eslint-typescript/'],
   },
   {
     files: ['{src,tests,e2e,bench,scripts,lab}/**/*.{ts,tsx}', '*.ts', 'eslint.config.js'],

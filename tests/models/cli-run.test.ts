@@ -5,15 +5,14 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { describe, it } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { readSafetensors, writeSafetensors, type NamedTensor } from '../../src/io/safetensors.ts';
 import { compare } from '../../src/selftest/check.ts';
 import { writeTinyModel } from '../fixtures/models/make-tiny.ts';
 import { assertChecks, FIXTURES } from '../helpers.ts';
+import { cliArgs } from '../cli.ts';
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const dir = mkdtempSync(join(tmpdir(), 'dbs-cli-'));
 const tiny = writeTinyModel(dir);
 const configPath = join(dir, 'overrides.json');
@@ -22,7 +21,7 @@ const fixture = (n: string) => readSafetensors(new Uint8Array(readFileSync(join(
 
 function cli(...args: string[]): { code: number; err: string } {
   try {
-    execFileSync(process.execPath, ['--import', 'tsx', join(root, 'src/cli/main.ts'), ...args], { stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8' });
+    execFileSync(process.execPath, cliArgs(...args), { stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8' });
     return { code: 0, err: '' };
   } catch (e) {
     const x = e as { status: number; stderr: string };

@@ -18,6 +18,7 @@ import { bundleModel } from '../../src/cli/bundle.ts';
 import { DIFFUSERS_TARGET, jobBundle, type BundleFile, type BundleInput } from '../../src/pipeline/bundle.ts';
 import { defaultSettings, SETTINGS, type RunSettings } from '../../src/pipeline/settings.ts';
 import { writeTinyModel } from '../fixtures/models/make-tiny.ts';
+import { cliArgs } from '../cli.ts';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const FIXTURE = JSON.parse(readFileSync(join(root, 'tests/fixtures/diffusers/dreambooth-options.json'), 'utf8')) as {
@@ -325,7 +326,7 @@ describe('cli train --bundle', () => {
     writeFileSync(join(images, name), encode({ width: p.width, height: p.height, data: new Uint8Array(p.data.buffer), channels: 4, depth: 8 }));
   }
   writeFileSync(join(images, 'a.txt'), 'sks dog running');
-  const cli = (...args: string[]) => spawnSync(process.execPath, ['--import', 'tsx', join(root, 'src/cli/main.ts'), 'train', ...args]);
+  const cli = (...args: string[]) => spawnSync(process.execPath, cliArgs('train', ...args));
 
   it('writes the bundle from the same flags (no GPU, no --out), validated against the model', () => {
     const out = join(dir, 'job');

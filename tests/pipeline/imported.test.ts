@@ -8,9 +8,8 @@
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { describe, it } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { SafetensorsFile, writeSafetensors, type NamedTensor } from '../../src/io/safetensors.ts';
 import { BytesSource } from '../../src/io/source.ts';
 import { writeSingleFile } from '../../src/export/full.ts';
@@ -27,8 +26,8 @@ import type { OpenedModel } from '../../src/pipeline/run.ts';
 import { roundToF16 } from '../../src/util/half.ts';
 import { testGpu } from '../helpers.ts';
 import { clipIds, INFO, memorySink, randomAdapters, readFolderTensors, tempDir, tinyModel, unetFixture } from '../export/fixtures.ts';
+import { cliArgs } from '../cli.ts';
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const RANK = 4;
 const ALPHA = 8; // scale alpha / rank = 2
 const tiny = tinyModel();
@@ -289,8 +288,7 @@ describe('imported LoRA refusals name the key', () => {
 
 describe('command line: sample --lora and export', () => {
   const dir = tempDir();
-  const cli = (...args: string[]) =>
-    execFileSync(process.execPath, ['--import', 'tsx', join(root, 'src/cli/main.ts'), ...args], { stdio: ['ignore', 'pipe', 'pipe'] }).toString();
+  const cli = (...args: string[]) => execFileSync(process.execPath, cliArgs(...args), { stdio: ['ignore', 'pipe', 'pipe'] }).toString();
   /** diffusers' older file (lora.down/up, alpha folded into up) and our own PEFT export: the same F16 values. */
   async function files(): Promise<{ diffusers: string; ours: string }> {
     const sink = memorySink();
@@ -356,20 +354,10 @@ describe('command line: sample --lora and export', () => {
       bad,
       writeSafetensors(new Map([['lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight', { shape: [4, 8], data: new Float32Array(32) }]])),
     );
-    const r = spawnSync(process.execPath, [
-      '--import',
-      'tsx',
-      join(root, 'src/cli/main.ts'),
-      'export',
-      '--model',
-      tiny.folder,
-      '--lora',
-      bad,
-      '--format',
-      'lora-kohya',
-      '--out',
-      join(dir, 'no.safetensors'),
-    ]);
+    const r = spawnSync(
+      process.execPath,
+      cliArgs('export', '--model', tiny.folder, '--lora', bad, '--format', 'lora-kohya', '--out', join(dir, 'no.safetensors')),
+    );
     assert.equal(r.status, 1);
     assert.match(r.stderr.toString(), /'lora_te2_text_model_encoder_layers_0_self_attn_q_proj\.lora_down\.weight' is a key of a LoRA for SDXL/);
     assert.throws(() => readFileSync(join(dir, 'no.safetensors')), 'nothing written');

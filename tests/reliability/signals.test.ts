@@ -10,6 +10,7 @@ import { describe, it } from 'node:test';
 import { identityOf } from '../../src/io/runlock.ts';
 import { readSafetensors } from '../../src/io/safetensors.ts';
 import { cli, makeWorkspace, root, trainArgs } from './harness.ts';
+import { cliArgs } from '../cli.ts';
 
 const ws = makeWorkspace();
 const run = (out: string) => [...trainArgs(ws, out), '--steps', '4', '--checkpoint-every', '100', '--export', 'lora-kohya'];
@@ -22,7 +23,7 @@ function signalled(
   when: (out: string) => boolean,
 ): Promise<{ code: number | null; by: NodeJS.Signals | null; out: string; err: string }> {
   return new Promise((resolve) => {
-    const p = spawn(process.execPath, ['--import', 'tsx', join(root, 'src/cli/main.ts'), ...args], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
+    const p = spawn(process.execPath, cliArgs(...args), { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     let err = '';
     let sent = false;

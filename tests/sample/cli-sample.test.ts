@@ -5,13 +5,12 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { describe, it } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { decode } from 'fast-png';
 import { writeTinyModel } from '../fixtures/models/make-tiny.ts';
+import { cliArgs } from '../cli.ts';
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const dir = mkdtempSync(join(tmpdir(), 'dbs-sample-'));
 const tiny = writeTinyModel(dir);
 
@@ -21,27 +20,9 @@ function sample(name: string, ...args: string[]): Uint8Array {
 
 function cli(command: 'sample' | 'grid', name: string, ...args: string[]): Uint8Array {
   const out = join(dir, `${name}.png`);
-  execFileSync(
-    process.execPath,
-    [
-      '--import',
-      'tsx',
-      join(root, 'src/cli/main.ts'),
-      command,
-      '--model',
-      tiny.folder,
-      '--out',
-      out,
-      '--width',
-      '16',
-      '--height',
-      '16',
-      '--steps',
-      '4',
-      ...args,
-    ],
-    { stdio: ['ignore', 'pipe', 'pipe'] },
-  );
+  execFileSync(process.execPath, cliArgs(command, '--model', tiny.folder, '--out', out, '--width', '16', '--height', '16', '--steps', '4', ...args), {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   return new Uint8Array(readFileSync(out));
 }
 

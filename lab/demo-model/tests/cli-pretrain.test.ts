@@ -10,13 +10,14 @@ import { dirname, join } from 'node:path';
 import { describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { readSafetensors } from '../../../src/io/safetensors.ts';
+import { cliArgs } from '../../../tests/cli.ts';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 const fixture = join(root, 'tests', 'fixtures', 'models', 'pretrained-tiny');
 const dir = mkdtempSync(join(tmpdir(), 'dbs-pretrain-'));
 
 function pretrain(...args: string[]): string {
-  return execFileSync(process.execPath, ['--import', 'tsx', join(root, 'src/cli/main.ts'), 'pretrain', ...args], {
+  return execFileSync(process.execPath, cliArgs('pretrain', ...args), {
     stdio: ['ignore', 'pipe', 'pipe'],
     encoding: 'utf8',
   });
