@@ -8,16 +8,15 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { inspectSdxlPath } from '../../src/cli/run-sdxl.ts';
 import { readSafetensors, writeSafetensors, type NamedTensor } from '../../src/io/safetensors.ts';
 import { compare, type Check } from '../../src/selftest/check.ts';
 import { writeTinySdxl } from '../fixtures/models/make-tiny-sdxl.ts';
 import { assertChecks, FIXTURES } from '../helpers.ts';
+import { cliArgs } from '../cli.ts';
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const dir = mkdtempSync(join(tmpdir(), 'dbs-cli-sdxl-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
 const tiny = writeTinySdxl(dir);
@@ -27,7 +26,7 @@ const fixture = (n: string) => readSafetensors(new Uint8Array(readFileSync(join(
 
 function cli(...args: string[]): { code: number; err: string } {
   try {
-    execFileSync(process.execPath, ['--import', 'tsx', join(root, 'src/cli/main.ts'), ...args], { stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8' });
+    execFileSync(process.execPath, cliArgs(...args), { stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8' });
     return { code: 0, err: '' };
   } catch (e) {
     const x = e as { status: number; stderr: string };
@@ -93,7 +92,7 @@ describe('cli on an SDXL model', () => {
     type Report = Record<string, unknown> & { parameters: Record<string, number>; problems: string[] };
     const cliInspect = (path: string) =>
       JSON.parse(
-        execFileSync(process.execPath, ['--import', 'tsx', join(root, 'src/cli/main.ts'), 'inspect', path], {
+        execFileSync(process.execPath, cliArgs('inspect', path), {
           stdio: ['ignore', 'pipe', 'pipe'],
           encoding: 'utf8',
         }),

@@ -7,7 +7,6 @@ import { cpSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'nod
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { describe, it } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { readSafetensors, SafetensorsFile, writeSafetensors } from '../../src/io/safetensors.ts';
 import { NodeFileSource } from '../../src/io/source-node.ts';
 import { checkModel } from '../../src/models/check.ts';
@@ -17,8 +16,8 @@ import { vaeParams } from '../../src/models/shapes.ts';
 import { openSingleFile } from '../../src/models/source.ts';
 import { vaeConfigFromJson } from '../../src/nn/vae.ts';
 import { writeTinyModel } from '../fixtures/models/make-tiny.ts';
+import { cliArgs } from '../cli.ts';
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const dir = mkdtempSync(join(tmpdir(), 'dbs-inspect-'));
 
 function st(path: string, tensors: [string, number[]][]): void {
@@ -31,7 +30,7 @@ function st(path: string, tensors: [string, number[]][]): void {
 
 function cli(...args: string[]): { code: number; out: string; err: string } {
   try {
-    const out = execFileSync(process.execPath, ['--import', 'tsx', join(root, 'src/cli/main.ts'), ...args], {
+    const out = execFileSync(process.execPath, cliArgs(...args), {
       encoding: 'utf8',
       stdio: ['ignore', 'pipe', 'pipe'],
     });
