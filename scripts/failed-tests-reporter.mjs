@@ -1,7 +1,9 @@
 // A node:test reporter that writes only the failures: each failed test's file, name (with the names of the
 // suites around it) and error. scripts/test.sh prints this list after the TAP output, so the last lines of a
 // CI log name what failed even when only its tail is kept.
-const names = []; // the names of the tests and suites enclosing the current event, by nesting level
+// The names of the tests and suites enclosing the current event, by nesting level, per file: with
+// --test-concurrency above 1 the events of two files interleave.
+const namesByFile = new Map();
 
 function errorText(error) {
   if (!error) return '(no error recorded)';
@@ -16,6 +18,9 @@ export default async function* failedTests(source) {
   let failures = 0;
   for await (const event of source) {
     const { type, data } = event;
+    if (!data || (type !== 'test:start' && type !== 'test:fail')) continue;
+    const names = namesByFile.get(data.file) ?? [];
+    namesByFile.set(data.file, names);
     if (type === 'test:start') names[data.nesting] = data.name;
     if (type !== 'test:fail') continue;
     names[data.nesting] = data.name;
