@@ -431,11 +431,15 @@ function clock(seconds: number): string {
   return `${Math.floor(s / 3600)}:${String(Math.floor(s / 60) % 60).padStart(2, '0')}:${String(s % 60).padStart(2, '0')}`;
 }
 
+/** Phases whose message the terminal shows (the step lines say the rest). */
+const LONG_PHASES: ReadonlySet<string> = new Set(['loading', 'class-images', 'encoding', 'validating', 'checkpoint', 'exporting']);
+
 /** Progress for a terminal: a line per step on stdout, everything else on stderr. */
 function printEvent(e: RunEvent, out: string): void {
   switch (e.type) {
     case 'phase':
-      if (e.phase === 'class-images' || e.phase === 'encoding' || e.phase === 'loading' || e.phase === 'checkpoint') console.error(e.message);
+      // The long ones (class images, encoding, validation, the warm-up step, an export) say i of n and the time left.
+      if (LONG_PHASES.has(e.phase) || (e.phase === 'training' && e.etaSeconds !== undefined)) console.error(e.message);
       break;
     case 'warning':
       console.error(`warning: ${e.message}`);

@@ -16,6 +16,7 @@ import { encodeTrainData, generateClassImage, loadTrainData, saveTrainData, type
 import { planTraining, trainableShapes, type Plan } from '../train/plan.ts';
 import type { TrainData, TrainSettings } from '../train/trainer.ts';
 import { formatBytes } from '../util/bytes.ts';
+import { phaseTicker } from './progress.ts';
 import type { ImageInput, PlanSummary, RunHost, RunInput } from './run-host.ts';
 import { RunError, type ModelShape, type RunSettings } from './settings.ts';
 
@@ -101,16 +102,12 @@ export async function cachedTrainData(
       if (run.classImages.length) classes = await prepareSet(host, tokenizer, run.classImages, s.classPrompt, s.resolution, false, 'class-images', step);
       else classes = await generateClassImages(host, model, tokenizer, schedule, s);
     }
-    emit({
-      type: 'phase',
-      phase: 'encoding',
-      message: 'Encoding the photos with the VAE and the prompts with the text encoder',
-      done: 0,
-      total: instance.images.length + (classes?.images.length ?? 0),
-    });
-    data = await encodeTrainData(gpu, model, tokenizer, s.resolution, instance, classes, (done, total) =>
-      emit({ type: 'phase', phase: 'encoding', message: `Encoded ${done} of ${total} images`, done, total }),
+    // The first image compiles the VAE encoder's pipelines: the time left comes from the ones after it.
+    const tick = phaseTicker('Encoding with the VAE and the text encoder: image', instance.images.length + (classes?.images.length ?? 0), (message, r) =>
+      emit({ type: 'phase', phase: 'encoding', message, ...r }),
     );
+    tick(0);
+    data = await encodeTrainData(gpu, model, tokenizer, s.resolution, instance, classes, (done) => tick(done));
     await saveTrainData(store, run.runId, data);
     await store.write(masksKey(run.runId), new TextEncoder().encode(masks));
   }
@@ -244,14 +241,12 @@ export async function generateClassImages(
   s: RunSettings,
 ): Promise<PreparedSet> {
   const set: PreparedSet = { images: [], prompts: [] };
+  // The first image compiles the UNet's and the VAE decoder's pipelines: the time left comes from the ones after it.
+  const tick = phaseTicker(`Generating class images of "${s.classPrompt}": image`, s.classCount, (message, r) =>
+    host.emit({ type: 'phase', phase: 'class-images', message, ...r }),
+  );
   for (let i = 0; i < s.classCount; i++) {
-    host.emit({
-      type: 'phase',
-      phase: 'class-images',
-      message: `Generating class image ${i + 1} of ${s.classCount} ("${s.classPrompt}")`,
-      done: i,
-      total: s.classCount,
-    });
+    tick(i);
     set.images.push(
       await generateClassImage(host.gpu, model, tokenizer, schedule, {
         prompt: s.classPrompt,

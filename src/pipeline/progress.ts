@@ -1,6 +1,7 @@
 // A long phase's progress, the same for every host: what it does, item i of n, and the time left.
-// Pure (no clock of its own: the caller hands it elapsed seconds), so the CLI's lines, the studio's status and
-// the tools page's self-test and text to image say the same thing and a Node test checks the numbers.
+// PhaseClock is pure (the caller hands it elapsed seconds), so the CLI's lines, the studio's status and the tools
+// page's self-test and text to image say the same thing and a Node test checks the numbers; phaseTicker times a
+// phase with the host's clock.
 //
 // The first item of a phase often compiles GPU pipelines (the session's first denoising step, the first
 // kernel of a family, the first VAE encode): on a software adapter it takes several times a warm item. Once
@@ -78,4 +79,28 @@ export function phaseLine(what: string, r: PhaseReport): string {
   const current = Math.max(1, Math.min(r.total, Math.floor(r.done) + 1));
   const eta = etaText(r);
   return `${what} ${current} of ${r.total}${eta ? ` · ${eta}` : ''}`;
+}
+
+/**
+ * A phase's progress as it goes, timed from the call: `tick(done)` reports its line (phaseLine of `what`) and
+ * report. `every`: at most one report per that many seconds (the first and the last always go). `now` is the
+ * clock in seconds (performance.now by default; tests pass their own).
+ */
+export function phaseTicker(
+  what: string,
+  total: number,
+  report: (line: string, r: PhaseReport) => void,
+  o: { prior?: number | null; every?: number; now?: () => number } = {},
+): (done: number) => void {
+  const now = o.now ?? (() => performance.now() / 1000);
+  const t0 = now();
+  const clock = new PhaseClock(total, o.prior ?? null);
+  let last = -Infinity;
+  return (done) => {
+    const t = now() - t0;
+    const r = clock.at(done, t);
+    if (o.every && done > 0 && done < total && t - last < o.every) return;
+    last = t;
+    report(phaseLine(what, r), r);
+  };
 }

@@ -13,6 +13,7 @@ import { writeSingleFile, zipDiffusers } from '../export/full.ts';
 import { writeKohyaLora, writePeftLora, type LoraInfo } from '../export/lora.ts';
 import { mergedLoraProvider } from '../export/merge.ts';
 import { pipeToSink } from '../export/stream.ts';
+import { phaseTicker } from './progress.ts';
 import type { OpenedModel, RunEvent, RunInput } from './run-host.ts';
 import { RunError, type RunSettings, type TrainMode } from './settings.ts';
 
@@ -55,6 +56,21 @@ export interface ExportSource {
   run: RunInput;
   /** When the run first started: kohya's ss_training_started_at. */
   startedAt: Date;
+}
+
+/** The UNet's tensors as the writer reads them, each read reported first (`done` read before it, of `total`). */
+function countedReads(p: TensorProvider, onRead: (done: number, total: number) => void): TensorProvider {
+  let done = 0;
+  return {
+    names: () => p.names(),
+    shape: (n) => p.shape(n),
+    read: async (n) => {
+      onRead(done, p.names().length);
+      const v = await p.read(n);
+      done++;
+      return v;
+    },
+  };
 }
 
 /** Streams the trained model in `format` to `sink` (LoRA formats for LoRA runs; full formats for both). */
@@ -109,10 +125,18 @@ export async function exportRun(r: ExportSource, format: ExportFormat, sink: Byt
       message: 'The text-encoder LoRA is not merged into full exports (they carry the base text encoder): export a LoRA format to keep it.',
     });
   const weights = r.model.unet.weights;
-  const unet =
+  // A full export's long part: the UNet's tensors (merged, or streamed from the masters), i of n with the time
+  // left, at most four reports a second.
+  let tick: ((done: number) => void) | null = null;
+  const unet = countedReads(
     s.mode === 'full'
       ? chunkedProvider(t.optimizer)
-      : mergedLoraProvider({ shape: (n) => weights.get(n)!.shape, read: (n) => r.gpu.read(weights.get(n)!) }, values, t.loraScale);
+      : mergedLoraProvider({ shape: (n) => weights.get(n)!.shape, read: (n) => r.gpu.read(weights.get(n)!) }, values, t.loraScale),
+    (done, total) =>
+      (tick ??= phaseTicker(`Writing ${format}: UNet tensor`, total, (message, p) => r.emit({ type: 'phase', phase: 'exporting', message, ...p }), {
+        every: 0.25,
+      }))(done),
+  );
   const opts = { title, date: new Date(), resolution: s.resolution, ...(r.opened.overrides ? { overrides: r.opened.overrides } : {}) };
   const base = r.opened.kind === 'diffusers' ? r.source : r.opened.file;
   if (format === 'full-single-file') await writeSingleFile(sink, base, unet, opts);

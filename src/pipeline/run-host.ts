@@ -74,7 +74,12 @@ export type Phase =
   'loading' | 'images' | 'class-images' | 'encoding' | 'planning' | 'ready' | 'training' | 'validating' | 'sampling' | 'checkpoint' | 'exporting';
 
 export type RunEvent =
-  | { type: 'phase'; phase: Phase; message: string; done?: number; total?: number }
+  /**
+   * What the run does now. A phase with items (images read, class images, encoding, validation, an export)
+   * gives `done` of `total` (fractional inside an item) and the time left (progress.ts; `provisional`: it rests
+   * on the compiling first item or a first estimate); its message says "i of n" and the time left too.
+   */
+  | { type: 'phase'; phase: Phase; message: string; done?: number; total?: number; etaSeconds?: number | null; provisional?: boolean }
   | { type: 'warning'; message: string }
   | { type: 'plan'; plan: PlanSummary }
   | { type: 'resumed'; step: number; losses: number[]; validation: ValidationReport[] }

@@ -26,7 +26,8 @@ import { DreamBoothTrainer, VALIDATION_IMAGES, VALIDATION_T, type TrainSettings 
 import { formatBytes } from '../util/bytes.ts';
 import { cachedTrainData, modelShapeOf, planRun, promptWarning, releaseFor, runStartedAt } from './prepare.ts';
 import { exportFileName, exportRun, type ExportFormat } from './run-export.ts';
-import type { OpenedModel, PlanSummary, RunHost, RunInput } from './run-host.ts';
+import { etaText, PhaseClock } from './progress.ts';
+import type { OpenedModel, PlanSummary, RunEvent, RunHost, RunInput } from './run-host.ts';
 import { RunClock } from './timing.ts';
 import { generateTryIt, type TryItOptions, type TryItResult } from './tryit.ts';
 import { RunError, validatePrompt, validateForModel, validateSettings, flagName, trainSettings } from './settings.ts';
@@ -219,12 +220,7 @@ export class TrainingRun {
           emit({ type: 'checkpoint', step: t.step });
           return 'paused';
         }
-        const warmup = this.clock.warmupSeconds === null;
-        emit({
-          type: 'phase',
-          phase: 'training',
-          message: `Training step ${t.step + 1} of ${s.steps}${warmup ? ' (the first step of a session also compiles the GPU pipelines)' : ''}`,
-        });
+        emit(this.stepPhase());
         const t0 = performance.now();
         const r = await t.trainStep();
         // trainStep checkpoints on its own schedule (settings.checkpointEvery) after timing the step: the
@@ -292,10 +288,36 @@ export class TrainingRun {
     this.clock.recordCheckpoint((performance.now() - t0) / 1000);
   }
 
-  /** The validation loss at the current step (DreamBoothTrainer.validate), timed for the ETA. */
+  /**
+   * The step about to train; the session's first (warm-up: it compiles the GPU pipelines, often the longest
+   * wait of a run) with its estimate (timing.ts warmupEstimate) as one item, so the page shows it counting down.
+   */
+  private stepPhase(): RunEvent {
+    const next = `Training step ${this.trainer.step + 1} of ${this.run.settings.steps}`;
+    if (this.clock.warmupSeconds !== null) return { type: 'phase', phase: 'training', message: next };
+    const r = new PhaseClock(1, this.clock.warmupEstimate()).at(0, 0);
+    const eta = etaText(r);
+    return { type: 'phase', phase: 'training', message: `${next} (warm-up: it also compiles the GPU pipelines)${eta ? ` · ${eta}` : ''}`, ...r };
+  }
+
+  /**
+   * The validation loss at the current step (DreamBoothTrainer.validate), timed for the ETA: validation i of n
+   * in the run's schedule (at the first step, every validateEvery steps, and after the last), with its estimate.
+   */
   async validate(): Promise<void> {
     const { emit } = this.host;
-    emit({ type: 'phase', phase: 'validating', message: `Validation loss at step ${this.trainer.step}` });
+    const { steps, validateEvery: every } = this.run.settings;
+    const step = this.trainer.step;
+    const total = Math.floor(steps / every) + 1 + (steps % every ? 1 : 0);
+    const index = step === steps ? total : Math.floor(step / every) + 1;
+    const r = new PhaseClock(1, this.clock.validationEstimate().seconds).at(0, 0);
+    const eta = etaText(r);
+    emit({
+      type: 'phase',
+      phase: 'validating',
+      message: `Validation ${index} of ${total}: the loss at step ${step} (${validationForwards(this.trainer)} forward passes)${eta ? ` · ${eta}` : ''}`,
+      ...r,
+    });
     const t0 = performance.now();
     const report = await this.trainer.validate();
     const seconds = (performance.now() - t0) / 1000;

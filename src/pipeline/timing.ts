@@ -12,7 +12,8 @@
 // - Validation losses (every `validateEvery` steps, after the step and before its sample) count the same way.
 // - Before a warm step is measured, the sample drawn before training gives the pace: its denoising steps after
 //   the first run warm, and a training step is about 1.5 of them (DENOISE_STEP_PER_TRAIN_STEP), so the ETA right
-//   after the warm-up step does not rest on the warm-up's compile time.
+//   after the warm-up step does not rest on the warm-up's compile time. The warm-up step itself is estimated
+//   from what that sample's first denoising step compiled (warmupEstimate).
 
 /** The parts of a run's settings that set its schedule. */
 export interface RunSchedule {
@@ -57,6 +58,13 @@ export const CHECKPOINT_PER_TRAIN_STEP = 1;
  * three forwards) on a batch of 2 (instance + class), so about 1 / 6.
  */
 export const FORWARD_PER_TRAIN_STEP = 1 / 6;
+
+/**
+ * First estimate of what the warm-up step compiles, in units of what the session's first sample compiled (its
+ * first denoising step less a warm one): a training step's forward compiles about the pipelines a denoising step
+ * does, and its backward about as many again.
+ */
+export const WARMUP_COMPILE_PER_SAMPLE_COMPILE = 2;
 
 /** How many recent warm steps s/step is the median of. */
 const RECENT = 10;
@@ -106,6 +114,8 @@ export class RunClock {
   private denoisePace: number | null = null;
   /** The sample being drawn: its step, and when its first denoising step ended. */
   private sampleMark: { step: number; first: number } | null = null;
+  /** Seconds of the session's first denoising step (it compiles the sampling pipelines). */
+  private firstDenoise: number | null = null;
   /** The sample's denoising steps, once all were drawn: when the last ended, and how many. */
   private sampleDenoised: { step: number; last: number; total: number } | null = null;
 
@@ -153,6 +163,16 @@ export class RunClock {
     const byPace = this.denoisePace === null ? null : this.denoisePace / DENOISE_STEP_PER_TRAIN_STEP;
     if (byPace !== null && (this.warmup === null || byPace < this.warmup)) return byPace;
     return this.warmup;
+  }
+
+  /**
+   * The warm-up step before it ran (it compiles the training pipelines): a step at the estimated pace plus
+   * WARMUP_COMPILE_PER_SAMPLE_COMPILE times what the first sample's first denoising step compiled (beyond a warm
+   * denoising step); null without a sample drawn before it.
+   */
+  warmupEstimate(): number | null {
+    if (this.firstDenoise === null || this.denoisePace === null) return null;
+    return (this.stepEstimate ?? 0) + WARMUP_COMPILE_PER_SAMPLE_COMPILE * Math.max(0, this.firstDenoise - this.denoisePace);
   }
 
   /**
@@ -209,7 +229,10 @@ export class RunClock {
    * (which compiles the sampling pipelines in a session's first sample) to the end of its last, per step.
    */
   private observeSample(step: number, denoised: number, total: number, elapsed: number): void {
-    if (denoised === 1) this.sampleMark = { step, first: elapsed };
+    if (denoised === 1) {
+      this.sampleMark = { step, first: elapsed };
+      this.firstDenoise ??= elapsed;
+    }
     if (denoised === total && total > 1 && this.sampleMark?.step === step) {
       const pace = (elapsed - this.sampleMark.first) / (total - 1);
       if (this.denoisePace === null || pace < this.denoisePace) this.denoisePace = pace;

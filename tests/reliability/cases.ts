@@ -703,7 +703,7 @@ export const CASES: Case[] = [
     before: 'wrong',
     args: () => [],
     code: 1,
-    message: /Encoded 1 of 1 images[\s\S]*needs at least/,
+    message: /Encoding with the VAE and the text encoder: image 1 of 1\n[\s\S]*needs at least/,
     setup: (ws) => {
       const dir = ws.path('linked');
       mkdirSync(dir);

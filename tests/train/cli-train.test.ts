@@ -72,6 +72,11 @@ describe('cli train', () => {
     const steps = r.out.split('\n').filter((l) => l.startsWith('step '));
     assert.equal(steps.length, 6);
     assert.match(steps[5], /^step 6\/6 loss \d+\.\d+ \d+\.\d+ s\/step ETA \d+:\d\d:\d\d gpu [\d.]+ MiB \(peak [\d.]+ MiB\) storage [\d.]+ MiB/);
+    // The long phases before step 1 say what they do, i of n, and the time left once an item is measured.
+    assert.match(r.err, /^Generating class images of "a photo of a dog": image 1 of 2 · estimating the time left$/m);
+    assert.match(r.err, /^Generating class images of "a photo of a dog": image 2 of 2 · about \d+:\d\d left$/m);
+    assert.match(r.err, /^Encoding with the VAE and the text encoder: image 2 of 5 · about \d+:\d\d left$/m);
+    assert.match(r.err, /^Training step 1 of 6 \(warm-up: it also compiles the GPU pipelines\)/m);
     const kohya = tensorsOf(join(out, 'lora-kohya.safetensors'));
     assert.ok([...kohya.tensors.keys()].some((k) => /^lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q\.lora_down\.weight$/.test(k)));
     assert.equal(kohya.metadata.ss_network_dim, '4');
