@@ -20,7 +20,18 @@ import { prepareImage, scaleCrop, type CropBox, type ImageSize, type RgbaImage }
 import { prepareMask } from '../io/mask.ts';
 import { RAY_TRAIN_PY } from './bundle-ray.ts';
 import { shellComment, shellQuote } from './quote.ts';
-import { RunError, SETTINGS, validatePrompt, validateSettings, type RunSettings } from './settings.ts';
+import {
+  RunError,
+  SETTING_SPECS,
+  SETTINGS,
+  validatePrompt,
+  validateSettings,
+  type BundleContext,
+  type BundleRow,
+  type RunSettings,
+  type SettingKey,
+  type SettingSpec,
+} from './settings.ts';
 
 /** The diffusers release the bundle's commands are written for (tests/fixtures/diffusers/dreambooth-options.json). */
 export const DIFFUSERS_TARGET = { version: '0.40.0', tag: 'v0.40.0', commit: 'd035dcd7cc7c88e0a154609b62887d50bba9fdc2' } as const;
@@ -123,6 +134,37 @@ export function modelReference(m: BundleModel): { value: string | null; note: st
 }
 
 /**
+ * train.sh's order for the settings that diffusers' DreamBooth examples have options for (the rest follow in the
+ * schema's order, after the captions and masks): each setting's rows come from its schema entry (`bundle`).
+ */
+const SCRIPT_ORDER: readonly SettingKey[] = [
+  'mode',
+  'steps',
+  'lr',
+  'rank',
+  'alpha',
+  'resolution',
+  'seed',
+  'priorPreservation',
+  'classPrompt',
+  'classCount',
+  'classSteps',
+  'priorWeight',
+  'flip',
+  'trainTextEncoder',
+  'textEncoderLr',
+  'offsetNoise',
+  'minSnrGamma',
+  'checkpointEvery',
+  'samplePrompt',
+  'sampleEvery',
+  'sampleSteps',
+  'budgetBytes',
+  'optimizer',
+  'master',
+];
+
+/**
  * Every setting of the run and its counterpart in `script` (diffusers 0.40's argument names), in train.sh
  * order; `option: null` rows are listed in the README and job.json as having no counterpart.
  */
@@ -130,113 +172,25 @@ export function mapSettings(
   input: Omit<BundleInput, 'images' | 'classImages'> & { instanceCount: number; classCount: number; captions: number; masks: number },
 ): SettingMapping[] {
   const s = input.settings;
-  const lora = s.mode === 'lora';
+  const ctx: BundleContext = { prompt: input.prompt, instanceCount: input.instanceCount, classCount: input.classCount, script: scriptFor(s) };
   const rows: SettingMapping[] = [];
   const add = (setting: SettingMapping['setting'], value: unknown, option: string | null, note?: string) =>
     rows.push({ setting, value, option, ...(note ? { note } : {}) });
+  /** The setting's rows from its entry; false when it has none in this run (another mode's, or not acting). */
+  const addRows = (spec: SettingSpec): boolean => {
+    if (spec.onlyMode && spec.onlyMode !== s.mode) return false;
+    const got = spec.bundle?.(s, ctx) ?? null;
+    if (got === null) return false;
+    for (const r of Array.isArray(got) ? (got as readonly BundleRow[]) : [got as BundleRow])
+      add(spec.key, 'value' in r ? r.value : s[spec.key], r.option, r.note);
+    return true;
+  };
   const ref = modelReference(input.model);
   add('model', input.model.hubId ?? input.model.name, '--pretrained_model_name_or_path="$MODEL"', ref.note);
   if (input.model.hubId && input.model.revision) rows.push({ setting: 'model', value: input.model.revision, option: `--revision=${q(input.model.revision)}` });
   add('prompt', input.prompt, `--instance_prompt=${q(input.prompt)}`);
   rows.push({ setting: 'prompt', value: 'instance_images', option: '--instance_data_dir=instance_images' });
-  add('mode', s.mode, null, `${lora ? 'LoRA' : 'full'} DreamBooth: the script is ${scriptFor(s)}`);
-  add('steps', s.steps, `--max_train_steps=${s.steps}`);
-  add(
-    'lr',
-    s.lr,
-    `--learning_rate=${s.lr}`,
-    'not scaled by batch or GPU count (as the engine trains); its schedule and warm-up are the lrScheduler and lrWarmup rows',
-  );
-  if (lora) {
-    add('rank', s.rank, `--rank=${s.rank}`);
-    const alpha = s.alpha || s.rank;
-    if (alpha === s.rank) add('alpha', alpha, null, 'equal to the rank: the script sets lora_alpha = rank, the same scale 1');
-    else
-      add('alpha', alpha, null, `train_dreambooth_lora.py sets lora_alpha = rank (scale 1); this run's scale is ${alpha} / ${s.rank}. ray_train.py honours it`);
-  }
-  add('resolution', s.resolution, `--resolution=${s.resolution}`);
-  add('seed', s.seed, `--seed=${s.seed}`, "the same seed, not the same random draws: PyTorch's generators differ from the engine's");
-  if (s.priorPreservation) {
-    add('priorPreservation', true, '--with_prior_preservation');
-    rows.push({ setting: 'priorPreservation', value: 'class_images', option: '--class_data_dir=class_images' });
-    add('classPrompt', s.classPrompt, `--class_prompt=${q(s.classPrompt)}`);
-    const count = input.classCount || s.classCount;
-    add(
-      'classCount',
-      count,
-      `--num_class_images=${count}`,
-      input.classCount ? 'the given class images are in class_images/' : 'class_images/ is empty: the script generates them with the base model first',
-    );
-    if (!input.classCount) add('classSteps', s.classSteps, null, 'the script generates class images with the pipeline default (50 steps for SD)');
-    add('priorWeight', s.priorWeight, `--prior_loss_weight=${s.priorWeight}`);
-  }
-  add('flip', s.flip, null, s.flip ? 'mirrored copies of every photo are in instance_images/ (the scripts have no flip option)' : 'off');
-  if (lora) {
-    add('trainTextEncoder', s.trainTextEncoder, s.trainTextEncoder ? '--train_text_encoder' : null, s.trainTextEncoder ? 'LoRA on the text encoder' : 'off');
-    if (s.trainTextEncoder && s.textEncoderLr > 0 && s.textEncoderLr !== s.lr)
-      add('textEncoderLr', s.textEncoderLr, null, `train_dreambooth_lora.py trains the text encoder at --learning_rate (${s.lr}). ray_train.py honours it`);
-    else add('textEncoderLr', s.textEncoderLr, null, s.trainTextEncoder ? `the learning rate, ${s.lr}, as --learning_rate` : 'off');
-  }
-  if (s.offsetNoise > 0) {
-    if (!lora && s.offsetNoise === 0.1)
-      add('offsetNoise', s.offsetNoise, '--offset_noise', 'train_dreambooth.py adds 0.1 * N(0, 1) per sample and channel, as the engine does');
-    else
-      add(
-        'offsetNoise',
-        s.offsetNoise,
-        null,
-        lora
-          ? 'train_dreambooth_lora.py has no offset noise. ray_train.py honours it'
-          : `train_dreambooth.py's --offset_noise is fixed at 0.1; this run uses ${s.offsetNoise}. ray_train.py honours it`,
-      );
-  } else add('offsetNoise', 0, null, 'off');
-  if (s.minSnrGamma > 0) {
-    if (!lora) add('minSnrGamma', s.minSnrGamma, `--snr_gamma=${s.minSnrGamma}`);
-    else add('minSnrGamma', s.minSnrGamma, null, 'train_dreambooth_lora.py has no --snr_gamma (train_dreambooth.py does). ray_train.py honours it');
-  } else add('minSnrGamma', 0, null, 'off');
-  add(
-    'checkpointEvery',
-    s.checkpointEvery,
-    `--checkpointing_steps=${s.checkpointEvery || s.steps}`,
-    s.checkpointEvery ? undefined : 'the engine checkpoints at the end only',
-  );
-  if (s.sampleEvery > 0) {
-    const prompt = s.samplePrompt || input.prompt;
-    add('samplePrompt', prompt, `--validation_prompt=${q(prompt)}`);
-    if (lora) {
-      // The LoRA script validates per epoch; an epoch is max(instance, class) images at batch 1.
-      const perEpoch = Math.max(1, input.instanceCount, s.priorPreservation ? input.classCount || s.classCount : 0);
-      const epochs = Math.max(1, Math.round(s.sampleEvery / perEpoch));
-      add(
-        'sampleEvery',
-        s.sampleEvery,
-        `--validation_epochs=${epochs}`,
-        `the script validates every N epochs: ${epochs} epochs of ${perEpoch} steps is about ${epochs * perEpoch} steps`,
-      );
-    } else add('sampleEvery', s.sampleEvery, `--validation_steps=${s.sampleEvery}`);
-    rows.push({ setting: 'sampleEvery', value: 1, option: '--num_validation_images=1' });
-    add('sampleSteps', s.sampleSteps, null, lora ? 'the LoRA script samples with 25 steps' : 'the script samples with the pipeline default');
-  } else add('sampleEvery', 0, null, 'no samples: no validation prompt');
-  add(
-    'budgetBytes',
-    s.budgetBytes,
-    null,
-    "a GPU memory budget for the engine's planner; the scripts use the GPU they get (see --gradient_checkpointing below)",
-  );
-  const optimizer = (s as unknown as Record<string, unknown>).optimizer;
-  if (optimizer === 'adamw8bit')
-    add('optimizer' as keyof RunSettings, optimizer, '--use_8bit_adam', "bitsandbytes' 8-bit AdamW, as the engine's blockwise 8-bit moments");
-  else if (optimizer !== undefined)
-    add('optimizer' as keyof RunSettings, optimizer, null, "AdamW with f32 moments: the scripts' default optimizer (no option needed)");
-  const master = (s as unknown as Record<string, unknown>).master;
-  if (master === 'fp32') add('master' as keyof RunSettings, master, null, 'fp32 master weights: what --mixed_precision=fp16 keeps anyway (no option needed)');
-  else if (master !== undefined)
-    add(
-      'master' as keyof RunSettings,
-      master,
-      null,
-      'compact masters (f16 + 16-bit extension) have no counterpart: the scripts keep full fp32 weights (more memory, same or better precision)',
-    );
+  for (const key of SCRIPT_ORDER) addRows(SETTING_SPECS.get(key)!);
   add(
     'captions',
     input.captions,
@@ -253,16 +207,13 @@ export function mapSettings(
       ? `masked loss: the scripts have none; masks/ holds each instance image's mask under the same name (white = trained, kohya's convention), and ray_train.py applies them`
       : 'no masks: no masked loss',
   );
-  // Every setting of the schema appears: one added to settings.ts after this table is mapped by its entry's
-  // `bundle` field, or listed as having no counterpart, never dropped.
+  // Every setting of the schema appears: mapped by its entry's `bundle` field, or listed as having no
+  // counterpart, never dropped.
   const seen = new Set<string>(rows.map((r) => r.setting));
   for (const spec of SETTINGS) {
     if (seen.has(spec.key)) continue;
     if (spec.onlyMode && spec.onlyMode !== s.mode) add(spec.key, s[spec.key], null, `not used: ${spec.onlyMode === 'lora' ? 'LoRA' : 'full'} runs only`);
-    else if (spec.bundle) {
-      const row = spec.bundle(s);
-      add(spec.key, s[spec.key], row.option, row.note);
-    } else add(spec.key, s[spec.key], null, `no counterpart in ${scriptFor(s)} (${spec.help})`);
+    else if (!addRows(spec)) add(spec.key, s[spec.key], null, `no counterpart in ${ctx.script} (${spec.help})`);
   }
   return rows;
 }

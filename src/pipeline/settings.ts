@@ -4,7 +4,8 @@
 // command line builds its parser and --help from it, the studio generates its Advanced form from it
 // (ui/studio/AdvancedForm.tsx), the run pipeline turns it into the trainer's settings (trainSettings), and
 // TRAIN_DEFAULTS are its defaults plus the engine's own (ENGINE_DEFAULTS). Adding a training option means
-// adding an entry here and using it where it acts (the trainer reads its TrainSettings field).
+// adding an entry here and using it where it acts (the trainer reads its TrainSettings field). The entries of
+// prior preservation and of the trainer's knobs are in settings-prior.ts and settings-knobs.ts.
 //
 // Validation has two stages, both before any image is decoded or encoded:
 //   validateSettings(s)         types and ranges that need nothing but the values;
@@ -15,6 +16,8 @@ import { effectiveScheduler, LR_SCHEDULERS, POLYNOMIAL_LR_END, type LrScheduler 
 import { ENGINE_DEFAULTS, type TrainMode, type TrainSettings } from '../train/trainer.ts';
 import { formatBytes, parseBytes } from '../util/bytes.ts';
 import { KNOB_SETTINGS, knobProblem, type KnobSettings } from './settings-knobs.ts';
+import { shellQuote } from './quote.ts';
+import { PRIOR_SETTINGS } from './settings-prior.ts';
 import { preview } from '../util/describe.ts';
 
 export type { TrainMode };
@@ -88,6 +91,19 @@ type Kind = 'int' | 'number' | 'bool' | 'string' | 'bytes' | 'enum';
 export interface BundleRow {
   option: string | null;
   note?: string;
+  /** The value job.json records for the row (default: the setting's own). */
+  value?: unknown;
+}
+
+/** What a setting's bundle rows may read besides the settings. */
+export interface BundleContext {
+  /** The instance prompt. */
+  prompt: string;
+  /** Instance images in the bundle (mirrored copies counted) and class images given. */
+  instanceCount: number;
+  classCount: number;
+  /** The diffusers script the run maps to. */
+  script: string;
 }
 
 /** One option: how it is written, what it may hold, what it defaults to, how each host shows and uses it. */
@@ -126,8 +142,11 @@ export interface SettingSpec<K extends SettingKey = SettingKey> {
   activeWhen?: { test: (s: RunSettings) => boolean; why: string };
   /** How the option reaches the trainer's settings (absent: the run pipeline uses it, not the trainer). */
   train?: (v: RunSettings[K], s: RunSettings) => Partial<TrainSettings>;
-  /** The job bundle's row for the option (absent: bundle.ts maps it itself, or lists it as having no counterpart). */
-  bundle?: (s: RunSettings) => BundleRow;
+  /**
+   * The option's rows in the job bundle (pipeline/bundle.ts); null, or absent: the bundle lists it as having no
+   * counterpart (with its help).
+   */
+  bundle?: (s: RunSettings, c: BundleContext) => BundleRow | readonly BundleRow[] | null;
 }
 
 /** The largest training resolution: SD 1.x/2.x train at 512-768 px; past 1024 px nothing here fits a GPU. */
@@ -139,6 +158,7 @@ const MIB = 2 ** 20;
 /** An entry, typed by its key (so `default`, `train` and `bundle` see the key's own value type). */
 const entry = <K extends SettingKey>(e: SettingSpec<K>): SettingSpec => e as unknown as SettingSpec;
 const lora = (s: RunSettings) => s.mode === 'lora';
+const q = (v: string) => shellQuote(v, 'a value for train.sh');
 
 export const SETTINGS: readonly SettingSpec[] = [
   entry({
@@ -151,6 +171,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     hidden: true,
     help: 'lora: small adapters on the attention layers; full: every UNet weight',
     train: (v) => ({ mode: v }),
+    bundle: (s, c) => ({ option: null, note: `${lora(s) ? 'LoRA' : 'full'} DreamBooth: the script is ${c.script}` }),
   }),
   entry({
     key: 'steps',
@@ -163,6 +184,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     default: { lora: 400, full: 800 },
     help: 'training steps',
     train: (v) => ({ steps: v }),
+    bundle: (s) => ({ option: `--max_train_steps=${s.steps}` }),
   }),
   entry({
     key: 'lr',
@@ -174,6 +196,10 @@ export const SETTINGS: readonly SettingSpec[] = [
     default: { lora: 1e-4, full: 5e-6 },
     help: 'AdamW learning rate (DreamBooth uses about 1e-6 to 1e-3)',
     train: (v) => ({ lr: v }),
+    bundle: (s) => ({
+      option: `--learning_rate=${s.lr}`,
+      note: 'not scaled by batch or GPU count (as the engine trains); its schedule and warm-up are the lrScheduler and lrWarmup rows',
+    }),
   }),
   entry({
     key: 'lrWarmup',
@@ -239,6 +265,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     onlyMode: 'lora',
     help: 'LoRA rank (at most the narrowest adapted layer)',
     train: (v, s) => ({ rank: lora(s) ? v : 0 }),
+    bundle: (s) => ({ option: `--rank=${s.rank}` }),
   }),
   entry({
     key: 'alpha',
@@ -251,6 +278,15 @@ export const SETTINGS: readonly SettingSpec[] = [
     onlyMode: 'lora',
     help: 'LoRA alpha (scale alpha / rank; default: the rank, scale 1)',
     train: (v, s) => ({ alpha: lora(s) ? v || s.rank : 0 }),
+    bundle: (s) => {
+      const alpha = s.alpha || s.rank;
+      if (alpha === s.rank) return { value: alpha, option: null, note: 'equal to the rank: the script sets lora_alpha = rank, the same scale 1' };
+      return {
+        value: alpha,
+        option: null,
+        note: `train_dreambooth_lora.py sets lora_alpha = rank (scale 1); this run's scale is ${alpha} / ${s.rank}. ray_train.py honours it`,
+      };
+    },
   }),
   entry({
     key: 'resolution',
@@ -263,6 +299,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     step: 8,
     default: 512,
     help: `training and sample resolution in pixels (a multiple of the model's factor, at most ${MAX_RESOLUTION})`,
+    bundle: (s) => ({ option: `--resolution=${s.resolution}` }),
   }),
   entry({
     key: 'budgetBytes',
@@ -274,6 +311,10 @@ export const SETTINGS: readonly SettingSpec[] = [
     default: 4 * 2 ** 30,
     choices: [256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576].map((m) => m * MIB),
     help: 'GPU memory the run may use, e.g. 4GiB',
+    bundle: () => ({
+      option: null,
+      note: "a GPU memory budget for the engine's planner; the scripts use the GPU they get (see --gradient_checkpointing below)",
+    }),
   }),
   entry({
     key: 'sampleEvery',
@@ -285,6 +326,16 @@ export const SETTINGS: readonly SettingSpec[] = [
     max: 1_000_000,
     default: 0,
     help: 'a sample image every N steps (0: none)',
+    bundle: (s, c) => {
+      if (!(s.sampleEvery > 0)) return { value: 0, option: null, note: 'no samples: no validation prompt' };
+      const images = { value: 1, option: '--num_validation_images=1' };
+      if (!lora(s)) return [{ option: `--validation_steps=${s.sampleEvery}` }, images];
+      // The LoRA script validates per epoch; an epoch is max(instance, class) images at batch 1.
+      const perEpoch = Math.max(1, c.instanceCount, s.priorPreservation ? c.classCount || s.classCount : 0);
+      const epochs = Math.max(1, Math.round(s.sampleEvery / perEpoch));
+      const note = `the script validates every N epochs: ${epochs} epochs of ${perEpoch} steps is about ${epochs * perEpoch} steps`;
+      return [{ option: `--validation_epochs=${epochs}`, note }, images];
+    },
   }),
   entry({
     key: 'samplePrompt',
@@ -297,6 +348,7 @@ export const SETTINGS: readonly SettingSpec[] = [
       test: (s) => s.sampleEvery > 0,
       why: 'does nothing without --sample-every N (samples are drawn only then): add --sample-every, or leave it out',
     },
+    bundle: (s, c) => (s.sampleEvery > 0 ? { value: s.samplePrompt || c.prompt, option: `--validation_prompt=${q(s.samplePrompt || c.prompt)}` } : null),
   }),
   entry({
     key: 'sampleSteps',
@@ -312,6 +364,8 @@ export const SETTINGS: readonly SettingSpec[] = [
       test: (s) => s.sampleEvery > 0,
       why: 'does nothing without --sample-every N (samples are drawn only then): add --sample-every, or leave it out',
     },
+    bundle: (s) =>
+      s.sampleEvery > 0 ? { option: null, note: lora(s) ? 'the LoRA script samples with 25 steps' : 'the script samples with the pipeline default' } : null,
   }),
   entry({
     key: 'seed',
@@ -323,6 +377,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     default: 1,
     help: 'random seed (noise, timesteps, LoRA init, samples)',
     train: (v) => ({ seed: v }),
+    bundle: (s) => ({ option: `--seed=${s.seed}`, note: "the same seed, not the same random draws: PyTorch's generators differ from the engine's" }),
   }),
   entry({
     key: 'checkpointEvery',
@@ -335,6 +390,10 @@ export const SETTINGS: readonly SettingSpec[] = [
     default: { lora: 50, full: 100 },
     help: 'checkpoint every N steps (0: at the end only)',
     train: (v) => ({ checkpointEvery: v }),
+    bundle: (s) => ({
+      option: `--checkpointing_steps=${s.checkpointEvery || s.steps}`,
+      ...(s.checkpointEvery ? {} : { note: 'the engine checkpoints at the end only' }),
+    }),
   }),
   entry({
     key: 'validateEvery',
@@ -357,6 +416,17 @@ export const SETTINGS: readonly SettingSpec[] = [
     default: 0,
     help: 'offset noise strength (0: off)',
     train: (v) => ({ offsetNoise: v }),
+    bundle: (s) => {
+      if (!(s.offsetNoise > 0)) return { value: 0, option: null, note: 'off' };
+      if (!lora(s) && s.offsetNoise === 0.1)
+        return { option: '--offset_noise', note: 'train_dreambooth.py adds 0.1 * N(0, 1) per sample and channel, as the engine does' };
+      return {
+        option: null,
+        note: lora(s)
+          ? 'train_dreambooth_lora.py has no offset noise. ray_train.py honours it'
+          : `train_dreambooth.py's --offset_noise is fixed at 0.1; this run uses ${s.offsetNoise}. ray_train.py honours it`,
+      };
+    },
   }),
   entry({
     key: 'minSnrGamma',
@@ -368,6 +438,11 @@ export const SETTINGS: readonly SettingSpec[] = [
     default: 0,
     help: 'min-SNR-gamma loss weighting, e.g. 5 (0: off)',
     train: (v) => ({ minSnrGamma: v > 0 ? v : null }),
+    bundle: (s) => {
+      if (!(s.minSnrGamma > 0)) return { value: 0, option: null, note: 'off' };
+      if (!lora(s)) return { option: `--snr_gamma=${s.minSnrGamma}` };
+      return { option: null, note: 'train_dreambooth_lora.py has no --snr_gamma (train_dreambooth.py does). ray_train.py honours it' };
+    },
   }),
   entry({
     key: 'optimizer',
@@ -378,6 +453,10 @@ export const SETTINGS: readonly SettingSpec[] = [
     default: { lora: 'adamw', full: 'adamw8bit' },
     help: 'AdamW moments: adamw (f32) or adamw8bit (8-bit blockwise, as bitsandbytes; a third of the state)',
     train: (v) => ({ optimizer: v }),
+    bundle: (s) =>
+      s.optimizer === 'adamw8bit'
+        ? { option: '--use_8bit_adam', note: "bitsandbytes' 8-bit AdamW, as the engine's blockwise 8-bit moments" }
+        : { option: null, note: "AdamW with f32 moments: the scripts' default optimizer (no option needed)" },
   }),
   entry({
     key: 'master',
@@ -388,6 +467,13 @@ export const SETTINGS: readonly SettingSpec[] = [
     default: { lora: 'fp32', full: 'compact' },
     help: 'master weights: fp32 (a separate copy) or compact (the f16 weight + a 16-bit extension, 27 significant bits)',
     train: (v) => ({ master: v }),
+    bundle: (s) => ({
+      option: null,
+      note:
+        s.master === 'fp32'
+          ? 'fp32 master weights: what --mixed_precision=fp16 keeps anyway (no option needed)'
+          : 'compact masters (f16 + 16-bit extension) have no counterpart: the scripts keep full fp32 weights (more memory, same or better precision)',
+    }),
   }),
   entry({
     key: 'fusedUpdates',
@@ -416,6 +502,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     label: 'Also train on mirrored photos',
     default: false,
     help: 'also train on mirrored copies of the photos',
+    bundle: (s) => ({ option: null, note: s.flip ? 'mirrored copies of every photo are in instance_images/ (the scripts have no flip option)' : 'off' }),
   }),
   entry({
     key: 'trainTextEncoder',
@@ -426,6 +513,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     onlyMode: 'lora',
     help: 'LoRA on the text encoder too',
     train: (v, s) => ({ textEncoderLora: lora(s) && v }),
+    bundle: (s) => (s.trainTextEncoder ? { option: '--train_text_encoder', note: 'LoRA on the text encoder' } : { option: null, note: 'off' }),
   }),
   entry({
     key: 'textEncoderLr',
@@ -441,61 +529,17 @@ export const SETTINGS: readonly SettingSpec[] = [
     activeWhen: { test: (s) => s.trainTextEncoder, why: 'sets the learning rate of the text-encoder LoRA: add --train-text-encoder, or leave it out' },
     // The text encoder's own rate, where the run trains it at one; else its adapters share `lr`.
     train: (v, s) => (lora(s) && s.trainTextEncoder && v > 0 ? { textEncoderLr: v } : {}),
+    bundle: (s) => ({
+      option: null,
+      note:
+        s.trainTextEncoder && s.textEncoderLr > 0 && s.textEncoderLr !== s.lr
+          ? `train_dreambooth_lora.py trains the text encoder at --learning_rate (${s.lr}). ray_train.py honours it`
+          : s.trainTextEncoder
+            ? `the learning rate, ${s.lr}, as --learning_rate`
+            : 'off',
+    }),
   }),
-  entry({
-    key: 'priorPreservation',
-    kind: 'bool',
-    flag: null,
-    label: 'Prior preservation (class images)',
-    default: false,
-    help: 'prior preservation with class images (on the command line: given by --class-prompt)',
-  }),
-  entry({
-    key: 'classPrompt',
-    kind: 'string',
-    flag: 'class-prompt',
-    label: 'Class prompt',
-    default: '',
-    help: 'prior preservation: the class prompt, e.g. "a photo of a dog"',
-    showWhen: (s) => s.priorPreservation,
-  }),
-  entry({
-    key: 'priorWeight',
-    kind: 'number',
-    flag: 'prior-weight',
-    label: 'Prior loss weight',
-    min: 0,
-    max: 100,
-    default: 1,
-    help: 'weight of the prior (class) loss',
-    showWhen: (s) => s.priorPreservation,
-    activeWhen: { test: (s) => s.priorPreservation, why: 'weighs the prior loss of prior preservation: add --class-prompt, or leave it out' },
-    train: (v) => ({ priorLossWeight: v }),
-  }),
-  entry({
-    key: 'classCount',
-    kind: 'int',
-    flag: null,
-    label: 'Class images to generate (when none are added)',
-    min: 1,
-    max: 1000,
-    default: 8,
-    help: 'class images to generate when none are given (command line: --class-images <count>)',
-    showWhen: (s) => s.priorPreservation,
-  }),
-  entry({
-    key: 'classSteps',
-    kind: 'int',
-    flag: 'class-steps',
-    label: 'Denoising steps per class image',
-    unit: 'steps',
-    min: 1,
-    max: 1000,
-    default: 25,
-    help: 'denoising steps per generated class image',
-    showWhen: (s) => s.priorPreservation,
-    activeWhen: { test: (s) => s.priorPreservation, why: 'is for class images of prior preservation: add --class-prompt, or leave it out' },
-  }),
+  ...PRIOR_SETTINGS,
   ...KNOB_SETTINGS,
 ];
 
