@@ -246,28 +246,81 @@ export function assertDecodable(size: ImageSize, name: string, maxPixels = MAX_D
 export function assertComplete(bytes: Uint8Array, kind: ImageKind, name: string): void {
   if (kind === 'jpeg') {
     let scan = 0;
+    let frame: JpegSegment | undefined;
     walkJpeg(bytes, name, (s) => {
       if (s.marker === 0xda) scan = s.end;
+      else if (isSof(s.marker)) frame ??= s;
       return false;
     });
     // Entropy-coded data cannot contain FF D9 (a data 0xFF is stuffed as FF 00, markers inside are RSTn), so an
     // EOI anywhere after the first scan is the real end. Search backwards: it is normally the last two bytes,
     // though some cameras append data after it.
-    for (let p = bytes.length - 2; p >= scan; p--) if (bytes[p] === 0xff && bytes[p + 1] === 0xd9) return;
-    throw truncated(name, 'jpeg', 'before its end-of-image marker');
+    let end = -1;
+    for (let p = bytes.length - 2; p >= scan && end < 0; p--) if (bytes[p] === 0xff && bytes[p + 1] === 0xd9) end = p;
+    if (end < 0) throw truncated(name, 'jpeg', 'before its end-of-image marker');
+    if (frame) tooSmall(name, 'jpeg', end - scan, jpegMinDataBytes(bytes, frame));
   } else if (kind === 'png') {
+    let idat = 0;
     for (let p = 8; ;) {
       if (p + 8 > bytes.length) throw truncated(name, 'png', 'before its IEND chunk');
       const len = u32be(bytes, p);
       const type = fourcc(bytes, p + 4);
       if (p + 12 + len > bytes.length) throw truncated(name, 'png', `inside its ${type} chunk`);
-      if (type === 'IEND') return;
+      if (type === 'IDAT') idat += len;
+      if (type === 'IEND') return tooSmall(name, 'png', idat, pngMinDataBytes(bytes));
       p += 12 + len;
     }
   } else {
     // RIFF size counts everything after the first 8 bytes; extra bytes after it are harmless.
     if (bytes.length < 8 + u32le(bytes, 4)) throw truncated(name, 'webp', `after ${bytes.length} of ${8 + u32le(bytes, 4)} bytes`);
   }
+}
+
+/**
+ * A file whose compressed data is smaller than any encoder could make its declared pixels is damaged (a size
+ * field corrupted, or a crafted "bomb"): refused before a decoder allocates and works through the declared
+ * size. (WebP has no such bound: a lossless WebP of one colour codes its pixels in zero bits.)
+ */
+function tooSmall(name: string, kind: ImageKind, have: number, need: number): void {
+  if (have < need)
+    throw corrupt(
+      name,
+      kind,
+      `${have} bytes of image data cannot hold the pixels its header declares (at least ${need} bytes): the header is damaged or the file cut short`,
+    );
+}
+
+/**
+ * Huffman-coded JPEG (SOF0-3, 5-7) codes each 8x8 block of every component with at least one bit (the DC
+ * coefficient's code; Huffman codes are 1 to 16 bits), in sequential and progressive files alike. Component c
+ * with sampling factors (Hc, Vc) covers ceil(w * Hc / Hmax) x ceil(h * Vc / Vmax) pixels. Arithmetic-coded
+ * frames (SOF9 and up) can go below a bit per block and are not bounded.
+ */
+function jpegMinDataBytes(b: Uint8Array, sof: JpegSegment): number {
+  if (sof.marker >= 0xc8 || sof.end - sof.start < 6) return 0;
+  const height = u16be(b, sof.start + 1);
+  const width = u16be(b, sof.start + 3);
+  const n = b[sof.start + 5];
+  if (sof.end - sof.start < 6 + 3 * n) return 0;
+  const factors = Array.from({ length: n }, (_, i) => ({ h: b[sof.start + 7 + 3 * i] >> 4, v: b[sof.start + 7 + 3 * i] & 15 }));
+  const hMax = Math.max(1, ...factors.map((f) => f.h));
+  const vMax = Math.max(1, ...factors.map((f) => f.v));
+  let blocks = 0;
+  for (const f of factors) blocks += Math.ceil(Math.ceil((width * f.h) / hMax) / 8) * Math.ceil(Math.ceil((height * f.v) / vMax) / 8);
+  return Math.floor(blocks / 8);
+}
+
+/**
+ * Deflate codes at most 258 bytes (a longest match) in 2 bits (1-bit length and distance codes), so the IDAT
+ * data of a PNG is at least 1/1032 of its filtered rows: height x (1 filter byte + the row's packed samples).
+ * Interlaced images have more rows, so this bounds them too.
+ */
+function pngMinDataBytes(b: Uint8Array): number {
+  if (b.length < 26) return 0;
+  const channels = ({ 0: 1, 2: 3, 3: 1, 4: 2, 6: 4 } as Record<number, number>)[b[25]];
+  if (channels === undefined) return 0;
+  const raw = u32be(b, 20) * (1 + Math.ceil((u32be(b, 16) * channels * b[24]) / 8));
+  return Math.floor(raw / 1032);
 }
 
 // ---------------------------------------------------------------------------------------------------------

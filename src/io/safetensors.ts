@@ -3,7 +3,7 @@
 // This in-memory reader/writer serves small files (golden fixtures, test models); it validates
 // the header as strictly as the streamed reader that loads real checkpoints.
 
-import { firstNonUtf8, jsonSyntaxProblem, preview } from '../util/describe.ts';
+import { firstNonUtf8, jsonDepth, jsonSyntaxProblem, preview } from '../util/describe.ts';
 import { f16BitsToF32, toF16Bits } from '../util/half.ts';
 import type { ByteSource } from './source.ts';
 
@@ -53,6 +53,8 @@ export class SafetensorsError extends Error {
 
 /** Largest header we accept; real headers are well under 10 MB. */
 const MAX_HEADER = 100 << 20;
+/** Deepest nesting of a header's JSON we parse (a real one has 3 levels; some slack for unknown fields). */
+const MAX_HEADER_DEPTH = 16;
 
 /**
  * The first key of a JSON object's text that appears twice at its top level, or null. JSON.parse keeps
@@ -109,6 +111,12 @@ export function parseHeader(prefix: Uint8Array, fileSize: number): StHeader {
   if (8 + len > fileSize) throw new SafetensorsError(`header length ${len} runs past the end of the ${fileSize}-byte file (truncated?)`);
   if (prefix.length < 8 + len) throw new SafetensorsError(`need ${8 + len} bytes of prefix to parse the header, got ${prefix.length}`);
   const text = headerText(prefix.subarray(8, 8 + len));
+  // {name: {dtype, shape: [...]}} is three levels; writers add nothing deeper (metadata values are strings).
+  const depth = jsonDepth(text, MAX_HEADER_DEPTH);
+  if (depth > MAX_HEADER_DEPTH)
+    throw new SafetensorsError(
+      `the header nests more than ${MAX_HEADER_DEPTH} levels deep, where a safetensors header has 3 (tensors, their fields, shapes): the file is corrupt`,
+    );
   let json: unknown;
   try {
     json = JSON.parse(text);

@@ -33,11 +33,11 @@ import {
 } from '../pipeline/run.ts';
 import type { SettingKey } from '../pipeline/settings.ts';
 import { TOKENIZER_FILES } from '../export/full.ts';
-import { jobBundle, type BundleModel } from '../pipeline/bundle.ts';
+import type { BundleModel } from '../pipeline/bundle.ts';
 import { exportImported, openSource, readImportedLora, tryLora, type ReadLora } from '../pipeline/imported.ts';
 import type { TryItOptions, TryItResult } from '../pipeline/tryit.ts';
+import { bundleZip } from './bundle-zip.ts';
 import { importedExportName, notSafetensorsMessage } from './imported-files.ts';
-import { downloadZip } from 'client-zip';
 
 /** Where the model comes from (what the page persists, minus the File objects). */
 export type ModelChoice =
@@ -362,13 +362,7 @@ class StudioWorker {
           : choice.kind === 'folder'
             ? { kind: 'diffusers', name: choice.name }
             : { kind: 'demo', name: 'demo-sd1-small' };
-    const files = jobBundle(
-      { prompt: run.prompt, images: await decode(run.images), classImages: await decode(run.classImages), settings: run.settings, model },
-      (rgb, width, height) => encodePng({ width, height, data: rgb, channels: 3, depth: 8 }),
-    );
-    const folder = 'dreambooth-job';
-    const blob = await downloadZip(files.map((f) => ({ name: `${folder}/${f.path}`, input: f.data, lastModified: new Date(0) }))).blob();
-    return { blob, name: `${folder}.zip`, size: blob.size };
+    return bundleZip({ prompt: run.prompt, images: await decode(run.images), classImages: await decode(run.classImages), settings: run.settings, model });
   }
 
   /** A LoRA file read in full (its header and every adapter); a file that is not safetensors is named and said what it is. */

@@ -78,3 +78,21 @@ export function firstNonUtf8(b: Uint8Array): number {
   }
   return -1;
 }
+
+/**
+ * How deeply `text`'s arrays and objects nest (brackets inside strings not counted), stopping once past
+ * `limit`. A scan, not a parse: JSON.parse of very deep text (200,000 levels) takes seconds even to fail.
+ */
+export function jsonDepth(text: string, limit = Infinity): number {
+  let depth = 0;
+  let max = 0;
+  for (let i = 0; i < text.length && max <= limit; i++) {
+    const c = text.charCodeAt(i);
+    if (c === 0x22) {
+      // Skip the string: a backslash escapes the next character.
+      for (i++; i < text.length && text.charCodeAt(i) !== 0x22; i++) if (text.charCodeAt(i) === 0x5c) i++;
+    } else if (c === 0x5b || c === 0x7b) max = Math.max(max, ++depth);
+    else if (c === 0x5d || c === 0x7d) depth--;
+  }
+  return max;
+}

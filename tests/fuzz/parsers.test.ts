@@ -599,17 +599,17 @@ async function refusal(p: Promise<unknown>): Promise<string> {
 if (isMainThread)
   void describe('what the fuzzer found, kept as fixed cases', () => {
     const open = (bytes: Uint8Array, name: string) => refusal(SafetensorsFile.open(new BytesSource(bytes, name)));
-    void it('safetensors: a 200,000-deep __metadata__ is refused by name, not by a stack overflow', async () => {
-      for (const deep of ['['.repeat(200_000) + ']'.repeat(200_000), '{"a":'.repeat(200_000) + '1' + '}'.repeat(200_000)])
-        assert.match(
-          await open(stOf(`{"__metadata__":${deep}}`), 'deep.safetensors'),
-          /^SafetensorsError: deep\.safetensors: __metadata__ must map names to strings, got (\[\[\[\.\.\.\]\]\]|\{"a": \{"a": \{\.\.\.\}\}\})$/,
+    void it('safetensors: a 200,000-deep __metadata__ or shape is refused at once, not by a stack overflow', async () => {
+      const deep = ['['.repeat(200_000) + ']'.repeat(200_000), '{"a":'.repeat(200_000) + '1' + '}'.repeat(200_000)];
+      const headers = [...deep.map((d) => `{"__metadata__":${d}}`), `{"a":{"dtype":"F32","shape":${deep[0]},"data_offsets":[0,4]}}`];
+      for (const h of headers) {
+        assert.equal(
+          await open(stOf(h, new Uint8Array(4)), 'deep.safetensors'),
+          'SafetensorsError: deep.safetensors: the header nests more than 16 levels deep, where a safetensors header has 3 (tensors, their fields, shapes): the file is corrupt',
         );
-      const shape = `{"a":{"dtype":"F32","shape":${'['.repeat(200_000)}${']'.repeat(200_000)},"data_offsets":[0,4]}}`;
-      assert.match(
-        await open(stOf(shape, new Uint8Array(4)), 'shape.safetensors'),
-        /^SafetensorsError: shape\.safetensors: tensor 'a': shape \[\[\[\.\.\.\]\]\] is not a list/,
-      );
+      }
+      // Within the depth limit, a value of the wrong shape is previewed (never JSON.stringify'd whole) in the message.
+      assert.match(await open(stOf('{"__metadata__":[[[[[[1]]]]]]}'), 'meta.safetensors'), /__metadata__ must map names to strings, got \[\[\[\.\.\.\]\]\]$/);
     });
     void it('safetensors: a tensor name that is not UTF-8 is refused naming the byte, not renamed to U+FFFD', async () => {
       const header = cat(
@@ -640,6 +640,23 @@ if (isMainThread)
         await refusal(decodeImageNode(bytes, 'photo.jpg')),
         'ImageError: photo.jpg: could not decode the JPEG (its image data is damaged): save it again or use another file',
       );
+    });
+    void it('images: a small file whose header declares far more pixels than its data can hold is refused before decoding', async () => {
+      // The fuzzer's case: a 0.7 KB JPEG declaring 48x65535 kept jpeg-js busy for seconds before failing.
+      const jpeg = new Uint8Array(readFileSync(join(FIXTURES, 'images', 'quadrants.jpg')));
+      const sof = jpeg.findIndex((b, i) => b === 0xff && jpeg[i + 1] === 0xc0);
+      new DataView(jpeg.buffer).setUint16(sof + 5, 65535); // height
+      assert.match(
+        await refusal(decodeImageNode(jpeg, 'tall.jpg')),
+        /^ImageError: tall\.jpg is not a valid JPEG: \d+ bytes of image data cannot hold the pixels its header declares \(at least 18432 bytes\)/,
+      );
+      assert.throws(() => assertComplete(jpeg, 'jpeg', 'tall.jpg'), /cannot hold the pixels/); // the studio's check too
+      const png = pngChunks(new Uint8Array(readFileSync(join(FIXTURES, 'images', 'rgba.png'))));
+      new DataView(png[0].data.buffer).setUint32(0, 7000); // width, CRC recomputed by pngFrom
+      assert.match(await refusal(decodeImageNode(pngFrom(png), 'wide.png')), /^ImageError: wide\.png is not a valid PNG: \d+ bytes of image data cannot hold/);
+      // The real files still decode.
+      for (const f of ['quadrants.jpg', 'rgba.png', 'quadrants-o6.jpg', 'rgb16.png'])
+        assert.equal(await refusal(decodeImageNode(new Uint8Array(readFileSync(join(FIXTURES, 'images', f))), f)), 'accepted');
     });
     void it('settings: a dash-led positional ("-5") is a usage error, not parseArgs\'s TypeError', () => {
       assert.throws(() => parseFlags(['--steps', '3', '-5'], FLAGS, 'usage: train'), {

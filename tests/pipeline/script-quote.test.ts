@@ -4,7 +4,7 @@
 // byte for byte from a real bash and dash, and from Python's json, and no command inside them may run.
 import assert from 'node:assert/strict';
 import { spawnSync, type SpawnSyncReturns } from 'node:child_process';
-import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { describe, it } from 'node:test';
@@ -13,6 +13,7 @@ import type { RgbaImage } from '../../src/io/image.ts';
 import { jobBundle, type BundleFile, type BundleInput } from '../../src/pipeline/bundle.ts';
 import { shellComment, shellQuote } from '../../src/pipeline/quote.ts';
 import { defaultSettings } from '../../src/pipeline/settings.ts';
+import { bundleZip, checkEntryPaths } from '../../src/studio/bundle-zip.ts';
 
 /** Each would run a command (touch PWNED) or change the value if it reached a script unquoted. */
 const HOSTILE = [
@@ -162,5 +163,62 @@ void describe('ray_train.py: values through JSON, never through its source', () 
       HOSTILE.map((s) => [s, s, s, s, s]),
     );
     assert.ok(!pwned(dir));
+  });
+});
+
+void describe("the studio's bundle download (studio/bundle-zip.ts): the same scripts, every entry inside its folder", () => {
+  void it('hostile prompt, photo, caption and model names: zip entries stay in dreambooth-job/, train.sh runs nothing', async () => {
+    const names = [
+      '../../escape.png',
+      '/etc/passwd.png',
+      '..\\..\\win.png',
+      'C:evil.png',
+      '$(touch PWNED).png',
+      'a\nb.png',
+      '..png',
+      'same.png',
+      'same.png',
+      `${HOSTILE[0]}.png`,
+    ];
+    const prompt = HOSTILE.slice(0, 6).join(' ');
+    const input: BundleInput = {
+      prompt,
+      images: names.map((name, i) => ({ name, image: photo(i), caption: i === 0 ? HOSTILE[1] : '' })),
+      classImages: [],
+      settings: { ...defaultSettings('lora'), resolution: 16 },
+      model: { kind: 'single-file', name: `${HOSTILE[0]}.safetensors` },
+    };
+    const zip = await bundleZip(input);
+    assert.equal(zip.name, 'dreambooth-job.zip');
+    const dir = tmp();
+    writeFileSync(join(dir, 'bundle.zip'), new Uint8Array(await zip.blob.arrayBuffer()));
+    // The names as stored in the zip (zipinfo prints them raw), checked independently of checkEntryPaths.
+    const entries = spawnSync('zipinfo', ['-1', 'bundle.zip'], { cwd: dir, encoding: 'utf8' }).stdout.trim().split('\n');
+    assert.equal(entries.filter((e) => e.startsWith('dreambooth-job/instance_images/')).length, names.length, entries.join('\n'));
+    for (const e of entries) assert.match(e, /^dreambooth-job\/([A-Za-z0-9_-][A-Za-z0-9._-]*\/)*[A-Za-z0-9_-][A-Za-z0-9._-]*$/, `entry ${JSON.stringify(e)}`);
+    const unzipped = spawnSync('unzip', ['-q', 'bundle.zip'], { cwd: dir, encoding: 'utf8' });
+    assert.equal(unzipped.status, 0, unzipped.stderr);
+    assert.deepEqual(readdirSync(dir).sort(), ['bundle.zip', 'dreambooth-job']);
+    const job = join(dir, 'dreambooth-job');
+    assert.ok(statSync(join(job, 'train.sh')).mode & 0o100, 'train.sh is executable');
+    const files: BundleFile[] = readdirSync(job, { recursive: true, encoding: 'utf8' })
+      .filter((path) => statSync(join(job, path)).isFile())
+      .map((path) => ({ path, data: readFileSync(join(job, path)), executable: path === 'train.sh' }));
+    const r = runTrainSh(files, { MODEL: 'stable-diffusion-v1-5/stable-diffusion-v1-5' });
+    assert.equal(r.status, 0, r.stderr);
+    assert.ok(r.args.includes(`--instance_prompt=${prompt}`), r.args.join(' | '));
+    assert.ok(!pwned(dir) && !pwned(r.dir), 'a command inside a value ran');
+    // Without MODEL the script stops, saying what to provide (the single file's name quoted in the message).
+    const stop = runTrainSh(files);
+    assert.equal(stop.status, 2);
+    assert.ok(stop.stderr.includes(`"${HOSTILE[0]}.safetensors" is a single checkpoint file`), stop.stderr);
+    assert.ok(!pwned(stop.dir));
+  });
+
+  void it('refuses an entry that would unpack outside its folder or be written twice', () => {
+    for (const bad of ['../x', '/x', 'a//b', 'a\\b', './x', 'a/../b', 'a/..', 'C:x', 'x\n', ''])
+      assert.throws(() => checkEntryPaths([bad]), { name: 'BundleEntryError', message: /would unpack outside dreambooth-job\// }, JSON.stringify(bad));
+    assert.throws(() => checkEntryPaths(['a.png', 'a.png']), { name: 'BundleEntryError', message: /"a\.png" is written twice/ });
+    assert.doesNotThrow(() => checkEntryPaths(['train.sh', 'instance_images/001-..png', 'masks/001-a.png']));
   });
 });
