@@ -12,7 +12,7 @@ import {
   samplesFrom,
   type RunSchedule,
 } from '../../src/pipeline/timing.ts';
-import { etaText, PhaseClock, phaseLine } from '../../src/pipeline/progress.ts';
+import { etaText, PhaseClock, phaseLine, phaseTicker } from '../../src/pipeline/progress.ts';
 
 /** The e2e run's schedule: 6 steps, a sample every 3 (8 denoising steps), a checkpoint every 2. */
 const SIX: RunSchedule = { steps: 6, sampleEvery: 3, sampleSteps: 8, checkpointEvery: 2 };
@@ -170,5 +170,32 @@ describe('phase progress', () => {
     assert.equal(phaseLine('Kernel check', { done: 139, total: 140, etaSeconds: 3725, provisional: false }), 'Kernel check 140 of 140 · 1:02:05 left');
     assert.equal(phaseLine('Denoising step', { done: 25, total: 25, etaSeconds: 0, provisional: false }), 'Denoising step 25 of 25');
     assert.equal(etaText({ done: 2, total: 2, etaSeconds: 0, provisional: false }), '');
+  });
+});
+
+describe('warm-up estimate and the phase ticker', () => {
+  it("the warm-up step's estimate comes from what the first sample compiled: within 1.5x of a 12 s warm-up", () => {
+    // As in tests/studio/eta.test.ts: the first denoising step 6 s (compiling) against 0.3 s warm, the warm-up
+    // step 12 s against 0.5 s warm.
+    const clock = new RunClock(SIX);
+    assert.equal(clock.warmupEstimate(), null, 'nothing drawn yet: no estimate');
+    let t = 0;
+    for (let i = 1; i <= 8; i++) clock.duringSample(0, i, 8, (t += i === 1 ? 6 : 0.3));
+    clock.recordSample(t + 0.5);
+    const est = clock.warmupEstimate();
+    assert.ok(est !== null && est <= 12 * 1.5 && est >= 12 / 1.5, `warm-up estimate ${est} s, 12 s actual`);
+  });
+
+  it('reports the first and last items always and at most one report per `every` seconds between', () => {
+    let now = 0;
+    const seen: string[] = [];
+    const tick = phaseTicker('Writing model.safetensors: UNet tensor', 10, (line) => seen.push(line), { every: 1, now: () => now });
+    for (let i = 0; i <= 10; i++) {
+      tick(i);
+      now += 0.3;
+    }
+    assert.equal(seen[0], 'Writing model.safetensors: UNet tensor 1 of 10 · estimating the time left');
+    assert.equal(seen.at(-1), 'Writing model.safetensors: UNet tensor 10 of 10');
+    assert.ok(seen.length >= 3 && seen.length <= 5, `${seen.length} reports over 3 s at most one a second, plus the last`);
   });
 });
