@@ -30,41 +30,27 @@ report format || check_status=1
 if [ -f index.html ]; then report build || check_status=1; fi
 rm -rf "$checks"
 [ "$check_status" = 0 ] || exit 1
-# Node files two at a time (DBS_TEST_JOBS): a file's own GPU work on lavapipe seldom fills both cores. The slow
-# ones (scripts/slow-tests.txt) start first, longest first, so no long file runs alone at the end. The browser
-# files (e2e/) then run one at a time: each has a whole Chromium with SwiftShader to itself, and some measure
-# how fast the page answers.
+# Every test file, two at a time (DBS_TEST_JOBS) with the browser files (e2e/) one at a time beside the Node files
+# (scripts/run-tests.mjs says why). The slow list (scripts/slow-tests.txt) starts first, in its order.
 mapfile -t slow < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' scripts/slow-tests.txt | grep -v '^$')
-mapfile -t all < <(find tests lab -name '*.test.ts' 2>/dev/null | sort)
-node_files=("${slow[@]}")
+mapfile -t all < <(find tests lab e2e -name '*.test.ts' 2>/dev/null | sort)
+files=("${slow[@]}")
 for f in "${all[@]}"; do
-  [[ " ${slow[*]} " == *" $f "* ]] || node_files+=("$f")
+  [[ " ${slow[*]} " == *" $f "* ]] || files+=("$f")
 done
-mapfile -t e2e_files < <(find e2e -name '*.test.ts' 2>/dev/null | sort)
-echo "[test] ${#node_files[@]} Node test files, ${#e2e_files[@]} browser test files"
+echo "[test] ${#files[@]} test files"
 # New GPU tensors are NaN-filled in the tests, so code that reads memory it never wrote fails.
 export DBS_GPU_POISON=1
-# TAP on stdout as the run goes; the failures alone go to a file printed last, so the end of a log names them.
+# TAP on stdout, each file whole as it ends; the failures alone go to a file printed last, so the end of a log
+# names them.
 failures=$(mktemp)
-failures_e2e=$(mktemp)
-trap 'rm -f "$failures" "$failures_e2e"' EXIT
+trap 'rm -f "$failures"' EXIT
 status=0
-run_tests() { # <concurrency> <failures file> <files...>
-  local jobs=$1 out=$2
-  shift 2
-  bash scripts/gpu-env.sh node --import tsx --test --test-concurrency="$jobs" \
-    --test-reporter=tap --test-reporter-destination=stdout \
-    --test-reporter=./scripts/failed-tests-reporter.mjs --test-reporter-destination="$out" \
-    "$@"
-}
 start=$SECONDS
-run_tests "${DBS_TEST_JOBS:-2}" "$failures" "${node_files[@]}" || status=$?
-echo "[test] Node files: $((SECONDS - start)) s"
-start=$SECONDS
-run_tests 1 "$failures_e2e" "${e2e_files[@]}" || status=$?
-echo "[test] browser files: $((SECONDS - start)) s"
-if [ -s "$failures" ] || [ -s "$failures_e2e" ]; then
+bash scripts/gpu-env.sh node scripts/run-tests.mjs --jobs "${DBS_TEST_JOBS:-2}" --failures "$failures" -- "${files[@]}" || status=$?
+echo "[test] tests: $((SECONDS - start)) s"
+if [ -s "$failures" ]; then
   echo "[test] failed tests (exit $status):"
-  cat "$failures" "$failures_e2e"
+  cat "$failures"
 fi
 exit "$status"
