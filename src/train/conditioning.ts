@@ -53,6 +53,25 @@ export function photoTimeIds(
   return Float32Array.of(original.height, original.width, crop.top, crop.left, target.height, target.width);
 }
 
+/**
+ * The time ids of a photo prepared for training (io/image.ts prepareImage): `decoded` is the photo as decoded
+ * (perhaps reduced), `original` its file's upright size; the square `crop` (in decoded pixels) or the bucket's
+ * `region` is scaled to the target size, so the crop's top-left in that resized photo is the region's times the
+ * scale (kohya's crop_top_left after its resize; a mirrored copy's left edge is mirrored too). Rounded to pixels.
+ */
+export function preparedTimeIds(
+  decoded: { width: number; height: number },
+  original: { width: number; height: number } | undefined,
+  region: { x: number; y: number; width: number; height: number },
+  target: { width: number; height: number },
+  flip: boolean,
+): Float32Array {
+  const scale = target.width / region.width;
+  const left = flip ? decoded.width - region.x - region.width : region.x;
+  const o = original ?? decoded;
+  return photoTimeIds(o, { top: Math.round(region.y * scale), left: Math.round(left * scale) }, target);
+}
+
 /** The weights map a trainable group's adapters go into. */
 export function groupWeights(model: ConditioningModel, group: TrainableGroup['model']): Weights {
   const m = group === 'unet' ? model : group === 'text_encoder' ? model.textEncoder : model.textEncoder2;

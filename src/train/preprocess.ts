@@ -42,7 +42,7 @@ export async function encodePrompt(gpu: Gpu, te: LoadedModel['textEncoder'], tok
 }
 
 /** RGB bytes [H, W, 3] (a sampler's output) as opaque RGBA. */
-function rgbToRgba(rgb: Uint8Array, w: number, h: number): RgbaImage {
+export function rgbToRgba(rgb: Uint8Array, w: number, h: number): RgbaImage {
   const data = new Uint8Array(w * h * 4);
   for (let p = 0; p < w * h; p++) {
     data.set(rgb.subarray(3 * p, 3 * p + 3), 4 * p);
@@ -91,6 +91,11 @@ export interface PreparedSet {
   sizes?: ({ width: number; height: number } | null)[];
   /** Per image: its caption, or the set's prompt. */
   prompts: string[];
+  /**
+   * SDXL, per image: its time ids [original h, w, crop top, left, target h, w] (train/conditioning.ts
+   * sdxlTimeIds); absent: [target h, w, 0, 0, target h, w] (an image made at the size it trains at).
+   */
+  timeIds?: (Float32Array | null)[];
 }
 
 /** Encodes instance and class sets into TrainData (prompts shared by several images are encoded once). */
@@ -165,6 +170,9 @@ export async function saveTrainData(store: ChunkStore, runId: string, d: TrainDa
     files.set(`${p}${i}-latent`, f32(x.latent));
     files.set(`${p}${i}-context`, f32(x.context));
     if (x.ids) files.set(`${p}${i}-ids`, new Uint8Array(x.ids.buffer, x.ids.byteOffset, x.ids.byteLength));
+    if (x.ids2) files.set(`${p}${i}-ids2`, new Uint8Array(x.ids2.buffer, x.ids2.byteOffset, x.ids2.byteLength));
+    if (x.pooled) files.set(`${p}${i}-pooled`, f32(x.pooled));
+    if (x.timeIds) files.set(`${p}${i}-timeids`, f32(x.timeIds));
     if (x.mask) files.set(`${p}${i}-mask`, f32(x.mask));
   };
   d.instance.forEach(put('i'));
@@ -188,12 +196,19 @@ export async function loadTrainData(store: ChunkStore, runId: string): Promise<T
   const set = async (p: string, n: number) => {
     const out: TrainSample[] = [];
     for (let i = 0; i < n; i++) {
-      const ids = snap.names.includes(`${p}${i}-ids`) ? await snap.read(`${p}${i}-ids`) : null;
-      const mask = snap.names.includes(`${p}${i}-mask`) ? await read(`${p}${i}-mask`) : null;
+      const has = (k: string) => snap.names.includes(`${p}${i}-${k}`);
+      const ints = async (k: string) => {
+        const b = await snap.read(`${p}${i}-${k}`);
+        return new Int32Array(b.buffer, b.byteOffset, b.byteLength / 4);
+      };
+      const mask = has('mask') ? await read(`${p}${i}-mask`) : null;
       out.push({
         latent: await read(`${p}${i}-latent`),
         context: await read(`${p}${i}-context`),
-        ...(ids ? { ids: new Int32Array(ids.buffer, ids.byteOffset, ids.byteLength / 4) } : {}),
+        ...(has('ids') ? { ids: await ints('ids') } : {}),
+        ...(has('ids2') ? { ids2: await ints('ids2') } : {}),
+        ...(has('pooled') ? { pooled: await read(`${p}${i}-pooled`) } : {}),
+        ...(has('timeids') ? { timeIds: await read(`${p}${i}-timeids`) } : {}),
         ...(mask ? { mask } : {}),
         ...(m.shapes?.[`${p}${i}`] ? { latentShape: m.shapes[`${p}${i}`] } : {}),
       });

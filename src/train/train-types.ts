@@ -120,6 +120,10 @@ export interface TrainSample {
   mask?: Float32Array;
   /** Its own latent shape [C, h, w] when it trains at an aspect-ratio bucket; absent: TrainData.latentShape. */
   latentShape?: [number, number, number];
+  /** SDXL: the prompt's tokenizer-2 ids [L]; encoder 2's pooled, projected output; the image's 6 time ids (conditioning.ts). */
+  ids2?: Int32Array;
+  pooled?: Float32Array;
+  timeIds?: Float32Array;
 }
 
 /** Everything random about one step (drawn from the run's Rng, or injected by a test). */
@@ -174,6 +178,8 @@ export interface TrainerModel {
   schedule: ScheduleConfig;
   /** The text encoder (CLIP weights in the compute dtype), needed only with textEncoderLora. */
   textEncoder?: { config: ClipTextConfig; weights: Weights };
+  /** SDXL's second text encoder (CLIPTextModelWithProjection), needed only with textEncoderLora on SDXL. */
+  textEncoder2?: { config: ClipTextConfig; weights: Weights };
 }
 
 export interface CheckpointMeta {

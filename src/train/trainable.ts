@@ -57,9 +57,9 @@ export function trainableSpec(
   const unetShapes = unetParams(unet);
   if (settings.mode !== 'lora')
     return [{ model: 'unet', prefix: '', layers: [], base: unetShapes, params: [...unetShapes].map(([name, shape]) => ({ name, shape: [...shape] })) }];
-  const adapters = (model: TrainableGroup['model'], shapes: ReadonlyMap<string, readonly number[]>, lr?: number): TrainableGroup => {
+  const adapters = (model: TrainableGroup['model'], shapes: ReadonlyMap<string, readonly number[]>, lr?: number, skip = ''): TrainableGroup => {
     const prefix = model === 'text_encoder_2' ? TEXT_ENCODER_2_PREFIX : '';
-    const layers = loraTargets(model === 'unet' ? 'unet' : 'text_encoder', shapes.keys());
+    const layers = loraTargets(model === 'unet' ? 'unet' : 'text_encoder', shapes.keys()).filter((l) => !skip || !l.startsWith(skip));
     const params = [...loraShapes(layers, shapes, settings.rank)].map(([name, shape]) => ({
       name: prefix + name,
       shape: [...shape],
@@ -71,7 +71,10 @@ export function trainableSpec(
   if (settings.textEncoderLora) {
     if (!textEncoder) throw new Error("text-encoder LoRA needs the text encoder's config");
     const lr = textEncoderLrOf(settings);
-    groups.push(adapters('text_encoder', clipParams(textEncoder), lr !== settings.lr ? lr : undefined));
+    // SDXL reads encoder 1's penultimate hidden state: its last layer never reaches the loss, so it gets no
+    // adapters (they would get no gradient). Encoder 2's last layer feeds the pooled embedding and keeps them.
+    const last = textEncoder2 ? `text_model.encoder.layers.${textEncoder.layers - 1}.` : '';
+    groups.push(adapters('text_encoder', clipParams(textEncoder), lr !== settings.lr ? lr : undefined, last));
     if (textEncoder2) groups.push(adapters('text_encoder_2', clipParams(textEncoder2), lr !== settings.lr ? lr : undefined));
   }
   return groups;

@@ -13,7 +13,6 @@
 //   `maxConsecutiveSkips` skipped steps in a row -> TrainingStalledError (nothing is being learned)
 import type { Gpu } from '../gpu/device.ts';
 import type { DType, Tensor } from '../gpu/tensor.ts';
-import { clipTextForward } from '../nn/clip.ts';
 import { initLora } from '../nn/lora.ts';
 import { Tape } from '../nn/ops.ts';
 import { unetForward } from '../nn/unet.ts';
@@ -28,6 +27,7 @@ import { lossWeights } from './objective.ts';
 import { huberCs, passLoss, HUBER_C_DEFAULT } from './loss-options.ts';
 import { drawStepNoise, zeroTerminalSnr } from './noise.ts';
 import { WeightEma } from './ema.ts';
+import { checkConditioning, groupWeights, passConditioning } from './conditioning.ts';
 import { ChunkedAdamW } from './optimizer.ts';
 import { textEncoderLrOf, trainableSpec } from './trainable.ts';
 import { checkCheckpointMeta, validate, validateKnobs } from './trainer-checks.ts';
@@ -109,27 +109,27 @@ export class DreamBoothTrainer {
   ): Promise<DreamBoothTrainer> {
     validate(data, settings);
     validateKnobs(settings, model.schedule.numTrainTimesteps, model.schedule.prediction);
-    if (settings.mode === 'lora' && settings.textEncoderLora) {
-      if (!model.textEncoder) throw new Error('text-encoder LoRA needs the text encoder (it stays on the GPU)');
-      if (!data.instance.every((s) => s.ids) || !data.classes.every((s) => s.ids))
-        throw new Error("text-encoder LoRA needs the prompts' token ids in the training data");
-    }
+    const sets = [
+      { what: 'instance' as const, samples: data.instance },
+      { what: 'class' as const, samples: data.classes },
+    ];
+    checkConditioning(model, sets, settings.mode === 'lora' && settings.textEncoderLora);
     const rng = new Rng(settings.seed);
     const dtype = [...model.weights.values()][0].dtype;
     // The one trainable set the planner sizes too (trainable.ts): names, order, shapes and each group's rate.
-    const groups = trainableSpec(model.config, model.textEncoder?.config, settings);
+    const groups = trainableSpec(model.config, model.textEncoder?.config, settings, model.textEncoder2?.config);
     const trainable = new Map<string, Tensor>();
     let initial: (name: string) => Promise<Float32Array>;
     if (settings.mode === 'lora') {
       const init = loraInit ?? new Map<string, Float32Array>();
       for (const g of groups) {
-        const weights = g.model === 'unet' ? model.weights : model.textEncoder!.weights;
-        if (!loraInit) for (const [n, v] of initLora(g.layers, g.base, settings.rank, { next: () => rng.uniform() })) init.set(n, v);
+        const weights = groupWeights(model, g.model);
+        if (!loraInit) for (const [n, v] of initLora(g.layers, g.base, settings.rank, { next: () => rng.uniform() })) init.set(g.prefix + n, v);
         for (const p of g.params) {
           const v = init.get(p.name);
           if (!v) throw new Error(`LoRA init has no ${p.name}`);
           const t = gpu.upload(v, [...p.shape], dtype, 'weights', p.name);
-          weights.set(p.name, t);
+          weights.set(p.name.slice(g.prefix.length), t);
           trainable.set(p.name, t);
         }
       }
@@ -405,25 +405,21 @@ export class DreamBoothTrainer {
   private async validationLoss(sample: TrainSample, key: number): Promise<number> {
     const gpu = this.gpu;
     const [c, h, w] = this.shapeOf(sample);
-    const [L, D] = this.data.contextShape;
     const rng = new Rng((this.settings.seed ^ VALIDATION_SEED ^ Math.imul(key, 0x9e3779b1)) >>> 0);
-    const te = this.settings.textEncoderLora ? this.model.textEncoder! : null;
     const T = this.model.schedule.numTrainTimesteps;
     let sum = 0;
     for (const frac of VALIDATION_T) {
       const t = Math.round(frac * (T - 1));
       const x0 = gpu.upload(sample.latent, [1, c, h, w], this.dtype, 'activations', 'val-x0');
       const eps = gpu.upload(rng.normals(c * h * w), [1, c, h, w], this.dtype, 'activations', 'val-noise');
-      const ctx = te
-        ? clipTextForward(gpu, te.config, te.weights, Float32Array.from(sample.ids!), 1, null, this.loraScale)
-        : gpu.upload(sample.context, [1, L, D], this.dtype, 'activations', 'val-context');
+      const cond = this.conditioning([sample], null);
       const tT = gpu.upload([t], [1], 'f32', 'activations', 'val-timestep');
       const xt = addNoise(gpu, x0, eps, [t], this.acp);
       const target = this.model.schedule.prediction === 'epsilon' ? eps : velocity(gpu, x0, eps, [t], this.acp);
-      const pred = unetForward(gpu, this.model.config, this.model.weights, xt, tT, ctx, null, this.loraScale);
+      const pred = unetForward(gpu, this.model.config, this.model.weights, xt, tT, cond.context, null, this.loraScale, false, cond.added);
       const mask = sample.mask ? gpu.upload(sample.mask, [1, h, w], 'f32', 'activations', 'val-mask') : null;
       sum += await weightedMse(gpu, pred, target, [1], mask);
-      gpu.free(x0, eps, ctx, tT, xt, pred, ...(target !== eps ? [target] : []), ...(mask ? [mask] : []));
+      gpu.free(x0, eps, ...cond.owned, tT, xt, pred, ...(target !== eps ? [target] : []), ...(mask ? [mask] : []));
     }
     return sum / VALIDATION_T.length;
   }
@@ -445,7 +441,6 @@ export class DreamBoothTrainer {
     const gpu = this.gpu;
     const n = items.length;
     const [c, h, w] = this.shapeOf(items[0].sample);
-    const [L, D] = this.data.contextShape;
     const cat = (f: (it: (typeof items)[number]) => Float32Array) => {
       const parts = items.map(f);
       const out = new Float32Array(parts.reduce((k, p) => k + p.length, 0));
@@ -476,25 +471,11 @@ export class DreamBoothTrainer {
           'input-noise',
         )
       : eps;
-    const te = this.settings.textEncoderLora ? this.model.textEncoder! : null;
     // A trained text encoder runs on the tape (its output is freed by it); else the cached embeddings.
-    const ctx = te
-      ? clipTextForward(
-          gpu,
-          te.config,
-          te.weights,
-          cat((it) => Float32Array.from(it.sample.ids!)),
-          n,
-          tape,
-          this.loraScale,
-        )
-      : gpu.upload(
-          cat((it) => it.sample.context),
-          [n, L, D],
-          this.dtype,
-          'activations',
-          'context',
-        );
+    const cond = this.conditioning(
+      items.map((it) => it.sample),
+      tape,
+    );
     const tT = gpu.upload(timesteps, [n], 'f32', 'activations', 'timesteps');
     const xt = addNoise(gpu, x0, epsIn, timesteps, this.acp);
     const target = this.model.schedule.prediction === 'epsilon' ? eps : velocity(gpu, x0, eps, timesteps, this.acp);
@@ -512,11 +493,22 @@ export class DreamBoothTrainer {
       : null;
     // The noisy latents and cached embeddings need no gradient: conv_in's dx and the k/v projections' dx into the
     // context are never formed (requires_grad pruning; a trained text encoder's output still gets its gradient).
-    tape.noGrad(xt, ...(te ? [] : [ctx]));
-    const pred = unetForward(gpu, this.model.config, this.model.weights, xt, tT, ctx, tape, this.loraScale, this.settings.activationCheckpointing);
+    tape.noGrad(xt, ...cond.constants);
+    const pred = unetForward(
+      gpu,
+      this.model.config,
+      this.model.weights,
+      xt,
+      tT,
+      cond.context,
+      tape,
+      this.loraScale,
+      this.settings.activationCheckpointing,
+      cond.added,
+    );
     const cs = huberCs(timesteps, this.acp, this.settings.huberC ?? HUBER_C_DEFAULT, this.settings.huberSchedule ?? 'snr');
     const { loss, dy } = await passLoss(gpu, pred, target, weights, mask, scale, { kind: this.settings.loss ?? 'l2', cs });
-    const inputs = [x0, eps, ...(epsIn !== eps ? [epsIn] : []), tT, xt, ...(target !== eps ? [target] : []), ...(te ? [] : [ctx]), ...(mask ? [mask] : [])];
+    const inputs = [x0, eps, ...(epsIn !== eps ? [epsIn] : []), tT, xt, ...(target !== eps ? [target] : []), ...cond.owned, ...(mask ? [mask] : [])];
     try {
       fused?.loss(loss);
       if (fused) await tape.backwardFused(pred, dy, fused.onFinal);
@@ -525,6 +517,15 @@ export class DreamBoothTrainer {
       gpu.free(...inputs);
     }
     return loss;
+  }
+
+  /** The UNet's conditioning for a pass over `samples` (train/conditioning.ts): cached, or the text encoder(s) on `tape`. */
+  private conditioning(samples: TrainSample[], tape: Tape | null) {
+    return passConditioning(this.gpu, this.model, samples, this.data.contextShape, this.dtype, {
+      trainText: this.settings.mode === 'lora' && this.settings.textEncoderLora,
+      tape,
+      loraScale: this.loraScale,
+    });
   }
 
   private get ckptPrefix(): string {
