@@ -105,9 +105,7 @@ export const TILE_COLS_16: Tile = { BM: 64, BN: 16, BK: 16, TM: 8, TN: 8 };
  */
 export const GPU_TILE_64: Tile = { BM: 64, BN: 64, BK: 16, TM: 4, TN: 4 };
 export const GPU_TILE_32: Tile = { BM: 32, BN: 32, BK: 16, TM: 4, TN: 4 };
-export const GPU_TILE_ROWS_4: Tile = { BM: 4, BN: 128, BK: 16, TM: 4, TN: 4 };
 export const GPU_TILE_ROWS_16: Tile = { BM: 16, BN: 64, BK: 16, TM: 4, TN: 4 };
-export const GPU_TILE_COLS_4: Tile = { BM: 128, BN: 4, BK: 16, TM: 4, TN: 4 };
 export const GPU_TILE_COLS_16: Tile = { BM: 64, BN: 16, BK: 16, TM: 4, TN: 4 };
 
 /**
@@ -136,11 +134,18 @@ export interface TileSet {
   cols16: Tile;
 }
 export const CPU_TILES: TileSet = { square: [TILE_128, TILE_64, TILE_32], rows4: TILE_ROWS_4, rows16: TILE_ROWS_16, cols4: TILE_COLS_4, cols16: TILE_COLS_16 };
+/**
+ * On a GPU a side of at most 4 also gets the 16-wide skinny tile: such GEMMs (the time_emb_proj GEMVs, rows = batch;
+ * 3x3 convs over 2x2 pixels, K up to 23040) are bound by the latency of serialised loads, not by FLOPs. A 4-wide
+ * tile has 32 invocations that each stage 32 loads per 32-deep step one after another (gemm.ts prefetchFits refuses
+ * it); the 16-wide one has 64 that stage at most 8 groups and prefetch them, for 4x the (cheap) padded FMAs.
+ * Modelled on the H200 (bench/costmodel.ts, MODELLED): a [2,1280]x[1280,1280] GEMV 1.35 -> 0.07 ms.
+ */
 export const GPU_TILES: TileSet = {
   square: [TILE_128, GPU_TILE_64, GPU_TILE_32],
-  rows4: GPU_TILE_ROWS_4,
+  rows4: GPU_TILE_ROWS_16,
   rows16: GPU_TILE_ROWS_16,
-  cols4: GPU_TILE_COLS_4,
+  cols4: GPU_TILE_COLS_16,
   cols16: GPU_TILE_COLS_16,
 };
 
@@ -851,7 +856,15 @@ export function linearBackward(
  * dW (and dbias) of linear without dx: for an input that needs no gradient. The same kernels as
  * linearBackward's dW and dbias, so bit-identical to them.
  */
-export function linearBackwardWeight(gpu: Gpu, x: Tensor, weight: Tensor, dy: Tensor, bias?: Tensor | null): { dw: Tensor; dbias?: Tensor } {
+export function linearBackwardWeight(
+  gpu: Gpu,
+  x: Tensor,
+  weight: Tensor,
+  dy: Tensor,
+  bias?: Tensor | null,
+  /** Write dW (and dbias) into these (added with `accumulate`), as linearBackward's `into`. */
+  into?: { dw?: Tensor; dbias?: Tensor; accumulate?: boolean },
+): { dw: Tensor; dbias?: Tensor } {
   if (x.shape.length < 1 || weight.shape.length !== 2 || x.shape[x.shape.length - 1] !== weight.shape[1])
     throw new ShapeError('linearBackwardWeight', `x ${fmtShape(x.shape)}, weight ${fmtShape(weight.shape)} (must be [out, in])`);
   const rows = x.numel / weight.shape[1];
@@ -861,7 +874,7 @@ export function linearBackwardWeight(gpu: Gpu, x: Tensor, weight: Tensor, dy: Te
     x.reshape([rows, weight.shape[1]]),
     weight,
     dy.reshape([rows, weight.shape[0]]),
-    { transB: true, bias: bias ?? undefined },
+    { transB: true, bias: bias ?? undefined, accumulate: into?.accumulate, into: { db: into?.dw, dbias: into?.dbias } },
     { a: false, b: true },
   );
   return g.dbias ? { dw: g.db!, dbias: g.dbias } : { dw: g.db! };

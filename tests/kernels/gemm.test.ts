@@ -28,9 +28,7 @@ import {
   GPU_TILE_32,
   GPU_TILE_64,
   GPU_TILE_COLS_16,
-  GPU_TILE_COLS_4,
   GPU_TILE_ROWS_16,
-  GPU_TILE_ROWS_4,
   matmul,
   matmulRef,
   TILE_128,
@@ -186,7 +184,10 @@ describe('prefetch (32-deep steps, next step loaded into registers)', () => {
   const decl = kernel({ shader: 't', entry: 'gemm', uniforms: [], bindings: [], code: simtGemmEntry('gemm') });
   const deep = (t: Tile): Tile => ({ ...t, BK: 32, PREFETCH: true });
 
-  it('prefetchFits: whole groups, at most PREFETCH_MAX_GROUPS per invocation and operand; not the skinny 4-row/4-column GPU tiles', () => {
+  it('prefetchFits: whole groups, at most PREFETCH_MAX_GROUPS per invocation and operand; not 4-row/4-column 4x4-block tiles', () => {
+    // 4x4-block tiles 4 wide (no tile set has them: a GPU's side of at most 4 gets the 16-wide tile, which prefetches)
+    const GPU_TILE_ROWS_4: Tile = { BM: 4, BN: 128, BK: 16, TM: 4, TN: 4 };
+    const GPU_TILE_COLS_4: Tile = { BM: 128, BN: 4, BK: 16, TM: 4, TN: 4 };
     for (const t of [TILE_128, GPU_TILE_64, GPU_TILE_32, GPU_TILE_ROWS_16, GPU_TILE_COLS_16, TILE_64]) assert.ok(prefetchFits(deep(t)), JSON.stringify(t));
     // 32 vec4 groups of B (4-row) or A (4-column) per invocation at 32 deep
     for (const t of [GPU_TILE_ROWS_4, GPU_TILE_COLS_4]) assert.equal(prefetchFits(deep(t)), false, JSON.stringify(t));

@@ -12,9 +12,7 @@ import {
   GPU_TILE_32,
   GPU_TILE_64,
   GPU_TILE_COLS_16,
-  GPU_TILE_COLS_4,
   GPU_TILE_ROWS_16,
-  GPU_TILE_ROWS_4,
   GPU_TILES,
   pickTile,
   TILE_128,
@@ -26,6 +24,7 @@ import {
   TILE_ROWS_4,
   tileSharedBytes,
 } from '../../src/ops/matmul.ts';
+import { prefetchFits } from '../../src/ops/gemm.ts';
 import { compare, describeCheck, randomValues } from '../../src/selftest/check.ts';
 import { matmulTol } from '../../src/selftest/cases/matmul.ts';
 import { assertChecks, defineCaseTests, testGpu } from '../helpers.ts';
@@ -215,11 +214,13 @@ describe('pickTile', () => {
     assert.equal(pickTile(4096, 320, 1, 256, GPU_TILES), GPU_TILE_64);
     assert.equal(pickTile(4096, 2560, 1, 256, GPU_TILES), TILE_128); // 640 workgroups of 128x128
     assert.equal(pickTile(77, 320, 1, 256, GPU_TILES), GPU_TILE_32); // cross-attention k/v: nothing fills it
-    assert.equal(pickTile(2, 320, 1, 256, GPU_TILES), GPU_TILE_ROWS_4);
+    // a side of at most 4 gets the 16-wide tile too: it prefetches (prefetchFits), a 4-wide one could not
+    assert.equal(pickTile(2, 320, 1, 256, GPU_TILES), GPU_TILE_ROWS_16);
     assert.equal(pickTile(8, 128, 1, 256, GPU_TILES), GPU_TILE_ROWS_16);
-    assert.equal(pickTile(64, 1, 8, 256, GPU_TILES), GPU_TILE_COLS_4);
+    assert.equal(pickTile(64, 1, 8, 256, GPU_TILES), GPU_TILE_COLS_16);
     assert.equal(pickTile(64, 16, 8, 256, GPU_TILES), GPU_TILE_COLS_16);
-    for (const t of [GPU_TILE_64, GPU_TILE_32, GPU_TILE_ROWS_4, GPU_TILE_ROWS_16, GPU_TILE_COLS_4, GPU_TILE_COLS_16]) {
+    for (const t of [GPU_TILE_ROWS_16, GPU_TILE_COLS_16]) assert.ok(prefetchFits({ ...t, BK: 32 }), JSON.stringify(t));
+    for (const t of [GPU_TILE_64, GPU_TILE_32, GPU_TILE_ROWS_16, GPU_TILE_COLS_16]) {
       const invocations = (t.BM / t.TM) * (t.BN / t.TN);
       assert.ok(invocations >= 32 && invocations <= 256 && t.TM === 4 && t.TN === 4, JSON.stringify(t));
       assert.ok(tileSharedBytes(t) <= 16384, `${JSON.stringify(t)} fits Chrome's default 16 KiB of workgroup memory`);

@@ -160,6 +160,8 @@ export const cases: KernelCase[] = [
   // the prefetching core (a GPU's default) in f32 only: it is dtype-blind (the loaders convert), and each tile
   // variant costs lavapipe about a minute of pipeline compiles per dtype
   { ...tileCase(PREFETCH_TILES[0][0], PREFETCH_TILES[0][1]), dtypes: ['f32'], requires: prefetchRefusal },
+  // the 16-column prefetching tile, what a GPU's convs over at most 16 pixels get (the UNet's 2x2 level)
+  { ...tileCase(PREFETCH_TILES[2][0], PREFETCH_TILES[2][1]), dtypes: ['f32'], requires: prefetchRefusal },
   splitKCase(),
   {
     ...tiledCase({ tile: deepPrefetch(GPU_TILE_64), splitK: 3 }, 'GPU 64x64 32-deep prefetch tile, split-K (3 chunks)'),

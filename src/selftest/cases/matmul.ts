@@ -6,6 +6,8 @@ import { Tensor, type DType } from '../../gpu/tensor.ts';
 import { roundToF16 } from '../../util/half.ts';
 import {
   GPU_TILE_64,
+  GPU_TILE_COLS_16,
+  GPU_TILE_ROWS_16,
   linear,
   linearBackward,
   linearBackwardRef,
@@ -328,6 +330,15 @@ export const cases: KernelCase[] = [
   // f32 only past the first: the prefetch is dtype-blind (the loaders convert), and each tile variant costs lavapipe
   // about a minute of pipeline compiles per dtype
   ...PREFETCH_TILES.map(([tile, label], i): KernelCase => ({ ...tileCase(tile, label), requires: prefetchRefusal, ...(i === 0 ? {} : { dtypes: ['f32'] }) })),
+  // What pickTile gives a GPU where a side is at most 4 (the 16-wide prefetching tiles), at ragged shapes: 3 rows over
+  // 7 batches and 3 columns in one, K = 301 (not a multiple of 4 or of the 32-deep step); f32 as the other prefetch cases
+  ...[[deepPrefetch(GPU_TILE_ROWS_16), [7, 3, 301, 135]] as const, [deepPrefetch(GPU_TILE_COLS_16), [1, 135, 301, 3]] as const].map(
+    ([tile, shape]): KernelCase => ({
+      ...tiledCase({ tile }, `GPU ${tile.BM}x${tile.BN} prefetch tile at a side <= 4`, [...shape]),
+      dtypes: ['f32'],
+      requires: prefetchRefusal,
+    }),
+  ),
   splitKCase(),
   { ...prefetchSplitKCase(), dtypes: ['f32'], requires: prefetchRefusal },
   tcSplitKCase(),

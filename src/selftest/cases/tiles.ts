@@ -6,9 +6,7 @@ import {
   GPU_TILE_32,
   GPU_TILE_64,
   GPU_TILE_COLS_16,
-  GPU_TILE_COLS_4,
   GPU_TILE_ROWS_16,
-  GPU_TILE_ROWS_4,
   TILE_128,
   TILE_32,
   TILE_64,
@@ -30,9 +28,7 @@ export const NAMED_TILES: readonly (readonly [Tile, string])[] = [
   [TILE_COLS_16, '16-column'],
   [GPU_TILE_64, 'GPU 64x64 (4x4 blocks)'],
   [GPU_TILE_32, 'GPU 32x32 (4x4 blocks)'],
-  [GPU_TILE_ROWS_4, 'GPU 4-row'],
   [GPU_TILE_ROWS_16, 'GPU 16-row'],
-  [GPU_TILE_COLS_4, 'GPU 4-column'],
   [GPU_TILE_COLS_16, 'GPU 16-column'],
 ];
 
@@ -58,9 +54,11 @@ export function deepPrefetch(t: Tile): Tile {
 
 /**
  * The prefetching core (a GPU's default config) on tiles whose invocations stage 2 vec4 groups per operand and step
- * (GPU 64x64) and 2 of A and 8 of B (GPU 16-row, the most prefetchFits allows).
+ * (GPU 64x64), 2 of A and 8 of B (GPU 16-row, the most prefetchFits allows) and the reverse (GPU 16-column: a GPU's
+ * tile for a side of at most 16, also at most 4).
  */
 export const PREFETCH_TILES: readonly (readonly [Tile, string])[] = [
   [deepPrefetch(GPU_TILE_64), 'GPU 64x64, 32-deep, prefetch'],
   [deepPrefetch(GPU_TILE_ROWS_16), 'GPU 16-row, 32-deep, prefetch'],
+  [deepPrefetch(GPU_TILE_COLS_16), 'GPU 16-column, 32-deep, prefetch'],
 ];
