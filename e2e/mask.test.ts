@@ -1,7 +1,8 @@
 // The loss-mask editor in the studio (issue 15, masked loss; headless Chromium): a photo's mask is painted with
 // the brush over its crop (Clear, then a stroke of subject), saved as a PNG of the photo's shape with white
 // only where the stroke went, kept with the photo across a reload, handed to the run with the photo, and
-// removed again. Fill / Clear / Invert act on the whole mask and are keyboard-operable buttons.
+// removed again. Fill / Clear / Invert act on the whole mask and are keyboard-operable buttons. The editor is a
+// modal dialog (the photos stay in place) and the brush's outline follows the pointer.
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { encode } from 'fast-png';
@@ -74,15 +75,37 @@ describe('studio: loss masks (Chromium)', () => {
       await page.getByTestId('photo-drop').dispatchEvent('drop', { dataTransfer: dt });
       await page.getByText('dog-1.png').first().waitFor({ timeout: 60_000 });
 
+      // The card's box in page coordinates (the click may scroll the page).
+      const cardBox = () =>
+        page
+          .locator('li.photo')
+          .first()
+          .evaluate((el) => {
+            const r = el.getBoundingClientRect();
+            return { x: r.left + window.scrollX, y: r.top + window.scrollY, width: r.width, height: r.height };
+          });
+      const cardBefore = await cardBox();
       await page.getByRole('button', { name: 'Paint mask on dog-1.png' }).click();
       const clear = page.getByRole('button', { name: 'Clear', exact: true });
       await clear.waitFor();
       await page.waitForFunction(() => !document.querySelector<HTMLButtonElement>('.mask-editor button')?.disabled, null, { timeout: 30_000 });
+      // The editor is a modal dialog over the page: the photo's card (and so the photos after it) stays as it was.
+      assert.ok(await page.evaluate(() => document.querySelector('dialog.mask-editor')?.matches(':modal')), 'the editor is a modal dialog');
+      assert.deepEqual(await cardBox(), cardBefore, "the photo's card keeps its place and size");
       // Keyboard: Clear is reachable and pressed with Enter (nothing is subject), then a brush stroke paints the
       // left part of the crop as subject.
       await clear.focus();
       await page.keyboard.press('Enter');
       const box = (await page.getByTestId('mask-canvas').boundingBox())!;
+      // The brush's outline follows the pointer: hovering (no button) draws a ring of the brush's radius (24 of
+      // the view's 320 px) around it, gone when the pointer leaves; the mask itself is unchanged by a hover.
+      const ring = () => page.getByTestId('mask-canvas').evaluate((c) => [...(c as HTMLCanvasElement).getContext('2d')!.getImageData(178, 150, 12, 20).data]);
+      await page.mouse.move(box.x + box.width / 2, box.y + box.height / 2);
+      const hovered = await ring();
+      await page.mouse.move(box.x + box.width + 40, box.y + box.height / 2);
+      const left = await ring();
+      const ringDiff = hovered.reduce((a, v, i) => a + Math.abs(v - left[i]), 0);
+      assert.ok(ringDiff > 2000, `the brush outline is drawn at its radius (channel difference ${ringDiff})`);
       await page.mouse.move(box.x + box.width * 0.15, box.y + box.height * 0.2);
       await page.mouse.down();
       for (let i = 1; i <= 10; i++) await page.mouse.move(box.x + box.width * 0.15, box.y + box.height * (0.2 + 0.06 * i));

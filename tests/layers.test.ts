@@ -164,11 +164,6 @@ const MAX_FUNCTION_LINES = 120;
  */
 const OVERSIZE_KNOWN: ReadonlyMap<string, string> = new Map([
   ['src/ops/matmul.ts', 'file: dispatch fusion work (ops owner)'],
-  ['src/ui/studio/MaskEditor.tsx#MaskEditor', 'function: studio (ui owner)'],
-  ['src/ui/studio/Outgrow.tsx#OutgrowPanel', 'function: studio (ui owner)'],
-  ['src/ui/studio/Runs.tsx#RunsPanel', 'function: studio (ui owner)'],
-  ['src/ui/studio/Studio.tsx#TrainPanel', 'function: the generated Advanced form (issue 45 item 1, ui owner)'],
-  ['src/ui/studio/TryIt.tsx#TryItPanel', 'function: studio (ui owner)'],
 ]);
 
 interface Oversize {

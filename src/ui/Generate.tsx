@@ -27,6 +27,32 @@ function folderFromFiles(list: FileList | File[]): { name: string; files: Map<st
   return { name, files };
 }
 
+/** The model from a chosen folder or downloaded from a hub (cached), loaded onto the GPU, with its tokenizer and scheduler config. */
+async function openModel(
+  gpu: Gpu,
+  from: { folder: { name: string; files: Map<string, ByteSource> } } | { repo: string; endpoint: string },
+  setStatus: (s: string) => void,
+) {
+  let m: { files: Map<string, ByteSource> };
+  if ('folder' in from) m = from.folder;
+  else {
+    setStatus('Downloading the model (cached after the first time)…');
+    m = await downloadDiffusersModel(from.repo, {
+      endpoint: from.endpoint,
+      cache: idbDownloadCache(),
+      onProgress: (p) => setStatus(`Downloading ${p.path}: ${formatBytes(p.loaded)}${p.total ? ` of ${formatBytes(p.total)}` : ''}`),
+    });
+  }
+  setStatus('Loading the model onto the GPU…');
+  const files = folderFromSources('folder' in from ? from.folder.name : from.repo, m.files);
+  const model = await loadDiffusers(gpu, files, { dtype: gpu.computeDType });
+  const tokFiles = await tokenizerFilesFrom(files);
+  if (!tokFiles) throw new Error('the model has no tokenizer/ folder');
+  const tokenizer = ClipTokenizer.fromFiles(tokFiles);
+  const sched = m.files.has('scheduler/scheduler_config.json') ? await files.readJson('scheduler/scheduler_config.json') : {};
+  return { model, tokenizer, sched };
+}
+
 export function Generate({ gpu }: { gpu: Gpu }) {
   const [folder, setFolder] = useState<{ name: string; files: Map<string, ByteSource> } | null>(null);
   const [endpoint, setEndpoint] = useState('https://huggingface.co');
@@ -47,23 +73,7 @@ export function Generate({ gpu }: { gpu: Gpu }) {
     setBusy(true);
     setImage(null);
     try {
-      let m: { files: Map<string, ByteSource> };
-      if (folder) m = folder;
-      else {
-        setStatus('Downloading the model (cached after the first time)…');
-        m = await downloadDiffusersModel(repo, {
-          endpoint,
-          cache: idbDownloadCache(),
-          onProgress: (p) => setStatus(`Downloading ${p.path}: ${formatBytes(p.loaded)}${p.total ? ` of ${formatBytes(p.total)}` : ''}`),
-        });
-      }
-      setStatus('Loading the model onto the GPU…');
-      const files = folderFromSources(folder?.name ?? repo, m.files);
-      const model = await loadDiffusers(gpu, files, { dtype: gpu.computeDType });
-      const tokFiles = await tokenizerFilesFrom(files);
-      if (!tokFiles) throw new Error('the model has no tokenizer/ folder');
-      const tokenizer = ClipTokenizer.fromFiles(tokFiles);
-      const sched = m.files.has('scheduler/scheduler_config.json') ? await files.readJson('scheduler/scheduler_config.json') : {};
+      const { model, tokenizer, sched } = await openModel(gpu, folder ? { folder } : { repo, endpoint }, setStatus);
       const t0 = performance.now();
       // The first denoising step compiles the UNet's pipelines: the time left comes from the steps after it.
       const clock = new PhaseClock(steps);

@@ -227,6 +227,38 @@ describe('studio project persistence (IndexedDB via fake-indexeddb)', () => {
     assert.match(useStudioStore.getState().run.message, /^Downloading demo model/, 'while the run prepares it does say so');
   });
 
+  it('a long phase shows i of n and a time left that counts down; a phase without items, a validation or a stop clears it', async () => {
+    const { useStudioStore, EMPTY_RUN, STOPPED, phaseEtaText } = await import('../../src/ui/studio/state.ts');
+    const { onEvent } = await import('../../src/ui/studio/actions.ts');
+    const st = useStudioStore.getState();
+    st.setRun({ ...EMPTY_RUN, runId: 'run-p', status: 'preparing' });
+    const before = Date.now();
+    onEvent({
+      type: 'phase',
+      phase: 'class-images',
+      message: 'Generating class images of "a dog": image 2 of 4 · about 0:40 left',
+      done: 1,
+      total: 4,
+      etaSeconds: 40,
+      provisional: true,
+    });
+    const p = useStudioStore.getState().run.phase!;
+    assert.deepEqual([p.done, p.total, p.etaSeconds, p.provisional], [1, 4, 40, true]);
+    assert.ok(p.at! >= before);
+    assert.equal(phaseEtaText(p, p.at!), 'about 0:40 left');
+    assert.equal(phaseEtaText(p, p.at! + 15_000), 'about 0:25 left', 'counts down between reports');
+    assert.equal(phaseEtaText(p, p.at! + 50_000), 'taking longer than estimated');
+    assert.equal(phaseEtaText({ ...p, etaSeconds: null }, p.at!), 'estimating the time left');
+    onEvent({ type: 'phase', phase: 'planning', message: 'Planning GPU memory' });
+    assert.equal(useStudioStore.getState().run.phase, null, 'a phase without items');
+    onEvent({ type: 'phase', phase: 'validating', message: 'Validation 1 of 2', done: 0, total: 1, etaSeconds: 3, provisional: true });
+    onEvent({ type: 'validation', report: { step: 0, instance: 0.1, class: null }, seconds: 3 });
+    assert.equal(useStudioStore.getState().run.phase, null, 'the validation is done');
+    onEvent({ type: 'phase', phase: 'encoding', message: 'Encoding: image 1 of 2', done: 0, total: 2, etaSeconds: null });
+    st.setRun({ ...STOPPED, status: 'paused' });
+    assert.equal(useStudioStore.getState().run.phase, null, 'a stopped run has no phase under way');
+  });
+
   it('the chart aligns training and validation losses by step (validation from step 0, gaps as null)', () => {
     const losses = [1, 2, 3, 4].map((step) => ({ step, loss: 1 / step }));
     const validation = [

@@ -4,7 +4,9 @@
 // the same crop), and is kept with the photo as a PNG: opaque white for the subject, transparent elsewhere
 // (read as black: the run composites a mask over black, and kohya's R channel of a transparent black pixel is
 // 0). A brush paints subject or background; Fill, Clear and Invert act on the whole mask (also from the
-// keyboard). Where the mask keeps a pixel out of the loss the view darkens the photo.
+// keyboard). Where the mask keeps a pixel out of the loss the view darkens the photo; the brush's outline
+// follows the pointer. The editor is a modal dialog over the page (Escape closes it), so the photos stay
+// where they are.
 import { useEffect, useRef, useState, type PointerEvent } from 'react';
 import { setPhotoMask } from './actions.ts';
 import type { PhotoItem } from './state.ts';
@@ -22,19 +24,12 @@ export function maskSize(p: Pick<PhotoItem, 'width' | 'height'>): { width: numbe
 
 type Tool = 'subject' | 'background';
 
-export function MaskEditor({ p, onClose }: { p: PhotoItem; onClose: () => void }) {
-  const view = useRef<HTMLCanvasElement>(null);
+/** The photo upright and its mask canvas: the saved mask, else all subject (white: the whole photo trains). */
+function useMaskCanvas(p: PhotoItem, size: { width: number; height: number }) {
   const mask = useRef<HTMLCanvasElement | null>(null);
   const photo = useRef<ImageBitmap | null>(null);
-  const painting = useRef(false);
-  const [tool, setTool] = useState<Tool>('subject');
-  const [brush, setBrush] = useState(24);
   const [ready, setReady] = useState(false);
   const [error, setError] = useState<string | null>(null);
-  const size = maskSize(p);
-  const k = size.width / p.width;
-
-  // The photo upright, and the mask: the saved one, else all subject (white: the whole photo trains, as without a mask).
   useEffect(() => {
     let live = true;
     void (async () => {
@@ -61,56 +56,127 @@ export function MaskEditor({ p, onClose }: { p: PhotoItem; onClose: () => void }
       live = false;
     };
   }, [p.blob, p.mask, p.name, size.width, size.height]);
+  return { mask, photo, ready, error, setError };
+}
 
-  /** Redraws the view: the crop of the photo, darkened where the mask keeps it out of the loss. */
-  const redraw = () => {
-    const c = view.current;
-    if (!c || !photo.current || !mask.current) return;
-    const ctx = c.getContext('2d')!;
-    const { x, y, size: s } = p.crop;
-    ctx.drawImage(photo.current, x, y, s, s, 0, 0, VIEW, VIEW);
-    // A dark veil with the subject (the mask's opaque part) cut out of it, over the photo.
-    const veil = document.createElement('canvas');
-    veil.width = VIEW;
-    veil.height = VIEW;
-    const v = veil.getContext('2d')!;
-    v.fillStyle = 'rgba(20, 24, 32, 0.7)';
-    v.fillRect(0, 0, VIEW, VIEW);
-    v.globalCompositeOperation = 'destination-out';
-    v.drawImage(mask.current, x * k, y * k, s * k, s * k, 0, 0, VIEW, VIEW);
-    ctx.drawImage(veil, 0, 0);
-  };
-  useEffect(redraw, [ready]); // eslint-disable-line react-hooks/exhaustive-deps
-
-  /** A dab of the brush at a pointer position on the view, in mask pixels. */
-  const dab = (e: PointerEvent<HTMLCanvasElement>) => {
-    const m = mask.current;
-    if (!m) return;
-    const r = e.currentTarget.getBoundingClientRect();
-    const { x, y, size: s } = p.crop;
-    const px = (x + ((e.clientX - r.left) / r.width) * s) * k;
-    const py = (y + ((e.clientY - r.top) / r.height) * s) * k;
-    const ctx = m.getContext('2d')!;
-    // Subject: opaque white; background: erased to transparent.
-    ctx.globalCompositeOperation = tool === 'subject' ? 'source-over' : 'destination-out';
-    ctx.fillStyle = '#fff';
+/**
+ * Draws the view: the crop of the photo, darkened where the mask keeps it out of the loss, and the brush's
+ * outline (radius `brush` view px) at `pointer`, light over dark so it shows on any photo.
+ */
+function drawView(
+  c: HTMLCanvasElement,
+  photo: ImageBitmap,
+  mask: HTMLCanvasElement,
+  crop: PhotoItem['crop'],
+  k: number,
+  pointer: { x: number; y: number } | null,
+  brush: number,
+): void {
+  const ctx = c.getContext('2d')!;
+  const { x, y, size: s } = crop;
+  ctx.drawImage(photo, x, y, s, s, 0, 0, VIEW, VIEW);
+  // A dark veil with the subject (the mask's opaque part) cut out of it, over the photo.
+  const veil = document.createElement('canvas');
+  veil.width = VIEW;
+  veil.height = VIEW;
+  const v = veil.getContext('2d')!;
+  v.fillStyle = 'rgba(20, 24, 32, 0.7)';
+  v.fillRect(0, 0, VIEW, VIEW);
+  v.globalCompositeOperation = 'destination-out';
+  v.drawImage(mask, x * k, y * k, s * k, s * k, 0, 0, VIEW, VIEW);
+  ctx.drawImage(veil, 0, 0);
+  if (!pointer) return;
+  for (const [color, width] of [
+    ['rgba(0, 0, 0, 0.8)', 3],
+    ['#fff', 1],
+  ] as const) {
     ctx.beginPath();
-    ctx.arc(px, py, (brush / VIEW) * s * k, 0, 2 * Math.PI);
-    ctx.fill();
-    ctx.globalCompositeOperation = 'source-over';
-    redraw();
-  };
+    ctx.arc(pointer.x, pointer.y, brush, 0, 2 * Math.PI);
+    ctx.strokeStyle = color;
+    ctx.lineWidth = width;
+    ctx.stroke();
+  }
+}
 
-  const whole = (op: 'fill' | 'clear' | 'invert') => {
+/** Fill (all subject), Clear (all background) or Invert, on the whole mask. */
+function whole(m: HTMLCanvasElement, op: 'fill' | 'clear' | 'invert'): void {
+  const ctx = m.getContext('2d')!;
+  if (op === 'clear') ctx.clearRect(0, 0, m.width, m.height);
+  else {
+    // Fill covers everything; invert is 'xor' with an opaque fill: alpha becomes 1 - alpha.
+    ctx.globalCompositeOperation = op === 'invert' ? 'xor' : 'source-over';
+    ctx.fillStyle = '#fff';
+    ctx.fillRect(0, 0, m.width, m.height);
+    ctx.globalCompositeOperation = 'source-over';
+  }
+}
+
+function BrushTools({
+  id,
+  tool,
+  setTool,
+  brush,
+  setBrush,
+}: {
+  id: string;
+  tool: Tool;
+  setTool: (t: Tool) => void;
+  brush: number;
+  setBrush: (b: number) => void;
+}) {
+  return (
+    <fieldset className="row-wrap">
+      <legend>Brush</legend>
+      <label className="radio">
+        <input type="radio" name={`tool-${id}`} checked={tool === 'subject'} onChange={() => setTool('subject')} /> Subject
+      </label>
+      <label className="radio">
+        <input type="radio" name={`tool-${id}`} checked={tool === 'background'} onChange={() => setTool('background')} /> Background
+      </label>
+      <label>
+        Brush size
+        <input type="range" min={4} max={64} value={brush} onChange={(e) => setBrush(Number(e.target.value))} />
+      </label>
+    </fieldset>
+  );
+}
+
+export function MaskEditor({ p, onClose }: { p: PhotoItem; onClose: () => void }) {
+  const dialog = useRef<HTMLDialogElement>(null);
+  const view = useRef<HTMLCanvasElement>(null);
+  const painting = useRef(false);
+  const pointer = useRef<{ x: number; y: number } | null>(null);
+  const [tool, setTool] = useState<Tool>('subject');
+  const [brush, setBrush] = useState(24);
+  const size = maskSize(p);
+  const k = size.width / p.width;
+  const { mask, photo, ready, error, setError } = useMaskCanvas(p, size);
+  useEffect(() => {
+    const d = dialog.current;
+    if (d && !d.open) d.showModal();
+  }, []);
+
+  const redraw = () => {
+    if (view.current && photo.current && mask.current) drawView(view.current, photo.current, mask.current, p.crop, k, pointer.current, brush);
+  };
+  useEffect(redraw, [ready, brush]); // eslint-disable-line react-hooks/exhaustive-deps
+
+  /** Follows the pointer (the outline) and, while the button is down, paints a dab there, in mask pixels. */
+  const move = (e: PointerEvent<HTMLCanvasElement>, paint: boolean) => {
+    const r = e.currentTarget.getBoundingClientRect();
+    const fx = (e.clientX - r.left) / r.width;
+    const fy = (e.clientY - r.top) / r.height;
+    pointer.current = { x: fx * VIEW, y: fy * VIEW };
     const m = mask.current;
-    if (!m) return;
-    const ctx = m.getContext('2d')!;
-    if (op === 'clear') ctx.clearRect(0, 0, m.width, m.height);
-    else {
-      // Fill covers everything; invert is 'xor' with an opaque fill: alpha becomes 1 - alpha.
-      ctx.globalCompositeOperation = op === 'invert' ? 'xor' : 'source-over';
+    if (paint && m) {
+      const { x, y, size: s } = p.crop;
+      const ctx = m.getContext('2d')!;
+      // Subject: opaque white; background: erased to transparent.
+      ctx.globalCompositeOperation = tool === 'subject' ? 'source-over' : 'destination-out';
       ctx.fillStyle = '#fff';
-      ctx.fillRect(0, 0, m.width, m.height);
+      ctx.beginPath();
+      ctx.arc((x + fx * s) * k, (y + fy * s) * k, (brush / VIEW) * s * k, 0, 2 * Math.PI);
+      ctx.fill();
       ctx.globalCompositeOperation = 'source-over';
     }
     redraw();
@@ -120,19 +186,26 @@ export function MaskEditor({ p, onClose }: { p: PhotoItem; onClose: () => void }
     const m = mask.current;
     if (!m) return;
     const blob = await new Promise<Blob | null>((res) => m.toBlob(res, 'image/png'));
-    if (!blob) {
-      setError('The browser could not encode the mask as PNG.');
-      return;
-    }
+    if (!blob) return setError('The browser could not encode the mask as PNG.');
     setPhotoMask(p.id, blob);
     onClose();
   };
+  const act = (op: 'fill' | 'clear' | 'invert') => {
+    if (mask.current) whole(mask.current, op);
+    redraw();
+  };
+  const button = (label: string, onClick: () => void, primary = false) => (
+    <button type="button" className={primary ? 'small' : 'small secondary'} disabled={!ready} onClick={onClick}>
+      {label}
+    </button>
+  );
 
   return (
-    <div className="mask-editor" role="group" aria-label={`Loss mask of ${p.name}`}>
+    <dialog ref={dialog} className="mask-editor" aria-label={`Loss mask of ${p.name}`} onClose={onClose}>
+      <h3>Loss mask of {p.name}</h3>
       <p className="hint">
         Paint the subject: only the painted part of {p.name} counts in the loss (darkened: ignored). The brush needs a pointer; Fill, Clear and Invert work from
-        the keyboard.
+        the keyboard; Escape closes without saving.
       </p>
       {error && (
         <p className="error" role="alert">
@@ -149,38 +222,22 @@ export function MaskEditor({ p, onClose }: { p: PhotoItem; onClose: () => void }
         onPointerDown={(e) => {
           painting.current = true;
           e.currentTarget.setPointerCapture(e.pointerId);
-          dab(e);
+          move(e, true);
         }}
-        onPointerMove={(e) => painting.current && dab(e)}
+        onPointerMove={(e) => move(e, painting.current)}
         onPointerUp={() => (painting.current = false)}
         onPointerCancel={() => (painting.current = false)}
+        onPointerLeave={() => {
+          pointer.current = null;
+          redraw();
+        }}
       />
-      <fieldset className="row-wrap">
-        <legend>Brush</legend>
-        <label className="radio">
-          <input type="radio" name={`tool-${p.id}`} checked={tool === 'subject'} onChange={() => setTool('subject')} /> Subject
-        </label>
-        <label className="radio">
-          <input type="radio" name={`tool-${p.id}`} checked={tool === 'background'} onChange={() => setTool('background')} /> Background
-        </label>
-        <label>
-          Brush size
-          <input type="range" min={4} max={64} value={brush} onChange={(e) => setBrush(Number(e.target.value))} />
-        </label>
-      </fieldset>
+      <BrushTools id={p.id} tool={tool} setTool={setTool} brush={brush} setBrush={setBrush} />
       <div className="row-wrap">
-        <button type="button" className="small secondary" disabled={!ready} onClick={() => whole('fill')}>
-          Fill
-        </button>
-        <button type="button" className="small secondary" disabled={!ready} onClick={() => whole('clear')}>
-          Clear
-        </button>
-        <button type="button" className="small secondary" disabled={!ready} onClick={() => whole('invert')}>
-          Invert
-        </button>
-        <button type="button" className="small" disabled={!ready} onClick={() => void save()}>
-          Save mask
-        </button>
+        {button('Fill', () => act('fill'))}
+        {button('Clear', () => act('clear'))}
+        {button('Invert', () => act('invert'))}
+        {button('Save mask', () => void save(), true)}
         {p.mask && (
           <button
             type="button"
@@ -197,6 +254,6 @@ export function MaskEditor({ p, onClose }: { p: PhotoItem; onClose: () => void }
           Cancel
         </button>
       </div>
-    </div>
+    </dialog>
   );
 }

@@ -8,6 +8,36 @@ import { checkLoraFile, downloadBundle, exportImportedLora, tryImportedLora } fr
 import { EXPORT_LABELS } from './presets.ts';
 import { fmtBytes, useStudioStore } from './state.ts';
 
+/** The LoRA file, read as it is chosen: a wrong file is refused now, by name, not at Try or Export. */
+function LoraFileInput(p: { setLora: (f: File | null) => void; setError: (m: string) => void; setChecking: (b: boolean) => void }) {
+  return (
+    <label className="span-2">
+      LoRA trained elsewhere (pytorch_lora_weights.safetensors or kohya); none: the loaded model itself
+      <input
+        type="file"
+        name="imported-lora"
+        accept=".safetensors"
+        onChange={(e) => {
+          const input = e.target;
+          const file = input.files?.[0] ?? null;
+          p.setLora(null);
+          p.setError('');
+          if (!file) return;
+          p.setChecking(true);
+          void checkLoraFile(file)
+            .then((problem) => {
+              if (problem) {
+                p.setError(problem);
+                input.value = '';
+              } else p.setLora(file);
+            })
+            .finally(() => p.setChecking(false));
+        }}
+      />
+    </label>
+  );
+}
+
 export function OutgrowPanel() {
   const modelReady = useStudioStore((s) => s.model.status === 'ready');
   const defaultPrompt = useStudioStore((s) => s.prompt);
@@ -57,31 +87,7 @@ export function OutgrowPanel() {
       </button>
       <h3>Bring results back</h3>
       <form className="form" onSubmit={(e) => e.preventDefault()}>
-        <label className="span-2">
-          LoRA trained elsewhere (pytorch_lora_weights.safetensors or kohya); none: the loaded model itself
-          <input
-            type="file"
-            name="imported-lora"
-            accept=".safetensors"
-            onChange={(e) => {
-              const input = e.target;
-              const file = input.files?.[0] ?? null;
-              setLora(null);
-              setError('');
-              if (!file) return;
-              // Read at once: a wrong file is refused now, by name, not at Try or Export.
-              setChecking(true);
-              void checkLoraFile(file)
-                .then((problem) => {
-                  if (problem) {
-                    setError(problem);
-                    input.value = '';
-                  } else setLora(file);
-                })
-                .finally(() => setChecking(false));
-            }}
-          />
-        </label>
+        <LoraFileInput setLora={setLora} setError={setError} setChecking={setChecking} />
         <label className="span-2">
           Prompt to try
           <input type="text" name="try-prompt" value={prompt ?? defaultPrompt} onChange={(e) => setPrompt(e.target.value)} />

@@ -13,14 +13,14 @@ function fmtDate(t: number): string {
   return t ? new Date(t).toLocaleString(undefined, { dateStyle: 'medium', timeStyle: 'short' }) : '—';
 }
 
-export function RunsPanel() {
+/** The kept runs; the open run's row follows the page as it changes (its storage and thumbnail come with the next refresh). */
+function useLiveRuns(): RunRow[] {
   const listed = useStudioStore((s) => s.runs);
   const prompt = useStudioStore((s) => s.prompt);
   const settings = useStudioStore((s) => s.settings);
   const run = useStudioStore((s) => s.run);
   const workspace = useStudioStore((s) => s.workspace);
-  // The open run's row follows the page as it changes (its storage and thumbnail come with the next refresh).
-  const runs = listed.map((r) => {
+  return listed.map((r) => {
     if (!r.open) return r;
     const { id, created, updated, photoIds } = r;
     const live = summarize({
@@ -36,6 +36,11 @@ export function RunsPanel() {
     });
     return { ...r, ...live, id, created, updated, photoIds };
   });
+}
+
+export function RunsPanel() {
+  const runs = useLiveRuns();
+  const runId = useStudioStore((s) => s.run.runId);
   const lost = useStudioStore((s) => s.lostRuns);
   const storage = useStudioStore((s) => s.storage);
   const status = useStudioStore((s) => s.run.status);
@@ -55,7 +60,7 @@ export function RunsPanel() {
     }
   };
   // Nothing to list yet (one run, not started): the panel appears with the first run there is to keep.
-  if (!lost.length && runs.length <= 1 && !run.runId && asking === null) return null;
+  if (!lost.length && runs.length <= 1 && !runId && asking === null) return null;
   return (
     <section aria-labelledby="runs-title" data-testid="runs-panel">
       <h2 id="runs-title">Runs in this browser</h2>
@@ -73,49 +78,7 @@ export function RunsPanel() {
       </p>
       <ul className="runs" data-testid="runs">
         {runs.map((r) => (
-          <li key={r.id} className={r.open ? 'open' : ''} aria-current={r.open ? 'true' : undefined} data-testid="run-row">
-            {r.thumbUrl ? <img src={r.thumbUrl} alt={`Thumbnail of ${r.name}`} width={56} height={56} /> : <span className="no-thumb" aria-hidden="true" />}
-            <div className="run-info">
-              {renaming === r.id ? (
-                <RenameField
-                  row={r}
-                  onDone={(name) => {
-                    setRenaming(null);
-                    if (name !== null) void renameWorkspace(r.id, name).then(refreshRuns);
-                  }}
-                />
-              ) : (
-                <strong className="run-name">{r.name}</strong>
-              )}
-              {r.prompt && <span className="hint run-prompt">“{r.prompt}”</span>}
-              <span data-testid="run-facts">
-                {MODE_LABELS[r.mode]} · step {r.step} / {r.steps} · {r.status === 'idle' ? 'not started' : r.status} · {fmtDate(r.updated)} ·{' '}
-                <span data-testid="run-bytes">{fmtBytes(r.bytes)}</span>
-                {r.sharedBytes > 0 && ` (${fmtBytes(r.sharedBytes)} of photos shared with another run)`}
-              </span>
-            </div>
-            <div className="row-wrap">
-              {r.open ? (
-                <span className="hint">open</span>
-              ) : (
-                <button type="button" onClick={() => void act(() => openRun(r.id))} disabled={working || blocked !== null} aria-label={`Open ${r.name}`}>
-                  Open
-                </button>
-              )}
-              <button
-                type="button"
-                className="secondary"
-                onClick={() => setRenaming(r.id)}
-                disabled={working || renaming !== null}
-                aria-label={`Rename ${r.name}`}
-              >
-                Rename
-              </button>
-              <button type="button" className="secondary" onClick={() => setAsking(r)} disabled={working} aria-label={`Delete ${r.name}`}>
-                Delete
-              </button>
-            </div>
-          </li>
+          <RunItem key={r.id} r={r} renaming={renaming} setRenaming={setRenaming} working={working} blocked={blocked} act={act} ask={setAsking} />
         ))}
       </ul>
       <div className="row-wrap">
@@ -136,6 +99,60 @@ export function RunsPanel() {
         />
       )}
     </section>
+  );
+}
+
+interface RunItemProps {
+  r: RunRow;
+  renaming: string | null;
+  setRenaming: (id: string | null) => void;
+  working: boolean;
+  /** Why another run cannot be opened now, or null. */
+  blocked: string | null;
+  act: (f: () => Promise<void>) => Promise<void>;
+  ask: (r: RunRow) => void;
+}
+
+/** One run: thumbnail, name (or its rename field), prompt, facts; Open, Rename, Delete. */
+function RunItem({ r, renaming, setRenaming, working, blocked, act, ask }: RunItemProps) {
+  return (
+    <li className={r.open ? 'open' : ''} aria-current={r.open ? 'true' : undefined} data-testid="run-row">
+      {r.thumbUrl ? <img src={r.thumbUrl} alt={`Thumbnail of ${r.name}`} width={56} height={56} /> : <span className="no-thumb" aria-hidden="true" />}
+      <div className="run-info">
+        {renaming === r.id ? (
+          <RenameField
+            row={r}
+            onDone={(name) => {
+              setRenaming(null);
+              if (name !== null) void renameWorkspace(r.id, name).then(refreshRuns);
+            }}
+          />
+        ) : (
+          <strong className="run-name">{r.name}</strong>
+        )}
+        {r.prompt && <span className="hint run-prompt">“{r.prompt}”</span>}
+        <span data-testid="run-facts">
+          {MODE_LABELS[r.mode]} · step {r.step} / {r.steps} · {r.status === 'idle' ? 'not started' : r.status} · {fmtDate(r.updated)} ·{' '}
+          <span data-testid="run-bytes">{fmtBytes(r.bytes)}</span>
+          {r.sharedBytes > 0 && ` (${fmtBytes(r.sharedBytes)} of photos shared with another run)`}
+        </span>
+      </div>
+      <div className="row-wrap">
+        {r.open ? (
+          <span className="hint">open</span>
+        ) : (
+          <button type="button" onClick={() => void act(() => openRun(r.id))} disabled={working || blocked !== null} aria-label={`Open ${r.name}`}>
+            Open
+          </button>
+        )}
+        <button type="button" className="secondary" onClick={() => setRenaming(r.id)} disabled={working || renaming !== null} aria-label={`Rename ${r.name}`}>
+          Rename
+        </button>
+        <button type="button" className="secondary" onClick={() => ask(r)} disabled={working} aria-label={`Delete ${r.name}`}>
+          Delete
+        </button>
+      </div>
+    </li>
   );
 }
 

@@ -1,7 +1,7 @@
 // The studio page: one column of steps (model, photos, prompt and settings, train, export) under the
 // environment notices (WebGPU, shader-f16, storage). Every control is a labelled native element, so the
 // whole flow works from the keyboard and with a screen reader.
-import { useEffect, useRef, useState, type DragEvent, type ReactNode } from 'react';
+import { useEffect, useState, type DragEvent, type ReactNode } from 'react';
 import { EXPORT_FORMATS, type ExportFormat } from '../../pipeline/run.ts';
 import { AdvancedForm } from './AdvancedForm.tsx';
 import { EXPORT_LABELS, PRESETS, type PresetName } from './presets.ts';
@@ -10,19 +10,14 @@ import { TryItPanel } from './TryIt.tsx';
 import {
   addPhotos,
   applyPreset,
-  cancelTraining,
   cropAt,
   exportRun,
   filesFromDrop,
   initStudio,
-  modelReady,
-  pauseTraining,
   removePhoto,
   replacePhoto,
   requestPersistence,
-  resumeTraining,
   savePicker,
-  startTraining,
   updatePhoto,
   loadDemoModel,
   loadHubModel,
@@ -31,11 +26,11 @@ import {
   refreshRuns,
 } from './actions.ts';
 import { RunsPanel } from './Runs.tsx';
+import { TrainPanel } from './TrainPanel.tsx';
 import { bucketFor, bucketRegion } from '../../io/image.ts';
 import { bucketNote } from './bucket-note.ts';
-import { LossChart } from './LossChart.tsx';
 import { MaskEditor } from './MaskEditor.tsx';
-import { autosave, fmtBytes, progressLine, restoreProject, runBusy, samplesHint, statusMessage, stepCount, useStudioStore, type PhotoItem } from './state.ts';
+import { autosave, fmtBytes, restoreProject, runBusy, useStudioStore, type PhotoItem } from './state.ts';
 
 export function Studio() {
   useEffect(() => {
@@ -478,186 +473,6 @@ function SettingsPanel() {
         />
       </details>
     </section>
-  );
-}
-
-// ---- train ---------------------------------------------------------------------------------------------
-
-function Gauge({ label, value, max, id }: { label: string; value: number; max: number | null; id: string }) {
-  return (
-    <div className="gauge">
-      <label htmlFor={id}>{label}</label>
-      <meter id={id} min={0} max={max ?? Math.max(1, value)} value={value} />
-      <span>
-        {fmtBytes(value)}
-        {max ? ` of ${fmtBytes(max)}` : ''}
-      </span>
-    </div>
-  );
-}
-
-function TrainPanel() {
-  const statusRef = useRef<HTMLParagraphElement>(null);
-  const run = useStudioStore((s) => s.run);
-  const storage = useStudioStore((s) => s.storage);
-  const photos = useStudioStore((s) => s.photos);
-  const modelStatus = useStudioStore((s) => s.model.status);
-  const sampleSettings = useStudioStore((s) => s.settings);
-  const busy = runBusy(run.status);
-  const canResume =
-    run.runId !== null && run.startedWith !== null && ['paused', 'interrupted', 'device-lost', 'error', 'quota'].includes(run.status) && run.step < run.steps;
-  const ready = modelStatus === 'ready' && modelReady();
-  return (
-    <section aria-labelledby="train-title">
-      <h2 id="train-title">4. Train</h2>
-      {run.status === 'device-lost' && (
-        <div className="error" role="alert" data-testid="device-lost">
-          <h3>The GPU device was lost</h3>
-          <p>
-            {run.message} This happens when the driver resets or another program takes the GPU. Resume starts a new device and continues from the last
-            checkpoint.
-          </p>
-        </div>
-      )}
-      {run.status === 'interrupted' && (
-        <p className="notice" role="note" data-testid="interrupted">
-          {run.message}
-        </p>
-      )}
-      {run.status === 'quota' && (
-        <div className="error" role="alert" data-testid="quota">
-          <h3>Not enough browser storage for this run</h3>
-          <p>{run.error}</p>
-          <p>
-            A full fine-tune keeps about 24 bytes per UNet weight (fp32 weights and two AdamW moments, plus the checkpointed copy); LoRA needs a small fraction
-            of that. Free space, delete old site data, or switch to LoRA; a stopped run resumes from its last checkpoint.
-          </p>
-        </div>
-      )}
-      <div className="row-wrap">
-        <button
-          type="button"
-          onClick={() => {
-            // A new run replaces the current one's checkpoints: ask first when there is progress to lose.
-            if (
-              run.runId &&
-              run.step > 0 &&
-              run.status !== 'cancelled' &&
-              !confirm(
-                `Train this run again from the start? Its ${stepCount(run.step)} and checkpoints will be deleted; export it first, or use "New run" (Runs, above) to keep it.`,
-              )
-            )
-              return;
-            // The Train button is disabled while the run prepares: the focus goes to the run's status (a live
-            // region), which says that the run started, not to the page's body.
-            statusRef.current?.focus();
-            void startTraining();
-          }}
-          disabled={busy || !ready || photos.length === 0}
-        >
-          {run.runId && run.status !== 'cancelled' ? 'Train again from the start' : 'Train'}
-        </button>
-        <button type="button" onClick={() => void pauseTraining()} disabled={run.status !== 'training'}>
-          Pause
-        </button>
-        <button type="button" onClick={() => void resumeTraining()} disabled={!canResume || busy || !ready}>
-          Resume
-        </button>
-        <button
-          type="button"
-          className="secondary"
-          onClick={() => {
-            if (run.step > 0 && !confirm(`Cancel the run? Its ${stepCount(run.step)} and checkpoints will be deleted.`)) return;
-            void cancelTraining();
-          }}
-          disabled={!run.runId || run.status === 'done' || run.status === 'cancelled'}
-        >
-          Cancel
-        </button>
-      </div>
-      {!ready && <p className="hint">Load a base model first{photos.length === 0 ? ' and add photos' : ''}.</p>}
-      {ready && photos.length === 0 && <p className="hint">Add photos first.</p>}
-      <div className="progress-line">
-        <label htmlFor="train-progress">Progress</label>
-        <progress id="train-progress" max={run.steps || 1} value={run.step} />
-        <span data-testid="train-progress-text">{progressLine(run)}</span>
-      </div>
-      {run.sampling && busy && (
-        <div className="progress-line" data-testid="sample-progress">
-          <label htmlFor="sample-progress">
-            Sample at step {run.sampling.step}: denoising step {run.sampling.denoised} of {run.sampling.total}
-          </label>
-          <progress id="sample-progress" max={run.sampling.total} value={run.sampling.denoised} />
-        </div>
-      )}
-      <p role="status" aria-live="polite" data-testid="train-status" tabIndex={-1} ref={statusRef}>
-        {run.status !== 'idle' && <strong>{statusLabel(run.status)}. </strong>}
-        {statusMessage(run)}
-      </p>
-      {run.status === 'error' && run.error && (
-        <p role="alert" className="bad" data-testid="train-error">
-          {run.error}
-        </p>
-      )}
-      {run.warnings.length > 0 && (
-        <ul className="warnings" aria-label="Warnings">
-          {run.warnings.map((w, i) => (
-            <li key={i}>{w}</li>
-          ))}
-        </ul>
-      )}
-      <div className="gauges">
-        <Gauge id="gpu-gauge" label="GPU memory (this step's peak)" value={run.gpuPeakBytes} max={run.plan?.budgetBytes ?? null} />
-        <Gauge id="storage-gauge" label="Training storage" value={run.storageBytes} max={storage.quota} />
-      </div>
-      {run.plan && (
-        <p className="hint" data-testid="plan">
-          Memory plan: peak {fmtBytes(run.plan.peakBytes)} of the {fmtBytes(run.plan.budgetBytes)} budget; activation checkpointing{' '}
-          {run.plan.activationCheckpointing ? 'on' : 'off'};{' '}
-          {run.plan.residentChunks >= run.plan.chunks
-            ? 'optimizer state on the GPU'
-            : `${run.plan.residentChunks} of ${run.plan.chunks} optimizer chunks on the GPU, the rest streamed from storage`}
-          {run.plan.fusedUpdates ? ' (updates fused into the backward pass, so fewer chunks stream)' : ''}; {(run.plan.trainableParams / 1e6).toFixed(2)} M
-          trained parameters, about {fmtBytes(run.plan.storageNeedBytes)} of storage.
-        </p>
-      )}
-      <LossChart losses={run.losses} validation={run.validation} />
-      <h3>Samples</h3>
-      <p className="hint" data-testid="samples-hint">
-        {samplesHint(run, sampleSettings)}
-      </p>
-      {run.samples.length === 0 ? null : (
-        <ul className="samples" data-testid="samples">
-          {[...run.samples]
-            .sort((a, b) => a.step - b.step)
-            .map((s) => (
-              <li key={s.step}>
-                <img src={s.url} alt={`Sample at step ${s.step}`} width={128} height={128} />
-                <span>step {s.step}</span>
-              </li>
-            ))}
-        </ul>
-      )}
-    </section>
-  );
-}
-
-function statusLabel(s: string): string {
-  return (
-    (
-      {
-        preparing: 'Preparing',
-        training: 'Training',
-        pausing: 'Pausing',
-        paused: 'Paused',
-        done: 'Done',
-        cancelled: 'Cancelled',
-        error: 'Stopped',
-        interrupted: 'Interrupted',
-        'device-lost': 'GPU lost',
-        quota: 'Not enough storage',
-      } as Record<string, string>
-    )[s] ?? s
   );
 }
 

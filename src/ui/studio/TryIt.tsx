@@ -33,6 +33,60 @@ function Field({ label, children }: { label: string; children: ReactNode }) {
   );
 }
 
+/** Where the two images are: the fine-tuned one first, then the base, each "step i of n". */
+function TryProgress({ progress }: { progress: { done: number; total: number } }) {
+  const half = progress.total / 2;
+  return (
+    <p role="status" data-testid="tryit-progress">
+      <label>
+        {progress.done < half ? `Fine-tuned: step ${progress.done} of ${half}` : `Base: step ${progress.done - half} of ${half}`}{' '}
+        <progress max={progress.total} value={progress.done} />
+      </label>
+    </p>
+  );
+}
+
+/** The run's results, newest first: base and fine-tuned side by side, each downloadable, each removable. */
+function TryResults({ tries }: { tries: TryItem[] }) {
+  const remove = (id: string) =>
+    useStudioStore.getState().setRun((x) => {
+      const gone = (x.tries ?? []).find((t) => t.id === id);
+      for (const u of [gone?.baseUrl, gone?.tunedUrl]) if (u) URL.revokeObjectURL(u);
+      return { tries: (x.tries ?? []).filter((t) => t.id !== id) };
+    });
+  return (
+    <ul className="tries" aria-label="Try it results, newest first">
+      {tries.map((t) => (
+        <li key={t.id} data-testid="tryit-result">
+          <div className="pair">
+            {(['base', 'tuned'] as const).map((which) => (
+              <figure key={which}>
+                <img src={which === 'base' ? t.baseUrl : t.tunedUrl} alt={`${which === 'base' ? 'base' : 'fine-tuned'}: ${t.prompt}`} />
+                <figcaption>{which === 'base' ? 'base' : 'fine-tuned'}</figcaption>
+                <a href={which === 'base' ? t.baseUrl : t.tunedUrl} download={fileName(t, which)}>
+                  Download {which === 'base' ? 'base' : 'fine-tuned'} PNG
+                </a>
+              </figure>
+            ))}
+          </div>
+          <p className="hint">
+            Step {t.step} · “{t.prompt}”{t.negativePrompt ? ` · not “${t.negativePrompt}”` : ''} · {t.steps} steps · CFG {t.guidance} · seed {t.seed}
+            {t.strength !== null ? ` · strength ${t.strength}` : ''}
+          </p>
+          <button
+            type="button"
+            className="secondary"
+            aria-label={`Remove the result of step ${t.step}, seed ${t.seed} ("${t.prompt}")`}
+            onClick={() => remove(t.id)}
+          >
+            Remove
+          </button>
+        </li>
+      ))}
+    </ul>
+  );
+}
+
 export function TryItPanel() {
   const run = useStudioStore((s) => s.run);
   const modelReady = useStudioStore((s) => s.model.status === 'ready');
@@ -84,13 +138,6 @@ export function TryItPanel() {
       setProgress(null);
     }
   };
-
-  const remove = (id: string) =>
-    useStudioStore.getState().setRun((x) => {
-      const gone = (x.tries ?? []).find((t) => t.id === id);
-      for (const u of [gone?.baseUrl, gone?.tunedUrl]) if (u) URL.revokeObjectURL(u);
-      return { tries: (x.tries ?? []).filter((t) => t.id !== id) };
-    });
 
   const num =
     (set: (v: number) => void, whole = false) =>
@@ -144,52 +191,13 @@ export function TryItPanel() {
           {blocked}
         </p>
       )}
-      {busy && progress && (
-        <p role="status" data-testid="tryit-progress">
-          <label>
-            {progress.done < progress.total / 2
-              ? `Fine-tuned: step ${progress.done} of ${progress.total / 2}`
-              : `Base: step ${progress.done - progress.total / 2} of ${progress.total / 2}`}{' '}
-            <progress max={progress.total} value={progress.done} />
-          </label>
-        </p>
-      )}
+      {busy && progress && <TryProgress progress={progress} />}
       {error && (
         <p className="error" role="alert">
           {error}
         </p>
       )}
-      {tries.length > 0 && (
-        <ul className="tries" aria-label="Try it results, newest first">
-          {tries.map((t) => (
-            <li key={t.id} data-testid="tryit-result">
-              <div className="pair">
-                {(['base', 'tuned'] as const).map((which) => (
-                  <figure key={which}>
-                    <img src={which === 'base' ? t.baseUrl : t.tunedUrl} alt={`${which === 'base' ? 'base' : 'fine-tuned'}: ${t.prompt}`} />
-                    <figcaption>{which === 'base' ? 'base' : 'fine-tuned'}</figcaption>
-                    <a href={which === 'base' ? t.baseUrl : t.tunedUrl} download={fileName(t, which)}>
-                      Download {which === 'base' ? 'base' : 'fine-tuned'} PNG
-                    </a>
-                  </figure>
-                ))}
-              </div>
-              <p className="hint">
-                Step {t.step} · “{t.prompt}”{t.negativePrompt ? ` · not “${t.negativePrompt}”` : ''} · {t.steps} steps · CFG {t.guidance} · seed {t.seed}
-                {t.strength !== null ? ` · strength ${t.strength}` : ''}
-              </p>
-              <button
-                type="button"
-                className="secondary"
-                aria-label={`Remove the result of step ${t.step}, seed ${t.seed} ("${t.prompt}")`}
-                onClick={() => remove(t.id)}
-              >
-                Remove
-              </button>
-            </li>
-          ))}
-        </ul>
-      )}
+      {tries.length > 0 && <TryResults tries={tries} />}
     </section>
   );
 }

@@ -8,6 +8,7 @@ import { storagePersistence } from '../../store/idb-store.ts';
 import { SHIPPED_DEMO_RESOLUTION } from '../../models/shipped-demo.ts';
 import { exportFileName, type ExportFormat, type RunInput } from '../../pipeline/run.ts';
 import type { TryItOptions, TryItResult } from '../../pipeline/tryit.ts';
+import type { PhaseReport } from '../../pipeline/progress.ts';
 import { PRESETS, SETTING_LABELS, type PresetName } from './presets.ts';
 import type { ModelChoice, ModelSummary, StudioWorkerApi, WorkerEvent } from '../../studio/worker.ts';
 import type { RunSettings } from '../../pipeline/settings.ts';
@@ -263,6 +264,12 @@ export function applyPreset(name: PresetName): void {
 /** An export is under way: the worker's phase messages are the export's, not the run's. */
 let exportInProgress = false;
 
+/** A phase event's items and time left (class images, encoding, validation, ...); null for a phase without items. */
+function phaseReport(e: Extract<WorkerEvent, { type: 'phase' }>): (PhaseReport & { at: number }) | null {
+  if (e.total === undefined || e.total <= 0) return null;
+  return { done: e.done ?? 0, total: e.total, etaSeconds: e.etaSeconds ?? null, provisional: e.provisional ?? false, at: Date.now() };
+}
+
 /** What the page does with each worker event (exported for tests). */
 export function onEvent(e: WorkerEvent): void {
   const { setRun } = S();
@@ -271,7 +278,7 @@ export function onEvent(e: WorkerEvent): void {
       // Progress comes through its own message port, so it may land after the run's result: a late one
       // never replaces what the page says of a run that has stopped (done, paused, ...).
       if (exportInProgress || e.phase === 'exporting') S().set({ exportMessage: e.message });
-      else if (runBusy(S().run.status)) setRun({ message: e.message });
+      else if (runBusy(S().run.status)) setRun({ message: e.message, phase: phaseReport(e) });
       break;
     case 'warning':
       setRun((r) => ({ warnings: [...r.warnings, e.message] }));
@@ -283,7 +290,7 @@ export function onEvent(e: WorkerEvent): void {
       setRun({ step: e.step, lastCheckpoint: e.step, losses: e.losses.map((loss, i) => ({ step: i + 1, loss })), validation: e.validation });
       break;
     case 'validation':
-      setRun((r) => ({ validation: [...(r.validation ?? []).filter((v) => v.step < e.report.step), e.report] }));
+      setRun((r) => ({ phase: null, validation: [...(r.validation ?? []).filter((v) => v.step < e.report.step), e.report] }));
       break;
     case 'step':
       setRun((r) => ({

@@ -8,6 +8,7 @@ import type { AdapterSummary } from '../../gpu/device.ts';
 import type { CropBox } from '../../io/image.ts';
 import { formatBytes } from '../../util/bytes.ts';
 import type { ExportFormat, PlanSummary } from '../../pipeline/run.ts';
+import { etaText, type PhaseReport } from '../../pipeline/progress.ts';
 import { defaultSettings, type RunSettings as StudioSettings } from '../../pipeline/settings.ts';
 import { PAGE_DEFAULTS as DEFAULT_SETTINGS, PRESETS, type PresetName } from './presets.ts';
 import type { ModelSummary } from '../../studio/worker.ts';
@@ -108,6 +109,11 @@ export interface RunProgress {
   etaProvisional?: boolean;
   /** The sample being drawn: denoising step `denoised` of `total`. */
   sampling?: { step: number; denoised: number; total: number } | null;
+  /**
+   * The phase under way when it has items (class images, encoding, validation, ...): i of n and the time left,
+   * as reported at `at` (ms since the epoch; the page counts down from there).
+   */
+  phase?: (PhaseReport & { at?: number }) | null;
   gpuBytes: number;
   gpuPeakBytes: number;
   storageBytes: number;
@@ -187,6 +193,7 @@ export const EMPTY_RUN: RunProgress = {
   etaSeconds: null,
   etaProvisional: false,
   sampling: null,
+  phase: null,
   gpuBytes: 0,
   gpuPeakBytes: 0,
   storageBytes: 0,
@@ -560,7 +567,7 @@ export function autosave(): () => void {
 }
 
 /** What a run that stopped (finished, paused, cancelled, failed, reloaded) no longer has: an ETA, a sample under way. */
-export const STOPPED = { etaSeconds: null, etaProvisional: false, sampling: null } satisfies Partial<RunProgress>;
+export const STOPPED = { etaSeconds: null, etaProvisional: false, sampling: null, phase: null } satisfies Partial<RunProgress>;
 
 /** "1 step", "3 steps". */
 export function stepCount(n: number): string {
@@ -637,6 +644,17 @@ export function progressLine(
   if (run.etaSeconds != null && (warm || run.warmupSeconds != null)) parts.push(`ETA ${run.etaProvisional ? 'about ' : ''}${fmtDuration(run.etaSeconds)}`);
   if (run.lastCheckpoint > 0) parts.push(`checkpoint at step ${run.lastCheckpoint}`);
   return parts.join(' · ');
+}
+
+/**
+ * A phase's time left as the page shows it: counted down from its last report (`at`) to `now` (ms), so a long item
+ * (a validation, the warm-up step) does not show a frozen number; past the estimate it says so.
+ */
+export function phaseEtaText(p: PhaseReport & { at?: number }, now: number): string {
+  if (p.etaSeconds === null || p.at === undefined) return etaText(p);
+  const left = p.etaSeconds - (now - p.at) / 1000;
+  if (left <= 0 && p.done < p.total) return 'taking longer than estimated';
+  return etaText({ ...p, etaSeconds: left });
 }
 
 export function fmtDuration(seconds: number): string {
