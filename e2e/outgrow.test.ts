@@ -9,9 +9,10 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { decode, encode } from 'fast-png';
+import { crc32 } from '../tests/fixtures/images/craft.ts';
 import type { Page } from 'playwright-core';
 import { writeSafetensors, readSafetensors, type NamedTensor } from '../src/io/safetensors.ts';
-import { launch, ROOT, screenshotPath, serve } from './browser.ts';
+import { dropPngs, launch, ROOT, screenshotPath, serve } from './browser.ts';
 
 /** Entries of a zip whose entries are stored (client-zip): read through the central directory. */
 function unzip(bytes: Buffer): Map<string, Buffer> {
@@ -64,6 +65,52 @@ function demoLora(): Buffer {
   return Buffer.from(writeSafetensors(out));
 }
 
+/**
+ * Every record of every IndexedDB database of the page, keyed database/store/key; Blobs and binary values as
+ * their size and SHA-256, so two dumps are equal exactly when the stored bytes are.
+ */
+function dumpIndexedDb(page: Page): Promise<Record<string, unknown>> {
+  return page.evaluate(async () => {
+    const done = <T>(q: IDBRequest<T>) =>
+      new Promise<T>((res, rej) => {
+        q.onsuccess = () => res(q.result);
+        q.onerror = () => rej(q.error);
+      });
+    const digest = async (b: ArrayBuffer) =>
+      Array.from(new Uint8Array(await crypto.subtle.digest('SHA-256', b)), (x) => x.toString(16).padStart(2, '0')).join('');
+    const bytesOf = async (v: unknown): Promise<unknown> => {
+      if (v instanceof Blob) return `blob ${v.size} ${await digest(await v.arrayBuffer())}`;
+      if (v instanceof ArrayBuffer) return `bytes ${v.byteLength} ${await digest(v)}`;
+      if (ArrayBuffer.isView(v)) return `bytes ${v.byteLength} ${await digest(v.buffer.slice(v.byteOffset, v.byteOffset + v.byteLength) as ArrayBuffer)}`;
+      if (Array.isArray(v)) return Promise.all(v.map(bytesOf));
+      if (v && typeof v === 'object') return Object.fromEntries(await Promise.all(Object.entries(v).map(async ([k, x]) => [k, await bytesOf(x)])));
+      return v;
+    };
+    const out: Record<string, unknown> = {};
+    for (const { name } of await indexedDB.databases()) {
+      const db = await done(indexedDB.open(name!));
+      for (const store of Array.from(db.objectStoreNames)) {
+        const st = db.transaction(store).objectStore(store);
+        const [keys, values] = await Promise.all([done(st.getAllKeys()), done(st.getAll())]);
+        for (let i = 0; i < keys.length; i++) out[`${name}/${store}/${JSON.stringify(keys[i])}`] = await bytesOf(values[i]);
+      }
+      db.close();
+    }
+    return out;
+  });
+}
+
+/** The dump once nothing has changed for `quietMs` (the page saves its project 0.5 s after a change). */
+async function settledDump(page: Page, quietMs = 1500): Promise<Record<string, unknown>> {
+  let last = await dumpIndexedDb(page);
+  for (;;) {
+    await page.waitForTimeout(quietMs);
+    const now = await dumpIndexedDb(page);
+    if (JSON.stringify(now) === JSON.stringify(last)) return now;
+    last = now;
+  }
+}
+
 async function download(page: Page, click: () => Promise<void>): Promise<{ name: string; bytes: Buffer }> {
   const [d] = await Promise.all([page.waitForEvent('download', { timeout: 300_000 }), click()]);
   const path = await d.path();
@@ -74,6 +121,65 @@ describe('studio: bigger machines (Chromium, SwiftShader, demo model)', () => {
   let server: Awaited<ReturnType<typeof serve>>;
   before(async () => (server = await serve()));
   after(async () => server?.close());
+
+  it('a refused photo, class image, LoRA or model file leaves every IndexedDB byte as it was', { timeout: 120_000 }, async () => {
+    const browser = await launch(true);
+    try {
+      const page = await browser.newPage();
+      const pageErrors: string[] = [];
+      page.on('pageerror', (e) => pageErrors.push(e.message));
+      // tsx (esbuild keepNames) wraps the dump's named helpers in a Node-only __name(): the page gets a no-op one.
+      await page.addInitScript('window.__name = (f) => f;');
+      await page.goto(server.url);
+      await page.getByRole('button', { name: 'Use the demo model' }).waitFor({ timeout: 60_000 });
+      await dropPngs(page, [{ name: 'good.png', bytes: photo(40, 40, 0) }]);
+      await page.getByText('good.png').first().waitFor({ timeout: 30_000 });
+      const before = await settledDump(page);
+      assert.ok(
+        Object.values(before).some((v) => typeof v === 'string' && v.startsWith('blob ')),
+        'the good photo is stored (the dump reads Blobs)',
+      );
+
+      // Photos: text named .png, a PNG cut short, a PNG declaring 7000x7000 over 200 bytes of data.
+      const good = photo(40, 40, 0);
+      const bomb = Buffer.from(good);
+      bomb.writeUInt32BE(7000, 16);
+      bomb.writeUInt32BE(7000, 20);
+      bomb.writeUInt32BE(crc32(bomb.subarray(12, 29)), 29);
+      const bad = [
+        { name: 'notes.png', bytes: [...Buffer.from('not a photo\n')] },
+        { name: 'cut.png', bytes: good.slice(0, 60) },
+        { name: 'bomb.png', bytes: [...bomb] },
+      ];
+      await dropPngs(page, bad);
+      for (const b of bad) await page.getByTestId('photo-errors').filter({ hasText: b.name }).waitFor({ timeout: 30_000 });
+      await page
+        .locator('input[type="file"][multiple]')
+        .last()
+        .setInputFiles({ name: 'class.png', mimeType: 'image/png', buffer: Buffer.from('<html>') });
+      await page.getByTestId('photo-errors').filter({ hasText: 'class.png' }).waitFor({ timeout: 30_000 });
+      // A LoRA that is not safetensors, and a model file whose header is cut short.
+      await page
+        .locator('input[name="imported-lora"]')
+        .setInputFiles({ name: 'lora.safetensors', mimeType: 'application/octet-stream', buffer: Buffer.from('PK\x03\x04 a zip') });
+      await page.getByRole('alert').filter({ hasText: 'lora.safetensors' }).waitFor({ timeout: 30_000 });
+      const model = Buffer.concat([Buffer.from([40, 0, 0, 0, 0, 0, 0, 0]), Buffer.from('{"a":{"dtype":"F32","shape":[1],"data_o')]);
+      await page
+        .locator('input[type="file"][accept=".safetensors"]')
+        .first()
+        .setInputFiles({ name: 'model.safetensors', mimeType: 'application/octet-stream', buffer: model });
+      await page.getByTestId('model-status').filter({ hasText: 'model.safetensors' }).waitFor({ timeout: 30_000 });
+
+      assert.deepEqual(await settledDump(page), before);
+      // The control: an accepted photo does change what is stored (the comparison can fail).
+      await dropPngs(page, [{ name: 'second.png', bytes: photo(40, 40, 1) }]);
+      await page.getByText('second.png').first().waitFor({ timeout: 30_000 });
+      assert.notDeepEqual(await settledDump(page), before);
+      assert.deepEqual(pageErrors, []);
+    } finally {
+      await browser.close();
+    }
+  });
 
   it('downloads a job bundle; tries and exports a LoRA trained elsewhere; refuses an SDXL LoRA by key', { timeout: 900_000 }, async () => {
     const browser = await launch(true);
