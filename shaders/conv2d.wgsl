@@ -135,7 +135,7 @@ fn gemm_out(z: u32, m: u32, n: u32, v: f32) {
   var s = v;
   if (HAS_BIAS) { s += f32(bias[p.off_bias + m]); }
   let idx = p.off_c + z * p.stride_c + m * sz_GN() + n;
-  if (ACCUMULATE) { s += f32(out[idx]); }
+  if (ACCUMULATE) { s = select(s, round_f16(s), TC_IS_F16) + f32(out[idx]); } // rounded first: equals the conv into a new buffer and an add
   out[idx] = TC(s);
 }
 
@@ -166,7 +166,7 @@ fn bias_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
   if (tid == 0u) {
     var t = partial_sums[0];
     let idx = p.off_c + co;
-    if (ACCUMULATE) { t += f32(out[idx]); }
+    if (ACCUMULATE) { t = select(t, round_f16(t), TC_IS_F16) + f32(out[idx]); }
     out[idx] = TC(t);
   }
 }
@@ -232,7 +232,7 @@ fn col2im(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
         s += dcol[p.off_in + ((nci * KHW_L + kh * KW + kw) * p.Ho + oh) * p.Wo + u32(tw) / STRIDE];
       }
     }
-    if (ACCUMULATE) { s += f32(dx[p.off_out + out0 + iw]); }
+    if (ACCUMULATE) { s = select(s, round_f16(s), TC_IS_F16) + f32(dx[p.off_out + out0 + iw]); }
     dx[p.off_out + out0 + iw] = TC(s);
   }
 }

@@ -10,7 +10,8 @@
 //   TRANS_B          B is stored [N, K] (op(B) = Bᵀ) instead of [K, N]
 //   HAS_BIAS         add bias[n] in the epilogue
 //   BIAS_ROWS        ... bias[m] instead (a 1x1 convolution's per-channel bias)
-//   ACCUMULATE       C += result instead of C = result (gradient accumulation, split-K chunks)
+//   ACCUMULATE       C += result instead of C = result (gradient accumulation, split-K chunks); the result is
+//                    rounded to C's type first, so this equals the GEMM into a new buffer followed by an add
 //   FITS             the tile divides M, N and K: loads skip their bounds checks
 //   A_VEC4, B_VEC4   the operand is bound as array<vec4<T>> (a4 / b4, the same window) and read in whole aligned
 //                    vec4s along its contiguous index, which its length, leading dimension, offset and batch stride
@@ -90,7 +91,8 @@ fn gemm_out(z: u32, m: u32, n: u32, v: f32) {
   var s = v;
   if (HAS_BIAS) { s += f32(bias[p.off_bias + select(n, m, BIAS_ROWS)]); }
   let idx = p.off_c + z * p.stride_c + m * p.ldc + n;
-  if (ACCUMULATE) { s += f32(c[idx]); }
+  // the result rounded to TC first, then added: C += result is bit for bit the GEMM into a new buffer and an add
+  if (ACCUMULATE) { s = select(s, round_f16(s), TC_IS_F16) + f32(c[idx]); }
   c[idx] = TC(s);
 }
 
@@ -135,6 +137,6 @@ fn col_sum_finish(@builtin(global_invocation_id) gid: vec3<u32>) {
   var t = 0.0;
   for (var q = 0u; q < p.parts; q++) { t += partial[q * p.cols + n]; }
   let idx = p.off_out + n;
-  if (ACCUMULATE) { t += f32(out[idx]); }
+  if (ACCUMULATE) { t = select(t, round_f16(t), TO_IS_F16) + f32(out[idx]); }
   out[idx] = TO(t);
 }

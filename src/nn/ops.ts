@@ -25,7 +25,7 @@ import {
   upsample2xBackward,
   type Activation,
 } from '../ops/elementwise.ts';
-import { colSum, linear, linearBackward, linearBackwardWeight, matmul, matmulBackward, type MatmulOptions } from '../ops/matmul.ts';
+import { colSum, linear, linearBackwardWeight, matmul, matmulBackward, type MatmulOptions } from '../ops/matmul.ts';
 import { softmax, softmaxBackward } from '../ops/softmax.ts';
 import { pad2d, pad2dBackward, repeat, type Pad2d } from '../ops/elementwise.ts';
 import { groupNorm, groupNormBackwardParts, layerNorm, layerNormBackwardParts } from '../ops/norm.ts';
@@ -53,7 +53,8 @@ export class Tape {
   /**
    * `prune` (default true): ops compute no gradient for an input that needs none (a frozen weight, a
    * `constants` tensor) and frozen norms skip their parameter gradients. False gives the unpruned tape
-   * (every non-weight tensor gets its gradient), the oracle the pruned one is tested against.
+   * (every non-weight tensor gets its gradient, every sum of gradients an add), the oracle the pruned one is
+   * tested against.
    */
   readonly prune: boolean;
   /**
@@ -61,6 +62,8 @@ export class Tape {
    * the holders beyond the first, by allocation. `release` frees a buffer only when its last holder lets go.
    */
   private readonly shared: Map<Allocation, number>;
+  /** Where a trainable weight's first gradient goes (useGradSlots); none by default. */
+  private slots: ReadonlyMap<Tensor, Tensor> = new Map();
 
   /**
    * `trainable`: the weights that get gradients. Other tensors tagged 'weights' are frozen: the ops
@@ -79,7 +82,9 @@ export class Tape {
 
   /** A tape for a checkpointed segment's re-run: same trainable set, constants and shared buffers. */
   child(): Tape {
-    return new Tape(this.gpu, this.trainable, { prune: this.prune, constants: this.constants, shared: this.shared });
+    const sub = new Tape(this.gpu, this.trainable, { prune: this.prune, constants: this.constants, shared: this.shared });
+    sub.slots = this.slots;
+    return sub;
   }
 
   /**
@@ -156,6 +161,38 @@ export class Tape {
     }
     this.grads.set(t, add(this.gpu, prev, g));
     this.release(prev, g);
+  }
+
+  /**
+   * Adds a gradient a GEMM computes: `make(into)` writes it into `into` with accumulate (into += result) where t
+   * already holds a gradient buffer this tape alone holds, else into a new buffer it returns. The GEMM epilogue
+   * rounds its result before adding (matmul.wgsl ACCUMULATE), so this is acc's GEMM + add bit for bit, one
+   * dispatch fewer. A buffer `share` gave to several holders is never written into. The unpruned tape (the
+   * oracle the pruned one is tested against) makes a new buffer and adds, as acc.
+   */
+  accGemm(t: Tensor, make: (into: Tensor | null, accumulate: boolean) => Tensor): void {
+    if (!this.needs(t)) return;
+    const prev = this.grads.get(t);
+    if (!prev && !this.handed.has(t) && this.slots.has(t)) {
+      const slot = this.slots.get(t)!;
+      make(slot, false);
+      this.grads.set(t, slot);
+      return;
+    }
+    if (this.prune && prev && prev.dtype === t.dtype && !this.shared.has(prev.alloc) && !this.handed.has(t)) {
+      make(prev, true);
+      return;
+    }
+    this.acc(t, make(null, false));
+  }
+
+  /**
+   * Gradient buffers for trainable weights (views the caller owns: the optimizer's packed gradients, so one
+   * kernel sees a chunk's gradients side by side). A weight's first GEMM-made gradient is written there; a
+   * gradient summed by an add ends up in a new buffer instead (the caller checks where each one is).
+   */
+  useGradSlots(slots: ReadonlyMap<Tensor, Tensor>): void {
+    this.slots = slots;
   }
 
   /** The gradient of t, removed from the map (null if nothing flowed into t). */
@@ -292,20 +329,58 @@ export class Ops {
     this.uses?.use(w, b);
     const y = linear(this.gpu, x, w, b);
     this.rec(y, [], [x, w, b], (dy) => {
-      const tape = this.tape!;
-      const needX = this.needs(x);
-      if (this.needs(w) || this.needs(b)) {
-        // dx is skipped when x needs none (a frozen layer's input, the text embeddings under a k/v adapter).
-        const g: { dx?: Tensor; dw: Tensor; dbias?: Tensor } = needX ? linearBackward(this.gpu, x, w, dy, b) : linearBackwardWeight(this.gpu, x, w, dy, b);
-        if (g.dx) tape.acc(x, g.dx);
-        tape.acc(w, g.dw);
-        if (b && g.dbias) tape.acc(b, g.dbias);
-      } else if (needX) {
-        // Frozen weight: only dx = dy W (no dW, no db kernels).
-        const rows = dy.numel / w.shape[0];
-        const dx = matmul(this.gpu, dy.reshape([rows, w.shape[0]]), w);
-        tape.acc(x, new Tensor(dx.alloc, x.shape, dx.dtype, dx.byteOffset, dx.owner));
+      this.linearGrads(x, w, b, dy);
+      this.tape!.release(dy);
+    });
+    return y;
+  }
+
+  /**
+   * linear's backward: dW (and db) where wanted, by linearBackwardWeight (linearBackward's kernels), and dx = dy W
+   * (skipped when x needs none: a frozen layer's input, the text embeddings under a k/v adapter) added into x's
+   * gradient in the GEMM's epilogue (Tape.accGemm). Does not release dy.
+   */
+  private linearGrads(x: Tensor, w: Tensor, b: Tensor | null | undefined, dy: Tensor): void {
+    const tape = this.tape!;
+    if (b && (this.needs(w) || this.needs(b))) {
+      const g = linearBackwardWeight(this.gpu, x, w, dy, b);
+      tape.acc(w, g.dw);
+      if (g.dbias) tape.acc(b, g.dbias);
+    } else if (!b) tape.accGemm(w, (into, accumulate) => linearBackwardWeight(this.gpu, x, w, dy, null, into ? { dw: into, accumulate } : undefined).dw);
+    if (!this.needs(x)) return;
+    const rows = dy.numel / w.shape[0];
+    tape.accGemm(x, (into, accumulate) => {
+      const dx = matmul(this.gpu, dy.reshape([rows, w.shape[0]]), w, into ? { out: into.reshape([rows, w.shape[1]]), accumulate } : {});
+      return new Tensor(dx.alloc, x.shape, dx.dtype, dx.byteOffset, dx.owner);
+    });
+  }
+
+  /**
+   * A linear layer with a LoRA adapter at scale 1 (alpha = rank): y = x Wᵀ (+ b) + (x Aᵀ) Bᵀ, the adapter's up
+   * projection added into y in its GEMM's epilogue (no add dispatch; bit for bit linear, linear, linear and add, as
+   * the epilogue rounds before adding). Its backward runs the three layers' backwards in the order the tape would
+   * (up, down, base), so every gradient, x's sum included, has the same bits; dy is not copied.
+   */
+  loraLinear(x: Tensor, w: Tensor, b: Tensor | null, a: Tensor, up: Tensor): Tensor {
+    this.uses?.use(w, b);
+    const y = linear(this.gpu, x, w, b);
+    this.uses?.use(a);
+    const h = linear(this.gpu, x, a);
+    this.uses?.use(up);
+    const rows = h.numel / a.shape[0];
+    matmul(this.gpu, h.reshape([rows, a.shape[0]]), up, { transB: true, out: y.reshape([rows, up.shape[0]]), accumulate: true });
+    if (!this.tape) this.gpu.free(h);
+    this.uses?.derive(h, [x, a]);
+    this.rec(y, [h], [x, w, b, a, up], (dy) => {
+      if (this.needs(up) || this.needs(h)) {
+        this.tape!.accGemm(up, (into, accumulate) => linearBackwardWeight(this.gpu, h, up, dy, null, into ? { dw: into, accumulate } : undefined).dw);
+        if (this.needs(h)) {
+          const dh = matmul(this.gpu, dy.reshape([rows, up.shape[0]]), up);
+          this.linearGrads(x, a, null, new Tensor(dh.alloc, h.shape, dh.dtype, dh.byteOffset, dh.owner));
+          this.gpu.free(dh);
+        }
       }
+      this.linearGrads(x, w, b, dy);
       this.tape!.release(dy);
     });
     return y;

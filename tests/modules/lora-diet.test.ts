@@ -1,7 +1,10 @@
 // The LoRA layer's dispatch diet against the unfused ops, bit for bit: with alpha / rank = 1 loraLinear
-// runs no scale (multiplying by 1 is exact), and on the pruned tape the add backward hands dy itself to
-// both operands instead of copying it. Ragged sizes (odd features, K not a multiple of 4, batch 1 and 7)
-// so no shape-specialised path hides a difference; f32 and f16.
+// runs no scale (multiplying by 1 is exact), adds the up projection into the base output in its GEMM's
+// epilogue, and adds every dx share into x's gradient in the GEMM's epilogue (Tape.accGemm; the epilogue
+// rounds before adding); on the pruned tape the add backward hands dy itself to both operands instead of
+// copying it. Two adapted layers read the same x (as q and k do), so x's gradient sums four GEMMs, and their
+// outputs are added, so the pruned tape shares dy between them. Ragged sizes (odd features, K not a multiple
+// of 4, batch 1 and 7) so no shape-specialised path hides a difference; f32 and f16.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import type { Gpu } from '../../src/gpu/device.ts';
@@ -22,24 +25,24 @@ interface Result {
 async function run(gpu: Gpu, dtype: DType, batch: number, mode: 'lora' | 'unfused', prune: boolean): Promise<Result> {
   const rng = new Rng(batch * 31 + (dtype === 'f16' ? 1 : 0));
   const rand = (n: number) => Float32Array.from({ length: n }, () => 2 * rng.uniform() - 1);
-  const w = new Map<string, Tensor>([
-    ['p.weight', gpu.upload(rand(OUT * IN), [OUT, IN], dtype, 'weights', 'w')],
-    ['p.lora_A.weight', gpu.upload(rand(RANK * IN), [RANK, IN], dtype, 'weights', 'a')],
-    ['p.lora_B.weight', gpu.upload(rand(OUT * RANK), [OUT, RANK], dtype, 'weights', 'b')],
-  ]);
+  const w = new Map<string, Tensor>();
+  for (const l of ['p', 'q']) {
+    w.set(`${l}.weight`, gpu.upload(rand(OUT * IN), [OUT, IN], dtype, 'weights', `${l}.w`));
+    w.set(`${l}.lora_A.weight`, gpu.upload(rand(RANK * IN), [RANK, IN], dtype, 'weights', `${l}.a`));
+    w.set(`${l}.lora_B.weight`, gpu.upload(rand(OUT * RANK), [OUT, RANK], dtype, 'weights', `${l}.b`));
+  }
   const x = gpu.upload(rand(batch * TOKENS * IN), [batch, TOKENS, IN], dtype, 'activations', 'x');
   const dy = gpu.upload(rand(batch * TOKENS * OUT), [batch, TOKENS, OUT], dtype, 'gradients', 'dy');
-  const [a, b] = [w.get('p.lora_A.weight')!, w.get('p.lora_B.weight')!];
-  const tape = new Tape(gpu, new Set([a, b]), { prune });
+  const adapters = ['p', 'q'].flatMap((l) => [w.get(`${l}.lora_A.weight`)!, w.get(`${l}.lora_B.weight`)!]);
+  const tape = new Tape(gpu, new Set(adapters), { prune });
   const F = new Ops(gpu, tape);
   let y: Tensor | undefined;
+  // The layer spelled out with every op, the scale by 1 included.
+  const unfused = (l: string) =>
+    F.add(F.linear(x, w.get(`${l}.weight`)!), F.scale(F.linear(F.linear(x, w.get(`${l}.lora_A.weight`)!), w.get(`${l}.lora_B.weight`)!), 1));
+  const layer = (l: string) => (mode === 'lora' ? loraLinear(F, x, w, l, 1) : unfused(l));
   const seen = recordDispatches(gpu, () => {
-    if (mode === 'lora') y = loraLinear(F, x, w, 'p', 1);
-    else {
-      // The layer spelled out with every op, the scale by 1 included.
-      const base = F.linear(x, w.get('p.weight')!);
-      y = F.add(base, F.scale(F.linear(F.linear(x, a), b), 1));
-    }
+    y = F.add(layer('p'), layer('q'));
   });
   // Read before the backward, which frees the forward's outputs.
   const bytes = new Map([['y', new Uint8Array(await gpu.readBytes(y!.buffer, y!.byteOffset, y!.byteSize))]]);
@@ -47,8 +50,10 @@ async function run(gpu: Gpu, dtype: DType, batch: number, mode: 'lora' | 'unfuse
   const entries = new Map<string, number>();
   for (const { entry } of seen) if (entry !== 'fill') entries.set(entry, (entries.get(entry) ?? 0) + 1);
   for (const [name, t] of [
-    ['dA', a],
-    ['dB', b],
+    ['p dA', adapters[0]],
+    ['p dB', adapters[1]],
+    ['q dA', adapters[2]],
+    ['q dB', adapters[3]],
     ['dx', x],
   ] as const) {
     const g = tape.take(t);
@@ -64,17 +69,22 @@ async function run(gpu: Gpu, dtype: DType, batch: number, mode: 'lora' | 'unfuse
 void describe('LoRA dispatch diet vs the unfused ops', () => {
   for (const dtype of ['f32', 'f16'] as const)
     for (const batch of [1, 7])
-      void it(`alpha / rank = 1 runs no scale; the add backward shares dy [${dtype}, batch ${batch}]`, async () => {
+      void it(`alpha / rank = 1: no scale, no add but the outputs' own, dy shared [${dtype}, batch ${batch}]`, async () => {
         const gpu = await testGpu();
         const unfused = await run(gpu, dtype, batch, 'unfused', false);
         const lora = await run(gpu, dtype, batch, 'lora', true);
         for (const [k, v] of unfused.bytes) assert.deepEqual(lora.bytes.get(k), v, `${k} differs from the unfused ops'`);
-        // Saved: the scale's forward and backward, and the add backward's copy of dy, all scale dispatches; the
-        // rest is the same kernels the same number of times.
-        const scales = (r: Result) => [...r.entries].filter(([e]) => e.startsWith('scale')).reduce((n, [, c]) => n + c, 0);
-        assert.equal(scales(unfused), 3, 'unfused: scale forward, scale backward, the copy of dy');
-        assert.equal(scales(lora), 0, 'LoRA at scale 1 on the pruned tape: no scale dispatch');
-        const rest = (r: Result) => [...r.entries].filter(([e]) => !e.startsWith('scale')).sort();
+        const count = (r: Result, f: (e: string) => boolean) => [...r.entries].filter(([e]) => f(e)).reduce((n, [, c]) => n + c, 0);
+        const isScale = (e: string) => e.startsWith('scale');
+        const isAdd = (e: string) => e === 'add' || e === 'add4';
+        // Saved: per layer the scale's forward and backward and the add backward's copy of dy, and the outputs'
+        // add's copy (unpruned tape), all scale dispatches; per layer its forward add; x's gradient sums four
+        // GEMMs' shares, three adds that the epilogues now do. The rest is the same kernels the same number of times.
+        assert.equal(count(unfused, isScale), 7, 'unfused: 2 x (scale forward, scale backward, copy of dy) + the copy of dy for q');
+        assert.equal(count(lora, isScale), 0, 'LoRA at scale 1 on the pruned tape: no scale dispatch');
+        assert.equal(count(unfused, isAdd), 6, "unfused: 2 layers' adds, the outputs' add, 3 adds into dx");
+        assert.equal(count(lora, isAdd), 1, "LoRA: the outputs' add only");
+        const rest = (r: Result) => [...r.entries].filter(([e]) => !isScale(e) && !isAdd(e)).sort();
         assert.deepEqual(rest(lora), rest(unfused));
       });
 });
