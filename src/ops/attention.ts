@@ -18,7 +18,8 @@ import { kernel, read, write } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, Tensor, type DType } from '../gpu/tensor.ts';
 import { scale as scaleOp } from './elementwise.ts';
-import { matmul, prefetchRefusal } from './matmul.ts';
+import { matmul } from './matmul.ts';
+import { prefetchRefusal } from './tiles.ts';
 import { softmax, softmaxBackward } from './softmax.ts';
 
 export type AttentionLayout = 'bhnd' | 'bnhd';

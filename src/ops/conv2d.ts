@@ -13,7 +13,8 @@ import { kernel, read, u32, write } from '../gpu/kernel.ts';
 import type { Defs } from '../gpu/shaders.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, type Tensor } from '../gpu/tensor.ts';
-import { elemWindow, matmul, pickTile, simtTileDefs, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './matmul.ts';
+import { matmul } from './matmul.ts';
+import { elemWindow, pickTile, simtTileDefs, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './tiles.ts';
 import { chooseSplitK, pickTcTile, simtGemmEntry, splitReduceEntry, tcDefs, TC_BK, tensorCoreEntry } from './gemm.ts';
 
 export interface Conv2dOptions {

@@ -14,7 +14,7 @@ import type { BufferWindow, Gpu } from '../gpu/device.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { f32, kernel, u32 } from '../gpu/kernel.ts';
 import { BYTES, expectSameDType, type DType, Tensor } from '../gpu/tensor.ts';
-import { elemWindow } from './matmul.ts';
+import { elemWindow } from './tiles.ts';
 
 const WG = 256;
 /** Elements one workgroup sums per row pass (8 per invocation). */

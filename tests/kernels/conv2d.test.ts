@@ -3,7 +3,7 @@ import { describe, it } from 'node:test';
 import { ShapeError } from '../../src/gpu/errors.ts';
 import type { Tensor } from '../../src/gpu/tensor.ts';
 import { roundToF16 } from '../../src/util/half.ts';
-import { TILE_32 } from '../../src/ops/matmul.ts';
+import { TILE_32 } from '../../src/ops/tiles.ts';
 import { conv2d, conv2dBackward, conv2dBackwardInput, conv2dBackwardRef, conv2dRef, sizeAccessors, type Lowering } from '../../src/ops/conv2d.ts';
 import { compare, describeCheck, randomValues } from '../../src/selftest/check.ts';
 import { assertChecks, defineCaseTests, recordDispatches, testGpu } from '../helpers.ts';

@@ -23,19 +23,8 @@ import {
   TC_TILES,
   tensorCoreEntry,
 } from '../../src/ops/gemm.ts';
-import {
-  DIRECT_TILES,
-  GPU_TILE_32,
-  GPU_TILE_64,
-  GPU_TILE_COLS_16,
-  GPU_TILE_ROWS_16,
-  matmul,
-  matmulRef,
-  TILE_128,
-  TILE_64,
-  TILE_ROWS_4,
-  type Tile,
-} from '../../src/ops/matmul.ts';
+import { matmul, matmulRef } from '../../src/ops/matmul.ts';
+import { DIRECT_TILES, GPU_TILE_32, GPU_TILE_64, GPU_TILE_COLS_16, GPU_TILE_ROWS_16, TILE_128, TILE_64, TILE_ROWS_4, type Tile } from '../../src/ops/tiles.ts';
 import { compare, randomValues } from '../../src/selftest/check.ts';
 import { matmulTol } from '../../src/selftest/cases/matmul.ts';
 import { assertChecks, recordDispatches, testGpu } from '../helpers.ts';

@@ -2,13 +2,8 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { ShapeError } from '../../src/gpu/errors.ts';
 import { roundToF16 } from '../../src/util/half.ts';
+import { linear, linearBackward, matmul, matmulBackward, matmulBackwardRef, matmulRef } from '../../src/ops/matmul.ts';
 import {
-  linear,
-  linearBackward,
-  matmul,
-  matmulBackward,
-  matmulBackwardRef,
-  matmulRef,
   GPU_TILE_32,
   GPU_TILE_64,
   GPU_TILE_COLS_16,
@@ -23,7 +18,7 @@ import {
   TILE_ROWS_16,
   TILE_ROWS_4,
   tileSharedBytes,
-} from '../../src/ops/matmul.ts';
+} from '../../src/ops/tiles.ts';
 import { prefetchFits } from '../../src/ops/gemm.ts';
 import { compare, describeCheck, randomValues } from '../../src/selftest/check.ts';
 import { matmulTol } from '../../src/selftest/cases/matmul.ts';

@@ -16,7 +16,7 @@ import {
   type AttentionLayout,
   type AttentionPlan,
 } from '../../ops/attention.ts';
-import { prefetchRefusal } from '../../ops/matmul.ts';
+import { prefetchRefusal } from '../../ops/tiles.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 import { finiteDiff, sampleIndices } from './matmul.ts';
 

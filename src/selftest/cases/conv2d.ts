@@ -4,7 +4,7 @@
 import { roundToF16 } from '../../util/half.ts';
 import type { DType } from '../../gpu/tensor.ts';
 import { conv2d, conv2dBackward, conv2dBackwardRef, conv2dRef, type Conv2dOptions } from '../../ops/conv2d.ts';
-import { directRefusal, GPU_TILE_64, prefetchRefusal, TILE_32, type Tile } from '../../ops/matmul.ts';
+import { directRefusal, GPU_TILE_64, prefetchRefusal, TILE_32, type Tile } from '../../ops/tiles.ts';
 import { deepPrefetch, DIRECT_NAMED_TILES, NAMED_TILES, PREFETCH_TILES } from './tiles.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';
 import { finiteDiff, sampleIndices, shapeCheck } from './matmul.ts';

@@ -4,23 +4,8 @@
 import type { Gpu } from '../../gpu/device.ts';
 import { Tensor, type DType } from '../../gpu/tensor.ts';
 import { roundToF16 } from '../../util/half.ts';
-import {
-  GPU_TILE_64,
-  GPU_TILE_COLS_16,
-  GPU_TILE_ROWS_16,
-  linear,
-  linearBackward,
-  linearBackwardRef,
-  linearRef,
-  matmul,
-  matmulBackward,
-  matmulBackwardRef,
-  matmulRef,
-  directRefusal,
-  prefetchRefusal,
-  TILE_64,
-  type Tile,
-} from '../../ops/matmul.ts';
+import { linear, linearBackward, linearBackwardRef, linearRef, matmul, matmulBackward, matmulBackwardRef, matmulRef } from '../../ops/matmul.ts';
+import { GPU_TILE_64, GPU_TILE_COLS_16, GPU_TILE_ROWS_16, directRefusal, prefetchRefusal, TILE_64, type Tile } from '../../ops/tiles.ts';
 import { deepPrefetch, DIRECT_NAMED_TILES, NAMED_TC_TILES, NAMED_TILES, PREFETCH_TILES } from './tiles.ts';
 import { TC_TILE_64, type TcTile } from '../../ops/gemm.ts';
 import { compare, randomValues, type Check, type KernelCase, type Tolerance } from '../check.ts';

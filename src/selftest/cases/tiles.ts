@@ -15,7 +15,7 @@ import {
   TILE_ROWS_16,
   TILE_ROWS_4,
   type Tile,
-} from '../../ops/matmul.ts';
+} from '../../ops/tiles.ts';
 import { TC_TILES, type TcTile } from '../../ops/gemm.ts';
 
 export const NAMED_TILES: readonly (readonly [Tile, string])[] = [
