@@ -317,6 +317,46 @@ export interface LoadedSdxl {
   textEncoder2: { config: ClipTextConfig; weights: Weights };
 }
 
+/** SDXL base 1.0's configs (stabilityai/stable-diffusion-xl-base-1.0's config.json files), for the planner and benchmarks. */
+export const SDXL_BASE = {
+  unet: {
+    blockOutChannels: [320, 640, 1280],
+    layersPerBlock: 2,
+    heads: [5, 10, 20],
+    crossAttentionDim: 2048,
+    groups: 32,
+    linearProjection: true,
+    downAttention: [false, true, true],
+    upAttention: [true, true, false],
+    inChannels: 4,
+    outChannels: 4,
+    transformerLayers: [1, 2, 10],
+    textTime: { timeEmbedDim: SDXL_TIME_EMBED_DIM, projectionInputDim: 2816 },
+  } satisfies UnetConfig,
+  vae: { blockOutChannels: [128, 256, 512, 512], layersPerBlock: 2, groups: 32, latentChannels: 4, scalingFactor: SDXL_SCALING_FACTOR } satisfies VaeConfig,
+  textEncoder: {
+    vocabSize: 49408,
+    hiddenSize: 768,
+    layers: 12,
+    heads: 12,
+    intermediateSize: 3072,
+    maxPositions: 77,
+    act: 'quick_gelu',
+    eps: 1e-5,
+  } satisfies ClipTextConfig,
+  textEncoder2: {
+    vocabSize: 49408,
+    hiddenSize: 1280,
+    layers: 32,
+    heads: 20,
+    intermediateSize: 5120,
+    maxPositions: 77,
+    act: 'gelu',
+    eps: 1e-5,
+    projectionDim: 1280,
+  } satisfies ClipTextConfig,
+};
+
 /** Text encoder 2's tensors (CLIPTextModelWithProjection): CLIP's and the text projection [projection, width]. */
 export function sdxlTextEncoder2Params(te2: ClipTextConfig): Map<string, number[]> {
   const m = clipParams(te2);

@@ -3,7 +3,7 @@
 // generated when none are given, the latents and text embeddings cached in the store (or found there, while the
 // masks they were encoded with still match), what training does not use freed, and the GPU memory plan.
 import type { Gpu } from '../gpu/device.ts';
-import { bucketFor, bucketRegion, checkImageSet, cropPosition, prepareImage, scaleCrop, type ImageSize, type RgbaImage } from '../io/image.ts';
+import { bucketFor, bucketRegion, checkImageSet, cropPosition, prepareImage, resolveCrop, scaleCrop, type ImageSize, type RgbaImage } from '../io/image.ts';
 import { prepareMask, type MaskOptions } from '../io/mask.ts';
 import { CLIP_MAX_LENGTH, type ClipTokenizer } from '../io/tokenizer.ts';
 import type { LoadedModel } from '../models/load.ts';
@@ -13,6 +13,7 @@ import type { ScheduleConfig } from '../sample/schedulers.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { crc32 } from '../store/chunkstore.ts';
 import { encodeTrainData, generateClassImage, loadTrainData, saveTrainData, type PreparedSet } from '../train/preprocess.ts';
+import { preparedTimeIds } from '../train/conditioning.ts';
 import { planTraining, trainableShapes, type Plan } from '../train/plan.ts';
 import type { TrainData, TrainSettings } from '../train/trainer.ts';
 import { formatBytes } from '../util/bytes.ts';
@@ -122,7 +123,8 @@ export async function cachedTrainData(
 export async function planRun(
   host: RunHost,
   s: RunSettings,
-  model: LoadedModel,
+  /** SDXL's second text encoder, when present, is kept and planned like the first. */
+  model: Pick<LoadedModel, 'unet' | 'vae' | 'textEncoder'> & { textEncoder2?: LoadedModel['textEncoder'] },
   data: TrainData,
   settings: TrainSettings,
   schedule: ScheduleConfig,
@@ -130,9 +132,8 @@ export async function planRun(
   const { gpu, emit } = host;
   const sampling = s.sampleEvery > 0;
   const factor = 2 ** (model.vae.config.blockOutChannels.length - 1);
-  const samplingBytes = sampling
-    ? tensorBytes(model.vae.weights.values()) + (settings.textEncoderLora ? 0 : tensorBytes(model.textEncoder.weights.values()))
-    : 0;
+  const textBytes = tensorBytes(model.textEncoder.weights.values()) + tensorBytes(model.textEncoder2?.weights.values() ?? []);
+  const samplingBytes = sampling ? tensorBytes(model.vae.weights.values()) + (settings.textEncoderLora ? 0 : textBytes) : 0;
 
   emit({ type: 'phase', phase: 'planning', message: 'Planning GPU memory' });
   const planModel = {
@@ -140,6 +141,7 @@ export async function planRun(
     dtype: gpu.computeDType,
     schedule,
     textEncoder: settings.textEncoderLora ? model.textEncoder.config : undefined,
+    textEncoder2: settings.textEncoderLora ? model.textEncoder2?.config : undefined,
   };
   const plan: Plan = await planTraining(
     host.dryRunGpu,
@@ -221,9 +223,13 @@ export async function prepareSet(
     const upright = img.original ?? img;
     const size = bucketStep !== null ? bucketFor(upright, resolution, bucketStep) : null;
     const bucket = size ? { size, region: bucketRegion(img, size, item.crop ? cropPosition(upright, item.crop) : 0.5) } : undefined;
+    // SDXL's time ids (train/conditioning.ts): the photo's size, where its crop starts, the size it trains at.
+    const square = bucket ? null : resolveCrop(img, crop, item.name);
+    const region = bucket?.region ?? { x: square!.x, y: square!.y, width: square!.size, height: square!.size };
     for (const f of flip ? [false, true] : [false]) {
       set.images.push(prepareImage(img, { resolution, crop, flip: f, name: item.name, ...(bucket ? { bucket } : {}) }));
       set.prompts.push(caption || prompt);
+      (set.timeIds ??= []).push(preparedTimeIds(img, img.original, region, size ?? { width: resolution, height: resolution }, f));
       (set.sizes ??= []).push(size);
       const maskOpts: MaskOptions = { resolution, crop, flip: f, photoName: item.name, maskName: item.mask?.name ?? '', ...(bucket ? { bucket } : {}) };
       (set.masks ??= []).push(maskPixels ? prepareMask(maskPixels, img, maskOpts) : null);
@@ -262,7 +268,12 @@ export async function generateClassImages(
 }
 
 /** Frees what training does not use: the VAE encoder always, the rest unless samples (or TE LoRA) need it. */
-export function releaseFor(gpu: Gpu, model: LoadedModel, sampling: boolean, keepTextEncoder: boolean): void {
+export function releaseFor(
+  gpu: Gpu,
+  model: Pick<LoadedModel, 'vae' | 'textEncoder'> & { textEncoder2?: LoadedModel['textEncoder'] },
+  sampling: boolean,
+  keepTextEncoder: boolean,
+): void {
   const drop = (ws: Map<string, { byteSize: number }>, keep: (n: string) => boolean) => {
     for (const [n, t] of ws)
       if (!keep(n)) {
@@ -272,10 +283,11 @@ export function releaseFor(gpu: Gpu, model: LoadedModel, sampling: boolean, keep
   };
   drop(model.vae.weights, (n) => sampling && !/^(encoder|quant_conv)\./.test(n));
   drop(model.textEncoder.weights, () => sampling || keepTextEncoder);
+  if (model.textEncoder2) drop(model.textEncoder2.weights, () => sampling || keepTextEncoder);
 }
 
 /** Store key of the fingerprint of the masks the cached latents were encoded with (maskFingerprint's text). */
-const masksKey = (runId: string) => `${runId}/cache-masks`;
+export const masksKey = (runId: string) => `${runId}/cache-masks`;
 
 /** Which photos have masks and what each mask is (its bytes' CRC-32): the cached latents' validity. */
 export async function maskFingerprint(images: ImageInput[]): Promise<string> {
@@ -296,7 +308,7 @@ export async function maskFingerprint(images: ImageInput[]): Promise<string> {
  * Whether the cached latents were encoded with these masks. A cache from before the fingerprint was kept
  * counts as matching when neither it nor the photos have masks.
  */
-async function cachedMasksMatch(store: ChunkStore, runId: string, masks: string, images: ImageInput[], cacheHasMasks: boolean): Promise<boolean> {
+export async function cachedMasksMatch(store: ChunkStore, runId: string, masks: string, images: ImageInput[], cacheHasMasks: boolean): Promise<boolean> {
   const kept = await store.read(masksKey(runId));
   if (kept) return new TextDecoder().decode(kept) === masks;
   return !cacheHasMasks && !images.some((i) => i.mask);

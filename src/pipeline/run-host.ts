@@ -42,14 +42,25 @@ export interface RunInput {
   settings: RunSettings;
 }
 
-/** A model the host has opened: a diffusers folder, or a single file plus tokenizer files. */
+/**
+ * A model the host has opened: a diffusers folder, or a single file plus tokenizer files. `tokenizer2`: SDXL's
+ * second tokenizer (a diffusers folder's tokenizer_2/ is read when it is absent).
+ */
 export type OpenedModel =
-  | { kind: 'diffusers'; name: string; reader: FolderReader; tokenizer: ClipTokenizerFiles; overrides?: SourceOptions['overrides'] }
+  | {
+      kind: 'diffusers';
+      name: string;
+      reader: FolderReader;
+      tokenizer: ClipTokenizerFiles;
+      tokenizer2?: ClipTokenizerFiles;
+      overrides?: SourceOptions['overrides'];
+    }
   | {
       kind: 'single-file';
       name: string;
       file: SafetensorsFile;
       tokenizer: ClipTokenizerFiles;
+      tokenizer2?: ClipTokenizerFiles;
       tokenizerFiles?: Map<string, Uint8Array>;
       overrides?: SourceOptions['overrides'];
     };

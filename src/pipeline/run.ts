@@ -20,6 +20,8 @@ import { loadModel, type LoadedModel } from '../models/load.ts';
 import { openDiffusers, openSingleFile, type Json, type ModelSource } from '../models/source.ts';
 import { scheduleFromJson, SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
 import { txt2img } from '../sample/txt2img.ts';
+import { txt2imgSdxl } from '../sample/txt2img-sdxl.ts';
+import type { LoadedSdxl } from '../models/sdxl.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { StorageFullError } from '../store/chunkstore.ts';
 import { DreamBoothTrainer, VALIDATION_IMAGES, VALIDATION_T, type TrainSettings } from '../train/trainer.ts';
@@ -30,6 +32,7 @@ import { etaText, PhaseClock } from './progress.ts';
 import type { OpenedModel, PlanSummary, RunEvent, RunHost, RunInput } from './run-host.ts';
 import { RunClock } from './timing.ts';
 import { generateTryIt, type TryItOptions, type TryItResult } from './tryit.ts';
+import { exportSdxlRun, freeSdxl, openedIsSdxl, prepareSdxlRun, tryItSdxl, type SdxlParts } from './sdxl-run.ts';
 import { RunError, validatePrompt, validateForModel, validateSettings, flagName, trainSettings } from './settings.ts';
 
 export type { ImageInput, MaskInput, OpenedModel, Phase, PlanSummary, RunEvent, RunHost, RunInput } from './run-host.ts';
@@ -67,11 +70,13 @@ export class TrainingRun {
   private clock: RunClock;
   private running = false;
 
+  /** The base model: SD 1.x/2.x (its source kept open) or SDXL (sdxl-run.ts). */
+  readonly model: LoadedModel | LoadedSdxl;
+
   private constructor(
     private readonly host: RunHost,
-    readonly model: LoadedModel,
+    private readonly base: { kind: 'sd'; model: LoadedModel; source: ModelSource } | { kind: 'sdxl'; parts: SdxlParts },
     private readonly opened: OpenedModel,
-    private readonly source: ModelSource,
     readonly tokenizer: ClipTokenizer,
     readonly schedule: ScheduleConfig,
     readonly trainer: DreamBoothTrainer,
@@ -80,6 +85,7 @@ export class TrainingRun {
     /** When the run first started (kept in the store, so a resumed run keeps it): kohya's ss_training_started_at. */
     readonly startedAt: Date,
   ) {
+    this.model = base.kind === 'sd' ? base.model : base.parts.model;
     const s = run.settings;
     this.clock = new RunClock({
       steps: s.steps,
@@ -95,7 +101,7 @@ export class TrainingRun {
     return this.trainer.step;
   }
 
-  get family(): Family {
+  get family(): Family | 'sdxl' {
     return this.model.family;
   }
 
@@ -108,6 +114,10 @@ export class TrainingRun {
     validateSettings(s, name);
     validatePrompt(run.prompt, 'the instance prompt');
     emit({ type: 'phase', phase: 'loading', message: `Loading ${opened.name} onto the GPU` });
+    if (await openedIsSdxl(opened)) {
+      const r = await prepareSdxlRun(host, opened, run, trainSettings(s), preparedFrom);
+      return new TrainingRun(host, { kind: 'sdxl', parts: r.parts }, opened, r.parts.tokenizers[0], r.schedule, r.trainer, run, r.summary, r.startedAt);
+    }
     const tokenizer = ClipTokenizer.fromFiles(opened.tokenizer);
     const sourceOptions = opened.overrides ? { overrides: opened.overrides } : {};
     const source = opened.kind === 'diffusers' ? await openDiffusers(opened.reader, sourceOptions) : await openSingleFile(opened.file, sourceOptions);
@@ -173,7 +183,7 @@ export class TrainingRun {
       throw new RunError(`this run's checkpoint is at step ${step}, past the ${s.steps} steps asked for: ask for at least ${step} steps to continue it`);
     }
     emit({ type: 'phase', phase: 'ready', message: trainer.step ? `Ready to continue from step ${trainer.step}` : 'Ready to train' });
-    return new TrainingRun(host, model, opened, source, tokenizer, schedule, trainer, run, summary, startedAt);
+    return new TrainingRun(host, { kind: 'sd', model, source }, opened, tokenizer, schedule, trainer, run, summary, startedAt);
   }
 
   pause(): void {
@@ -344,7 +354,7 @@ export class TrainingRun {
         etaSeconds: this.clock.duringSample(step, denoised, total, (performance.now() - t0) / 1000).etaSeconds,
       });
     progress(0, s.sampleSteps);
-    const img = await txt2img(this.host.gpu, this.model, this.tokenizer, {
+    const o = {
       prompt: s.samplePrompt || this.run.prompt,
       negativePrompt: '',
       steps: s.sampleSteps,
@@ -352,11 +362,17 @@ export class TrainingRun {
       seed: s.seed,
       width: s.resolution,
       height: s.resolution,
-      sampler: 'dpm++2m',
+      sampler: 'dpm++2m' as const,
       schedule: this.schedule,
       loraScale: this.trainer.loraScale,
       onStep: progress,
-    });
+    };
+    const b = this.base;
+    // SDXL: both tokenizers and its conditioning, at SDXL's usual guidance 5.
+    const img =
+      b.kind === 'sdxl'
+        ? await txt2imgSdxl(this.host.gpu, b.parts.model, b.parts.tokenizers, { ...o, guidance: 5 })
+        : await txt2img(this.host.gpu, b.model, this.tokenizer, o);
     const seconds = (performance.now() - t0) / 1000;
     this.clock.recordSample(seconds);
     this.host.emit({ type: 'sample', step, png: this.host.encodePng(img.rgb, img.width, img.height), width: img.width, height: img.height, seconds });
@@ -372,11 +388,18 @@ export class TrainingRun {
     this.running = true;
     try {
       const s = this.run.settings;
+      const b = this.base;
+      const tunedName = this.exportName(s.mode === 'lora' ? 'lora-kohya' : 'full-single-file').replace(/\.safetensors$/, '');
+      if (b.kind === 'sdxl') {
+        const t = this.trainer;
+        const run = { schedule: this.schedule, step: t.step, appliedSteps: t.appliedSteps, loraScale: t.loraScale, resolution: s.resolution };
+        return await tryItSdxl(this.host.gpu, b.parts, { ...run, baseName: this.opened.name, tunedName }, o);
+      }
       return await generateTryIt(
         {
           gpu: this.host.gpu,
-          model: this.model,
-          source: this.source,
+          model: b.model,
+          source: b.source,
           tokenizer: this.tokenizer,
           schedule: this.schedule,
           mode: s.mode,
@@ -385,7 +408,7 @@ export class TrainingRun {
           loraScale: this.trainer.loraScale,
           resolution: s.resolution,
           baseName: this.opened.name,
-          tunedName: this.exportName(s.mode === 'lora' ? 'lora-kohya' : 'full-single-file').replace(/\.safetensors$/, ''),
+          tunedName,
         },
         o,
       );
@@ -401,16 +424,20 @@ export class TrainingRun {
 
   /** Streams the trained model in `format` to `sink` (LoRA formats for LoRA runs; full formats for both). */
   async exportTo(format: ExportFormat, sink: ByteSink): Promise<void> {
-    const { host, model, opened, source, trainer, run, startedAt } = this;
-    await exportRun({ gpu: host.gpu, emit: (e) => host.emit(e), model, opened, source, trainer, run, startedAt }, format, sink);
+    const { host, base, opened, trainer, run, startedAt } = this;
+    const emit = (e: RunEvent) => host.emit(e);
+    if (base.kind === 'sdxl') await exportSdxlRun({ emit, parts: base.parts, opened, trainer, run, startedAt }, format, sink);
+    else await exportRun({ gpu: host.gpu, emit, model: base.model, opened, source: base.source, trainer, run, startedAt }, format, sink);
   }
 
   /** Frees the GPU state (the store keeps the checkpoint). */
   async destroy(): Promise<void> {
     this.trainer.destroy();
-    for (const part of [this.model.unet.weights, this.model.vae.weights, this.model.textEncoder.weights]) this.host.gpu.free(...part.values());
+    const b = this.base;
+    if (b.kind === 'sdxl') freeSdxl(this.host.gpu, b.parts.model);
+    else for (const part of [b.model.unet.weights, b.model.vae.weights, b.model.textEncoder.weights]) this.host.gpu.free(...part.values());
     this.host.gpu.trimPool(); // the freed buffers go back to the device, not to the next run's pool
-    await this.source.close();
+    await (b.kind === 'sdxl' ? b.parts.source : b.source).close();
   }
 
   /** Deletes every chunk of run `runId` (a cancelled or replaced run). */

@@ -78,7 +78,10 @@ export interface TryItRun {
 export const MAX_STRENGTH = 10;
 
 /** Refusals that need no GPU: no finished step, a bad prompt, steps, guidance, seed or strength. */
-export function checkTryIt(run: Pick<TryItRun, 'model' | 'mode' | 'step' | 'appliedSteps' | 'resolution'>, o: TryItOptions): void {
+export function checkTryIt(
+  run: Pick<TryItRun, 'mode' | 'step' | 'appliedSteps' | 'resolution'> & { model: Pick<LoadedModel, 'vae' | 'unet'> },
+  o: TryItOptions,
+): void {
   if (run.step === 0)
     throw new RunError('Try it needs a finished training step: this run has none yet (the fine-tuned model is still the base model). Train at least one step.');
   if (run.appliedSteps === 0)

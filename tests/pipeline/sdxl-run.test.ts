@@ -1,0 +1,151 @@
+// An SDXL LoRA run through the one pipeline (pipeline/run.ts TrainingRun -> sdxl-run.ts), as `cli train` and the
+// studio's worker drive it, on the tiny SDXL diffusers folder (tests/fixtures/models/make-tiny-sdxl.ts), 16 px:
+// a wide photo at its aspect bucket and a square one with a loss mask, a class image (prior preservation), both
+// text encoders' adapters; then the cache (both encoders' context, the pooled embedding, each photo's time ids
+// as kohya computes them), Try it (SDXL conditioning, the decoder and encoders read back from the source), the
+// kohya export read back (every trained tensor under its lora_unet_/lora_te1_/lora_te2_ key, equal to the
+// trained master rounded to f16; the SDXL metadata) and a resume from the final checkpoint. A full-mode run is
+// refused by name. Kept to one step and no samples or validation (the trainer's tests cover those): every
+// pipeline compile costs seconds on lavapipe.
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, describe, it } from 'node:test';
+import { encode } from 'fast-png';
+import { sdxlKohyaName, SDXL_KOHYA_VERSION } from '../../src/export/lora-sdxl.ts';
+import { nodeGpu } from '../../src/gpu/node.ts';
+import { decodeImageNode } from '../../src/io/image-node.ts';
+import { SafetensorsFile } from '../../src/io/safetensors.ts';
+import { BytesSource } from '../../src/io/source.ts';
+import { nodeFolder } from '../../src/models/folder-node.ts';
+import { tokenizerFilesFrom } from '../../src/models/source.ts';
+import { TrainingRun, type OpenedModel, type RunEvent, type RunInput } from '../../src/pipeline/run.ts';
+import { defaultSettings } from '../../src/pipeline/settings.ts';
+import { MemoryChunkStore } from '../../src/store/chunkstore.ts';
+import { loadTrainData } from '../../src/train/preprocess.ts';
+import { roundToF16 } from '../../src/util/half.ts';
+import { writeTinySdxl } from '../fixtures/models/make-tiny-sdxl.ts';
+import { memorySink } from '../export/fixtures.ts';
+import { testGpu } from '../helpers.ts';
+
+const dir = mkdtempSync(join(tmpdir(), 'dbs-sdxl-run-'));
+after(() => rmSync(dir, { recursive: true, force: true }));
+const tiny = writeTinySdxl(dir);
+
+async function opened(): Promise<OpenedModel> {
+  const reader = nodeFolder(tiny.folder);
+  const tokenizer = await tokenizerFilesFrom(reader);
+  assert.ok(tokenizer);
+  return { kind: 'diffusers', name: 'tiny-sdxl', reader, tokenizer };
+}
+
+/** A w x h PNG: a gradient photo, or (mask) white where `white(x, y)`. */
+function png(w: number, h: number, white?: (x: number, y: number) => boolean): Blob {
+  const data = new Uint8Array(w * h * 3);
+  for (let y = 0; y < h; y++)
+    for (let x = 0; x < w; x++) data.set(white ? (white(x, y) ? [255, 255, 255] : [0, 0, 0]) : [(x * 255) / w, (y * 255) / h, 90], 3 * (y * w + x));
+  return new Blob([new Uint8Array(encode({ width: w, height: h, data, channels: 3, depth: 8 }))], { type: 'image/png' });
+}
+
+function input(steps: number, mode: 'lora' | 'full' = 'lora'): RunInput {
+  return {
+    runId: 'sdxl',
+    prompt: 'a photo of sks toy',
+    images: [
+      { id: 'a', name: 'wide.png', blob: png(24, 16) },
+      { id: 'b', name: 'square.png', blob: png(16, 16), mask: { name: 'mask of square.png', blob: png(16, 16, (x) => x < 8) } },
+    ],
+    classImages: [{ id: 'c', name: 'class.png', blob: png(16, 16, (x, y) => (x + y) % 3 === 0) }],
+    settings: {
+      ...defaultSettings(mode),
+      resolution: 16,
+      aspect: 'bucket',
+      steps,
+      lr: 1e-3,
+      rank: 4,
+      alpha: 4,
+      trainTextEncoder: mode === 'lora',
+      priorPreservation: true,
+      classPrompt: 'a photo of a toy',
+      sampleEvery: 0,
+      validateEvery: 0,
+      checkpointEvery: 0,
+      budgetBytes: 2 ** 30,
+    },
+  };
+}
+
+describe('an SDXL LoRA run through the pipeline (tiny SDXL, 16 px)', () => {
+  it('buckets, time ids, both encoders, mask, prior preservation, try it, kohya export read back, resume', { timeout: 600_000 }, async () => {
+    const gpu = await testGpu();
+    const store = new MemoryChunkStore();
+    const events: RunEvent[] = [];
+    const host = {
+      gpu,
+      dryRunGpu: () => nodeGpu({ dryRun: true, disableF16: !gpu.hasF16 }),
+      store,
+      decode: async (blob: Blob, name: string) => decodeImageNode(new Uint8Array(await blob.arrayBuffer()), name),
+      emit: (e: RunEvent) => events.push(e),
+      encodePng: (rgb: Uint8Array, width: number, height: number) => encode({ width, height, data: rgb, channels: 3, depth: 8 }),
+    };
+    await assert.rejects(
+      TrainingRun.prepare(host, await opened(), input(2, 'full')),
+      /tiny-sdxl is an SDXL model: SDXL trains LoRA adapters here.*--mode to lora/,
+    );
+
+    const run = await TrainingRun.prepare(host, await opened(), input(1));
+    assert.equal(run.family, 'sdxl');
+    // The cache: the wide photo at its bucket (20 x 12 px: latents 6 x 10), time ids [orig h, w, crop top, left,
+    // target h, w] with the 24 x 16 photo's 24 x 14.4 region at y 0.8 scaled by 20/24 (top 0.67 -> 1); the
+    // square photo and the class image uncropped at 16 px; both encoders' context (32 + 48 wide) and
+    // the pooled embedding (40); token ids of both tokenizers for the text encoders' adapters.
+    const data = await loadTrainData(store, 'sdxl');
+    assert.ok(data);
+    const [wide, square] = data.instance;
+    assert.deepEqual(wide.latentShape, [4, 6, 10]);
+    assert.deepEqual([...wide.timeIds!], [16, 24, 1, 0, 12, 20]);
+    assert.deepEqual([...square.timeIds!], [16, 16, 0, 0, 16, 16]);
+    assert.deepEqual([...data.classes[0].timeIds!], [16, 16, 0, 0, 16, 16]);
+    assert.deepEqual(data.contextShape, [77, 80]);
+    assert.equal(square.pooled!.length, 40);
+    assert.ok(square.mask && square.ids2, 'the mask and tokenizer 2 ids are cached');
+    assert.ok(events.some((e) => e.type === 'plan'));
+
+    assert.equal(await run.train(), 'done');
+    const trained = await run.trainer.trainedValues();
+    assert.ok(
+      [...trained.keys()].some((n) => n.startsWith('text_encoder_2.')) && [...trained.keys()].some((n) => n.startsWith('text_model.')),
+      'both encoders adapted',
+    );
+
+    // Try it: the tuned and base images differ (the adapters changed the model).
+    const tried = await run.tryIt({ prompt: 'a photo of sks toy', steps: 1, guidance: 5, seed: 1 });
+    assert.equal(tried.width, 16);
+    assert.notDeepEqual(tried.tuned.png, tried.base.png);
+
+    // The kohya export, read back: every trained tensor under its kohya key, values the masters rounded to f16.
+    const sink = memorySink();
+    await run.exportTo('lora-kohya', sink);
+    const file = await SafetensorsFile.open(new BytesSource(sink.bytes(), 'lora.safetensors'));
+    assert.equal(file.metadata.ss_base_model_version, SDXL_KOHYA_VERSION);
+    assert.equal(file.metadata['modelspec.architecture'], 'stable-diffusion-xl-v1-base/lora');
+    const c = run.model.unet.config;
+    const layout = { blocks: c.blockOutChannels.length, layersPerBlock: c.layersPerBlock, downAttention: c.downAttention, upAttention: c.upAttention };
+    assert.equal(file.names.length, (trained.size / 2) * 3, 'alpha, down and up per adapted layer');
+    for (const [name, value] of trained) {
+      const m = /^(text_encoder_2\.)?(.*)\.lora_([AB])\.weight$/.exec(name)!;
+      const part = m[1] ? 'te2' : m[2].startsWith('text_model.') ? 'te1' : 'unet';
+      const key = `${sdxlKohyaName(part, m[2], layout)}.lora_${m[3] === 'A' ? 'down' : 'up'}.weight`;
+      assert.deepEqual((await file.read(key)).data, roundToF16(value), key);
+    }
+    await run.destroy();
+
+    // Resume: prepared again with more steps, the run continues from its final checkpoint with the same losses.
+    const losses = [...run.trainer.losses];
+    const again = await TrainingRun.prepare(host, await opened(), input(2));
+    assert.equal(again.step, 1);
+    assert.deepEqual(again.trainer.losses, losses);
+    await again.destroy();
+  });
+});
