@@ -7,9 +7,23 @@ import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { decimalProblem } from '../pipeline/settings.ts';
 
+/**
+ * One flag of a command's table: how it parses, and what --help says of it (help.ts prints every entry: its
+ * value, what it does, its default and range). A number flag's range here is also the one numberFlag checks.
+ */
 export interface FlagSpec {
   /** 'boolean': a switch; 'string': takes a value. */
   type: 'boolean' | 'string';
+  /** The value's form in --help ('<path>', '<n>'); none for a switch. */
+  arg?: string;
+  /** What the flag does. */
+  help?: string;
+  /** Its default (a number flag's is what tableNumber returns when the flag is absent), or 'required'; a switch is off unless given. */
+  default?: string | number;
+  /** A number flag's range (numberFlag checks it). */
+  min?: number;
+  max?: number;
+  integer?: boolean;
 }
 
 export type Flags = Record<string, FlagSpec>;
@@ -106,6 +120,39 @@ export function numberFlag(values: ParsedFlags, name: string, d: number, o: { mi
       `--${name} must be ${o.max === undefined ? `at least ${o.min}` : o.min === undefined ? `at most ${o.max}` : `from ${o.min} to ${o.max}`}, got ${x}`,
     );
   return x;
+}
+
+/** The range of a number flag in words ('whole, from 1 to 1000'), or '' when it has none. */
+export function rangeText(f: { min?: number; max?: number; integer?: boolean }): string {
+  const whole = f.integer ? 'whole' : '';
+  const bounds =
+    f.min !== undefined && f.max !== undefined
+      ? `from ${f.min} to ${f.max}`
+      : f.min !== undefined
+        ? `at least ${f.min}`
+        : f.max !== undefined
+          ? `at most ${f.max}`
+          : '';
+  return [whole, bounds].filter(Boolean).join(', ');
+}
+
+/** --help's lines for a command's flags: each flag and its value, then what it does [default; range]. */
+export function flagsHelp(flags: Flags): string[] {
+  return Object.entries(flags).flatMap(([name, f]) => {
+    const facts = [
+      f.type === 'boolean' ? 'off unless given' : f.default === 'required' ? 'required' : f.default !== undefined ? `default ${f.default}` : '',
+      rangeText(f),
+    ];
+    const said = facts.filter(Boolean).join('; ');
+    return [`  --${name}${f.arg ? ` ${f.arg}` : ''}`, `      ${f.help ?? ''}${said ? ` [${said}]` : ''}`];
+  });
+}
+
+/** A number flag read by its entry in the command's table: its default and range are the entry's. */
+export function tableNumber(values: ParsedFlags, flags: Flags, name: string): number {
+  const f = flags[name];
+  if (typeof f?.default !== 'number') throw new Error(`--${name}: its table entry has no number default`);
+  return numberFlag(values, name, f.default, f);
 }
 
 /** A string flag's value (undefined when absent). */

@@ -19,7 +19,12 @@ import { parseFlags, stringFlag, UsageError, type Flags } from './args.ts';
 import { configOverrides } from './run.ts';
 import { FLAGS, settingsFromFlags, TRAIN_USAGE } from './train.ts';
 
-const BUNDLE_FLAGS: Flags = { ...FLAGS, bundle: { type: 'string' }, 'hub-id': { type: 'string' }, revision: { type: 'string' } };
+export const BUNDLE_FLAGS: Flags = {
+  ...FLAGS,
+  bundle: { type: 'string', arg: '<dir>', help: 'write the run as a job for diffusers / Ray Train instead of training (no --out)', default: 'none' },
+  'hub-id': { type: 'string', arg: '<repo>', help: "with --bundle: the Hub repo of --model, so the job's scripts can load it", default: 'none' },
+  revision: { type: 'string', arg: '<rev>', help: 'with --bundle and --hub-id: its commit or branch', default: 'none' },
+};
 export const BUNDLE_USAGE = `${TRAIN_USAGE}\n       train <the same flags, no --out> --bundle <dir> [--hub-id <hub repo of --model> [--revision <commit or branch>]] [--overwrite]`;
 
 /** The model reference: --hub-id, or a Hugging Face cache snapshot's own repo and commit, or the local path's kind. */

@@ -15,12 +15,32 @@ import { openDiffusers, openSingleFile, tokenizerFilesFrom } from '../models/sou
 import { TOKENIZER_FILES } from '../export/full.ts';
 import { checkImportedLora, exportImported } from '../pipeline/imported.ts';
 import { EXPORT_FORMATS, type ExportFormat, type OpenedModel } from '../pipeline/run.ts';
-import { parseFlags, stringFlag, UsageError } from './args.ts';
+import { parseFlags, stringFlag, UsageError, type Flags } from './args.ts';
 import { configOverrides } from './run.ts';
 import { readLoraFile } from './sample.ts';
 
 export const EXPORT_USAGE =
   'usage: export --model <diffusers folder | model.safetensors> [--lora <file.safetensors>] --format lora-kohya|lora-diffusers|full-single-file|diffusers-zip --out <file> [--tokenizer <dir>] [--config <json>]';
+
+/** export's flags: what parses them and what --help says. */
+export const EXPORT_FLAGS: Flags = {
+  model: { type: 'string', arg: '<path>', help: 'the base model: a diffusers folder or a single .safetensors file', default: 'required' },
+  lora: {
+    type: 'string',
+    arg: '<file.safetensors>',
+    help: 'a LoRA trained elsewhere (kohya or PEFT/diffusers keys): exported as is, or merged into a full format',
+    default: 'none',
+  },
+  format: {
+    type: 'string',
+    arg: `<${Object.keys(EXPORT_FORMATS).join('|')}>`,
+    help: 'the format to write (the LoRA formats need --lora)',
+    default: 'required',
+  },
+  out: { type: 'string', arg: '<file>', help: 'the file to write', default: 'required' },
+  tokenizer: { type: 'string', arg: '<dir>', help: "a folder with the tokenizer's files, for a single-file --model's diffusers zip", default: 'none' },
+  config: { type: 'string', arg: '<json>', help: "config overrides of the model's components", default: 'none' },
+};
 
 /** The base as the run pipeline opens models (a diffusers folder, or a single file with tokenizer files for the zip). */
 async function openBase(model: string, tokDir: string | undefined, config: string | undefined): Promise<{ opened: OpenedModel; close: () => Promise<void> }> {
@@ -41,18 +61,7 @@ async function openBase(model: string, tokDir: string | undefined, config: strin
 }
 
 export async function exportCommand(args: string[]): Promise<void> {
-  const { values } = parseFlags(
-    args,
-    {
-      model: { type: 'string' },
-      lora: { type: 'string' },
-      format: { type: 'string' },
-      out: { type: 'string' },
-      tokenizer: { type: 'string' },
-      config: { type: 'string' },
-    },
-    EXPORT_USAGE,
-  );
+  const { values } = parseFlags(args, EXPORT_FLAGS, EXPORT_USAGE);
   const arg = (k: string) => stringFlag(values, k);
   const [model, format, out, loraPath, tokDir] = [arg('model'), arg('format'), arg('out'), arg('lora'), arg('tokenizer')];
   if (!model || !format || !out) throw new UsageError(`export needs --model, --format and --out\n${EXPORT_USAGE}`);

@@ -8,14 +8,25 @@ import { join } from 'node:path';
 import { encode } from 'fast-png';
 import type { Gpu } from '../gpu/device.ts';
 import { MAX_IMAGE_SIDE } from '../sample/txt2img.ts';
-import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flags } from './args.ts';
+import { numberFlag, parseFlags, readJsonFile, stringFlag, tableNumber, UsageError, type Flags } from './args.ts';
 import { checkOutFile, writeOutput } from '../io/outpath.ts';
 import { loadModel } from './run.ts';
 import { loadTokenizer, modelSchedule, txt2imgCli } from './sample.ts';
 
-const GRID_FLAGS: Flags = Object.fromEntries(
-  ['model', 'prompts', 'out', 'negative', 'steps', 'guidance', 'seeds', 'sampler', 'width', 'height', 'scale'].map((k) => [k, { type: 'string' as const }]),
-);
+/** grid's flags: what parses them and what --help says. */
+export const GRID_FLAGS: Flags = {
+  model: { type: 'string', arg: '<folder>', help: 'the model: a diffusers folder', default: 'required' },
+  prompts: { type: 'string', arg: '<a|b|...>', help: 'the prompts, separated by |: one row each', default: 'required' },
+  out: { type: 'string', arg: '<file.png>', help: 'the PNG to write', default: 'required' },
+  negative: { type: 'string', arg: '<text>', help: 'the negative prompt of every image', default: 'none' },
+  steps: { type: 'string', arg: '<n>', help: 'denoising steps', default: 25, min: 1, max: 1000, integer: true },
+  guidance: { type: 'string', arg: '<x>', help: 'classifier-free guidance scale', default: 7.5, min: 0, max: 100 },
+  seeds: { type: 'string', arg: '<1,2,...>', help: 'the seeds, comma-separated whole numbers: one column each', default: '1' },
+  sampler: { type: 'string', arg: '<dpm++2m|ddim>', help: 'the sampler', default: 'dpm++2m' },
+  width: { type: 'string', arg: '<px>', help: "each image's width", default: "the model's own size", min: 8, max: MAX_IMAGE_SIDE, integer: true },
+  height: { type: 'string', arg: '<px>', help: "each image's height", default: "the model's own size", min: 8, max: MAX_IMAGE_SIDE, integer: true },
+  scale: { type: 'string', arg: '<n>', help: 'each pixel drawn as an n x n block (small models)', default: 4, min: 1, max: 16, integer: true },
+};
 export const GRID_USAGE =
   'usage: grid --model <folder> --prompts "first prompt|second prompt|..." --out grid.png [--seeds 1,2,3] [--steps 25] [--guidance 7.5] [--negative "..."] [--sampler dpm++2m|ddim] [--width px] [--height px] [--scale 4]';
 
@@ -42,14 +53,14 @@ export async function gridCommand(gpu: Gpu, args: string[]): Promise<void> {
   const sampler = (arg('sampler') ?? 'dpm++2m') as 'ddim' | 'dpm++2m';
   if (sampler !== 'ddim' && sampler !== 'dpm++2m') throw new UsageError(`--sampler must be ddim or dpm++2m, got ${sampler}`);
   const seeds = parseSeeds(arg('seeds') ?? '1');
-  const steps = numberFlag(values, 'steps', 25, { min: 1, max: 1000, integer: true });
-  const guidance = numberFlag(values, 'guidance', 7.5, { min: 0, max: 100 });
-  const scale = numberFlag(values, 'scale', 4, { min: 1, max: 16, integer: true });
+  const steps = tableNumber(values, GRID_FLAGS, 'steps');
+  const guidance = tableNumber(values, GRID_FLAGS, 'guidance');
+  const scale = tableNumber(values, GRID_FLAGS, 'scale');
   // The model's own size unless asked: sample_size latents times the VAE's factor.
   const vaeConfig = readJsonFile(join(modelPath, 'vae/config.json'), 'the VAE config') as { sample_size?: number };
   const side = vaeConfig.sample_size ?? 512;
-  const width = numberFlag(values, 'width', side, { min: 8, max: MAX_IMAGE_SIDE, integer: true });
-  const height = numberFlag(values, 'height', side, { min: 8, max: MAX_IMAGE_SIDE, integer: true });
+  const width = numberFlag(values, 'width', side, GRID_FLAGS.width);
+  const height = numberFlag(values, 'height', side, GRID_FLAGS.height);
   if ((width * scale + GAP) * seeds.length * (height * scale + GAP) * prompts.length > 64e6)
     throw new UsageError(`the grid would be over 64 megapixels: use fewer --prompts / --seeds or a smaller --scale`);
 

@@ -16,13 +16,17 @@ import { nodeFolder } from '../models/folder-node.ts';
 import { inspectDiffusers, inspectionReport, inspectSingleFile } from '../models/inspect.ts';
 import { inspectSdxlPath, isSdxlPath } from './run-sdxl.ts';
 import type { SourceOptions } from '../models/source.ts';
-import { parseFlags, readJsonFile, stringFlag, UsageError } from './args.ts';
+import { parseFlags, readJsonFile, stringFlag, UsageError, type Flags } from './args.ts';
 import { helpText, wantsHelp } from './help.ts';
 
 const INSPECT_USAGE = 'usage: inspect <model.safetensors | diffusers folder> [--config config.json]';
+const INSPECT_FLAGS: Flags = {
+  config: { type: 'string', arg: '<json>', help: "the scheduler's config, or config overrides of the model's components by name", default: 'none' },
+};
+const INSPECT = { usage: INSPECT_USAGE, flags: INSPECT_FLAGS };
 
 async function inspect(args: string[]): Promise<void> {
-  const { values, positionals } = parseFlags(args, { config: { type: 'string' } }, INSPECT_USAGE, { positionals: 1 });
+  const { values, positionals } = parseFlags(args, INSPECT_FLAGS, INSPECT_USAGE, { positionals: 1 });
   const path = positionals[0];
   if (!path) throw new UsageError(INSPECT_USAGE);
   if (!existsSync(path)) throw new Error(`${path}: no such file or folder`);
@@ -79,9 +83,9 @@ const exportModel = async (args: string[]) => (await import('./export.ts')).expo
 const [command, ...rest] = process.argv.slice(2);
 const commands: Record<string, (a: string[]) => Promise<void>> = { inspect, run, grad, sample, grid, train, export: exportModel, pretrain };
 try {
-  if ((command === undefined || !commands[command]) && wantsHelp(process.argv.slice(2))) console.log(await helpText(undefined, INSPECT_USAGE));
+  if ((command === undefined || !commands[command]) && wantsHelp(process.argv.slice(2))) console.log(await helpText(undefined, INSPECT));
   else if (!command || !commands[command]) throw new Error(`usage: npm run cli -- <${Object.keys(commands).join('|')}> ...   (--help: every command's usage)`);
-  else if (wantsHelp(rest)) console.log(await helpText(command, INSPECT_USAGE));
+  else if (wantsHelp(rest)) console.log(await helpText(command, INSPECT));
   else await commands[command](rest);
 } catch (e) {
   console.error(`error: ${(e as Error).message}`);

@@ -45,36 +45,38 @@ export const USAGE =
   'usage: pretrain --out <dir> [--size small|small-f4|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px] [--data-size N] [--data-seed N] ' +
   '[--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px] [--ema-decay x] [--token-std x] [--solid-share p] [--bare-share p] [--prediction v_prediction|epsilon] [--checkpoint-every N] [--bpe <file.txt.gz>] [--vae-from <diffusers folder>] [--init-from <diffusers folder>] [--overwrite] | pretrain --resume <dir> [--steps N] [--vae-steps N] | pretrain --resume <dir> --export';
 
-/** Number flags and the setting each sets. */
-const NUMBER_FLAGS: [string, keyof PretrainSettings, { integer?: boolean; min?: number }][] = [
-  ['steps', 'steps', { integer: true, min: 0 }],
-  ['vae-steps', 'vaeSteps', { integer: true, min: 0 }],
-  ['batch', 'batch', { integer: true, min: 1 }],
-  ['resolution', 'resolution', { integer: true, min: 1 }],
-  ['data-size', 'dataSize', { integer: true, min: 1 }],
-  ['data-seed', 'dataSeed', { integer: true, min: 0 }],
-  ['seed', 'seed', { integer: true, min: 0 }],
-  ['lr', 'lr', {}],
-  ['vae-lr', 'vaeLr', {}],
-  ['vae-crop', 'vaeCrop', { integer: true, min: 0 }],
-  ['ema-decay', 'emaDecay', {}],
-  ['checkpoint-every', 'checkpointEvery', { integer: true, min: 0 }],
-  ['token-std', 'tokenStd', {}],
-  ['solid-share', 'solidShare', {}],
-  ['bare-share', 'bareShare', {}],
+/** Number flags, the setting each sets, its range and what --help says of it. */
+const NUMBER_FLAGS: [string, keyof PretrainSettings, { integer?: boolean; min?: number }, string][] = [
+  ['steps', 'steps', { integer: true, min: 0 }, 'UNet (and text encoder) steps of stage 2; on --resume, more steps'],
+  ['vae-steps', 'vaeSteps', { integer: true, min: 0 }, 'VAE steps of stage 1; on --resume, more while that stage runs'],
+  ['batch', 'batch', { integer: true, min: 1 }, 'pictures per step'],
+  ['resolution', 'resolution', { integer: true, min: 1 }, "picture side in px (a multiple of the VAE's factor)"],
+  ['data-size', 'dataSize', { integer: true, min: 1 }, 'pictures in the dataset'],
+  ['data-seed', 'dataSeed', { integer: true, min: 0 }, "the dataset generator's seed"],
+  ['seed', 'seed', { integer: true, min: 0 }, "the run's own seed (batches, noise, timesteps, caption dropout)"],
+  ['lr', 'lr', {}, 'learning rate of stage 2'],
+  ['vae-lr', 'vaeLr', {}, 'learning rate of stage 1'],
+  ['vae-crop', 'vaeCrop', { integer: true, min: 0 }, 'side in px of the random crops stage 1 trains on (0: whole pictures)'],
+  ['ema-decay', 'emaDecay', {}, "the EMA's decay cap"],
+  ['checkpoint-every', 'checkpointEvery', { integer: true, min: 0 }, 'checkpoint every N steps'],
+  ['token-std', 'tokenStd', {}, "standard deviation of the text encoder's (frozen) token table at the start"],
+  ['solid-share', 'solidShare', {}, 'share of pictures with solid objects, and apart from that of solid backgrounds'],
+  ['bare-share', 'bareShare', {}, "share of stage 2's captions that leave the background unsaid"],
 ];
-const FLAGS: Flags = {
-  ...Object.fromEntries(NUMBER_FLAGS.map(([f]) => [f, { type: 'string' as const }])),
-  out: { type: 'string' },
-  resume: { type: 'string' },
-  size: { type: 'string' },
-  exclude: { type: 'string' },
-  prediction: { type: 'string' },
-  bpe: { type: 'string' },
-  'vae-from': { type: 'string' },
-  'init-from': { type: 'string' },
-  overwrite: { type: 'boolean' },
-  export: { type: 'boolean' },
+export const FLAGS: Flags = {
+  ...Object.fromEntries(
+    NUMBER_FLAGS.map(([f, key, o, help]) => [f, { type: 'string' as const, arg: '<n>', help, default: String(PRETRAIN_DEFAULTS[key] ?? 'none'), ...o }]),
+  ),
+  out: { type: 'string', arg: '<dir>', help: 'the run folder of a new run (pretrain.json, tokenizer/, store/, model/)', default: 'required (or --resume)' },
+  resume: { type: 'string', arg: '<dir>', help: 'continue the run in <dir> from its last checkpoint', default: 'none' },
+  size: { type: 'string', arg: `<${Object.keys(PRETRAIN_SIZES).join('|')}>`, help: "the model's size", default: 'small' },
+  exclude: { type: 'string', arg: '<shape,...>', help: `shapes the dataset never draws (${SHAPES.join(', ')})`, default: PRETRAIN_DEFAULTS.exclude.join(',') },
+  prediction: { type: 'string', arg: '<v_prediction|epsilon>', help: 'what the UNet learns to predict', default: PRETRAIN_DEFAULTS.prediction },
+  bpe: { type: 'string', arg: '<file.txt.gz>', help: "CLIP's BPE merge list the tokenizer is built from", default: 'data/clip/bpe_simple_vocab_16e6.txt.gz' },
+  'vae-from': { type: 'string', arg: '<diffusers folder>', help: "start stage 2 on another run's VAE", default: 'none' },
+  'init-from': { type: 'string', arg: '<diffusers folder>', help: 'go on training a model: its VAE, UNet and text encoder (a new run)', default: 'none' },
+  overwrite: { type: 'boolean', help: 'replace the run in --out' },
+  export: { type: 'boolean', help: 'with --resume: write <dir>/model from the last checkpoint and train nothing' },
 };
 
 /** CLIP's BPE merge list, vendored in data/clip (MIT, with its licence). */

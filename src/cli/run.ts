@@ -94,12 +94,13 @@ export async function runComponent(gpu: Gpu, target: RunTarget, model: LoadedMod
   return outputs;
 }
 
-const COMPONENT_FLAGS: Flags = {
-  model: { type: 'string' },
-  in: { type: 'string' },
-  out: { type: 'string' },
-  config: { type: 'string' },
-  dtype: { type: 'string' },
+/** run's and grad's flags: what parses them and what --help says. */
+export const COMPONENT_FLAGS: Flags = {
+  model: { type: 'string', arg: '<path>', help: 'the model: a diffusers folder or a single .safetensors file', default: 'required' },
+  in: { type: 'string', arg: '<in.safetensors>', help: "the component's input tensors, by name", default: 'required' },
+  out: { type: 'string', arg: '<out.safetensors>', help: 'the file to write the outputs (grad: the gradients) to', default: 'required' },
+  config: { type: 'string', arg: '<json>', help: "config overrides of the model's components", default: 'none' },
+  dtype: { type: 'string', arg: '<f32|f16>', help: 'the compute precision (f16 needs shader-f16)', default: 'f32' },
 };
 export const RUN_USAGE =
   'usage: run <unet|text-encoder|vae-encode|vae-decode> --model <path> --in <in.safetensors> --out <out.safetensors> [--config <json>] [--dtype f32|f16]';

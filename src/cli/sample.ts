@@ -10,7 +10,7 @@ import type { Gpu } from '../gpu/device.ts';
 import { ClipTokenizer } from '../io/tokenizer.ts';
 import { MAX_IMAGE_SIDE, SampleOptionError, txt2img } from '../sample/txt2img.ts';
 import { promptWarning } from '../pipeline/run.ts';
-import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flags } from './args.ts';
+import { parseFlags, readJsonFile, stringFlag, tableNumber, UsageError, type Flags } from './args.ts';
 import { scheduleFromJson, SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
 import type { LoadedModel } from '../models/load.ts';
 import { configOverrides, loadModel } from './run.ts';
@@ -35,12 +35,39 @@ export function loadTokenizer(dir: string): ClipTokenizer {
   }
 }
 
-const SAMPLE_FLAGS: Flags = Object.fromEntries(
-  ['model', 'prompt', 'out', 'negative', 'steps', 'guidance', 'seed', 'sampler', 'width', 'height', 'tokenizer', 'config', 'lora', 'lora-scale'].map((k) => [
-    k,
-    { type: 'string' as const },
-  ]),
-);
+/** sample's flags: what parses them and what --help says. */
+export const SAMPLE_FLAGS: Flags = {
+  model: { type: 'string', arg: '<path>', help: 'the model: a diffusers folder or a single .safetensors file (SD 1.x/2.x or SDXL)', default: 'required' },
+  prompt: { type: 'string', arg: '<text>', help: 'what to draw', default: 'required' },
+  out: { type: 'string', arg: '<file.png>', help: 'the PNG to write', default: 'required' },
+  negative: { type: 'string', arg: '<text>', help: 'the negative prompt (classifier-free guidance pushes away from it)', default: 'none' },
+  steps: { type: 'string', arg: '<n>', help: 'denoising steps', default: 25, min: 1, max: 1000, integer: true },
+  guidance: { type: 'string', arg: '<x>', help: 'classifier-free guidance scale', default: 7.5, min: 0, max: 100 },
+  seed: { type: 'string', arg: '<n>', help: 'the seed of the starting noise', default: 1, min: 0, max: Number.MAX_SAFE_INTEGER, integer: true },
+  sampler: { type: 'string', arg: '<dpm++2m|ddim>', help: 'the sampler', default: 'dpm++2m' },
+  width: {
+    type: 'string',
+    arg: '<px>',
+    help: "the image's width (a multiple of the model's factor)",
+    default: 512,
+    min: 8,
+    max: MAX_IMAGE_SIDE,
+    integer: true,
+  },
+  height: {
+    type: 'string',
+    arg: '<px>',
+    help: "the image's height (a multiple of the model's factor)",
+    default: 512,
+    min: 8,
+    max: MAX_IMAGE_SIDE,
+    integer: true,
+  },
+  tokenizer: { type: 'string', arg: '<dir>', help: 'a folder with vocab.json and merges.txt (or tokenizer.json)', default: "the model folder's tokenizer/" },
+  config: { type: 'string', arg: '<json>', help: "config overrides of the model's components", default: 'none' },
+  lora: { type: 'string', arg: '<file.safetensors>', help: 'a LoRA to apply (kohya or PEFT/diffusers keys)', default: 'none' },
+  'lora-scale': { type: 'string', arg: '<x>', help: "with --lora: a multiplier of the LoRA's own scale", default: 1, min: -10, max: 10 },
+};
 export const SAMPLE_USAGE =
   'usage: sample --model <path> --prompt "..." --out image.png [--steps 25] [--seed 1] [--guidance 7.5] [--negative "..."] [--sampler dpm++2m|ddim] [--width 512] [--height 512] [--tokenizer <dir>] [--config <json>] [--lora <file.safetensors> [--lora-scale 1]]';
 
@@ -96,14 +123,14 @@ export async function sampleCommand(gpu: Gpu, args: string[]): Promise<void> {
   const sampler = (arg('sampler') ?? 'dpm++2m') as 'ddim' | 'dpm++2m';
   if (sampler !== 'ddim' && sampler !== 'dpm++2m') throw new UsageError(`--sampler must be ddim or dpm++2m, got ${sampler}`);
   // Ranges first (before the model loads); the sizes against the model's factor once it is known.
-  const steps = numberFlag(values, 'steps', 25, { min: 1, max: 1000, integer: true });
-  const guidance = numberFlag(values, 'guidance', 7.5, { min: 0, max: 100 });
-  const seed = numberFlag(values, 'seed', 1, { min: 0, max: Number.MAX_SAFE_INTEGER, integer: true });
-  const width = numberFlag(values, 'width', 512, { min: 8, max: MAX_IMAGE_SIDE, integer: true });
-  const height = numberFlag(values, 'height', 512, { min: 8, max: MAX_IMAGE_SIDE, integer: true });
+  const steps = tableNumber(values, SAMPLE_FLAGS, 'steps');
+  const guidance = tableNumber(values, SAMPLE_FLAGS, 'guidance');
+  const seed = tableNumber(values, SAMPLE_FLAGS, 'seed');
+  const width = tableNumber(values, SAMPLE_FLAGS, 'width');
+  const height = tableNumber(values, SAMPLE_FLAGS, 'height');
   const loraPath = arg('lora');
   if (values['lora-scale'] !== undefined && !loraPath) throw new UsageError('--lora-scale needs --lora <file>');
-  const loraStrength = numberFlag(values, 'lora-scale', 1, { min: -10, max: 10 });
+  const loraStrength = tableNumber(values, SAMPLE_FLAGS, 'lora-scale');
   const lora = loraPath ? await readLoraFile(loraPath) : null;
   const isDir = statSync(modelPath).isDirectory();
   if (await isSdxlPath(modelPath)) {

@@ -52,17 +52,37 @@ import { configOverrides } from './run.ts';
 
 /** Flags of the run itself (inputs and the run folder); the settings' flags come from the schema. */
 const INPUT_FLAGS: Flags = {
-  model: { type: 'string' },
-  images: { type: 'string' },
-  prompt: { type: 'string' },
-  out: { type: 'string' },
-  resume: { type: 'string' },
-  overwrite: { type: 'boolean' },
-  tokenizer: { type: 'string' },
-  config: { type: 'string' },
-  'class-images': { type: 'string' },
-  masks: { type: 'string' },
-  export: { type: 'string' },
+  model: { type: 'string', arg: '<path>', help: 'the base model: a diffusers folder, or a single .safetensors file (with --tokenizer)', default: 'required' },
+  images: { type: 'string', arg: '<dir>', help: 'the folder of photos of the subject (a same-name .txt beside a photo is its caption)', default: 'required' },
+  prompt: { type: 'string', arg: '<text>', help: 'the instance prompt: a rare token plus the class, e.g. "a photo of sks dog"', default: 'required' },
+  out: { type: 'string', arg: '<dir>', help: 'the run folder (created if missing): run.json, store/, samples/, the exports', default: 'required' },
+  resume: {
+    type: 'string',
+    arg: '<dir>',
+    help: 'continue the run in <dir> from its last checkpoint (with it only --model, --steps, --export)',
+    default: 'none',
+  },
+  overwrite: { type: 'boolean', help: 'replace the run in --out' },
+  tokenizer: {
+    type: 'string',
+    arg: '<dir>',
+    help: 'a folder with vocab.json and merges.txt (or tokenizer.json), for a single-file --model',
+    default: "the model folder's tokenizer/",
+  },
+  config: { type: 'string', arg: '<json>', help: "config overrides of the model's components", default: 'none' },
+  'class-images': {
+    type: 'string',
+    arg: '<dir | count>',
+    help: 'with --class-prompt: a folder of class images, or how many to generate',
+    default: `generate ${defaultSettings().classCount}`,
+  },
+  masks: { type: 'string', arg: '<dir>', help: 'loss masks: an image per photo with the same name, white where the subject is', default: 'none' },
+  export: {
+    type: 'string',
+    arg: '<formats>',
+    help: 'comma-separated: lora-kohya, lora-diffusers, full-single-file, diffusers-zip',
+    default: "the mode's own two",
+  },
 };
 const SETTING_FLAGS: Flags = Object.fromEntries(SETTINGS.filter((s) => s.flag).map((s) => [s.flag!, { type: s.kind === 'bool' ? 'boolean' : 'string' }]));
 export const FLAGS: Flags = { ...INPUT_FLAGS, ...SETTING_FLAGS };

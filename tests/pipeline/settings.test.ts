@@ -4,7 +4,8 @@
 // the trainer's defaults, the page's labels, the presets and --help all come from the one schema.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { closestFlag, parseFlags, UsageError } from '../../src/cli/args.ts';
+import { closestFlag, parseFlags, rangeText, tableNumber, UsageError } from '../../src/cli/args.ts';
+import { COMMANDS, helpOf, helpText } from '../../src/cli/help.ts';
 import { mergeLora } from '../../src/export/merge.ts';
 import { trainSettings } from '../../src/pipeline/run.ts';
 import {
@@ -149,6 +150,37 @@ void describe('one schema for every host', () => {
 });
 
 void describe('strict flags', () => {
+  void it("every command's --help prints each flag of the table it parses with: what it does, its default and range", async () => {
+    const inspect = { usage: 'usage: inspect <model>', flags: { config: { type: 'string' as const, arg: '<json>', help: 'overrides', default: 'none' } } };
+    for (const command of COMMANDS) {
+      const text = await helpText(command, inspect);
+      assert.match(text, new RegExp(`^usage: ${command} `), command);
+      const { flags } = await helpOf(command, inspect);
+      assert.ok(Object.keys(flags).length > 0, command);
+      for (const [flag, f] of Object.entries(flags)) {
+        assert.ok((f.help ?? '').length > 5, `${command} --${flag} says what it does`);
+        assert.ok(f.type === 'boolean' || f.default !== undefined, `${command} --${flag} has a default (or 'required')`);
+        const said = f.type === 'boolean' ? 'off unless given' : f.default === 'required' ? 'required' : `default ${f.default}`;
+        const range = rangeText(f);
+        const line = `  --${flag}${f.arg ? ` ${f.arg}` : ''}\n      ${f.help} [${said}${range ? `; ${range}` : ''}]`;
+        assert.ok(text.includes(line), `${command} --help prints --${flag}: ${line}`);
+      }
+    }
+    assert.match(await helpText('sample', inspect), /\n {2}--steps <n>\n {6}denoising steps \[default 25; whole, from 1 to 1000\]\n/);
+    assert.match(await helpText('train', inspect), /\n {2}--overwrite\n {6}replace the run in --out \[off unless given\]\n[\s\S]*\n {2}--rank <n>\n/);
+    const all = await helpText(undefined, inspect);
+    for (const command of COMMANDS) assert.ok(all.includes(await helpText(command, inspect)), `cli --help holds ${command}'s help`);
+  });
+
+  void it("a number flag's default and range are its table entry's (tableNumber)", () => {
+    const table = { steps: { type: 'string' as const, default: 25, min: 1, max: 1000, integer: true }, text: { type: 'string' as const, default: 'none' } };
+    assert.equal(tableNumber({}, table, 'steps'), 25);
+    assert.equal(tableNumber({ steps: '1000' }, table, 'steps'), 1000);
+    assert.throws(() => tableNumber({ steps: '1001' }, table, 'steps'), /--steps must be from 1 to 1000, got 1001/);
+    assert.throws(() => tableNumber({ steps: '2.5' }, table, 'steps'), /--steps must be a whole number/);
+    assert.throws(() => tableNumber({}, table, 'text'), /--text: its table entry has no number default/);
+  });
+
   const flags = {
     steps: { type: 'string' as const },
     lr: { type: 'string' as const },
