@@ -557,7 +557,7 @@ async function trainIn(gpu: Gpu, out: string, run: RunFile, resuming: boolean, s
 
 async function trainAndExport(tr: TrainingRun, out: string, run: RunFile, exports: ExportFormat[], state: RunState): Promise<void> {
   const s = run.settings;
-  console.error(`training ${s.mode} for ${s.steps} steps (${tr.trainer.optimizer.storedChunks} optimizer chunks streamed through the store)`);
+  console.error(`training ${s.mode} for ${s.steps} steps (${tr.trainer.storedChunks} optimizer chunks streamed through the store)`);
   // A stop signal (signals.ts) pauses at the next step boundary with a checkpoint; a second one stops at once.
   state.pause = () => tr.pause();
   let result: Awaited<ReturnType<TrainingRun['train']>>;

@@ -34,13 +34,27 @@ export interface KnobSettings {
   emaPower: number;
   emaInvGamma: number;
   exportEma: boolean;
+  /** Prodigy's d_coef, d0, safeguard_warmup and use_bias_correction. */
+  prodigyDCoef: number;
+  prodigyD0: number;
+  prodigySafeguardWarmup: boolean;
+  prodigyBiasCorrection: boolean;
+  /** Adafactor's relative_step, scale_parameter and warmup_init. */
+  adafactorRelativeStep: 'on' | 'off';
+  adafactorScaleParameter: 'on' | 'off';
+  adafactorWarmupInit: boolean;
 }
+
+/** Adafactor with its relative step: the learning rate and its schedule are not read. */
+export const adafactorRelative = (s: RunSettings): boolean => s.optimizer === 'adafactor' && s.adafactorRelativeStep === 'on';
 
 const entry = <K extends SettingKey>(e: SettingSpec<K>): SettingSpec => e as unknown as SettingSpec;
 const none = (note: string) => () => ({ option: null, note });
 const robust = (s: RunSettings) => s.loss !== 'l2';
 const robustOnly = { test: robust, why: 'is for --loss huber or smooth_l1 only: add one, or leave this out' };
 const emaOnly = { test: (s: RunSettings) => s.ema, why: 'sets the EMA of the trained weights: add --ema, or leave this out' };
+const prodigyOnly = { test: (s: RunSettings) => s.optimizer === 'prodigy', why: 'is for --optimizer prodigy only: add it, or leave this out' };
+const adafactorOnly = { test: (s: RunSettings) => s.optimizer === 'adafactor', why: 'is for --optimizer adafactor only: add it, or leave this out' };
 const emaWarmupOnly = { test: (s: RunSettings) => s.ema && s.emaWarmup, why: "is the EMA warm-up's: add --ema --ema-warmup, or leave this out" };
 
 export const KNOB_SETTINGS: readonly SettingSpec[] = [
@@ -269,6 +283,97 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     showWhen: (s) => s.ema,
     activeWhen: emaOnly,
   }),
+  entry({
+    key: 'prodigyDCoef',
+    kind: 'number',
+    flag: 'prodigy-d-coef',
+    label: 'Prodigy d_coef',
+    min: 0.01,
+    max: 100,
+    default: 1,
+    onlyMode: 'lora',
+    help: "scales Prodigy's estimated step size d (prodigyopt's d_coef)",
+    showWhen: prodigyOnly.test,
+    activeWhen: prodigyOnly,
+    train: (v, s) =>
+      s.optimizer === 'prodigy'
+        ? { prodigy: { dCoef: v, d0: s.prodigyD0, safeguardWarmup: s.prodigySafeguardWarmup, useBiasCorrection: s.prodigyBiasCorrection } }
+        : {},
+  }),
+  entry({
+    key: 'prodigyD0',
+    kind: 'number',
+    flag: 'prodigy-d0',
+    label: 'Prodigy d0',
+    min: 1e-12,
+    max: 1,
+    default: 1e-6,
+    onlyMode: 'lora',
+    help: "Prodigy's starting estimate of d (prodigyopt's d0)",
+    showWhen: prodigyOnly.test,
+    activeWhen: prodigyOnly,
+  }),
+  entry({
+    key: 'prodigySafeguardWarmup',
+    kind: 'bool',
+    flag: 'prodigy-safeguard-warmup',
+    label: 'Prodigy safeguard warm-up',
+    default: false,
+    onlyMode: 'lora',
+    help: "Prodigy's safeguard_warmup (for runs with a learning-rate warm-up)",
+    showWhen: prodigyOnly.test,
+    activeWhen: prodigyOnly,
+  }),
+  entry({
+    key: 'prodigyBiasCorrection',
+    kind: 'bool',
+    flag: 'prodigy-bias-correction',
+    label: 'Prodigy bias correction',
+    default: false,
+    onlyMode: 'lora',
+    help: "Prodigy's use_bias_correction (Adam's bias correction of the step)",
+    showWhen: prodigyOnly.test,
+    activeWhen: prodigyOnly,
+  }),
+  entry({
+    key: 'adafactorRelativeStep',
+    kind: 'enum',
+    flag: 'adafactor-relative-step',
+    label: 'Adafactor relative step',
+    values: ['on', 'off'],
+    default: 'on',
+    onlyMode: 'lora',
+    help: "on: Adafactor's own step size min(1e-2, 1/sqrt(t)) (--lr and its schedule unused); off: --lr",
+    showWhen: adafactorOnly.test,
+    activeWhen: adafactorOnly,
+    train: (v, s) =>
+      s.optimizer === 'adafactor'
+        ? { adafactor: { relativeStep: v === 'on', scaleParameter: s.adafactorScaleParameter === 'on', warmupInit: s.adafactorWarmupInit } }
+        : {},
+  }),
+  entry({
+    key: 'adafactorScaleParameter',
+    kind: 'enum',
+    flag: 'adafactor-scale-parameter',
+    label: 'Adafactor scale parameter',
+    values: ['on', 'off'],
+    default: 'on',
+    onlyMode: 'lora',
+    help: "on: Adafactor's step is relative to each parameter's RMS (scale_parameter)",
+    showWhen: adafactorOnly.test,
+    activeWhen: adafactorOnly,
+  }),
+  entry({
+    key: 'adafactorWarmupInit',
+    kind: 'bool',
+    flag: 'adafactor-warmup-init',
+    label: 'Adafactor warm-up init',
+    default: false,
+    onlyMode: 'lora',
+    help: "Adafactor's warmup_init: the relative step grows as 1e-6 t",
+    showWhen: adafactorRelative,
+    activeWhen: { test: adafactorRelative, why: 'is for --optimizer adafactor with its relative step: add those, or leave this out' },
+  }),
 ];
 
 /**
@@ -288,6 +393,20 @@ export function knobProblem(s: RunSettings, name: Namer): { message: string; key
     };
   if (s.ema && s.emaMinDecay > s.emaDecay)
     return { message: `${name('emaMinDecay')} ${s.emaMinDecay} is above ${name('emaDecay')} ${s.emaDecay}: use at most the decay`, key: 'emaMinDecay' };
+  if ((s.optimizer === 'prodigy' || s.optimizer === 'adafactor') && s.mode !== 'lora')
+    return {
+      message: `${name('optimizer')} ${s.optimizer} is for LoRA runs (its state is kept on the host): use adamw or adamw8bit for ${name('mode')} ${s.mode}`,
+      key: 'optimizer',
+    };
+  if ((s.optimizer === 'prodigy' || s.optimizer === 'adafactor') && s.master !== 'fp32')
+    return { message: `${name('optimizer')} ${s.optimizer} keeps fp32 masters on the host: set ${name('master')} fp32`, key: 'master' };
+  if ((s.optimizer === 'prodigy' || adafactorRelative(s)) && s.trainTextEncoder && s.textEncoderLr > 0)
+    return { message: `${name('optimizer')} ${s.optimizer} has one step size for every parameter: leave ${name('textEncoderLr')} at 0`, key: 'textEncoderLr' };
+  if (adafactorRelative(s) && (s.lrScheduler !== 'constant' || s.lrWarmup > 0))
+    return {
+      message: `${name('optimizer')} adafactor with its relative step does not read the learning rate, so ${name(s.lrWarmup > 0 ? 'lrWarmup' : 'lrScheduler')} would do nothing: set ${name('adafactorRelativeStep')} off, or leave the schedule out`,
+      key: s.lrWarmup > 0 ? 'lrWarmup' : 'lrScheduler',
+    };
   if (s.exportEma && !s.ema) return { message: `${name('exportEma')} exports the EMA: turn on ${name('ema')} too`, key: 'exportEma' };
   return null;
 }

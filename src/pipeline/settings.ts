@@ -15,7 +15,8 @@ import { MASTER_KINDS, OPTIMIZER_KINDS, type MasterKind, type OptimizerKind } fr
 import { effectiveScheduler, LR_SCHEDULERS, POLYNOMIAL_LR_END, type LrScheduler } from '../train/lr-schedule.ts';
 import { ENGINE_DEFAULTS, type TrainMode, type TrainSettings } from '../train/trainer.ts';
 import { formatBytes, parseBytes } from '../util/bytes.ts';
-import { KNOB_SETTINGS, knobProblem, type KnobSettings } from './settings-knobs.ts';
+import { adafactorRelative, KNOB_SETTINGS, knobProblem, type KnobSettings } from './settings-knobs.ts';
+import { HOST_OPTIMIZERS, type HostOptimizerKind } from '../train/host-optimizer.ts';
 import { shellQuote } from './quote.ts';
 import { PRIOR_SETTINGS } from './settings-prior.ts';
 import { preview } from '../util/describe.ts';
@@ -67,7 +68,7 @@ export interface RunSettings extends KnobSettings {
   /** Their own learning rate (0: `lr`); read only with trainTextEncoder. */
   textEncoderLr: number;
   /** AdamW moments: f32, or 8-bit blockwise (bitsandbytes' Adam8bit; parameters under 4096 elements stay f32). */
-  optimizer: OptimizerKind;
+  optimizer: OptimizerKind | HostOptimizerKind;
   /** Master weights: a separate fp32 copy, or compact (the f16 weight + a 16-bit extension: 27 bits). */
   master: MasterKind;
   /** Full fine-tuning: optimizer chunks updated inside the backward pass (no whole gradient set; one more forward and backward per step). */
@@ -194,7 +195,11 @@ export const SETTINGS: readonly SettingSpec[] = [
     min: Number.MIN_VALUE,
     max: 1,
     default: { lora: 1e-4, full: 5e-6 },
-    help: 'AdamW learning rate (DreamBooth uses about 1e-6 to 1e-3)',
+    help: 'AdamW learning rate (DreamBooth uses about 1e-6 to 1e-3; Prodigy: 1, its step size is found)',
+    activeWhen: {
+      test: (s) => !adafactorRelative(s),
+      why: 'is not read by --optimizer adafactor with its relative step (the default): add --adafactor-relative-step off, or leave this out',
+    },
     train: (v) => ({ lr: v }),
     bundle: (s) => ({
       option: `--learning_rate=${s.lr}`,
@@ -449,9 +454,9 @@ export const SETTINGS: readonly SettingSpec[] = [
     kind: 'enum',
     flag: 'optimizer',
     label: 'Optimizer moments (adamw8bit: 8-bit, a third of the state)',
-    values: OPTIMIZER_KINDS,
+    values: [...OPTIMIZER_KINDS, ...HOST_OPTIMIZERS],
     default: { lora: 'adamw', full: 'adamw8bit' },
-    help: 'AdamW moments: adamw (f32) or adamw8bit (8-bit blockwise, as bitsandbytes; a third of the state)',
+    help: "adamw (f32 moments), adamw8bit (8-bit blockwise, as bitsandbytes; a third of the state), or for LoRA prodigy (prodigyopt; use --lr 1) or adafactor (transformers' Adafactor)",
     train: (v) => ({ optimizer: v }),
     bundle: (s) =>
       s.optimizer === 'adamw8bit'

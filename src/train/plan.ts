@@ -37,7 +37,8 @@ import { SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
 import { DryRunChunkStore } from '../store/dryrun-store.ts';
 import { formatBytes } from '../util/bytes.ts';
 import { planChunks, type ParamSpec } from './optimizer-chunks.ts';
-import { stateBytesPerElement } from './packed-state.ts';
+import { FP32_MODE, stateBytesPerElement } from './packed-state.ts';
+import { isHostOptimizer } from './host-optimizer.ts';
 import { trainableSpec } from './trainable.ts';
 import { DreamBoothTrainer, type TrainData, type TrainSettings } from './trainer.ts';
 
@@ -188,7 +189,9 @@ export async function dryRunPeak(makeGpu: () => Promise<Gpu>, model: PlanModel, 
       ...(te2 ? { textEncoder2: te2 } : {}),
     };
     const trainer = await DreamBoothTrainer.create(gpu, trainerModel, dryData(dataShape, model.config), s, store, 'plan');
-    const steps = trainer.optimizer.storedChunks > 0 ? 2 : 1;
+    // Prodigy and Adafactor keep their state on the host: one chunk, nothing on the GPU or in the store.
+    const opt = trainer.hostOptimizer ?? trainer.optimizer;
+    const steps = opt.storedChunks > 0 ? 2 : 1;
     let peak = 0;
     const byTag: Record<string, number> = {};
     for (let i = 0; i < steps; i++) {
@@ -202,14 +205,14 @@ export async function dryRunPeak(makeGpu: () => Promise<Gpu>, model: PlanModel, 
     }
     const result: DryRunResult = {
       activationCheckpointing: settings.activationCheckpointing,
-      residentChunks: Math.min(settings.residentChunks, trainer.optimizer.chunks.length),
+      residentChunks: Math.min(settings.residentChunks, opt.chunks.length),
       fusedUpdates: settings.mode === 'full' && !!settings.fusedUpdates,
       peakBytes: peak,
-      chunks: trainer.optimizer.chunks.length,
+      chunks: opt.chunks.length,
       storeReadBytesPerStep: store.bytesRead,
       storeWriteBytesPerStep: store.bytesWritten,
       peakByTag: byTag,
-      hostPackedChunks: trainer.optimizer.hostPackedChunks,
+      hostPackedChunks: opt.hostPackedChunks,
     };
     trainer.destroy();
     return result;
@@ -311,7 +314,12 @@ export async function planTraining(
       } else hi = n;
     };
     // The state's bytes per element in the run's optimizer mode (12 for fp32 AdamW, ~4 for 8-bit + compact).
-    const guess = predictResident(layout, none.peakBytes, budgetBytes, stateBytesPerElement(settings, model.dtype));
+    const guess = predictResident(
+      layout,
+      none.peakBytes,
+      budgetBytes,
+      stateBytesPerElement(isHostOptimizer(settings.optimizer) ? FP32_MODE : { optimizer: settings.optimizer, master: settings.master }, model.dtype),
+    );
     for (const n of [guess, guess + 1]) if (n > lo && n < hi) await probe(n);
     while (hi - lo > 1) await probe((lo + hi) >> 1);
     return best;

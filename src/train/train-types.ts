@@ -8,6 +8,9 @@ import type { UnetConfig } from '../nn/unet.ts';
 import type { ScheduleConfig } from '../sample/schedulers.ts';
 import type { LrScheduler } from './lr-schedule.ts';
 import type { MasterKind, OptimizerKind } from './packed-state.ts';
+import type { HostOptimizerKind } from './host-optimizer.ts';
+import type { ProdigyConfig } from './prodigy.ts';
+import type { AdafactorConfig } from './adafactor.ts';
 import type { HuberSchedule, LossKind } from './loss-options.ts';
 import type { EmaSettings } from './ema.ts';
 
@@ -46,7 +49,7 @@ export interface TrainSettings {
   /** Skipped steps in a row after which trainStep throws TrainingStalledError. */
   maxConsecutiveSkips: number;
   /** AdamW moments: f32 ('adamw') or 8-bit blockwise ('adamw8bit', bitsandbytes' Adam8bit); see train/packed-state.ts. */
-  optimizer: OptimizerKind;
+  optimizer: OptimizerKind | HostOptimizerKind;
   /** Master weights: a separate fp32 copy, or 'compact' (the f16 weight + a 16-bit extension; the f32 weight itself). */
   master: MasterKind;
   /** One UNet pass per sample even when the batch's samples share a shape (tests compare it with the batched pass). */
@@ -84,6 +87,9 @@ export interface TrainSettings {
   huberSchedule?: HuberSchedule;
   /** An exponential moving average of the trained weights (train/ema.ts; absent: off). */
   ema?: EmaSettings;
+  /** Prodigy's and Adafactor's own settings over their defaults (train/prodigy.ts, train/adafactor.ts). */
+  prodigy?: Partial<ProdigyConfig>;
+  adafactor?: Partial<AdafactorConfig>;
 }
 
 /** The settings only the engine sets (the planner or a test may change them); the rest are the run's. */

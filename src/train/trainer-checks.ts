@@ -3,6 +3,7 @@
 import { gemmConfigProblem } from '../gpu/device.ts';
 import { MASTER_KINDS, OPTIMIZER_KINDS } from './packed-state.ts';
 import { HUBER_C_DEFAULT, LOSS_KINDS } from './loss-options.ts';
+import { HOST_OPTIMIZERS, isHostOptimizer } from './host-optimizer.ts';
 import type { CheckpointMeta, TrainData, TrainSettings } from './train-types.ts';
 
 /** A checkpoint whose record cannot be true (a damaged or edited file): never trusted, always named. */
@@ -56,7 +57,12 @@ export function validate(data: TrainData, s: TrainSettings): void {
     throw new Error(`text-encoder learning rate must be 0 (the learning rate) or more, got ${s.textEncoderLr}`);
   if (!Number.isInteger(s.steps) || s.steps < 1) throw new Error(`steps must be a positive integer, got ${s.steps}`);
   if (s.mode === 'lora' && (!Number.isInteger(s.rank) || s.rank < 1)) throw new Error(`LoRA rank must be a positive integer, got ${s.rank}`);
-  if (!OPTIMIZER_KINDS.includes(s.optimizer)) throw new Error(`optimizer must be one of ${OPTIMIZER_KINDS.join(', ')}, got ${String(s.optimizer)}`);
+  const kinds: readonly string[] = [...OPTIMIZER_KINDS, ...HOST_OPTIMIZERS];
+  if (!kinds.includes(s.optimizer)) throw new Error(`optimizer must be one of ${kinds.join(', ')}, got ${String(s.optimizer)}`);
+  if (isHostOptimizer(s.optimizer) && (s.mode !== 'lora' || s.master !== 'fp32'))
+    throw new Error(`the ${s.optimizer} optimizer keeps its state on the host: it is for LoRA runs with fp32 masters (got ${s.mode}, ${s.master})`);
+  if (isHostOptimizer(s.optimizer) && s.textEncoderLr !== undefined && s.textEncoderLr !== 0 && s.textEncoderLr !== s.lr)
+    throw new Error(`the ${s.optimizer} optimizer has one learning rate: leave textEncoderLr unset`);
   if (s.fusedUpdates && s.mode !== 'full')
     throw new Error(`fused updates are for full fine-tuning (a LoRA run's gradients are small): turn fusedUpdates (--fused-updates) off for a ${s.mode} run`);
   if (!MASTER_KINDS.includes(s.master)) throw new Error(`master must be one of ${MASTER_KINDS.join(', ')}, got ${String(s.master)}`);

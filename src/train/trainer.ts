@@ -29,6 +29,7 @@ import { drawStepNoise, zeroTerminalSnr } from './noise.ts';
 import { WeightEma } from './ema.ts';
 import { checkConditioning, groupWeights, passConditioning } from './conditioning.ts';
 import { ChunkedAdamW } from './optimizer.ts';
+import { HostOptimizer, hostOptimizerOptions, isHostOptimizer } from './host-optimizer.ts';
 import { textEncoderLrOf, trainableSpec } from './trainable.ts';
 import { checkCheckpointMeta, validate, validateKnobs } from './trainer-checks.ts';
 import {
@@ -74,7 +75,8 @@ export class DreamBoothTrainer {
     readonly runId: string,
     /** Trainable parameter names in execution order, and their compute-dtype tensors. */
     readonly trainable: Map<string, Tensor>,
-    readonly optimizer: ChunkedAdamW,
+    /** AdamW (GPU kernels, chunked), or Prodigy / Adafactor on the host (LoRA). */
+    private readonly opt: ChunkedAdamW | HostOptimizer,
     rng: Rng,
   ) {
     this.rng = rng;
@@ -87,9 +89,26 @@ export class DreamBoothTrainer {
     this.scaler = new DynamicLossScaler(this.dtype === 'f16' ? {} : { initScale: 1, growthInterval: Number.MAX_SAFE_INTEGER });
   }
 
+  /** The chunked AdamW (GPU kernels) of every run but Prodigy's and Adafactor's (see hostOptimizer). */
+  get optimizer(): ChunkedAdamW {
+    if (this.opt instanceof HostOptimizer)
+      throw new Error(`this run's optimizer is ${this.settings.optimizer}, kept on the host: it has no chunked AdamW state (see hostOptimizer)`);
+    return this.opt;
+  }
+
+  /** Prodigy or Adafactor, when the run uses one; else null. */
+  get hostOptimizer(): HostOptimizer | null {
+    return this.opt instanceof HostOptimizer ? this.opt : null;
+  }
+
+  /** Optimizer chunks streamed through the store (none for a host optimizer). */
+  get storedChunks(): number {
+    return this.opt.storedChunks;
+  }
+
   /** Steps whose update was applied (skipped steps excluded): 0 means the run changed nothing. */
   get appliedSteps(): number {
-    return this.optimizer.applied;
+    return this.opt.applied;
   }
 
   /** LoRA scale alpha / rank (1 in full mode). */
@@ -140,15 +159,17 @@ export class DreamBoothTrainer {
       initial = (n) => gpu.read(trainable.get(n)!);
     }
     const params = groups.flatMap((g) => g.params);
-    const optimizer = await ChunkedAdamW.create(gpu, params, trainable, initial, {
-      cfg: { ...ADAMW_DEFAULTS, lr: settings.lr, weightDecay: settings.weightDecay },
-      chunkElems: settings.chunkElems,
-      residentChunks: settings.residentChunks,
-      store,
-      prefix: `${runId}/opt`,
-      maxGradNorm: settings.maxGradNorm > 0 ? settings.maxGradNorm : undefined,
-      mode: { optimizer: settings.optimizer, master: settings.master },
-    });
+    const optimizer = isHostOptimizer(settings.optimizer)
+      ? await HostOptimizer.create(gpu, params, trainable, initial, hostOptimizerOptions(settings))
+      : await ChunkedAdamW.create(gpu, params, trainable, initial, {
+          cfg: { ...ADAMW_DEFAULTS, lr: settings.lr, weightDecay: settings.weightDecay },
+          chunkElems: settings.chunkElems,
+          residentChunks: settings.residentChunks,
+          store,
+          prefix: `${runId}/opt`,
+          maxGradNorm: settings.maxGradNorm > 0 ? settings.maxGradNorm : undefined,
+          mode: { optimizer: settings.optimizer, master: settings.master },
+        });
     const trainer = new DreamBoothTrainer(gpu, model, data, settings, store, runId, trainable, optimizer, rng);
     if (settings.ema) trainer.ema = await WeightEma.start(settings.ema, optimizer.chunks.length, (i) => optimizer.chunkMasters(i));
     return trainer;
@@ -179,12 +200,12 @@ export class DreamBoothTrainer {
     const t0 = performance.now();
     gpu.allocator.resetPeak();
     const scale = this.scaler.scale;
-    this.optimizer.setLrScale(lrFactor(this.settings, this.step));
+    this.opt.setLrScale(lrFactor(this.settings, this.step));
     const r = this.settings.fusedUpdates ? await this.fusedStep(inputs, scale) : await this.unfusedStep(inputs, scale);
     const { loss, applied, gradNorm, skipped } = r;
     await gpu.sync();
     this.step++;
-    if (this.ema) await this.ema.update((i) => this.optimizer.chunkMasters(i));
+    if (this.ema) await this.ema.update((i) => this.opt.chunkMasters(i));
     this.losses.push(loss);
     const mem = gpu.allocator.report();
     const report: StepReport = {
@@ -254,7 +275,7 @@ export class DreamBoothTrainer {
    */
   private chunkHandover(tape: Tape, chunk: (index: number, grads: Map<string, Tensor>) => Promise<void>): (weights: Tensor[]) => Promise<void> {
     const names = new Map([...this.trainable].map(([n, t]) => [t, n]));
-    const chunks = this.optimizer.chunks;
+    const chunks = this.opt.chunks;
     const chunkOf = new Map(chunks.flatMap((c) => c.params.map((p) => [p.name, c.index] as const)));
     const waiting = chunks.map((c) => c.params.length);
     const held = chunks.map(() => new Map<string, Tensor>());
@@ -295,7 +316,7 @@ export class DreamBoothTrainer {
       this.scaler.update(true);
       skipped = `non-finite loss (${loss}) at step ${this.step + 1}: step skipped, loss scale lowered to ${this.scaler.scale}`;
     } else {
-      const r = await this.optimizer.step(grads, scale);
+      const r = await this.opt.step(grads, scale);
       gradNorm = r.gradNorm;
       applied = r.applied;
       if (r.skipped === 'update') {
@@ -534,7 +555,7 @@ export class DreamBoothTrainer {
 
   /** Commits a checkpoint: trainable state, optimizer, step, Rng, loss scale, settings. */
   async checkpoint(): Promise<void> {
-    const st = await this.optimizer.checkpointState();
+    const st = await this.opt.checkpointState();
     const meta: CheckpointMeta = {
       step: this.step,
       rng: this.rng.state(),
@@ -549,7 +570,7 @@ export class DreamBoothTrainer {
       ...(this.ema ? { ema: this.ema.updates } : {}),
     };
     await commitSnapshot(this.store, this.ckptPrefix, this.ema ? new Map([...st.files, ...this.ema.files()]) : st.files, meta);
-    await this.optimizer.pin(st.versions);
+    await this.opt.pin(st.versions);
   }
 
   /**
@@ -560,7 +581,7 @@ export class DreamBoothTrainer {
     const snap = await openSnapshot<CheckpointMeta>(this.store, this.ckptPrefix);
     if (!snap) return false;
     const m = snap.meta;
-    checkCheckpointMeta(m, this.optimizer.chunks.length);
+    checkCheckpointMeta(m, this.opt.chunks.length);
     // The optimizer's state is kept differently per mode: a checkpoint resumes only in its own (checkpoints
     // made before the modes existed are fp32 AdamW).
     const old: Partial<TrainSettings> = m.settings;
@@ -581,7 +602,7 @@ export class DreamBoothTrainer {
       throw new Error(
         `this run's checkpoint was made with ema = ${JSON.stringify(m.settings.ema ?? null)}, not ${JSON.stringify(this.settings.ema ?? null)}: resume with the run's own settings`,
       );
-    await this.optimizer.restore((n) => snap.read(n), m.versions, m.applied);
+    await this.opt.restore((n) => snap.read(n), m.versions, m.applied);
     if (this.ema) await this.ema.restore((n) => snap.read(n), m.ema!);
     if (m.gemm !== undefined) this.gpu.setGemmConfig(m.gemm); // checked above
     this.step = m.step;
@@ -605,8 +626,8 @@ export class DreamBoothTrainer {
     const chunks = new Map<number, Float32Array>();
     const ema = o.ema ? this.ema : null;
     for (const name of this.trainable.keys()) {
-      const at = this.optimizer.locate(name);
-      if (!chunks.has(at.chunk)) chunks.set(at.chunk, ema ? ema.shadow[at.chunk] : await this.optimizer.chunkMasters(at.chunk));
+      const at = this.opt.locate(name);
+      if (!chunks.has(at.chunk)) chunks.set(at.chunk, ema ? ema.shadow[at.chunk] : await this.opt.chunkMasters(at.chunk));
       out.set(name, chunks.get(at.chunk)!.slice(at.offset, at.offset + at.numel));
     }
     return out;
@@ -630,7 +651,7 @@ export class DreamBoothTrainer {
   }
 
   destroy(): void {
-    this.optimizer.destroy();
+    this.opt.destroy();
   }
 }
 

@@ -6,7 +6,11 @@ import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { Adafactor, ADAFACTOR_DEFAULTS, type AdafactorConfig } from '../../src/train/adafactor.ts';
 import { Prodigy, PRODIGY_DEFAULTS, type ProdigyConfig } from '../../src/train/prodigy.ts';
-import { FIXTURES } from '../helpers.ts';
+import { defaultSettings, refuseInactive, SettingsError, trainSettings, validateSettings, type RunSettings } from '../../src/pipeline/settings.ts';
+import { MemoryChunkStore } from '../../src/store/chunkstore.ts';
+import type { TrainSettings } from '../../src/train/trainer.ts';
+import { FIXTURES, testGpu } from '../helpers.ts';
+import { makeTrainer } from './tiny-trainer.ts';
 
 interface Case {
   optimizer: 'prodigy' | 'adafactor';
@@ -82,4 +86,72 @@ void describe('Prodigy and Adafactor = their reference steps in PyTorch (6 steps
       // The run moves the parameters by many times the tolerance (else the comparison proves little).
       assert.ok(moved > 10, `the parameters moved only ${moved} tolerances`);
     });
+});
+
+void describe('Prodigy and Adafactor in a LoRA run (tiny UNet, f32)', () => {
+  for (const optimizer of ['prodigy', 'adafactor'] as const)
+    void it(`${optimizer}: the weights move, and a run checkpointed at 2, crashed after 3, resumes to 4 bit-identically`, async () => {
+      const gpu = await testGpu();
+      const steps = 4;
+      const over: Partial<TrainSettings> = {
+        steps,
+        seed: 9,
+        optimizer,
+        lr: optimizer === 'prodigy' ? 1 : 1e-4,
+        lrScheduler: optimizer === 'prodigy' ? 'cosine' : 'constant',
+      };
+      const a = await makeTrainer(gpu, 'f32', 'lora', new MemoryChunkStore(), over);
+      const start = await a.trainer.trainedValues();
+      for (let s = 0; s < steps; s++) assert.ok((await a.trainer.trainStep()).applied);
+      const want = await a.trainer.trainedValues();
+      assert.equal(a.trainer.appliedSteps, steps);
+      assert.throws(() => a.trainer.optimizer, /optimizer is .*kept on the host/);
+      a.free();
+      let moved = 0;
+      for (const [n, v] of want) v.forEach((x, i) => (moved = Math.max(moved, Math.abs(x - start.get(n)![i]))));
+      // Prodigy's first steps are d0-sized (1e-6 relative); Adafactor's 1e-2 of each parameter's RMS.
+      assert.ok(moved > 1e-7, `the weights moved by ${moved}`);
+      const store = new MemoryChunkStore();
+      const b = await makeTrainer(gpu, 'f32', 'lora', store, over);
+      for (let s = 0; s < 2; s++) await b.trainer.trainStep();
+      await b.trainer.checkpoint();
+      await b.trainer.trainStep();
+      b.free();
+      const c = await makeTrainer(gpu, 'f32', 'lora', store, over);
+      assert.equal(await c.trainer.resume(), true);
+      while (c.trainer.step < steps) await c.trainer.trainStep();
+      const got = await c.trainer.trainedValues();
+      c.free();
+      for (const [n, v] of want) assert.deepEqual(got.get(n), v, `${n} differs after resume`);
+    });
+
+  void it('the schema: where they apply, refused by name elsewhere; their options reach the trainer', () => {
+    const lora = defaultSettings('lora');
+    const bad = (over: Partial<RunSettings>, re: RegExp) =>
+      assert.throws(
+        () => validateSettings({ ...lora, ...over }),
+        (e: Error) => e instanceof SettingsError && re.test(e.message),
+        JSON.stringify(over),
+      );
+    bad({ mode: 'full', optimizer: 'prodigy', master: 'fp32' }, /--optimizer prodigy is for LoRA runs/);
+    bad({ optimizer: 'adafactor', master: 'compact' }, /--optimizer adafactor keeps fp32 masters on the host: set --master fp32/);
+    bad({ optimizer: 'adafactor', lrScheduler: 'cosine' }, /does not read the learning rate, so --lr-scheduler would do nothing/);
+    bad({ optimizer: 'prodigy', trainTextEncoder: true, textEncoderLr: 1e-5 }, /has one step size for every parameter: leave --text-encoder-lr at 0/);
+    bad({ optimizer: 'prodigy', prodigyDCoef: 0 }, /--prodigy-d-coef must be from 0.01 to 100/);
+    const refused = (over: Partial<RunSettings>, flag: string, re: RegExp) =>
+      assert.throws(
+        () => refuseInactive({ ...lora, ...over }, (spec) => spec.flag === flag),
+        (e: Error) => e instanceof SettingsError && e.message.startsWith(`--${flag} `) && re.test(e.message),
+        flag,
+      );
+    refused({}, 'prodigy-d-coef', /--optimizer prodigy only/);
+    refused({ optimizer: 'prodigy' }, 'adafactor-scale-parameter', /--optimizer adafactor only/);
+    refused({ optimizer: 'adafactor' }, 'lr', /is not read by --optimizer adafactor with its relative step/);
+    refuseInactive({ ...lora, optimizer: 'adafactor', adafactorRelativeStep: 'off' }, (spec) => spec.flag === 'lr');
+    const p = trainSettings({ ...lora, optimizer: 'prodigy', lr: 1, prodigyDCoef: 2, prodigySafeguardWarmup: true });
+    assert.deepEqual(p.prodigy, { dCoef: 2, d0: 1e-6, safeguardWarmup: true, useBiasCorrection: false });
+    const f = trainSettings({ ...lora, optimizer: 'adafactor', adafactorScaleParameter: 'off' });
+    assert.deepEqual(f.adafactor, { relativeStep: true, scaleParameter: false, warmupInit: false });
+    assert.equal('prodigy' in trainSettings(lora) || 'adafactor' in trainSettings(lora), false);
+  });
 });
