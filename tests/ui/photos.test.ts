@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs';
 import { describe, it } from 'node:test';
 import { decodeImageNode } from '../../src/io/image-node.ts';
 import { checkPhoto, type PhotoDecoder } from '../../src/ui/studio/photo-check.ts';
+import { splitMasks } from '../../src/ui/studio/mask-files.ts';
 
 const dir = new URL('../fixtures/images/', import.meta.url);
 /** The Node decoders (jpeg-js, fast-png, libwebp) stand where the browser's createImageBitmap decodes on the page. */
@@ -61,6 +62,55 @@ describe('photos are decoded in full at drop time', () => {
     await saveProject();
     const stored = (await keys(createStore('dreambooth-studio-project', 'project'))).map(String).filter((k) => k.startsWith('photo:'));
     assert.deepEqual(stored, [`photo:${st.photos[0].id}`], 'only the good photo is stored');
+  });
+});
+
+describe("mask files given with the photos (kohya: a mask has its photo's name)", () => {
+  it('splits photos from masks: a masks/ folder or a _mask, -mask, .mask suffix; a mask with no photo is an orphan', () => {
+    const split = splitMasks(
+      [
+        { path: 'set/dog.jpg' },
+        { path: 'set/masks/dog.png' },
+        { path: 'cat.png' },
+        { path: 'cat_mask.png' },
+        { path: 'old-mask.webp' },
+        { path: 'bird.mask.png' },
+        { path: 'masks/fish.png' },
+        { path: 'mask.png' },
+      ],
+      ['old.png'],
+    );
+    assert.deepEqual(split.photos, [0, 2, 7], 'dog, cat and a photo that is only called mask');
+    assert.deepEqual(split.masks, [
+      { index: 1, stem: 'dog' },
+      { index: 3, stem: 'cat' },
+      { index: 4, stem: 'old' },
+    ]);
+    assert.deepEqual(split.orphans, [5, 6], 'bird and fish have no photo');
+  });
+
+  it('addPhotos: dog_mask.png becomes the mask of dog.png (not a photo); a mask of another shape or cut short is refused by name', async () => {
+    const { addPhotos, setPhotoDecoder } = await import('../../src/ui/studio/actions.ts');
+    const { useStudioStore } = await import('../../src/ui/studio/state.ts');
+    setPhotoDecoder(nodeDecoder);
+    (globalThis as { URL: typeof URL }).URL.createObjectURL ??= () => 'blob:test';
+    useStudioStore.getState().set({ restored: true, photos: [], photoErrors: [] });
+    const png = new Uint8Array(readFileSync(new URL('quadrants.png', dir)));
+    const tall = new Uint8Array(readFileSync(new URL('quadrants-o6.jpg', dir)));
+    await addPhotos([file(png, 'dog.png'), file(png, 'dog_mask.png'), file(png, 'cat.png'), file(tall, 'cat-mask.jpg'), file(png, 'bird.mask.png')]);
+    const st = useStudioStore.getState();
+    assert.deepEqual(
+      st.photos.map((p) => [p.name, !!p.mask]),
+      [
+        ['dog.png', true],
+        ['cat.png', false],
+      ],
+    );
+    assert.equal(st.photoErrors.length, 2, st.photoErrors.join(' | '));
+    assert.match(st.photoErrors[0], /^bird\.mask\.png: named like a mask, but no photo bird\.\* was given/);
+    assert.match(st.photoErrors[1], /^cat-mask\.jpg: a mask must have its photo's shape/);
+    await addPhotos([file(png.slice(0, 64), 'dog-mask.png')]);
+    assert.match(useStudioStore.getState().photoErrors[0], /^dog-mask\.png is truncated/, 'a mask for a photo on the page, cut short');
   });
 });
 

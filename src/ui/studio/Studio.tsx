@@ -372,6 +372,20 @@ function Thumb({ p, index, locked }: { p: PhotoItem; index: number; locked: bool
   );
 }
 
+/** Photos dropped as files, or a folder (its masks/ subfolder holds masks named like the photos). */
+function dropPhotos(e: DragEvent): void {
+  const flat = Array.from(e.dataTransfer.files);
+  const folder = Array.from(e.dataTransfer.items).some((i) => i.webkitGetAsEntry?.()?.isDirectory);
+  if (!folder) return void addPhotos(flat);
+  void filesFromDrop(e.dataTransfer.items).then(({ files }) =>
+    addPhotos(
+      files.map((f) => f.file),
+      'photos',
+      files.map((f) => f.path),
+    ),
+  );
+}
+
 function PhotosPanel() {
   const photos = useStudioStore((s) => s.photos);
   const errors = useStudioStore((s) => s.photoErrors);
@@ -380,8 +394,11 @@ function PhotosPanel() {
   return (
     <section aria-labelledby="photos-title">
       <h2 id="photos-title">2. Photos of your subject</h2>
-      <DropZone label="Drop photos here" onDrop={(e) => !locked && void addPhotos(Array.from(e.dataTransfer.files))} testId="photo-drop">
-        <p>Drop 3 to 5 photos (JPEG, PNG or WebP) of the same subject, or</p>
+      <DropZone label="Drop photos here" onDrop={(e) => !locked && dropPhotos(e)} testId="photo-drop">
+        <p>
+          Drop 3 to 5 photos (JPEG, PNG or WebP) of the same subject (loss masks too, named like their photos: dog_mask.png beside dog.jpg, or a masks/ folder
+          in a dropped folder), or
+        </p>
         <label className="file-button">
           Add photos
           <input

@@ -4,6 +4,7 @@
 import * as Comlink from 'comlink';
 import { centerCrop, MAX_IMAGES, type CropBox } from '../../io/image.ts';
 import { browserDecoder, checkPhoto, type PhotoDecoder } from './photo-check.ts';
+import { splitMasks, stemOf } from './mask-files.ts';
 import { storagePersistence } from '../../store/idb-store.ts';
 import { SHIPPED_DEMO_RESOLUTION } from '../../models/shipped-demo.ts';
 import { exportFileName, type ExportFormat, type RunInput } from '../../pipeline/run.ts';
@@ -203,10 +204,66 @@ async function toPhotos(files: File[], list: PhotoItem[]): Promise<{ added: Phot
   return { added, errors };
 }
 
-export async function addPhotos(files: File[], which: 'photos' | 'classPhotos' = 'photos'): Promise<void> {
-  const { added, errors } = await toPhotos(files, S()[which]);
+/**
+ * Adds photos; with the instance photos, files named as their masks (mask-files.ts: kohya's same-name rule) become
+ * those photos' loss masks, each checked in full like a photo and of its photo's shape, or refused by name.
+ * `paths`: the files' paths within a dropped folder, where known.
+ */
+export async function addPhotos(files: File[], which: 'photos' | 'classPhotos' = 'photos', paths?: string[]): Promise<void> {
+  const split =
+    which === 'photos'
+      ? splitMasks(
+          files.map((f, i) => ({ path: paths?.[i] ?? f.name })),
+          S().photos.map((p) => p.name),
+        )
+      : { photos: files.map((_, i) => i), masks: [], orphans: [] };
+  const { added, errors } = await toPhotos(
+    split.photos.map((i) => files[i]),
+    S()[which],
+  );
+  for (const i of split.orphans)
+    errors.push(`${files[i].name}: named like a mask, but no photo ${stemOf(files[i].name).replace(/[_.-]mask$/i, '')}.* was given: add it with its photo`);
   S().set((s) => ({ [which]: [...s[which], ...added], photoErrors: errors }) as Partial<typeof s>);
+  for (const { index, stem } of split.masks) {
+    const photo = S().photos.find((p) => stemOf(p.name) === stem)!;
+    const m = await toMask(files[index], photo);
+    if ('error' in m) errors.push(m.error);
+    else setPhotoMask(photo.id, m.blob);
+  }
+  if (split.masks.length) S().set({ photoErrors: [...errors] });
   void saveProject().then(refreshRuns);
+}
+
+/**
+ * A mask file for `photo`: checked in full, of the photo's shape (within 1% in aspect ratio), and kept as the mask
+ * editor keeps its own (white, opaque where the file is white: kohya reads the R channel) where the page can redraw it.
+ */
+async function toMask(f: File, photo: PhotoItem): Promise<{ blob: Blob } | { error: string }> {
+  const m = await checkPhoto(f, decoder);
+  if ('error' in m) return m;
+  if (Math.abs(m.width / m.height - photo.width / photo.height) > 0.01 * (photo.width / photo.height))
+    return { error: `${f.name}: a mask must have its photo's shape; it is ${m.width}x${m.height}, ${photo.name} is ${photo.width}x${photo.height}` };
+  const blob = new Blob([m.bytes as Uint8Array<ArrayBuffer>], { type: f.type || 'image/png' });
+  return { blob: (await maskAsAlpha(blob)) ?? blob };
+}
+
+/** The mask with its R channel as alpha over white (the editor's form), or null where the page cannot redraw it (tests). */
+async function maskAsAlpha(blob: Blob): Promise<Blob | null> {
+  if (typeof OffscreenCanvas === 'undefined' || typeof createImageBitmap === 'undefined') return null;
+  const bmp = await createImageBitmap(blob);
+  const c = new OffscreenCanvas(bmp.width, bmp.height);
+  const ctx = c.getContext('2d')!;
+  ctx.drawImage(bmp, 0, 0);
+  bmp.close();
+  const img = ctx.getImageData(0, 0, c.width, c.height);
+  const px = img.data;
+  for (let i = 0; i < px.length; i += 4) {
+    // A transparent pixel reads as black (the run composites over black).
+    px[i + 3] = Math.round((px[i] * px[i + 3]) / 255);
+    px[i] = px[i + 1] = px[i + 2] = 255;
+  }
+  ctx.putImageData(img, 0, 0);
+  return c.convertToBlob({ type: 'image/png' });
 }
 
 export function removePhoto(id: string, which: 'photos' | 'classPhotos' = 'photos'): void {
