@@ -81,7 +81,8 @@ export async function exportRun(r: ExportSource, format: ExportFormat, sink: Byt
     throw new RunError(`${format} holds LoRA adapters: this is a full fine-tune, export a full checkpoint (full-single-file or diffusers-zip)`);
   r.emit({ type: 'phase', phase: 'exporting', message: `Writing ${format}` });
   // LoRA adapters are small: read them all. A full fine-tune streams its masters chunk by chunk.
-  const values = s.mode === 'lora' ? await t.trainedValues() : new Map<string, Float32Array>();
+  // --export-ema: the EMA of the weights instead of the last step's.
+  const values = s.mode === 'lora' ? await t.trainedValues({ ema: s.exportEma }) : new Map<string, Float32Array>();
   const title = `${r.opened.name} dreambooth ${s.mode}`;
   const provider = (keep: (n: string) => boolean): TensorProvider => {
     const names = [...values.keys()].filter(keep);

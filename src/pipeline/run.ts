@@ -368,11 +368,12 @@ export class TrainingRun {
       onStep: progress,
     };
     const b = this.base;
-    // SDXL: both tokenizers and its conditioning, at SDXL's usual guidance 5.
-    const img =
+    // SDXL: both tokenizers and its conditioning, at SDXL's usual guidance 5. With an EMA, at the averaged weights.
+    const img = await this.trainer.withEmaWeights(() =>
       b.kind === 'sdxl'
-        ? await txt2imgSdxl(this.host.gpu, b.parts.model, b.parts.tokenizers, { ...o, guidance: 5 })
-        : await txt2img(this.host.gpu, b.model, this.tokenizer, o);
+        ? txt2imgSdxl(this.host.gpu, b.parts.model, b.parts.tokenizers, { ...o, guidance: 5 })
+        : txt2img(this.host.gpu, b.model, this.tokenizer, o),
+    );
     const seconds = (performance.now() - t0) / 1000;
     this.clock.recordSample(seconds);
     this.host.emit({ type: 'sample', step, png: this.host.encodePng(img.rgb, img.width, img.height), width: img.width, height: img.height, seconds });
@@ -393,24 +394,27 @@ export class TrainingRun {
       if (b.kind === 'sdxl') {
         const t = this.trainer;
         const run = { schedule: this.schedule, step: t.step, appliedSteps: t.appliedSteps, loraScale: t.loraScale, resolution: s.resolution };
-        return await tryItSdxl(this.host.gpu, b.parts, { ...run, baseName: this.opened.name, tunedName }, o);
+        return await t.withEmaWeights(() => tryItSdxl(this.host.gpu, b.parts, { ...run, baseName: this.opened.name, tunedName }, o));
       }
-      return await generateTryIt(
-        {
-          gpu: this.host.gpu,
-          model: b.model,
-          source: b.source,
-          tokenizer: this.tokenizer,
-          schedule: this.schedule,
-          mode: s.mode,
-          step: this.trainer.step,
-          appliedSteps: this.trainer.appliedSteps,
-          loraScale: this.trainer.loraScale,
-          resolution: s.resolution,
-          baseName: this.opened.name,
-          tunedName,
-        },
-        o,
+      // With an EMA of the weights, the fine-tuned side is the average (what --export-ema exports).
+      return await this.trainer.withEmaWeights(() =>
+        generateTryIt(
+          {
+            gpu: this.host.gpu,
+            model: b.model,
+            source: b.source,
+            tokenizer: this.tokenizer,
+            schedule: this.schedule,
+            mode: s.mode,
+            step: this.trainer.step,
+            appliedSteps: this.trainer.appliedSteps,
+            loraScale: this.trainer.loraScale,
+            resolution: s.resolution,
+            baseName: this.opened.name,
+            tunedName,
+          },
+          o,
+        ),
       );
     } finally {
       this.running = false;

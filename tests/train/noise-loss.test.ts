@@ -275,6 +275,13 @@ void describe('in the trainer (tiny UNet, LoRA, f32)', () => {
     }
     const want = await a.trainer.trainedValues({ ema: true });
     const raw = await a.trainer.trainedValues();
+    // Samples and try-it draw inside withEmaWeights: the model's weights are the EMA's there (f32: exactly),
+    // and the trained ones again afterwards.
+    const read = async () => new Map(await Promise.all([...a.trainer.trainable].map(async ([n, t]) => [n, await gpu.read(t)] as const)));
+    const inside = await a.trainer.withEmaWeights(read);
+    const after = await read();
+    for (const [n, v] of want) assert.deepEqual(inside.get(n), v, `${n} inside withEmaWeights`);
+    for (const [n, v] of raw) assert.deepEqual(after.get(n), v, `${n} after withEmaWeights`);
     a.free();
     let apart = 0;
     for (const [n, v] of want) {
