@@ -6,6 +6,7 @@
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { decimalProblem } from '../pipeline/settings.ts';
+import { jsonSyntaxProblem } from '../util/describe.ts';
 
 /**
  * One flag of a command's table: how it parses, and what --help says of it (help.ts prints every entry: its
@@ -173,7 +174,7 @@ export function readJsonFile(path: string, flag: string): Record<string, unknown
   try {
     j = JSON.parse(text);
   } catch (e) {
-    throw new UsageError(`${flag} ${path}: invalid JSON (${(e as Error).message})`);
+    throw new UsageError(`${flag} ${path}: invalid JSON (${jsonSyntaxProblem(e, text)}: the file is damaged or cut short; get it again)`, { cause: e });
   }
   if (typeof j !== 'object' || j === null || Array.isArray(j))
     throw new UsageError(`${flag} ${path}: expected a JSON object ({...}), got ${Array.isArray(j) ? 'an array' : JSON.stringify(j)}`);

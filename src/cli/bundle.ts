@@ -4,7 +4,7 @@
 // its headers: no GPU); --out is not needed. A model in the Hugging Face cache
 // (models--<org>--<name>/snapshots/<commit>) gives its hub id and revision itself.
 import { existsSync, mkdirSync, statSync } from 'node:fs';
-import { basename, dirname, extname, join, resolve } from 'node:path';
+import { basename, dirname, join, resolve } from 'node:path';
 import { encode as encodePng } from 'fast-png';
 import { loadImageDir } from '../io/image-node.ts';
 import { checkOutFolder, claimEntries, recordWritten, removeWritten, writeOutput, writtenEntries } from '../io/outpath.ts';
@@ -16,8 +16,9 @@ import { jobBundle, type BundleModel, type BundlePhoto } from '../pipeline/bundl
 import { modelShapeOf } from '../pipeline/run.ts';
 import { validatePrompt, validateForModel } from '../pipeline/settings.ts';
 import { parseFlags, stringFlag, UsageError, type Flags } from './args.ts';
+import { checkBlackMasks, pairMasks, refuseMasksAsImages } from './masks.ts';
 import { configOverrides } from './run.ts';
-import { FLAGS, settingsFromFlags, TRAIN_USAGE } from './train.ts';
+import { classImagesIsCount, FLAGS, settingsFromFlags, TRAIN_USAGE } from './train.ts';
 
 export const BUNDLE_FLAGS: Flags = {
   ...FLAGS,
@@ -56,16 +57,23 @@ async function photos(dir: string, captions: boolean): Promise<BundlePhoto[]> {
   return images.map((im) => ({ name: im.name, image: im.image, ...(captions && im.caption !== undefined ? { caption: im.caption } : {}) }));
 }
 
-/** Each photo's loss mask from --masks (the image with the photo's name, kohya's convention); a photo without one is refused. */
+/** Each photo's loss mask from --masks, paired as a run pairs them (masks.ts); a photo without one is refused. */
 async function withMasks(list: BundlePhoto[], dir: string): Promise<BundlePhoto[]> {
   const { images: masks, errors } = await loadImageDir(dir, { onWarning: (m) => console.error(`warning: --masks ${m}`) });
   if (errors.length) throw new UsageError(`--masks ${dir}: ${errors.map((e) => e.message).join('; ')}`);
-  const stem = (name: string) => basename(name, extname(name));
-  const byStem = new Map(masks.map((m) => [stem(m.name), m]));
-  const missing = list.filter((p) => !byStem.has(stem(p.name))).map((p) => p.name);
-  if (missing.length)
-    throw new UsageError(`--masks ${dir} has no mask for ${missing.join(', ')}: add an image with the same name for each photo (white trains the whole photo)`);
-  return list.map((p) => ({ ...p, mask: { name: byStem.get(stem(p.name))!.name, image: byStem.get(stem(p.name))!.image } }));
+  const pairs = pairMasks(
+    list.map((p) => p.name),
+    masks.map((m) => m.name),
+    dir,
+  );
+  const byName = new Map(masks.map((m) => [m.name, m]));
+  const maskOf = (p: BundlePhoto) => byName.get(pairs.get(p.name)!)!;
+  checkBlackMasks(
+    list.map((p) => ({ photo: p.name, mask: maskOf(p).name, image: maskOf(p).image })),
+    dir,
+    (m) => console.error(`warning: ${m}`),
+  );
+  return list.map((p) => ({ ...p, mask: { name: maskOf(p).name, image: maskOf(p).image } }));
 }
 
 function needFolder(path: string, flag: string): void {
@@ -89,7 +97,7 @@ export async function bundleCommand(argv: string[]): Promise<void> {
   const images = stringFlag(values, 'images')!;
   needFolder(images, 'images');
   const classArg = stringFlag(values, 'class-images');
-  if (classArg !== undefined && !/^\d+$/.test(classArg)) needFolder(classArg, 'class-images');
+  if (classArg !== undefined && !classImagesIsCount(classArg)) needFolder(classArg, 'class-images');
   if (existsSync(out) && !statSync(out).isDirectory()) throw new UsageError(`--bundle ${out} is a file: give a folder (it is created if missing)`);
   checkOutFolder('--bundle', out, [
     { flag: '--model', path: model },
@@ -110,14 +118,17 @@ export async function bundleCommand(argv: string[]): Promise<void> {
     await close();
   }
   const masks = stringFlag(values, 'masks');
-  if (masks !== undefined) needFolder(masks, 'masks');
+  if (masks !== undefined) {
+    needFolder(masks, 'masks');
+    refuseMasksAsImages(masks, images);
+  }
   const ref = bundleModel(model, stringFlag(values, 'hub-id'), stringFlag(values, 'revision'));
   const instance = await photos(images, true);
   const files = jobBundle(
     {
       prompt,
       images: masks !== undefined ? await withMasks(instance, masks) : instance,
-      classImages: classArg !== undefined && !/^\d+$/.test(classArg) ? await photos(classArg, false) : [],
+      classImages: classArg !== undefined && !classImagesIsCount(classArg) ? await photos(classArg, false) : [],
       settings,
       model: ref,
     },

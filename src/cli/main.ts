@@ -17,6 +17,7 @@ import { inspectDiffusers, inspectionReport, inspectSingleFile } from '../models
 import { inspectSdxlPath, isSdxlPath } from './run-sdxl.ts';
 import type { SourceOptions } from '../models/source.ts';
 import { parseFlags, readJsonFile, stringFlag, UsageError, type Flags } from './args.ts';
+import { userMessage } from './errors.ts';
 import { helpText, wantsHelp } from './help.ts';
 
 const INSPECT_USAGE = 'usage: inspect <model.safetensors | diffusers folder> [--config config.json]';
@@ -37,7 +38,9 @@ async function inspect(args: string[]): Promise<void> {
   const overrides = perComponent ? (json as SourceOptions['overrides']) : undefined;
   const config = perComponent ? undefined : json;
   if (await isSdxlPath(path)) {
-    console.log(JSON.stringify(await inspectSdxlPath(path, { ...overrides, ...(config ? { scheduler: config } : {}) }), null, 2));
+    const report = await inspectSdxlPath(path, { ...overrides, ...(config ? { scheduler: config } : {}) });
+    console.log(JSON.stringify(report, null, 2));
+    refuseProblems(path, report);
     return;
   }
   let r;
@@ -51,7 +54,19 @@ async function inspect(args: string[]): Promise<void> {
     }
   }
   // The loader's own checks: a model it would refuse shows its problems here (missing or misshaped tensors, configs).
-  console.log(JSON.stringify(inspectionReport(r), null, 2));
+  const report = inspectionReport(r);
+  console.log(JSON.stringify(report, null, 2));
+  refuseProblems(path, report);
+}
+
+/** The report is printed either way; a model the loader would refuse also exits 1 (scripts test `inspect m && train ...`). */
+function refuseProblems(path: string, report: object): void {
+  const problems = (report as { problems?: unknown }).problems;
+  if (!Array.isArray(problems) || problems.length === 0) return;
+  console.error(
+    `error: ${path}: the loader would refuse this model: ${problems.length === 1 ? 'one problem' : `${problems.length} problems`}, listed under "problems" in the report (first: ${String(problems[0])})`,
+  );
+  process.exitCode = 1;
 }
 
 /** Runs a GPU command on Dawn (its GEMM kernels tuned for the adapter first: gpu-tuning.ts), closing the device afterwards. */
@@ -88,7 +103,7 @@ try {
   else if (wantsHelp(rest)) console.log(await helpText(command, INSPECT));
   else await commands[command](rest);
 } catch (e) {
-  console.error(`error: ${(e as Error).message}`);
+  console.error(`error: ${userMessage(e)}`);
   process.exitCode = 1;
 }
 // Dawn keeps the event loop alive: leave once the command is done.

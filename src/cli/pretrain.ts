@@ -293,6 +293,10 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
     };
     // Checked before the folder is touched: a dataset seed or size that cannot be honoured costs nothing.
     checkPretrainSettings(run.settings, PRETRAIN_SIZES[size]);
+    if (run.settings.steps === 0 && run.settings.vaeSteps === 0)
+      throw new UsageError(
+        `--steps 0 and --vae-steps ${run.settings.vaeSteps}: no stage would train a step, so the run would write an untrained model: give --steps N (the denoiser) or --vae-steps N (the VAE)`,
+      );
     if (existsSync(runPath) && !values.overwrite)
       throw new UsageError(`--out ${dir} already holds a pretraining run: continue it with --resume ${dir}, or pass --overwrite`);
     if (!existsSync(runPath) && values.overwrite) throw new UsageError(`--overwrite: ${dir} holds no pretraining run to replace (leave --overwrite out)`);

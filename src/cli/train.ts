@@ -14,9 +14,10 @@ import type { Gpu } from '../gpu/device.ts';
 import { nodeGpu } from '../gpu/node.ts';
 import { decodeImageNode, loadImageDir } from '../io/image-node.ts';
 import { SafetensorsFile } from '../io/safetensors.ts';
+import { asFingerprints, fingerprintChanges, folderFingerprints, modelFingerprints, type Fingerprints } from '../io/fingerprint.ts';
 import { takeRunLock } from '../io/runlock.ts';
 import { onStopSignal, SIGNAL_EXIT_CODES, type StopSignal } from './signals.ts';
-import { checkOutFolder, claimEntries, recordWritten, removeWritten, writeOutput } from '../io/outpath.ts';
+import { checkOutFolder, claimEntries, recordWritten, refuseLeftAside, removeWritten, setAsideWritten, writeOutput, type SetAside } from '../io/outpath.ts';
 import { nodeFileSink } from '../io/sink-node.ts';
 import { NodeFileSource } from '../io/source-node.ts';
 import type { ClipTokenizerFiles } from '../io/tokenizer.ts';
@@ -45,9 +46,11 @@ import {
   type TrainMode,
 } from '../pipeline/settings.ts';
 import { FsChunkStore } from '../store/fs-store.ts';
+import { SnapshotBindingError } from '../store/snapshot.ts';
 import { TOKENIZER_FILES } from '../export/full.ts';
 import { formatBytes } from '../util/bytes.ts';
 import { parseFlags, stringFlag, UsageError, type Flags, type ParsedFlags } from './args.ts';
+import { checkBlackMasks, pairMasks, refuseMasksAsImages } from './masks.ts';
 import { configOverrides } from './run.ts';
 
 /** Flags of the run itself (inputs and the run folder); the settings' flags come from the schema. */
@@ -118,6 +121,87 @@ interface RunFile {
   settings: RunSettings;
   /** The model's architecture when the run started (a moved model must be the same one). */
   modelKey?: string;
+  /** What the run's inputs were when it started (fingerprint.ts), checked on resume; absent in older records. */
+  fingerprints?: RunFingerprints;
+}
+
+/** Fingerprints of a run's inputs, by the flag that gave each. */
+interface RunFingerprints {
+  model: Fingerprints;
+  images: Fingerprints;
+  masks?: Fingerprints;
+  classImages?: Fingerprints;
+  tokenizer?: Fingerprints;
+  config?: Fingerprints;
+}
+
+/** The fingerprints of a run's inputs as they are now (regular files only: nothing here can block). */
+function fingerprintsOf(i: RunFile['inputs']): RunFingerprints {
+  const classFolder = i.classImages !== undefined && !/^\d+$/.test(i.classImages) ? i.classImages : undefined;
+  return {
+    model: modelFingerprints(i.model),
+    images: folderFingerprints(i.images),
+    ...(i.masks !== undefined ? { masks: folderFingerprints(i.masks) } : {}),
+    ...(classFolder !== undefined ? { classImages: folderFingerprints(classFolder) } : {}),
+    ...(i.tokenizer !== undefined ? { tokenizer: statSync(i.tokenizer).isDirectory() ? folderFingerprints(i.tokenizer) : modelFingerprints(i.tokenizer) } : {}),
+    ...(i.config !== undefined ? { config: modelFingerprints(i.config) } : {}),
+  };
+}
+
+/**
+ * On resume: the run's inputs must be what they were when it started. Another base model (even of the same
+ * architecture) would take steps on other weights; a changed photo, mask or caption would train on latents
+ * and embeddings cached from the old one. What changed is named, by the flag that gave it.
+ */
+function checkFingerprints(run: RunFile, now: RunFingerprints): void {
+  const was = run.fingerprints!;
+  if (typeof was !== 'object' || was === null)
+    throw new UsageError(`this run's record of its inputs (run.json fingerprints) is damaged: start a new run with another --out`);
+  const i = run.inputs;
+  const checks: [keyof RunFingerprints, string, string | undefined][] = [
+    ['model', '--model', i.model],
+    ['images', '--images', i.images],
+    ['masks', '--masks', i.masks],
+    ['classImages', '--class-images', i.classImages],
+    ['tokenizer', '--tokenizer', i.tokenizer],
+    ['config', '--config', i.config],
+  ];
+  for (const [key, flag, path] of checks) {
+    const recorded = asFingerprints(was[key]);
+    if (was[key] === undefined) continue;
+    if (!recorded) throw new UsageError(`${flag}: this run's record of it (run.json fingerprints.${key}) is damaged: start a new run with another --out`);
+    const changes = fingerprintChanges(recorded, now[key] ?? {}, { added: key !== 'model' && key !== 'tokenizer' });
+    if (!changes) continue;
+    if (key === 'model')
+      throw new UsageError(
+        `--model ${path} is not the model this run started with (${changes} since): another base model, even of the same architecture, ` +
+          `would train on other weights. Pass the run's own model with --model, or start a new run with another --out`,
+      );
+    throw new UsageError(
+      `this run's ${flag} ${path} changed since it started (${changes}): the run trains on its inputs as they were (its latents and embeddings are cached from them). ` +
+        `Put them back as they were, or start a new run with another --out`,
+    );
+  }
+}
+
+const notedClassFolders = new Set<string>();
+/**
+ * --class-images <dir | count>: a folder of that name, when one exists, is the folder (`--class-images 7`
+ * with a folder 7 here means those images, and says so); otherwise a whole number is how many to generate.
+ */
+export function classImagesIsCount(value: string): boolean {
+  if (!/^\d+$/.test(value)) return false;
+  let folder = false;
+  try {
+    folder = statSync(value).isDirectory();
+  } catch {
+    // no such entry: a count
+  }
+  if (folder && !notedClassFolders.has(value)) {
+    notedClassFolders.add(value);
+    console.error(`--class-images ${value}: the folder ${resolve(value)} (its images are the class images; run elsewhere to generate ${value} instead)`);
+  }
+  return !folder;
 }
 
 /** The settings from the flags over the schema's defaults for the mode; options of the other mode refused. */
@@ -137,7 +221,7 @@ export function settingsFromFlags(values: ParsedFlags): RunSettings {
   const classImages = stringFlag(values, 'class-images');
   if (classImages !== undefined && !settings.priorPreservation)
     throw new SettingsError('--class-images needs --class-prompt (prior preservation uses both)', 'classPrompt');
-  if (classImages !== undefined && /^\d+$/.test(classImages)) settings.classCount = Number(classImages);
+  if (classImages !== undefined && classImagesIsCount(classImages)) settings.classCount = Number(classImages);
   if (settings.mode === 'lora' && values.alpha === undefined) settings.alpha = settings.rank;
   validateSettings(settings);
   // A flag that would do nothing as given (--sample-steps without --sample-every, ...) is refused by name.
@@ -178,30 +262,33 @@ function newRun(values: ParsedFlags): RunFile {
   const images = stringFlag(values, 'images')!;
   needFolder(images, 'images');
   const classImages = stringFlag(values, 'class-images');
-  if (classImages !== undefined && !/^\d+$/.test(classImages)) needFolder(classImages, 'class-images');
+  if (classImages !== undefined && !classImagesIsCount(classImages)) needFolder(classImages, 'class-images');
   const masks = stringFlag(values, 'masks');
   if (masks !== undefined) {
     needFolder(masks, 'masks');
-    needMaskNames(images, masks);
+    refuseMasksAsImages(masks, images);
+    pairMasks(imageFiles(images), imageFiles(masks), masks); // by name before any work; the pixels once decoded
   }
   const tokenizer = stringFlag(values, 'tokenizer');
   if (tokenizer !== undefined && !existsSync(tokenizer)) throw new UsageError(`--tokenizer ${tokenizer}: no such folder`);
   const config = stringFlag(values, 'config');
   if (config !== undefined) configOverrides(config, 'unet'); // read and checked now: a bad file names itself before any work
-  return {
+  const run: RunFile = {
     version: 2,
     inputs: {
       model: resolve(model),
       images: resolve(images),
       prompt,
       exports: exportsFrom(stringFlag(values, 'export'), settings.mode),
-      ...(classImages !== undefined ? { classImages: /^\d+$/.test(classImages) ? classImages : resolve(classImages) } : {}),
+      ...(classImages !== undefined ? { classImages: classImagesIsCount(classImages) ? classImages : resolve(classImages) } : {}),
       ...(masks !== undefined ? { masks: resolve(masks) } : {}),
       ...(tokenizer !== undefined ? { tokenizer: resolve(tokenizer) } : {}),
       ...(config !== undefined ? { config: resolve(config) } : {}),
     },
     settings,
   };
+  run.fingerprints = fingerprintsOf(run.inputs);
+  return run;
 }
 
 /** run.json of a folder, validated (never trusted): its settings through the schema, its inputs by type. */
@@ -259,6 +346,22 @@ function resumeRun(values: ParsedFlags): { out: string; run: RunFile } {
   }
   if (values.export !== undefined) run.inputs.exports = exportsFrom(stringFlag(values, 'export'), run.settings.mode);
   validateSettings(run.settings);
+  // Before any work: the inputs are the run's own (a record from before fingerprints gets them now).
+  const i = run.inputs;
+  for (const [flag, path] of [
+    ['--images', i.images],
+    ['--masks', i.masks],
+    ['--class-images', i.classImages && !/^\d+$/.test(i.classImages) ? i.classImages : undefined],
+    ['--tokenizer', i.tokenizer],
+    ['--config', i.config],
+  ])
+    if (path !== undefined && !existsSync(path))
+      throw new UsageError(
+        `this run's ${flag} ${path} is gone: put it back where it was (a resumed run trains on its own inputs), or start a new run with another --out`,
+      );
+  const now = fingerprintsOf(run.inputs);
+  if (run.fingerprints !== undefined) checkFingerprints(run, now);
+  run.fingerprints = now;
   return { out, run };
 }
 
@@ -324,12 +427,21 @@ export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
     );
     // Only what this project wrote there is replaced (the folder's manifest); anything else of that name is refused.
     claimEntries('--out', out, RUN_FILES);
+    refuseLeftAside('--out', out);
   }
   const created = !existsSync(out);
   makeRunFolder(out);
   const unlock = takeRunLock(out, 'training in it');
-  const state: RunState = { training: false, pause: null, signal: null };
+  const state: RunState = { training: false, pause: null, signal: null, replaced: null };
   const isNew = values.resume === undefined;
+  // --overwrite sets the old run aside; it is removed only once the new run has passed every check (trainIn).
+  if (isNew && values.overwrite === true)
+    try {
+      state.replaced = setAsideWritten(out);
+    } catch (e) {
+      unlock();
+      throw e;
+    }
   // Stopped while loading or encoding, nothing is trained yet: the lock goes (and a new run's files), so the
   // identical retry starts cleanly. Stopped while training, the step in flight finishes and is checkpointed.
   const offSignals = onStopSignal(
@@ -337,7 +449,7 @@ export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
       state.signal = signal;
       if (!state.training || !state.pause) {
         console.error(`${signal}: stopped before training began; nothing was trained`);
-        if (isNew) abandonNewRun(out, created);
+        if (isNew) abandonNewRun(out, created, state);
         unlock();
         process.exit(SIGNAL_EXIT_CODES[signal]);
       }
@@ -347,12 +459,11 @@ export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
     () => unlock(),
   );
   try {
-    if (values.resume === undefined && values.overwrite === true) removeWritten(out);
     await trainIn(gpu, out, run, values.resume !== undefined, state);
   } catch (e) {
     // A new run refused before its first step (no photos, a rank or budget that does not fit, ...) leaves no
     // trace: what it wrote goes, and the folder too if it made it, so the corrected retry is not "another run".
-    if (isNew && !state.training) abandonNewRun(out, created);
+    if (isNew && !state.training) abandonNewRun(out, created, state);
     throw e;
   } finally {
     offSignals();
@@ -368,11 +479,18 @@ interface RunState {
   pause: (() => void) | null;
   /** The stop signal received, if any (its exit code is the command's). */
   signal: StopSignal | null;
+  /** The run --overwrite replaces, set aside until this one has passed every check. */
+  replaced: SetAside | null;
 }
 
-/** Removes what a refused new run wrote (its manifest's entries), and its folder if the run created it and it is empty. */
-function abandonNewRun(out: string, created: boolean): void {
+/**
+ * Removes what a refused new run wrote (its manifest's entries), puts back the run an --overwrite set aside,
+ * and removes the folder if the run created it and it is empty.
+ */
+function abandonNewRun(out: string, created: boolean, state: RunState): void {
   removeWritten(out);
+  state.replaced?.restore();
+  state.replaced = null;
   rmSync(join(out, 'lock'), { force: true });
   if (created && readdirSync(out).length === 0) rmSync(out, { recursive: true, force: true });
 }
@@ -388,14 +506,18 @@ async function openModel(run: RunFile): Promise<{ opened: OpenedModel; close: ()
     return { opened: { kind: 'diffusers', name: basename(model), reader, tokenizer, ...(overrides ? { overrides } : {}) }, close: async () => undefined };
   }
   if (!tokDir) throw new UsageError('a single-file checkpoint carries no tokenizer: pass --tokenizer <folder with vocab.json and merges.txt>');
-  const tokenizer: ClipTokenizerFiles | null = await tokenizerFilesFrom(nodeFolder(tokDir), '');
-  if (!tokenizer) throw new UsageError(`--tokenizer ${tokDir}: no tokenizer.json, or vocab.json and merges.txt`);
+  // SDXL: a folder holding tokenizer/ and tokenizer_2/ (as `cli sample` takes it) gives both tokenizers.
+  const both = existsSync(join(tokDir, 'tokenizer_2'));
+  const tokenizer: ClipTokenizerFiles | null = await tokenizerFilesFrom(nodeFolder(tokDir), both ? 'tokenizer/' : '');
+  if (!tokenizer) throw new UsageError(`--tokenizer ${tokDir}: no ${both ? 'tokenizer/ with ' : ''}tokenizer.json, or vocab.json and merges.txt`);
+  const tokenizer2 = both ? await tokenizerFilesFrom(nodeFolder(tokDir), 'tokenizer_2/') : null;
+  if (both && !tokenizer2) throw new UsageError(`--tokenizer ${tokDir}: tokenizer_2/ has no tokenizer.json, or vocab.json and merges.txt`);
   // A single file has no tokenizer: the diffusers zip gets the one training used, so diffusers loads it.
   const tokenizerFiles = new Map<string, Uint8Array>();
   for (const f of TOKENIZER_FILES) if (existsSync(join(tokDir, f))) tokenizerFiles.set(f, readFileSync(join(tokDir, f)));
   const file = await SafetensorsFile.open(await NodeFileSource.open(model));
   return {
-    opened: { kind: 'single-file', name: basename(model), file, tokenizer, tokenizerFiles, ...(overrides ? { overrides } : {}) },
+    opened: { kind: 'single-file', name: basename(model), file, tokenizer, tokenizerFiles, ...(tokenizer2 ? { tokenizer2 } : {}), ...(overrides ? { overrides } : {}) },
     close: async () => file.source.close?.(),
   };
 }
@@ -407,39 +529,37 @@ async function folderImages(dir: string, caption: boolean): Promise<ImageInput[]
   return images.map((im, i) => ({ id: String(i), name: im.name, pixels: im.image, ...(caption && im.caption !== undefined ? { caption: im.caption } : {}) }));
 }
 
-/** Stems of a folder's image files (not captions, not hidden files). */
-function imageStems(dir: string): Map<string, string> {
-  const files = readdirSync(dir).filter((f) => !f.startsWith('.') && extname(f).toLowerCase() !== '.txt');
-  return new Map(files.map((f) => [basename(f, extname(f)), f]));
+/** A folder's image file names (not captions, hidden files or folders): what the mask pairing sees before decoding. */
+function imageFiles(dir: string): string[] {
+  return readdirSync(dir, { withFileTypes: true })
+    .filter((e) => !e.name.startsWith('.') && !e.isDirectory() && extname(e.name).toLowerCase() !== '.txt')
+    .map((e) => e.name);
 }
-
-/** Before any work: every photo in `images` has a file of the same name in `masks` (decoding checks the rest). */
-function needMaskNames(images: string, masks: string): void {
-  const have = imageStems(masks);
-  const missing = [...imageStems(images)].filter(([stem]) => !have.has(stem)).map(([, file]) => file);
-  if (missing.length) throw new UsageError(noMaskMessage(masks, missing));
-}
-
-const noMaskMessage = (dir: string, photos: string[]) =>
-  `--masks ${dir} has no mask for ${photos.join(', ')}: add an image with the same name (any image type) for each photo, ` +
-  `white where the subject is (a white image trains the photo whole)`;
 
 /**
- * Attaches each photo's loss mask from `dir`: the image with the photo's name (any image type; kohya's
- * convention). Every photo needs one (a white image trains a photo whole), so a missing mask is an error that
- * names the photos, not a silently unmasked photo; a mask that matches no photo is named and ignored.
+ * Attaches each photo's loss mask from `dir` (masks.ts pairs them: the photo's name, kohya's convention).
+ * Every photo needs one (a white image trains a photo whole), so a missing mask is an error that names the
+ * photos, not a silently unmasked photo; a mask that matches no photo is named and ignored; masks that are
+ * all black would train nothing and are refused.
  */
 async function attachMasks(images: ImageInput[], dir: string): Promise<ImageInput[]> {
   const { images: masks, errors } = await loadImageDir(dir, { onWarning: (m) => console.error(`warning: --masks ${m}`) });
   if (errors.length) throw new UsageError(`--masks ${dir}: ${errors.map((e) => e.message).join('; ')}`);
-  const stemOf = (name: string) => basename(name, extname(name));
-  const byStem = new Map(masks.map((m) => [stemOf(m.name), m]));
-  const missing = images.filter((im) => !byStem.has(stemOf(im.name))).map((im) => im.name);
-  if (missing.length) throw new UsageError(noMaskMessage(dir, missing));
-  const photoStems = new Set(images.map((im) => stemOf(im.name)));
-  for (const m of masks) if (!photoStems.has(stemOf(m.name))) console.error(`warning: --masks ${join(dir, m.name)} matches no photo; ignored`);
+  const pairs = pairMasks(
+    images.map((im) => im.name),
+    masks.map((m) => m.name),
+    dir,
+  );
+  const byName = new Map(masks.map((m) => [m.name, m]));
+  const used = new Set(pairs.values());
+  for (const m of masks) if (!used.has(m.name)) console.error(`warning: --masks ${join(dir, m.name)} matches no photo; ignored`);
+  checkBlackMasks(
+    images.map((im) => ({ photo: im.name, mask: pairs.get(im.name)!, image: byName.get(pairs.get(im.name)!)!.image })),
+    dir,
+    (m) => console.error(`warning: ${m}`),
+  );
   return images.map((im) => {
-    const m = byStem.get(stemOf(im.name))!;
+    const m = byName.get(pairs.get(im.name)!)!;
     return { ...im, mask: { name: join(basename(dir), m.name), pixels: m.image } };
   });
 }
@@ -535,13 +655,23 @@ async function trainIn(gpu: Gpu, out: string, run: RunFile, resuming: boolean, s
         },
         opened,
         { runId: 'run', prompt: inputs.prompt, images, classImages, settings },
-      );
+      ).catch((e: unknown) => {
+        // A checkpoint (or cache) record edited after it was written: named, never resumed from.
+        if (e instanceof SnapshotBindingError)
+          throw new UsageError(
+            `this run's last checkpoint (${e.key} in ${join(out, 'store')}) cannot be trusted: ${e.detail}. Start the run again with another --out`,
+          );
+        throw e;
+      });
       try {
         const key = modelKeyOf(tr);
         if (resuming && run.modelKey && run.modelKey !== key)
           throw new UsageError(`--model ${inputs.model} is not the model this run started with (its architecture differs): pass the run's own model`);
         run.modelKey = key;
         writeOutput(join(out, 'run.json'), JSON.stringify(run, null, 2));
+        // Every check passed: the run --overwrite replaces goes now, before the first step.
+        state.replaced?.discard();
+        state.replaced = null;
         state.training = true;
         await trainAndExport(tr, out, run, inputs.exports, state);
       } finally {

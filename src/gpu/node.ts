@@ -1,5 +1,6 @@
 // Node host: WebGPU through Dawn (the `webgpu` npm package).
 import { Gpu, type GpuOptions } from './device.ts';
+import { NoWebGpuError } from './errors.ts';
 import { filterNativeStderr } from './native-stderr.ts';
 import { nodeShaderSource } from './shaders-node.ts';
 
@@ -13,6 +14,13 @@ let dawn: GPU | null = null;
 export const DAWN_LIMIT_NOTICE = /^Warning: \w+ artificially reduced from \d+ to \d+\b/;
 
 /**
+ * The native source location Dawn prints under a warning ("    at operator() (.../BackendVk.cpp:368)") and the
+ * blank line after it: a trace into Dawn's C++ sources, not for users (the warning line itself is kept).
+ */
+export const DAWN_SOURCE_LINE = /^\s+at .*\.(cpp|cc|mm|h):\d+\)?$|^\s*$/;
+const DISCOVERY_NOISE = new RegExp(`${DAWN_LIMIT_NOTICE.source}|${DAWN_SOURCE_LINE.source}`);
+
+/**
  * Dawn discovers the adapters, and prints its limit notices from native code straight to stderr, inside
  * the first requestAdapter call, synchronously. That one call runs with stderr filtered (native-stderr.ts):
  * the notices are dropped, anything else it prints (a Vulkan driver failing to load) still shows.
@@ -23,7 +31,7 @@ function quietDiscovery(gpu: GPU): GPU {
   gpu.requestAdapter = (options) => {
     if (discovered) return requestAdapter(options);
     discovered = true;
-    return filterNativeStderr(() => requestAdapter(options), DAWN_LIMIT_NOTICE);
+    return filterNativeStderr(() => requestAdapter(options), DISCOVERY_NOISE);
   };
   return gpu;
 }
@@ -74,10 +82,23 @@ export async function nodeGpu(opts: Partial<GpuOptions> = {}): Promise<Gpu> {
   }
   // DBS_GPU_POISON=1 (set by the test runner): new tensors are NaN-filled, so reading unwritten memory fails tests.
   // DBS_TENSOR_CORES=1: f16 GEMMs run on tensor cores where the adapter offers them and the start-up check passes.
-  return Gpu.create(dawn, {
-    shaders: nodeShaderSource(),
-    poison: process.env.DBS_GPU_POISON === '1',
-    tensorCores: process.env.DBS_TENSOR_CORES === '1',
-    ...opts,
-  });
+  try {
+    return await Gpu.create(dawn, {
+      shaders: nodeShaderSource(),
+      poison: process.env.DBS_GPU_POISON === '1',
+      tensorCores: process.env.DBS_TENSOR_CORES === '1',
+      ...opts,
+    });
+  } catch (e) {
+    // No adapter on the Node host is a missing or broken Vulkan driver, not a browser setting.
+    if (e instanceof NoWebGpuError)
+      throw new NoWebGpuError(
+        process.env.DBS_SYSTEM_VULKAN === '1'
+          ? "no GPU adapter: DBS_SYSTEM_VULKAN=1 uses this system's Vulkan driver, and Dawn found none that works (see the warning above). " +
+              "Install one (the NVIDIA driver, or mesa-vulkan-drivers), or leave DBS_SYSTEM_VULKAN unset to run on the project's lavapipe (scripts/gpu-env.sh)"
+          : "no GPU adapter: Dawn found no working Vulkan driver (see the warning above). Run through scripts/gpu-env.sh (npm run cli does), which points Dawn at the project's lavapipe",
+        { cause: e },
+      );
+    throw e;
+  }
 }

@@ -9,7 +9,22 @@
 // - an output folder records the entries the project wrote in it (MANIFEST); --overwrite removes exactly those,
 //   and an entry the command would write over that the manifest does not list (the user's own tokenizer/,
 //   README.md, ...) is refused rather than replaced.
-import { closeSync, constants, fsyncSync, lstatSync, openSync, readFileSync, realpathSync, renameSync, rmSync, statSync, writeSync, type Stats } from 'node:fs';
+import {
+  closeSync,
+  constants,
+  fsyncSync,
+  lstatSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  realpathSync,
+  renameSync,
+  rmSync,
+  statSync,
+  writeSync,
+  type Stats,
+} from 'node:fs';
 import { basename, dirname, join, resolve, sep } from 'node:path';
 
 /** A refusal of an output path (a bad-input message: the CLI prints it as is). */
@@ -194,6 +209,53 @@ export function claimEntries(flag: string, dir: string, names: string[]): void {
     throw new OutputPathError(
       `${flag} ${dir} already holds ${theirs.join(', ')}, which this project did not write: choose a new or empty folder (nothing was changed)`,
     );
+}
+
+/** Where --overwrite keeps the outputs it replaces until the new run has been validated (set aside, not yet removed). */
+export const ASIDE = '.dbs-replaced';
+
+/** The outputs an --overwrite set aside: put back when the new run is refused, removed once it is under way. */
+export interface SetAside {
+  /** Puts the set-aside entries and manifest back (call after removing what the new run wrote). */
+  restore(): void;
+  /** Removes them for good. */
+  discard(): void;
+}
+
+/** Before any work: a `.dbs-replaced` left by a process killed during an --overwrite is the user's to settle. */
+export function refuseLeftAside(flag: string, dir: string): void {
+  const aside = join(dir, ASIDE);
+  if (lstatOrNull(aside))
+    throw new OutputPathError(
+      `${flag} ${dir}: ${aside} holds the outputs an interrupted --overwrite set aside: move its entries back into ${dir} to keep that run, or remove it`,
+    );
+}
+
+/**
+ * --overwrite, in the order "validate fully, then remove, then create": the entries the manifest lists (and
+ * the manifest) are renamed into `<dir>/.dbs-replaced/`, so the new run starts in a folder without them; only
+ * once the new run has passed every check are they removed (discard). A refusal in between puts them back
+ * (restore), so a refused overwrite never loses the old run. A `.dbs-replaced` left by a killed process is
+ * refused, naming it, rather than emptied.
+ */
+export function setAsideWritten(dir: string, flag = '--out'): SetAside {
+  refuseLeftAside(flag, dir);
+  const aside = join(dir, ASIDE);
+  const names = writtenEntries(dir).filter((n) => lstatOrNull(join(dir, n)) !== null);
+  mkdirSync(aside);
+  for (const n of [...names, MANIFEST]) if (lstatOrNull(join(dir, n))) renameSync(join(dir, n), join(aside, n));
+  return {
+    restore() {
+      for (const n of readdirSync(aside)) {
+        rmSync(join(dir, n), { recursive: true, force: true });
+        renameSync(join(aside, n), join(dir, n));
+      }
+      rmSync(aside, { recursive: true, force: true });
+    },
+    discard() {
+      rmSync(aside, { recursive: true, force: true });
+    },
+  };
 }
 
 /** --overwrite: removes exactly the entries the manifest lists (a link among them is removed, not followed), then the manifest. */

@@ -11,6 +11,12 @@
 // per-chunk CRC catches damaged bytes; the checksum in HEAD also ties each file to this commit, so a stray
 // file from another (uncommitted) attempt under the same name can never be read as part of it.
 //
+// HEAD also binds its record to what was written (`bind`): a SHA-256 digest over the sequence number, the
+// file list (names, sizes, checksums) and the meta, and a copy of the meta's numeric counters (a training
+// checkpoint's step, applied updates, Rng state). A record edited afterwards (a step counter changed, the
+// chunk's CRC recomputed so the store accepts it) no longer matches: openSnapshot refuses it, naming the
+// counter that disagrees, or the digest when the copy was edited too. Records from before `bind` have none.
+//
 // Everything matching <prefix>/s<digits>/... belongs to the snapshot set; keep other data out of that pattern.
 // One writer per prefix: openSnapshot also cleans up, so do not open while another commit is in flight.
 import { crc32, ChunkStoreError, hex32, validateKey, type ChunkStore } from './chunkstore.ts';
@@ -36,6 +42,54 @@ interface Head {
   seq: number;
   files: SnapshotFile[];
   meta: unknown;
+  /** The record's binding (absent in records made before it existed). */
+  bind?: Binding;
+}
+
+/** What ties a HEAD record to what was written: the meta's numeric counters as written, and a digest of it all. */
+interface Binding {
+  counters: Record<string, number>;
+  /** "sha256:<hex>" over seq, the file list and the meta's JSON. */
+  digest: string;
+}
+
+/** A snapshot whose record does not match what was written (edited afterwards): never trusted. */
+export class SnapshotBindingError extends ChunkStoreError {
+  constructor(
+    key: string,
+    /** What disagrees, in words ("its record says step 1, but it was written at step 2"). */
+    readonly detail: string,
+    prefix: string,
+  ) {
+    super(`snapshot record "${key}": ${detail}: it was edited after it was written and cannot be trusted (dropSnapshots("${prefix}") discards the set)`, key);
+  }
+}
+
+async function digestOf(seq: number, files: SnapshotFile[], metaJson: string): Promise<string> {
+  const text = new TextEncoder().encode(`dbs-snapshot\n${seq}\n${JSON.stringify(files)}\n${metaJson}`);
+  const hash = new Uint8Array(await crypto.subtle.digest('SHA-256', text));
+  return `sha256:${[...hash].map((b) => b.toString(16).padStart(2, '0')).join('')}`;
+}
+
+async function bindingOf(seq: number, files: SnapshotFile[], metaJson: string): Promise<Binding> {
+  const meta = JSON.parse(metaJson) as Record<string, unknown>;
+  const counters = Object.fromEntries(Object.entries(meta).filter(([, v]) => typeof v === 'number')) as Record<string, number>;
+  return { counters, digest: await digestOf(seq, files, metaJson) };
+}
+
+/** Refuses a record that is not the one written: a counter that differs from its bound copy, or a digest that does not match. */
+async function checkBinding(prefix: string, head: Head): Promise<void> {
+  if (head.bind === undefined) return;
+  const key = headKey(prefix);
+  const b = head.bind as Partial<Binding> | null;
+  if (typeof b !== 'object' || b === null || typeof b.digest !== 'string' || typeof b.counters !== 'object' || b.counters === null)
+    throw new SnapshotBindingError(key, 'its binding is malformed', prefix);
+  const meta = head.meta as Record<string, unknown>;
+  for (const [k, v] of Object.entries(b.counters))
+    if (meta[k] !== v) throw new SnapshotBindingError(key, `its record says ${k} ${JSON.stringify(meta[k])}, but it was written at ${k} ${v}`, prefix);
+  const files = head.files.map((f) => ({ name: f.name, bytes: f.bytes, checksum: f.checksum }));
+  if ((await digestOf(head.seq, files, JSON.stringify(head.meta))) !== b.digest)
+    throw new SnapshotBindingError(key, `its record or file list does not match the digest it was written with (${b.digest.slice(0, 19)}...)`, prefix);
 }
 
 export const headKey = (prefix: string): string => `${prefix}/HEAD`;
@@ -72,7 +126,8 @@ export async function commitSnapshot(
       await store.write(key, data);
       entries.push(entry);
     }
-    const record = `{"seq":${seq},"files":${JSON.stringify(entries)},"meta":${metaJson}}`;
+    const bind = await bindingOf(seq, entries, metaJson);
+    const record = `{"seq":${seq},"files":${JSON.stringify(entries)},"meta":${metaJson},"bind":${JSON.stringify(bind)}}`;
     await store.write(headKey(prefix), new TextEncoder().encode(record));
   } catch (err) {
     await discardUncommitted(store, prefix, seq);
@@ -91,6 +146,7 @@ export async function commitSnapshot(
 export async function openSnapshot<M = unknown>(store: ChunkStore, prefix: string): Promise<Snapshot<M> | null> {
   validateKey(headKey(prefix));
   const head = await readHead(store, prefix);
+  if (head) await checkBinding(prefix, head); // before anything is removed: a refused record changes nothing
   await removeSnapshotsExcept(store, prefix, head?.seq);
   if (!head) return null;
   const dir = seqDir(prefix, head.seq);

@@ -52,7 +52,9 @@ describe('cli inspect', () => {
       ['model_ema.decay', [1]],
     ]);
     const r = cli('inspect', path);
-    assert.equal(r.code, 0, r.err);
+    // A handful of tensors: the report detects the model, and lists what the loader would refuse it for (exit 1).
+    assert.equal(r.code, 1, r.err);
+    assert.match(r.err, /the loader would refuse this model: (one problem|\d+ problems), listed under "problems"/);
     const j = JSON.parse(r.out);
     assert.equal(j.architecture, 'sd1');
     assert.equal(j.predictionType, 'epsilon');
@@ -75,8 +77,9 @@ describe('cli inspect', () => {
     st(join(d, 'vae', 'diffusion_pytorch_model.safetensors'), [['encoder.conv_in.weight', [4, 3, 3, 3]]]);
     st(join(d, 'text_encoder', 'model.safetensors'), [['text_model.embeddings.token_embedding.weight', [10, 1024]]]);
     const r = cli('inspect', d);
-    assert.equal(r.code, 0, r.err);
+    assert.equal(r.code, 1, r.err); // detected, with the problems of a partial model listed
     const j = JSON.parse(r.out);
+    assert.ok(j.problems.length > 0);
     assert.deepEqual([j.architecture, j.predictionType, j.layout, j.tensorCount], ['sd2', 'epsilon', 'diffusers', 3]);
   });
 
@@ -88,7 +91,8 @@ describe('cli inspect', () => {
     st(xl, [['conditioner.embedders.0.transformer.text_model.final_layer_norm.weight', [4]]]);
     const r = cli('inspect', xl);
     assert.equal(r.code, 1);
-    assert.match(r.err, /xl\.safetensors is an SDXL checkpoint/);
+    // inspect reads SDXL files (tests/models/cli-run-sdxl.test.ts); this one has a text encoder and no UNet.
+    assert.match(r.err, /xl\.safetensors: SDXL checkpoint without its UNet input conv model\.diffusion_model\.input_blocks\.0\.0\.weight/);
     assert.match(cli('inspect', join(dir, 'nope.safetensors')).err, /no such file or folder/);
   });
 });

@@ -10,6 +10,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { writeTinyModel, type TinyModel } from '../fixtures/models/make-tiny.ts';
+import { cliArgs } from '../cli.ts';
 import { FIXTURES } from '../helpers.ts';
 
 export const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -90,16 +91,25 @@ export interface CliResult {
   timedOut: boolean;
 }
 
-/** Hangs fail: a case gets this long (the slowest legitimate case trains 2 tiny steps). */
-export const CASE_TIMEOUT_MS = 180_000;
+/**
+ * Hangs fail: a case gets this long (the slowest legitimate case trains 2 tiny steps); DBS_CASE_TIMEOUT_MS
+ * raises it on a machine shared by many jobs.
+ */
+export const CASE_TIMEOUT_MS = Number(process.env.DBS_CASE_TIMEOUT_MS) || 180_000;
 
 export function cli(...args: string[]): CliResult {
+  return cliAt(root, args);
+}
+
+/** The command line run from the folder `cwd` (relative paths in `args` are the user's, from there). */
+export function cliAt(cwd: string, args: string[], env?: Record<string, string>): CliResult {
   const t0 = performance.now();
-  const r = spawnSync(process.execPath, ['--import', 'tsx', join(root, 'src/cli/main.ts'), ...args], {
+  const r = spawnSync(process.execPath, cliArgs(...args), {
     stdio: ['ignore', 'pipe', 'pipe'],
     encoding: 'utf8',
     timeout: CASE_TIMEOUT_MS,
-    cwd: root,
+    cwd,
+    ...(env ? { env: { ...process.env, ...env } } : {}),
   });
   return {
     code: r.status ?? -1,
@@ -120,7 +130,9 @@ export interface Case {
   /** Arguments to the command line (after `npm run cli --`). */
   args: (ws: Workspace) => string[];
   /** Makes the bad input; returns the paths that must be unchanged by the command (default: none). */
-  setup?: (ws: Workspace) => { args?: string[]; unchanged?: string[]; absent?: string[]; after?: () => void } | void;
+  setup?: (
+    ws: Workspace,
+  ) => { args?: string[]; unchanged?: string[]; absent?: string[]; after?: () => void; cwd?: string; env?: Record<string, string> } | void;
   /** Exit code: 1 for a refusal, 0 for a warning on a run that goes on. */
   code: 0 | 1;
   /** What the message must say (stderr for refusals and warnings). */
@@ -159,7 +171,7 @@ export function runCase(ws: Workspace, c: Case): CliResult {
   const prepared = c.setup?.(ws) ?? {};
   const args = prepared.args ?? c.args(ws);
   const before = (prepared.unchanged ?? []).map((p) => [p, treeDigest(p)] as const);
-  const r = cli(...args);
+  const r = cliAt(prepared.cwd ?? root, args, prepared.env);
   const shown = `args: ${JSON.stringify(args)}\nexit ${r.code}\nstderr:\n${r.err}\nstdout:\n${r.out.slice(-2000)}`;
   assert.ok(!r.timedOut, `hung (over ${CASE_TIMEOUT_MS} ms)\n${shown}`);
   assert.equal(r.code, c.code, shown);

@@ -4,10 +4,10 @@
 // and no folder (the identical retry is not refused); a lock's holder is a process identity, not a pid.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
-import { identityOf } from '../../src/io/runlock.ts';
+import { identityOf, RunLockedError, takeRunLock } from '../../src/io/runlock.ts';
 import { readSafetensors } from '../../src/io/safetensors.ts';
 import { cli, makeWorkspace, root, trainArgs } from './harness.ts';
 import { cliArgs } from '../cli.ts';
@@ -85,6 +85,33 @@ void describe('stop signals and the run lock', { concurrency: 1 }, () => {
     const r = cli('train', '--resume', out);
     assert.doesNotMatch(r.err, /is in use/);
     assert.ok(!existsSync(join(out, 'lock')), 'the stale lock is gone after the run');
+  });
+
+  void it('an old lock (a bare pid) is judged by what identity is left: a Node process that started before it holds it; pid 1, or a process started after it, does not', async () => {
+    const dir = ws.path('bare-pid');
+    mkdirSync(dir);
+    const lock = join(dir, 'lock');
+    const warnings: string[] = [];
+    const take = () => takeRunLock(dir, 'training in it', (m) => warnings.push(m));
+    // A live Node process, started before its lock was written: the holder.
+    const holder = spawn(process.execPath, ['-e', 'setTimeout(() => {}, 60000)'], { stdio: 'ignore' });
+    try {
+      await new Promise((r) => setTimeout(r, 300));
+      writeFileSync(lock, String(holder.pid));
+      assert.throws(take, (e: Error) => e instanceof RunLockedError && new RegExp(`process ${holder.pid} is training in it`).test(e.message));
+      // The same pid in a lock written a day before that process started: the pid was reused, the lock is stale.
+      const dayAgo = new Date(Date.now() - 86_400_000);
+      utimesSync(lock, dayAgo, dayAgo);
+      take()();
+      assert.match(warnings.at(-1)!, new RegExp(`a stale lock \\(process ${holder.pid} started after the lock was written\\)`));
+    } finally {
+      holder.kill();
+    }
+    // pid 1 (always alive) is the system's first process, never a run of this program.
+    writeFileSync(lock, '1');
+    take()();
+    assert.match(warnings.at(-1)!, /a stale lock \(process 1 is "[^"]*", not a run of this program \(pid 1 is the system's first process\)\)/);
+    assert.ok(!existsSync(lock), 'released');
   });
 
   void it('a lock held by a live process (pid and start time match) refuses a second train and a second pretrain', () => {

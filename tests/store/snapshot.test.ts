@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { after, describe, it } from 'node:test';
 import { ChunkStoreError, MemoryChunkStore, StorageFullError, type ChunkStore } from '../../src/store/chunkstore.ts';
-import { commitSnapshot, dropSnapshots, headKey, openSnapshot } from '../../src/store/snapshot.ts';
+import { commitSnapshot, dropSnapshots, headKey, openSnapshot, SnapshotBindingError } from '../../src/store/snapshot.ts';
 import { fsHarness, idbHarness, memoryHarness, testBytes, type StoreHarness } from './harnesses.ts';
 
 const files = (seed: number, sizes = [3000, 10, 5000]): Map<string, Uint8Array> => new Map(sizes.map((n, i) => [`f${i}.bin`, testBytes(n, seed * 10 + i)]));
@@ -232,5 +232,49 @@ describe('snapshots: failing write on the store', () => {
       StorageFullError,
     );
     await assertSnapshot(s, 'p', 1, files(1), { step: 1 });
+  });
+});
+
+describe('snapshots: a record bound to what was written', () => {
+  /** HEAD rewritten through `edit` (a careful editor: the store's own checksum of the chunk is right). */
+  async function editHead(s: ChunkStore, edit: (head: { meta: Record<string, unknown>; files: { bytes: number }[]; bind?: unknown }) => void) {
+    const head = JSON.parse(new TextDecoder().decode((await s.read(headKey('p')))!));
+    edit(head);
+    await s.write(headKey('p'), new TextEncoder().encode(JSON.stringify(head)));
+  }
+  const meta = { step: 2, applied: 2, rng: 12345, losses: [0.5, 0.25] };
+
+  it('refuses an edited counter, naming it and the value it was written with, and leaves the snapshot in place', async () => {
+    const s = new MemoryChunkStore();
+    await commitSnapshot(s, 'p', files(1), meta);
+    await editHead(s, (h) => Object.assign(h.meta, { step: 5, losses: [0.5, 0.25, 0, 0, 0] }));
+    const keys = await s.keys();
+    await assert.rejects(
+      openSnapshot(s, 'p'),
+      (e: Error) => e instanceof SnapshotBindingError && /its record says step 5, but it was written at step 2/.test(e.message),
+    );
+    assert.deepEqual(await s.keys(), keys, 'nothing removed');
+  });
+
+  it('refuses a record whose bound copy was edited too (the digest), and an edited file list', async () => {
+    const s = new MemoryChunkStore();
+    await commitSnapshot(s, 'p', files(1), meta);
+    await editHead(s, (h) => {
+      h.meta.step = 1;
+      (h.bind as { counters: Record<string, number> }).counters.step = 1;
+    });
+    await assert.rejects(openSnapshot(s, 'p'), /does not match the digest it was written with/);
+    const t = new MemoryChunkStore();
+    await commitSnapshot(t, 'p', files(1), meta);
+    await editHead(t, (h) => (h.files[0].bytes += 1));
+    await assert.rejects(openSnapshot(t, 'p'), /does not match the digest/);
+  });
+
+  it('opens an unedited record, and one from before bindings existed', async () => {
+    const s = new MemoryChunkStore();
+    await commitSnapshot(s, 'p', files(1), meta);
+    await assertSnapshot(s, 'p', 1, files(1), meta);
+    await editHead(s, (h) => delete h.bind);
+    await assertSnapshot(s, 'p', 1, files(1), meta);
   });
 });
