@@ -39,8 +39,11 @@ type Target = (typeof TARGETS)[number];
 /** Seconds per target: a few in CI (the three together stay well under 20 s), as long as asked on demand. */
 const SECONDS = Number(process.env.DBS_FUZZ_SECONDS ?? 3);
 const SEED = Number(process.env.DBS_FUZZ_SEED ?? 46);
-/** One input may take this long (inputs are small: a real decode of one takes milliseconds, even under load). */
-const INPUT_MS = Number(process.env.DBS_FUZZ_INPUT_MS ?? 5000);
+/**
+ * One input may take this long. Most take milliseconds; JSON.parse of a valid 10,000-deep value (the settings target)
+ * took up to 0.7 s here, and several times that on this 2-core machine under a load of 17.
+ */
+const INPUT_MS = Number(process.env.DBS_FUZZ_INPUT_MS ?? 10_000);
 /** Shared memory for the input being tried (bigger ones are published cut to this size). */
 const INPUT_BYTES = 4 << 20;
 
@@ -126,7 +129,7 @@ function deepJson(r: R, depth: number): string {
   return r.chance(0.5) ? '['.repeat(depth) + ']'.repeat(depth) : '{"a":'.repeat(depth) + '1' + '}'.repeat(depth);
 }
 
-/** Any JSON value as text: boundary numbers, odd strings, nesting up to 200,000 levels now and then. */
+/** Any JSON value as text: boundary numbers, odd strings, nesting 10,000 levels deep now and then. */
 function randomJson(r: R, depth = 0): string {
   switch (r.int(depth > 2 ? 4 : 7)) {
     case 0:
@@ -144,8 +147,9 @@ function randomJson(r: R, depth = 0): string {
     case 5:
       return `{${Array.from({ length: r.int(4) }, () => `${JSON.stringify(r.pick(['dtype', 'shape', 'data_offsets', 'a', '__proto__', '']))}:${randomJson(r, depth + 1)}`).join(',')}}`;
     default:
-      // 200,000 levels (a stack overflow for any recursive reader) in one value of 20: each costs a megabyte.
-      return deepJson(r, r.chance(0.05) ? 200_000 : r.pick([10, 1000]));
+      // 10,000 levels overflow the stack of any recursive reader (JSON.stringify fails from about 5,000 here); more
+      // only slows JSON.parse down (the fixed cases below hold 200,000-deep values).
+      return deepJson(r, r.chance(0.1) ? 10_000 : r.pick([10, 1000]));
   }
 }
 
@@ -449,26 +453,30 @@ function randomSettingsJson(r: R): string {
   return `{${[...parts].map(([k, v]) => `${JSON.stringify(k)}:${v}`).join(',')}}`;
 }
 
-function trySettings(r: R): { input: string; error: string | null } {
-  if (r.chance(0.5)) {
-    const argv = randomArgv(r);
+/** A settings input as text: a command line (a JSON list of words) or a settings object (JSON). */
+function randomSettingsInput(r: R): string {
+  return r.chance(0.5) ? JSON.stringify(randomArgv(r)) : randomSettingsJson(r);
+}
+
+function trySettings(text: string): string | null {
+  const value = JSON.parse(text) as unknown;
+  if (Array.isArray(value)) {
     try {
-      const { values } = parseFlags(argv, FLAGS, 'usage: train ...');
+      const { values } = parseFlags(value as string[], FLAGS, 'usage: train ...');
       settingsFromFlags(values);
     } catch (e) {
       const named = (e instanceof UsageError || e instanceof SettingsError) && /--|usage/.test(e.message) && !LEAK.test(e.message);
-      return { input: JSON.stringify(argv), error: named ? null : describeError(e) };
+      return named ? null : describeError(e);
     }
-    return { input: JSON.stringify(argv), error: null };
+    return null;
   }
-  const text = randomSettingsJson(r);
   try {
-    validateSettings(JSON.parse(text) as RunSettings, (k) => `settings.${k}`);
+    validateSettings(value as RunSettings, (k) => `settings.${k}`);
   } catch (e) {
     const named = e instanceof SettingsError && e.message.includes('settings.') && !LEAK.test(e.message);
-    return { input: text, error: named ? null : describeError(e) };
+    return named ? null : describeError(e);
   }
-  return { input: text, error: null };
+  return null;
 }
 
 // ---- the loop (worker side) ---------------------------------------------------------------------------
@@ -486,7 +494,14 @@ interface WorkerInput {
   current: SharedArrayBuffer;
 }
 
-async function fuzzLoop(w: WorkerInput): Promise<{ count: number; failures: Failure[] }> {
+interface FuzzResult {
+  count: number;
+  failures: Failure[];
+  /** The slowest input's milliseconds (generation excluded). */
+  slowestMs?: number;
+}
+
+async function fuzzLoop(w: WorkerInput): Promise<FuzzResult> {
   const beat = new Int32Array(w.beat);
   const current = new Uint8Array(w.current);
   const r = new R(w.seed * 31 + TARGETS.indexOf(w.target));
@@ -495,14 +510,15 @@ async function fuzzLoop(w: WorkerInput): Promise<{ count: number; failures: Fail
   const seeds = w.target === 'safetensors' ? await safetensorsSeeds() : w.target === 'images' ? imageSeeds() : [];
   const deadline = Date.now() + w.seconds * 1000;
   let i = 0;
+  let slowestMs = 0;
   for (; Date.now() < deadline; i++) {
     let input: Uint8Array;
     let run: () => Promise<string | null>;
     const name = `fuzz-${i}.${w.target === 'images' ? 'img' : 'safetensors'}`;
     if (w.target === 'settings') {
-      const t = trySettings(r);
-      input = new TextEncoder().encode(t.input);
-      run = () => Promise.resolve(t.error);
+      const text = randomSettingsInput(r);
+      input = new TextEncoder().encode(text);
+      run = () => Promise.resolve(trySettings(text));
     } else {
       const seed = r.pick(seeds);
       const structured = r.chance(0.6);
@@ -522,14 +538,16 @@ async function fuzzLoop(w: WorkerInput): Promise<{ count: number; failures: Fail
     current.set(input.subarray(0, current.length));
     Atomics.store(beat, 1, Math.min(input.length, current.length));
     Atomics.store(beat, 0, i + 1);
+    const t0 = performance.now();
     const error = await run();
+    slowestMs = Math.max(slowestMs, performance.now() - t0);
     if (error) {
       const kind = error.replace(/\d+/g, 'N').split('\n')[0];
       if (!seen.has(kind) && failures.length < 20) failures.push({ target: w.target, index: i, error, input });
       seen.add(kind);
     }
   }
-  return { count: i, failures };
+  return { count: i, failures, slowestMs: Math.round(slowestMs) };
 }
 
 if (!isMainThread && (workerData as { fuzz?: boolean } | null)?.fuzz) {
@@ -540,7 +558,7 @@ if (!isMainThread && (workerData as { fuzz?: boolean } | null)?.fuzz) {
 // ---- the tests (test thread) --------------------------------------------------------------------------
 
 /** Runs one target in a worker; a hang (no new input for INPUT_MS) ends it and is reported with its input. */
-function fuzzInWorker(target: Target): Promise<{ count: number; failures: Failure[] }> {
+function fuzzInWorker(target: Target): Promise<FuzzResult> {
   const beat = new SharedArrayBuffer(8);
   const current = new SharedArrayBuffer(INPUT_BYTES);
   const data: WorkerInput & { fuzz: true } = { fuzz: true, target, seconds: SECONDS, seed: SEED, beat, current };
@@ -561,7 +579,7 @@ function fuzzInWorker(target: Target): Promise<{ count: number; failures: Failur
         void worker.terminate().then(() => resolve({ count: now, failures: [failure] }));
       }
     }, 100);
-    worker.on('message', (m: { count: number; failures: Failure[] }) => {
+    worker.on('message', (m: FuzzResult) => {
       clearInterval(timer);
       void worker.terminate().then(() => resolve(m));
     });
@@ -679,8 +697,8 @@ if (isMainThread)
   void describe(`parser fuzzer (seed ${SEED}, ${SECONDS} s per target)`, () => {
     for (const target of TARGETS)
       void it(`${target}: random and mutated inputs parse or get a named refusal, none hangs`, { timeout: (SECONDS + 60) * 1000 }, async (t) => {
-        const { count, failures } = await fuzzInWorker(target);
-        t.diagnostic(`${target}: ${count} inputs`);
+        const { count, failures, slowestMs } = await fuzzInWorker(target);
+        t.diagnostic(`${target}: ${count} inputs, the slowest ${slowestMs ?? '-'} ms`);
         // The count depends on the machine's load; the floor only says the loop ran.
         assert.ok(count >= 10, `only ${count} inputs were tried`);
         assert.equal(failures.length, 0, report(failures));
