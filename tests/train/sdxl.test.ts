@@ -11,6 +11,7 @@
 //   - a short run learns: 8 steps on one batch (lr 1e-2, PEFT's init) bring the loss below 0.75 x the first
 //     (measured 1.35 -> 0.83 in f16), and the validation loss (fixed noise and timesteps, no Rng: deterministic)
 //     falls by more than 1 % (measured 3.5 % after 12 steps);
+//   - data without SDXL's conditioning (time ids of the wrong length, no pooled embedding) is refused naming the sample;
 //   - resume: a run checkpointed at step 2 and resumed to step 5 ends bit-identical to an uninterrupted one.
 // Everything runs in f32 so the file compiles one set of pipelines (the f16 UNet is tests/modules/sdxl.test.ts's).
 import assert from 'node:assert/strict';
@@ -82,7 +83,18 @@ async function sdxlTrainer(
 ) {
   const weights = new Map<string, Tensor>();
   for (const [k, v] of unet.tensors) if (k.includes('.') && !k.startsWith('grad')) weights.set(k, gpu.upload(v.data, v.shape, dtype, 'weights', k));
-  const trainer = await DreamBoothTrainer.create(gpu, { config: cfg, weights, schedule: SD_SCHEDULE }, d, { ...settings, ...over }, store, 'sdxl', loraInit);
+  const trainer = await DreamBoothTrainer.create(
+    gpu,
+    { config: cfg, weights, schedule: SD_SCHEDULE },
+    d,
+    { ...settings, ...over },
+    store,
+    'sdxl',
+    loraInit,
+  ).catch((e: unknown) => {
+    gpu.free(...weights.values());
+    throw e;
+  });
   return {
     trainer,
     free: () => {
@@ -137,6 +149,19 @@ describe('SDXL LoRA training (tiny SDXL UNet)', () => {
     } finally {
       free();
     }
+  });
+
+  it('refuses SDXL data without its conditioning, naming the sample: time ids of the wrong length, no pooled embedding', async () => {
+    const gpu = await testGpu();
+    const bad = data();
+    bad.instance[1].timeIds = Float32Array.of(64, 64, 0, 0, 64);
+    await assert.rejects(sdxlTrainer(gpu, 'f32', new MemoryChunkStore(), {}, bad), /instance image 1's time ids are \[64, 64, 0, 0, 64\]: SDXL needs 6/);
+    const noPooled = data();
+    delete noPooled.classes[0].pooled;
+    await assert.rejects(
+      sdxlTrainer(gpu, 'f32', new MemoryChunkStore(), {}, noPooled),
+      /class image 0's pooled text embedding has no values; the SDXL UNet takes 40/,
+    );
   });
 
   it('a short run learns: one batch 8 times, loss below 0.75 x the first; validation loss falls [f32]', async () => {
