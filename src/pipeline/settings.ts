@@ -461,7 +461,12 @@ export const SETTINGS: readonly SettingSpec[] = [
     bundle: (s) =>
       s.optimizer === 'adamw8bit'
         ? { option: '--use_8bit_adam', note: "bitsandbytes' 8-bit AdamW, as the engine's blockwise 8-bit moments" }
-        : { option: null, note: "AdamW with f32 moments: the scripts' default optimizer (no option needed)" },
+        : s.optimizer === 'adamw'
+          ? { option: null, note: "AdamW with f32 moments: the scripts' default optimizer (no option needed)" }
+          : {
+              option: null,
+              note: `${s.optimizer} has no counterpart in the SD 1.x/2.x DreamBooth scripts: they train with AdamW (set --learning_rate for it)`,
+            },
   }),
   entry({
     key: 'master',
