@@ -166,7 +166,7 @@ const f16 = (name: string, shape: number[], data: () => Promise<Float32Array>): 
 // ---- kohya ------------------------------------------------------------------------------------------
 
 /** kohya's ss_base_model_version (model_util.get_model_version_str_for_sd1_sd2): sd_v1, sd_v2, sd_v2_v. */
-export function kohyaModelVersion(family: Family, prediction: Prediction): string {
+function kohyaModelVersion(family: Family, prediction: Prediction): string {
   return `sd_${family === 'sd1' ? 'v1' : 'v2'}${prediction === 'v_prediction' ? '_v' : ''}`;
 }
 
@@ -224,7 +224,7 @@ function loraModelspec(info: LoraInfo): Record<string, string> {
 }
 
 /** The kohya file's tensors in order: per module alpha, lora_down, lora_up. */
-export function kohyaTensors(adapters: LoraAdapters): OutTensor[] {
+function kohyaTensors(adapters: LoraAdapters): OutTensor[] {
   const out: OutTensor[] = [];
   for (const { component, layer, provider } of layersOf(adapters)) {
     const k = kohyaName(component, layer);
@@ -242,7 +242,7 @@ export async function writeKohyaLora(sink: ByteSink, adapters: LoraAdapters, inf
 
 // ---- diffusers / PEFT -------------------------------------------------------------------------------
 
-export const PEFT_PREFIX: Record<LoraComponent, string> = { unet: 'unet', text_encoder: 'text_encoder' };
+const PEFT_PREFIX: Record<LoraComponent, string> = { unet: 'unet', text_encoder: 'text_encoder' };
 
 /** Metadata keys recording the rank, the trained alpha and that alpha / rank is already in lora_B. */
 export const FOLDED_KEYS = {
@@ -251,7 +251,7 @@ export const FOLDED_KEYS = {
   folded: 'dreambooth_studio.lora_alpha_folded',
 } as const;
 
-export function peftTensors(adapters: LoraAdapters): OutTensor[] {
+function peftTensors(adapters: LoraAdapters): OutTensor[] {
   const scale = adapters.alpha / adapters.rank;
   const out: OutTensor[] = [];
   for (const { component, layer, provider } of layersOf(adapters)) {

@@ -11,7 +11,7 @@
 import type { Family, Prediction } from '../models/detect.ts';
 
 export const SAI_MODEL_SPEC_VERSION = '1.0.0';
-export const IMPL_DIFFUSERS = 'diffusers';
+const IMPL_DIFFUSERS = 'diffusers';
 export const IMPL_STABILITY_AI = 'https://github.com/Stability-AI/generative-models';
 
 export function architecture(family: Family, prediction: Prediction): string {

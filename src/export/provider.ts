@@ -1,10 +1,7 @@
 // Trained state handed to the exporters lazily (a TensorProvider, src/io/tensor-provider.ts: each tensor's
-// values read only when the exporter writes it), the exporters' error, and providers over tensors in memory
-// or a model source.
+// values read only when the exporter writes it), the exporters' error, and providers over tensors in memory.
 import type { NamedTensor } from '../io/safetensors.ts';
 import type { TensorProvider } from '../io/tensor-provider.ts';
-import type { Component } from '../models/detect.ts';
-import type { ModelSource } from '../models/source.ts';
 
 // The type lives below train/ (which produces providers); re-exported for the exporters' callers.
 export type { TensorProvider };
@@ -24,19 +21,5 @@ export function mapProvider(tensors: Map<string, NamedTensor>): TensorProvider {
     names: () => [...tensors.keys()],
     shape: (name) => [...get(name).shape],
     read: async (name) => get(name).data,
-  };
-}
-
-/** One component of a model source (diffusers names) as a provider. */
-export function sourceProvider(src: ModelSource, c: Component): TensorProvider {
-  const shapes = src.shapes(c);
-  return {
-    names: () => [...shapes.keys()],
-    shape: (name) => {
-      const s = shapes.get(name);
-      if (!s) throw new ExportError(`${src.name}: no ${c} tensor '${name}'`);
-      return [...s];
-    },
-    read: async (name) => (await src.read(c, name)).data,
   };
 }

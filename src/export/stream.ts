@@ -129,7 +129,7 @@ function assertFinite(t: OutTensor, bytes: Uint8Array, source: Float32Array | Ui
 }
 
 /** The bytes of one tensor in its file dtype, checked against its spec and for NaN / infinite values. */
-export async function encodeTensor(t: OutTensor): Promise<Uint8Array> {
+async function encodeTensor(t: OutTensor): Promise<Uint8Array> {
   const data = await t.data();
   const n = numel(t.shape);
   let bytes: Uint8Array;

@@ -21,7 +21,7 @@
 
 import { GpuOutOfMemoryError } from './errors.ts';
 
-export const TAGS = ['weights', 'activations', 'gradients', 'optimizer', 'scratch'] as const;
+const TAGS = ['weights', 'activations', 'gradients', 'optimizer', 'scratch'] as const;
 export type Tag = (typeof TAGS)[number];
 
 export interface Allocation {
@@ -75,7 +75,7 @@ export function sizeClass(bytes: number): number {
 /** Allocations at least this large are checked with an out-of-memory error scope. */
 const OOM_SCOPE_BYTES = 16 << 20;
 
-export const STORAGE_USAGE = GPUBufferUsageFlags();
+const STORAGE_USAGE = GPUBufferUsageFlags();
 
 function GPUBufferUsageFlags(): number {
   // GPUBufferUsage is a global in both hosts once WebGPU is installed; read lazily.

@@ -38,7 +38,7 @@ export const GEMM_CONFIG_VALUES = {
 } as const;
 
 /** GemmConfig fields a recorded config may lack (it predates them); Gpu.setGemmConfig keeps the device's value. */
-export const GEMM_CONFIG_OPTIONAL: readonly string[] = ['direct'];
+const GEMM_CONFIG_OPTIONAL: readonly string[] = ['direct'];
 
 /**
  * Before any timing: CPU adapters (one workgroup per thread, a few cores) get 8x8 blocks and a fill of 8, which

@@ -89,7 +89,7 @@ export type BindingArgs<D extends KernelDecl, B> = { readonly [K in RequiredBind
 };
 
 /** Whether the binding is a storage binding under these defs. */
-export function isBound(b: BindingDecl, defs: Defs): boolean {
+function isBound(b: BindingDecl, defs: Defs): boolean {
   if (b.when === undefined) return true;
   const negated = b.when.startsWith('!');
   const def = negated ? b.when.slice(1) : b.when;

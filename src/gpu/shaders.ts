@@ -50,7 +50,7 @@ export function specialise(source: string, defs: Defs): string {
  * operations are not exact, and a compiler may fold the pair into x (lavapipe does), so an epilogue that adds
  * into an f16 output would round once where a store and an add round twice.
  */
-export const ROUND_F16 = `fn round_f16(x: f32) -> f32 {
+const ROUND_F16 = `fn round_f16(x: f32) -> f32 {
   let b = bitcast<u32>(x);
   let sign = b & 0x80000000u;
   let a = b & 0x7fffffffu;

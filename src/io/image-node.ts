@@ -194,7 +194,7 @@ export interface LoadOptions {
 const stderrWarning = (message: string) => console.error(`warning: ${message}`);
 
 /** A caption longer than this is still used, with a warning: kohya captions are one short line. */
-export const CAPTION_WARN_BYTES = 4096;
+const CAPTION_WARN_BYTES = 4096;
 /** A ".txt" larger than this is not a caption (a log or a book that happens to share the name): ignored. */
 export const CAPTION_MAX_BYTES = 2 ** 20;
 /** Prompt tokens the text encoder reads: 77 minus the start and end tokens. */

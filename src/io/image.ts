@@ -46,7 +46,7 @@ export const MAX_IMAGES = 50;
  * Sides below this come out blurry at SD's resolutions (512 and up: upscaled 2x or more): a warning, not an
  * error. For a smaller training resolution the bar is half of it instead (see checkImageSet).
  */
-export const MIN_RECOMMENDED_SIDE = 256;
+const MIN_RECOMMENDED_SIDE = 256;
 
 /** How a format is written in messages. */
 export const KIND_NAME: Readonly<Record<ImageKind, string>> = { jpeg: 'JPEG', png: 'PNG', webp: 'WebP' };
@@ -679,7 +679,7 @@ function checkRegion(size: ImageSize, r: Region, name: string): Region {
 // square's pixel count, instead of losing its sides to a centre crop.
 
 /** Widest bucket aspect ratio (either way): past 2:1 a photo is cropped to it. */
-export const MAX_BUCKET_ASPECT = 2;
+const MAX_BUCKET_ASPECT = 2;
 
 /**
  * The bucket a photo of `size` trains at: width and height multiples of `step` (the model's factor: VAE x UNet

@@ -7,8 +7,6 @@ import { firstNonUtf8, jsonDepth, jsonSyntaxProblem, preview } from '../util/des
 import { f16BitsToF32, toF16Bits } from '../util/half.ts';
 import type { ByteSource } from './source.ts';
 
-/** Float dtypes that decode to f32 weights. */
-export type StDType = 'F32' | 'F16' | 'BF16';
 /**
  * Every dtype the safetensors format defines with a whole number of bytes. Real SD checkpoints hold a
  * few integer tensors beside the float weights (CLIP's I64 position_ids, EMA's num_updates): the header
@@ -61,7 +59,7 @@ const MAX_HEADER_DEPTH = 16;
  * the last of duplicate keys without a word, so this scans the raw text; `text` must already have parsed
  * as an object (the scanner relies on it being valid JSON).
  */
-export function repeatedTopLevelKey(text: string): string | null {
+function repeatedTopLevelKey(text: string): string | null {
   const seen = new Set<string>();
   let depth = -1; // -1 outside the object, 0 inside the top-level object
   let keyNext = false; // at depth 0, the next string is a key (after '{' or ',')
@@ -316,12 +314,6 @@ export class SafetensorsFile {
 export interface ByteSink {
   write(chunk: Uint8Array): Promise<void>;
   close(): Promise<void>;
-}
-
-/** A WHATWG WritableStream (e.g. the browser's FileSystemWritableFileStream) as a sink. */
-export function writableSink(stream: WritableStream<Uint8Array>): ByteSink {
-  const w = stream.getWriter();
-  return { write: (c) => w.write(c), close: () => w.close() };
 }
 
 export interface TensorSpec {

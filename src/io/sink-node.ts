@@ -57,7 +57,7 @@ export { partialPath };
 const mib = (bytes: number) => Math.max(1, Math.ceil(bytes / 2 ** 20));
 
 /** A file system error as a message naming the folder and file and saying what to do; others unchanged. */
-export function describeWriteError(e: unknown, path: string, written: number, expected?: number): Error {
+function describeWriteError(e: unknown, path: string, written: number, expected?: number): Error {
   const code = (e as NodeJS.ErrnoException | undefined)?.code;
   const dir = dirname(path);
   const file = basename(path);

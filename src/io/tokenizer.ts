@@ -26,7 +26,7 @@ export class TokenizerError extends Error {
 }
 
 /** tokenizer.json equivalent to HF's CLIPTokenizerFast for a CLIP vocab and merges. */
-export function clipTokenizerJson(vocab: Record<string, number>, merges: string[]): Record<string, unknown> {
+function clipTokenizerJson(vocab: Record<string, number>, merges: string[]): Record<string, unknown> {
   const special = (content: string) => ({ id: vocab[content], content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true });
   for (const t of [BOS, EOS]) if (vocab[t] === undefined) throw new TokenizerError(`vocab.json has no ${t} token: not a CLIP tokenizer`);
   return {

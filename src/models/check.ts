@@ -247,7 +247,7 @@ export function compareTensors(expected: ParamShapes, actual: Map<string, readon
   return m;
 }
 
-export function misshapedText(label: string, t: TensorMismatch['misshaped'][number]): string {
+function misshapedText(label: string, t: TensorMismatch['misshaped'][number]): string {
   return `${label} tensor ${t.name} is [${t.got}] but its config needs [${t.want}]`;
 }
 
@@ -263,7 +263,7 @@ export function mismatchSummary(label: string, m: TensorMismatch): string | null
 export const LISTED_PER_KIND = 20;
 
 /** Every missing, misshaped and unused tensor, one line each (at most LISTED_PER_KIND of a kind, then a count). */
-export function mismatchLines(label: string, m: TensorMismatch): string[] {
+function mismatchLines(label: string, m: TensorMismatch): string[] {
   const out: string[] = [];
   const list = <T>(items: T[], line: (t: T) => string, kind: string) => {
     out.push(...items.slice(0, LISTED_PER_KIND).map(line));

@@ -29,7 +29,7 @@ export const SDXL_COMPONENTS: readonly SdxlComponent[] = ['unet', 'vae', 'text_e
 /** SDXL's VAE latent scale (SD 1.x/2.x: 0.18215). */
 export const SDXL_SCALING_FACTOR = 0.13025;
 /** SDXL base's addition_time_embed_dim: not in the weights (label_emb's input is pooled + 6 x this). */
-export const SDXL_TIME_EMBED_DIM = 256;
+const SDXL_TIME_EMBED_DIM = 256;
 
 const UNET = 'model.diffusion_model.';
 const TE1 = 'conditioner.embedders.0.transformer.';

@@ -25,19 +25,6 @@ export interface FolderReader {
   open(path: string): Promise<ByteSource>;
 }
 
-/** JSON text of a config or tokenizer file as an object; a ModelError names the file when it is not one. */
-export function parseJsonObject(text: string, path: string): Json {
-  let j: unknown;
-  try {
-    j = JSON.parse(text);
-  } catch (e) {
-    throw new ModelError(`${path}: invalid JSON (${(e as Error).message})`);
-  }
-  if (typeof j !== 'object' || j === null || Array.isArray(j))
-    throw new ModelError(`${path}: not a JSON object (it holds ${j === null ? 'null' : Array.isArray(j) ? 'an array' : typeof j})`);
-  return j as Json;
-}
-
 /**
  * A folder's JSON file through its reader, named in the message when it is not a JSON object (readers
  * throw JSON.parse's bare SyntaxError, which names no file).
@@ -115,7 +102,7 @@ function originOf(own: (c: Component) => string, overrides: SourceOptions['overr
 export const COMPONENTS: readonly Component[] = ['unet', 'vae', 'text_encoder'];
 
 /** Index buffers, not weights (CLIP's position_ids are I64 in many files). */
-export function isBuffer(name: string): boolean {
+function isBuffer(name: string): boolean {
   return name.endsWith('position_ids');
 }
 
@@ -283,7 +270,7 @@ async function sd2PredictionFromWeights(file: SafetensorsFile): Promise<{ predic
  * "epsilon", as our exports and kohya write it) or a `-v` architecture ("stable-diffusion-v2-768-v") in its
  * metadata, else a `v_pred` marker tensor (ComfyUI's test for v-prediction SD1 checkpoints); null when silent.
  */
-export function predictionFromFile(file: SafetensorsFile): { prediction: Prediction; source: string } | null {
+function predictionFromFile(file: SafetensorsFile): { prediction: Prediction; source: string } | null {
   const m = file.metadata;
   const spec = m['modelspec.prediction_type']?.trim().toLowerCase();
   if (spec === 'v' || spec === 'v_prediction') return { prediction: 'v_prediction', source: `the file's metadata (modelspec.prediction_type "${spec}")` };
@@ -382,14 +369,14 @@ export async function openSingleFile(file: SafetensorsFile, o: SourceOptions = {
 // ---- diffusers folder -------------------------------------------------------------------------------
 
 /** Weight files per component, full precision first, then the fp16 variant. */
-export const WEIGHT_FILES: Record<Component, string[]> = {
+const WEIGHT_FILES: Record<Component, string[]> = {
   unet: ['unet/diffusion_pytorch_model.safetensors', 'unet/diffusion_pytorch_model.fp16.safetensors'],
   vae: ['vae/diffusion_pytorch_model.safetensors', 'vae/diffusion_pytorch_model.fp16.safetensors'],
   text_encoder: ['text_encoder/model.safetensors', 'text_encoder/model.fp16.safetensors'],
 };
 
 /** The component's safetensors file in a folder; a specific message for pickles and sharded weights. */
-export async function findWeights(dir: FolderReader, c: Component): Promise<string> {
+async function findWeights(dir: FolderReader, c: Component): Promise<string> {
   const candidates = WEIGHT_FILES[c];
   for (const p of candidates) if (await dir.exists(p)) return p;
   for (const p of candidates) {

@@ -95,7 +95,7 @@ export interface ClipOutputOptions {
 }
 
 /** Position of each sequence's EOS token: the first index of its largest id. */
-export function eosPositions(ids: ArrayLike<number>, batch: number): number[] {
+function eosPositions(ids: ArrayLike<number>, batch: number): number[] {
   const L = ids.length / batch;
   return Array.from({ length: batch }, (_, b) => {
     let best = 0;

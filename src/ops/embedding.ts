@@ -49,10 +49,3 @@ export function embedding(gpu: Gpu, ids: ArrayLike<number>, batch: number, table
   gpu.free(idBuf);
   return out;
 }
-
-export function embeddingRef(ids: ArrayLike<number>, batch: number, table: ArrayLike<number>, dim: number, pos: ArrayLike<number>): Float32Array {
-  const len = ids.length / batch;
-  const out = new Float32Array(ids.length * dim);
-  for (let bt = 0; bt < ids.length; bt++) for (let d = 0; d < dim; d++) out[bt * dim + d] = table[ids[bt] * dim + d] + pos[(bt % len) * dim + d];
-  return out;
-}

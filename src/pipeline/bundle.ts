@@ -102,12 +102,12 @@ function toRgb(chw: Float32Array, r: number): Uint8Array {
 }
 
 /** The script a run maps to, by mode. */
-export function scriptFor(s: RunSettings): 'train_dreambooth_lora.py' | 'train_dreambooth.py' {
+function scriptFor(s: RunSettings): 'train_dreambooth_lora.py' | 'train_dreambooth.py' {
   return s.mode === 'lora' ? 'train_dreambooth_lora.py' : 'train_dreambooth.py';
 }
 
 /** What the model reference becomes: the hub id, or a required MODEL with what to provide. */
-export function modelReference(m: BundleModel): { value: string | null; note: string } {
+function modelReference(m: BundleModel): { value: string | null; note: string } {
   if (m.hubId) return { value: m.hubId, note: `Hugging Face Hub repo ${m.hubId}${m.revision ? ` at revision ${m.revision}` : ''}` };
   switch (m.kind) {
     case 'diffusers':
@@ -168,7 +168,7 @@ const SCRIPT_ORDER: readonly SettingKey[] = [
  * Every setting of the run and its counterpart in `script` (diffusers 0.40's argument names), in train.sh
  * order; `option: null` rows are listed in the README and job.json as having no counterpart.
  */
-export function mapSettings(
+function mapSettings(
   input: Omit<BundleInput, 'images' | 'classImages'> & { instanceCount: number; classCount: number; captions: number; masks: number },
 ): SettingMapping[] {
   const s = input.settings;
@@ -238,7 +238,7 @@ function fixedOptions(s: RunSettings): string[] {
 }
 
 /** train.sh: one `accelerate launch` of the script with every mapped option, extra arguments passed on. */
-export function trainScript(input: BundleInput & { mapping: SettingMapping[] }): string {
+function trainScript(input: BundleInput & { mapping: SettingMapping[] }): string {
   const s = input.settings;
   const ref = modelReference(input.model);
   const mapped = input.mapping.map((m) => m.option).filter((o): o is string => o !== null);

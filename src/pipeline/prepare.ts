@@ -239,7 +239,7 @@ export async function prepareSet(
 }
 
 /** Prior-preservation images from the base model itself (what diffusers' train_dreambooth does). */
-export async function generateClassImages(
+async function generateClassImages(
   host: RunHost,
   model: LoadedModel,
   tokenizer: ClipTokenizer,

@@ -64,7 +64,7 @@ export const FORWARD_PER_TRAIN_STEP = 1 / 6;
  * first denoising step less a warm one): a training step's forward compiles about the pipelines a denoising step
  * does, and its backward about as many again.
  */
-export const WARMUP_COMPILE_PER_SAMPLE_COMPILE = 2;
+const WARMUP_COMPILE_PER_SAMPLE_COMPILE = 2;
 
 /** How many recent warm steps s/step is the median of. */
 const RECENT = 10;

@@ -24,10 +24,10 @@ export interface GenerationParameters {
 }
 
 /** A1111's sampler names for ours. */
-export const A1111_SAMPLERS: Record<GenerationParameters['sampler'], string> = { 'dpm++2m': 'DPM++ 2M', ddim: 'DDIM' };
+const A1111_SAMPLERS: Record<GenerationParameters['sampler'], string> = { 'dpm++2m': 'DPM++ 2M', ddim: 'DDIM' };
 
 /** The PNG text chunk's keyword A1111 reads and writes. */
-export const PARAMETERS_KEY = 'parameters';
+const PARAMETERS_KEY = 'parameters';
 
 /** A1111's infotext_utils.quote: a value with ',', ':' or a newline becomes a JSON string, others stay as they are. */
 export function quoteValue(text: string): string {

@@ -28,7 +28,7 @@ export class ScheduleConfigError extends Error {}
  * falling, or a beta_schedule / prediction_type the engine does not implement would otherwise sample or train
  * on nonsense silently.
  */
-export function checkScheduleJson(j: Record<string, unknown>, where: string): void {
+function checkScheduleJson(j: Record<string, unknown>, where: string): void {
   const bad = (field: string, why: string) => new ScheduleConfigError(`${where}: ${field} ${why}`);
   const n = j.num_train_timesteps;
   if (n !== undefined && !(typeof n === 'number' && Number.isInteger(n) && n >= 2 && n <= 100_000))
@@ -81,12 +81,7 @@ export function alphasCumprod(c: ScheduleConfig): Float64Array {
 }
 
 /** Predicted clean sample x0 and noise eps from the model output at alphā. */
-export function predictX0Eps(
-  x: Float32Array,
-  out: Float32Array,
-  acp: number,
-  prediction: ScheduleConfig['prediction'],
-): { x0: Float32Array; eps: Float32Array } {
+function predictX0Eps(x: Float32Array, out: Float32Array, acp: number, prediction: ScheduleConfig['prediction']): { x0: Float32Array; eps: Float32Array } {
   const a = Math.sqrt(acp);
   const s = Math.sqrt(1 - acp);
   const x0 = new Float32Array(x.length);

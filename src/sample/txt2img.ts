@@ -30,7 +30,7 @@ export class SampleOptionError extends Error {
 }
 
 /** Pixels per latent pixel times the UNet's down-sampling: image sides must be multiples of it. */
-export function imageFactor(model: Pick<LoadedModel, 'vae' | 'unet'>): number {
+function imageFactor(model: Pick<LoadedModel, 'vae' | 'unet'>): number {
   return 2 ** (model.vae.config.blockOutChannels.length - 1) * 2 ** (model.unet.config.blockOutChannels.length - 1);
 }
 

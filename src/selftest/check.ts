@@ -9,9 +9,6 @@ export interface Tolerance {
   rtol: number;
 }
 
-/** Tolerances per storage dtype: f32 compares accumulation order only; f16 adds storage rounding. */
-export type DTypeTolerance = Record<DType, Tolerance>;
-
 export interface Check {
   label: string;
   pass: boolean;

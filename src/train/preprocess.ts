@@ -140,15 +140,6 @@ export async function encodeTrainData(
   return { latentShape: [model.vae.config.latentChannels, h, h], contextShape: [inst[0].context.length / D, D], instance: inst, classes: cls };
 }
 
-/** Frees the VAE and (unless it trains) the text-encoder weights: the UNet trains alone from here. */
-export function releaseEncoders(gpu: Gpu, model: LoadedModel, keepTextEncoder = false): void {
-  const parts = keepTextEncoder ? [model.vae.weights] : [model.vae.weights, model.textEncoder.weights];
-  for (const ws of parts) {
-    for (const w of ws.values()) gpu.free(w);
-    ws.clear();
-  }
-}
-
 const f32 = (a: Float32Array) => new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
 const asF32 = (b: Uint8Array) => new Float32Array(b.buffer, b.byteOffset, b.byteLength / 4);
 
