@@ -52,6 +52,7 @@ import { formatBytes } from '../util/bytes.ts';
 import { parseFlags, stringFlag, UsageError, type Flags, type ParsedFlags } from './args.ts';
 import { checkBlackMasks, pairMasks, refuseMasksAsImages } from './masks.ts';
 import { configOverrides } from './run.ts';
+import { jsonSyntaxProblem } from '../util/describe.ts';
 
 /** Flags of the run itself (inputs and the run folder); the settings' flags come from the schema. */
 const INPUT_FLAGS: Flags = {
@@ -296,10 +297,11 @@ function readRunFile(dir: string): RunFile {
   const path = join(dir, 'run.json');
   if (!existsSync(path)) throw new UsageError(`--resume ${dir}: no run.json there (not a training output folder)`);
   let j: RunFile;
+  const text = readFileSync(path, 'utf8');
   try {
-    j = JSON.parse(readFileSync(path, 'utf8'));
+    j = JSON.parse(text);
   } catch (e) {
-    throw new UsageError(`${path}: invalid JSON (${(e as Error).message}): this run's record is damaged; start a new run with another --out`);
+    throw new UsageError(`${path}: invalid JSON (${jsonSyntaxProblem(e, text)}): this run's record is damaged; start a new run with another --out`);
   }
   if (j?.version !== 2 || typeof j.inputs !== 'object' || typeof j.settings !== 'object')
     throw new UsageError(`${path}: not a run record of this version (no version 2 inputs and settings): start a new run with another --out`);
