@@ -19,6 +19,7 @@ import {
   loadSdxl,
   openSdxlDiffusers,
   openSdxlSingleFile,
+  SDXL_COMPONENTS,
   type LoadedSdxl,
   type SdxlComponent,
   type SdxlSource,
@@ -90,6 +91,22 @@ export function sdxlModelShape(source: SdxlSource, withTextEncoders: boolean): M
  */
 export function sdxlBucketStep(resolution: number, factor: number): number {
   return resolution >= 512 && 64 % factor === 0 ? 64 : factor;
+}
+
+/** What a host shows of an SDXL model before a run (the studio's model summary): headers and configs only. */
+export async function sdxlModelSummary(
+  opened: OpenedModel,
+): Promise<{ name: string; family: 'sdxl'; layout: string; prediction: string; parameters: number; resolutionFactor: number }> {
+  const o = opened.overrides ? { overrides: opened.overrides } : {};
+  const source = opened.kind === 'diffusers' ? await openSdxlDiffusers(opened.reader, o) : await openSdxlSingleFile(opened.file, o);
+  try {
+    let parameters = 0;
+    for (const c of SDXL_COMPONENTS) for (const s of source.shapes(c).values()) parameters += s.reduce((a, b) => a * b, 1);
+    const { resolutionFactor } = sdxlModelShape(source, false);
+    return { name: opened.name, family: 'sdxl', layout: source.layout, prediction: source.prediction, parameters, resolutionFactor };
+  } finally {
+    if (opened.kind === 'diffusers') await source.close();
+  }
 }
 
 /** Frees every weight of an SDXL model. */

@@ -31,6 +31,7 @@ import {
   type RunInput,
   type RunEvent,
 } from '../pipeline/run.ts';
+import { openedIsSdxl, sdxlModelSummary } from '../pipeline/sdxl-run.ts';
 import type { SettingKey } from '../pipeline/settings.ts';
 import { TOKENIZER_FILES } from '../export/full.ts';
 import type { BundleModel } from '../pipeline/bundle.ts';
@@ -135,6 +136,8 @@ class StudioWorker {
     }
     const opened = await this.open(choice);
     if (opened.kind !== 'diffusers') throw new Error('unreachable');
+    // An SDXL folder or hub model trains LoRA through the same pipeline (pipeline/sdxl-run.ts).
+    if (await openedIsSdxl(opened)) return sdxlModelSummary(opened);
     const info = await inspectDiffusers(opened.reader);
     const factor = await factorOf(() => openSource(opened));
     return {

@@ -21,6 +21,7 @@ import { BytesSource } from '../../src/io/source.ts';
 import { nodeFolder } from '../../src/models/folder-node.ts';
 import { tokenizerFilesFrom } from '../../src/models/source.ts';
 import { TrainingRun, type OpenedModel, type RunEvent, type RunInput } from '../../src/pipeline/run.ts';
+import { sdxlModelSummary } from '../../src/pipeline/sdxl-run.ts';
 import { defaultSettings } from '../../src/pipeline/settings.ts';
 import { MemoryChunkStore } from '../../src/store/chunkstore.ts';
 import { loadTrainData } from '../../src/train/preprocess.ts';
@@ -89,6 +90,19 @@ describe('an SDXL LoRA run through the pipeline (tiny SDXL, 16 px)', () => {
       emit: (e: RunEvent) => events.push(e),
       encodePng: (rgb: Uint8Array, width: number, height: number) => encode({ width, height, data: rgb, channels: 3, depth: 8 }),
     };
+    // What the studio shows of the model before a run (headers and configs only).
+    const params = (['unet', 'vae', 'text_encoder', 'text_encoder_2'] as const).reduce(
+      (a, c) => a + [...tiny.weights[c].values()].reduce((n, t) => n + t.data.length, 0),
+      0,
+    );
+    assert.deepEqual(await sdxlModelSummary(await opened()), {
+      name: 'tiny-sdxl',
+      family: 'sdxl',
+      layout: 'diffusers',
+      prediction: 'epsilon',
+      parameters: params,
+      resolutionFactor: 4,
+    });
     await assert.rejects(
       TrainingRun.prepare(host, await opened(), input(2, 'full')),
       /tiny-sdxl is an SDXL model: SDXL trains LoRA adapters here.*--mode to lora/,
