@@ -71,6 +71,12 @@ function refuseProblems(path: string, report: object): void {
 
 /** Runs a GPU command on Dawn (its GEMM kernels tuned for the adapter first: gpu-tuning.ts), closing the device afterwards. */
 async function withGpu(load: () => Promise<(gpu: import('../gpu/device.ts').Gpu, args: string[]) => Promise<void>>, args: string[]): Promise<void> {
+  // `2> log` (a file opened without O_APPEND): Dawn's native notices can only be kept out by relaying (stderr-relay.ts).
+  const relay = await import('./stderr-relay.ts');
+  if (relay.needsStderrRelay()) {
+    process.exitCode = await relay.runWithStderrRelay();
+    return;
+  }
   const { nodeGpu } = await import('../gpu/node.ts');
   const { tuneCliGpu } = await import('./gpu-tuning.ts');
   const command = await load();

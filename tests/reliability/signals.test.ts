@@ -4,13 +4,14 @@
 // and no folder (the identical retry is not refused); a lock's holder is a process identity, not a pid.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, utimesSync, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, utimesSync, writeFileSync } from 'node:fs';
+import { once } from 'node:events';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { identityOf, RunLockedError, takeRunLock } from '../../src/io/runlock.ts';
 import { readSafetensors } from '../../src/io/safetensors.ts';
-import { cli, makeWorkspace, root, trainArgs } from './harness.ts';
 import { cliArgs } from '../cli.ts';
+import { cli, makeWorkspace, root, trainArgs } from './harness.ts';
 
 const ws = makeWorkspace();
 const run = (out: string) => [...trainArgs(ws, out), '--steps', '4', '--checkpoint-every', '100', '--export', 'lora-kohya'];
@@ -85,6 +86,22 @@ void describe('stop signals and the run lock', { concurrency: 1 }, () => {
     const r = cli('train', '--resume', out);
     assert.doesNotMatch(r.err, /is in use/);
     assert.ok(!existsSync(join(out, 'lock')), 'the stale lock is gone after the run');
+  });
+
+  void it("stderr a plain file (2> log): Dawn's notices stay out of it (stderr-relay.ts), and SIGTERM while loading still exits 143 leaving nothing", async () => {
+    const log = ws.path('stderr') + '.log';
+    const out = ws.path('relayed');
+    const fd = openSync(log, 'w');
+    const p = spawn(process.execPath, cliArgs(...run(out)), { cwd: root, stdio: ['ignore', 'ignore', fd] });
+    closeSync(fd);
+    const poll = setInterval(() => existsSync(join(out, 'lock')) && p.kill('SIGTERM'), 50);
+    const [code] = (await once(p, 'exit')) as [number | null];
+    clearInterval(poll);
+    const text = readFileSync(log, 'utf8');
+    assert.equal(code, 143, text);
+    assert.match(text, /SIGTERM: stopped before training began; nothing was trained/);
+    assert.doesNotMatch(text, /artificially reduced|\.cpp:\d+/, 'no Dawn notice in the log');
+    assert.ok(!existsSync(out), `${out} was left behind`);
   });
 
   void it('an old lock (a bare pid) is judged by what identity is left: a Node process that started before it holds it; pid 1, or a process started after it, does not', async () => {
