@@ -641,11 +641,12 @@ export const CASES: Case[] = [
     },
   },
   {
-    name: 'inspect a model the loader would refuse (a tensor missing)',
+    name: 'inspect a model the loader would refuse (a tensor missing): the report, and exit 1',
     before: 'wrong',
     args: () => [],
-    code: 0,
-    message: /^/,
+    code: 1,
+    message:
+      /: the loader would refuse this model: one problem, listed under "problems" in the report \(first: vae tensor decoder\.conv_out\.bias is missing\)/,
     setup: (ws) => {
       const folder = modelCopy(ws, (f) => {
         const file = join(f, 'vae', 'diffusion_pytorch_model.safetensors');
