@@ -12,6 +12,7 @@ import { defaultSettings, SettingsError, trainSettings, validateSettings } from 
 import { MemoryChunkStore } from '../../src/store/chunkstore.ts';
 import { effectiveScheduler, scheduleFactor, type LrScheduler } from '../../src/train/lr-schedule.ts';
 import { lrFactor, type TrainSettings } from '../../src/train/trainer.ts';
+import { lrPoints } from '../../src/ui/studio/LrChart.tsx';
 import { FIXTURES, testGpu } from '../helpers.ts';
 import { makeTrainer } from './tiny-trainer.ts';
 
@@ -41,6 +42,26 @@ void describe('learning-rate schedules', () => {
     // The schedules differ from each other: a wrong formula cannot pass another's golden values.
     const at = (scheduler: LrScheduler) => golden.cases.find((c) => c.scheduler === scheduler && c.warmup === 5)!.factors[12];
     assert.equal(new Set((['cosine', 'cosine_with_restarts', 'linear', 'polynomial'] as const).map(at)).size, 4);
+  });
+
+  void it("the studio's rate chart draws the golden rates (every step of a short run, evenly sampled in a long one)", () => {
+    // (transformers' plain `constant` ignores a warm-up; a run's constant with one is constant_with_warmup.)
+    for (const c of golden.cases.filter((k) => k.warmup < k.steps && !(k.scheduler === 'constant' && k.warmup > 0))) {
+      const pts = lrPoints({
+        ...defaultSettings('lora'),
+        lr: c.lr,
+        steps: c.steps,
+        lrScheduler: c.scheduler,
+        lrWarmup: c.warmup,
+        lrCycles: c.cycles,
+        lrPower: c.power,
+      });
+      assert.equal(pts.length, c.steps);
+      // The chart multiplies the golden factor by the rate: 1e-12 relative (float64 both).
+      pts.forEach(([t, v]) => assert.ok(Math.abs(v - c.lr * c.factors[t]) <= 1e-12 * c.lr, `${c.scheduler} step ${t}: ${v}`));
+    }
+    const long = lrPoints({ ...defaultSettings('lora'), steps: 100_000, lrScheduler: 'cosine' });
+    assert.ok(long.length <= 301 && long[0][0] === 0 && long.at(-1)![0] === 99_999);
   });
 
   void it("constant with a warm-up is transformers' constant_with_warmup, and says so", () => {

@@ -3,6 +3,7 @@
 import { useEffect, useRef, useState } from 'react';
 import { cancelTraining, modelReady, pauseTraining, resumeTraining, startTraining } from './actions.ts';
 import { LossChart } from './LossChart.tsx';
+import { LrChart } from './LrChart.tsx';
 import { fmtBytes, phaseEtaText, progressLine, runBusy, samplesHint, statusMessage, stepCount, useStudioStore, type RunProgress } from './state.ts';
 
 function Gauge({ label, value, max, id }: { label: string; value: number; max: number | null; id: string }) {
@@ -233,6 +234,7 @@ export function TrainPanel() {
       </div>
       {run.plan && <PlanNote plan={run.plan} />}
       <LossChart losses={run.losses} validation={run.validation} />
+      {run.startedWith && <LrChart settings={run.startedWith.settings} step={run.losses.at(-1)?.step ?? 0} />}
       <Samples run={run} />
     </section>
   );
