@@ -32,16 +32,49 @@ export function preview(v: unknown, max = 80): string {
   return s.length > max ? `${s.slice(0, max - 3)}...` : s;
 }
 
+/** Whether JSON.parse's `message` for a text of `length` characters says the text ended too soon. */
+function endedEarly(message: string, length: number): boolean {
+  if (/Unterminated string|Unexpected end/.test(message)) return true;
+  const at = /at position (\d+)/.exec(message);
+  return at !== null && Number(at[1]) >= length;
+}
+
+/**
+ * The offset of the first character that cannot be there, for messages that give none ("Unexpected token 'Y',
+ * ... is not valid JSON"): the shortest prefix that fails other than by ending too soon ends with it. Prefixes
+ * before it parse or only end early, prefixes past it fail inside, so a binary search finds it.
+ */
+function firstBadCharacter(text: string): number {
+  const failsInside = (t: string) => {
+    try {
+      JSON.parse(t);
+      return false;
+    } catch (e) {
+      return !endedEarly(e instanceof Error ? e.message : '', t.length);
+    }
+  };
+  let [lo, hi] = [0, text.length];
+  while (hi - lo > 1) {
+    const mid = (lo + hi) >>> 1;
+    if (failsInside(text.slice(0, mid))) hi = mid;
+    else lo = mid;
+  }
+  return hi - 1;
+}
+
 /**
  * Why `text` did not parse as JSON (`e` is what JSON.parse threw), in plain words: where it stops early (a
  * file cut short) or the line and column of the first character that cannot be there.
  */
 export function jsonSyntaxProblem(e: unknown, text: string): string {
   const message = e instanceof Error ? e.message : '';
-  const at = /at position (\d+)/.exec(message);
-  const pos = at ? Number(at[1]) : text.length;
   const end = text.trimEnd().length;
-  if (/Unterminated string|Unexpected end/.test(message) || pos >= end) return end === 0 ? 'it is empty' : `it stops in the middle (after ${end} characters)`;
+  if (end === 0) return 'it is empty';
+  if (endedEarly(message, end)) return `it stops in the middle (after ${end} characters)`;
+  const at = /at position (\d+)/.exec(message);
+  // Locating by search parses up to 2 x log2(length) prefixes: done for texts up to 1 MiB.
+  const pos = at ? Number(at[1]) : text.length <= 1 << 20 ? firstBadCharacter(text) : -1;
+  if (pos < 0) return 'it is not valid JSON';
   const before = text.slice(0, pos);
   const line = before.split('\n').length;
   const column = pos - before.lastIndexOf('\n');

@@ -647,6 +647,11 @@ if (isMainThread)
         r,
         "SafetensorsError: cut.safetensors: the header's JSON is damaged: it stops in the middle (after 56 characters); the file is truncated or corrupt: use another copy",
       );
+      // Node's JSON.parse gives no position for some errors ("Unexpected token 'Y', ... is not valid JSON"): found anyway.
+      assert.match(
+        await open(stOf('{"a":{"dtype":Y}}'), 'token.safetensors'),
+        /the header's JSON is damaged: it is not valid JSON at line 1, column 15 \(near /,
+      );
       assert.match(
         await open(stOf('{"a":1,,}'), 'comma.safetensors'),
         /the header's JSON is damaged: it is not valid JSON at line 1, column 8 \(near "\{\\"a\\":1,,\}"\)/,
