@@ -179,7 +179,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     default: false,
     onlyMode: 'lora',
     help: "keep an exponential moving average of the LoRA weights (diffusers' EMAModel): samples and try-it use it; --export-ema exports it",
-    bundle: (s) => (s.ema ? { option: '--use_ema', note: 'the full-model scripts only' } : { option: null, note: 'off' }),
+    bundle: (s) => ({ option: null, note: s.ema ? "the LoRA scripts keep no EMA (--use_ema is the full-model scripts')" : 'off' }),
   }),
   entry({
     key: 'emaDecay',
@@ -228,7 +228,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     label: 'EMA warm-up (1 - (1 + n/inv_gamma)^-power)',
     default: EMA_DEFAULTS.warmup,
     onlyMode: 'lora',
-    help: "diffusers' use_ema_warmup: decay 1 - (1 + n / --ema-inv-gamma)^(---ema-power) instead of (1+n)/(10+n)",
+    help: "diffusers' use_ema_warmup: decay 1 - (1 + n / inv_gamma)^-power (--ema-inv-gamma, --ema-power) instead of (1+n)/(10+n)",
     showWhen: (s) => s.ema,
     activeWhen: emaOnly,
   }),
