@@ -10,7 +10,7 @@
 // This module places, streams, measures and checkpoints that state; the step (optimizer.ts) and the fused-step
 // protocol (optimizer-fused.ts) drive the updates through it.
 import type { Gpu } from '../gpu/device.ts';
-import { Tensor } from '../gpu/tensor.ts';
+import { BYTES, Tensor, type DType } from '../gpu/tensor.ts';
 import { adamwStats, adamwStateStats, masterLimit, type AdamWConfig, type AdamWParam, type AdamWStateStats } from '../ops/adamw.ts';
 import { CODES, extOf, f16Of, mastersOf, momentsOf, packedSignals, packedStorageBuffers, type PackedParam } from '../ops/adamw-packed.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
@@ -624,13 +624,107 @@ export class OptimizerChunks {
     });
   }
 
+  // ---- packed gradients and weights: one kernel per chunk instead of one per parameter ----
+
+  /** Each chunk's gradient buffer (gradSlots), by chunk index. */
+  private gradArenas: (Tensor | null)[] = [];
+
+  /**
+   * Gradient buffers for every parameter, packed per chunk as the chunk's state is ([elems], parameters at their
+   * offsets; Tape.useGradSlots writes the gradients there): the norm and, where the weights are packed too
+   * (packedWeight), AdamW then run once per chunk, the same math per element. Made once and kept (a LoRA's
+   * gradients are small; a full fine-tune's would hold every gradient at once, so it asks for none). A chunk
+   * whose parameters differ in dtype gets none.
+   */
+  gradSlots(): Map<string, Tensor> {
+    const out = new Map<string, Tensor>();
+    this.chunks.forEach((c, i) => {
+      const dtypes = new Set(c.params.map((p) => this.weights.get(p.name)?.dtype));
+      const dtype = [...dtypes][0];
+      if (dtypes.size !== 1 || !dtype) return;
+      const arena = (this.gradArenas[i] ??= this.gpu.tensor([c.elems], dtype, 'gradients', `opt.grads.${i}`));
+      for (const p of c.params) out.set(p.name, new Tensor(arena.alloc, p.shape, dtype, arena.byteOffset + BYTES[dtype] * p.offset, false));
+    });
+    return out;
+  }
+
+  /** Chunk c's gradients as one [elems] tensor, when every one of them sits in its gradSlots view; else null. */
+  packedGrad(c: Chunk, grads: ReadonlyMap<string, Tensor>): Tensor | null {
+    const arena = this.gradArenas[c.index];
+    if (!arena) return null;
+    const at = (p: ParamSlot) => arena.byteOffset + BYTES[arena.dtype] * p.offset;
+    const ok = c.params.every((p) => {
+      const g = grads.get(p.name);
+      return !!g && g.alloc === arena.alloc && g.byteOffset === at(p) && g.dtype === arena.dtype;
+    });
+    return ok ? new Tensor(arena.alloc, [c.elems], arena.dtype, arena.byteOffset, false) : null;
+  }
+
+  /**
+   * Chunk c's compute-copy weights as one [elems] tensor, when they sit side by side in one buffer as the chunk's
+   * state does (packedWeights made them so); undefined when no parameter has a copy; null otherwise.
+   */
+  packedWeight(c: Chunk): Tensor | null | undefined {
+    const ws = c.params.map((p) => this.weights.get(p.name));
+    if (ws.every((w) => !w)) return undefined;
+    const first = ws[0];
+    if (!first || c.params[0].offset !== 0) return null;
+    const ok = ws.every(
+      (w, i) => !!w && w.alloc === first.alloc && w.dtype === first.dtype && w.byteOffset === first.byteOffset + BYTES[first.dtype] * c.params[i].offset,
+    );
+    return ok ? new Tensor(first.alloc, [c.elems], first.dtype, first.byteOffset, false) : null;
+  }
+
+  /** Chunk c's update as one AdamW parameter and gradient (packedGrad, packedWeight), or null where it is not packed. */
+  chunkUpdate(state: ChunkState, c: Chunk, grads: ReadonlyMap<string, Tensor>): { param: AdamWParam; grad: Tensor } | null {
+    const grad = this.packedGrad(c, grads);
+    const weight = grad && this.packedWeight(c);
+    if (!grad || weight === null) return null;
+    const view = (t: Tensor) => new Tensor(t.alloc, [c.elems], 'f32', t.byteOffset, false);
+    return { param: { master: view(state.master), m: view(state.m), v: view(state.v), weight }, grad };
+  }
+
+  /** The tensors a norm or finiteness pass reads: each chunk's packed gradient where it has one, else its parameters'. */
+  normInputs(grads: ReadonlyMap<string, Tensor>): Tensor[] {
+    return this.chunks.flatMap((c) => {
+      const packed = this.packedGrad(c, grads);
+      return packed ? [packed] : c.params.map((p) => grads.get(p.name) ?? noGradient(p.name));
+    });
+  }
+
   destroy(): void {
+    this.gpu.free(...this.gradArenas);
     for (const c of this.chunks) if (c.packed) this.gpu.free(c.packed);
     this.gpu.free(this.packedStaging, this.codes);
     for (const c of this.chunks) if (c.resident) this.gpu.free(c.resident.master, c.resident.m, c.resident.v);
     if (this.staging) this.gpu.free(this.staging.master, this.staging.m, this.staging.v);
     this.gpu.free(...this.signals);
   }
+}
+
+/**
+ * Uploads trainable parameters side by side in one buffer, dense in `params` order, as the optimizer's chunks lay
+ * out their state, so a chunk's compute copies are one tensor to its update (OptimizerChunks.packedWeight). The
+ * first tensor owns the buffer and the others are views: a model's weights are freed together. Where a parameter's
+ * bytes are not a multiple of 4 (queue writes into a view must be), each is uploaded on its own instead.
+ */
+export function uploadPacked(gpu: Gpu, params: readonly ParamSpec[], values: (name: string) => Float32Array, dtype: DType): Map<string, Tensor> {
+  const out = new Map<string, Tensor>();
+  const sizes = params.map((p) => p.shape.reduce((a, b) => a * b, 1));
+  if (!params.length || sizes.some((n) => (n * BYTES[dtype]) % 4 !== 0)) {
+    for (const p of params) out.set(p.name, gpu.upload(values(p.name), p.shape, dtype, 'weights', p.name));
+    return out;
+  }
+  const all = new Float32Array(sizes.reduce((a, b) => a + b, 0));
+  let at = 0;
+  const arena = gpu.tensor([all.length], dtype, 'weights', `${params[0].name} (+${params.length - 1} packed)`);
+  params.forEach((p, i) => {
+    all.set(values(p.name), at);
+    out.set(p.name, new Tensor(arena.alloc, p.shape, dtype, arena.byteOffset + BYTES[dtype] * at, i === 0));
+    at += sizes[i];
+  });
+  gpu.write(arena, all);
+  return out;
 }
 
 /** A parameter of a chunk that got no gradient: the tape or the trainable set is wrong. */

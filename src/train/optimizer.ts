@@ -29,7 +29,7 @@ import { adamw, adamwCheck, adamwStats, adamwStepSafe, type AdamWStep } from '..
 import { adamwPacked } from '../ops/adamw-packed.ts';
 import { checkFinite, clearFlag, globalNorm, readFlag } from '../ops/reduce.ts';
 import { FusedSteps, type FusedStep } from './optimizer-fused.ts';
-import { noGradient, OptimizerChunks, type Chunk, type ChunkedAdamWOptions, type ChunkState, type ParamSpec } from './optimizer-chunks.ts';
+import { OptimizerChunks, type Chunk, type ChunkedAdamWOptions, type ChunkState, type ParamSpec } from './optimizer-chunks.ts';
 
 export interface OptimizerStepResult {
   applied: boolean;
@@ -80,6 +80,10 @@ export class ChunkedAdamW {
   get storedChunks(): number {
     return this.st.storedChunks;
   }
+  /** Packed gradient buffers by parameter name (OptimizerChunks.gradSlots), for Tape.useGradSlots. */
+  gradSlots(): Map<string, Tensor> {
+    return this.st.gradSlots();
+  }
   /** Chunks whose starting state create() built on the host (none on a dry-run Gpu). */
   get hostPackedChunks(): number {
     return this.st.hostPackedChunks;
@@ -101,7 +105,8 @@ export class ChunkedAdamW {
    */
   async step(grads: Map<string, Tensor>, lossScale: number): Promise<OptimizerStepResult> {
     const gpu = this.st.gpu;
-    const all = this.st.chunks.flatMap((c) => c.params.map((p) => grads.get(p.name) ?? noGradient(p.name)));
+    // each chunk's gradients as one tensor where they sit packed (OptimizerChunks.gradSlots): one pass per chunk
+    const all = this.st.normInputs(grads);
     clearFlag(gpu, this.st.flag);
     // With clipping the norm is measured anyway, and it is inf or NaN exactly when some gradient is (or when
     // the f32 sum of squares overflows, past |g| ~ 1e19, which the step treats as the same overflow): one pass
@@ -135,7 +140,10 @@ export class ChunkedAdamW {
       return { applied: true, gradNorm };
     }
     const update = (state: ChunkState, c: Chunk) => {
-      for (const p of c.params) adamw(gpu, this.st.paramState(state, p), grads.get(p.name)!, this.st.cfgs[c.index], s);
+      // one kernel for the chunk where its gradients and weights sit packed (the same math per element)
+      const packed = this.st.chunkUpdate(state, c, grads);
+      if (packed) adamw(gpu, packed.param, packed.grad, this.st.cfgs[c.index], s);
+      else for (const p of c.params) adamw(gpu, this.st.paramState(state, p), grads.get(p.name)!, this.st.cfgs[c.index], s);
     };
     for (const c of this.st.chunks) if (c.resident) update(c.resident, c);
     // Stream the stored chunks: prefetch i+1 while i updates; write i back while i+1 updates.
@@ -171,7 +179,9 @@ export class ChunkedAdamW {
     const gpu = this.st.gpu;
     clearFlag(gpu, this.st.updateFlag);
     const check = (state: ChunkState, c: Chunk) => {
-      for (const p of c.params) adamwCheck(gpu, this.st.paramState(state, p), grads.get(p.name)!, this.st.cfgs[c.index], s, this.st.updateFlag);
+      const packed = this.st.chunkUpdate(state, c, grads);
+      if (packed) adamwCheck(gpu, packed.param, packed.grad, this.st.cfgs[c.index], s, this.st.updateFlag);
+      else for (const p of c.params) adamwCheck(gpu, this.st.paramState(state, p), grads.get(p.name)!, this.st.cfgs[c.index], s, this.st.updateFlag);
     };
     const run = this.st.codes && { codes: this.st.codes, updateFlag: this.st.updateFlag, stats: this.st.statsOut, check: true };
     const checkPacked = (buf: Tensor, c: Chunk) =>

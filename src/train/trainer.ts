@@ -30,6 +30,7 @@ import { WeightEma } from './ema.ts';
 import { checkConditioning, groupWeights, passConditioning } from './conditioning.ts';
 import { ChunkedAdamW } from './optimizer.ts';
 import { HostOptimizer, hostOptimizerOptions, isHostOptimizer } from './host-optimizer.ts';
+import { uploadPacked } from './optimizer-chunks.ts';
 import { textEncoderLrOf, trainableSpec } from './trainable.ts';
 import { checkCheckpointMeta, validate, validateKnobs } from './trainer-checks.ts';
 import {
@@ -144,12 +145,12 @@ export class DreamBoothTrainer {
       for (const g of groups) {
         const weights = groupWeights(model, g.model);
         if (!loraInit) for (const [n, v] of initLora(g.layers, g.base, settings.rank, { next: () => rng.uniform() })) init.set(g.prefix + n, v);
+        for (const p of g.params) if (!init.has(p.name)) throw new Error(`LoRA init has no ${p.name}`);
+        // side by side in one buffer, as the optimizer's chunks: one AdamW kernel per chunk (optimizer-chunks.ts)
+        const packed = uploadPacked(gpu, g.params, (n) => init.get(n)!, dtype);
         for (const p of g.params) {
-          const v = init.get(p.name);
-          if (!v) throw new Error(`LoRA init has no ${p.name}`);
-          const t = gpu.upload(v, [...p.shape], dtype, 'weights', p.name);
-          weights.set(p.name.slice(g.prefix.length), t);
-          trainable.set(p.name, t);
+          weights.set(p.name.slice(g.prefix.length), packed.get(p.name)!);
+          trainable.set(p.name, packed.get(p.name)!);
         }
       }
       initial = async (n) => init.get(n)!;
@@ -250,6 +251,9 @@ export class DreamBoothTrainer {
       classWeights,
     });
     const tape = new Tape(this.gpu, new Set(this.trainable.values()));
+    // LoRA: gradients into the optimizer's packed buffers (one norm and one AdamW kernel per chunk; a few MB)
+    if (this.settings.mode === 'lora' && !this.hostOptimizer)
+      tape.useGradSlots((this.loraSlots ??= new Map([...this.optimizer.gradSlots()].map(([n, g]) => [this.trainable.get(n)!, g]))));
     const sameShape = samples.every((x) => this.shapeOf(x).join() === this.shapeOf(samples[0]).join());
     const passes = sameShape && !this.settings.passPerSample ? [samples.map((_, i) => i)] : samples.map((_, i) => [i]);
     const noiseStart = samples.map((_, i) => samples.slice(0, i).reduce((n, x) => n + this.shapeOf(x).reduce((a, b) => a * b, 1), 0));
@@ -268,6 +272,9 @@ export class DreamBoothTrainer {
     }
     return { loss, tape };
   }
+
+  /** LoRA's packed gradient buffers by trainable weight (ChunkedAdamW.gradSlots), made at the first step. */
+  private loraSlots?: Map<Tensor, Tensor>;
 
   /**
    * Tape.backwardFused's hook: collects the final gradients by optimizer chunk; a chunk whose parameters are
