@@ -320,7 +320,9 @@ export class TrainingRun {
     const step = this.trainer.step;
     const total = Math.floor(steps / every) + 1 + (steps % every ? 1 : 0);
     const index = step === steps ? total : Math.floor(step / every) + 1;
-    const r = new PhaseClock(1, this.clock.validationEstimate().seconds).at(0, 0);
+    // Before any step is timed there is nothing to estimate from (the first estimate would read 0).
+    const estimate = this.clock.validationEstimate();
+    const r = new PhaseClock(1, estimate.measured || estimate.seconds > 0 ? estimate.seconds : null).at(0, 0);
     const eta = etaText(r);
     emit({
       type: 'phase',
