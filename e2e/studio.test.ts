@@ -146,20 +146,22 @@ async function cutOffFields(page: Page): Promise<string[]> {
 async function watchProgress(page: Page): Promise<void> {
   // No named functions inside: the test runner's transform would wrap them in a helper the page lacks.
   await page.evaluate(() => {
-    const w = window as unknown as { __progress: { progress: string; sample: string | null }[] };
+    const w = window as unknown as { __progress: { progress: string; sample: string | null; status: string }[] };
     w.__progress = [];
     new MutationObserver(() => {
       const r = {
         progress: document.querySelector('[data-testid="train-progress-text"]')?.textContent ?? '',
         sample: document.querySelector('[data-testid="sample-progress"]')?.textContent ?? null,
+        status: document.querySelector('[data-testid="train-status"]')?.textContent ?? '',
       };
       const last = w.__progress.at(-1);
-      if (!last || last.progress !== r.progress || last.sample !== r.sample) w.__progress.push(r);
+      if (!last || last.progress !== r.progress || last.sample !== r.sample || last.status !== r.status) w.__progress.push(r);
     }).observe(document.body, { subtree: true, childList: true, characterData: true });
   });
 }
 
-const progressRecords = (page: Page) => page.evaluate(() => (window as unknown as { __progress: { progress: string; sample: string | null }[] }).__progress);
+const progressRecords = (page: Page) =>
+  page.evaluate(() => (window as unknown as { __progress: { progress: string; sample: string | null; status: string }[] }).__progress);
 
 /**
  * Clicks the page's left margin (nothing there reacts) every half second until stopped, timing each click from
@@ -350,6 +352,13 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
         early.map((r) => r.progress).join(' | '),
       );
       assert.ok(!early.some((r) => /^Step 1 \/.*s\/step/.test(r.progress)), 'no s/step from the warm-up step alone');
+      // The model was loaded before Train: the run does not download it again; the validation before step 1
+      // said which of how many it was, with its estimate.
+      assert.ok(!early.some((r) => /Downloading/.test(r.status)), early.map((r) => r.status).join(' | '));
+      assert.ok(
+        early.some((r) => /Validation 1 of \d+: the loss at step 0 \(\d+ forward passes\)/.test(r.status)),
+        early.map((r) => r.status).join(' | '),
+      );
       assert.ok(
         early.some((r) => /^Step [2-6] \/ 6 · warm-up \d+\.\d s · \d+\.\d\d s\/step · ETA/.test(r.progress)),
         early.map((r) => r.progress).join(' | '),

@@ -96,6 +96,8 @@ class StudioWorker {
   private session: TrainingRun | null = null;
   private onEvent: (e: WorkerEvent) => void = () => {};
   private hubEndpoint = 'https://huggingface.co';
+  /** The shipped demo model's files, fetched and checked once (a failed fetch is tried again next time). */
+  private demo: ReturnType<typeof fetchShippedDemo> | null = null;
   /** The shipped demo model's own picture side, once it has been opened. */
   private demoResolution: number | undefined;
   /** A pause or cancel that arrived while the run was still preparing (no session to tell yet). */
@@ -153,10 +155,15 @@ class StudioWorker {
 
   private async open(choice: ModelChoice): Promise<OpenedModel> {
     if (choice.kind === 'demo') {
-      // The pretrained demo model the page ships (public/demo-model/), each file checked against its manifest.
-      const { manifest, files } = await fetchShippedDemo(import.meta.env.BASE_URL, {
+      // The pretrained demo model the page ships (public/demo-model/), each file checked against its manifest:
+      // fetched once per worker, so Train, Try it and export after loading it download and check nothing again.
+      this.demo ??= fetchShippedDemo(import.meta.env.BASE_URL, {
         onProgress: (loaded, total) => this.onEvent({ type: 'download', path: 'demo model', loaded, total }),
+      }).catch((e: unknown) => {
+        this.demo = null;
+        throw e;
       });
+      const { manifest, files } = await this.demo;
       this.demoResolution = manifest.resolution;
       return this.diffusers(manifest.name, new Map<string, ByteSource>([...files].map(([p, b]) => [p, new BytesSource(b, p)])));
     }
