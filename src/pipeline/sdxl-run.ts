@@ -229,8 +229,9 @@ export async function prepareSdxlRun(
 }
 
 /** The trained adapters as the SDXL exporters take them: UNet, text encoder 1 (text_model.*), 2 (text_encoder_2.*). */
-export async function sdxlAdapters(trainer: DreamBoothTrainer, model: LoadedSdxl): Promise<SdxlLoraAdapters> {
-  const values = await trainer.trainedValues();
+export async function sdxlAdapters(trainer: DreamBoothTrainer, model: LoadedSdxl, o: { ema?: boolean } = {}): Promise<SdxlLoraAdapters> {
+  // --export-ema: the EMA of the weights instead of the last step's.
+  const values = await trainer.trainedValues(o);
   const provider = (keep: (n: string) => boolean, strip = ''): TensorProvider | undefined => {
     const names = [...values.keys()].filter(keep);
     if (!names.length) return undefined;
@@ -281,7 +282,7 @@ export async function exportSdxlRun(
     startedAt: r.startedAt,
     seed: s.seed,
   };
-  const adapters = await sdxlAdapters(t, r.parts.model);
+  const adapters = await sdxlAdapters(t, r.parts.model, { ema: s.exportEma });
   await (format === 'lora-kohya' ? writeSdxlKohyaLora : writeSdxlPeftLora)(sink, adapters, info);
 }
 
