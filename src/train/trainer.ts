@@ -605,10 +605,11 @@ export class DreamBoothTrainer {
     const teLr = { was: textEncoderLrOf({ lr: m.settings.lr, textEncoderLr: m.settings.textEncoderLr }), now: textEncoderLrOf(this.settings) };
     if (this.settings.textEncoderLora && teLr.was !== teLr.now)
       throw new Error(`this run's checkpoint was made with textEncoderLr = ${teLr.was}, not ${teLr.now}: resume with the run's own settings`);
-    if (JSON.stringify(m.settings.ema ?? null) !== JSON.stringify(this.settings.ema ?? null))
-      throw new Error(
-        `this run's checkpoint was made with ema = ${JSON.stringify(m.settings.ema ?? null)}, not ${JSON.stringify(this.settings.ema ?? null)}: resume with the run's own settings`,
-      );
+    for (const k of ['ema', 'prodigy', 'adafactor'] as const)
+      if (JSON.stringify(m.settings[k] ?? null) !== JSON.stringify(this.settings[k] ?? null))
+        throw new Error(
+          `this run's checkpoint was made with ${k} = ${JSON.stringify(m.settings[k] ?? null)}, not ${JSON.stringify(this.settings[k] ?? null)}: resume with the run's own settings`,
+        );
     await this.opt.restore((n) => snap.read(n), m.versions, m.applied);
     if (this.ema) await this.ema.restore((n) => snap.read(n), m.ema!);
     if (m.gemm !== undefined) this.gpu.setGemmConfig(m.gemm); // checked above
