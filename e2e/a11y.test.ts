@@ -63,6 +63,13 @@ describe('studio accessibility (Chromium, SwiftShader)', () => {
       await page.getByText('b.png').first().waitFor({ timeout: 60_000 });
       await page.getByText('Advanced settings').click();
       assert.deepEqual(await axeProblems(page), [], 'model, photos, Advanced settings open');
+      // The mask editor, a modal dialog: no violation in it, and Escape closes it without saving.
+      await page.getByRole('button', { name: 'Paint mask on a.png' }).click();
+      await page.getByRole('dialog', { name: 'Loss mask of a.png' }).waitFor();
+      assert.deepEqual(await axeProblems(page), [], 'the mask editor');
+      await page.keyboard.press('Escape');
+      await page.getByRole('dialog').waitFor({ state: 'detached' });
+      assert.equal(await page.getByTestId('mask-status').count(), 0, 'Escape saved nothing');
 
       // Skip links: the Train step is a few presses from the top (it was 33 Tabs to Steps, 48 to Train).
       // From the top of a fresh load; the reload also shows the demo model coming back by itself (the last run used it).
