@@ -13,6 +13,7 @@
 import type { ByteSink } from '../io/safetensors.ts';
 import { unetFromDiffusers, type UnetLayout } from '../models/keymap.ts';
 import { FOLDED_KEYS, isLoraTarget, kohyaMetadata, type LoraInfo } from './lora.ts';
+import { hashedSafetensorsChunks } from './addnet-hash.ts';
 import { IMPL_STABILITY_AI, isoDate, SAI_MODEL_SPEC_VERSION } from './modelspec.ts';
 import { ExportError, type TensorProvider } from './provider.ts';
 import { pump, pyFloat, type OutTensor, safetensorsChunks } from './stream.ts';
@@ -125,7 +126,7 @@ export function sdxlKohyaMetadata(a: SdxlLoraAdapters, info: Omit<LoraInfo, 'fam
   return { ...md, ...spec };
 }
 
-/** Writes an SDXL kohya LoRA to `sink`, one tensor at a time, and closes it. */
+/** Writes an SDXL kohya LoRA, with its sshs_* hashes (addnet-hash.ts), to `sink` one tensor at a time, and closes it. */
 export async function writeSdxlKohyaLora(sink: ByteSink, a: SdxlLoraAdapters, info: Omit<LoraInfo, 'family'>): Promise<void> {
-  await pump(safetensorsChunks(sdxlKohyaTensors(a), sdxlKohyaMetadata(a, info)), sink);
+  await pump(hashedSafetensorsChunks(sdxlKohyaTensors(a), sdxlKohyaMetadata(a, info)), sink);
 }

@@ -40,9 +40,10 @@
 import type { NamedTensor, SafetensorsFile } from '../io/safetensors.ts';
 import type { ByteSink } from '../io/safetensors.ts';
 import type { Family, Prediction } from '../models/detect.ts';
+import { addnetModelHash, hashedSafetensorsChunks } from './addnet-hash.ts';
 import { modelspec } from './modelspec.ts';
 import { ExportError, type TensorProvider } from './provider.ts';
-import { pump, pyBool, pyFloat, safetensorsChunks, type OutTensor } from './stream.ts';
+import { pump, pyBool, pyFloat, pyJson, safetensorsChunks, type OutTensor, type PyJson } from './stream.ts';
 
 export type LoraComponent = 'unet' | 'text_encoder';
 
@@ -85,6 +86,8 @@ export interface LoraInfo {
   batchSize?: number;
   /** CLIP skip used in training (1 = last layer). */
   clipSkip?: number;
+  /** Per instance image its caption, when captions replace the instance prompt (ss_tag_frequency counts their tags). */
+  captions?: readonly string[];
 }
 
 // ---- engine targets and names ----------------------------------------------------------------------
@@ -196,8 +199,7 @@ export function kohyaMetadata(adapters: LoraAdapters, info: LoraInfo): Record<st
     ss_resolution: `(${info.resolution}, ${info.resolution})`,
     ss_training_comment: comment,
     ss_sd_model_name: info.baseModelName,
-    // A1111 shows these as the LoRA's training tags: {dataset dir: {tag: count}}.
-    ss_tag_frequency: JSON.stringify({ instance: { [info.instancePrompt]: info.numImages } }),
+    ...kohyaDatasets(info),
   };
   if (adapters.textEncoder) md.ss_text_encoder_lr = pyFloat(info.textEncoderLr ?? info.lr);
   if (info.baseModelHash) md.ss_new_sd_model_hash = info.baseModelHash;
@@ -207,6 +209,99 @@ export function kohyaMetadata(adapters: LoraAdapters, info: LoraInfo): Record<st
   if (info.lrWarmup !== undefined) md.ss_lr_warmup_steps = String(info.lrWarmup);
   if (info.batchSize !== undefined) md.ss_batch_size_per_device = String(info.batchSize);
   return md;
+}
+
+/** The dataset folders as the sd-scripts job bundle lays them out (pipeline/bundle-sdscripts.ts). */
+export const KOHYA_DIRS = { instance: 'instance_images', class: 'class_images' } as const;
+
+/** sd-scripts' BaseDataset.set_tag_frequency: each caption split at ',', stripped, lower-cased, counted. */
+export function tagFrequency(captions: readonly string[]): Map<string, number> {
+  const freq = new Map<string, number>();
+  for (const caption of captions)
+    for (let tag of caption.split(',')) {
+      tag = tag.trim().toLowerCase();
+      if (tag) freq.set(tag, (freq.get(tag) ?? 0) + 1);
+    }
+  return freq;
+}
+
+/**
+ * ss_datasets, ss_tag_frequency and ss_dataset_dirs as sd-scripts' train_network.py writes them (json.dumps of
+ * its per-dataset dicts) for the one DreamBooth dataset a run is: the instance subset (class_tokens = the
+ * instance prompt, or per-image captions) and, with prior preservation, the regularisation subset
+ * (is_reg). Photos are used once per epoch (num_repeats 1), at one square resolution (one bucket, no
+ * bucketing); A1111 shows ss_tag_frequency as the LoRA's training tags.
+ */
+function kohyaDatasets(info: LoraInfo): Record<string, string> {
+  const reg = info.classPrompt !== undefined && (info.numClassImages ?? 0) > 0;
+  const instanceCaptions = info.captions ?? Array<string>(info.numImages).fill(info.instancePrompt);
+  const frequency = new Map<string, PyJson>([[KOHYA_DIRS.instance, tagFrequency(instanceCaptions)]]);
+  if (reg) frequency.set(KOHYA_DIRS.class, tagFrequency(Array<string>(info.numClassImages!).fill(info.classPrompt!)));
+  const subset = (dir: string, count: number, tokens: string, isReg: boolean) =>
+    new Map<string, PyJson>([
+      ['img_count', count],
+      ['num_repeats', 1],
+      ['color_aug', false],
+      ['flip_aug', false],
+      ['random_crop', false],
+      ['shuffle_caption', false],
+      ['keep_tokens', 0],
+      ['keep_tokens_separator', ''],
+      ['secondary_separator', null],
+      ['enable_wildcard', false],
+      ['caption_prefix', null],
+      ['caption_suffix', null],
+      ['image_dir', dir],
+      ['class_tokens', tokens],
+      ['is_reg', isReg],
+    ]);
+  const subsets = [subset(KOHYA_DIRS.instance, info.numImages, info.instancePrompt, false)];
+  if (reg) subsets.push(subset(KOHYA_DIRS.class, info.numClassImages!, info.classPrompt!, true));
+  const images = info.numImages + (reg ? info.numClassImages! : 0);
+  const dataset = new Map<string, PyJson>([
+    ['is_dreambooth', true],
+    ['batch_size_per_device', info.batchSize ?? 1],
+    ['num_train_images', info.numImages],
+    ['num_reg_images', reg ? info.numClassImages! : 0],
+    ['resolution', [info.resolution, info.resolution]],
+    ['enable_bucket', false],
+    ['min_bucket_reso', null],
+    ['max_bucket_reso', null],
+    ['tag_frequency', frequency],
+    [
+      'bucket_info',
+      new Map([
+        [
+          'buckets',
+          new Map([
+            [
+              '0',
+              new Map<string, PyJson>([
+                ['resolution', [info.resolution, info.resolution]],
+                ['count', images],
+              ]),
+            ],
+          ]),
+        ],
+      ]),
+    ],
+    ['subsets', subsets],
+  ]);
+  return {
+    ss_datasets: pyJson([dataset]),
+    ss_tag_frequency: pyJson(frequency),
+    ss_dataset_dirs: pyJson(
+      new Map([
+        [
+          KOHYA_DIRS.instance,
+          new Map([
+            ['n_repeats', 1],
+            ['img_count', info.numImages],
+          ]),
+        ],
+      ]),
+    ),
+  };
 }
 
 function loraModelspec(info: LoraInfo): Record<string, string> {
@@ -235,9 +330,17 @@ function kohyaTensors(adapters: LoraAdapters): OutTensor[] {
   return out;
 }
 
-/** Writes a kohya sd-scripts LoRA (A1111, ComfyUI, diffusers) to `sink`, one tensor at a time, and closes it. */
+/** sshs_model_hash of the kohya file of `adapters` (metadata aside): A1111's "Lora hashes" before an export. */
+export async function kohyaLoraHash(adapters: LoraAdapters): Promise<string> {
+  return addnetModelHash(kohyaTensors(adapters));
+}
+
+/**
+ * Writes a kohya sd-scripts LoRA (A1111, ComfyUI, diffusers) to `sink`, one tensor at a time, and closes it;
+ * the adapters are read twice, first for the file's sshs_* hashes (addnet-hash.ts).
+ */
 export async function writeKohyaLora(sink: ByteSink, adapters: LoraAdapters, info: LoraInfo): Promise<void> {
-  await pump(safetensorsChunks(kohyaTensors(adapters), { ...kohyaMetadata(adapters, info), ...loraModelspec(info) }), sink);
+  await pump(hashedSafetensorsChunks(kohyaTensors(adapters), { ...kohyaMetadata(adapters, info), ...loraModelspec(info) }), sink);
 }
 
 // ---- diffusers / PEFT -------------------------------------------------------------------------------

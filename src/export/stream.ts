@@ -218,3 +218,23 @@ export function pyFloat(x: number): string {
 
 /** Python's str(bool). */
 export const pyBool = (b: boolean) => (b ? 'True' : 'False');
+
+/** A value for pyJson: ints (JS integers), strings, booleans, None (null), lists, and dicts in key order (Map). */
+export type PyJson = number | string | boolean | null | readonly PyJson[] | ReadonlyMap<string, PyJson>;
+
+/**
+ * Python's json.dumps(v) with its defaults: ', ' and ': ' separators, non-ASCII as \uXXXX (ensure_ascii),
+ * dict keys in insertion order (a Map, since a JS object would move integer-like keys such as a "1girl" tag's
+ * sibling "1" to the front).
+ */
+export function pyJson(v: PyJson): string {
+  if (v === null) return 'null';
+  if (typeof v === 'boolean') return v ? 'true' : 'false';
+  if (typeof v === 'number') {
+    if (!Number.isInteger(v)) throw new ExportError(`pyJson: ${v} is not an integer (floats are not written here)`);
+    return String(v);
+  }
+  if (typeof v === 'string') return JSON.stringify(v).replace(/[\u007f-\uffff]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+  if (Array.isArray(v)) return `[${(v as readonly PyJson[]).map(pyJson).join(', ')}]`;
+  return `{${[...(v as ReadonlyMap<string, PyJson>)].map(([k, x]) => `${pyJson(k)}: ${pyJson(x)}`).join(', ')}}`;
+}

@@ -10,7 +10,7 @@ import { effectiveScheduler } from '../train/lr-schedule.ts';
 import type { DreamBoothTrainer } from '../train/trainer.ts';
 import { chunkedProvider } from '../export/chunked.ts';
 import { writeSingleFile, zipDiffusers } from '../export/full.ts';
-import { writeKohyaLora, writePeftLora, type LoraInfo } from '../export/lora.ts';
+import { kohyaLoraHash, writeKohyaLora, writePeftLora, type LoraAdapters, type LoraInfo } from '../export/lora.ts';
 import { mergedLoraProvider } from '../export/merge.ts';
 import { pipeToSink } from '../export/stream.ts';
 import { phaseTicker } from './progress.ts';
@@ -73,6 +73,27 @@ function countedReads(p: TensorProvider, onRead: (done: number, total: number) =
   };
 }
 
+/** The trained LoRA adapters (`values`: trainedValues) as the LoRA writers read them. */
+function trainedAdapters(r: Pick<ExportSource, 'trainer'>, values: Map<string, Float32Array>): LoraAdapters {
+  const t = r.trainer;
+  const provider = (keep: (n: string) => boolean): TensorProvider => {
+    const names = [...values.keys()].filter(keep);
+    return { names: () => names, shape: (n) => [...t.trainable.get(n)!.shape], read: async (n) => values.get(n)! };
+  };
+  const te = provider((n) => n.startsWith('text_model.'));
+  return {
+    rank: t.settings.rank,
+    alpha: t.settings.alpha,
+    unet: provider((n) => !n.startsWith('text_model.')),
+    ...(te.names().length ? { textEncoder: te } : {}),
+  };
+}
+
+/** sshs_model_hash of the kohya LoRA an export would write now (A1111's "Lora hashes" of a Try it image). */
+export async function trainedLoraHash(r: Pick<ExportSource, 'trainer' | 'run'>): Promise<string> {
+  return kohyaLoraHash(trainedAdapters(r, await r.trainer.trainedValues({ ema: r.run.settings.exportEma })));
+}
+
 /** Streams the trained model in `format` to `sink` (LoRA formats for LoRA runs; full formats for both). */
 export async function exportRun(r: ExportSource, format: ExportFormat, sink: ByteSink): Promise<void> {
   const t = r.trainer;
@@ -84,10 +105,6 @@ export async function exportRun(r: ExportSource, format: ExportFormat, sink: Byt
   // --export-ema: the EMA of the weights instead of the last step's.
   const values = s.mode === 'lora' ? await t.trainedValues({ ema: s.exportEma }) : new Map<string, Float32Array>();
   const title = `${r.opened.name} dreambooth ${s.mode}`;
-  const provider = (keep: (n: string) => boolean): TensorProvider => {
-    const names = [...values.keys()].filter(keep);
-    return { names: () => names, shape: (n) => [...t.trainable.get(n)!.shape], read: async (n) => values.get(n)! };
-  };
   if (format === 'lora-kohya' || format === 'lora-diffusers') {
     const info: LoraInfo = {
       family: r.model.family,
@@ -107,15 +124,7 @@ export async function exportRun(r: ExportSource, format: ExportFormat, sink: Byt
       startedAt: r.startedAt,
       seed: s.seed,
     };
-    const te = provider((n) => n.startsWith('text_model.'));
-    const ts = t.settings;
-    const adapters = {
-      rank: ts.rank,
-      alpha: ts.alpha,
-      unet: provider((n) => !n.startsWith('text_model.')),
-      ...(te.names().length ? { textEncoder: te } : {}),
-    };
-    await (format === 'lora-kohya' ? writeKohyaLora : writePeftLora)(sink, adapters, info);
+    await (format === 'lora-kohya' ? writeKohyaLora : writePeftLora)(sink, trainedAdapters(r, values), info);
     return;
   }
   // Full formats: the trained UNet over the base's other components. A LoRA run is merged into the UNet

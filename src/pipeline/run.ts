@@ -27,7 +27,7 @@ import { StorageFullError } from '../store/chunkstore.ts';
 import { DreamBoothTrainer, VALIDATION_IMAGES, VALIDATION_T, type TrainSettings } from '../train/trainer.ts';
 import { formatBytes } from '../util/bytes.ts';
 import { cachedTrainData, modelShapeOf, planRun, promptWarning, releaseFor, runStartedAt } from './prepare.ts';
-import { exportFileName, exportRun, type ExportFormat } from './run-export.ts';
+import { exportFileName, exportRun, trainedLoraHash, type ExportFormat } from './run-export.ts';
 import { etaText, PhaseClock } from './progress.ts';
 import type { OpenedModel, PlanSummary, RunEvent, RunHost, RunInput } from './run-host.ts';
 import { RunClock } from './timing.ts';
@@ -398,6 +398,8 @@ export class TrainingRun {
         const run = { schedule: this.schedule, step: t.step, appliedSteps: t.appliedSteps, loraScale: t.loraScale, resolution: s.resolution };
         return await t.withEmaWeights(() => tryItSdxl(this.host.gpu, b.parts, { ...run, baseName: this.opened.name, tunedName }, o));
       }
+      // The LoRA's "Lora hashes" entry: the sshs_model_hash of the kohya file an export would write now.
+      const tunedHash = s.mode === 'lora' ? await trainedLoraHash({ trainer: this.trainer, run: this.run }) : undefined;
       // With an EMA of the weights, the fine-tuned side is the average (what --export-ema exports).
       return await this.trainer.withEmaWeights(() =>
         generateTryIt(
@@ -414,6 +416,7 @@ export class TrainingRun {
             resolution: s.resolution,
             baseName: this.opened.name,
             tunedName,
+            tunedHash,
           },
           o,
         ),

@@ -72,6 +72,8 @@ export interface TryItRun {
   baseName: string;
   /** The fine-tuned result's name: the LoRA's (in `<lora:NAME:..>`) or the full checkpoint's. */
   tunedName: string;
+  /** A LoRA's sshs_model_hash (export/addnet-hash.ts), for A1111's "Lora hashes". */
+  tunedHash?: string;
 }
 
 /** The strongest LoRA strength accepted (A1111 takes any; past a few times the trained scale images break up). */
@@ -185,7 +187,7 @@ export async function generateTryIt(run: TryItRun, o: TryItOptions): Promise<Try
       model: run.baseName,
     };
     const tunedParams = formatParameters(
-      lora ? { ...params, lora: { name: run.tunedName, strength: strength! } } : { ...params, model: modelNameOf(run.tunedName) },
+      lora ? { ...params, lora: { name: run.tunedName, strength: strength!, hash: run.tunedHash } } : { ...params, model: modelNameOf(run.tunedName) },
     );
     const baseParams = formatParameters(params);
     return {

@@ -3,7 +3,7 @@
 // readers. A1111 (modules/processing.py create_infotext) writes:
 //   <prompt>
 //   Negative prompt: <negative prompt>          (the line only when the negative prompt is not empty)
-//   Steps: 20, Sampler: DPM++ 2M, CFG scale: 7.5, Seed: 42, Size: 512x512, Model: <name>
+//   Steps: 20, Sampler: DPM++ 2M, CFG scale: 7.5, Seed: 42, Size: 512x512, Model: <name>, Lora hashes: "<name>: <hash12>"
 // where each value containing ',', ':' or a newline is written as a JSON string (infotext_utils.quote), and a
 // LoRA is part of the prompt itself as `<lora:NAME:STRENGTH>` (extra networks syntax).
 import { decode, encode } from 'fast-png';
@@ -19,8 +19,11 @@ export interface GenerationParameters {
   sampler: 'dpm++2m' | 'ddim';
   /** The checkpoint's name (A1111 writes its file name without the extension). */
   model: string;
-  /** A LoRA on the model: its name and strength, written into the prompt. */
-  lora?: { name: string; strength: number };
+  /**
+   * A LoRA on the model: its name and strength, written into the prompt, and its sshs_model_hash
+   * (export/addnet-hash.ts), written as A1111's `Lora hashes: "name: <first 12 hex digits>"`.
+   */
+  lora?: { name: string; strength: number; hash?: string };
 }
 
 /** A1111's sampler names for ours. */
@@ -56,6 +59,8 @@ export function formatParameters(p: GenerationParameters): string {
     ['Size', `${p.width}x${p.height}`],
     ['Model', modelNameOf(p.model)],
   ];
+  // A1111's extra_networks_lora: the alias with ':' and ',' removed, "alias: shorthash" pairs joined by ', '.
+  if (p.lora?.hash) fields.push(['Lora hashes', `${p.lora.name.replace(/[:,]/g, '')}: ${p.lora.hash.slice(0, 12)}`]);
   return `${prompt}${negative}\n${fields.map(([k, v]) => `${k}: ${quoteValue(v)}`).join(', ')}`;
 }
 

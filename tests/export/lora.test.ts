@@ -3,11 +3,24 @@
 // files read back through readLora to the same adapters (fp16), every chunk written is one tensor, and the
 // reloaded adapters give the same UNet and text-encoder outputs as the adapters they came from.
 import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { describe, it } from 'node:test';
 import { roundToF16 } from '../../src/util/half.ts';
 import { SafetensorsFile, writeSafetensors, type NamedTensor } from '../../src/io/safetensors.ts';
 import { BytesSource } from '../../src/io/source.ts';
-import { adapterTensors, kohyaMetadata, kohyaName, layerFromKohya, readLora, writeKohyaLora, writePeftLora, type LoraAdapters } from '../../src/export/lora.ts';
+import {
+  adapterTensors,
+  kohyaLoraHash,
+  kohyaMetadata,
+  kohyaName,
+  layerFromKohya,
+  readLora,
+  writeKohyaLora,
+  writePeftLora,
+  type LoraAdapters,
+} from '../../src/export/lora.ts';
+import { hashFixtureAdapters, hashFixtureFile } from '../fixtures/export/lora-hash-fixture.ts';
 import { ExportError, mapProvider } from '../../src/export/provider.ts';
 import { loadDiffusers } from '../../src/models/load.ts';
 import { nodeFolder } from '../../src/models/folder-node.ts';
@@ -17,6 +30,8 @@ import { compare } from '../../src/selftest/check.ts';
 import { assertChecks, testGpu } from '../helpers.ts';
 import { clipIds, INFO, memorySink, randomAdapters, readFolderTensors, rounded, tensorChunkSizes, tinyModel, unetFixture, upload } from './fixtures.ts';
 
+const HASH_GOLDEN = JSON.parse(readFileSync(new URL('../fixtures/export/addnet-hash.json', import.meta.url), 'utf8')) as Record<string, string>;
+let fixtureFile: Promise<Uint8Array> | undefined;
 const RANK = 4;
 const ALPHA = 8;
 const tiny = tinyModel();
@@ -108,7 +123,47 @@ describe('kohya LoRA export', () => {
     };
     for (const [k, v] of Object.entries(expected)) assert.equal(md[k], v, k);
     assert.match(md.ss_training_comment, /instance prompt: a photo of sks dog, café; class prompt: a photo of a dog/);
-    assert.deepEqual(JSON.parse(md.ss_tag_frequency), { instance: { 'a photo of sks dog, café': 5 } });
+    // sd-scripts' tag rule: the instance prompt split at ',' into two tags, once per photo.
+    assert.deepEqual(JSON.parse(md.ss_tag_frequency), { instance_images: { 'a photo of sks dog': 5, café: 5 }, class_images: { 'a photo of a dog': 100 } });
+  });
+
+  it('sshs_model_hash / sshs_legacy_hash as addnet computes them (Python hashlib golden)', async () => {
+    const bytes = await (fixtureFile ??= hashFixtureFile());
+    const file = await SafetensorsFile.open(new BytesSource(bytes));
+    const md = file.metadata;
+    // The golden is Python's hashlib over this same file (tests/fixtures/export/addnet-hash.py); exact strings.
+    assert.equal(md.sshs_model_hash, HASH_GOLDEN.sshs_model_hash);
+    assert.equal(md.sshs_legacy_hash, HASH_GOLDEN.sshs_legacy_hash);
+    // And node:crypto over the file's own bytes: the data after the header, and the 64 KiB at 1 MiB (in the data).
+    const sha = (b: Uint8Array) => createHash('sha256').update(b).digest('hex');
+    assert.ok(file.header.dataStart < 0x100000 && bytes.length > 0x110000, 'the legacy window lies in the tensor data');
+    assert.equal(md.sshs_model_hash, sha(bytes.subarray(file.header.dataStart)));
+    assert.equal(md.sshs_legacy_hash, sha(bytes.subarray(0x100000, 0x110000)).slice(0, 8));
+    // The model hash is the data's alone: other metadata, same hash; a tensor changed, another hash.
+    assert.equal(await kohyaLoraHash(hashFixtureAdapters()), md.sshs_model_hash);
+    const unet = adapters.unet;
+    const first = unet.names()[0];
+    const bumped = { ...unet, read: async (n: string) => (n === first ? (await unet.read(n)).map((v, i) => (i === 0 ? v + 0.25 : v)) : unet.read(n)) };
+    assert.notEqual(await kohyaLoraHash({ ...adapters, unet: bumped }), await kohyaLoraHash(adapters), 'one value changed, another hash');
+  });
+
+  it('ss_datasets, ss_tag_frequency and ss_output_name parse as sd-scripts writes them', async () => {
+    const md = (await SafetensorsFile.open(new BytesSource(await (fixtureFile ??= hashFixtureFile())))).metadata;
+    // Python's json.dumps (', ' and ': ', \u escapes, key order) byte for byte.
+    assert.equal(md.ss_tag_frequency, HASH_GOLDEN.ss_tag_frequency);
+    assert.equal(md.ss_output_name, 'sks dog');
+    const [ds] = JSON.parse(md.ss_datasets) as Record<string, unknown>[];
+    assert.deepEqual([ds.is_dreambooth, ds.num_train_images, ds.num_reg_images, ds.resolution], [true, 3, 2, [512, 512]]);
+    assert.deepEqual(ds.tag_frequency, JSON.parse(md.ss_tag_frequency));
+    const subsets = ds.subsets as Record<string, unknown>[];
+    assert.deepEqual(
+      subsets.map((x) => [x.image_dir, x.class_tokens, x.is_reg, x.img_count, x.num_repeats]),
+      [
+        ['instance_images', 'a photo of sks dog', false, 3, 1],
+        ['class_images', 'a photo of a dog', true, 2, 1],
+      ],
+    );
+    assert.deepEqual(JSON.parse(md.ss_dataset_dirs), { instance_images: { n_repeats: 1, img_count: 3 } });
   });
 
   it('SD2 metadata: kohya model versions and modelspec architectures', () => {

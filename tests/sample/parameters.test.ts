@@ -35,6 +35,18 @@ describe('A1111 parameters text', () => {
     assert.equal(formatParameters({ ...base, lora: { name: 'x', strength: 1 } }).split('\n')[0], 'a photo of sks dog <lora:x:1>');
   });
 
+  it('writes the LoRA\'s short hash as A1111\'s Lora hashes: "name: <12 hex>"', () => {
+    const hash = '1d3a20b81db41a06d10deadfe81c4dfb8d2701432cad4a456657b34601888942';
+    const text = formatParameters({ ...base, lora: { name: 'sks-dog', strength: 0.8, hash } });
+    assert.equal(
+      text.split('\n')[2],
+      'Steps: 20, Sampler: DPM++ 2M, CFG scale: 7.5, Seed: 42, Size: 512x512, Model: v1-5-pruned-emaonly, Lora hashes: "sks-dog: 1d3a20b81db4"',
+    );
+    // A1111 drops ':' and ',' from the alias so the pair list stays parseable.
+    assert.match(formatParameters({ ...base, lora: { name: 'a:b,c', strength: 1, hash } }), /Lora hashes: "abc: 1d3a20b81db4"$/);
+    assert.doesNotMatch(formatParameters({ ...base, lora: { name: 'x', strength: 1 } }), /Lora hashes/);
+  });
+
   it('leaves out the negative prompt line when there is none (as A1111 does)', () => {
     assert.equal(
       formatParameters({ ...base, negativePrompt: '', sampler: 'ddim', width: 32, height: 48 }),
