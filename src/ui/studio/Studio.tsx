@@ -12,7 +12,6 @@ import {
   applyPreset,
   cropAt,
   exportRun,
-  filesFromDrop,
   initStudio,
   removePhoto,
   replacePhoto,
@@ -25,6 +24,7 @@ import {
   loadModelFolder,
   refreshRuns,
 } from './actions.ts';
+import { filesFromDrop } from './drop-files.ts';
 import { RunsPanel } from './Runs.tsx';
 import { TrainPanel } from './TrainPanel.tsx';
 import { bucketFor, bucketRegion } from '../../io/image.ts';

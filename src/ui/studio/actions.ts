@@ -3,7 +3,7 @@
 // exports all happen in the worker.
 import * as Comlink from 'comlink';
 import { centerCrop, MAX_IMAGES, type CropBox } from '../../io/image.ts';
-import { browserDecoder, checkPhoto, type PhotoDecoder } from './photo-check.ts';
+import { browserDecoder, checkMask, checkPhoto, type PhotoDecoder } from './photo-check.ts';
 import { splitMasks, stemOf } from './mask-files.ts';
 import { storagePersistence } from '../../store/idb-store.ts';
 import { SHIPPED_DEMO_RESOLUTION } from '../../models/shipped-demo.ts';
@@ -147,33 +147,6 @@ export function loadModelFolder(files: { path: string; file: File }[], name: str
   return loadModelChoice({ kind: 'folder', name, files: strip ? files.map((f) => ({ path: f.path.split('/').slice(1).join('/'), file: f.file })) : files });
 }
 
-/** Files of a dropped folder (DataTransferItem.webkitGetAsEntry), with paths relative to the drop. */
-export async function filesFromDrop(items: DataTransferItemList): Promise<{ files: { path: string; file: File }[]; folder: string | null }> {
-  const out: { path: string; file: File }[] = [];
-  let folder: string | null = null;
-  const walk = async (entry: FileSystemEntry, prefix: string): Promise<void> => {
-    if (entry.isFile) {
-      const file = await new Promise<File>((res, rej) => (entry as FileSystemFileEntry).file(res, rej));
-      out.push({ path: prefix + entry.name, file });
-    } else if (entry.isDirectory) {
-      const reader = (entry as FileSystemDirectoryEntry).createReader();
-      for (;;) {
-        const batch = await new Promise<FileSystemEntry[]>((res, rej) => reader.readEntries(res, rej));
-        if (!batch.length) break;
-        for (const e of batch) await walk(e, `${prefix}${entry.name}/`);
-      }
-    }
-  };
-  const entries = Array.from(items)
-    .map((i) => i.webkitGetAsEntry?.())
-    .filter((e): e is FileSystemEntry => !!e);
-  for (const e of entries) {
-    if (e.isDirectory) folder = e.name;
-    await walk(e, '');
-  }
-  return { files: out, folder };
-}
-
 // ---- photos ---------------------------------------------------------------------------------------------
 
 let nextId = Date.now();
@@ -226,44 +199,12 @@ export async function addPhotos(files: File[], which: 'photos' | 'classPhotos' =
   S().set((s) => ({ [which]: [...s[which], ...added], photoErrors: errors }) as Partial<typeof s>);
   for (const { index, stem } of split.masks) {
     const photo = S().photos.find((p) => stemOf(p.name) === stem)!;
-    const m = await toMask(files[index], photo);
+    const m = await checkMask(files[index], photo, decoder);
     if ('error' in m) errors.push(m.error);
     else setPhotoMask(photo.id, m.blob);
   }
   if (split.masks.length) S().set({ photoErrors: [...errors] });
   void saveProject().then(refreshRuns);
-}
-
-/**
- * A mask file for `photo`: checked in full, of the photo's shape (within 1% in aspect ratio), and kept as the mask
- * editor keeps its own (white, opaque where the file is white: kohya reads the R channel) where the page can redraw it.
- */
-async function toMask(f: File, photo: PhotoItem): Promise<{ blob: Blob } | { error: string }> {
-  const m = await checkPhoto(f, decoder);
-  if ('error' in m) return m;
-  if (Math.abs(m.width / m.height - photo.width / photo.height) > 0.01 * (photo.width / photo.height))
-    return { error: `${f.name}: a mask must have its photo's shape; it is ${m.width}x${m.height}, ${photo.name} is ${photo.width}x${photo.height}` };
-  const blob = new Blob([m.bytes as Uint8Array<ArrayBuffer>], { type: f.type || 'image/png' });
-  return { blob: (await maskAsAlpha(blob)) ?? blob };
-}
-
-/** The mask with its R channel as alpha over white (the editor's form), or null where the page cannot redraw it (tests). */
-async function maskAsAlpha(blob: Blob): Promise<Blob | null> {
-  if (typeof OffscreenCanvas === 'undefined' || typeof createImageBitmap === 'undefined') return null;
-  const bmp = await createImageBitmap(blob);
-  const c = new OffscreenCanvas(bmp.width, bmp.height);
-  const ctx = c.getContext('2d')!;
-  ctx.drawImage(bmp, 0, 0);
-  bmp.close();
-  const img = ctx.getImageData(0, 0, c.width, c.height);
-  const px = img.data;
-  for (let i = 0; i < px.length; i += 4) {
-    // A transparent pixel reads as black (the run composites over black).
-    px[i + 3] = Math.round((px[i] * px[i + 3]) / 255);
-    px[i] = px[i + 1] = px[i + 2] = 255;
-  }
-  ctx.putImageData(img, 0, 0);
-  return c.convertToBlob({ type: 'image/png' });
 }
 
 export function removePhoto(id: string, which: 'photos' | 'classPhotos' = 'photos'): void {

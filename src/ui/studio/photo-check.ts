@@ -40,3 +40,39 @@ export async function checkPhoto(
     return { error: (e as Error).message };
   }
 }
+
+/**
+ * A mask file for `photo`: checked in full, of the photo's shape (within 1% in aspect ratio), and kept as the mask
+ * editor keeps its own (white, opaque where the file is white: kohya reads the R channel) where the page can redraw it.
+ */
+export async function checkMask(
+  f: File,
+  photo: { name: string; width: number; height: number },
+  decoder: PhotoDecoder = browserDecoder,
+): Promise<{ blob: Blob } | { error: string }> {
+  const m = await checkPhoto(f, decoder);
+  if ('error' in m) return m;
+  if (Math.abs(m.width / m.height - photo.width / photo.height) > 0.01 * (photo.width / photo.height))
+    return { error: `${f.name}: a mask must have its photo's shape; it is ${m.width}x${m.height}, ${photo.name} is ${photo.width}x${photo.height}` };
+  const blob = new Blob([m.bytes as Uint8Array<ArrayBuffer>], { type: f.type || 'image/png' });
+  return { blob: (await maskAsAlpha(blob)) ?? blob };
+}
+
+/** The mask with its R channel as alpha over white (the editor's form), or null where the page cannot redraw it (tests). */
+async function maskAsAlpha(blob: Blob): Promise<Blob | null> {
+  if (typeof OffscreenCanvas === 'undefined' || typeof createImageBitmap === 'undefined') return null;
+  const bmp = await createImageBitmap(blob);
+  const c = new OffscreenCanvas(bmp.width, bmp.height);
+  const ctx = c.getContext('2d')!;
+  ctx.drawImage(bmp, 0, 0);
+  bmp.close();
+  const img = ctx.getImageData(0, 0, c.width, c.height);
+  const px = img.data;
+  for (let i = 0; i < px.length; i += 4) {
+    // A transparent pixel reads as black (the run composites over black).
+    px[i + 3] = Math.round((px[i] * px[i + 3]) / 255);
+    px[i] = px[i + 1] = px[i + 2] = 255;
+  }
+  ctx.putImageData(img, 0, 0);
+  return c.convertToBlob({ type: 'image/png' });
+}
