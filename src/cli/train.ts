@@ -519,7 +519,15 @@ async function openModel(run: RunFile): Promise<{ opened: OpenedModel; close: ()
   for (const f of TOKENIZER_FILES) if (existsSync(join(tokDir, f))) tokenizerFiles.set(f, readFileSync(join(tokDir, f)));
   const file = await SafetensorsFile.open(await NodeFileSource.open(model));
   return {
-    opened: { kind: 'single-file', name: basename(model), file, tokenizer, tokenizerFiles, ...(tokenizer2 ? { tokenizer2 } : {}), ...(overrides ? { overrides } : {}) },
+    opened: {
+      kind: 'single-file',
+      name: basename(model),
+      file,
+      tokenizer,
+      tokenizerFiles,
+      ...(tokenizer2 ? { tokenizer2 } : {}),
+      ...(overrides ? { overrides } : {}),
+    },
     close: async () => file.source.close?.(),
   };
 }

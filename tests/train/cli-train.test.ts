@@ -7,16 +7,15 @@ import assert from 'node:assert/strict';
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { describe, it } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { unzipSync } from 'fflate';
 import { encode as encodePng } from 'fast-png';
 import { readSafetensors } from '../../src/io/safetensors.ts';
 import { writeTinyModel } from '../fixtures/models/make-tiny.ts';
 import { FIXTURES } from '../helpers.ts';
+import { cliArgs } from '../cli.ts';
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const dir = mkdtempSync(join(tmpdir(), 'dbs-train-'));
 const tiny = writeTinyModel(dir);
 const configPath = join(dir, 'overrides.json');
@@ -24,7 +23,6 @@ writeFileSync(configPath, JSON.stringify(tiny.overrides));
 const images = join(dir, 'images');
 mkdirSync(images);
 for (const f of ['quadrants.png', 'quadrants-o6.jpg', 'rgba.png']) copyFileSync(join(FIXTURES, 'images', f), join(images, f));
-const cliArgs = (...a: string[]) => ['--import', 'tsx', join(root, 'src/cli/main.ts'), ...a];
 
 function cli(...args: string[]): { code: number; out: string; err: string } {
   const r = spawnSync(process.execPath, cliArgs(...args), { stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8' });
