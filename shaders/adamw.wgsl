@@ -154,10 +154,11 @@ fn adamw_stats(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
 // CHECK computes the update and writes nothing but update_flag (the rules of adamw_check); otherwise (STATS) the
 // kernel also raises stats with the new state's maxima (|master|, |m|, v, |m| / (sqrt(v) + stats_eps), m and v
 // as the next step will read them), so a streamed chunk needs no separate statistics pass.
-const QB: u32 = 256u;
-const LANES: u32 = 64u;
+// QB is a def (src/ops/adamw-packed.ts QBLOCK, which also sizes the grid and the packed layout); LANES invocations of
+// 4 elements cover one block.
+const LANES: u32 = QB / 4u;
 var<workgroup> code_tab: array<f32, 512>; // [signed map | unsigned map]
-var<workgroup> red: array<vec4<u32>, 64>;
+var<workgroup> red: array<vec4<u32>, LANES>;
 
 fn is_nonfinite(x: f32) -> bool {
   return (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u;
@@ -206,7 +207,7 @@ fn quantise(x: f32, a: f32, base: u32, zero: u32) -> u32 {
   return lo;
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(LANES)
 fn adamw_packed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let blk = wid.x + wid.y * nwg.x;
   let e0 = blk * QB + lid * 4u;
@@ -225,8 +226,8 @@ fn adamw_packed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   if (Q8 && live) {
     am_old = absm[blk + p.am_skip];
     av_old = absv[blk + p.av_skip];
-    wm8 = m8[blk * 64u + lid + p.m8_skip];
-    wv8 = v8[blk * 64u + lid + p.v8_skip];
+    wm8 = m8[blk * LANES + lid + p.m8_skip];
+    wv8 = v8[blk * LANES + lid + p.v8_skip];
   }
   var m1 = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
   var v1 = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
@@ -314,8 +315,8 @@ fn adamw_packed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   }
   if (CHECK || !run || !live) { return; }
   if (Q8) {
-    m8[blk * 64u + lid + p.m8_skip] = qm;
-    v8[blk * 64u + lid + p.v8_skip] = qv;
+    m8[blk * LANES + lid + p.m8_skip] = qm;
+    v8[blk * LANES + lid + p.v8_skip] = qv;
     if (lid == 0u) {
       absm[blk + p.am_skip] = am_new;
       absv[blk + p.av_skip] = av_new;

@@ -145,7 +145,6 @@ fn gemm_out(z: u32, m: u32, n: u32, v: f32) {
 // The lanes stride over the flattened (sample, pixel) index, so a layer with few pixels (4x4 down to 1x1 in a
 // small UNet's deep blocks) still keeps every lane busy; 64 lanes, as most channels sum a few thousand values.
 
-const SUM_WG = 64u;
 var<workgroup> partial_sums: array<f32, SUM_WG>;
 
 @compute @workgroup_size(SUM_WG)
@@ -181,13 +180,14 @@ fn bias_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
 //   dx[n, ci, ih, iw] = Σ_{kh, kw} dcol[n, (ci, kh, kw), (oh, ow)] over oh*S - P + kh = ih, ow*S - P + kw = iw
 // One invocation per output row: (n, ci, r, oh) of col, (n, ci, ih) of dx; it walks the row's columns, so the
 // divisions by runtime sizes happen once per row. p.rows counts the rows; off_in / off_out are the element offsets of
-// the bound windows (x or dcol, col or dx). Specialised by T, KH, KW, STRIDE and, for col2im, TC and ACCUMULATE.
+// the bound windows (x or dcol, col or dx). Specialised by T, KH, KW, STRIDE, ROW_WG (invocations per workgroup,
+// src/ops/conv2d.ts) and, for col2im, TC and ACCUMULATE.
 const KHW_L = KH * KW;
 
-fn row_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 { return gid.x + gid.y * nwg.x * 64u; }
+fn row_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 { return gid.x + gid.y * nwg.x * ROW_WG; }
 
 //#entry im2col
-@compute @workgroup_size(64)
+@compute @workgroup_size(ROW_WG)
 fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
   let row = row_index(gid, nwg);
   if (row >= p.rows) { return; }
@@ -212,7 +212,7 @@ fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
 }
 
 //#entry col2im
-@compute @workgroup_size(64)
+@compute @workgroup_size(ROW_WG)
 fn col2im(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
   let row = row_index(gid, nwg);
   if (row >= p.rows) { return; }

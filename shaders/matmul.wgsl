@@ -104,9 +104,7 @@ fn gemm_out(z: u32, m: u32, n: u32, v: f32) {
 // T is x's storage type, TO out's.
 
 //#entry col_sum_partial col_sum_finish
-const SUM_COLS = 64u;
-const ROW_LANES = 4u;
-const ROWS_PER_WG = 256u;
+// SUM_COLS, ROW_LANES and ROWS_PER_WG are defs from src/ops/matmul.ts (COL_SUM), which sizes the grid by them.
 
 //#entry col_sum_partial
 var<workgroup> lane_sums: array<f32, SUM_COLS * ROW_LANES>;

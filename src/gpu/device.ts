@@ -127,6 +127,8 @@ export interface GpuStats {
 
 /** Uniform slots per flush before the ring must grow (or the recording be submitted early). */
 const UNIFORM_RING_START = 64 * 1024;
+/** Invocations (one word each) per workgroup of the fill kernel: its WG def and the grid's divisor. */
+const FILL_WG = 256;
 const UNIFORM_RING_MAX = 16 << 20;
 /**
  * Bind groups kept for reuse (cheap to rebuild; the bound caps memory), the oldest dropped first. CPU adapters get
@@ -315,6 +317,7 @@ export class Gpu {
   }
 
   /** Sets every 32-bit word of the tensor's buffer range to `word` (one dispatch per storage binding's worth). */
+  /** Fills t with a 32-bit word (fill.wgsl, FILL_WG words per workgroup). */
   private fill(t: Tensor, word: number): void {
     const words = Math.ceil(t.byteSize / 4);
     // Windows of the device's real binding limit (a test's lower `bindingLimit` is for the kernels under test).
@@ -323,10 +326,10 @@ export class Gpu {
     for (let start = 0; start < words; start += per) {
       const count = Math.min(per, words - start);
       this.run(FILL, {
-        defs: { WG: 256 },
+        defs: { WG: FILL_WG },
         uniforms: { words: count, value: word },
         bindings: { out: this.subWindow(t, start, count, 4) },
-        workgroups: this.grid(Math.ceil(count / 256)),
+        workgroups: this.grid(Math.ceil(count / FILL_WG)),
       });
     }
   }

@@ -311,6 +311,7 @@ export function adamwPacked(gpu: Gpu, p: PackedParam, grad: Tensor, cfg: AdamWCo
     zero_v: ZERO_V,
   };
   const defs = {
+    QB: QBLOCK,
     G: grad.dtype,
     W: p.weight.dtype,
     W_F16: p.weight.dtype === 'f16',

@@ -15,7 +15,7 @@ import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, type Tensor } from '../gpu/tensor.ts';
 import { matmul } from './matmul.ts';
 import { elemWindow, pickTile, simtTileDefs, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './tiles.ts';
-import { chooseSplitK, pickTcTile, simtGemmEntry, splitReduceEntry, tcDefs, TC_BK, tensorCoreEntry } from './gemm.ts';
+import { chooseSplitK, pickTcTile, simtGemmEntry, SPLIT_REDUCE_WG, splitReduceEntry, tcDefs, TC_BK, tensorCoreEntry } from './gemm.ts';
 
 export interface Conv2dOptions {
   stride: number;
@@ -173,6 +173,8 @@ const CONV_SPLIT_REDUCE = kernel({
 });
 
 /** db[co] = sum over samples and pixels of dy[n, co, pixel]. */
+/** Invocations per workgroup of bias_grad (its SUM_WG def: the tree reduction's width). */
+const BIAS_GRAD_WG = 64;
 const BIAS_GRAD = kernel({
   shader: 'conv2d',
   entry: 'bias_grad',
@@ -183,6 +185,8 @@ const BIAS_GRAD = kernel({
   ],
 });
 
+/** Invocations per workgroup of im2col and col2im (their ROW_WG def), one output row each; rowWorkgroups sizes the grid by it. */
+const ROW_WG = 64;
 const LOWERING_UNIFORMS = [u32('rows'), u32('H'), u32('W'), u32('Ho'), u32('Wo'), u32('pad'), u32('off_in'), u32('off_out')] as const;
 
 /** col [N, Ci*KH*KW, Ho*Wo] = im2col(x): one invocation per col row (n, ci, tap, oh). */
@@ -296,7 +300,7 @@ function convGemm(
       defs: { ...defs, ...sizeDefs },
       uniforms,
       bindings: { part: wp.window, out: wc.window, ...biasBinding },
-      workgroups: [Math.ceil(GN / 64), GM, zs],
+      workgroups: [Math.ceil(GN / SPLIT_REDUCE_WG), GM, zs],
     });
     gpu.free(part);
   }
@@ -409,7 +413,7 @@ function gradInput(gpu: Gpu, op: string, s: ConvShape, x: Tensor, w: Tensor, dy:
   matmul(gpu, w.reshape([s.Co, colRows(s)]), dy.reshape([s.N, s.Co, hw]), { transA: true, out: dcol });
   const [win, wout] = [elemWindow(gpu, dcol, 0, dcol.numel), elemWindow(gpu, dx, 0, dx.numel)];
   gpu.run(COL2IM, {
-    defs: { T: dx.dtype, TC: dx.dtype, KH: s.KH, KW: s.KW, STRIDE: s.stride, ACCUMULATE: accumulate },
+    defs: { T: dx.dtype, TC: dx.dtype, KH: s.KH, KW: s.KW, STRIDE: s.stride, ACCUMULATE: accumulate, ROW_WG },
     uniforms: loweringUniforms(s, s.N * s.Ci * s.H, win.offset, wout.offset),
     bindings: { dcol: win.window, dx: wout.window },
     workgroups: rowWorkgroups(gpu, s.N * s.Ci * s.H),
@@ -443,7 +447,7 @@ function im2col(gpu: Gpu, s: ConvShape, x: Tensor): Tensor {
   const rows = s.N * colRows(s) * s.Ho;
   const [win, wout] = [elemWindow(gpu, x, 0, x.numel), elemWindow(gpu, col, 0, col.numel)];
   gpu.run(IM2COL, {
-    defs: { T: x.dtype, KH: s.KH, KW: s.KW, STRIDE: s.stride },
+    defs: { T: x.dtype, KH: s.KH, KW: s.KW, STRIDE: s.stride, ROW_WG },
     uniforms: loweringUniforms(s, rows, win.offset, wout.offset),
     bindings: { x: win.window, col: wout.window },
     workgroups: rowWorkgroups(gpu, rows),
@@ -458,7 +462,7 @@ function loweringUniforms(s: ConvShape, rows: number, off_in: number, off_out: n
 
 /** Workgroups of 64 invocations, one per row, laid out in x then y (the shader's row_index). */
 function rowWorkgroups(gpu: Gpu, rows: number): [number, number, number] {
-  const groups = Math.ceil(rows / 64);
+  const groups = Math.ceil(rows / ROW_WG);
   const x = Math.min(groups, gpu.device.limits.maxComputeWorkgroupsPerDimension);
   return [x, Math.ceil(groups / x), 1];
 }
@@ -473,7 +477,7 @@ function biasGrad(gpu: Gpu, op: string, s: ConvShape, dy: Tensor, db: Tensor, ac
     const nb = Math.min(group, s.N - n0);
     const wa = elemWindow(gpu, dy, n0 * per, nb * per);
     gpu.run(BIAS_GRAD, {
-      defs: { T: dy.dtype, TC: db.dtype, ACCUMULATE: accumulate || n0 > 0 },
+      defs: { T: dy.dtype, TC: db.dtype, ACCUMULATE: accumulate || n0 > 0, SUM_WG: BIAS_GRAD_WG },
       uniforms: { samples: nb, pixels: hw, Co: s.Co, off_dy: wa.offset, off_c: wc.offset },
       bindings: { dy: wa.window, out: wc.window },
       workgroups: [s.Co],

@@ -10,7 +10,7 @@ import { kernel, u32 } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, numel, Tensor } from '../gpu/tensor.ts';
 import { checkTile, DIRECT_TILES, elemWindow, pickTile, simtTileDefs, tilesFor, windowBytesBound, type Tile } from './tiles.ts';
-import { chooseSplitK, pickTcTile, simtGemmEntry, splitReduceEntry, tcDefs, tcTileFits, TC_BK, tensorCoreEntry, type TcTile } from './gemm.ts';
+import { chooseSplitK, pickTcTile, simtGemmEntry, SPLIT_REDUCE_WG, splitReduceEntry, tcDefs, tcTileFits, TC_BK, tensorCoreEntry, type TcTile } from './gemm.ts';
 
 export interface MatmulOptions {
   /** a is stored [..., K, M]. */
@@ -300,7 +300,7 @@ function runGemm(gpu: Gpu, g: Gemm): void {
       defs,
       uniforms,
       bindings: { part: wp.window, c: wc.window, ...bias },
-      workgroups: [Math.ceil(k.nc / 64), k.mc, k.nb],
+      workgroups: [Math.ceil(k.nc / SPLIT_REDUCE_WG), k.mc, k.nb],
     });
     gpu.free(part);
   }
@@ -552,6 +552,12 @@ const COL_SUM_FINISH = kernel({
 });
 
 /** out[n] = Σ_r x[r, n] in f32 (two passes: per-256-row partial sums, then their sum). */
+/**
+ * The column sums' workgroup (matmul.wgsl col_sum_*, compiled in as defs): SUM_COLS column lanes x ROW_LANES row
+ * lanes, each workgroup of the first pass over ROWS_PER_WG rows; the grid is sized by the same numbers.
+ */
+const COL_SUM = { SUM_COLS: 64, ROW_LANES: 4, ROWS_PER_WG: 256 } as const;
+
 export function colSum(gpu: Gpu, x: Tensor, out?: Tensor, accumulate = false): Tensor {
   const op = 'colSum';
   if (x.shape.length !== 2) throw new ShapeError(op, `x must be 2-D, got ${fmtShape(x.shape)}`);
@@ -563,7 +569,6 @@ export function colSum(gpu: Gpu, x: Tensor, out?: Tensor, accumulate = false): T
   if (accumulate && !out) throw new ShapeError(op, 'accumulate needs an out tensor');
   const o = out ?? gpu.tensor([cols], x.dtype, 'gradients', 'colsum');
   const bytes = BYTES[x.dtype];
-  const rowsPerWg = 256; // ROWS_PER_WG in the shader
   // Row chunks of x that fit one binding; each chunk writes ceil(rows / 256) partial rows.
   const chunkRows = Math.floor((gpu.maxBinding - windowBytesBound(gpu, 0, bytes)) / (cols * bytes));
   if (chunkRows < 1 && rows > 0) throw new ShapeError(op, `${fmtShape(x.shape)}: one row does not fit a storage binding of ${gpu.maxBinding} bytes`);
@@ -571,7 +576,7 @@ export function colSum(gpu: Gpu, x: Tensor, out?: Tensor, accumulate = false): T
   for (let r0 = 0; r0 < rows; r0 += chunkRows) chunks.push({ r0, rc: Math.min(chunkRows, rows - r0) });
   const parts = Math.max(
     1,
-    chunks.reduce((n, c) => n + Math.ceil(c.rc / rowsPerWg), 0),
+    chunks.reduce((n, c) => n + Math.ceil(c.rc / COL_SUM.ROWS_PER_WG), 0),
   );
   const partial = gpu.tensor([parts, cols], 'f32', 'scratch', 'colsum-partial');
   const wo = elemWindow(gpu, o, 0, cols);
@@ -579,20 +584,20 @@ export function colSum(gpu: Gpu, x: Tensor, out?: Tensor, accumulate = false): T
   let part = 0;
   for (const { r0, rc } of chunks) {
     const wx = elemWindow(gpu, x, r0 * cols, rc * cols);
-    const blocks = Math.ceil(rc / rowsPerWg);
+    const blocks = Math.ceil(rc / COL_SUM.ROWS_PER_WG);
     gpu.run(COL_SUM_PARTIAL, {
-      defs: { T: x.dtype },
+      defs: { T: x.dtype, ...COL_SUM },
       uniforms: { rows: rc, cols, off_x: wx.offset, part_row0: part },
       bindings: { x: wx.window, partial: wp.window },
-      workgroups: [Math.ceil(cols / 64), blocks],
+      workgroups: [Math.ceil(cols / COL_SUM.SUM_COLS), blocks],
     });
     part += blocks;
   }
   gpu.run(COL_SUM_FINISH, {
-    defs: { TO: o.dtype, ACCUMULATE: accumulate },
+    defs: { TO: o.dtype, ACCUMULATE: accumulate, ...COL_SUM },
     uniforms: { cols, off_out: wo.offset, parts: part },
     bindings: { partial: wp.window, out: wo.window },
-    workgroups: [Math.ceil(cols / 64)],
+    workgroups: [Math.ceil(cols / COL_SUM.SUM_COLS)],
   });
   // Submit before freeing: work already submitted still sees the buffer.
   gpu.flush();
