@@ -16,9 +16,11 @@
 //   requirements.txt   the versions targeted
 //   README.md          how to run it on one or several GPUs (accelerate config, DeepSpeed, Ray), and what has no
 //                      counterpart
+//   sd-scripts.toml, train-sd-scripts.sh, README-sd-scripts.md   the kohya sd-scripts target (bundle-sdscripts.ts)
 import { prepareImage, scaleCrop, type CropBox, type ImageSize, type RgbaImage } from '../io/image.ts';
 import { prepareMask } from '../io/mask.ts';
 import { RAY_TRAIN_PY } from './bundle-ray.ts';
+import { sdScriptsFiles } from './bundle-sdscripts.ts';
 import { shellComment, shellQuote } from './quote.ts';
 import {
   RunError,
@@ -413,5 +415,6 @@ export function jobBundle(input: BundleInput, encodePng: (rgb: Uint8Array, width
       ].join('\n') + '\n',
   });
   files.push({ path: 'README.md', data: readme(input, mapping, { instance: prompts.length, classes: classes.length }) });
+  files.push(...sdScriptsFiles(input, classes.length));
   return files;
 }

@@ -350,12 +350,15 @@ describe('cli train --bundle', () => {
     // .dbs-written.json: the folder's manifest of what the bundle wrote (src/io/outpath.ts; --overwrite removes only those).
     assert.deepEqual(readdirSync(out).sort(), [
       '.dbs-written.json',
+      'README-sd-scripts.md',
       'README.md',
       'instance_images',
       'job.json',
       'prompts.jsonl',
       'ray_train.py',
       'requirements.txt',
+      'sd-scripts.toml',
+      'train-sd-scripts.sh',
       'train.sh',
     ]);
     assert.deepEqual(readdirSync(join(out, 'instance_images')).sort(), ['001-a.png', '002-b.png']);

@@ -12,7 +12,7 @@ import { encode } from 'fast-png';
 import type { RgbaImage } from '../../src/io/image.ts';
 import { jobBundle, type BundleFile, type BundleInput } from '../../src/pipeline/bundle.ts';
 import { shellComment, shellQuote } from '../../src/pipeline/quote.ts';
-import { defaultSettings } from '../../src/pipeline/settings.ts';
+import { defaultSettings, SETTINGS } from '../../src/pipeline/settings.ts';
 import { bundleZip, checkEntryPaths } from '../../src/studio/bundle-zip.ts';
 
 /** Each would run a command (touch PWNED) or change the value if it reached a script unquoted. */
@@ -72,11 +72,11 @@ function photo(seed: number): RgbaImage {
 }
 
 /** A bundle whose every typed value is `s`: hub id, revision, instance, class and sample prompts, file name. */
-function hostileBundle(s: string): BundleFile[] {
+function hostileBundle(s: string, classImages = 0): BundleFile[] {
   const input: BundleInput = {
     prompt: s,
     images: [{ name: `${s}.png`, image: photo(1) }],
-    classImages: [],
+    classImages: Array.from({ length: classImages }, (_, i) => ({ name: `${s}-${i}.png`, image: photo(2 + i) })),
     settings: {
       ...defaultSettings('lora'),
       resolution: 16,
@@ -91,7 +91,11 @@ function hostileBundle(s: string): BundleFile[] {
 }
 
 /** Writes the bundle and runs train.sh with a fake `accelerate` that records its arguments (NUL-separated). */
-function runTrainSh(files: BundleFile[], env: Record<string, string> = {}): { status: number | null; args: string[]; stderr: string; dir: string } {
+function runTrainSh(
+  files: BundleFile[],
+  env: Record<string, string> = {},
+  script = 'train.sh',
+): { status: number | null; args: string[]; stderr: string; dir: string } {
   const dir = tmp();
   for (const f of files) {
     mkdirSync(dirname(join(dir, f.path)), { recursive: true });
@@ -102,7 +106,7 @@ function runTrainSh(files: BundleFile[], env: Record<string, string> = {}): { st
   mkdirSync(bin);
   writeFileSync(join(bin, 'accelerate'), `#!/usr/bin/env bash\nfor a in "$@"; do printf '%s\\0' "$a"; done > "${dir}/args"\n`);
   chmodSync(join(bin, 'accelerate'), 0o755);
-  const r = spawnSync('bash', [join(dir, 'train.sh')], { cwd: dir, env: { PATH: `${bin}:/usr/bin:/bin`, DIFFUSERS_EXAMPLES: '/x', ...env } });
+  const r = spawnSync('bash', [join(dir, script)], { cwd: dir, env: { PATH: `${bin}:/usr/bin:/bin`, DIFFUSERS_EXAMPLES: '/x', ...env } });
   const args = existsSync(join(dir, 'args')) ? readFileSync(join(dir, 'args'), 'utf8').split('\0').slice(0, -1) : [];
   return { status: r.status, args, stderr: r.stderr.toString(), dir };
 }
@@ -131,6 +135,71 @@ void describe('train.sh: every typed value is one quoted word', () => {
     // Single-quoted: '...' pieces joined by \' (how a ' is written), nothing outside them.
     const word = /^--[a-z_0-9]+(=([A-Za-z0-9._/+-]+|"\$MODEL"|'[^']*'(\\''[^']*')*))?$/;
     for (const o of options) assert.match(o, word);
+  });
+});
+
+/** Every option sd-scripts' train_network.py / train_db.py parse that the bundle writes (library/train_util.py, train_network.py). */
+const SD_SCRIPTS_OPTIONS = new Set(
+  (
+    'pretrained_model_name_or_path dataset_config output_dir output_name save_model_as network_module network_dim network_alpha ' +
+    'network_train_unet_only learning_rate text_encoder_lr max_train_steps lr_scheduler lr_warmup_steps lr_scheduler_num_cycles ' +
+    'lr_scheduler_power mixed_precision seed prior_loss_weight noise_offset min_snr_gamma save_every_n_steps optimizer_type max_grad_norm gradient_checkpointing'
+  ).split(' '),
+);
+
+void describe('sd-scripts target: train-sd-scripts.sh and sd-scripts.toml carry hostile values unchanged', () => {
+  void it('the launch gets each value as one word, the TOML parses (tomllib) to the same strings, nothing runs', () => {
+    const python = ['/usr/bin/python3', 'python3'].find((p) => spawnSync(p, ['--version']).status === 0);
+    assert.ok(python, 'python3 is installed (Debian base system)');
+    const got: unknown[] = [];
+    for (const s of HOSTILE) {
+      const files = hostileBundle(s, 1);
+      const sh = files.find((f) => f.path === 'train-sd-scripts.sh')!.data as string;
+      assert.equal(spawnSync('bash', ['-n', '-c', sh]).status, 0, `bash -n:\n${sh}`);
+      const r = runTrainSh(files, { SD_SCRIPTS: '/sd' }, 'train-sd-scripts.sh');
+      assert.equal(r.status, 0, r.stderr);
+      assert.equal(r.args[1], '/sd/train_network.py');
+      assert.ok(r.args.includes(`--pretrained_model_name_or_path=${s}`), 'the hub id arrived as one word');
+      for (const a of r.args.slice(2)) assert.ok(SD_SCRIPTS_OPTIONS.has(a.replace(/^--/, '').split('=')[0]), `${a}: an option sd-scripts parses`);
+      assert.ok(!pwned(r.dir) && !readdirSync(r.dir).includes('PWNED'), 'a command inside a value ran');
+      const t: SpawnSyncReturns<string> = spawnSync(
+        python!,
+        ['-c', 'import json,sys,tomllib\nd=tomllib.load(open("sd-scripts.toml","rb"))\nprint(json.dumps(d))'],
+        {
+          cwd: r.dir,
+          encoding: 'utf8',
+        },
+      );
+      assert.equal(t.status, 0, t.stderr);
+      got.push(JSON.parse(t.stdout));
+    }
+    const subsets = (s: string) => [
+      { image_dir: 'instance_images', class_tokens: s, num_repeats: 1 },
+      { is_reg: true, image_dir: 'class_images', class_tokens: s, num_repeats: 1 },
+    ];
+    assert.deepEqual(
+      got,
+      HOSTILE.map((s) => ({ general: { enable_bucket: false }, datasets: [{ resolution: 16, batch_size: 1, subsets: subsets(s) }] })),
+    );
+  });
+
+  void it('full runs launch train_db.py; every setting is mapped or listed as not carried in README-sd-scripts.md', () => {
+    const files = jobBundle(
+      {
+        prompt: 'sks dog',
+        images: [{ name: 'a.png', image: photo(1) }],
+        classImages: [],
+        settings: { ...defaultSettings('full'), resolution: 16 },
+        model: { kind: 'hub', name: 'm', hubId: 'm' },
+      },
+      png,
+    );
+    const r = runTrainSh(files, { SD_SCRIPTS: '/sd' }, 'train-sd-scripts.sh');
+    assert.equal(r.args[1], '/sd/train_db.py');
+    assert.ok(!r.args.some((a) => a.startsWith('--network_')), 'no LoRA options for train_db.py');
+    const readme = files.find((f) => f.path === 'README-sd-scripts.md')!.data as string;
+    for (const spec of SETTINGS) assert.match(readme, new RegExp(`^\\| ${spec.key} \\|`, 'm'), `${spec.key} has its row`);
+    assert.match(readme, /^\| optimizer \| .*not carried/m);
   });
 });
 
