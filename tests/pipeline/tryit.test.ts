@@ -9,6 +9,7 @@ import { decode, encode } from 'fast-png';
 import type { Gpu } from '../../src/gpu/device.ts';
 import { nodeGpu } from '../../src/gpu/node.ts';
 import { decodeImageNode } from '../../src/io/image-node.ts';
+import { SafetensorsFile } from '../../src/io/safetensors.ts';
 import { BytesSource } from '../../src/io/source.ts';
 import { demoModelFiles, DEMO_RESOLUTION } from '../../lab/demo-model/demo.ts';
 import { loadModel } from '../../src/models/load.ts';
@@ -164,9 +165,18 @@ for (const mode of ['lora', 'full'] as const)
           r.base.parameters,
           `a photo of sks toy\nNegative prompt: blurry\nSteps: 3, Sampler: DPM++ 2M, CFG scale: 6, Seed: 11, Size: ${DEMO_RESOLUTION}x${DEMO_RESOLUTION}, Model: demo-sd1-tiny`,
         );
-        if (mode === 'lora')
-          assert.match(r.tuned.parameters, /^a photo of sks toy <lora:demo-sd1-tiny-dreambooth-lora-step2-lora:1>\n.*Model: demo-sd1-tiny$/s);
-        else assert.match(r.tuned.parameters, /, Model: demo-sd1-tiny-dreambooth-full-step2$/);
+        if (mode === 'lora') {
+          // A1111's Lora hashes: the first 12 hex digits of the sshs_model_hash of the LoRA this run exports.
+          const parts: Uint8Array[] = [];
+          await run.exportTo('lora-kohya', { write: async (c) => void parts.push(c.slice()), close: async () => {} });
+          const hash = (await SafetensorsFile.open(new BytesSource(Buffer.concat(parts)))).metadata.sshs_model_hash;
+          assert.match(hash, /^[0-9a-f]{64}$/);
+          const name = 'demo-sd1-tiny-dreambooth-lora-step2-lora';
+          assert.match(
+            r.tuned.parameters,
+            new RegExp(`^a photo of sks toy <lora:${name}:1>\n.*Model: demo-sd1-tiny, Lora hashes: "${name}: ${hash.slice(0, 12)}"$`, 's'),
+          );
+        } else assert.match(r.tuned.parameters, /, Model: demo-sd1-tiny-dreambooth-full-step2$/);
 
         if (mode === 'lora') {
           // Strength 0 scales the adapters to nothing: the base image exactly.
