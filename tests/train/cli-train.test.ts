@@ -186,9 +186,11 @@ describe('cli train', () => {
     const zipped = Object.keys(unzipSync(new Uint8Array(readFileSync(join(out, 'model-diffusers.zip')))));
     for (const f of ['model_index.json', 'unet/diffusion_pytorch_model.safetensors', 'tokenizer/vocab.json'])
       assert.ok(zipped.includes(f), `zip has ${f}: ${zipped}`);
-    // The exported file is a model the engine loads (inspect reads it as SD1).
-    const inspect = execFileSync(process.execPath, cliArgs('inspect', join(out, 'model.safetensors')), { encoding: 'utf8' });
+    // The exported file is a model the engine loads: inspect reads it as SD1 and, given the tiny model's configs
+    // (a single file has none, and its widths are not SD's), lists no problem (it exits 1 when it lists one).
+    const inspect = execFileSync(process.execPath, cliArgs('inspect', join(out, 'model.safetensors'), '--config', configPath), { encoding: 'utf8' });
     assert.equal(JSON.parse(inspect).architecture, 'sd1');
+    assert.deepEqual(JSON.parse(inspect).problems, []);
   });
 
   it("full DreamBooth in the compact default (adamw8bit + compact master): killed after a checkpoint and resumed, the uninterrupted run's model bit for bit", async () => {
