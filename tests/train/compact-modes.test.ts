@@ -62,7 +62,10 @@ describe('compact optimizer modes: defaults, bytes per element', () => {
     assert.equal(defaultSettings('full').master, 'compact');
     assert.equal(defaultSettings('lora').optimizer, 'adamw');
     assert.equal(defaultSettings('lora').master, 'fp32');
-    assert.throws(() => validateSettings({ ...defaultSettings('full'), optimizer: 'sgd' as never }), /--optimizer must be adamw or adamw8bit or prodigy or adafactor, got "sgd"/);
+    assert.throws(
+      () => validateSettings({ ...defaultSettings('full'), optimizer: 'sgd' as never }),
+      /--optimizer must be adamw or adamw8bit or prodigy or adafactor, got "sgd"/,
+    );
     assert.throws(() => validateSettings({ ...defaultSettings('full'), master: 'bf16' as never }), /--master must be fp32 or compact, got "bf16"/);
     assert.equal(trainSettings(defaultSettings('full')).optimizer, 'adamw8bit');
     assert.equal(trainSettings({ ...defaultSettings('full'), master: 'fp32' }).master, 'fp32');
