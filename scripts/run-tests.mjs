@@ -2,11 +2,14 @@
 //
 //   node scripts/run-tests.mjs [--jobs N] [--failures FILE] [--] <file> ...
 //
-// Files start in the order given (put the longest first). Browser files (under e2e/) run one at a time: each has a
-// whole Chromium with SwiftShader to itself and some measure how fast the page answers. While one runs, the other
-// slots take Node files; a free slot always takes the next browser file first, since the browser files together
-// are the longest chain. A file that uses about one core (most do: small dispatches on lavapipe, or one page's
-// pipelines compiled one after another in SwiftShader) leaves the other core to the next file.
+// Files start in the order given (put the longest first). Browser files (under e2e/) run one at a time while Node
+// files are waiting: each has a whole Chromium with SwiftShader, and some measure how fast the page answers. While
+// one runs, the other slots take Node files; a free slot always takes the next browser file first, since the browser
+// files together are the longest chain. Once no Node file is waiting, a free slot takes the next browser file even
+// while another runs, so the chain's tail is not one file alone on a machine with a core idle. A file uses about one
+// core (small dispatches on lavapipe, or one page's pipelines compiled one after another in SwiftShader's GPU
+// process), so two files at a time keep two cores busy: a browser file beside another meets the same load as beside
+// a Node file.
 // At the end: every file's time, the slowest first, then the failures (scripts/failed-tests-reporter.mjs), so the
 // last lines of a log name what failed. Exit status 1 if any file failed.
 import { spawn } from 'node:child_process';
@@ -56,29 +59,24 @@ async function main() {
   const dir = mkdtempSync(join(tmpdir(), 'dbs-tests-'));
   const queue = files.map((file, index) => ({ file, index }));
   const results = [];
-  let browserBusy = false;
+  let browsersRunning = 0;
 
+  // The next file for a free slot: a browser file when none runs, else a Node file, else (no Node file waiting) a
+  // browser file beside the running one.
   const next = () => {
-    const b = browserBusy ? -1 : queue.findIndex((q) => isBrowser(q.file));
-    const k = b >= 0 ? b : queue.findIndex((q) => !isBrowser(q.file));
+    const b = queue.findIndex((q) => isBrowser(q.file));
+    const n = queue.findIndex((q) => !isBrowser(q.file));
+    const k = b >= 0 && (browsersRunning === 0 || n < 0) ? b : n;
     return k < 0 ? undefined : queue.splice(k, 1)[0];
   };
-  const waiting = [];
-  const wake = () => waiting.splice(0).forEach((resolve) => resolve());
   const worker = async () => {
     for (;;) {
       const item = next();
-      if (!item) {
-        // Only browser files are left and one is running: wait for it, then look again.
-        if (queue.length === 0) return;
-        await new Promise((resolve) => waiting.push(resolve));
-        continue;
-      }
+      if (!item) return;
       const browser = isBrowser(item.file);
-      if (browser) browserBusy = true;
+      if (browser) browsersRunning++;
       const r = await runFile(item.file, dir, item.index);
-      if (browser) browserBusy = false;
-      wake();
+      if (browser) browsersRunning--;
       results.push(r);
       const how = r.signal ? `killed by ${r.signal}` : `exit ${r.code}`;
       process.stdout.write(`# file ${r.file}: ${r.seconds.toFixed(1)} s, ${how}\n${r.output}\n`);
