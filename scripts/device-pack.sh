@@ -26,6 +26,7 @@ bundle scripts/selftest-node.ts $dev/selftest-node.mjs
 bundle bench/kernels-node.ts $dev/kernels-node.mjs
 bundle bench/step.ts $dev/step.mjs
 bundle src/cli/main.ts $dev/cli.mjs
+bundle lab/demo-model/cli.ts $dev/lab-pretrain.mjs
 for f in bench/devprobe.ts; do [ -f "$f" ] && bundle "$f" $dev/$(basename "$f" .ts).mjs; done
 cat >$dev/setup.sh <<'SH'
 # source .dev/setup.sh on the device machine, in the repository root
@@ -34,7 +35,7 @@ mkdir -p /tmp/nodebin && xz -dc .dev/node.xz >/tmp/nodebin/node && chmod +x /tmp
 mkdir -p node_modules/webgpu/dist/linux-x64 && cp .dev/webgpu/index.js .dev/webgpu/package.json node_modules/webgpu/
 xz -dc .dev/webgpu/dawn.node.xz >node_modules/webgpu/dist/linux-x64/dawn.node
 # bundles run from where their sources sit, so paths relative to import.meta.url hold
-cp .dev/selftest-node.mjs scripts/; cp .dev/kernels-node.mjs .dev/step.mjs bench/; cp .dev/cli.mjs src/cli/
+cp .dev/selftest-node.mjs scripts/; cp .dev/kernels-node.mjs .dev/step.mjs bench/; cp .dev/cli.mjs src/cli/; cp .dev/lab-pretrain.mjs lab/demo-model/
 [ -f .dev/devprobe.mjs ] && cp .dev/devprobe.mjs bench/
 export DBS_SHADERS_DIR=$PWD/shaders DBS_SYSTEM_VULKAN=1 PYTHON=$(command -v python3)
 [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json

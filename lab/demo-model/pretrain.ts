@@ -157,7 +157,7 @@ export interface PretrainSettings {
    */
   prediction: 'epsilon' | 'v_prediction';
   /**
-   * UNet steps the starting UNet and text encoder had already been trained (`cli pretrain --init-from`, which
+   * UNet steps the starting UNet and text encoder had already been trained (`lab:pretrain --init-from`, which
    * reads it from the model it starts from): 0 for a run from scratch. Recorded in the export, so a model
    * trained over several runs says how far it has come in all.
    */
@@ -252,14 +252,14 @@ export function checkPretrainSettings(s: PretrainSettings, cfg: PretrainConfigs 
   if (!(s.tokenStd > 0 && s.tokenStd <= 10)) throw new Error(`tokenStd ${s.tokenStd}: use a standard deviation above 0 and at most 10 (e.g. 1)`);
 }
 
-/** A trained VAE to start from instead of stage 1 (`cli pretrain --vae-from`): its weights and latent scale. */
+/** A trained VAE to start from instead of stage 1 (`lab:pretrain --vae-from`): its weights and latent scale. */
 export interface PretrainedVae {
   weights: Map<string, Float32Array>;
   scalingFactor: number;
 }
 
 /**
- * A UNet and text encoder to go on training instead of starting from the initialisation (`cli pretrain
+ * A UNet and text encoder to go on training instead of starting from the initialisation (`lab:pretrain
  * --init-from`, e.g. a part-way export): a new run (fresh optimizer state, EMA from these weights) that
  * continues another's training. Their weights by name, as the VAE's.
  */

@@ -224,7 +224,7 @@ export const SUBJECT_LOOK: Required<ObjectKind> = { shape: 'star', colour: 'yell
 /**
  * The pretraining datasets by name:
  * - `v1`: stars excluded altogether (the shipped and the factor-4 models were trained on it; the default of
- *   saved runs and of the engine's `cli pretrain`). The class "star" is then unknown to the base model.
+ *   saved runs and of the engine's `npm run lab:pretrain`). The class "star" is then unknown to the base model.
  * - `stars`: every shape in every colour and fill, stars included, with the subject's look held out
  *   (`SUBJECT_LOOK`): DreamBooth's setting of a known class and an unseen instance (issue 49).
  */

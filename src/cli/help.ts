@@ -10,7 +10,7 @@ interface CommandHelp {
   flags: Flags;
 }
 
-export const COMMANDS = ['inspect', 'run', 'grad', 'sample', 'grid', 'train', 'export', 'pretrain'] as const;
+export const COMMANDS = ['inspect', 'run', 'grad', 'sample', 'grid', 'train', 'export'] as const;
 
 /** A command's usage and flags (loaded from its module: nothing runs). */
 export async function helpOf(command: string, inspect: CommandHelp): Promise<CommandHelp> {
@@ -37,10 +37,6 @@ export async function helpOf(command: string, inspect: CommandHelp): Promise<Com
       const m = await import('./export.ts');
       return { usage: m.EXPORT_USAGE, flags: m.EXPORT_FLAGS };
     }
-    case 'pretrain': {
-      const m = await import('./pretrain.ts');
-      return { usage: m.USAGE, flags: m.FLAGS };
-    }
     case 'train': {
       // The run's own flags (inputs, folder, --bundle's); the settings' flags are listed from the schema.
       const m = await import('./bundle.ts');
@@ -63,7 +59,10 @@ async function commandHelp(command: string, inspect: CommandHelp): Promise<strin
 /** `cli --help`: every command's help; `cli <command> --help`: that command's. */
 export async function helpText(command: string | undefined, inspect: CommandHelp): Promise<string> {
   if (command !== undefined) return commandHelp(command, inspect);
-  const parts = ['usage: npm run cli -- <command> [flags]   (each command: <command> --help)'];
+  const parts = [
+    'usage: npm run cli -- <command> [flags]   (each command: <command> --help)',
+    "(pretraining the demo model is the lab's: npm run lab:pretrain -- --help, lab/demo-model/README.md)",
+  ];
   for (const c of COMMANDS) parts.push(await commandHelp(c, inspect));
   return parts.join('\n\n');
 }

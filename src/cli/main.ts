@@ -9,7 +9,7 @@
 //   sample --model <path> --prompt "..." --out image.png [--steps --seed --guidance --negative --sampler ...] [--lora <file> [--lora-scale x]]
 //   grid --model <folder> --prompts "a|b|..." --out grid.png [--seeds 1,2,3 --scale 4 ...]   (one row per prompt, grid.ts)
 //   export --model <path> [--lora <file>] --format <format> --out <file>   (results trained elsewhere, export.ts)
-//   pretrain --out <dir> [--size small|tiny] [--steps N ...] | pretrain --resume <dir> [--export]   (the demo model, pretrain.ts)
+// Pretraining the demo model is the lab's, not the product's: `npm run lab:pretrain -- ...` (lab/demo-model/README.md).
 import { existsSync, statSync } from 'node:fs';
 import { NodeFileSource } from '../io/source-node.ts';
 import { nodeFolder } from '../models/folder-node.ts';
@@ -19,6 +19,7 @@ import type { SourceOptions } from '../models/source.ts';
 import { parseFlags, readJsonFile, stringFlag, UsageError, type Flags } from './args.ts';
 import { userMessage } from './errors.ts';
 import { helpText, wantsHelp } from './help.ts';
+import { withGpu } from './with-gpu.ts';
 
 const INSPECT_USAGE = 'usage: inspect <model.safetensors | diffusers folder> [--config config.json]';
 const INSPECT_FLAGS: Flags = {
@@ -69,26 +70,6 @@ function refuseProblems(path: string, report: object): void {
   process.exitCode = 1;
 }
 
-/** Runs a GPU command on Dawn (its GEMM kernels tuned for the adapter first: gpu-tuning.ts), closing the device afterwards. */
-async function withGpu(load: () => Promise<(gpu: import('../gpu/device.ts').Gpu, args: string[]) => Promise<void>>, args: string[]): Promise<void> {
-  // `2> log` (a file opened without O_APPEND): Dawn's native notices can only be kept out by relaying (stderr-relay.ts).
-  const relay = await import('./stderr-relay.ts');
-  if (relay.needsStderrRelay()) {
-    process.exitCode = await relay.runWithStderrRelay();
-    return;
-  }
-  const { nodeGpu } = await import('../gpu/node.ts');
-  const { tuneCliGpu } = await import('./gpu-tuning.ts');
-  const command = await load();
-  const gpu = await nodeGpu();
-  try {
-    await tuneCliGpu(gpu);
-    await command(gpu, args);
-  } finally {
-    gpu.destroy();
-  }
-}
-
 const run = (args: string[]) => withGpu(async () => (await import('./run.ts')).runCommand, args);
 const sample = (args: string[]) => withGpu(async () => (await import('./sample.ts')).sampleCommand, args);
 const grid = (args: string[]) => withGpu(async () => (await import('./grid.ts')).gridCommand, args);
@@ -98,13 +79,14 @@ const train = (args: string[]) =>
   args.some((a) => a === '--bundle' || a.startsWith('--bundle='))
     ? import('./bundle.ts').then((m) => m.bundleCommand(args))
     : withGpu(async () => (await import('./train.ts')).trainCommand, args);
-const pretrain = (args: string[]) => withGpu(async () => (await import('./pretrain.ts')).pretrainCommand, args);
 const exportModel = async (args: string[]) => (await import('./export.ts')).exportCommand(args);
 
 const [command, ...rest] = process.argv.slice(2);
-const commands: Record<string, (a: string[]) => Promise<void>> = { inspect, run, grad, sample, grid, train, export: exportModel, pretrain };
+const commands: Record<string, (a: string[]) => Promise<void>> = { inspect, run, grad, sample, grid, train, export: exportModel };
 try {
-  if ((command === undefined || !commands[command]) && wantsHelp(process.argv.slice(2))) console.log(await helpText(undefined, INSPECT));
+  if (command === 'pretrain')
+    throw new Error("pretrain is the demo-model lab's command, not the product's: npm run lab:pretrain -- --help (lab/demo-model/README.md)");
+  else if ((command === undefined || !commands[command]) && wantsHelp(process.argv.slice(2))) console.log(await helpText(undefined, INSPECT));
   else if (!command || !commands[command]) throw new Error(`usage: npm run cli -- <${Object.keys(commands).join('|')}> ...   (--help: every command's usage)`);
   else if (wantsHelp(rest)) console.log(await helpText(command, INSPECT));
   else await commands[command](rest);

@@ -1,5 +1,5 @@
 // The demo model the studio ships under public/demo-model/: a small model in the SD 1.x layout, pretrained
-// from scratch by `cli pretrain` (lab/demo-model/pretrain.ts) on the procedural captioned scenes, as a diffusers
+// from scratch by `npm run lab:pretrain` (lab/demo-model/pretrain.ts) on the procedural captioned scenes, as a diffusers
 // folder (fp16 weights, configs, the CLIP tokenizer) with a manifest. The manifest names every file with its
 // size and SHA-256, so a file the server lost, cut short or replaced is refused by name instead of loading
 // as a broken model. lab/demo-model/scripts/ship-demo-model.ts writes it from a pretraining run.

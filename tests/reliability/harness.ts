@@ -127,7 +127,7 @@ export interface Case {
   /** What the user did. */
   name: string;
   before: Before;
-  /** Arguments to the command line (after `npm run cli --`). */
+  /** Arguments to the command line (after `npm run cli --`; first 'lab:pretrain': after `npm run lab:pretrain --`). */
   args: (ws: Workspace) => string[];
   /** Makes the bad input; returns the paths that must be unchanged by the command (default: none). */
   setup?: (

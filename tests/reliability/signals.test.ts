@@ -143,7 +143,7 @@ void describe('stop signals and the run lock', { concurrency: 1 }, () => {
     mkdirSync(pt);
     writeFileSync(join(pt, 'pretrain.json'), JSON.stringify({ size: 'tiny', settings: { steps: 1, vaeSteps: 1, resolution: 16 } }));
     writeFileSync(join(pt, 'lock'), JSON.stringify(identityOf(process.pid)));
-    const p = cli('pretrain', '--resume', pt);
+    const p = cli('lab:pretrain', '--resume', pt);
     assert.equal(p.code, 1, p.err);
     assert.match(p.err, new RegExp(`is in use: process ${process.pid} is pretraining in it`));
   });

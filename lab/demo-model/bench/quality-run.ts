@@ -98,7 +98,7 @@ export interface QualityResult {
 /** The model folder's picture side: the VAE's sample_size (the resolution it was pretrained at). */
 export function modelResolution(folder: string): number {
   const path = join(folder, 'vae', 'config.json');
-  if (!existsSync(path)) throw new Error(`--model ${folder}: no vae/config.json there: give a diffusers folder such as cli pretrain writes (<out>/model)`);
+  if (!existsSync(path)) throw new Error(`--model ${folder}: no vae/config.json there: give a diffusers folder such as lab:pretrain writes (<out>/model)`);
   const cfg = JSON.parse(readFileSync(path, 'utf8')) as { sample_size?: number };
   if (!Number.isInteger(cfg.sample_size)) throw new Error(`${folder}/vae/config.json: no sample_size (the picture side the model was trained at)`);
   return cfg.sample_size!;
@@ -127,7 +127,7 @@ function rgbOf(png: Uint8Array): Uint8Array {
 export async function openModelFolder(folder: string): Promise<OpenedModel> {
   const reader = nodeFolder(folder);
   const tokenizer = await tokenizerFilesFrom(reader);
-  if (!tokenizer) throw new Error(`--model ${folder}: no tokenizer/ (vocab.json and merges.txt): give a diffusers folder such as cli pretrain writes`);
+  if (!tokenizer) throw new Error(`--model ${folder}: no tokenizer/ (vocab.json and merges.txt): give a diffusers folder such as lab:pretrain writes`);
   return { kind: 'diffusers', name: basename(folder), reader, tokenizer };
 }
 

@@ -1,7 +1,7 @@
 // `npm run bench:quality [-- --model <diffusers folder>] [--quick] [--seeds N] [--rank R] [--train-text-encoder
 //   [--text-encoder-lr x]] [--out file.json] [--figure file.png]`   (--rank and the text-encoder flags change the LoRA runs only)
 // Issue 16, Must show 3: DreamBooth on a pretrained model with a subject held out of pretraining (a yellow star
-// with purple dots; stars are excluded from `cli pretrain`'s data by default), 4 photos of it, LoRA and full,
+// with purple dots; stars are excluded from `lab:pretrain`'s data by default), 4 photos of it, LoRA and full,
 // each with and without prior preservation, through the product's run pipeline (lab/demo-model/bench/quality-run.ts).
 // Per run, before (the base model) and after fine-tuning, on samples of the same seeds:
 //   subject_fidelity_*  mean cosine of VAE-encoder latents of "a sks star" samples vs the photos (all pairs)

@@ -1,4 +1,4 @@
-// Ships a pretrained model as the studio's demo model: copies the diffusers folder a `cli pretrain` run wrote
+// Ships a pretrained model as the studio's demo model: copies the diffusers folder a `lab:pretrain` run wrote
 // (<run>/model, after the run or `pretrain --resume <run> --export`) into public/demo-model/ and writes its
 // manifest (every file's size and SHA-256, the pretraining stage, step and settings).
 //   npx tsx lab/demo-model/scripts/ship-demo-model.ts <run>/model [--name demo-sd1-small]
@@ -22,7 +22,7 @@ const paths = walk(src)
   .map((p) => relative(src, p))
   .sort();
 const unet = readSafetensors(new Uint8Array(readFileSync(join(src, 'unet/diffusion_pytorch_model.safetensors')))).metadata;
-if (!unet.settings) throw new Error(`${src}: its UNet carries no pretraining settings: ship a folder that cli pretrain wrote`);
+if (!unet.settings) throw new Error(`${src}: its UNet carries no pretraining settings: ship a folder that lab:pretrain wrote`);
 const settings = JSON.parse(unet.settings) as Record<string, unknown>;
 const files: ShippedDemoManifest['files'] = [];
 for (const p of paths) {

@@ -1,4 +1,4 @@
-// `npm run cli -- pretrain --init-from <model>` on the tiny pretrained fixture: a new run goes on from the
+// `npm run lab:pretrain -- --init-from <model>` on the tiny pretrained fixture: a new run goes on from the
 // model with its size, settings, prediction type and tokenizer (flags override), counts the model's steps
 // into the export's total, and a run killed before its first checkpoint resumes from the model again, to the
 // same bytes.
@@ -17,7 +17,7 @@ const fixture = join(root, 'tests', 'fixtures', 'models', 'pretrained-tiny');
 const dir = mkdtempSync(join(tmpdir(), 'dbs-pretrain-'));
 
 function pretrain(...args: string[]): string {
-  return execFileSync(process.execPath, cliArgs('pretrain', ...args), {
+  return execFileSync(process.execPath, cliArgs('lab:pretrain', ...args), {
     stdio: ['ignore', 'pipe', 'pipe'],
     encoding: 'utf8',
   });
@@ -25,7 +25,7 @@ function pretrain(...args: string[]): string {
 
 const unetFile = (run: string) => join(run, 'model', 'unet', 'diffusion_pytorch_model.safetensors');
 
-describe('cli pretrain --init-from (tiny pretrained fixture)', () => {
+describe('lab:pretrain --init-from (tiny pretrained fixture)', () => {
   it("goes on with the model's size, settings and tokenizer; counts its steps; resumes from it before a checkpoint", () => {
     const run = join(dir, 'onward');
     pretrain('--out', run, '--init-from', fixture, '--steps', '4', '--batch', '4', '--checkpoint-every', '0');

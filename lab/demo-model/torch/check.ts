@@ -1,5 +1,5 @@
 // Checks a model folder the PyTorch path wrote (torch/pretrain.py) against the engine:
-//   1. the folder's files and configs are those the engine's `cli pretrain` writes for the same configs, latent
+//   1. the folder's files and configs are those the engine's `npm run lab:pretrain` writes for the same configs, latent
 //      scale and prediction type (diffusersModelFiles: the same paths, the same parsed JSON);
 //   2. the project's loader loads it (loadDiffusers: names, shapes, dtypes, the SD 1.x layout);
 //   3. the engine's UNet, VAE decoder and text encoder on the loaded weights agree with the PyTorch forward of

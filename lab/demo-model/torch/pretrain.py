@@ -1,5 +1,5 @@
 """The demo model's pretraining in PyTorch (issue 49): the engine's two stages (lab/demo-model/pretrain.ts) on the
-data folder torch/export-data.ts wrote, on a CPU or a CUDA GPU, writing the diffusers folder `cli pretrain` writes.
+data folder torch/export-data.ts wrote, on a CPU or a CUDA GPU, writing the diffusers folder `lab:pretrain` writes.
 
   1. the VAE as an autoencoder: decode(mean(encode(x))) against x, mean squared error, AdamW (vaeLr, weight
      decay 0.01, gradient norm clipped to 1), on whole pictures or random vaeCrop px crops; at its end the latent
@@ -284,7 +284,7 @@ class Run:
             open(log, "w").writelines(keep)
 
     def export(self, part_way=False):
-        """The diffusers folder `cli pretrain` writes (pretrainedModelFiles): fp16 weights, the EMA UNet and text
+        """The diffusers folder `lab:pretrain` writes (pretrainedModelFiles): fp16 weights, the EMA UNet and text
         encoder, the VAE's measured scale and the prediction type in the configs, the run's tokenizer."""
         if self.stage == "vae" or (self.stage != "done" and not part_way):
             raise Refused(f"pretraining is not finished (stage {self.stage}, step {self.step}): resume it to the end first")

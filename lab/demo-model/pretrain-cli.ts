@@ -1,5 +1,5 @@
-// `cli pretrain`: trains the demo model from scratch (src/train/pretrain.ts) on the procedural captioned
-// scenes (src/train/synthetic.ts), with checkpoints and resume, and writes it as a diffusers folder.
+// `npm run lab:pretrain -- ...` (the lab's entry, cli.ts): trains the demo model from scratch (pretrain.ts) on the
+// procedural captioned scenes (synthetic.ts), with checkpoints and resume, and writes it as a diffusers folder.
 //   pretrain --out <dir> [--size small|small-f4|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px]
 //            [--data-size N] [--data-seed N] [--exclude star,...] [--seed N] [--lr x] [--vae-lr x] [--vae-crop px]
 //            [--ema-decay x] [--token-std x] [--solid-share p] [--bare-share p] [--prediction v_prediction|epsilon] [--checkpoint-every N] [--bpe <bpe_simple_vocab_16e6.txt.gz>]
@@ -14,17 +14,17 @@
 // merges.txt, built once from CLIP's BPE list), store/ (checkpoints) and, at the end, model/ (the diffusers
 // folder: fp16 weights, configs, tokenizer).
 import { cpSync, existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
-import { takeRunLock } from '../io/runlock.ts';
-import { onStopSignal, SIGNAL_EXIT_CODES, type StopSignal } from './signals.ts';
-import { checkOutFolder, claimEntries, recordWritten, removeWritten, writeOutput } from '../io/outpath.ts';
+import { takeRunLock } from '../../src/io/runlock.ts';
+import { onStopSignal, SIGNAL_EXIT_CODES, type StopSignal } from '../../src/cli/signals.ts';
+import { checkOutFolder, claimEntries, recordWritten, setAsideWritten, writeOutput, type SetAside } from '../../src/io/outpath.ts';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { gunzipSync } from 'node:zlib';
-import type { Gpu } from '../gpu/device.ts';
-import { ClipTokenizer } from '../io/tokenizer.ts';
-import { clipTokenizerFromBpe } from '../../lab/demo-model/demo.ts';
-import { StorageFullError } from '../store/chunkstore.ts';
-import { FsChunkStore } from '../store/fs-store.ts';
+import type { Gpu } from '../../src/gpu/device.ts';
+import { ClipTokenizer } from '../../src/io/tokenizer.ts';
+import { clipTokenizerFromBpe } from './demo.ts';
+import { StorageFullError } from '../../src/store/chunkstore.ts';
+import { FsChunkStore } from '../../src/store/fs-store.ts';
 import {
   checkPretrainSettings,
   PRETRAIN_DEFAULTS,
@@ -36,10 +36,10 @@ import {
   type PretrainConfigs,
   type PretrainedVae,
   type PretrainSettings,
-} from '../../lab/demo-model/pretrain.ts';
-import { readSafetensors } from '../io/safetensors.ts';
-import { SHAPES, type ShapeName } from '../../lab/demo-model/synthetic.ts';
-import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flags, type ParsedFlags } from './args.ts';
+} from './pretrain.ts';
+import { readSafetensors } from '../../src/io/safetensors.ts';
+import { SHAPES, type ShapeName } from './synthetic.ts';
+import { numberFlag, parseFlags, readJsonFile, stringFlag, UsageError, type Flags, type ParsedFlags } from '../../src/cli/args.ts';
 
 export const USAGE =
   'usage: pretrain --out <dir> [--size small|small-f4|tiny] [--steps N] [--vae-steps N] [--batch N] [--resolution px] [--data-size N] [--data-seed N] ' +
@@ -241,6 +241,8 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
   const runPath = join(dir, 'pretrain.json');
   let run: RunFile;
   let start: Start = {};
+  /** The run --overwrite replaces: set aside until this one's first step (src/io/outpath.ts), put back if it never comes. */
+  let replaced: SetAside | null = null;
   if (resumeDir) {
     if (!existsSync(runPath)) throw new UsageError(`--resume ${dir}: no pretrain.json there (not a pretraining run folder)`);
     for (const f of Object.keys(values))
@@ -309,7 +311,7 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
     // tokenizer/ or model/ is refused, never deleted.
     claimEntries('--out', dir, PRETRAIN_ENTRIES);
     mkdirSync(dir, { recursive: true });
-    if (values.overwrite) removeWritten(dir);
+    if (values.overwrite) replaced = setAsideWritten(dir);
     recordWritten(dir, ['pretrain.json', 'store', ...(initFromDir ? ['tokenizer'] : [])]);
     // The text encoder goes on reading the tokenizer it was trained with.
     if (initFromDir) cpSync(join(initFromDir, 'tokenizer'), join(dir, 'tokenizer'), { recursive: true });
@@ -334,6 +336,8 @@ export async function pretrainCommand(gpu: Gpu, args: string[]): Promise<void> {
   try {
     await pretrainIn(gpu, dir, run, start, values, resumeDir, stop);
   } finally {
+    if (stop.stepping) replaced?.discard();
+    else replaced?.restore();
     offSignals();
     unlock();
   }
@@ -387,7 +391,7 @@ async function pretrainIn(
       if (!r) break;
       if (stop.signal) {
         await p.checkpoint();
-        console.error(`paused at ${p.stage} step ${p.step} with a checkpoint: continue with npm run cli -- pretrain --resume ${dir}`);
+        console.error(`paused at ${p.stage} step ${p.step} with a checkpoint: continue with npm run lab:pretrain -- --resume ${dir}`);
         process.exitCode = SIGNAL_EXIT_CODES[stop.signal];
         return;
       }
@@ -410,7 +414,7 @@ async function pretrainIn(
     );
   } catch (e) {
     if (e instanceof UsageError) throw e; // refused before any training: there is nothing to resume
-    const hint = `the last checkpoint is kept: npm run cli -- pretrain --resume ${dir}`;
+    const hint = `the last checkpoint is kept: npm run lab:pretrain -- --resume ${dir}`;
     if (e instanceof StorageFullError) throw new Error(`${e.message}\nAfter freeing space, ${hint}`, { cause: e });
     throw new Error(`${(e as Error).message}\n${hint}`, { cause: e });
   } finally {
