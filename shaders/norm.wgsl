@@ -10,6 +10,10 @@
 //   dx = rstd * (g - mean_seg(g) - xhat * mean_seg(g*xhat));
 //   dgamma[c] = sum over all (n, spatial) of dy*xhat;  dbeta[c] = sum of dy.
 // Specialised by T (storage of x, y, dy, dx, gamma, beta) and WG. Parameter gradients are f32.
+// SILU (GroupNorm + SiLU, one dispatch each way): the forward stores silu(n) for n = the norm's output as a T
+// store keeps it; the backward takes dy of silu's output and first forms what the SiLU backward would have
+// stored, dn = T(dy * silu'(n)), n recomputed from x, mean, rstd, gamma and beta by the forward's expression. The
+// values are those of the two unfused kernels (same expressions, same roundings), so the results are their bits.
 
 // Lanes per segment. A workgroup of WG invocations works on WG / LANES segments (or, in the param-grad
 // kernel, channels) at once, LANES invocations each; LANES = p.lanes is a power of two from 1 to WG, picked
@@ -83,6 +87,28 @@ fn walk_next(w: ptr<function, ChannelWalk>) {
   }
 }
 
+// v as a T store keeps it, as an f32 (round_f16: f32(T(v)) may be folded into v by a compiler).
+fn stored(v: f32) -> f32 {
+  if (T_IS_F16) { return round_f16(v); }
+  return v;
+}
+
+// SiLU and its derivative, as shaders/elementwise.wgsl computes them (act, act_grad with ACT = 0).
+fn silu(v: f32) -> f32 {
+  return v * (1.0 / (1.0 + exp(-v)));
+}
+
+fn silu_grad(v: f32) -> f32 {
+  let s = 1.0 / (1.0 + exp(-v));
+  return s + v * s * (1.0 - s);
+}
+
+// The norm output's gradient dn = T(dy * silu'(n)) for element value xv of affine channel c.
+fn silu_dn(c: u32, xv: f32, mu: f32, r: f32, dyv: f32) -> f32 {
+  let n = stored((xv - mu) * r * f32(gamma[c]) + f32(beta[c]));
+  return stored(dyv * silu_grad(n));
+}
+
 //#entry norm_fwd
 // Invocations past the last segment stay for the barriers with an empty loop (len 0) and write nothing.
 @compute @workgroup_size(WG)
@@ -104,13 +130,25 @@ fn norm_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
   let r = inverseSqrt(reduce2(lid, ss, 0.0).x / f32(p.seg_len) + p.eps);
   var w = walk_start((seg % p.groups) * p.cpg, lane);
   for (var j = lane; j < len; j += p.lanes) {
-    y[base + j] = T((f32(x[base + j]) - mu) * r * f32(gamma[w.q]) + f32(beta[w.q]));
+    let v = (f32(x[base + j]) - mu) * r * f32(gamma[w.q]) + f32(beta[w.q]);
+    if (SILU) {
+      y[base + j] = T(silu(stored(v)));
+    } else {
+      y[base + j] = T(v);
+    }
     walk_next(&w);
   }
   if (in_range && lane == 0u) {
     mean[seg] = mu;
     rstd[seg] = r;
   }
+}
+
+//#entry norm_bwd_input norm_bwd_params
+// The norm output's gradient at element i of affine channel c: dy itself, or through SiLU (see silu_dn).
+fn dn_at(i: u32, c: u32, mu: f32, r: f32) -> f32 {
+  if (SILU) { return silu_dn(c, f32(x[i]), mu, r, f32(dy[i])); }
+  return f32(dy[i]);
 }
 
 //#entry norm_bwd_input
@@ -128,7 +166,7 @@ fn norm_bwd_input(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
   var sgx = 0.0;
   var w = walk_start((seg % p.groups) * p.cpg, lane);
   for (var j = lane; j < len; j += p.lanes) {
-    let g = f32(dy[base + j]) * f32(gamma[w.q]);
+    let g = dn_at(base + j, w.q, mu, r) * f32(gamma[w.q]);
     walk_next(&w);
     sg += g;
     sgx += g * (f32(x[base + j]) - mu) * r;
@@ -136,7 +174,7 @@ fn norm_bwd_input(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
   let sums = reduce2(lid, sg, sgx) / f32(p.seg_len);
   w = walk_start((seg % p.groups) * p.cpg, lane);
   for (var j = lane; j < len; j += p.lanes) {
-    let g = f32(dy[base + j]) * f32(gamma[w.q]);
+    let g = dn_at(base + j, w.q, mu, r) * f32(gamma[w.q]);
     walk_next(&w);
     let xhat = (f32(x[base + j]) - mu) * r;
     dx[base + j] = T(r * (g - sums.x - xhat * sums.y));
@@ -164,7 +202,7 @@ fn norm_bwd_params(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     let seg = p.seg_offset + ls;
     let idx = ls * p.seg_len + within + w.k;
     walk_next(&w);
-    let d = f32(dy[idx]);
+    let d = dn_at(idx, c, mean[seg], rstd[seg]);
     sdg += d * (f32(x[idx]) - mean[seg]) * rstd[seg];
     sdb += d;
   }

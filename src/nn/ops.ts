@@ -28,7 +28,7 @@ import {
 import { colSum, linear, linearBackwardWeight, matmul, matmulBackward, type MatmulOptions } from '../ops/matmul.ts';
 import { softmax, softmaxBackward } from '../ops/softmax.ts';
 import { pad2d, pad2dBackward, repeat, type Pad2d } from '../ops/elementwise.ts';
-import { groupNorm, groupNormBackwardParts, layerNorm, layerNormBackwardParts } from '../ops/norm.ts';
+import { groupNorm, groupNormBackwardParts, groupNormSilu, groupNormSiluBackwardParts, layerNorm, layerNormBackwardParts } from '../ops/norm.ts';
 
 export class Tape {
   private readonly records: (() => void)[] = [];
@@ -415,6 +415,21 @@ export class Ops {
     if (!this.tape) this.gpu.free(r.mean, r.rstd);
     this.rec(r.y, [r.mean, r.rstd], [x, gamma, beta], (dy) => {
       const g = groupNormBackwardParts(this.gpu, x, gamma, r, dy, groups, this.normParts(x, gamma, beta));
+      if (g.dgamma) this.acc32(gamma, g.dgamma);
+      if (g.dbeta) this.acc32(beta, g.dbeta);
+      if (g.dx) this.tape!.acc(x, g.dx);
+      this.tape!.release(dy);
+    });
+    return r.y;
+  }
+
+  /** silu(groupNorm(x)), one dispatch each way; the bits of groupNorm then act('silu'). Keeps x and the statistics. */
+  groupNormSilu(x: Tensor, gamma: Tensor, beta: Tensor, groups: number, eps: number): Tensor {
+    this.uses?.use(gamma, beta);
+    const r = groupNormSilu(this.gpu, x, gamma, beta, groups, eps);
+    if (!this.tape) this.gpu.free(r.mean, r.rstd);
+    this.rec(r.y, [r.mean, r.rstd], [x, gamma, beta], (dy) => {
+      const g = groupNormSiluBackwardParts(this.gpu, x, gamma, beta, r, dy, groups, this.normParts(x, gamma, beta));
       if (g.dgamma) this.acc32(gamma, g.dgamma);
       if (g.dbeta) this.acc32(beta, g.dbeta);
       if (g.dx) this.tape!.acc(x, g.dx);

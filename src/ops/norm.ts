@@ -9,7 +9,7 @@ const WG = 256;
 
 /**
  * Lanes per segment (shaders/norm.wgsl LANES): a power of two from 1 to WG, a uniform, so every choice runs the
- * same pipeline. On software adapters (gpu.cpuAdapter: lavapipe, SwiftShader) workgroup barriers and idle lanes
+ * same pipeline. On software adapters (gpu.facts.software: lavapipe, SwiftShader) workgroup barriers and idle lanes
  * cost far more than the arithmetic of a short segment, so a segment gets one lane per CPU_LANE_ELEMS elements
  * (rounded up to a power of two; bench/norm.ts measured 1 lane best up to ~1000 elements). On GPUs (not measured
  * here) a segment gets one lane per element up to WG: the lanes the old one-workgroup-per-segment kernel left
@@ -19,9 +19,9 @@ const WG = 256;
 const CPU_LANE_ELEMS = 1024;
 
 /** Lanes for a walk of `n` elements per slot (segment length, or a channel's element count). */
-export function normLanes(n: number, cpuAdapter: boolean): number {
+export function normLanes(n: number, software: boolean): number {
   if (lanesOverride !== null) return lanesOverride;
-  const perLane = cpuAdapter ? CPU_LANE_ELEMS : 1;
+  const perLane = software ? CPU_LANE_ELEMS : 1;
   let lanes = 1;
   while (lanes < WG && lanes * perLane < n) lanes *= 2;
   return lanes;
@@ -124,6 +124,7 @@ const NORM_BWD_INPUT = kernel({
   bindings: [
     { name: 'x', type: 'T', access: 'read' },
     { name: 'gamma', type: 'T', access: 'read' },
+    { name: 'beta', type: 'T', access: 'read', when: 'SILU' },
     { name: 'dy', type: 'T', access: 'read' },
     { name: 'dx', type: 'T', access: 'read_write' },
     { name: 'mean', type: 'f32', access: 'read' },
@@ -137,6 +138,8 @@ const NORM_BWD_PARAMS = kernel({
   uniforms: [...SEGMENTS, { name: 'accumulate', type: 'u32' }],
   bindings: [
     { name: 'x', type: 'T', access: 'read' },
+    { name: 'gamma', type: 'T', access: 'read', when: 'SILU' },
+    { name: 'beta', type: 'T', access: 'read', when: 'SILU' },
     { name: 'dy', type: 'T', access: 'read' },
     { name: 'dgamma', type: 'f32', access: 'read_write' },
     { name: 'dbeta', type: 'f32', access: 'read_write' },
@@ -150,7 +153,8 @@ function segments(l: Layout, segOffset: number, nSegs: number, lanes: number) {
   return { seg_len: l.cpg * l.inner, cpg: l.cpg, inner: l.inner, groups: l.groups, seg_offset: segOffset, n_segs: nSegs, lanes };
 }
 
-function normForward(gpu: Gpu, op: string, x: Tensor, gamma: Tensor, beta: Tensor, eps: number, l: Layout): { y: Tensor } & NormSaved {
+/** `silu`: the output is silu(norm(x)) (shaders/norm.wgsl SILU). */
+function normForward(gpu: Gpu, op: string, x: Tensor, gamma: Tensor, beta: Tensor, eps: number, l: Layout, silu = false): { y: Tensor } & NormSaved {
   checkAffine(op, x, gamma, beta, l.channels);
   const y = gpu.tensor(x.shape, x.dtype, 'activations', op);
   const mean = gpu.tensor([l.segs], 'f32', 'activations', `${op}.mean`);
@@ -158,9 +162,9 @@ function normForward(gpu: Gpu, op: string, x: Tensor, gamma: Tensor, beta: Tenso
   const segBytes = l.cpg * l.inner * BYTES[x.dtype];
   for (const { start, count } of gpu.chunks(l.segs, segBytes)) {
     const xw = gpu.subWindow(x, start, count, segBytes);
-    const lanes = normLanes(l.cpg * l.inner, gpu.cpuAdapter);
+    const lanes = normLanes(l.cpg * l.inner, gpu.facts.software);
     gpu.run(NORM_FWD, {
-      defs: { T: x.dtype, WG },
+      defs: { T: x.dtype, WG, SILU: silu },
       uniforms: { ...segments(l, start, count, lanes), eps },
       bindings: { x: xw, gamma, beta, y: gpu.subWindow(y, start, count, segBytes), mean, rstd },
       workgroups: slotGrid(gpu, count, lanes),
@@ -180,8 +184,12 @@ function normBackward(
   accumulate: boolean,
   grads?: { dgamma: Tensor; dbeta: Tensor },
   parts: NormParts = { dx: true, params: true },
+  siluBeta: Tensor | null = null,
 ): Partial<NormGrads> {
   expectSameDType(op, x, gamma, dy);
+  // With siluBeta, dy is the gradient of silu(norm(x)) (the kernels form the norm output's, shaders/norm.wgsl SILU).
+  const silu = siluBeta !== null;
+  const act = silu ? { beta: siluBeta } : {};
   if (dy.numel !== x.numel) throw new ShapeError(op, `dy ${fmtShape(dy.shape)} does not match x ${fmtShape(x.shape)}`);
   const dx = parts.dx ? gpu.tensor(x.shape, x.dtype, 'gradients', `${op}.dx`) : undefined;
   const dgamma = parts.params ? (grads?.dgamma ?? gpu.tensor([l.channels], 'f32', 'gradients', `${op}.dgamma`)) : undefined;
@@ -189,21 +197,21 @@ function normBackward(
   const segBytes = l.cpg * l.inner * BYTES[x.dtype];
   gpu.chunks(l.segs, segBytes).forEach(({ start, count }, i) => {
     const win = (t: Tensor) => gpu.subWindow(t, start, count, segBytes);
-    const lanes = normLanes(l.cpg * l.inner, gpu.cpuAdapter);
+    const lanes = normLanes(l.cpg * l.inner, gpu.facts.software);
     if (dx)
       gpu.run(NORM_BWD_INPUT, {
-        defs: { T: x.dtype, WG },
+        defs: { T: x.dtype, WG, SILU: silu },
         uniforms: segments(l, start, count, lanes),
-        bindings: { x: win(x), gamma, dy: win(dy), dx: win(dx), mean: saved.mean, rstd: saved.rstd },
+        bindings: { x: win(x), gamma, ...act, dy: win(dy), dx: win(dx), mean: saved.mean, rstd: saved.rstd },
         workgroups: slotGrid(gpu, count, lanes),
       });
     if (!dgamma || !dbeta) return;
     // A channel's elements in this dispatch: inner per segment of its group.
-    const paramLanes = normLanes(Math.ceil(count / l.groups) * l.inner, gpu.cpuAdapter);
+    const paramLanes = normLanes(Math.ceil(count / l.groups) * l.inner, gpu.facts.software);
     gpu.run(NORM_BWD_PARAMS, {
-      defs: { T: x.dtype, WG },
+      defs: { T: x.dtype, WG, SILU: silu },
       uniforms: { ...segments(l, start, count, paramLanes), accumulate: accumulate || i > 0 ? 1 : 0 },
-      bindings: { x: win(x), dy: win(dy), dgamma, dbeta, mean: saved.mean, rstd: saved.rstd },
+      bindings: { x: win(x), ...(silu ? { gamma, ...act } : {}), dy: win(dy), dgamma, dbeta, mean: saved.mean, rstd: saved.rstd },
       workgroups: slotGrid(gpu, l.channels, paramLanes),
     });
   });
@@ -235,6 +243,34 @@ export function groupNormBackward(
  */
 export function groupNormBackwardParts(gpu: Gpu, x: Tensor, gamma: Tensor, saved: NormSaved, dy: Tensor, groups: number, parts: NormParts): Partial<NormGrads> {
   return normBackward(gpu, 'groupNormBackward', x, gamma, saved, dy, groupLayout('groupNormBackward', x, groups), false, undefined, parts);
+}
+
+/**
+ * silu(groupNorm(x)) in one dispatch (diffusers' norm + nonlinearity pairs in every ResNet): the bits of
+ * groupNorm then silu, since the kernel rounds the norm output as its store would before the SiLU.
+ */
+export function groupNormSilu(gpu: Gpu, x: Tensor, gamma: Tensor, beta: Tensor, groups = 32, eps = 1e-5): { y: Tensor } & NormSaved {
+  return normForward(gpu, 'groupNormSilu', x, gamma, beta, eps, groupLayout('groupNormSilu', x, groups), true);
+}
+
+/**
+ * Backward of groupNormSilu from dy of its output (see groupNormBackwardParts): the SiLU backward is formed
+ * inside both kernels from x and the saved statistics, so neither the norm output nor its gradient is stored.
+ * The bits of silu's backward then groupNorm's.
+ */
+export function groupNormSiluBackwardParts(
+  gpu: Gpu,
+  x: Tensor,
+  gamma: Tensor,
+  beta: Tensor,
+  saved: NormSaved,
+  dy: Tensor,
+  groups: number,
+  parts: NormParts,
+): Partial<NormGrads> {
+  const l = groupLayout('groupNormSiluBackward', x, groups);
+  checkAffine('groupNormSiluBackward', x, gamma, beta, l.channels);
+  return normBackward(gpu, 'groupNormSiluBackward', x, gamma, saved, dy, l, false, undefined, parts, beta);
 }
 
 /** LayerNorm over the last dim, affine. */

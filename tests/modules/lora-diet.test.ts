@@ -88,3 +88,58 @@ void describe('LoRA dispatch diet vs the unfused ops', () => {
         assert.deepEqual(rest(lora), rest(unfused));
       });
 });
+
+// GroupNorm + SiLU (every ResNet's norm1/norm2 pair) as one kernel each way against groupNorm then act('silu'):
+// the fused forward rounds the norm output as a store would before the SiLU, and the fused backward forms the
+// SiLU backward's stored dn from x and the saved statistics, so every output is the unfused ops' bits. Odd
+// channels per group and odd planes (C = 9 in 3 groups, 5 x 3), batch 1 and 7, f32 and f16; with trainable
+// gamma/beta (both backward kernels run) and with a frozen norm (dx only). A fused kernel that skipped the
+// rounding of n or of dn would differ in f16 in many elements (checked: any byte differing fails).
+async function normSiluRun(gpu: Gpu, dtype: DType, batch: number, fused: boolean, trainNorm: boolean): Promise<Result> {
+  const [C, G, H, W] = [9, 3, 5, 3];
+  const rng = new Rng(batch * 17 + (dtype === 'f16' ? 1 : 0));
+  const rand = (n: number, s = 1, o = 0) => Float32Array.from({ length: n }, () => o + s * (2 * rng.uniform() - 1));
+  const x = gpu.upload(rand(batch * C * H * W, 3, 0.5), [batch, C, H, W], dtype, 'activations', 'x');
+  const gamma = gpu.upload(rand(C, 0.5, 1), [C], dtype, 'weights', 'gamma');
+  const beta = gpu.upload(rand(C, 0.5), [C], dtype, 'weights', 'beta');
+  const dy = gpu.upload(rand(x.numel), x.shape, dtype, 'gradients', 'dy');
+  const tape = new Tape(gpu, new Set(trainNorm ? [gamma, beta] : []), { prune: true });
+  const F = new Ops(gpu, tape);
+  let y: Tensor | undefined;
+  const seen = recordDispatches(gpu, () => {
+    y = fused ? F.groupNormSilu(x, gamma, beta, G, 1e-5) : F.act('silu', F.groupNorm(x, gamma, beta, G, 1e-5));
+  });
+  const bytes = new Map([['y', new Uint8Array(await gpu.readBytes(y!.buffer, y!.byteOffset, y!.byteSize))]]);
+  seen.push(...recordDispatches(gpu, () => tape.backward(y!, dy)));
+  const entries = new Map<string, number>();
+  for (const { entry } of seen) if (entry !== 'fill') entries.set(entry, (entries.get(entry) ?? 0) + 1);
+  for (const [name, t] of [['dx', x], ...(trainNorm ? [['dgamma', gamma] as const, ['dbeta', beta] as const] : [])] as const) {
+    const g = tape.take(t);
+    assert.ok(g, `${name}: no gradient`);
+    bytes.set(name, new Uint8Array(await gpu.readBytes(g.buffer, g.byteOffset, g.byteSize)));
+    gpu.free(g);
+  }
+  tape.dropGrads();
+  gpu.free(x, gamma, beta, dy);
+  return { bytes, entries };
+}
+
+void describe('GroupNorm + SiLU fused vs the unfused ops', () => {
+  for (const dtype of ['f32', 'f16'] as const)
+    for (const batch of [1, 7])
+      for (const trainNorm of [true, false])
+        void it(`one dispatch each way, the same bits [${dtype}, batch ${batch}, ${trainNorm ? 'trainable' : 'frozen'} norm]`, async () => {
+          const gpu = await testGpu();
+          const unfused = await normSiluRun(gpu, dtype, batch, false, trainNorm);
+          const fused = await normSiluRun(gpu, dtype, batch, true, trainNorm);
+          assert.equal(fused.bytes.size, unfused.bytes.size);
+          for (const [k, v] of unfused.bytes) assert.deepEqual(fused.bytes.get(k), v, `${k} differs from the unfused ops'`);
+          const acts = (r: Result) =>
+            (r.entries.get('act_fwd4') ?? 0) + (r.entries.get('act_fwd') ?? 0) + (r.entries.get('act_bwd4') ?? 0) + (r.entries.get('act_bwd') ?? 0);
+          assert.equal(acts(unfused), 2, 'unfused: the SiLU forward and backward');
+          assert.equal(acts(fused), 0, 'fused: no SiLU dispatch');
+          const norms = (r: Result) => [...r.entries].filter(([e]) => e.startsWith('norm_')).sort();
+          assert.deepEqual(norms(fused), norms(unfused), 'the same norm kernels, once each');
+          assert.equal(fused.entries.get('norm_bwd_params') ?? 0, trainNorm ? 1 : 0);
+        });
+});
