@@ -15,7 +15,9 @@
 // file list (names, sizes, checksums) and the meta, and a copy of the meta's numeric counters (a training
 // checkpoint's step, applied updates, Rng state). A record edited afterwards (a step counter changed, the
 // chunk's CRC recomputed so the store accepts it) no longer matches: openSnapshot refuses it, naming the
-// counter that disagrees, or the digest when the copy was edited too. Records from before `bind` have none.
+// counter that disagrees, or the digest when the copy was edited too. A record without a binding is refused
+// as well: otherwise deleting the binding along with an edit would pass any check made from the record alone
+// (records from before bindings existed are refused the same way: their run starts again).
 //
 // Everything matching <prefix>/s<digits>/... belongs to the snapshot set; keep other data out of that pattern.
 // One writer per prefix: openSnapshot also cleans up, so do not open while another commit is in flight.
@@ -42,7 +44,7 @@ interface Head {
   seq: number;
   files: SnapshotFile[];
   meta: unknown;
-  /** The record's binding (absent in records made before it existed). */
+  /** The record's binding; a record without one is refused (checkBinding). */
   bind?: Binding;
 }
 
@@ -77,10 +79,14 @@ async function bindingOf(seq: number, files: SnapshotFile[], metaJson: string): 
   return { counters, digest: await digestOf(seq, files, metaJson) };
 }
 
-/** Refuses a record that is not the one written: a counter that differs from its bound copy, or a digest that does not match. */
+/**
+ * Refuses a record that is not the one written: no binding at all, a counter that differs from its bound copy,
+ * or a digest that does not match.
+ */
 async function checkBinding(prefix: string, head: Head): Promise<void> {
-  if (head.bind === undefined) return;
   const key = headKey(prefix);
+  if (head.bind === undefined)
+    throw new SnapshotBindingError(key, 'it has no binding to what was written (it was removed, or the record predates bindings)', prefix);
   const b = head.bind as Partial<Binding> | null;
   if (typeof b !== 'object' || b === null || typeof b.digest !== 'string' || typeof b.counters !== 'object' || b.counters === null)
     throw new SnapshotBindingError(key, 'its binding is malformed', prefix);

@@ -270,11 +270,16 @@ describe('snapshots: a record bound to what was written', () => {
     await assert.rejects(openSnapshot(t, 'p'), /does not match the digest/);
   });
 
-  it('opens an unedited record, and one from before bindings existed', async () => {
+  it('opens an unedited record; refuses one whose binding was deleted (with or without an edit), changing nothing', async () => {
     const s = new MemoryChunkStore();
     await commitSnapshot(s, 'p', files(1), meta);
     await assertSnapshot(s, 'p', 1, files(1), meta);
     await editHead(s, (h) => delete h.bind);
-    await assertSnapshot(s, 'p', 1, files(1), meta);
+    const keys = await s.keys();
+    const unbound = (e: Error) => e instanceof SnapshotBindingError && /it has no binding to what was written/.test(e.message);
+    await assert.rejects(openSnapshot(s, 'p'), unbound);
+    await editHead(s, (h) => Object.assign(h.meta, { step: 1, applied: 1, losses: [0.5] }));
+    await assert.rejects(openSnapshot(s, 'p'), unbound);
+    assert.deepEqual(await s.keys(), keys, 'nothing removed');
   });
 });
