@@ -7,6 +7,7 @@
 import { ShapeError } from '../gpu/errors.ts';
 import type { Tensor } from '../gpu/tensor.ts';
 import { weight, type Weights } from './blocks.ts';
+import { networkWeight } from './lycoris.ts';
 import type { Ops } from './ops.ts';
 
 /**
@@ -19,6 +20,13 @@ import type { Ops } from './ops.ts';
 export function loraLinear(F: Ops, x: Tensor, w: Weights, layer: string, loraScale: number, withBias = false): Tensor {
   const a = w.get(`${layer}.lora_A.weight`);
   const bias = withBias ? weight(w, `${layer}.bias`) : null;
+  // LoHa / LoKr factors: the layer runs with its materialised weight W + ΔW (nn/lycoris.ts)
+  const adapted = a ? null : networkWeight(F, w, layer);
+  if (adapted) {
+    const y = F.linear(x, adapted, bias);
+    F.release(adapted);
+    return y;
+  }
   // alpha = rank makes the scale 1: the up projection adds into y in its GEMM's epilogue (Ops.loraLinear, the
   // same bits as the unfused ops below, one dispatch fewer each way)
   if (a && loraScale === 1) return F.loraLinear(x, weight(w, `${layer}.weight`), bias, a, weight(w, `${layer}.lora_B.weight`));

@@ -8,7 +8,8 @@
 //     transformers names, and the optimizer needs one name per parameter). A rate that differs from the run's is
 //     carried on each parameter, so the optimizer gives those chunks of their own.
 import type { ClipTextConfig } from '../nn/clip.ts';
-import { loraShapes, loraTargets } from '../nn/lora.ts';
+import { initLora, loraShapes, loraTargets, type UniformRng } from '../nn/lora.ts';
+import { convTargets, initNetwork, networkShapes, type NetworkSpec, type NetworkType } from '../nn/lycoris.ts';
 import type { UnetConfig } from '../nn/unet.ts';
 import { clipParams, unetParams } from '../models/shapes.ts';
 import type { ParamSpec } from './optimizer-chunks.ts';
@@ -20,6 +21,23 @@ export interface TrainableSettings {
   textEncoderLora?: boolean;
   lr: number;
   textEncoderLr?: number;
+  /** The network type (absent: lora) and the LyCORIS types' conv rank / alpha and LoKr factor (nn/lycoris.ts). */
+  network?: NetworkType;
+  convRank?: number;
+  convAlpha?: number;
+  lokrFactor?: number;
+}
+
+/** The run's network (alpha as the trainer's: alpha / rank is the linear layers' scale). */
+export function networkSpecOf(s: TrainableSettings & { alpha: number }): NetworkSpec {
+  const convRank = s.convRank || s.rank;
+  return { type: s.network ?? 'lora', rank: s.rank, alpha: s.alpha, convRank, convAlpha: s.convAlpha || convRank, factor: s.lokrFactor ?? -1 };
+}
+
+/** A group's starting adapters (PEFT's init for lora, LyCORIS' for the others), by the group's own names. */
+export function initGroup(g: TrainableGroup, s: TrainableSettings & { alpha: number }, rng: UniformRng): Map<string, Float32Array> {
+  const spec = networkSpecOf(s);
+  return spec.type === 'lora' ? initLora(g.layers, g.base, s.rank, rng) : initNetwork(g.layers, g.base, spec, rng);
 }
 
 /** One model's part of the trainable set. */
@@ -57,10 +75,14 @@ export function trainableSpec(
   const unetShapes = unetParams(unet);
   if (settings.mode !== 'lora')
     return [{ model: 'unet', prefix: '', layers: [], base: unetShapes, params: [...unetShapes].map(([name, shape]) => ({ name, shape: [...shape] })) }];
+  const spec = networkSpecOf({ ...settings, alpha: settings.rank });
   const adapters = (model: TrainableGroup['model'], shapes: ReadonlyMap<string, readonly number[]>, lr?: number, skip = ''): TrainableGroup => {
     const prefix = model === 'text_encoder_2' ? TEXT_ENCODER_2_PREFIX : '';
     const layers = loraTargets(model === 'unet' ? 'unet' : 'text_encoder', shapes.keys()).filter((l) => !skip || !l.startsWith(skip));
-    const params = [...loraShapes(layers, shapes, settings.rank)].map(([name, shape]) => ({
+    // LyCORIS types adapt the UNet's ResNet 3x3 convs too (LoCon's conv_dim), after the attention projections
+    if (spec.type !== 'lora' && model === 'unet') layers.push(...convTargets(shapes.keys()));
+    const factors = spec.type === 'lora' ? loraShapes(layers, shapes, settings.rank) : networkShapes(layers, shapes, spec);
+    const params = [...factors].map(([name, shape]) => ({
       name: prefix + name,
       shape: [...shape],
       ...(lr !== undefined ? { lr } : {}),
