@@ -14,6 +14,8 @@
 // store keeps it; the backward takes dy of silu's output and first forms what the SiLU backward would have
 // stored, dn = T(dy * silu'(n)), n recomputed from x, mean, rstd, gamma and beta by the forward's expression. The
 // values are those of the two unfused kernels (same expressions, same roundings), so the results are their bits.
+// ACCUMULATE (input gradient): dx += the result, rounded to T first as its store would be, so it is the bits of
+// the kernel and then an add (src/nn/ops.ts Tape.accGemm), one dispatch fewer.
 
 // Lanes per segment. A workgroup of WG invocations works on WG / LANES segments (or, in the param-grad
 // kernel, channels) at once, LANES invocations each; LANES = p.lanes is a power of two from 1 to WG, picked
@@ -177,7 +179,12 @@ fn norm_bwd_input(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     let g = dn_at(base + j, w.q, mu, r) * f32(gamma[w.q]);
     walk_next(&w);
     let xhat = (f32(x[base + j]) - mu) * r;
-    dx[base + j] = T(r * (g - sums.x - xhat * sums.y));
+    let v = r * (g - sums.x - xhat * sums.y);
+    if (ACCUMULATE) {
+      dx[base + j] = T(f32(dx[base + j]) + stored(v));
+    } else {
+      dx[base + j] = T(v);
+    }
   }
 }
 

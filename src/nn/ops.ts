@@ -28,7 +28,17 @@ import {
 import { colSum, linear, linearBackwardWeight, matmul, matmulBackward, type MatmulOptions } from '../ops/matmul.ts';
 import { softmax, softmaxBackward } from '../ops/softmax.ts';
 import { pad2d, pad2dBackward, repeat, type Pad2d } from '../ops/elementwise.ts';
-import { groupNorm, groupNormBackwardParts, groupNormSilu, groupNormSiluBackwardParts, layerNorm, layerNormBackwardParts } from '../ops/norm.ts';
+import {
+  groupNorm,
+  groupNormBackwardParts,
+  groupNormSilu,
+  groupNormSiluBackwardParts,
+  layerNorm,
+  layerNormBackwardParts,
+  type NormGrads,
+  type NormInto,
+  type NormParts,
+} from '../ops/norm.ts';
 
 export class Tape {
   private readonly records: (() => void)[] = [];
@@ -164,9 +174,9 @@ export class Tape {
   }
 
   /**
-   * Adds a gradient a GEMM computes: `make(into)` writes it into `into` with accumulate (into += result) where t
-   * already holds a gradient buffer this tape alone holds, else into a new buffer it returns. The GEMM epilogue
-   * rounds its result before adding (matmul.wgsl ACCUMULATE), so this is acc's GEMM + add bit for bit, one
+   * Adds a gradient a GEMM (or a norm's dx kernel) computes: `make(into)` writes it into `into` with accumulate
+   * (into += result) where t already holds a gradient buffer this tape alone holds, else into a new buffer it
+   * returns. The epilogue rounds its result before adding (matmul.wgsl, norm.wgsl ACCUMULATE), so this is acc's GEMM + add bit for bit, one
    * dispatch fewer. A buffer `share` gave to several holders is never written into. The unpruned tape (the
    * oracle the pruned one is tested against) makes a new buffer and adds, as acc.
    */
@@ -414,10 +424,7 @@ export class Ops {
     const r = groupNorm(this.gpu, x, gamma, beta, groups, eps);
     if (!this.tape) this.gpu.free(r.mean, r.rstd);
     this.rec(r.y, [r.mean, r.rstd], [x, gamma, beta], (dy) => {
-      const g = groupNormBackwardParts(this.gpu, x, gamma, r, dy, groups, this.normParts(x, gamma, beta));
-      if (g.dgamma) this.acc32(gamma, g.dgamma);
-      if (g.dbeta) this.acc32(beta, g.dbeta);
-      if (g.dx) this.tape!.acc(x, g.dx);
+      this.normGrads(x, gamma, beta, (parts, into) => groupNormBackwardParts(this.gpu, x, gamma, r, dy, groups, parts, into));
       this.tape!.release(dy);
     });
     return r.y;
@@ -429,10 +436,7 @@ export class Ops {
     const r = groupNormSilu(this.gpu, x, gamma, beta, groups, eps);
     if (!this.tape) this.gpu.free(r.mean, r.rstd);
     this.rec(r.y, [r.mean, r.rstd], [x, gamma, beta], (dy) => {
-      const g = groupNormSiluBackwardParts(this.gpu, x, gamma, beta, r, dy, groups, this.normParts(x, gamma, beta));
-      if (g.dgamma) this.acc32(gamma, g.dgamma);
-      if (g.dbeta) this.acc32(beta, g.dbeta);
-      if (g.dx) this.tape!.acc(x, g.dx);
+      this.normGrads(x, gamma, beta, (parts, into) => groupNormSiluBackwardParts(this.gpu, x, gamma, beta, r, dy, groups, parts, into));
       this.tape!.release(dy);
     });
     return r.y;
@@ -443,10 +447,7 @@ export class Ops {
     const r = layerNorm(this.gpu, x, gamma, beta, eps);
     if (!this.tape) this.gpu.free(r.mean, r.rstd);
     this.rec(r.y, [r.mean, r.rstd], [x, gamma, beta], (dy) => {
-      const g = layerNormBackwardParts(this.gpu, x, gamma, r, dy, this.normParts(x, gamma, beta));
-      if (g.dgamma) this.acc32(gamma, g.dgamma);
-      if (g.dbeta) this.acc32(beta, g.dbeta);
-      if (g.dx) this.tape!.acc(x, g.dx);
+      this.normGrads(x, gamma, beta, (parts, into) => layerNormBackwardParts(this.gpu, x, gamma, r, dy, parts, into));
       this.tape!.release(dy);
     });
     return r.y;
@@ -459,6 +460,20 @@ export class Ops {
   private normParts(x: Tensor, gamma: Tensor, beta: Tensor): { dx: boolean; params: boolean } {
     if (!this.tape!.prune) return { dx: true, params: true };
     return { dx: this.needs(x), params: this.needs(gamma) || this.needs(beta) };
+  }
+
+  /**
+   * A norm's backward as two independent halves: the parameter gradients (when wanted), then dx, which the
+   * kernel adds into x's gradient where x already holds one (Tape.accGemm: the bits of dx and an add).
+   */
+  private normGrads(x: Tensor, gamma: Tensor, beta: Tensor, run: (parts: NormParts, into?: NormInto) => Partial<NormGrads>): void {
+    const parts = this.normParts(x, gamma, beta);
+    if (parts.params) {
+      const g = run({ dx: false, params: true });
+      this.acc32(gamma, g.dgamma!);
+      this.acc32(beta, g.dbeta!);
+    }
+    if (parts.dx) this.tape!.accGemm(x, (into, accumulate) => run({ dx: true, params: false }, into ? { dx: into, accumulate } : undefined).dx!);
   }
 
   /** Norm parameter gradients come out f32; keep them in the parameter's dtype like the others. */

@@ -63,6 +63,12 @@ export interface NormGrads {
   dbeta: Tensor;
 }
 
+/** Where a norm backward writes dx: into this tensor, adding to what it holds when `accumulate` (NORM_BWD_INPUT ACCUMULATE). */
+export interface NormInto {
+  dx: Tensor;
+  accumulate: boolean;
+}
+
 /** Which halves of a norm backward to run: the input gradient, the parameter gradients. */
 export interface NormParts {
   dx: boolean;
@@ -185,13 +191,16 @@ function normBackward(
   grads?: { dgamma: Tensor; dbeta: Tensor },
   parts: NormParts = { dx: true, params: true },
   siluBeta: Tensor | null = null,
+  into?: NormInto,
 ): Partial<NormGrads> {
   expectSameDType(op, x, gamma, dy);
   // With siluBeta, dy is the gradient of silu(norm(x)) (the kernels form the norm output's, shaders/norm.wgsl SILU).
   const silu = siluBeta !== null;
   const act = silu ? { beta: siluBeta } : {};
   if (dy.numel !== x.numel) throw new ShapeError(op, `dy ${fmtShape(dy.shape)} does not match x ${fmtShape(x.shape)}`);
-  const dx = parts.dx ? gpu.tensor(x.shape, x.dtype, 'gradients', `${op}.dx`) : undefined;
+  if (into && (into.dx.dtype !== x.dtype || into.dx.numel !== x.numel))
+    throw new ShapeError(op, `dx to write into ${fmtShape(into.dx.shape)} ${into.dx.dtype} does not match x ${fmtShape(x.shape)} ${x.dtype}`);
+  const dx = parts.dx ? (into?.dx ?? gpu.tensor(x.shape, x.dtype, 'gradients', `${op}.dx`)) : undefined;
   const dgamma = parts.params ? (grads?.dgamma ?? gpu.tensor([l.channels], 'f32', 'gradients', `${op}.dgamma`)) : undefined;
   const dbeta = parts.params ? (grads?.dbeta ?? gpu.tensor([l.channels], 'f32', 'gradients', `${op}.dbeta`)) : undefined;
   const segBytes = l.cpg * l.inner * BYTES[x.dtype];
@@ -200,7 +209,7 @@ function normBackward(
     const lanes = normLanes(l.cpg * l.inner, gpu.facts.software);
     if (dx)
       gpu.run(NORM_BWD_INPUT, {
-        defs: { T: x.dtype, WG, SILU: silu },
+        defs: { T: x.dtype, WG, SILU: silu, ACCUMULATE: !!into?.accumulate },
         uniforms: segments(l, start, count, lanes),
         bindings: { x: win(x), gamma, ...act, dy: win(dy), dx: win(dx), mean: saved.mean, rstd: saved.rstd },
         workgroups: slotGrid(gpu, count, lanes),
@@ -241,8 +250,17 @@ export function groupNormBackward(
  * (NORM_BWD_PARAMS), two independent dispatches, so each is bit-identical to the full backward's.
  * A frozen norm skips its parameter gradients; a norm whose input needs no gradient skips dx.
  */
-export function groupNormBackwardParts(gpu: Gpu, x: Tensor, gamma: Tensor, saved: NormSaved, dy: Tensor, groups: number, parts: NormParts): Partial<NormGrads> {
-  return normBackward(gpu, 'groupNormBackward', x, gamma, saved, dy, groupLayout('groupNormBackward', x, groups), false, undefined, parts);
+export function groupNormBackwardParts(
+  gpu: Gpu,
+  x: Tensor,
+  gamma: Tensor,
+  saved: NormSaved,
+  dy: Tensor,
+  groups: number,
+  parts: NormParts,
+  into?: NormInto,
+): Partial<NormGrads> {
+  return normBackward(gpu, 'groupNormBackward', x, gamma, saved, dy, groupLayout('groupNormBackward', x, groups), false, undefined, parts, null, into);
 }
 
 /**
@@ -267,10 +285,11 @@ export function groupNormSiluBackwardParts(
   dy: Tensor,
   groups: number,
   parts: NormParts,
+  into?: NormInto,
 ): Partial<NormGrads> {
   const l = groupLayout('groupNormSiluBackward', x, groups);
   checkAffine('groupNormSiluBackward', x, gamma, beta, l.channels);
-  return normBackward(gpu, 'groupNormSiluBackward', x, gamma, saved, dy, l, false, undefined, parts, beta);
+  return normBackward(gpu, 'groupNormSiluBackward', x, gamma, saved, dy, l, false, undefined, parts, beta, into);
 }
 
 /** LayerNorm over the last dim, affine. */
@@ -290,8 +309,16 @@ export function layerNormBackward(
 }
 
 /** The halves of layerNormBackward that `parts` asks for (see groupNormBackwardParts). */
-export function layerNormBackwardParts(gpu: Gpu, x: Tensor, gamma: Tensor, saved: NormSaved, dy: Tensor, parts: NormParts): Partial<NormGrads> {
-  return normBackward(gpu, 'layerNormBackward', x, gamma, saved, dy, layerLayout('layerNormBackward', x), false, undefined, parts);
+export function layerNormBackwardParts(
+  gpu: Gpu,
+  x: Tensor,
+  gamma: Tensor,
+  saved: NormSaved,
+  dy: Tensor,
+  parts: NormParts,
+  into?: NormInto,
+): Partial<NormGrads> {
+  return normBackward(gpu, 'layerNormBackward', x, gamma, saved, dy, layerLayout('layerNormBackward', x), false, undefined, parts, null, into);
 }
 
 // ---- plain-TS references (f64 accumulation) ----------------------------------------------------

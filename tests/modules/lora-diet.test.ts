@@ -143,3 +143,62 @@ void describe('GroupNorm + SiLU fused vs the unfused ops', () => {
           assert.equal(fused.entries.get('norm_bwd_params') ?? 0, trainNorm ? 1 : 0);
         });
 });
+
+// A norm's dx added into its input's gradient in the kernel (Tape.accGemm; norm.wgsl ACCUMULATE) against dx and
+// an add: y = x + silu(norm(x)), the residual pattern of every transformer block (LayerNorm), transformer and
+// ResNet (GroupNorm, GroupNorm + SiLU). The pruned tape's kernel adds into x's gradient (the residual's dy, no
+// longer shared once the branch is done); the unpruned tape makes dx and adds, as before. Ragged sizes, batch 1
+// and 7, f32 and f16; a kernel that added without rounding dx to f16 first would differ in f16.
+async function normAccRun(gpu: Gpu, kind: 'layerNorm' | 'groupNorm' | 'groupNormSilu', dtype: DType, batch: number, prune: boolean): Promise<Result> {
+  const shape = kind === 'layerNorm' ? [batch, 5, 9] : [batch, 9, 5, 3];
+  const channels = 9;
+  const rng = new Rng(batch * 13 + (dtype === 'f16' ? 1 : 0));
+  const rand = (n: number, s = 1, o = 0) => Float32Array.from({ length: n }, () => o + s * (2 * rng.uniform() - 1));
+  const numel = shape.reduce((a, b) => a * b, 1);
+  const x = gpu.upload(rand(numel, 3, 0.5), shape, dtype, 'activations', 'x');
+  const gamma = gpu.upload(rand(channels, 0.5, 1), [channels], dtype, 'weights', 'gamma');
+  const beta = gpu.upload(rand(channels, 0.5), [channels], dtype, 'weights', 'beta');
+  const dy = gpu.upload(rand(numel), shape, dtype, 'gradients', 'dy');
+  const tape = new Tape(gpu, new Set<Tensor>(), { prune });
+  const F = new Ops(gpu, tape);
+  const norm = (t: Tensor) =>
+    kind === 'layerNorm'
+      ? F.act('silu', F.layerNorm(t, gamma, beta, 1e-5))
+      : kind === 'groupNorm'
+        ? F.act('silu', F.groupNorm(t, gamma, beta, 3, 1e-5))
+        : F.groupNormSilu(t, gamma, beta, 3, 1e-5);
+  let y: Tensor | undefined;
+  const seen = recordDispatches(gpu, () => {
+    y = F.add(x, kind === 'groupNormSilu' ? F.scale(norm(x), 0.5) : norm(x));
+  });
+  seen.push(...recordDispatches(gpu, () => tape.backward(y!, dy)));
+  const entries = new Map<string, number>();
+  for (const { entry, defs } of seen)
+    if (entry !== 'fill') {
+      const key = defs.ACCUMULATE === true ? `${entry}+` : entry;
+      entries.set(key, (entries.get(key) ?? 0) + 1);
+    }
+  const g = tape.take(x);
+  assert.ok(g, 'dx: no gradient');
+  const bytes = new Map([['dx', new Uint8Array(await gpu.readBytes(g.buffer, g.byteOffset, g.byteSize))]]);
+  gpu.free(g);
+  tape.dropGrads();
+  gpu.free(x, gamma, beta, dy);
+  return { bytes, entries };
+}
+
+void describe("Norm dx added into the input's gradient in the kernel vs dx and an add", () => {
+  for (const kind of ['layerNorm', 'groupNorm', 'groupNormSilu'] as const)
+    for (const dtype of ['f32', 'f16'] as const)
+      for (const batch of [1, 7])
+        void it(`${kind}: no add dispatch for dx, the same bits [${dtype}, batch ${batch}]`, async () => {
+          const gpu = await testGpu();
+          const unfused = await normAccRun(gpu, kind, dtype, batch, false);
+          const fused = await normAccRun(gpu, kind, dtype, batch, true);
+          assert.deepEqual(fused.bytes.get('dx'), unfused.bytes.get('dx'), "dx differs from the unfused ops'");
+          const adds = (r: Result) => (r.entries.get('add') ?? 0) + (r.entries.get('add4') ?? 0);
+          assert.equal(adds(unfused), 2, "unfused: the residual's add and the add of dx into x's gradient");
+          assert.equal(adds(fused), 1, "fused: the residual's add only");
+          assert.equal(fused.entries.get('norm_bwd_input+'), 1, 'the dx kernel accumulates');
+        });
+});
