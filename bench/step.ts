@@ -400,7 +400,7 @@ async function machine() {
     memoryGiB: round(totalmem() / GiB, 1),
     node: process.version,
     /** A GPU (not a CPU adapter such as lavapipe): results go to step-<gpu>.json beside the CPU machine's step.json. */
-    hardwareGpu: !gpu.cpuAdapter,
+    hardwareGpu: !gpu.facts.software,
     gpuSlug: (a.description || a.device || a.vendor || 'gpu')
       .toLowerCase()
       .replace(/[^a-z0-9]+/g, '-')

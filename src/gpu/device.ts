@@ -10,7 +10,8 @@ import { kernel, kernelModule, orderBindings, packUniforms, type BindingArgs, ty
 import { defsKey, type Defs, type ShaderSource } from './shaders.ts';
 import { BYTES, numel, Tensor, type DType } from './tensor.ts';
 import { checkTensorCores, chooseMatrixShape, type MatrixShape } from './tensorcore.ts';
-import { defaultGemmConfig, gemmConfigProblem, type GemmConfig } from './gemm-config.ts';
+import { gemmConfigProblem, type GemmConfig } from './gemm-config.ts';
+import { adapterFacts, type AdapterFacts, type AdapterSummary } from './adapter.ts';
 import { profileSummary, resolveTimestamps, startProfiling, type GpuProfile, type Profiling } from './timestamps.ts';
 
 export { defaultGemmConfig, GEMM_CONFIG_VALUES, gemmConfigProblem, type GemmConfig } from './gemm-config.ts';
@@ -89,16 +90,7 @@ export interface GpuOptions {
   splitK?: boolean;
 }
 
-export interface AdapterSummary {
-  vendor: string;
-  architecture: string;
-  device: string;
-  description: string;
-  features: string[];
-  limits: Record<string, number>;
-  /** Fewest lanes a subgroup may have (0 without the subgroups feature). */
-  subgroupMinSize: number;
-}
+export type { AdapterFacts, AdapterSummary } from './adapter.ts';
 
 /** A buffer range bound to one shader binding. */
 export interface BufferWindow {
@@ -130,29 +122,21 @@ const UNIFORM_RING_START = 64 * 1024;
 /** Invocations (one word each) per workgroup of the fill kernel: its WG def and the grid's divisor. */
 const FILL_WG = 256;
 const UNIFORM_RING_MAX = 16 << 20;
-/**
- * Bind groups kept for reuse (cheap to rebuild; the bound caps memory), the oldest dropped first. CPU adapters get
- * fewer: lavapipe backs each bind group with its own memfd mapping, Linux allows a process 65530 mappings
- * (vm.max_map_count), and past that lavapipe's mmap fails and the process dies (SIGSEGV: sampling 21 pictures
- * from the small-f4 demo model in one process did it, with 62,000 bind groups held). Dropped bind groups
- * are freed once collected, so the live ones peak near the cap plus those dropped since the last collection: with
- * 8,192, passes of 12,288 new bind groups added about 21,000 mappings in all (tests/gpu/stats.test.ts).
- */
-export function bindGroupCacheMax(cpuAdapter: boolean): number {
-  return cpuAdapter ? 1 << 13 : 1 << 16;
-}
+export { bindGroupCacheMax } from './adapter.ts';
 
 export class Gpu {
   readonly allocator: Allocator;
   readonly hasF16: boolean;
   readonly hasSubgroups: boolean;
   readonly hasTimestamps: boolean;
-  /** A software adapter running compute shaders on the CPU (Mesa's lavapipe, SwiftShader). */
-  readonly cpuAdapter: boolean;
-  /** The GEMM kernel choices in force (defaults per adapter kind, or what setGemmConfig was given). */
+  /** The adapter profile (adapter.ts): every per-adapter fact the kernels branch on, built once here. */
+  readonly facts: AdapterFacts;
+  /** A software adapter running compute shaders on the CPU: `facts.software`, which kernels read. */
+  get cpuAdapter(): boolean {
+    return this.facts.software;
+  }
+  /** The GEMM kernel choices in force (the adapter's defaults, or what setGemmConfig was given). */
   private gemm: GemmConfig;
-  /** Whether GemmConfig.direct may be on (not on SwiftShader: src/ops/matmul.ts directRefusal). */
-  private readonly directAllowed: boolean;
   /** The subgroup-matrix shape f16 GEMMs run on (tensor cores), or null: they run the SIMT kernels. */
   readonly tensorCores: MatrixShape | null;
   /** Why tensor cores are or are not used here (for reports). */
@@ -202,21 +186,18 @@ export class Gpu {
     opts: GpuOptions,
     tensorCores: { shape: MatrixShape | null; note: string } = { shape: null, note: 'not checked' },
   ) {
-    this.tensorCores = tensorCores.shape;
-    this.tensorCoreNote = tensorCores.note;
-    this.hasF16 = device.features.has('shader-f16') && !opts.disableF16;
-    this.hasSubgroups = device.features.has('subgroups');
-    this.hasTimestamps = device.features.has('timestamp-query');
-    this.maxBinding = Math.min(opts.bindingLimit ?? Infinity, device.limits.maxStorageBufferBindingSize);
+    this.facts = adapterFacts(adapter, opts, tensorCores);
+    this.tensorCores = this.facts.tensorCores;
+    this.tensorCoreNote = this.facts.tensorCoreNote;
+    this.hasF16 = this.facts.f16;
+    this.hasSubgroups = this.facts.subgroups;
+    this.hasTimestamps = this.facts.timestamps;
+    this.maxBinding = this.facts.maxBinding;
     this.dryRun = opts.dryRun ?? false;
     this.encodesDryRun = this.dryRun && (opts.recording ?? false);
     this.poison = (opts.poison ?? false) && !this.dryRun;
-    this.cpuAdapter = isCpuAdapter(adapter);
-    this.bindGroupCacheMax = bindGroupCacheMax(this.cpuAdapter);
-    this.gemm = defaultGemmConfig(this.cpuAdapter, opts.splitK);
-    // SwiftShader refuses the direct core (matmul.ts directRefusal): its config says what runs, whatever it is given
-    this.directAllowed = !isSwiftShader(adapter);
-    this.gemm.direct &&= this.directAllowed;
+    this.bindGroupCacheMax = this.facts.bindGroupCacheMax;
+    this.gemm = { ...this.facts.gemmDefaults };
     this.allocator = new Allocator(device, device.limits.maxBufferSize, this.dryRun, this.encodesDryRun);
     this.allocator.onEvict = () => this.bindGroups.clear();
     void device.lost.then((info) => {
@@ -266,7 +247,8 @@ export class Gpu {
   setGemmConfig(c: GemmConfig): void {
     const problem = gemmConfigProblem(c);
     if (problem) throw new Error(`invalid GEMM config ${JSON.stringify(c)}: ${problem}`);
-    const direct = ((c as Partial<GemmConfig>).direct ?? this.gemm.direct) && this.directAllowed; // absent from configs recorded before it
+    // SwiftShader refuses the direct core (ops/tiles.ts directRefusal): its config says what runs, whatever it is given.
+    const direct = ((c as Partial<GemmConfig>).direct ?? this.gemm.direct) && this.facts.directGemm; // absent from configs recorded before it
     this.gemm = { registerBlock: c.registerBlock, fillWorkgroups: c.fillWorkgroups, splitK: c.splitK, bk: c.bk, prefetch: c.prefetch, direct };
   }
 
@@ -725,16 +707,6 @@ export class Gpu {
   private checkDType(dtype: DType, label: string): void {
     if (dtype === 'f16' && !this.hasF16) throw new ShapeError(label, 'f16 tensors need the shader-f16 feature, which this device lacks (use f32)');
   }
-}
-
-/** Software adapters that run compute shaders on the CPU (Mesa's lavapipe/llvmpipe, SwiftShader). */
-function isCpuAdapter(a: AdapterSummary): boolean {
-  return /llvmpipe|lavapipe|swiftshader|software/i.test(`${a.vendor} ${a.architecture} ${a.device} ${a.description}`);
-}
-
-/** Chrome's software adapter, whose shader compiler loses the device on some GEMM cores (src/ops/matmul.ts). */
-export function isSwiftShader(a: AdapterSummary): boolean {
-  return /swiftshader/i.test(`${a.vendor} ${a.architecture} ${a.device} ${a.description}`);
 }
 
 function padTo4(bits: Uint16Array): Uint16Array {

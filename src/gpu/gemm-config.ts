@@ -48,8 +48,8 @@ const GEMM_CONFIG_OPTIONAL: readonly string[] = ['direct'];
  * of 256 (an H200 has 132 multiprocessors holding several workgroups each), split-K, 32-deep steps (half the
  * barriers per k) and the next step's loads in flight during the FMAs.
  */
-export function defaultGemmConfig(cpuAdapter: boolean, splitK?: boolean): GemmConfig {
-  return cpuAdapter
+export function defaultGemmConfig(software: boolean, splitK?: boolean): GemmConfig {
+  return software
     ? { registerBlock: 8, fillWorkgroups: 8, splitK: splitK ?? false, bk: 16, prefetch: false, direct: true }
     : { registerBlock: 4, fillWorkgroups: 256, splitK: splitK ?? true, bk: 32, prefetch: true, direct: false };
 }

@@ -3,12 +3,12 @@
 // plain object. A real adapter's profile is read from a live Gpu (`profileOf`); a named one describes an adapter
 // this machine does not have (NVIDIA_H200, from the facts a lease recorded), so the census (bench/census.ts) can
 // ask what kernels that adapter would get through src/gpu/recording.ts without owning it.
-import type { Gpu } from './device.ts';
+import type { AdapterSummary, Gpu } from './device.ts';
 
 export interface AdapterProfile {
   /** A short name (`--profile nvidia-h200`). */
   name: string;
-  /** GPUAdapterInfo as Dawn reports it (vendor strings decide cpuAdapter / SwiftShader in device.ts). */
+  /** GPUAdapterInfo as Dawn reports it (vendor strings decide a software adapter / SwiftShader: adapter.ts). */
   info: {
     vendor: string;
     architecture: string;
@@ -72,6 +72,15 @@ export const NVIDIA_H200: AdapterProfile = {
 };
 
 export const PROFILES: Readonly<Record<string, AdapterProfile>> = { 'nvidia-h200': NVIDIA_H200 };
+
+/**
+ * What a named profile's adapter would report (AdapterSummary): the input adapter.ts's `adapterFacts` builds the
+ * adapter profile the kernels read from, the same as for a live adapter.
+ */
+export function summaryOf(p: AdapterProfile): AdapterSummary {
+  const { vendor, architecture, device, description, subgroupMinSize } = p.info;
+  return { vendor, architecture, device, description, features: [...p.features].sort(), limits: { ...p.limits }, subgroupMinSize };
+}
 
 /** The profile of the adapter a live Gpu runs on (this machine's: `--profile local`). */
 export function profileOf(gpu: Gpu, name = 'local'): AdapterProfile {

@@ -147,8 +147,8 @@ export interface ForwardTiling {
  */
 export function forwardTiling(gpu: Gpu, D: number, choice: AttentionKernelChoice = {}): ForwardTiling | null {
   const limit = gpu.device.limits.maxComputeWorkgroupStorageSize;
-  const subgroups = (choice.subgroups ?? true) && gpu.hasSubgroups && gpu.adapter.subgroupMinSize >= FWD_TC;
-  const prefetch = (choice.prefetch ?? !gpu.cpuAdapter) && !prefetchRefusal(gpu);
+  const subgroups = (choice.subgroups ?? true) && gpu.facts.subgroups && gpu.facts.subgroupMinSize >= FWD_TC;
+  const prefetch = (choice.prefetch ?? !gpu.facts.software) && !prefetchRefusal(gpu);
   const D4S = Math.ceil(Math.ceil(D / 4) / FWD_TC) * FWD_TC;
   const options: [boolean, number][] = [
     [true, 32],
@@ -389,7 +389,7 @@ const DQ_SCRATCH_MAX = 128 << 20;
 
 /** The fused backward's plan for these sizes on this device, or null: the separate kernels run. */
 export function fusedPlan(gpu: Gpu, d: Sizes, choice: AttentionKernelChoice = {}, dtype: DType = 'f32'): FusedPlan | null {
-  if ((choice.backward ?? (gpu.cpuAdapter ? 'separate' : 'fused')) !== 'fused') return null;
+  if ((choice.backward ?? (gpu.facts.software ? 'separate' : 'fused')) !== 'fused') return null;
   const BC = fusedTileRows(gpu, d.D);
   if (!BC) return null;
   const bytesPerBh = Math.ceil(d.M / BR) * d.N * d.D * 4;
@@ -415,7 +415,7 @@ export interface AttentionPlan {
 }
 
 export function attentionPlan(gpu: Gpu, d: Sizes, choice: AttentionKernelChoice = {}, dtype: DType = 'f32'): AttentionPlan {
-  const forward = choice.forward ?? (gpu.cpuAdapter ? 'rows' : 'tiled');
+  const forward = choice.forward ?? (gpu.facts.software ? 'rows' : 'tiled');
   return { forward: forward === 'tiled' ? forwardTiling(gpu, d.D, choice) : null, backward: fusedPlan(gpu, d, choice, dtype) };
 }
 

@@ -2,7 +2,7 @@
 // adapters' 8x8 register blocks, GPUs' 4x4), how a problem picks one (pickTile), which cores an adapter refuses,
 // and the aligned windows an op binds for an element range of a tensor. The GEMM driver is src/ops/matmul.ts,
 // the generated cores src/ops/gemm.ts.
-import { isSwiftShader, type BufferWindow, type Gpu } from '../gpu/device.ts';
+import type { BufferWindow, Gpu } from '../gpu/device.ts';
 import { ShapeError } from '../gpu/errors.ts';
 import type { Defs } from '../gpu/shaders.ts';
 import { BYTES, type Tensor } from '../gpu/tensor.ts';
@@ -146,7 +146,7 @@ export function tilesFor(gpu: Gpu): TileSet {
  * about 2 s. Its defaults never prefetch; this keeps a forced config from reaching it too.
  */
 export function prefetchRefusal(gpu: Gpu): string | null {
-  return isSwiftShader(gpu.adapter) ? "SwiftShader's shader compiler loses the device on the prefetching GEMM core (a CPU adapter never prefetches)" : null;
+  return !gpu.facts.prefetchGemm ? "SwiftShader's shader compiler loses the device on the prefetching GEMM core (a CPU adapter never prefetches)" : null;
 }
 
 /**
@@ -156,7 +156,7 @@ export function prefetchRefusal(gpu: Gpu): string | null {
  * self-test's cases) from reaching it.
  */
 export function directRefusal(gpu: Gpu): string | null {
-  return isSwiftShader(gpu.adapter) ? "SwiftShader's shader compiler loses the device on the direct GEMM core (its matmuls stay on the staged core)" : null;
+  return !gpu.facts.directGemm ? "SwiftShader's shader compiler loses the device on the direct GEMM core (its matmuls stay on the staged core)" : null;
 }
 
 /** The defs a SIMT tile specialises its core with (PREFETCH spelled out, so the pipeline key always has it). */

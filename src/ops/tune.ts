@@ -279,9 +279,9 @@ export async function tuneGemm(gpu: Gpu, opts: TuneOptions = {}): Promise<TuneRe
   const key = tuningKey(gpu);
   const log = opts.log ?? (() => {});
   const seconds = () => (performance.now() - started) / 1000;
-  const shapes = opts.shapes ?? (gpu.cpuAdapter ? CPU_TUNE_SHAPES : GPU_TUNE_SHAPES);
+  const shapes = opts.shapes ?? (gpu.facts.software ? CPU_TUNE_SHAPES : GPU_TUNE_SHAPES);
   const names = shapes.map((s) => s.name);
-  if (gpu.cpuAdapter && !opts.cpuAdapters && !opts.force)
+  if (gpu.facts.software && !opts.cpuAdapters && !opts.force)
     return { key, config: gpu.gemmConfig, source: 'defaults', shapes: names, timings: [], seconds: seconds() };
   if (opts.cache && !opts.force) {
     let text: string | null = null;
@@ -316,7 +316,7 @@ export async function tuneGemm(gpu: Gpu, opts: TuneOptions = {}): Promise<TuneRe
       log(`GEMM tuning: ${describeGemmConfig(chal.config)}: ${chal.ms.toFixed(3)} ms against ${inc.ms.toFixed(3)} ms for ${describeGemmConfig(inc.config)}`);
       return [inc, chal];
     };
-    result = await searchGemmConfigs(defaultGemmConfig(gpu.cpuAdapter, before.splitK), compare, opts.minGain ?? 0.05);
+    result = await searchGemmConfigs(defaultGemmConfig(gpu.facts.software, before.splitK), compare, opts.minGain ?? 0.05);
   } catch (e) {
     if (!(e instanceof GpuDeviceLostError)) gpu.setGemmConfig(before);
     throw e;

@@ -48,7 +48,7 @@ describe('census: the recording device', () => {
   it("records the H200 profile's GEMM and conv with hand-counted FLOPs, grids and bound bytes", async () => {
     const { gpu, seen } = await recorder(NVIDIA_H200);
     assert.equal(gpu.computeDType, 'f16', 'the profile offers shader-f16');
-    assert.equal(gpu.cpuAdapter, false);
+    assert.equal(gpu.facts.software, false);
     work(gpu);
     await gpu.sync();
     const mm = seen.filter((d) => d.shader === 'matmul' && d.entry === 'matmul');
@@ -77,7 +77,7 @@ describe('census: the recording device', () => {
     const ran = real.stats.dispatches - before;
     const { gpu, seen } = await recorder(profileOf(real));
     real.destroy();
-    assert.equal(gpu.cpuAdapter, true, "lavapipe's profile makes the same CPU-adapter choices");
+    assert.equal(gpu.facts.software, true, "lavapipe's profile makes the same CPU-adapter choices");
     work(gpu);
     await gpu.sync();
     assert.ok(ran >= 3, `ran ${ran} dispatches`);

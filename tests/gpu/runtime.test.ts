@@ -4,6 +4,8 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { GpuDeviceLostError, GpuOutOfMemoryError, GpuValidationError, NoWebGpuError, ShapeError } from '../../src/gpu/errors.ts';
 import { Gpu } from '../../src/gpu/device.ts';
+import { adapterFacts, isSoftwareAdapter } from '../../src/gpu/adapter.ts';
+import { NVIDIA_H200, summaryOf } from '../../src/gpu/profile.ts';
 import { kernel } from '../../src/gpu/kernel.ts';
 import { specialise } from '../../src/gpu/shaders.ts';
 import { nodeShaderSource } from '../../src/gpu/shaders-node.ts';
@@ -35,6 +37,29 @@ describe('gpu runtime', () => {
     assert.equal(gpu.hasF16, true);
     assert.equal(gpu.computeDType, 'f16');
     assert.ok(gpu.adapter.features.includes('shader-f16'));
+  });
+
+  it("one adapter profile (src/gpu/adapter.ts): the live device's facts, and the same for a named or SwiftShader adapter", async () => {
+    const gpu = await testGpu();
+    const f = gpu.facts;
+    assert.equal(f.software, isSoftwareAdapter(gpu.adapter));
+    assert.equal(f.f16, gpu.device.features.has('shader-f16'));
+    assert.equal(f.subgroups, gpu.device.features.has('subgroups'));
+    assert.equal(f.maxBinding, gpu.device.limits.maxStorageBufferBindingSize);
+    assert.equal(f.maxWorkgroupStorage, gpu.device.limits.maxComputeWorkgroupStorageSize);
+    assert.equal(adapterFacts(gpu.adapter, { bindingLimit: MiB }).maxBinding, MiB, 'a forced binding limit');
+    assert.equal(adapterFacts(gpu.adapter, { disableF16: true }).f16, false, 'f16 turned off');
+    // Mesa's lavapipe (this machine's adapter) is a software adapter: CPU defaults (8x8 blocks, direct core).
+    const lavapipe = adapterFacts({ ...gpu.adapter, vendor: 'mesa', device: 'llvmpipe (LLVM 19.1.7, 256 bits)', description: 'Mesa 25.0' });
+    assert.deepEqual([lavapipe.software, lavapipe.swiftShader, lavapipe.gemmDefaults.registerBlock, lavapipe.gemmDefaults.direct], [true, false, 8, true]);
+    assert.equal(lavapipe.bindGroupCacheMax, 1 << 13);
+    // SwiftShader: software too, and its compiler is never given the direct or prefetching GEMM core.
+    const swift = adapterFacts({ ...gpu.adapter, vendor: 'google', description: 'SwiftShader Device (Subzero)' });
+    assert.deepEqual([swift.software, swift.swiftShader, swift.directGemm, swift.prefetchGemm, swift.gemmDefaults.direct], [true, true, false, false, false]);
+    // The census's named H200 profile goes through the same builder: a GPU with f16, 32-lane subgroups, GPU defaults.
+    const h200 = adapterFacts(summaryOf(NVIDIA_H200));
+    assert.deepEqual([h200.software, h200.f16, h200.subgroups, h200.subgroupMinSize, h200.gemmDefaults.registerBlock], [false, true, true, 32, 4]);
+    assert.deepEqual([h200.maxBinding, h200.maxWorkgroupStorage, h200.bindGroupCacheMax], [2147483644, 49152, 1 << 16]);
   });
 
   it('f32 path when f16 is disabled, and f16 tensors are refused there', async () => {

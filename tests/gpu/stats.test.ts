@@ -43,7 +43,7 @@ describe('Gpu.stats', () => {
 
   it('the bind-group cache stays bounded, and so does the memory behind it (lavapipe maps each bind group)', async () => {
     const gpu = await nodeGpu({ poison: false });
-    const max = bindGroupCacheMax(gpu.cpuAdapter);
+    const max = bindGroupCacheMax(gpu.facts.software);
     const n = max + 4096;
     // n windows of 4 floats, 256 bytes apart (the storage offset alignment): each dispatch binds its own window and
     // its own uniform slot (slots restart after each submission).
@@ -87,7 +87,7 @@ describe('Gpu.stats', () => {
     const made = gpu.stats.bindGroupsCreated - s0.bindGroupsCreated;
     const grown = mappings() - maps0;
     console.log(
-      `adapter ${gpu.cpuAdapter ? 'cpu' : 'gpu'}: ${made} bind groups made, ${gpu.stats.bindGroupsCached} cached; mappings grew by ${grownBy.join(', ')} per pass`,
+      `adapter ${gpu.facts.software ? 'cpu' : 'gpu'}: ${made} bind groups made, ${gpu.stats.bindGroupsCached} cached; mappings grew by ${grownBy.join(', ')} per pass`,
     );
     // The third pass repeats the first one's pairs, long evicted: all made again.
     assert.equal(made, 3 * n, 'a new bind group per (window, uniform slot)');

@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { ShapeError } from '../../src/gpu/errors.ts';
 import type { Gpu } from '../../src/gpu/device.ts';
+import { adapterFacts } from '../../src/gpu/adapter.ts';
 import { attentionPlan, flashAttention, flashAttentionBackward, forwardTiling, fusedPlan, MAX_HEAD_DIM, naiveAttention } from '../../src/ops/attention.ts';
 import { randomValues } from '../../src/selftest/check.ts';
 import { defineCaseTests, testGpu } from '../helpers.ts';
@@ -46,15 +47,16 @@ describe('attention bad input', () => {
 });
 
 describe('attention kernel plans', () => {
-  /** A device with this much workgroup memory (and, where given, subgroups) for the planning functions. */
-  const fakeGpu = (wgBytes: number, subgroupMinSize = 0, maxBinding = 128 << 20) =>
-    ({
-      device: { limits: { maxComputeWorkgroupStorageSize: wgBytes } },
-      hasSubgroups: subgroupMinSize > 0,
-      cpuAdapter: false,
-      maxBinding,
-      adapter: { vendor: 'nvidia', architecture: '', device: '', description: '', subgroupMinSize },
-    }) as unknown as Gpu;
+  /**
+   * A device with this much workgroup memory (and, where given, subgroups) for the planning functions; its adapter
+   * profile built as Gpu.create builds it (src/gpu/adapter.ts), from an NVIDIA adapter or Mesa's llvmpipe.
+   */
+  const fakeGpu = (wgBytes: number, subgroupMinSize = 0, maxBinding = 128 << 20, vendor = 'nvidia') => {
+    const limits = { maxComputeWorkgroupStorageSize: wgBytes, maxStorageBufferBindingSize: maxBinding };
+    const features = subgroupMinSize > 0 ? ['subgroups'] : [];
+    const facts = adapterFacts({ vendor, architecture: '', device: '', description: '', features, limits, subgroupMinSize });
+    return { device: { limits }, hasSubgroups: facts.subgroups, maxBinding, facts, adapter: { vendor, subgroupMinSize } } as unknown as Gpu;
+  };
 
   it('the tiled forward fits the device: every head dim on 32 and 48 KiB, fewer on 16 KiB; subgroups only when wide enough', () => {
     for (const [bytes, sg] of [
@@ -87,7 +89,8 @@ describe('attention kernel plans', () => {
     // GPUs run the tiled forward by default, CPU adapters the row kernel (unless a caller pins 'tiled').
     const sizes = { B: 1, H: 8, N: 4096, M: 4096, D: 40 };
     assert.ok(attentionPlan(fakeGpu(32768, 32), sizes).forward);
-    const cpu = { ...fakeGpu(32768, 8), cpuAdapter: true } as Gpu;
+    const cpu = fakeGpu(32768, 8, 128 << 20, 'llvmpipe');
+    assert.ok(cpu.facts.software);
     assert.equal(attentionPlan(cpu, sizes).forward, null);
     assert.ok(attentionPlan(cpu, sizes, { forward: 'tiled' }).forward);
   });
@@ -105,7 +108,7 @@ describe('attention kernel plans', () => {
     assert.equal(fusedPlan(gpu, sd, { backward: 'separate', dqScratchBytes: 128 << 20 }), null);
     assert.equal(fusedPlan(fakeGpu(32768, 0, 16 << 20), sd, { dqScratchBytes: 128 << 20 }), null, 'the budget is at most one storage binding');
     // CPU adapters take the separate kernels unless a caller pins 'fused'.
-    const cpu = { ...gpu, cpuAdapter: true } as Gpu;
+    const cpu = fakeGpu(32768, 0, 128 << 20, 'llvmpipe');
     assert.equal(fusedPlan(cpu, { ...sd, M: 77 }), null);
     assert.ok(fusedPlan(cpu, { ...sd, M: 77 }, { backward: 'fused' }));
     // Cross-attention: 77 keys are 2 key blocks (2x q per b*head): every b*head in one dispatch in f32, half in

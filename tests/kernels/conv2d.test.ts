@@ -137,7 +137,7 @@ describe('conv2d sizes as pipeline constants', () => {
     const uniform = gemms(false);
     assert.equal(uniform[0].CONST_SIZES, false);
     assert.equal(uniform[0].SZ_W, undefined);
-    assert.equal(gemms()[0].CONST_SIZES, !gpu.cpuAdapter);
+    assert.equal(gemms()[0].CONST_SIZES, !gpu.facts.software);
     gpu.free(x, w);
   });
 });
@@ -164,7 +164,7 @@ describe('conv2d lowering: implicit GEMM or im2col + plain GEMMs', () => {
     // grad weight is the implicit GEMM under either lowering
     const lowered = ['bias_grad', 'col2im', 'conv_gemm', 'im2col', 'matmul'];
     const implicit = ['bias_grad', 'conv_gemm'];
-    assert.deepEqual(run({}), gpu.cpuAdapter && gpu.gemmConfig.direct ? lowered : implicit);
+    assert.deepEqual(run({}), gpu.facts.software && gpu.gemmConfig.direct ? lowered : implicit);
     assert.deepEqual(run({ lowering: 'im2col' }), lowered);
     assert.deepEqual(run({ lowering: 'implicit' }), implicit);
     for (const forced of [{ tile: TILE_32 }, { splitK: 1 }, { constSizes: false }]) assert.deepEqual(run(forced), implicit, JSON.stringify(forced));

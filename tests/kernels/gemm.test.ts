@@ -321,7 +321,7 @@ describe('split-K', () => {
     };
     const auto = run();
     const cpuDefault = await testGpu(); // the shared test device: lavapipe, where split-K is off by default
-    assert.equal(cpuDefault.autoSplitK, !cpuDefault.cpuAdapter);
+    assert.equal(cpuDefault.autoSplitK, !cpuDefault.facts.software);
     const whole = run(1);
     assert.equal(auto.dispatches, 2, 'split-K chosen: partials + reduce');
     assert.equal(whole.dispatches, 1);
