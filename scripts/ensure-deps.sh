@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs whatever is missing on a fresh machine: npm packages (when node_modules is absent or older
-# than package-lock.json), Mesa lavapipe into .local/mesa, and (with --browser) Debian's chromium.
+# than package-lock.json), Mesa lavapipe into .local/mesa, shellcheck into .local/shellcheck (the tests check the
+# generated job scripts with it), and (with --browser) Debian's chromium.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -21,6 +22,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 bash scripts/setup-lavapipe.sh
+bash scripts/setup-shellcheck.sh
 if [ "${1:-}" = --browser ] && [ ! -x /usr/bin/chromium ]; then
   echo "[deps] installing Debian's chromium"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

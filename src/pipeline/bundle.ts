@@ -21,7 +21,7 @@ import { prepareImage, scaleCrop, type CropBox, type ImageSize, type RgbaImage }
 import { prepareMask } from '../io/mask.ts';
 import { RAY_TRAIN_PY } from './bundle-ray.ts';
 import { sdScriptsFiles } from './bundle-sdscripts.ts';
-import { shellComment, shellQuote } from './quote.ts';
+import { SCRIPT_HEAD, shellComment, shellQuote } from './quote.ts';
 import {
   RunError,
   SETTING_SPECS,
@@ -250,9 +250,9 @@ function trainScript(input: BundleInput & { mapping: SettingMapping[] }): string
   const options = [...mapped, ...fixedOptions(s).filter((o) => !names.has(optionName(o)))];
   const model = ref.value
     ? `if [ -z "\${MODEL:-}" ]; then MODEL=${q(ref.value)}; fi`
-    : `if [ -z "\${MODEL:-}" ]; then echo ${q(`set MODEL first: ${ref.note}`)} >&2; exit 2; fi`;
+    : `if [ -z "\${MODEL:-}" ]; then printf '%s\\n' ${q(`set MODEL first: ${ref.note}`)} >&2; exit 2; fi`;
   return [
-    '#!/usr/bin/env bash',
+    ...SCRIPT_HEAD,
     `# DreamBooth Studio job: ${s.mode === 'lora' ? 'LoRA' : 'full'} DreamBooth of ${shellComment(input.prompt)}`,
     `# for diffusers ${DIFFUSERS_TARGET.version} (${DIFFUSERS_TARGET.tag}, commit ${DIFFUSERS_TARGET.commit}): examples/dreambooth/${scriptFor(s)}.`,
     '# Several GPUs: run `accelerate config` once (multi-GPU, or DeepSpeed), then this script; see README.md.',

@@ -5,6 +5,18 @@
 // in any process argument, so it is refused rather than silently cut. ray_train.py never has values written
 // into its source: it reads them from job.json / prompts.jsonl (JSON), so Python sees them unchanged.
 
+/**
+ * The first lines of every generated shell script: the interpreter, and shellcheck's two exceptions, both
+ * notes on what shellQuote does on purpose: SC2016 ("expressions don't expand in single quotes": a $ or
+ * backtick in a value must stay text) and SC1003 ("want to escape a single quote?": a value's own \' is
+ * text, and a ' in it is written '\'' already). Every other check stays on
+ * (tests/pipeline/script-quote.test.ts runs shellcheck on every script with hostile values).
+ */
+export const SCRIPT_HEAD: readonly string[] = [
+  '#!/usr/bin/env bash',
+  '# shellcheck disable=SC2016,SC1003 # typed values are single-quoted on purpose: everything in them stays text',
+];
+
 /** A value a script cannot carry (a NUL character). */
 export class ScriptValueError extends Error {}
 
