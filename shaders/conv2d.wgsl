@@ -10,7 +10,7 @@
 // i.e. oh = (ih + P - kh) / S when that divides exactly and lands inside dy (the stride-2 zeros of
 // the transposed convolution are skipped by that test, not stored).
 //
-// Specialised by: T (storage of x, w, dy, bias), TC (storage of the output: T or f32), MODE,
+// Specialised by: T (storage of x, w, dy, bias), W_INT8 (w is a frozen int8 weight: bytes wq, scales ws; src_a unbound), TC (storage of the output: T or f32), MODE,
 // KH, KW, STRIDE, the tile's defs (src/ops/gemm.ts), HAS_BIAS, ACCUMULATE, FITS (the tile divides GM, GN and GK:
 // the loaders skip their bounds checks; the padding test of x_tap stays), CONST_SIZES (the layer's sizes GM ..
 // pad, read through the generated sz_<name>(), are the constants SZ_<name> instead of uniforms: src/ops/conv2d.ts
@@ -45,18 +45,25 @@ fn x_tap(base: u32, ci: u32, oh: u32, ow: u32, r: u32) -> f32 {
 // (a CPU adapter has no vector instruction for them); the 4 columns of a B group step along the pixel row
 // with wrap. Divisions by KW, KHW and STRIDE are by constants and stay per element.
 
+// Weight element i of output channel co: T, or with W_INT8 (a frozen int8 weight, src/ops/int8.ts, modes 0 and 1)
+// the signed byte i of wq times the channel's f32 scale ws[co], dequantized in f32 as loaded.
+fn w_at(i: u32, co: u32) -> f32 {
+  if (W_INT8) { return f32(extractBits(bitcast<i32>(wq[i >> 2u]), (i & 3u) * 8u, 8u)) * ws[co]; }
+  return f32(src_a[i]);
+}
+
 // A[m .. m+3, k] of the GEMM, 0 outside it.
 fn load_a4(m: u32, k: u32) -> vec4<f32> {
   var v = vec4<f32>(0.0);
   if (!FITS && k >= sz_GK()) { return v; }
   if (MODE == 0u) {                                                               // w[co, (ci, r)]
-    for (var j = 0u; j < 4u; j++) { if (FITS || m + j < sz_GM()) { v[j] = f32(src_a[p.off_a + (m + j) * sz_GK() + k]); } }
+    for (var j = 0u; j < 4u; j++) { if (FITS || m + j < sz_GM()) { v[j] = w_at(p.off_a + (m + j) * sz_GK() + k, m + j); } }
     return v;
   }
   if (MODE == 1u) {                                                               // w[co, ci, r]
     let co = k / KHW;
     let r = k % KHW;
-    for (var j = 0u; j < 4u; j++) { if (FITS || m + j < sz_GM()) { v[j] = f32(src_a[p.off_a + (co * sz_Ci() + m + j) * KHW + r]); } }
+    for (var j = 0u; j < 4u; j++) { if (FITS || m + j < sz_GM()) { v[j] = w_at(p.off_a + (co * sz_Ci() + m + j) * KHW + r, co); } }
     return v;
   }
   let hw = sz_Ho() * sz_Wo();                                                     // dy[s, co, pixel], k = (s, pixel)

@@ -13,6 +13,8 @@
 //   ACCUMULATE       C += result instead of C = result (gradient accumulation, split-K chunks); the result is
 //                    rounded to C's type first, so this equals the GEMM into a new buffer followed by an add
 //   FITS             the tile divides M, N and K: loads skip their bounds checks
+//   B_INT8           B is a frozen int8 weight: bytes bq (4 per u32) and per-row f32 scales bs, dequantized in f32 as
+//                    loaded (b_elem); B_PLAIN = neither B_VEC4 nor B_INT8 (b is bound)
 //   A_VEC4, B_VEC4   the operand is bound as array<vec4<T>> (a4 / b4, the same window) and read in whole aligned
 //                    vec4s along its contiguous index, which its length, leading dimension, offset and batch stride
 //                    are multiples of: one vec4 load instead of 4 scalar ones. Along m or n (Aᵀ stored [K, M], B
@@ -44,8 +46,15 @@ fn load_a(base: u32, m: u32, k: u32) -> f32 {
 // op(B)[k, n] of this batch, 0 outside the matrix.
 fn load_b(base: u32, k: u32, n: u32) -> f32 {
   if (!FITS && (k >= p.K || n >= p.N)) { return 0.0; }
-  if (TRANS_B) { return f32(b[base + n * p.ldb + k]); }
-  return f32(b[base + k * p.ldb + n]);
+  if (TRANS_B) { return b_elem(base + n * p.ldb + k); }
+  return b_elem(base + k * p.ldb + n);
+}
+
+// Element i of the stored B: T, or with B_INT8 (a frozen int8 weight, src/ops/int8.ts; never batched, bound
+// whole) the signed byte i of bq times the f32 scale of its stored row i / ldb (the weight's output channel).
+fn b_elem(i: u32) -> f32 {
+  if (B_INT8) { return f32(extractBits(bitcast<i32>(bq[i >> 2u]), (i & 3u) * 8u, 8u)) * bs[i / p.ldb]; }
+  return f32(b[i]);
 }
 
 // The GEMM interface both generated cores call (src/ops/gemm.ts: the SIMT core `matmul`, the tensor-core core

@@ -14,6 +14,7 @@ import type { Defs } from '../gpu/shaders.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, type Tensor } from '../gpu/tensor.ts';
 import { matmul } from './matmul.ts';
+import { isInt8 } from './int8.ts';
 import { elemWindow, pickTile, simtTileDefs, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './tiles.ts';
 import { chooseSplitK, pickTcTile, simtGemmEntry, SPLIT_REDUCE_WG, splitReduceEntry, tcDefs, TC_BK, tensorCoreEntry } from './gemm.ts';
 
@@ -148,8 +149,10 @@ const CONV_GEMM = kernel({
   code: withSizes(simtGemmEntry('conv_gemm')),
   uniforms: CONV_UNIFORMS,
   bindings: [
-    { name: 'src_a', type: 'T', access: 'read' },
+    { name: 'src_a', type: 'T', access: 'read', when: '!W_INT8' },
     { name: 'src_b', type: 'T', access: 'read' },
+    { name: 'wq', type: 'u32', access: 'read', when: 'W_INT8' },
+    { name: 'ws', type: 'f32', access: 'read', when: 'W_INT8' },
     { name: 'out', type: 'TC', access: 'read_write', when: '!SPLIT_K' },
     { name: 'bias', type: 'T', access: 'read', when: 'HAS_BIAS' },
     { name: 'part', type: 'f32', access: 'read_write', when: 'SPLIT_K' },
@@ -223,7 +226,10 @@ function convGemm(
   const group = samplesPerBinding(gpu, op, s, [perA * BYTES[srcA.dtype], perB * BYTES[srcB.dtype], perC * BYTES[out.dtype]]);
   const batches = mode === Mode.GradWeight ? 1 : group;
   // Tensor cores for f16 where the device has them, unless a test forces a SIMT tile.
-  const tc = forcedTile || srcA.dtype !== 'f16' ? null : pickTcTile(gpu, GM, GN, batches);
+  // An int8 weight (modes 0 and 1; src/ops/int8.ts) is bound whole as its bytes and scales, on the SIMT core.
+  const int8 = mode !== Mode.GradWeight && isInt8(srcA) ? srcA.windows() : null;
+  if (int8 && int8.q.size > gpu.maxBinding) throw new ShapeError(op, `int8 weight ${srcA} exceeds one storage binding (${gpu.maxBinding} bytes)`);
+  const tc = forcedTile || srcA.dtype !== 'f16' || int8 ? null : pickTcTile(gpu, GM, GN, batches);
   const tile = tc ? null : (forcedTile ?? pickTile(GM, GN, batches, gpu.fillWorkgroups, tilesFor(gpu)));
   if (tile && tileSharedBytes(tile) > gpu.device.limits.maxComputeWorkgroupStorageSize)
     throw new ShapeError(op, `tile ${JSON.stringify(tile)} needs too much workgroup memory`);
@@ -250,6 +256,7 @@ function convGemm(
       KW: s.KW,
       STRIDE: s.stride,
       HAS_BIAS: bias !== null,
+      W_INT8: int8 !== null,
       // Grad weight sums over samples: later sample groups add onto the first.
       ACCUMULATE: accumulate || (mode === Mode.GradWeight && n0 > 0),
       CONST_SIZES: constSizes,
@@ -265,7 +272,7 @@ function convGemm(
       Ho: s.Ho,
       Wo: s.Wo,
       pad: s.pad,
-      off_a: wa.offset,
+      off_a: int8 ? 0 : wa.offset,
       off_b: wb.offset,
       off_c: wc.offset,
       off_bias: wbias?.offset ?? 0,
@@ -278,11 +285,12 @@ function convGemm(
     const core = tc ? CONV_GEMM_TC : CONV_GEMM;
     const coreDefs = tc ? tcDefs(tc, gpu.tensorCores!) : simtTileDefs(tile!);
     const biasBinding = wbias ? { bias: wbias.window } : {};
+    const weight = int8 ? { wq: int8.q, ws: int8.scale } : { src_a: wa.window };
     if (split.splits === 1) {
       gpu.run(core, {
         defs: { ...defs, ...sizeDefs, ...coreDefs, SPLIT_K: false },
         uniforms,
-        bindings: { src_a: wa.window, src_b: wb.window, out: wc.window, ...biasBinding },
+        bindings: { ...weight, src_b: wb.window, out: wc.window, ...biasBinding },
         workgroups: [...tiles, zs],
       });
       continue;
@@ -293,7 +301,7 @@ function convGemm(
     gpu.run(core, {
       defs: { ...defs, ...sizeDefs, ...coreDefs, HAS_BIAS: false, ACCUMULATE: false, SPLIT_K: true },
       uniforms,
-      bindings: { src_a: wa.window, src_b: wb.window, part: wp.window },
+      bindings: { ...weight, src_b: wb.window, part: wp.window },
       workgroups: [...tiles, zs * split.splits],
     });
     gpu.run(CONV_SPLIT_REDUCE, {
@@ -313,13 +321,14 @@ export function conv2d(gpu: Gpu, x: Tensor, w: Tensor, bias: Tensor | null, opts
   expectSameDType(op, x, w, ...(bias ? [bias] : []));
   if (bias) expectShape(op, 'bias', bias, [s.Co]);
   const y = gpu.tensor([s.N, s.Co, s.Ho, s.Wo], x.dtype, 'activations', 'conv2d');
-  if (isPointwise(s)) {
+  // An int8 weight is read by the implicit GEMM's loader only (src/ops/int8.ts), 1x1 convolutions included.
+  if (isPointwise(s) && !isInt8(w)) {
     // y[n] [Co, H*W] = w [Co, Ci] · x[n] [Ci, H*W] + bias[co]
     const hw = s.H * s.W;
     matmul(gpu, w.reshape([s.Co, s.Ci]), x.reshape([s.N, s.Ci, hw]), { ...gemmChoice(opts), rowBias: bias ?? undefined, out: y.reshape([s.N, s.Co, hw]) });
     return y;
   }
-  if (lowering(gpu, s, x, opts) === 'im2col') {
+  if (lowering(gpu, s, x, w, opts) === 'im2col') {
     // y[n] [Co, Ho*Wo] = w [Co, Ci*KHW] · col[n] + bias[co]
     const col = im2col(gpu, s, x);
     matmul(gpu, w.reshape([s.Co, colRows(s)]), col, { rowBias: bias ?? undefined, out: y.reshape([s.N, s.Co, s.Ho * s.Wo]) });
@@ -403,11 +412,11 @@ function gemmChoice(opts: Conv2dOptions): { tile?: Tile; splitK?: number } {
 /** dx (written, or added into with `accumulate`): the implicit GEMM; dcol = wᵀ · dy[n] then col2im; or for a pointwise conv dx[n] = wᵀ · dy[n]. */
 function gradInput(gpu: Gpu, op: string, s: ConvShape, x: Tensor, w: Tensor, dy: Tensor, dx: Tensor, accumulate: boolean, opts: Conv2dOptions): void {
   const hw = s.Ho * s.Wo;
-  if (isPointwise(s)) {
+  if (isPointwise(s) && !isInt8(w)) {
     matmul(gpu, w.reshape([s.Co, s.Ci]), dy.reshape([s.N, s.Co, hw]), { ...gemmChoice(opts), transA: true, out: dx.reshape([s.N, s.Ci, hw]), accumulate });
     return;
   }
-  if (lowering(gpu, s, x, opts) !== 'im2col') return convGemm(gpu, op, Mode.GradInput, s, w, dy, dx, null, accumulate, opts);
+  if (lowering(gpu, s, x, w, opts) !== 'im2col') return convGemm(gpu, op, Mode.GradInput, s, w, dy, dx, null, accumulate, opts);
   // dcol in f32, so each dx element is one f32 sum over its taps, rounded once (as the implicit GEMM's).
   const dcol = gpu.tensor([s.N, colRows(s), hw], 'f32', 'scratch', 'conv2d.dcol');
   matmul(gpu, w.reshape([s.Co, colRows(s)]), dy.reshape([s.N, s.Co, hw]), { transA: true, out: dcol });
@@ -432,7 +441,8 @@ function colRows(s: ConvShape): number {
  * tensor of the lowered path (x, col, y, the f32 dcol) exceeds one storage binding (the implicit GEMM walks sample
  * chunks).
  */
-function lowering(gpu: Gpu, s: ConvShape, x: Tensor, opts: Conv2dOptions): Lowering {
+function lowering(gpu: Gpu, s: ConvShape, x: Tensor, w: Tensor, opts: Conv2dOptions): Lowering {
+  if (isInt8(w)) return 'implicit';
   if (opts.lowering) return opts.lowering;
   if (!gpu.cpuAdapter || !gpu.gemmConfig.direct) return 'implicit';
   if (opts.tile || opts.splitK !== undefined || opts.constSizes !== undefined) return 'implicit';

@@ -10,6 +10,7 @@ import { kernel, u32 } from '../gpu/kernel.ts';
 import { fmtShape, ShapeError } from '../gpu/errors.ts';
 import { BYTES, expectSameDType, expectShape, numel, Tensor } from '../gpu/tensor.ts';
 import { checkTile, DIRECT_TILES, elemWindow, pickTile, simtTileDefs, tilesFor, windowBytesBound, type Tile } from './tiles.ts';
+import { isInt8 } from './int8.ts';
 import { chooseSplitK, pickTcTile, simtGemmEntry, SPLIT_REDUCE_WG, splitReduceEntry, tcDefs, tcTileFits, TC_BK, tensorCoreEntry, type TcTile } from './gemm.ts';
 
 export interface MatmulOptions {
@@ -181,12 +182,14 @@ const MATMUL = kernel({
   uniforms: MATMUL_UNIFORMS,
   bindings: [
     { name: 'a', type: 'T', access: 'read', when: '!A_VEC4' },
-    { name: 'b', type: 'T', access: 'read', when: '!B_VEC4' },
+    { name: 'b', type: 'T', access: 'read', when: 'B_PLAIN' },
     { name: 'c', type: 'TC', access: 'read_write', when: '!SPLIT_K' },
     { name: 'bias', type: 'T', access: 'read', when: 'HAS_BIAS' },
     { name: 'part', type: 'f32', access: 'read_write', when: 'SPLIT_K' },
     { name: 'a4', type: 'vec4<T>', access: 'read', when: 'A_VEC4' },
     { name: 'b4', type: 'vec4<T>', access: 'read', when: 'B_VEC4' },
+    { name: 'bq', type: 'u32', access: 'read', when: 'B_INT8' },
+    { name: 'bs', type: 'f32', access: 'read', when: 'B_INT8' },
   ],
 });
 
@@ -214,7 +217,7 @@ function gemmTcTile(gpu: Gpu, g: Gemm): TcTile | null {
     if (!tcTileFits(gpu, g.tcTile, gpu.tensorCores)) throw new ShapeError(g.op, `tensor-core tile ${JSON.stringify(g.tcTile)} does not fit this device`);
     return g.tcTile;
   }
-  if (g.tile || g.a.dtype !== 'f16') return null;
+  if (g.tile || g.a.dtype !== 'f16' || isInt8(g.b)) return null;
   return pickTcTile(gpu, g.M, g.N, g.batch);
 }
 
@@ -239,15 +242,20 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     // both cores stage (Aᵀ stored [K, M], B [K, N]), along k as the SIMT core's 4x4 quads (A [M, K], Bᵀ stored
     // [N, K]: the forward x·Wᵀ; gemm.ts operandStaging).
     const aQuads = tile !== null && !g.transA && vec4Operand(true, k.kc, g.lda, g.strideA, wa.offset);
-    const bQuads = tile !== null && g.transB && vec4Operand(true, k.kc, g.ldb, g.strideB, wb.offset);
+    // An int8 B (a frozen weight, src/ops/int8.ts) is bound whole as its bytes and scales, read element by element.
+    const int8 = isInt8(g.b) ? g.b.windows() : null;
+    if (int8 && int8.q.size > gpu.maxBinding) throw new ShapeError(g.op, `int8 weight ${g.b} exceeds one storage binding (${gpu.maxBinding} bytes)`);
+    const bQuads = tile !== null && g.transB && !int8 && vec4Operand(true, k.kc, g.ldb, g.strideB, wb.offset);
     const aVec4 = aQuads || vec4Operand(g.transA, k.mc, g.lda, g.strideA, wa.offset);
-    const bVec4 = bQuads || vec4Operand(!g.transB, k.nc, g.ldb, g.strideB, wb.offset);
+    const bVec4 = bQuads || (!int8 && vec4Operand(!g.transB, k.nc, g.ldb, g.strideB, wb.offset));
     const defs = {
       T: g.a.dtype,
       TC: g.c.dtype,
       BIAS_ROWS: g.biasRows,
       A_VEC4: aVec4,
       B_VEC4: bVec4,
+      B_INT8: int8 !== null,
+      B_PLAIN: !bVec4 && !int8,
       A_QUADS: aQuads,
       B_QUADS: bQuads,
       // the tile divides the block: loads and stores skip their bounds checks
@@ -265,7 +273,7 @@ function runGemm(gpu: Gpu, g: Gemm): void {
       ldb: g.ldb,
       ldc: g.ldc,
       off_a: wa.offset,
-      off_b: wb.offset,
+      off_b: int8 ? sb[0] : wb.offset,
       off_c: wc.offset,
       off_bias: wbias?.offset ?? 0,
       stride_a: g.strideA,
@@ -277,7 +285,10 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     const core = tc ? MATMUL_TC : MATMUL;
     const coreDefs = tc ? tcDefs(tc, gpu.tensorCores!) : simtTileDefs(tile!);
     const bias = wbias ? { bias: wbias.window } : {};
-    const staged = { ...(aVec4 ? { a4: wa.window } : { a: wa.window }), ...(bVec4 ? { b4: wb.window } : { b: wb.window }) };
+    const staged = {
+      ...(aVec4 ? { a4: wa.window } : { a: wa.window }),
+      ...(int8 ? { bq: int8.q, bs: int8.scale } : bVec4 ? { b4: wb.window } : { b: wb.window }),
+    };
     if (split.splits === 1) {
       gpu.run(core, {
         defs: { ...defs, ...coreDefs, SPLIT_K: false },
@@ -337,6 +348,8 @@ function matmulShape(op: string, a: Tensor, b: Tensor, transA: boolean, transB: 
   const desc = () => `a ${fmtShape(a.shape)}${transA ? 'ᵀ' : ''} · b ${fmtShape(b.shape)}${transB ? 'ᵀ' : ''}`;
   if (a.shape.length < 2 || b.shape.length < 2) throw new ShapeError(op, `operands must have at least 2 dims: ${desc()}`);
   expectSameDType(op, a, b);
+  if (isInt8(a) || (isInt8(b) && b.shape.length !== 2))
+    throw new ShapeError(op, `an int8 weight is read only as an unbatched operand b (a 2-D weight): ${desc()}`);
   const [ar, ac] = a.shape.slice(-2);
   const [br, bc] = b.shape.slice(-2);
   const M = transA ? ac : ar;

@@ -14,7 +14,9 @@ import type { ChunkStore } from '../store/chunkstore.ts';
 import { crc32 } from '../store/chunkstore.ts';
 import { encodeTrainData, generateClassImage, loadTrainData, saveTrainData, type PreparedSet } from '../train/preprocess.ts';
 import { preparedTimeIds } from '../train/conditioning.ts';
-import { planTraining, trainableShapes, type Plan } from '../train/plan.ts';
+import { planBaseWeights, trainableShapes, type BasePlan } from '../train/plan.ts';
+import { quantizeWeights } from '../ops/int8.ts';
+import type { Tensor } from '../gpu/tensor.ts';
 import type { TrainData, TrainSettings } from '../train/trainer.ts';
 import { formatBytes } from '../util/bytes.ts';
 import { phaseTicker } from './progress.ts';
@@ -143,7 +145,7 @@ export async function planRun(
     textEncoder: settings.textEncoderLora ? model.textEncoder.config : undefined,
     textEncoder2: settings.textEncoderLora ? model.textEncoder2?.config : undefined,
   };
-  const plan: Plan = await planTraining(
+  const plan: BasePlan = await planBaseWeights(
     host.dryRunGpu,
     planModel,
     {
@@ -156,6 +158,7 @@ export async function planRun(
     },
     settings,
     s.budgetBytes - samplingBytes,
+    s.baseWeights,
   );
   const trainableParams = trainableShapes(planModel, settings).reduce((a, t) => a + t.shape.reduce((x, y) => x * y, 1), 0);
   const cacheBytes =
@@ -170,6 +173,8 @@ export async function planRun(
     samplingBytes,
     trainableParams,
     storageNeedBytes: storageNeed(trainableParams, cacheBytes),
+    baseWeights: plan.baseWeights,
+    baseWeightsReason: plan.baseWeightsReason,
     ...(plan.message
       ? { message: plan.message + (samplingBytes ? ` (plus ${formatBytes(samplingBytes)} kept for samples: set samples to 0 to free it)` : '') }
       : {}),
@@ -180,6 +185,19 @@ export async function planRun(
   settings.residentChunks = plan.residentChunks;
   settings.fusedUpdates = plan.fusedUpdates;
   return summary;
+}
+
+/**
+ * The frozen UNet weights in the storage the plan chose: with int8 each weight that round-trips within its
+ * tolerance is stored in int8 (src/ops/int8.ts), the others stay f16 and are named in the log.
+ */
+export async function storeBaseWeights(host: RunHost, summary: PlanSummary, weights: Map<string, Tensor>): Promise<void> {
+  if (summary.baseWeights !== 'int8') return;
+  const r = await quantizeWeights(host.gpu, weights);
+  const kept = r.kept.length
+    ? `; ${r.kept.length} kept in f16 (they would not round-trip within 2 %: ${r.kept.slice(0, 3).join(', ')}${r.kept.length > 3 ? ', ...' : ''})`
+    : '';
+  host.emit({ type: 'phase', phase: 'planning', message: `Base weights: ${summary.baseWeightsReason}: ${r.int8} UNet weights in int8${kept}` });
 }
 
 /** Decodes, checks and crops one set of photos (instance or class); `flip` adds mirrored copies. */

@@ -127,5 +127,8 @@ export interface PlanSummary {
   trainableParams: number;
   /** About what the run stores: cached latents, optimizer state and its checkpointed copy. */
   storageNeedBytes: number;
+  /** How the frozen UNet weights are stored (the planner's choice under --base-weights) and why. */
+  baseWeights?: 'f16' | 'int8';
+  baseWeightsReason?: string;
   message?: string;
 }

@@ -26,7 +26,7 @@ import type { ChunkStore } from '../store/chunkstore.ts';
 import { StorageFullError } from '../store/chunkstore.ts';
 import { DreamBoothTrainer, VALIDATION_IMAGES, VALIDATION_T, type TrainSettings } from '../train/trainer.ts';
 import { formatBytes } from '../util/bytes.ts';
-import { cachedTrainData, modelShapeOf, planRun, promptWarning, releaseFor, runStartedAt } from './prepare.ts';
+import { cachedTrainData, modelShapeOf, planRun, promptWarning, releaseFor, runStartedAt, storeBaseWeights } from './prepare.ts';
 import { exportFileName, exportRun, trainedLoraHash, type ExportFormat } from './run-export.ts';
 import { etaText, PhaseClock } from './progress.ts';
 import type { OpenedModel, PlanSummary, RunEvent, RunHost, RunInput } from './run-host.ts';
@@ -161,6 +161,7 @@ export class TrainingRun {
     // The VAE encoder is done; the decoder and the text encoder stay only for samples (or text-encoder LoRA).
     releaseFor(gpu, model, sampling, settings.textEncoderLora);
     const summary = await planRun(host, s, model, data, settings, schedule);
+    await storeBaseWeights(host, summary, model.unet.weights);
     // The allocator's pool keeps freed buffers for reuse: within the budget, and without what preparation
     // (the VAE encoder, decoding) left in it.
     gpu.trimPool();

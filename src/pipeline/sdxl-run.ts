@@ -34,7 +34,7 @@ import { loadTrainData, saveTrainData, type PreparedSet } from '../train/preproc
 import { encodeSdxlTrainData, generateSdxlClassImage } from '../train/preprocess-sdxl.ts';
 import { TEXT_ENCODER_2_PREFIX } from '../train/trainable.ts';
 import { DreamBoothTrainer, type TrainData, type TrainSettings } from '../train/trainer.ts';
-import { cachedMasksMatch, maskFingerprint, masksKey, planRun, prepareSet, promptWarning, releaseFor, runStartedAt } from './prepare.ts';
+import { cachedMasksMatch, maskFingerprint, masksKey, planRun, prepareSet, promptWarning, releaseFor, runStartedAt, storeBaseWeights } from './prepare.ts';
 import { phaseTicker } from './progress.ts';
 import type { OpenedModel, PlanSummary, RunHost, RunInput } from './run-host.ts';
 import { checkTryIt, type TryItOptions, type TryItResult } from './tryit.ts';
@@ -178,6 +178,10 @@ export async function prepareSdxlRun(
   const s = run.settings;
   if (s.mode !== 'lora')
     throw new RunError(`${opened.name} is an SDXL model: SDXL trains LoRA adapters here (a full SDXL fine-tune is not offered); set ${name('mode')} to lora`);
+  if (s.captionDropout > 0 || s.shuffleTags)
+    throw new RunError(
+      `${opened.name} is an SDXL model: ${name(s.shuffleTags ? 'shuffleTags' : 'captionDropout')} is for SD 1.x/2.x runs here (SDXL trains the cached captions as they are); leave it out`,
+    );
   const tokenizers: [ClipTokenizer, ClipTokenizer] = [ClipTokenizer.fromFiles(opened.tokenizer), ClipTokenizer.fromFiles(await tokenizer2Files(opened))];
   const o = opened.overrides ? { overrides: opened.overrides } : {};
   const source = opened.kind === 'diffusers' ? await openSdxlDiffusers(opened.reader, o) : await openSdxlSingleFile(opened.file, o);
@@ -201,6 +205,7 @@ export async function prepareSdxlRun(
     const data = await cachedSdxlData(host, run, parts, schedule, bucketStep);
     releaseFor(gpu, model, s.sampleEvery > 0, settings.textEncoderLora);
     const summary = await planRun(host, s, model, data, settings, schedule);
+    await storeBaseWeights(host, summary, model.unet.weights);
     gpu.trimPool();
     gpu.allocator.reserveLimit = s.budgetBytes;
     const startedAt = await runStartedAt(store, run.runId, preparedFrom);

@@ -40,6 +40,7 @@ import { planChunks, type ParamSpec } from './optimizer-chunks.ts';
 import { FP32_MODE, stateBytesPerElement } from './packed-state.ts';
 import { isHostOptimizer } from './host-optimizer.ts';
 import { trainableSpec } from './trainable.ts';
+import { unbackedInt8 } from '../ops/int8.ts';
 import { DreamBoothTrainer, type TrainData, type TrainSettings } from './trainer.ts';
 
 const GiB = 2 ** 30;
@@ -56,7 +57,15 @@ export interface PlanModel {
   textEncoder?: ClipTextConfig;
   /** SDXL's second text encoder's config: needed with textEncoderLora on SDXL (both encoders then train). */
   textEncoder2?: ClipTextConfig;
+  /**
+   * How the UNet's frozen weights are stored in a LoRA run: 'f16' (the run's dtype; default) or 'int8' (every weight
+   * of 2 or more dims in int8 with per-channel scales, src/ops/int8.ts: the planner assumes each round-trips).
+   */
+  baseWeights?: BaseWeights;
 }
+
+/** Storage of a LoRA run's frozen UNet weights (src/ops/int8.ts). 'f16' is the run's dtype (f32 without shader-f16). */
+export type BaseWeights = 'f16' | 'int8';
 
 export interface PlanDataShape {
   /** One latent [C, h, w] (512 px: [4, 64, 64]). */
@@ -174,7 +183,13 @@ export async function dryRunPeak(makeGpu: () => Promise<Gpu>, model: PlanModel, 
     if (!gpu.dryRun) throw new Error('the training planner needs a dry-run Gpu (e.g. nodeGpu({ dryRun: true }) or Gpu.create(..., { dryRun: true }))');
     // Unbacked weights of every tensor the run keeps on the GPU: the UNet, and the text encoder when it trains.
     const unbacked = (shapes: Map<string, number[]>) => new Map([...shapes].map(([name, shape]) => [name, gpu.tensor(shape, model.dtype, 'weights', name)]));
-    const weights = unbacked(unetParams(model.config));
+    const int8 = settings.mode === 'lora' && model.baseWeights === 'int8';
+    const weights = new Map(
+      [...unetParams(model.config)].map(([name, shape]) => [
+        name,
+        int8 && shape.length >= 2 ? unbackedInt8(gpu, shape, model.dtype, name) : gpu.tensor(shape, model.dtype, 'weights', name),
+      ]),
+    );
     const withTe = settings.mode === 'lora' && settings.textEncoderLora;
     const te = withTe ? { config: textEncoderOf(model), weights: unbacked(clipParams(textEncoderOf(model))) } : undefined;
     const te2Config = withTe ? model.textEncoder2 : undefined;
@@ -351,4 +366,46 @@ export async function planTraining(
     `${describeRun(model, settings)} needs at least ${gib(least.peakBytes)} of GPU memory at ${px} px; the budget is ${gib(budgetBytes)} ` +
     `(${model.dtype}, batch ${dataShape.withClass ? 2 : 1}, even with activation checkpointing${canFuse ? ', updates fused into the backward pass' : ''} and every optimizer chunk streamed through storage)`;
   return plan(least, false, message);
+}
+
+/** A plan with the base-weight storage it chose. */
+export interface BasePlan extends Plan {
+  baseWeights: BaseWeights;
+  /** Why that storage: for the run's log and the page. */
+  baseWeightsReason: string;
+}
+
+/**
+ * The planner under a base-weight choice: 'f16' or 'int8' as asked; 'auto' keeps f16 when it fits the budget and
+ * otherwise plans int8 (frozen weights at about half the bytes), keeping it when it fits or needs less. Full
+ * fine-tuning trains every weight, so it is always f16 (asking for int8 there is refused by the settings).
+ */
+export async function planBaseWeights(
+  makeGpu: () => Promise<Gpu>,
+  model: PlanModel,
+  dataShape: PlanDataShape,
+  settings: TrainSettings,
+  budgetBytes: number,
+  choice: BaseWeights | 'auto',
+): Promise<BasePlan> {
+  const run = (baseWeights: BaseWeights) => planTraining(makeGpu, { ...model, baseWeights }, dataShape, settings, budgetBytes);
+  if (settings.mode !== 'lora' || choice === 'f16')
+    return {
+      ...(await run('f16')),
+      baseWeights: 'f16',
+      baseWeightsReason: choice === 'f16' ? 'f16 base weights as asked' : 'full fine-tuning trains every weight: f16',
+    };
+  if (choice === 'int8') return { ...(await run('int8')), baseWeights: 'int8', baseWeightsReason: 'int8 base weights as asked' };
+  const f16 = await run('f16');
+  if (f16.fits) return { ...f16, baseWeights: 'f16', baseWeightsReason: `f16 base weights fit the budget (peak ${gib(f16.peakBytes)} of ${gib(budgetBytes)})` };
+  const int8 = await run('int8');
+  if (int8.fits)
+    return {
+      ...int8,
+      baseWeights: 'int8',
+      baseWeightsReason: `f16 base weights need ${gib(f16.peakBytes)}, over the budget of ${gib(budgetBytes)}: int8 base weights (peak ${gib(int8.peakBytes)})`,
+    };
+  // Neither fits: the f16 plan's refusal, with what int8 base weights would need.
+  const message = `${f16.message ?? ''} (with int8 base weights: ${gib(int8.peakBytes)})`;
+  return { ...f16, message, baseWeights: 'f16', baseWeightsReason: 'neither f16 nor int8 base weights fit the budget' };
 }
