@@ -3,13 +3,15 @@
 // that includes text_encoder_2), the text encoders give prompt_embeds and pooled from the folder, grad unet
 // gives every parameter's gradient; all against the PyTorch goldens (tolerances as tests/modules/sdxl.test.ts,
 // f32). time_ids of the wrong length exit 1 naming the --in file; `cli sample` draws with both tokenizers;
-// `cli inspect` reports either layout as SDXL and names a missing tensor among its problems.
+// `cli inspect` reports either layout as SDXL and names a missing tensor among its problems; `cli train` runs a
+// 2-step LoRA whose kohya export reads back with SDXL keys and metadata.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
+import { encode as encodePng } from 'fast-png';
 import { inspectSdxlPath } from '../../src/cli/run-sdxl.ts';
 import { readSafetensors, writeSafetensors, type NamedTensor } from '../../src/io/safetensors.ts';
 import { compare, type Check } from '../../src/selftest/check.ts';
@@ -141,5 +143,24 @@ describe('cli on an SDXL model', () => {
     assert.equal(r.code, 0, r.err);
     const b = readFileSync(png);
     assert.deepEqual([b.readUInt32BE(16), b.readUInt32BE(20)], [16, 24], 'IHDR width and height');
+  });
+
+  it('train: a LoRA run of 2 steps at 16 px; the kohya export reads back with SDXL keys and metadata', () => {
+    const photos = join(dir, 'photos');
+    mkdirSync(photos);
+    const rgb = new Uint8Array(16 * 16 * 3).map((_, i) => (i * 37) % 251);
+    writeFileSync(join(photos, 'a.png'), encodePng({ width: 16, height: 16, data: rgb, channels: 3, depth: 8 }));
+    const out = join(dir, 'trained');
+    const args = ['train', '--model', tiny.folder, '--images', photos, '--prompt', 'a photo of sks toy', '--mode', 'lora', '--rank', '4'];
+    const r = cli(...args, '--steps', '2', '--resolution', '16', '--lr', '1e-3', '--seed', '1', '--sample-every', '0', '--out', out);
+    assert.equal(r.code, 0, r.err);
+    const kohya = readSafetensors(new Uint8Array(readFileSync(join(out, 'lora-kohya.safetensors'))));
+    assert.equal(kohya.metadata.ss_base_model_version, 'sdxl_base_v1-0');
+    assert.equal(kohya.metadata['modelspec.architecture'], 'stable-diffusion-xl-v1-base/lora');
+    assert.equal(kohya.metadata.ss_network_dim, '4');
+    const keys = [...kohya.tensors.keys()];
+    assert.ok(keys.length > 0 && keys.every((k) => k.startsWith('lora_unet_')), keys.slice(0, 3).join(', '));
+    // two steps moved the up projections away from their zero init
+    assert.ok([...kohya.tensors].some(([k, t]) => k.endsWith('.lora_up.weight') && t.data.some((v) => v !== 0)));
   });
 });
