@@ -3,11 +3,11 @@
 // same flags, settings schema and checks as a run (the settings against the model's shape too, read from
 // its headers: no GPU); --out is not needed. A model in the Hugging Face cache
 // (models--<org>--<name>/snapshots/<commit>) gives its hub id and revision itself.
-import { existsSync, mkdirSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, rmSync, statSync } from 'node:fs';
 import { basename, dirname, join, resolve } from 'node:path';
 import { encode as encodePng } from 'fast-png';
 import { loadImageDir } from '../io/image-node.ts';
-import { checkOutFolder, claimEntries, recordWritten, removeWritten, writeOutput, writtenEntries } from '../io/outpath.ts';
+import { checkOutFolder, claimEntries, recordWritten, refuseLeftAside, writeFolderOutputs, writeOutput, writtenEntries } from '../io/outpath.ts';
 import { SafetensorsFile } from '../io/safetensors.ts';
 import { NodeFileSource } from '../io/source-node.ts';
 import { nodeFolder } from '../models/folder-node.ts';
@@ -110,6 +110,7 @@ export async function bundleCommand(argv: string[]): Promise<void> {
     throw new UsageError(`--bundle ${out} holds a bundle already: choose another folder, or add --overwrite to replace it`);
   if (values.overwrite === true && !(existsSync(out) && writtenEntries(out).length))
     throw new UsageError(`--overwrite: ${out} holds no bundle to replace (leave --overwrite out)`);
+  if (existsSync(out)) refuseLeftAside('--bundle', out);
   // The settings against the model's shape (rank, resolution factor) from its headers, as a run checks them.
   const { source, close } = await openSource(model, stringFlag(values, 'config'));
   try {
@@ -138,15 +139,23 @@ export async function bundleCommand(argv: string[]): Promise<void> {
   // any other entry of a name the bundle writes is the user's and is refused. Checked before anything is written.
   const top = [...new Set([...files.map((f) => f.path.split('/')[0]), ...(settings.priorPreservation ? ['class_images'] : [])])];
   claimEntries('--bundle', out, top);
+  const created = !existsSync(out);
   mkdirSync(out, { recursive: true });
-  if (values.overwrite === true) removeWritten(out);
-  recordWritten(out, top);
-  for (const f of files) {
-    const path = join(out, f.path);
-    mkdirSync(dirname(path), { recursive: true });
-    writeOutput(path, f.data, { flag: '--bundle', mode: f.executable ? 0o755 : 0o644 });
+  // --overwrite sets the old bundle aside (outpath.ts): a write that fails part-way leaves the folder as it was.
+  try {
+    writeFolderOutputs(out, '--bundle', values.overwrite === true, () => {
+      recordWritten(out, top, '--bundle');
+      for (const f of files) {
+        const path = join(out, f.path);
+        mkdirSync(dirname(path), { recursive: true });
+        writeOutput(path, f.data, { flag: '--bundle', mode: f.executable ? 0o755 : 0o644 });
+      }
+      if (settings.priorPreservation) mkdirSync(join(out, 'class_images'), { recursive: true });
+    });
+  } catch (e) {
+    if (created) rmSync(out, { recursive: true, force: true });
+    throw e;
   }
-  if (settings.priorPreservation) mkdirSync(join(out, 'class_images'), { recursive: true });
   if (!ref.hubId) console.error(`warning: ${JSON.parse(files.find((f) => f.path === 'job.json')!.data as string).model.note}`);
   console.log(JSON.stringify({ bundle: out, script: settings.mode === 'lora' ? 'train_dreambooth_lora.py' : 'train_dreambooth.py', files: files.length }));
 }

@@ -191,11 +191,11 @@ export function writtenEntries(dir: string): string[] {
 }
 
 /** Adds `names` to the folder's manifest (before they are written, so a crash never leaves an unlisted output). */
-export function recordWritten(dir: string, names: string[]): void {
+export function recordWritten(dir: string, names: string[], flag = '--out'): void {
   const have = writtenEntries(dir);
   const all = [...new Set([...have, ...names])];
   if (all.length === have.length) return;
-  writeOutput(join(dir, MANIFEST), JSON.stringify({ written: all }, null, 2) + '\n');
+  writeOutput(join(dir, MANIFEST), JSON.stringify({ written: all }, null, 2) + '\n', { flag });
 }
 
 /**
@@ -214,9 +214,9 @@ export function claimEntries(flag: string, dir: string, names: string[]): void {
 /** Where --overwrite keeps the outputs it replaces until the new run has been validated (set aside, not yet removed). */
 export const ASIDE = '.dbs-replaced';
 
-/** The outputs an --overwrite set aside: put back when the new run is refused, removed once it is under way. */
+/** The outputs an --overwrite set aside: put back when the new command is refused, removed once it is under way. */
 export interface SetAside {
-  /** Puts the set-aside entries and manifest back (call after removing what the new run wrote). */
+  /** Removes what the new command wrote (its manifest's entries) and puts the set-aside entries and manifest back. */
   restore(): void;
   /** Removes them for good. */
   discard(): void;
@@ -232,11 +232,13 @@ export function refuseLeftAside(flag: string, dir: string): void {
 }
 
 /**
- * --overwrite, in the order "validate fully, then remove, then create": the entries the manifest lists (and
- * the manifest) are renamed into `<dir>/.dbs-replaced/`, so the new run starts in a folder without them; only
- * once the new run has passed every check are they removed (discard). A refusal in between puts them back
- * (restore), so a refused overwrite never loses the old run. A `.dbs-replaced` left by a killed process is
- * refused, naming it, rather than emptied.
+ * --overwrite, for every command that writes a folder (train, the demo-model lab's pretrain, train --bundle),
+ * in the order "validate fully, then remove, then create": the entries the manifest lists (and the manifest)
+ * are renamed into `<dir>/.dbs-replaced/`, so the new command starts in a folder without them; only once it
+ * has passed every check are they removed (discard). A refusal in between puts them back (restore), so a
+ * refused overwrite never loses the old outputs; a process that exits with neither done (an uncaught refusal,
+ * a stop signal's exit) restores them on its way out. A `.dbs-replaced` left by a killed process is refused,
+ * naming it, rather than emptied.
  */
 export function setAsideWritten(dir: string, flag = '--out'): SetAside {
   refuseLeftAside(flag, dir);
@@ -244,8 +246,16 @@ export function setAsideWritten(dir: string, flag = '--out'): SetAside {
   const names = writtenEntries(dir).filter((n) => lstatOrNull(join(dir, n)) !== null);
   mkdirSync(aside);
   for (const n of [...names, MANIFEST]) if (lstatOrNull(join(dir, n))) renameSync(join(dir, n), join(aside, n));
-  return {
+  let settled = false;
+  const settle = () => {
+    settled = true;
+    process.off('exit', onExit);
+  };
+  const handle: SetAside = {
     restore() {
+      if (settled) return;
+      settle();
+      removeWritten(dir);
       for (const n of readdirSync(aside)) {
         rmSync(join(dir, n), { recursive: true, force: true });
         renameSync(join(aside, n), join(dir, n));
@@ -253,9 +263,37 @@ export function setAsideWritten(dir: string, flag = '--out'): SetAside {
       rmSync(aside, { recursive: true, force: true });
     },
     discard() {
+      if (settled) return;
+      settle();
       rmSync(aside, { recursive: true, force: true });
     },
   };
+  const onExit = () => {
+    try {
+      handle.restore();
+    } catch {
+      // What is left in .dbs-replaced is named by the next command on this folder (refuseLeftAside).
+    }
+  };
+  process.on('exit', onExit);
+  return handle;
+}
+
+/**
+ * Writes a folder's outputs with `write` under the one --overwrite guard: with `overwrite`, the outputs there
+ * are set aside first (setAsideWritten) and discarded only once `write` has finished; a failure part-way
+ * removes what it wrote (the manifest's entries) and puts the old outputs back, so the folder is as it was.
+ */
+export function writeFolderOutputs(dir: string, flag: string, overwrite: boolean, write: () => void): void {
+  const replaced = overwrite ? setAsideWritten(dir, flag) : null;
+  try {
+    write();
+  } catch (e) {
+    if (replaced) replaced.restore();
+    else removeWritten(dir);
+    throw e;
+  }
+  replaced?.discard();
 }
 
 /** --overwrite: removes exactly the entries the manifest lists (a link among them is removed, not followed), then the manifest. */

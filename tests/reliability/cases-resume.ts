@@ -156,6 +156,23 @@ export const RESUME_CASES: Case[] = [
       return { args: ['train', '--resume', out], unchanged: [out] };
     },
   },
+  {
+    name: 'resume from a checkpoint whose step counter was edited and whose binding was deleted',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /this run's last checkpoint \(run\/ckpt\/HEAD in \S+\) cannot be trusted: it has no binding to what was written.*Start the run again/,
+    notOut: NO_STEP,
+    setup: (ws) => {
+      const out = runCopy(ws);
+      editChunk(join(out, 'store', chunkFileName('run/ckpt/HEAD')), (head) => {
+        const m = head.meta as { step: number; applied: number; losses: number[] };
+        Object.assign(m, { step: 1, applied: 1, losses: m.losses.slice(0, 1) });
+        delete head.bind;
+      });
+      return { args: ['train', '--resume', out], unchanged: [out] };
+    },
+  },
   // ---- locks: judged by process identity --------------------------------------------------------------------
   {
     name: 'a stale lock of pid 1 written before identities (a bare pid) is named and taken over',
@@ -321,7 +338,7 @@ export const RESUME_CASES: Case[] = [
     message: /--steps 0 and --vae-steps 0: no stage would train a step, so the run would write an untrained model/,
     setup: (ws) => {
       const out = ws.path('pretrain');
-      return { args: ['pretrain', '--out', out, '--size', 'tiny', '--steps', '0', '--vae-steps', '0'], absent: [out] };
+      return { args: ['lab:pretrain', '--out', out, '--size', 'tiny', '--steps', '0', '--vae-steps', '0'], absent: [out] };
     },
   },
 ];

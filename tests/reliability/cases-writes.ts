@@ -191,7 +191,7 @@ export const WRITE_CASES: Case[] = [
       const folder = ws.path('model');
       cpSync(ws.tiny.folder, folder, { recursive: true });
       return {
-        args: ['pretrain', '--out', folder, '--overwrite', '--size', 'tiny', '--steps', '1', '--vae-steps', '1', '--resolution', '16'],
+        args: ['lab:pretrain', '--out', folder, '--overwrite', '--size', 'tiny', '--steps', '1', '--vae-steps', '1', '--resolution', '16'],
         unchanged: [folder],
       };
     },
@@ -205,7 +205,7 @@ export const WRITE_CASES: Case[] = [
     setup: (ws) => {
       const folder = ws.path('model');
       cpSync(ws.tiny.folder, folder, { recursive: true });
-      return { args: ['pretrain', '--out', folder, '--size', 'tiny', '--steps', '1', '--vae-steps', '1', '--resolution', '16'], unchanged: [folder] };
+      return { args: ['lab:pretrain', '--out', folder, '--size', 'tiny', '--steps', '1', '--vae-steps', '1', '--resolution', '16'], unchanged: [folder] };
     },
   },
   {
@@ -240,8 +240,47 @@ export const WRITE_CASES: Case[] = [
       writeFileSync(join(dir, 'my-notes.txt'), 'kept');
       return {
         args: bundleArgs(ws, dir, '--overwrite'),
-        absent: [join(dir, 'masks')],
+        absent: [join(dir, 'masks'), join(dir, '.dbs-replaced')],
         after: () => assert.equal(readFileSync(join(dir, 'my-notes.txt'), 'utf8'), 'kept', 'a file the bundle never wrote is kept'),
+      };
+    },
+  },
+  // --overwrite sets the old outputs aside (outpath.ts) until the new ones are whole: a write refused part-way
+  // (here a planted link at the new manifest's .partial) puts them back.
+  {
+    name: '--bundle --overwrite whose write is refused part-way keeps the old bundle whole',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /--bundle \S+\.dbs-written\.json\.partial is a symbolic link: outputs are written only as regular files/,
+    setup: (ws) => {
+      const dir = ws.path('bundle');
+      const first = cli(...bundleArgs(ws, dir));
+      assert.equal(first.code, 0, first.err);
+      const target = victim(ws);
+      symlinkSync(target, join(dir, '.dbs-written.json.partial'));
+      return { args: bundleArgs(ws, dir, '--overwrite'), unchanged: [dir, target], absent: [join(dir, '.dbs-replaced')] };
+    },
+  },
+  {
+    name: 'pretrain --overwrite whose write is refused part-way keeps the old run whole',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message: /--out \S+\.dbs-written\.json\.partial is a symbolic link: outputs are written only as regular files/,
+    setup: (ws) => {
+      // A pretraining run's folder as the lab leaves it (its record, store and manifest); nothing is trained here.
+      const dir = ws.path('pretrain-run');
+      mkdirSync(join(dir, 'store'), { recursive: true });
+      writeFileSync(join(dir, 'store', 'chunk'), 'the old run');
+      writeFileSync(join(dir, 'pretrain.json'), '{"size":"tiny"}');
+      writeFileSync(join(dir, '.dbs-written.json'), JSON.stringify({ written: ['pretrain.json', 'store'] }));
+      const target = victim(ws);
+      symlinkSync(target, join(dir, '.dbs-written.json.partial'));
+      return {
+        args: ['lab:pretrain', '--out', dir, '--overwrite', '--size', 'tiny', '--steps', '1', '--vae-steps', '1', '--resolution', '16'],
+        unchanged: [dir, target],
+        absent: [join(dir, '.dbs-replaced')],
       };
     },
   },

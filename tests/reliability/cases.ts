@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { FIXTURES } from '../helpers.ts';
 import { trainArgs, type Case, type Workspace } from './harness.ts';
 
-/** The tiny model `cli pretrain` made (tests/fixtures/models/make-pretrained-tiny.sh): the pretraining rows' model to start from. */
+/** The tiny model `npm run lab:pretrain` made (tests/fixtures/models/make-pretrained-tiny.sh): the pretraining rows' model to start from. */
 const PRETRAINED_TINY = join(FIXTURES, 'models', 'pretrained-tiny');
 
 const train = (ws: Workspace, ...extra: string[]) => [...trainArgs(ws, ws.path('out')), ...extra];
@@ -82,7 +82,7 @@ export const CASES: Case[] = [
     args: () => ['--help'],
     code: 0,
     message: /^(?![\s\S]*error:)/,
-    out: /usage: npm run cli -- <command>[\s\S]*usage: inspect[\s\S]*usage: sample[\s\S]*usage: train[\s\S]*usage: pretrain/,
+    out: /usage: npm run cli -- <command>[\s\S]*npm run lab:pretrain -- --help[\s\S]*usage: inspect[\s\S]*usage: sample[\s\S]*usage: train/,
   },
   {
     name: "train --help describes each setting's flag with its default and range (from the schema)",
@@ -101,14 +101,22 @@ export const CASES: Case[] = [
     out: /^usage: train/,
     notOut: NO_STEP,
   },
-  ...['inspect', 'run', 'grad', 'sample', 'grid', 'export', 'pretrain'].map((command): Case => ({
+  ...['inspect', 'run', 'grad', 'sample', 'grid', 'export', 'lab:pretrain'].map((command): Case => ({
     name: `${command} --help`,
     before: 'unclear',
     args: () => [command, '--help'],
     code: 0,
     message: /^(?![\s\S]*error:)/,
-    out: new RegExp(`^usage: ${command} `),
+    out: new RegExp(`^usage: ${command.replace('lab:', '')} `),
   })),
+  {
+    name: "cli pretrain (the demo-model lab's command, not the product's)",
+    before: 'clear',
+    args: (ws) => ['pretrain', '--out', ws.path('pt')],
+    code: 1,
+    message: /pretrain is the demo-model lab's command, not the product's: npm run lab:pretrain -- --help \(lab\/demo-model\/README\.md\)/,
+    setup: (ws) => ({ absent: [ws.path('pt')] }),
+  },
   {
     name: 'steps 0x10 (hexadecimal)',
     before: 'wrong',
@@ -202,6 +210,60 @@ export const CASES: Case[] = [
     code: 1,
     message: /--lr-scheduler must be constant or .* or polynomial, got "step"/,
   },
+  // ---- the trainer's knobs (settings-knobs.ts): each refusal names the flag and the fix, before any work ----
+  ...(
+    [
+      ['--ema-decay without --ema', ['--ema-decay', '0.99'], /--ema-decay sets the EMA of the trained weights: add --ema, or leave this out/],
+      ['--ema-decay 1.5', ['--ema', '--ema-decay', '1.5'], /--ema-decay must be from 0 to 0\.999999, got 1\.5/],
+      [
+        '--ema-min-decay above --ema-decay',
+        ['--ema', '--ema-decay', '0.9', '--ema-min-decay', '0.95'],
+        /--ema-min-decay 0\.95 is above --ema-decay 0\.9: use at most the decay/,
+      ],
+      ['--export-ema without --ema', ['--export-ema'], /--export-ema exports the EMA: turn on --ema too/],
+      ['--ema-power without --ema-warmup', ['--ema', '--ema-power', '0.5'], /--ema-power is the EMA warm-up's: add --ema --ema-warmup, or leave this out/],
+      ["Prodigy's --prodigy-d-coef with AdamW", ['--prodigy-d-coef', '2'], /--prodigy-d-coef is for --optimizer prodigy only: add it, or leave this out/],
+      ['--prodigy-d-coef 0', ['--optimizer', 'prodigy', '--prodigy-d-coef', '0'], /--prodigy-d-coef must be from 0\.01 to 100, got 0/],
+      [
+        'Adafactor with its relative step and a warm-up',
+        ['--optimizer', 'adafactor', '--adafactor-relative-step', 'on', '--lr-warmup', '1'],
+        /--optimizer adafactor with its relative step does not read the learning rate, so --lr-warmup would do nothing: set --adafactor-relative-step off, or leave the schedule out/,
+      ],
+      [
+        '--adafactor-warmup-init without the relative step',
+        ['--optimizer', 'adafactor', '--adafactor-relative-step', 'off', '--adafactor-warmup-init'],
+        /--adafactor-warmup-init is for --optimizer adafactor with its relative step: add those, or leave this out/,
+      ],
+      ['an unknown --optimizer', ['--optimizer', 'lion'], /--optimizer must be adamw or adamw8bit or prodigy or adafactor, got "lion"/],
+      ['--min-timestep above --max-timestep', ['--min-timestep', '500', '--max-timestep', '400'], /--min-timestep 500 must be below --max-timestep 400/],
+      ['--max-timestep 5000', ['--max-timestep', '5000'], /--max-timestep must be from 1 to 1000, got 5000/],
+      [
+        'multires noise with offset noise',
+        ['--multires-noise-iterations', '6', '--offset-noise', '0.05'],
+        /--multires-noise-iterations and --offset-noise both reshape the noise .*: set one of them to 0/,
+      ],
+      [
+        '--multires-noise-discount without iterations',
+        ['--multires-noise-discount', '0.5'],
+        /--multires-noise-discount is for multires noise: add --multires-noise-iterations N, or leave this out/,
+      ],
+      ['--ip-noise-gamma 5', ['--ip-noise-gamma', '5'], /--ip-noise-gamma must be from 0 to 1, got 5/],
+      ['an unknown --loss', ['--loss', 'l3'], /--loss must be l2 or huber or smooth_l1, got "l3"/],
+      ['--caption-dropout 1 (every step uncaptioned)', ['--caption-dropout', '1'], /--caption-dropout must be from 0 to 0\.99, got 1/],
+      [
+        '--keep-tokens without --shuffle-tags',
+        ['--keep-tokens', '1'],
+        /--keep-tokens keeps tags in place while they are shuffled: add --shuffle-tags, or leave this out/,
+      ],
+    ] as const
+  ).map(([what, flags, message]): Case => ({
+    name: `trainer knob: ${what}`,
+    before: 'clear',
+    args: (ws) => train(ws, ...flags),
+    code: 1,
+    message,
+    notOut: NO_STEP,
+  })),
   // ---- end of the issue 46 item 5 block ------------------------------------------------------------------
   { name: 'rank 100000', before: 'unclear', args: (ws) => withFlag(ws, '--rank', '100000'), code: 1, message: /--rank must be from 1 to 1024, got 100000/ },
   {
@@ -856,7 +918,7 @@ export const CASES: Case[] = [
   {
     name: 'pretrain at a size the VAE cannot divide (--resolution 60)',
     before: 'clear',
-    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--resolution', '60'],
+    args: (ws) => ['lab:pretrain', '--out', ws.path('pt'), '--resolution', '60'],
     code: 1,
     message: /dataset size 60: use a multiple of 8 \(the model's factor\) from 16 to 512 px/,
     setup: (ws) => ({ unchanged: [ws.path('pt')] }),
@@ -864,7 +926,7 @@ export const CASES: Case[] = [
   {
     name: 'pretrain excluding a shape the generator does not draw',
     before: 'clear',
-    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--exclude', 'star,moon'],
+    args: (ws) => ['lab:pretrain', '--out', ws.path('pt'), '--exclude', 'star,moon'],
     code: 1,
     message: /--exclude moon: not a shape the generator draws \(circle, square/,
     setup: (ws) => ({ unchanged: [ws.path('pt')] }),
@@ -872,7 +934,7 @@ export const CASES: Case[] = [
   {
     name: 'pretrain --resume of a folder that is not a pretraining run',
     before: 'clear',
-    args: (ws) => ['pretrain', '--resume', ws.tiny.folder],
+    args: (ws) => ['lab:pretrain', '--resume', ws.tiny.folder],
     code: 1,
     message: /--resume \S+: no pretrain\.json there \(not a pretraining run folder\)/,
     setup: (ws) => ({ unchanged: [ws.tiny.folder] }),
@@ -880,7 +942,7 @@ export const CASES: Case[] = [
   {
     name: 'pretrain --export without a run to write (--out instead of --resume)',
     before: 'clear',
-    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--export'],
+    args: (ws) => ['lab:pretrain', '--out', ws.path('pt'), '--export'],
     code: 1,
     message: /--export writes the model of an existing run: use it with --resume <dir>/,
     setup: (ws) => ({ unchanged: [ws.path('pt')] }),
@@ -888,7 +950,7 @@ export const CASES: Case[] = [
   {
     name: 'pretrain --vae-from a folder with no VAE',
     before: 'clear',
-    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--vae-from', ws.path('nowhere')],
+    args: (ws) => ['lab:pretrain', '--out', ws.path('pt'), '--vae-from', ws.path('nowhere')],
     code: 1,
     message: /--vae-from \S+nowhere\S*: no vae\/config\.json and vae\/diffusion_pytorch_model\.safetensors there; give a diffusers folder/,
     setup: (ws) => ({ unchanged: [ws.path('pt')] }),
@@ -896,7 +958,7 @@ export const CASES: Case[] = [
   {
     name: 'pretrain --vae-from the VAE of another size (the tiny fixture for the small model)',
     before: 'clear',
-    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--vae-from', PRETRAINED_TINY],
+    args: (ws) => ['lab:pretrain', '--out', ws.path('pt'), '--vae-from', PRETRAINED_TINY],
     code: 1,
     message: /--vae-from \S+pretrained-tiny: its VAE has block_out_channels \[8,16\], this size's has \[16,32,64,64\]: start from a VAE of the same size/,
     setup: (ws) => ({ unchanged: [ws.path('pt')] }),
@@ -904,7 +966,7 @@ export const CASES: Case[] = [
   {
     name: 'pretrain --vae-from with a VAE stage (--vae-steps 5)',
     before: 'clear',
-    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--vae-from', PRETRAINED_TINY, '--size', 'tiny', '--vae-steps', '5'],
+    args: (ws) => ['lab:pretrain', '--out', ws.path('pt'), '--vae-from', PRETRAINED_TINY, '--size', 'tiny', '--vae-steps', '5'],
     code: 1,
     message: /--vae-from and --vae-steps 5: a run that starts from a trained VAE has no VAE stage; leave --vae-steps out/,
     setup: (ws) => ({ unchanged: [ws.path('pt')] }),
@@ -912,7 +974,7 @@ export const CASES: Case[] = [
   {
     name: 'pretrain --init-from and --vae-from together',
     before: 'clear',
-    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--size', 'tiny', '--init-from', PRETRAINED_TINY, '--vae-from', PRETRAINED_TINY],
+    args: (ws) => ['lab:pretrain', '--out', ws.path('pt'), '--size', 'tiny', '--init-from', PRETRAINED_TINY, '--vae-from', PRETRAINED_TINY],
     code: 1,
     message: /--vae-from and --init-from: --init-from \S+pretrained-tiny starts from that model's VAE too; give one of them/,
     setup: (ws) => ({ unchanged: [ws.path('pt')] }),
@@ -920,7 +982,7 @@ export const CASES: Case[] = [
   {
     name: 'pretrain --init-from a model of another size than --size (the tiny fixture, --size small)',
     before: 'clear',
-    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--size', 'small', '--init-from', PRETRAINED_TINY],
+    args: (ws) => ['lab:pretrain', '--out', ws.path('pt'), '--size', 'small', '--init-from', PRETRAINED_TINY],
     code: 1,
     message: /--init-from \S+pretrained-tiny: its VAE has block_out_channels \[8,16\], this size's has \[16,32,64,64\]: start from a VAE of the same size/,
     setup: (ws) => ({ unchanged: [ws.path('pt')] }),
@@ -928,7 +990,7 @@ export const CASES: Case[] = [
   {
     name: "pretrain --init-from a model whose text encoder is another size (the tiny test model's 1000-token vocabulary)",
     before: 'clear',
-    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--size', 'tiny', '--init-from', ws.tiny.folder],
+    args: (ws) => ['lab:pretrain', '--out', ws.path('pt'), '--size', 'tiny', '--init-from', ws.tiny.folder],
     code: 1,
     message: /--init-from \S+: its text encoder has vocab_size 1000, this size's has 1024: start from a text encoder of the same size/,
     setup: (ws) => ({ unchanged: [ws.path('pt'), ws.tiny.folder] }),
@@ -936,7 +998,7 @@ export const CASES: Case[] = [
   {
     name: 'pretrain --init-from an epsilon model with --prediction v_prediction',
     before: 'clear',
-    args: (ws) => ['pretrain', '--out', ws.path('pt'), '--size', 'tiny', '--init-from', PRETRAINED_TINY, '--prediction', 'v_prediction'],
+    args: (ws) => ['lab:pretrain', '--out', ws.path('pt'), '--size', 'tiny', '--init-from', PRETRAINED_TINY, '--prediction', 'v_prediction'],
     code: 1,
     message:
       /--prediction v_prediction: the model of --init-from \S+pretrained-tiny predicts epsilon; going on, it must predict the same \(leave --prediction out\)/,
@@ -951,7 +1013,7 @@ export const CASES: Case[] = [
     setup: (ws) => {
       const model = ws.path('no-tokenizer');
       cpSync(PRETRAINED_TINY, model, { recursive: true, filter: (src) => !src.includes('tokenizer') });
-      return { args: ['pretrain', '--out', ws.path('pt'), '--init-from', model], unchanged: [ws.path('pt'), model] };
+      return { args: ['lab:pretrain', '--out', ws.path('pt'), '--init-from', model], unchanged: [ws.path('pt'), model] };
     },
   },
   {
