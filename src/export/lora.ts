@@ -88,6 +88,8 @@ export interface LoraInfo {
   clipSkip?: number;
   /** Per instance image its caption, when captions replace the instance prompt (ss_tag_frequency counts their tags). */
   captions?: readonly string[];
+  /** Caption dropout and tag shuffling (train/captions.ts), recorded as sd-scripts records its own. */
+  captionOptions?: { dropout: number; shuffle: boolean; keepTokens: number };
 }
 
 // ---- engine targets and names ----------------------------------------------------------------------
@@ -208,6 +210,7 @@ export function kohyaMetadata(adapters: LoraAdapters, info: LoraInfo): Record<st
   if (info.lrScheduler !== undefined) md.ss_lr_scheduler = info.lrScheduler;
   if (info.lrWarmup !== undefined) md.ss_lr_warmup_steps = String(info.lrWarmup);
   if (info.batchSize !== undefined) md.ss_batch_size_per_device = String(info.batchSize);
+  if (info.captionOptions) md.ss_caption_dropout_rate = pyFloat(info.captionOptions.dropout);
   return md;
 }
 
@@ -237,6 +240,7 @@ function kohyaDatasets(info: LoraInfo): Record<string, string> {
   const instanceCaptions = info.captions ?? Array<string>(info.numImages).fill(info.instancePrompt);
   const frequency = new Map<string, PyJson>([[KOHYA_DIRS.instance, tagFrequency(instanceCaptions)]]);
   if (reg) frequency.set(KOHYA_DIRS.class, tagFrequency(Array<string>(info.numClassImages!).fill(info.classPrompt!)));
+  const shuffled = (isReg: boolean) => (!isReg && info.captionOptions?.shuffle) || false;
   const subset = (dir: string, count: number, tokens: string, isReg: boolean) =>
     new Map<string, PyJson>([
       ['img_count', count],
@@ -244,8 +248,8 @@ function kohyaDatasets(info: LoraInfo): Record<string, string> {
       ['color_aug', false],
       ['flip_aug', false],
       ['random_crop', false],
-      ['shuffle_caption', false],
-      ['keep_tokens', 0],
+      ['shuffle_caption', shuffled(isReg)],
+      ['keep_tokens', shuffled(isReg) ? info.captionOptions!.keepTokens : 0],
       ['keep_tokens_separator', ''],
       ['secondary_separator', null],
       ['enable_wildcard', false],

@@ -229,7 +229,7 @@ async function brokenLink(path: string): Promise<string | undefined> {
 
 /**
  * The caption file's first line, trimmed (kohya reads only the first line); undefined when absent, empty or
- * unusable. Unusable (binary, not UTF-8, a broken link, over CAPTION_MAX_BYTES) and suspicious (over
+ * unusable. Empty, unusable (binary, not UTF-8, a broken link, over CAPTION_MAX_BYTES) and suspicious (over
  * CAPTION_WARN_BYTES, or longer than the text encoder reads) files are reported through `warn`, naming them.
  */
 async function readCaption(path: string, image: string, warn: (message: string) => void): Promise<string | undefined> {
@@ -259,7 +259,10 @@ async function readCaption(path: string, image: string, warn: (message: string) 
     return undefined;
   }
   const first = text.split(/\r?\n/)[0].trim();
-  if (first === '') return undefined;
+  if (first === '') {
+    warn(`${file} is empty (kohya reads its first line): ${image} is trained with the prompt; write its caption there, or remove the file`);
+    return undefined;
+  }
   const tokens = first.toLowerCase().match(CLIP_PIECES)?.length ?? 0;
   if (tokens > CAPTION_TOKENS)
     warn(

@@ -6,13 +6,13 @@
 //                           preservation and class images given, the regularisation subset (is_reg = true)
 //   train-sd-scripts.sh     the launch, every value one shell word (quote.ts), only options those scripts parse
 //   README-sd-scripts.md    how to run it, and each setting: its option, or that it is not carried and why
-// Each setting's sd-scripts counterpart is a row of SD_SCRIPTS_ROWS below, keyed by the schema's keys; a key
-// without a row is listed as not carried, so a setting added to the schema is never silently dropped.
+// Each setting's sd-scripts counterpart is its schema entry's `sdScripts` row (pipeline/settings*.ts); an entry
+// without one is listed as not carried, so a setting added to the schema is never silently dropped.
 // TOML strings are basic strings with every character TOML forbids or interprets escaped (tomlString).
-import { effectiveScheduler } from '../train/lr-schedule.ts';
 import type { BundleFile, BundleInput } from './bundle.ts';
 import { shellComment, shellQuote } from './quote.ts';
-import { SETTINGS, type BundleRow, type RunSettings, type SettingKey } from './settings.ts';
+import { sdScriptOf as scriptOf } from './sdscripts-row.ts';
+import { SETTINGS, type RunSettings } from './settings.ts';
 
 /** The sd-scripts release the options were checked against. */
 export const SD_SCRIPTS_TARGET = 'v0.10.1';
@@ -23,53 +23,6 @@ const q = (s: string) => shellQuote(s, 'a value for train-sd-scripts.sh');
 export function tomlString(s: string): string {
   // eslint-disable-next-line no-control-regex
   return `"${s.replace(/[\\"\u0000-\u001f\u007f]/g, (c) => (c === '\\' || c === '"' ? `\\${c}` : `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`))}"`;
-}
-
-type Row = (s: RunSettings) => BundleRow | null;
-
-const when = (on: boolean, option: string, note?: string): BundleRow => (on ? { option, ...(note ? { note } : {}) } : { option: null, note: 'off' });
-
-/** Each setting's sd-scripts option (train_network.py / train_db.py, library/train_util.py), or why none. */
-const SD_SCRIPTS_ROWS: Partial<Record<SettingKey, Row>> = {
-  mode: (s) => ({ option: null, note: `the script is ${scriptOf(s)}` }),
-  steps: (s) => ({ option: `--max_train_steps=${s.steps}` }),
-  lr: (s) => ({ option: `--learning_rate=${s.lr}` }),
-  lrWarmup: (s) => ({ option: `--lr_warmup_steps=${s.lrWarmup}` }),
-  lrScheduler: (s) => ({ option: `--lr_scheduler=${effectiveScheduler(s.lrScheduler, s.lrWarmup)}` }),
-  lrCycles: (s) =>
-    s.lrScheduler === 'cosine_with_restarts'
-      ? { option: `--lr_scheduler_num_cycles=${s.lrCycles}` }
-      : { option: null, note: 'not used: cosine_with_restarts only' },
-  lrPower: (s) => (s.lrScheduler === 'polynomial' ? { option: `--lr_scheduler_power=${s.lrPower}` } : { option: null, note: 'not used: polynomial only' }),
-  rank: (s) => ({ option: `--network_dim=${s.rank}` }),
-  alpha: (s) => ({ option: `--network_alpha=${s.alpha || s.rank}`, value: s.alpha || s.rank }),
-  resolution: (s) => ({ option: null, note: `sd-scripts.toml: resolution = ${s.resolution}` }),
-  seed: (s) => ({ option: `--seed=${s.seed}`, note: "the same seed, not the same random draws: PyTorch's generators differ from the engine's" }),
-  checkpointEvery: (s) => when(s.checkpointEvery > 0, `--save_every_n_steps=${s.checkpointEvery}`),
-  offsetNoise: (s) => when(s.offsetNoise > 0, `--noise_offset=${s.offsetNoise}`),
-  minSnrGamma: (s) => when(s.minSnrGamma > 0, `--min_snr_gamma=${s.minSnrGamma}`),
-  trainTextEncoder: (s) =>
-    s.mode === 'lora'
-      ? s.trainTextEncoder
-        ? { option: null, note: 'train_network.py trains the text-encoder LoRA unless --network_train_unet_only' }
-        : { option: '--network_train_unet_only' }
-      : {
-          option: null,
-          note: s.trainTextEncoder ? 'train_db.py trains the text encoder by default' : 'not carried: train_db.py trains the text encoder by default',
-        },
-  textEncoderLr: (s) => (s.mode === 'lora' && s.trainTextEncoder && s.textEncoderLr > 0 ? { option: `--text_encoder_lr=${s.textEncoderLr}` } : null),
-  flip: (s) => ({ option: null, note: s.flip ? 'mirrored copies of every photo are in instance_images/ (so --flip_aug is not set)' : 'off' }),
-  optimizer: (s) => ({
-    option: null,
-    note: `${s.optimizer === 'adamw' ? 'the same: ' : 'not carried: '}train-sd-scripts.sh trains with --optimizer_type=AdamW (pass another as an extra argument)`,
-  }),
-  priorPreservation: (s) => ({ option: null, note: s.priorPreservation ? 'sd-scripts.toml: the class_images/ subset with is_reg = true' : 'off' }),
-  classPrompt: (s) => (s.priorPreservation ? { option: null, note: 'sd-scripts.toml: class_tokens of the is_reg subset' } : null),
-  priorWeight: (s) => (s.priorPreservation ? { option: `--prior_loss_weight=${s.priorWeight}` } : null),
-};
-
-function scriptOf(s: RunSettings): 'train_network.py' | 'train_db.py' {
-  return s.mode === 'lora' ? 'train_network.py' : 'train_db.py';
 }
 
 export interface SdScriptsRow {
@@ -91,7 +44,7 @@ export function sdScriptsMapping(s: RunSettings): SdScriptsRow[] {
       rows.push({ setting: spec.key, value, option: null, note: `not used: ${spec.onlyMode === 'lora' ? 'LoRA' : 'full'} runs only` });
       continue;
     }
-    const row = SD_SCRIPTS_ROWS[spec.key]?.(s) ?? null;
+    const row = spec.sdScripts?.(s) ?? null;
     if (row) rows.push({ setting: spec.key, value: 'value' in row ? row.value : value, option: row.option, ...(row.note ? { note: row.note } : {}) });
     else rows.push({ setting: spec.key, value, option: null, note: `not carried: no counterpart in sd-scripts' ${scriptOf(s)} (${spec.help})` });
   }
@@ -113,6 +66,9 @@ export function sdScriptsToml(prompt: string, s: RunSettings, classImages: numbe
     `  image_dir = ${tomlString('instance_images')}`,
     `  class_tokens = ${tomlString(prompt)}`,
     '  num_repeats = 1',
+    // Caption dropout and tag shuffling act on the photos, not the class images (train/captions.ts).
+    ...(s.captionDropout > 0 ? [`  caption_dropout_rate = ${s.captionDropout}`] : []),
+    ...(s.shuffleTags ? ['  shuffle_caption = true', `  keep_tokens = ${s.keepTokens}`] : []),
   ];
   if (s.priorPreservation && classImages > 0)
     lines.push(
@@ -140,7 +96,8 @@ function launch(input: BundleInput, rows: SdScriptsRow[]): string {
     '--save_model_as=safetensors',
     ...(lora ? ['--network_module=networks.lora'] : []),
     '--mixed_precision=fp16',
-    '--optimizer_type=AdamW',
+    // The optimizer row gives Prodigy's or Adafactor's --optimizer_type and --optimizer_args.
+    ...(rows.some((r) => r.setting === 'optimizer' && r.option) ? [] : ['--optimizer_type=AdamW']),
     '--max_grad_norm=1.0',
     '--gradient_checkpointing',
     ...rows.map((r) => r.option).filter((o): o is string => o !== null),

@@ -118,6 +118,8 @@ export async function exportRun(r: ExportSource, format: ExportFormat, sink: Byt
       instancePrompt: r.run.prompt,
       ...(s.priorPreservation ? { classPrompt: s.classPrompt, numClassImages: t.data.classes.length } : {}),
       numImages: t.data.instance.length,
+      captions: t.data.instance.map((x) => x.prompt ?? r.run.prompt),
+      ...(t.settings.captions ? { captionOptions: t.settings.captions } : {}),
       baseModelName: r.opened.name,
       title,
       date: new Date(),

@@ -24,6 +24,8 @@ import { txt2imgSdxl } from '../sample/txt2img-sdxl.ts';
 import type { LoadedSdxl } from '../models/sdxl.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
 import { StorageFullError } from '../store/chunkstore.ts';
+import { captionsProcessed } from '../train/captions.ts';
+import { encodePrompt } from '../train/preprocess.ts';
 import { DreamBoothTrainer, VALIDATION_IMAGES, VALIDATION_T, type TrainSettings } from '../train/trainer.ts';
 import { formatBytes } from '../util/bytes.ts';
 import { cachedTrainData, modelShapeOf, planRun, promptWarning, releaseFor, runStartedAt, storeBaseWeights } from './prepare.ts';
@@ -159,7 +161,9 @@ export class TrainingRun {
     }
     const data = await cachedTrainData(host, run, source, model, tokenizer, schedule);
     // The VAE encoder is done; the decoder and the text encoder stay only for samples (or text-encoder LoRA).
-    releaseFor(gpu, model, sampling, settings.textEncoderLora);
+    // Caption dropout and tag shuffling encode a step's caption with the text encoder: it stays.
+    const captions = captionsProcessed(settings.captions);
+    releaseFor(gpu, model, sampling, settings.textEncoderLora || captions);
     const summary = await planRun(host, s, model, data, settings, schedule);
     await storeBaseWeights(host, summary, model.unet.weights);
     // The allocator's pool keeps freed buffers for reuse: within the budget, and without what preparation
@@ -171,7 +175,15 @@ export class TrainingRun {
     const startedAt = await runStartedAt(store, run.runId, preparedFrom);
     const trainer = await DreamBoothTrainer.create(
       gpu,
-      { config: model.unet.config, weights: model.unet.weights, schedule, textEncoder: model.textEncoder },
+      {
+        config: model.unet.config,
+        weights: model.unet.weights,
+        schedule,
+        textEncoder: model.textEncoder,
+        ...(captions
+          ? { captions: { ids: (t: string) => tokenizer.encodePadded(t), context: (t: string) => encodePrompt(gpu, model.textEncoder, tokenizer, t) } }
+          : {}),
+      },
       data,
       settings,
       store,

@@ -5,7 +5,23 @@
 import { EMA_DEFAULTS } from '../train/ema.ts';
 import { HUBER_C_DEFAULT, HUBER_SCHEDULES, LOSS_KINDS, type HuberSchedule, type LossKind } from '../train/loss-options.ts';
 import { MULTIRES_DISCOUNT_DEFAULT } from '../train/noise.ts';
+import { sdWhen } from './sdscripts-row.ts';
 import type { Namer, RunSettings, SettingKey, SettingSpec } from './settings.ts';
+
+const pyBool = (b: boolean) => (b ? 'True' : 'False');
+
+/**
+ * sd-scripts' --optimizer_type and --optimizer_args for a run's optimizer (library/train_util.py get_optimizer:
+ * Prodigy from prodigyopt, transformers' Adafactor; each argument is read by ast.literal_eval), or null for
+ * AdamW (train-sd-scripts.sh's default --optimizer_type=AdamW).
+ */
+export function optimizerArgs(s: RunSettings): string | null {
+  if (s.optimizer === 'prodigy')
+    return `--optimizer_type=Prodigy --optimizer_args d_coef=${s.prodigyDCoef} d0=${s.prodigyD0} safeguard_warmup=${pyBool(s.prodigySafeguardWarmup)} use_bias_correction=${pyBool(s.prodigyBiasCorrection)}`;
+  if (s.optimizer === 'adafactor')
+    return `--optimizer_type=Adafactor --optimizer_args relative_step=${pyBool(s.adafactorRelativeStep === 'on')} scale_parameter=${pyBool(s.adafactorScaleParameter === 'on')} warmup_init=${pyBool(s.adafactorWarmupInit)}`;
+  return null;
+}
 
 /** The knobs' fields of RunSettings. */
 export interface KnobSettings {
@@ -43,12 +59,18 @@ export interface KnobSettings {
   adafactorRelativeStep: 'on' | 'off';
   adafactorScaleParameter: 'on' | 'off';
   adafactorWarmupInit: boolean;
+  /** Per step: the empty caption with this probability; the tags after the first keepTokens shuffled (train/captions.ts). */
+  captionDropout: number;
+  shuffleTags: boolean;
+  keepTokens: number;
 }
 
 /** Adafactor with its relative step: the learning rate and its schedule are not read. */
 export const adafactorRelative = (s: RunSettings): boolean => s.optimizer === 'adafactor' && s.adafactorRelativeStep === 'on';
 
 const entry = <K extends SettingKey>(e: SettingSpec<K>): SettingSpec => e as unknown as SettingSpec;
+/** A Prodigy or Adafactor setting: one of the --optimizer_args the optimizer row gives (optimizerArgs). */
+const inArgs = (name: string) => ({ option: null, note: `in --optimizer_args (${name})` });
 const none = (note: string) => () => ({ option: null, note });
 const robust = (s: RunSettings) => s.loss !== 'l2';
 const robustOnly = { test: robust, why: 'is for --loss huber or smooth_l1 only: add one, or leave this out' };
@@ -67,6 +89,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     help: 'rescale the noise schedule so its last timestep is pure noise (Lin et al.; sd-scripts --zero_terminal_snr); needs a v-prediction model',
     train: (v) => (v ? { zeroTerminalSnr: true } : {}),
     bundle: none('the diffusers scripts have no zero-terminal-SNR option'),
+    sdScripts: (s) => sdWhen(s.zeroTerminalSnr, '--zero_terminal_snr'),
   }),
   entry({
     key: 'debiasedEstimation',
@@ -76,6 +99,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     default: false,
     help: "weigh each sample's loss by 1/sqrt(SNR) (v-prediction: 1/(SNR+1)), SNR at most 1000 (sd-scripts --debiased_estimation_loss)",
     train: (v) => (v ? { debiasedEstimation: true } : {}),
+    sdScripts: (s) => sdWhen(s.debiasedEstimation, '--debiased_estimation_loss'),
   }),
   entry({
     key: 'multiresNoiseIterations',
@@ -88,6 +112,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     help: 'multi-resolution (pyramid) noise with N levels, e.g. 6 (sd-scripts --multires_noise_iterations); not with --offset-noise',
     activeWhen: { test: (s) => s.offsetNoise === 0, why: 'and --offset-noise both reshape the noise (sd-scripts uses one or the other): leave one out' },
     train: (v) => (v > 0 ? { multiresNoiseIterations: v } : {}),
+    sdScripts: (s) => sdWhen(s.multiresNoiseIterations > 0, `--multires_noise_iterations=${s.multiresNoiseIterations}`),
   }),
   entry({
     key: 'multiresNoiseDiscount',
@@ -101,6 +126,10 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     showWhen: (s) => s.multiresNoiseIterations > 0,
     activeWhen: { test: (s) => s.multiresNoiseIterations > 0, why: 'is for multires noise: add --multires-noise-iterations N, or leave this out' },
     train: (v, s) => (s.multiresNoiseIterations > 0 ? { multiresNoiseDiscount: v } : {}),
+    sdScripts: (s) =>
+      s.multiresNoiseIterations > 0
+        ? { option: `--multires_noise_discount=${s.multiresNoiseDiscount}` }
+        : { option: null, note: 'not used: multires noise only' },
   }),
   entry({
     key: 'ipNoiseGamma',
@@ -112,6 +141,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     default: 0,
     help: 'input-perturbation noise: x_t is noised with eps + gamma N(0, I), the target stays eps, e.g. 0.1 (sd-scripts --ip_noise_gamma)',
     train: (v) => (v > 0 ? { ipNoiseGamma: v } : {}),
+    sdScripts: (s) => sdWhen(s.ipNoiseGamma > 0, `--ip_noise_gamma=${s.ipNoiseGamma}`),
   }),
   entry({
     key: 'minTimestep',
@@ -123,6 +153,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     default: 0,
     help: 'timesteps are drawn from min..max-1 (sd-scripts --min_timestep)',
     train: (v) => (v > 0 ? { minTimestep: v } : {}),
+    sdScripts: (s) => sdWhen(s.minTimestep > 0, `--min_timestep=${s.minTimestep}`),
   }),
   entry({
     key: 'maxTimestep',
@@ -134,6 +165,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     default: 1000,
     help: "timesteps are drawn below this (sd-scripts --max_timestep; the schedule's length, 1000, by default)",
     train: (v) => (v < 1000 ? { maxTimestep: v } : {}),
+    sdScripts: (s) => sdWhen(s.maxTimestep < 1000, `--max_timestep=${s.maxTimestep}`),
   }),
   entry({
     key: 'loss',
@@ -145,6 +177,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     default: 'l2',
     help: "l2 (MSE), huber (2c(sqrt(d^2+c^2)-c)) or smooth_l1 (2(sqrt(d^2+c^2)-c)), c from --huber-delta and --huber-schedule (sd-scripts' --loss_type)",
     train: (v) => (v !== 'l2' ? { loss: v } : {}),
+    sdScripts: (s) => (s.loss === 'l2' ? { option: null, note: "the same: sd-scripts' default --loss_type=l2" } : { option: `--loss_type=${s.loss}` }),
   }),
   entry({
     key: 'huberC',
@@ -158,6 +191,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     showWhen: robust,
     activeWhen: robustOnly,
     train: (v, s) => (robust(s) ? { huberC: v } : {}),
+    sdScripts: (s) => (robust(s) ? { option: `--huber_c=${s.huberC}` } : { option: null, note: 'not used: --loss huber or smooth_l1 only' }),
   }),
   entry({
     key: 'huberSchedule',
@@ -170,6 +204,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     showWhen: robust,
     activeWhen: robustOnly,
     train: (v, s) => (robust(s) ? { huberSchedule: v } : {}),
+    sdScripts: (s) => (robust(s) ? { option: `--huber_schedule=${s.huberSchedule}` } : { option: null, note: 'not used: --loss huber or smooth_l1 only' }),
   }),
   entry({
     key: 'ema',
@@ -299,6 +334,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
       s.optimizer === 'prodigy'
         ? { prodigy: { dCoef: v, d0: s.prodigyD0, safeguardWarmup: s.prodigySafeguardWarmup, useBiasCorrection: s.prodigyBiasCorrection } }
         : {},
+    sdScripts: (s) => (prodigyOnly.test(s) ? inArgs('d_coef') : { option: null, note: 'not used: --optimizer prodigy only' }),
   }),
   entry({
     key: 'prodigyD0',
@@ -312,6 +348,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     help: "Prodigy's starting estimate of d (prodigyopt's d0)",
     showWhen: prodigyOnly.test,
     activeWhen: prodigyOnly,
+    sdScripts: (s) => (prodigyOnly.test(s) ? inArgs('d0') : { option: null, note: 'not used: --optimizer prodigy only' }),
   }),
   entry({
     key: 'prodigySafeguardWarmup',
@@ -323,6 +360,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     help: "Prodigy's safeguard_warmup (for runs with a learning-rate warm-up)",
     showWhen: prodigyOnly.test,
     activeWhen: prodigyOnly,
+    sdScripts: (s) => (prodigyOnly.test(s) ? inArgs('safeguard_warmup') : { option: null, note: 'not used: --optimizer prodigy only' }),
   }),
   entry({
     key: 'prodigyBiasCorrection',
@@ -334,6 +372,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     help: "Prodigy's use_bias_correction (Adam's bias correction of the step)",
     showWhen: prodigyOnly.test,
     activeWhen: prodigyOnly,
+    sdScripts: (s) => (prodigyOnly.test(s) ? inArgs('use_bias_correction') : { option: null, note: 'not used: --optimizer prodigy only' }),
   }),
   entry({
     key: 'adafactorRelativeStep',
@@ -350,6 +389,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
       s.optimizer === 'adafactor'
         ? { adafactor: { relativeStep: v === 'on', scaleParameter: s.adafactorScaleParameter === 'on', warmupInit: s.adafactorWarmupInit } }
         : {},
+    sdScripts: (s) => (adafactorOnly.test(s) ? inArgs('relative_step') : { option: null, note: 'not used: --optimizer adafactor only' }),
   }),
   entry({
     key: 'adafactorScaleParameter',
@@ -362,6 +402,7 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     help: "on: Adafactor's step is relative to each parameter's RMS (scale_parameter)",
     showWhen: adafactorOnly.test,
     activeWhen: adafactorOnly,
+    sdScripts: (s) => (adafactorOnly.test(s) ? inArgs('scale_parameter') : { option: null, note: 'not used: --optimizer adafactor only' }),
   }),
   entry({
     key: 'adafactorWarmupInit',
@@ -373,6 +414,48 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     help: "Adafactor's warmup_init: the relative step grows as 1e-6 t",
     showWhen: adafactorRelative,
     activeWhen: { test: adafactorRelative, why: 'is for --optimizer adafactor with its relative step: add those, or leave this out' },
+    sdScripts: (s) => (adafactorOnly.test(s) ? inArgs('warmup_init') : { option: null, note: 'not used: --optimizer adafactor only' }),
+  }),
+  entry({
+    key: 'captionDropout',
+    kind: 'number',
+    flag: 'caption-dropout',
+    label: 'Caption dropout',
+    min: 0,
+    max: 0.99,
+    default: 0,
+    help: "the share of steps a photo trains with the empty caption, e.g. 0.05 (sd-scripts' caption_dropout_rate)",
+    train: (v, s) => (v > 0 && !s.shuffleTags ? { captions: { dropout: v, shuffle: false, keepTokens: 0 } } : {}),
+    sdScripts: (s) =>
+      s.captionDropout > 0
+        ? { option: null, note: `sd-scripts.toml: caption_dropout_rate = ${s.captionDropout} (the photos' subset)` }
+        : { option: null, note: 'off' },
+  }),
+  entry({
+    key: 'shuffleTags',
+    kind: 'bool',
+    flag: 'shuffle-tags',
+    label: 'Shuffle caption tags',
+    default: false,
+    help: "shuffle each caption's comma-separated tags every step, the first --keep-tokens kept in place (sd-scripts' shuffle_caption)",
+    train: (v, s) => (v ? { captions: { dropout: s.captionDropout, shuffle: true, keepTokens: s.keepTokens } } : {}),
+    sdScripts: (s) => (s.shuffleTags ? { option: null, note: "sd-scripts.toml: shuffle_caption = true (the photos' subset)" } : { option: null, note: 'off' }),
+  }),
+  entry({
+    key: 'keepTokens',
+    kind: 'int',
+    flag: 'keep-tokens',
+    label: 'Tags kept in front',
+    min: 0,
+    max: 75,
+    default: 0,
+    help: "with --shuffle-tags: this many leading tags stay in place (sd-scripts' keep_tokens), e.g. 1 for the trigger word",
+    showWhen: (s) => s.shuffleTags,
+    activeWhen: { test: (s) => s.shuffleTags, why: 'keeps tags in place while they are shuffled: add --shuffle-tags, or leave this out' },
+    sdScripts: (s) =>
+      s.shuffleTags
+        ? { option: null, note: `sd-scripts.toml: keep_tokens = ${s.keepTokens} (the photos' subset)` }
+        : { option: null, note: 'not used: --shuffle-tags only' },
   }),
 ];
 

@@ -16,6 +16,7 @@ export const PRIOR_SETTINGS: readonly SettingSpec[] = [
     default: false,
     help: 'prior preservation with class images (on the command line: given by --class-prompt)',
     bundle: (s) => (s.priorPreservation ? [{ option: '--with_prior_preservation' }, { value: 'class_images', option: '--class_data_dir=class_images' }] : null),
+    sdScripts: (s) => ({ option: null, note: s.priorPreservation ? 'sd-scripts.toml: the class_images/ subset with is_reg = true' : 'off' }),
   }),
   entry({
     key: 'classPrompt',
@@ -26,6 +27,7 @@ export const PRIOR_SETTINGS: readonly SettingSpec[] = [
     help: 'prior preservation: the class prompt, e.g. "a photo of a dog"',
     showWhen: (s) => s.priorPreservation,
     bundle: (s) => (s.priorPreservation ? { option: `--class_prompt=${q(s.classPrompt)}` } : null),
+    sdScripts: (s) => (s.priorPreservation ? { option: null, note: 'sd-scripts.toml: class_tokens of the is_reg subset' } : null),
   }),
   entry({
     key: 'priorWeight',
@@ -40,6 +42,7 @@ export const PRIOR_SETTINGS: readonly SettingSpec[] = [
     activeWhen: { test: (s) => s.priorPreservation, why: 'weighs the prior loss of prior preservation: add --class-prompt, or leave it out' },
     train: (v) => ({ priorLossWeight: v }),
     bundle: (s) => (s.priorPreservation ? { option: `--prior_loss_weight=${s.priorWeight}` } : null),
+    sdScripts: (s) => (s.priorPreservation ? { option: `--prior_loss_weight=${s.priorWeight}` } : null),
   }),
   entry({
     key: 'classCount',

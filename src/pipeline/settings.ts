@@ -15,9 +15,10 @@ import { MASTER_KINDS, OPTIMIZER_KINDS, type MasterKind, type OptimizerKind } fr
 import { effectiveScheduler, LR_SCHEDULERS, POLYNOMIAL_LR_END, type LrScheduler } from '../train/lr-schedule.ts';
 import { ENGINE_DEFAULTS, type TrainMode, type TrainSettings } from '../train/trainer.ts';
 import { formatBytes, parseBytes } from '../util/bytes.ts';
-import { adafactorRelative, KNOB_SETTINGS, knobProblem, type KnobSettings } from './settings-knobs.ts';
+import { adafactorRelative, KNOB_SETTINGS, knobProblem, optimizerArgs, type KnobSettings } from './settings-knobs.ts';
 import { HOST_OPTIMIZERS, type HostOptimizerKind } from '../train/host-optimizer.ts';
 import { shellQuote } from './quote.ts';
+import { sdScriptOf, sdWhen } from './sdscripts-row.ts';
 import { PRIOR_SETTINGS } from './settings-prior.ts';
 import { preview } from '../util/describe.ts';
 
@@ -150,6 +151,11 @@ export interface SettingSpec<K extends SettingKey = SettingKey> {
    * counterpart (with its help).
    */
   bundle?: (s: RunSettings, c: BundleContext) => BundleRow | readonly BundleRow[] | null;
+  /**
+   * The option's row in the bundle's kohya sd-scripts target (pipeline/bundle-sdscripts.ts, options of
+   * train_network.py / train_db.py and library/train_util.py); null, or absent: listed as not carried (with its help).
+   */
+  sdScripts?: (s: RunSettings) => BundleRow | null;
 }
 
 /** The largest training resolution: SD 1.x/2.x train at 512-768 px; past 1024 px nothing here fits a GPU. */
@@ -175,6 +181,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     help: 'lora: small adapters on the attention layers; full: every UNet weight',
     train: (v) => ({ mode: v }),
     bundle: (s, c) => ({ option: null, note: `${lora(s) ? 'LoRA' : 'full'} DreamBooth: the script is ${c.script}` }),
+    sdScripts: (s) => ({ option: null, note: `the script is ${sdScriptOf(s)}` }),
   }),
   entry({
     key: 'steps',
@@ -188,6 +195,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     help: 'training steps',
     train: (v) => ({ steps: v }),
     bundle: (s) => ({ option: `--max_train_steps=${s.steps}` }),
+    sdScripts: (s) => ({ option: `--max_train_steps=${s.steps}` }),
   }),
   entry({
     key: 'lr',
@@ -207,6 +215,7 @@ export const SETTINGS: readonly SettingSpec[] = [
       option: `--learning_rate=${s.lr}`,
       note: 'not scaled by batch or GPU count (as the engine trains); its schedule and warm-up are the lrScheduler and lrWarmup rows',
     }),
+    sdScripts: (s) => ({ option: `--learning_rate=${s.lr}` }),
   }),
   entry({
     key: 'lrWarmup',
@@ -220,6 +229,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     help: 'linear warm-up of the learning rate over N steps (0: none); at most --steps',
     train: (v) => ({ lrWarmup: v }),
     bundle: (s) => ({ option: `--lr_warmup_steps=${s.lrWarmup}` }),
+    sdScripts: (s) => ({ option: `--lr_warmup_steps=${s.lrWarmup}` }),
   }),
   entry({
     key: 'lrScheduler',
@@ -231,6 +241,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     help: "the learning rate over the run, after --lr-warmup (transformers' formulas): constant (with a warm-up: constant_with_warmup), linear or cosine (to 0), cosine_with_restarts (--lr-cycles), polynomial (--lr-power, to 1e-7)",
     train: (v) => ({ lrScheduler: v }),
     bundle: (s) => ({ option: `--lr_scheduler=${effectiveScheduler(s.lrScheduler, s.lrWarmup)}` }),
+    sdScripts: (s) => ({ option: `--lr_scheduler=${effectiveScheduler(s.lrScheduler, s.lrWarmup)}` }),
   }),
   entry({
     key: 'lrCycles',
@@ -246,6 +257,10 @@ export const SETTINGS: readonly SettingSpec[] = [
     train: (v) => ({ lrCycles: v }),
     bundle: (s) =>
       s.lrScheduler === 'cosine_with_restarts' ? { option: `--lr_num_cycles=${s.lrCycles}` } : { option: null, note: 'not used: cosine_with_restarts only' },
+    sdScripts: (s) =>
+      s.lrScheduler === 'cosine_with_restarts'
+        ? { option: `--lr_scheduler_num_cycles=${s.lrCycles}` }
+        : { option: null, note: 'not used: cosine_with_restarts only' },
   }),
   entry({
     key: 'lrPower',
@@ -260,6 +275,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     activeWhen: { test: (s) => s.lrScheduler === 'polynomial', why: 'is for --lr-scheduler polynomial only: add it, or leave this out' },
     train: (v) => ({ lrPower: v }),
     bundle: (s) => (s.lrScheduler === 'polynomial' ? { option: `--lr_power=${s.lrPower}` } : { option: null, note: 'not used: polynomial only' }),
+    sdScripts: (s) => (s.lrScheduler === 'polynomial' ? { option: `--lr_scheduler_power=${s.lrPower}` } : { option: null, note: 'not used: polynomial only' }),
   }),
   entry({
     key: 'rank',
@@ -273,6 +289,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     help: 'LoRA rank (at most the narrowest adapted layer)',
     train: (v, s) => ({ rank: lora(s) ? v : 0 }),
     bundle: (s) => ({ option: `--rank=${s.rank}` }),
+    sdScripts: (s) => ({ option: `--network_dim=${s.rank}` }),
   }),
   entry({
     key: 'alpha',
@@ -294,6 +311,7 @@ export const SETTINGS: readonly SettingSpec[] = [
         note: `train_dreambooth_lora.py sets lora_alpha = rank (scale 1); this run's scale is ${alpha} / ${s.rank}. ray_train.py honours it`,
       };
     },
+    sdScripts: (s) => ({ option: `--network_alpha=${s.alpha || s.rank}`, value: s.alpha || s.rank }),
   }),
   entry({
     key: 'resolution',
@@ -307,6 +325,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     default: 512,
     help: `training and sample resolution in pixels (a multiple of the model's factor, at most ${MAX_RESOLUTION})`,
     bundle: (s) => ({ option: `--resolution=${s.resolution}` }),
+    sdScripts: (s) => ({ option: null, note: `sd-scripts.toml: resolution = ${s.resolution}` }),
   }),
   entry({
     key: 'budgetBytes',
@@ -385,6 +404,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     help: 'random seed (noise, timesteps, LoRA init, samples)',
     train: (v) => ({ seed: v }),
     bundle: (s) => ({ option: `--seed=${s.seed}`, note: "the same seed, not the same random draws: PyTorch's generators differ from the engine's" }),
+    sdScripts: (s) => ({ option: `--seed=${s.seed}`, note: "the same seed, not the same random draws: PyTorch's generators differ from the engine's" }),
   }),
   entry({
     key: 'checkpointEvery',
@@ -401,6 +421,7 @@ export const SETTINGS: readonly SettingSpec[] = [
       option: `--checkpointing_steps=${s.checkpointEvery || s.steps}`,
       ...(s.checkpointEvery ? {} : { note: 'the engine checkpoints at the end only' }),
     }),
+    sdScripts: (s) => sdWhen(s.checkpointEvery > 0, `--save_every_n_steps=${s.checkpointEvery}`),
   }),
   entry({
     key: 'validateEvery',
@@ -434,6 +455,7 @@ export const SETTINGS: readonly SettingSpec[] = [
           : `train_dreambooth.py's --offset_noise is fixed at 0.1; this run uses ${s.offsetNoise}. ray_train.py honours it`,
       };
     },
+    sdScripts: (s) => sdWhen(s.offsetNoise > 0, `--noise_offset=${s.offsetNoise}`),
   }),
   entry({
     key: 'minSnrGamma',
@@ -450,6 +472,7 @@ export const SETTINGS: readonly SettingSpec[] = [
       if (!lora(s)) return { option: `--snr_gamma=${s.minSnrGamma}` };
       return { option: null, note: 'train_dreambooth_lora.py has no --snr_gamma (train_dreambooth.py does). ray_train.py honours it' };
     },
+    sdScripts: (s) => sdWhen(s.minSnrGamma > 0, `--min_snr_gamma=${s.minSnrGamma}`),
   }),
   entry({
     key: 'baseWeights',
@@ -486,6 +509,13 @@ export const SETTINGS: readonly SettingSpec[] = [
               option: null,
               note: `${s.optimizer} has no counterpart in the SD 1.x/2.x DreamBooth scripts: they train with AdamW (set --learning_rate for it)`,
             },
+    sdScripts: (s) =>
+      optimizerArgs(s) !== null
+        ? { option: optimizerArgs(s) }
+        : {
+            option: null,
+            note: `${s.optimizer === 'adamw' ? 'the same: ' : 'not carried: '}train-sd-scripts.sh trains with --optimizer_type=AdamW (pass another as an extra argument)`,
+          },
   }),
   entry({
     key: 'master',
@@ -532,6 +562,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     default: false,
     help: 'also train on mirrored copies of the photos',
     bundle: (s) => ({ option: null, note: s.flip ? 'mirrored copies of every photo are in instance_images/ (the scripts have no flip option)' : 'off' }),
+    sdScripts: (s) => ({ option: null, note: s.flip ? 'mirrored copies of every photo are in instance_images/ (so --flip_aug is not set)' : 'off' }),
   }),
   entry({
     key: 'trainTextEncoder',
@@ -543,6 +574,15 @@ export const SETTINGS: readonly SettingSpec[] = [
     help: 'LoRA on the text encoder too',
     train: (v, s) => ({ textEncoderLora: lora(s) && v }),
     bundle: (s) => (s.trainTextEncoder ? { option: '--train_text_encoder', note: 'LoRA on the text encoder' } : { option: null, note: 'off' }),
+    sdScripts: (s) =>
+      s.mode === 'lora'
+        ? s.trainTextEncoder
+          ? { option: null, note: 'train_network.py trains the text-encoder LoRA unless --network_train_unet_only' }
+          : { option: '--network_train_unet_only' }
+        : {
+            option: null,
+            note: s.trainTextEncoder ? 'train_db.py trains the text encoder by default' : 'not carried: train_db.py trains the text encoder by default',
+          },
   }),
   entry({
     key: 'textEncoderLr',
@@ -567,6 +607,7 @@ export const SETTINGS: readonly SettingSpec[] = [
             ? `the learning rate, ${s.lr}, as --learning_rate`
             : 'off',
     }),
+    sdScripts: (s) => (s.mode === 'lora' && s.trainTextEncoder && s.textEncoderLr > 0 ? { option: `--text_encoder_lr=${s.textEncoderLr}` } : null),
   }),
   ...PRIOR_SETTINGS,
   ...KNOB_SETTINGS,

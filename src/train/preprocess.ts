@@ -126,6 +126,7 @@ export async function encodeTrainData(
         latent: await encodeImage(gpu, model.vae, set.images[i], resolution, size ?? undefined),
         context: await context(set.prompts[i]),
         ids: tokenizer.encodePadded(set.prompts[i]),
+        prompt: set.prompts[i],
         ...(mask ? { mask: latentMask(mask, size ?? resolution, f) } : {}),
         ...(bucket ? { latentShape: [model.vae.config.latentChannels, bucket.height / f, bucket.width / f] as [number, number, number] } : {}),
       });
@@ -165,6 +166,7 @@ export async function saveTrainData(store: ChunkStore, runId: string, d: TrainDa
     if (x.pooled) files.set(`${p}${i}-pooled`, f32(x.pooled));
     if (x.timeIds) files.set(`${p}${i}-timeids`, f32(x.timeIds));
     if (x.mask) files.set(`${p}${i}-mask`, f32(x.mask));
+    if (x.prompt !== undefined) files.set(`${p}${i}-prompt`, new TextEncoder().encode(x.prompt));
   };
   d.instance.forEach(put('i'));
   d.classes.forEach(put('c'));
@@ -201,6 +203,7 @@ export async function loadTrainData(store: ChunkStore, runId: string): Promise<T
         ...(has('pooled') ? { pooled: await read(`${p}${i}-pooled`) } : {}),
         ...(has('timeids') ? { timeIds: await read(`${p}${i}-timeids`) } : {}),
         ...(mask ? { mask } : {}),
+        ...(has('prompt') ? { prompt: new TextDecoder().decode(await snap.read(`${p}${i}-prompt`)) } : {}),
         ...(m.shapes?.[`${p}${i}`] ? { latentShape: m.shapes[`${p}${i}`] } : {}),
       });
     }

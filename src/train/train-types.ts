@@ -12,6 +12,7 @@ import type { HostOptimizerKind } from './host-optimizer.ts';
 import type { ProdigyConfig } from './prodigy.ts';
 import type { AdafactorConfig } from './adafactor.ts';
 import type { HuberSchedule, LossKind } from './loss-options.ts';
+import type { CaptionOptions } from './captions.ts';
 import type { EmaSettings } from './ema.ts';
 
 export type TrainMode = 'lora' | 'full';
@@ -90,6 +91,8 @@ export interface TrainSettings {
   /** Prodigy's and Adafactor's own settings over their defaults (train/prodigy.ts, train/adafactor.ts). */
   prodigy?: Partial<ProdigyConfig>;
   adafactor?: Partial<AdafactorConfig>;
+  /** Caption dropout and tag shuffling per step (train/captions.ts; absent: every step trains the cached prompt). */
+  captions?: CaptionOptions;
 }
 
 /** The settings only the engine sets (the planner or a test may change them); the rest are the run's. */
@@ -130,6 +133,8 @@ export interface TrainSample {
   ids2?: Int32Array;
   pooled?: Float32Array;
   timeIds?: Float32Array;
+  /** The prompt it was encoded from (its caption, or the set's prompt): caption processing starts from it. */
+  prompt?: string;
 }
 
 /** Everything random about one step (drawn from the run's Rng, or injected by a test). */
@@ -142,6 +147,8 @@ export interface StepInputs {
   timesteps: number[];
   /** Input perturbation (ip noise): the noise x_t is made with, `noise` + gamma N(0, I); absent: `noise`. */
   inputNoise?: Float32Array;
+  /** With caption processing (settings.captions): the caption the instance photo trains with this step. */
+  caption?: string;
 }
 
 export interface StepReport {
@@ -186,6 +193,12 @@ export interface TrainerModel {
   textEncoder?: { config: ClipTextConfig; weights: Weights };
   /** SDXL's second text encoder (CLIPTextModelWithProjection), needed only with textEncoderLora on SDXL. */
   textEncoder2?: { config: ClipTextConfig; weights: Weights };
+  /**
+   * With caption processing: a step's caption as token ids, and (frozen text encoder) its text-encoder output
+   * [L, D]; the run pipeline keeps the text encoder on the GPU for it. Absent (the planner's dry run): the
+   * cached prompts train and no caption is drawn.
+   */
+  captions?: { ids: (text: string) => Int32Array; context: (text: string) => Promise<Float32Array> };
 }
 
 export interface CheckpointMeta {

@@ -27,6 +27,7 @@ import { lossWeights } from './objective.ts';
 import { huberCs, passLoss, HUBER_C_DEFAULT } from './loss-options.ts';
 import { drawStepNoise, zeroTerminalSnr } from './noise.ts';
 import { WeightEma } from './ema.ts';
+import { captionsProcessed, processCaption } from './captions.ts';
 import { checkConditioning, groupWeights, passConditioning } from './conditioning.ts';
 import { ChunkedAdamW } from './optimizer.ts';
 import { HostOptimizer, hostOptimizerOptions, isHostOptimizer } from './host-optimizer.ts';
@@ -134,6 +135,8 @@ export class DreamBoothTrainer {
       { what: 'class' as const, samples: data.classes },
     ];
     checkConditioning(model, sets, settings.mode === 'lora' && settings.textEncoderLora);
+    if (captionsProcessed(settings.captions) && model.captions && data.instance.some((x) => x.prompt === undefined))
+      throw new Error("caption dropout and tag shuffling need each photo's prompt (cached with its latents): encode the photos again");
     const rng = new Rng(settings.seed);
     const dtype = [...model.weights.values()][0].dtype;
     // The one trainable set the planner sizes too (trainable.ts): names, order, shapes and each group's rate.
@@ -182,8 +185,28 @@ export class DreamBoothTrainer {
     const instance = this.step % this.data.instance.length;
     const classIndex = hasClass ? this.step % this.data.classes.length : null;
     const shapes = this.batchOf(instance, classIndex).map((x) => this.shapeOf(x));
-    return { instance, classIndex, ...drawStepNoise(this.rng, shapes, this.settings, this.model.schedule.numTrainTimesteps) };
+    const drawn: StepInputs = { instance, classIndex, ...drawStepNoise(this.rng, shapes, this.settings, this.model.schedule.numTrainTimesteps) };
+    // After the noise, and only with caption processing on: a run without it draws what it always did.
+    const o = this.settings.captions;
+    if (captionsProcessed(o) && this.model.captions) drawn.caption = processCaption(this.data.instance[instance].prompt ?? '', o, () => this.rng.uniform());
+    return drawn;
   }
+
+  /** The step's processed caption's ids and (unless the text encoder trains) its encoding; a few hundred kept. */
+  private async captionSample(sample: TrainSample, text: string): Promise<TrainSample> {
+    const enc = this.model.captions!;
+    const ids = enc.ids(text);
+    if (this.settings.mode === 'lora' && this.settings.textEncoderLora) return { ...sample, ids };
+    let context = this.captionContexts.get(text);
+    if (!context) {
+      context = await enc.context(text);
+      if (this.captionContexts.size >= 256) this.captionContexts.delete(this.captionContexts.keys().next().value!);
+      this.captionContexts.set(text, context);
+    }
+    return { ...sample, ids, context };
+  }
+
+  private readonly captionContexts = new Map<string, Float32Array>();
 
   /** A step's samples: the instance photo, then the class image when there is one. */
   private batchOf(instance: number, classIndex: number | null): TrainSample[] {
@@ -240,6 +263,7 @@ export class DreamBoothTrainer {
     fused?: { loss: (loss: number) => void; chunk: (index: number, grads: Map<string, Tensor>) => Promise<void> },
   ): Promise<{ loss: number; tape: Tape }> {
     const samples = this.batchOf(inputs.instance, inputs.classIndex);
+    if (inputs.caption !== undefined) samples[0] = await this.captionSample(samples[0], inputs.caption);
     const B = samples.length;
     const prediction = this.model.schedule.prediction;
     // diffusers adds the prior term to the instance mean: per-sample weights times B undo weightedMse's 1/B.

@@ -88,9 +88,10 @@ describe('loadImageDir: symlinks and caption files', () => {
     assert.deepEqual(warnings, [`dog.txt is a broken link (${join(photos, 'missing.txt')} does not exist): ignored, dog.png is trained with the prompt`]);
   });
 
-  it('binary or non-UTF-8 captions are ignored with a warning; UTF-16 with a BOM is text', async () => {
+  it('binary, non-UTF-8 or empty captions are ignored with a warning naming the photo; UTF-16 with a BOM is text', async () => {
     const d = folder();
-    for (const n of ['nul', 'latin1', 'utf16', 'fine']) copyFileSync(join(FIXTURES, 'quadrants.png'), join(d, `${n}.png`));
+    for (const n of ['nul', 'latin1', 'utf16', 'fine', 'empty']) copyFileSync(join(FIXTURES, 'quadrants.png'), join(d, `${n}.png`));
+    writeFileSync(join(d, 'empty.txt'), '  \nthe second line is not read\n');
     writeFileSync(join(d, 'nul.txt'), Uint8Array.of(0x89, 0x50, 0x4e, 0x47, 0, 0, 0, 13)); // a PNG saved as .txt
     writeFileSync(join(d, 'latin1.txt'), Uint8Array.of(0x63, 0x61, 0x66, 0xe9)); // "café" in Latin-1
     writeFileSync(join(d, 'utf16.txt'), Buffer.concat([Buffer.of(0xff, 0xfe), Buffer.from('sks dog\r\nignored', 'utf16le')]));
@@ -98,12 +99,14 @@ describe('loadImageDir: symlinks and caption files', () => {
     const warnings: string[] = [];
     const { images } = await loadImageDir(d, { onWarning: (w) => warnings.push(w) });
     assert.deepEqual(Object.fromEntries(images.map((i) => [i.name, i.caption])), {
+      'empty.png': undefined,
       'fine.png': 'sks dog, café',
       'latin1.png': undefined,
       'nul.png': undefined,
       'utf16.png': 'sks dog',
     });
     assert.deepEqual(warnings, [
+      'empty.txt is empty (kohya reads its first line): empty.png is trained with the prompt; write its caption there, or remove the file',
       'latin1.txt is not a text file (binary data or not UTF-8): ignored as the caption of latin1.png, which is trained with the prompt',
       'nul.txt is not a text file (binary data or not UTF-8): ignored as the caption of nul.png, which is trained with the prompt',
     ]);

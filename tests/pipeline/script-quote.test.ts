@@ -201,6 +201,77 @@ void describe('sd-scripts target: train-sd-scripts.sh and sd-scripts.toml carry 
     for (const spec of SETTINGS) assert.match(readme, new RegExp(`^\\| ${spec.key} \\|`, 'm'), `${spec.key} has its row`);
     assert.match(readme, /^\| optimizer \| .*not carried/m);
   });
+
+  void it("the noise, loss, optimizer and caption knobs reach sd-scripts as its own options; captions in the photos' subset only", () => {
+    const python = ['/usr/bin/python3', 'python3'].find((p) => spawnSync(p, ['--version']).status === 0);
+    const knobs = {
+      zeroTerminalSnr: true,
+      debiasedEstimation: true,
+      multiresNoiseIterations: 6,
+      multiresNoiseDiscount: 0.4,
+      ipNoiseGamma: 0.1,
+      minTimestep: 100,
+      maxTimestep: 900,
+      loss: 'huber' as const,
+      huberC: 0.2,
+      huberSchedule: 'exponential' as const,
+      optimizer: 'prodigy' as const,
+      prodigyDCoef: 2,
+      prodigySafeguardWarmup: true,
+      captionDropout: 0.1,
+      shuffleTags: true,
+      keepTokens: 2,
+      priorPreservation: true,
+      classPrompt: 'a dog',
+    };
+    const files = jobBundle(
+      {
+        prompt: 'sks dog',
+        images: [{ name: 'a.png', image: photo(1) }],
+        classImages: [{ name: 'c.png', image: photo(2) }],
+        settings: { ...defaultSettings('lora'), resolution: 16, ...knobs },
+        model: { kind: 'hub', name: 'm', hubId: 'm' },
+      },
+      png,
+    );
+    const r = runTrainSh(files, { SD_SCRIPTS: '/sd' }, 'train-sd-scripts.sh');
+    assert.equal(r.status, 0, r.stderr);
+    const args = r.args.slice(2);
+    for (const a of [
+      '--zero_terminal_snr',
+      '--debiased_estimation_loss',
+      '--multires_noise_iterations=6',
+      '--multires_noise_discount=0.4',
+      '--ip_noise_gamma=0.1',
+      '--min_timestep=100',
+      '--max_timestep=900',
+      '--loss_type=huber',
+      '--huber_c=0.2',
+      '--huber_schedule=exponential',
+      '--optimizer_type=Prodigy',
+    ])
+      assert.ok(args.includes(a), `${a} in ${args.join(' ')}`);
+    assert.ok(!args.includes('--optimizer_type=AdamW'), 'one optimizer');
+    // --optimizer_args takes the words up to the next option, each read by ast.literal_eval after the '='.
+    const at = args.indexOf('--optimizer_args');
+    assert.deepEqual(args.slice(at + 1, at + 5), ['d_coef=2', 'd0=0.000001', 'safeguard_warmup=True', 'use_bias_correction=False']);
+    assert.ok(args[at + 5].startsWith('--'));
+    const known = new Set([
+      ...SD_SCRIPTS_OPTIONS,
+      ...'zero_terminal_snr debiased_estimation_loss multires_noise_iterations multires_noise_discount ip_noise_gamma min_timestep max_timestep loss_type huber_c huber_schedule optimizer_args'.split(
+        ' ',
+      ),
+    ]);
+    for (const a of args.filter((a) => a.startsWith('--'))) assert.ok(known.has(a.slice(2).split('=')[0]), `${a}: an option sd-scripts parses`);
+    const t = spawnSync(python!, ['-c', 'import json,tomllib\nprint(json.dumps(tomllib.load(open("sd-scripts.toml","rb"))))'], {
+      cwd: r.dir,
+      encoding: 'utf8',
+    });
+    assert.equal(t.status, 0, t.stderr);
+    const [photos, reg] = (JSON.parse(t.stdout) as { datasets: { subsets: Record<string, unknown>[] }[] }).datasets[0].subsets;
+    assert.deepEqual([photos.caption_dropout_rate, photos.shuffle_caption, photos.keep_tokens], [0.1, true, 2]);
+    assert.deepEqual([reg.is_reg, 'shuffle_caption' in reg, 'caption_dropout_rate' in reg], [true, false, false]);
+  });
 });
 
 void describe('ray_train.py: values through JSON, never through its source', () => {

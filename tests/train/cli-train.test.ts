@@ -111,6 +111,54 @@ describe('cli train', () => {
     for (const [k, t] of want) assert.deepEqual(got.get(k)!.data, t.data, `${k} differs after resume`);
   });
 
+  it("captions: a .txt beside each photo trains, shuffled and dropped out per step; its tags are the export's ss_tag_frequency", () => {
+    const photos = join(dir, 'captioned');
+    mkdirSync(photos);
+    for (const f of ['quadrants.png', 'quadrants-o6.jpg', 'rgba.png']) copyFileSync(join(FIXTURES, 'images', f), join(photos, f));
+    writeFileSync(join(photos, 'quadrants.txt'), 'sks dog, Red collar, grass\n');
+    writeFileSync(join(photos, 'rgba.txt'), 'sks dog,close-up');
+    const out = join(dir, 'lora-captions');
+    const r = cli(
+      'train',
+      '--model',
+      tiny.folder,
+      '--images',
+      photos,
+      '--prompt',
+      'a photo of sks dog',
+      '--mode',
+      'lora',
+      '--rank',
+      '4',
+      '--steps',
+      '2',
+      '--seed',
+      '1',
+      '--resolution',
+      '32',
+      '--shuffle-tags',
+      '--keep-tokens',
+      '1',
+      '--caption-dropout',
+      '0.25',
+      '--out',
+      out,
+    );
+    assert.equal(r.code, 0, r.err);
+    const md = tensorsOf(join(out, 'lora-kohya.safetensors')).metadata;
+    // sd-scripts counts each photo's caption (the prompt for the one without), tags stripped and lower-cased.
+    assert.deepEqual(JSON.parse(md.ss_tag_frequency), {
+      instance_images: { 'a photo of sks dog': 1, 'sks dog': 2, 'red collar': 1, grass: 1, 'close-up': 1 },
+    });
+    const subset = JSON.parse(md.ss_datasets)[0].subsets[0];
+    assert.deepEqual([subset.shuffle_caption, subset.keep_tokens, md.ss_caption_dropout_rate], [true, 1, '0.25']);
+    // --keep-tokens does nothing without --shuffle-tags: refused by name before any work.
+    const refused = cli('train', '--model', tiny.folder, '--images', photos, '--prompt', 'sks dog', '--keep-tokens', '1', '--out', join(dir, 'kt'));
+    assert.equal(refused.code, 1);
+    assert.match(refused.err, /--keep-tokens keeps tags in place while they are shuffled: add --shuffle-tags/);
+    assert.equal(existsSync(join(dir, 'kt')), false);
+  });
+
   it('LoRA on the text encoder too: lora_te_* adapters trained and exported', () => {
     const out = join(dir, 'lora-te');
     const r = cli(

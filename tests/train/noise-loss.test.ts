@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { defaultSettings, refuseInactive, SettingsError, SETTINGS, trainSettings, validateSettings, type RunSettings } from '../../src/pipeline/settings.ts';
 import { MemoryChunkStore } from '../../src/store/chunkstore.ts';
+import { processCaption } from '../../src/train/captions.ts';
 import { emaDecay, emaUpdate } from '../../src/train/ema.ts';
 import { huberCs, robustLoss } from '../../src/train/loss-options.ts';
 import { drawStepNoise, pyramidNoise, zeroTerminalSnr } from '../../src/train/noise.ts';
@@ -16,7 +17,7 @@ import type { TrainSettings } from '../../src/train/trainer.ts';
 import { alphasCumprod, SD_SCHEDULE } from '../../src/sample/schedulers.ts';
 import { Rng } from '../../src/util/rng.ts';
 import { FIXTURES, testGpu } from '../helpers.ts';
-import { makeTrainer } from './tiny-trainer.ts';
+import { fixture, makeTrainer } from './tiny-trainer.ts';
 
 const g = JSON.parse(readFileSync(join(FIXTURES, 'train/noise_loss.json'), 'utf8'));
 const acp = alphasCumprod(SD_SCHEDULE);
@@ -303,5 +304,125 @@ void describe('in the trainer (tiny UNet, LoRA, f32)', () => {
     c.free();
     for (const [n, v] of want) assert.deepEqual(got.get(n), v, `${n}'s EMA differs after resume`);
     for (const [n, v] of raw) assert.deepEqual(gotRaw.get(n), v, `${n} differs after resume`);
+  });
+});
+
+interface CaptionCase {
+  caption: string;
+  dropout: number;
+  shuffle: boolean;
+  keepTokens: number;
+  uniforms: number[];
+  out: string;
+}
+const captionGolden = JSON.parse(readFileSync(join(FIXTURES, 'train/captions.json'), 'utf8')) as { cases: CaptionCase[] };
+
+void describe('captions: dropout and tag shuffling (--caption-dropout, --shuffle-tags, --keep-tokens)', () => {
+  void it("each caption equals sd-scripts' process_caption given the same uniforms, and uses exactly those", () => {
+    assert.equal(captionGolden.cases.length, 112);
+    let shuffled = 0;
+    let dropped = 0;
+    for (const c of captionGolden.cases) {
+      let used = 0;
+      const got = processCaption(c.caption, { dropout: c.dropout, shuffle: c.shuffle, keepTokens: c.keepTokens }, () => c.uniforms[used++]);
+      const what = `${JSON.stringify(c.caption)} dropout ${c.dropout} shuffle ${c.shuffle} keep ${c.keepTokens}`;
+      assert.equal(got, c.out, what);
+      assert.equal(used, c.uniforms.length, `${what}: uniforms drawn`);
+      if (c.out === '') dropped++;
+      else if (c.out !== c.caption) shuffled++;
+    }
+    // The golden exercises both effects (a shuffle that kept the order would pass with no shuffle at all).
+    assert.ok(dropped >= 10 && shuffled >= 40, `${dropped} dropped, ${shuffled} reordered`);
+  });
+
+  void it('ranges, a --keep-tokens without --shuffle-tags refused by name; the defaults give the trainer nothing', () => {
+    const bad = (over: Partial<RunSettings>, re: RegExp) =>
+      assert.throws(
+        () => validateSettings({ ...defaultSettings('lora'), ...over }),
+        (e: Error) => e instanceof SettingsError && re.test(e.message),
+        JSON.stringify(over),
+      );
+    bad({ captionDropout: 1 }, /--caption-dropout must be from 0 to 0.99/);
+    bad({ keepTokens: -1 }, /--keep-tokens must be from 0 to 75/);
+    assert.throws(
+      () => refuseInactive({ ...defaultSettings('lora'), keepTokens: 1 }, (spec) => spec.flag === 'keep-tokens'),
+      (e: Error) => e instanceof SettingsError && /^--keep-tokens keeps tags in place while they are shuffled: add --shuffle-tags/.test(e.message),
+    );
+    assert.equal('captions' in trainSettings(defaultSettings('lora')), false);
+    assert.deepEqual(trainSettings({ ...defaultSettings('lora'), captionDropout: 0.1 }).captions, { dropout: 0.1, shuffle: false, keepTokens: 0 });
+    assert.deepEqual(trainSettings({ ...defaultSettings('full'), shuffleTags: true, keepTokens: 2, captionDropout: 0.05 }).captions, {
+      dropout: 0.05,
+      shuffle: true,
+      keepTokens: 2,
+    });
+  });
+
+  void it("the trainer draws each step's caption from its Rng (after the noise) and a resumed run draws the same, bit-identically", async () => {
+    const gpu = await testGpu();
+    const steps = 4;
+    const over: Partial<TrainSettings> = { steps, seed: 9, captions: { dropout: 0.3, shuffle: true, keepTokens: 1 } };
+    const prompts = ['sks dog, red collar, grass, sunny', 'sks dog, close-up, blurry background, indoors'];
+    // The tiny UNet has no text encoder: a stand-in maps each text to a distinct [7, 32] context (so a caption
+    // that changes changes the step) and records what the trainer asked for.
+    const base = fixture('lora').data.instance[0].context;
+    const make = (log: string[]) => ({
+      prompts,
+      encoder: {
+        ids: (t: string) => Int32Array.from(t, (ch) => ch.charCodeAt(0)),
+        context: (t: string) => {
+          log.push(t);
+          let h = 7;
+          for (const ch of t) h = Math.imul(h ^ ch.charCodeAt(0), 0x01000193);
+          return Promise.resolve(base.map((v, i) => v + 0.5 * Math.sin(h + i)));
+        },
+      },
+    });
+    const encoded: string[] = [];
+    const a = await makeTrainer(gpu, 'f32', 'lora', new MemoryChunkStore(), over, make(encoded));
+    const trained: string[] = [];
+    for (let s = 0; s < steps; s++) {
+      const inputs = a.trainer.drawInputs();
+      trained.push(inputs.caption!);
+      await a.trainer.trainStep(inputs);
+    }
+    const want = await a.trainer.trainedValues();
+    a.free();
+    // Seed 9 draws a dropped caption and shuffled ones; the first tag always leads a kept caption.
+    assert.ok(trained.includes(''), JSON.stringify(trained));
+    assert.ok(
+      trained.some((t, i) => t !== '' && t !== prompts[i % 2]),
+      JSON.stringify(trained),
+    );
+    for (const t of trained) assert.ok(t === '' || t.startsWith('sks dog, '), t);
+    // Each distinct caption is encoded once (the trainer keeps the encodings).
+    assert.deepEqual(encoded, [...new Set(trained)]);
+    const store = new MemoryChunkStore();
+    const b = await makeTrainer(gpu, 'f32', 'lora', store, over, make([]));
+    for (let s = 0; s < 2; s++) await b.trainer.trainStep();
+    await b.trainer.checkpoint();
+    await b.trainer.trainStep();
+    b.free();
+    const resumed: string[] = [];
+    const c = await makeTrainer(gpu, 'f32', 'lora', store, over, make(resumed));
+    assert.equal(await c.trainer.resume(), true);
+    const after: string[] = [];
+    while (c.trainer.step < steps) {
+      const inputs = c.trainer.drawInputs();
+      after.push(inputs.caption!);
+      await c.trainer.trainStep(inputs);
+    }
+    const got = await c.trainer.trainedValues();
+    c.free();
+    assert.deepEqual(after, trained.slice(2));
+    for (const [n, v] of want) assert.deepEqual(got.get(n), v, `${n} differs after resume`);
+    // Without caption processing the photo's cached context trains and nothing more is drawn.
+    const d = await makeTrainer(gpu, 'f32', 'lora', new MemoryChunkStore(), { steps, seed: 9 });
+    const plain = d.trainer.drawInputs();
+    d.free();
+    const e = await makeTrainer(gpu, 'f32', 'lora', new MemoryChunkStore(), over, make([]));
+    const captioned = e.trainer.drawInputs();
+    e.free();
+    assert.equal(plain.caption, undefined);
+    assert.deepEqual(captioned.noise, plain.noise, 'the noise is drawn first, as before');
   });
 });

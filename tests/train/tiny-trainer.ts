@@ -9,7 +9,7 @@ import { unetConfigFromJson } from '../../src/nn/unet.ts';
 import { SD_SCHEDULE } from '../../src/sample/schedulers.ts';
 import type { ChunkStore } from '../../src/store/chunkstore.ts';
 import { TRAIN_DEFAULTS } from '../../src/pipeline/settings.ts';
-import { DreamBoothTrainer, type StepInputs, type TrainData, type TrainSettings } from '../../src/train/trainer.ts';
+import { DreamBoothTrainer, type StepInputs, type TrainData, type TrainerModel, type TrainSettings } from '../../src/train/trainer.ts';
 import { FIXTURES } from '../helpers.ts';
 
 const load = (p: string) => readSafetensors(new Uint8Array(readFileSync(join(FIXTURES, p))));
@@ -53,14 +53,23 @@ export function fixture(mode: 'lora' | 'full') {
   return { data, settings, inputs, init, finals, losses: t('loss'), prediction: m.prediction as 'epsilon' | 'v_prediction' };
 }
 
-export async function makeTrainer(gpu: Gpu, dtype: DType, mode: 'lora' | 'full', store: ChunkStore, over: Partial<TrainSettings> = {}) {
+export async function makeTrainer(
+  gpu: Gpu,
+  dtype: DType,
+  mode: 'lora' | 'full',
+  store: ChunkStore,
+  over: Partial<TrainSettings> = {},
+  /** Caption processing: each instance photo's prompt and the text encoder's stand-in. */
+  captions?: { prompts: string[]; encoder: NonNullable<TrainerModel['captions']> },
+) {
   const fx = fixture(mode);
+  if (captions) fx.data.instance.forEach((x, i) => (x.prompt = captions.prompts[i]));
   const weights = new Map();
   for (const [k, t] of base.tensors)
     if (!['sample', 'timestep', 'encoder_hidden_states', 'out'].includes(k)) weights.set(k, gpu.upload(t.data, t.shape, dtype, 'weights', k));
   const trainer = await DreamBoothTrainer.create(
     gpu,
-    { config: cfg, weights, schedule: { ...SD_SCHEDULE, prediction: fx.prediction } },
+    { config: cfg, weights, schedule: { ...SD_SCHEDULE, prediction: fx.prediction }, ...(captions ? { captions: captions.encoder } : {}) },
     fx.data,
     { ...fx.settings, ...over },
     store,

@@ -112,6 +112,39 @@ describe("mask files given with the photos (kohya: a mask has its photo's name)"
     await addPhotos([file(png.slice(0, 64), 'dog-mask.png')]);
     assert.match(useStudioStore.getState().photoErrors[0], /^dog-mask\.png is truncated/, 'a mask for a photo on the page, cut short');
   });
+
+  it("addPhotos: dog.txt is dog.png's caption (first line); a caption that is not UTF-8, empty or without its photo is refused by name", async () => {
+    const { addPhotos, setPhotoDecoder } = await import('../../src/ui/studio/actions.ts');
+    const { useStudioStore } = await import('../../src/ui/studio/state.ts');
+    setPhotoDecoder(nodeDecoder);
+    (globalThis as { URL: typeof URL }).URL.createObjectURL ??= () => 'blob:test';
+    useStudioStore.getState().set({ restored: true, photos: [], photoErrors: [] });
+    const png = new Uint8Array(readFileSync(new URL('quadrants.png', dir)));
+    const text = (s: string) => new TextEncoder().encode(s);
+    await addPhotos([
+      file(png, 'dog.png'),
+      file(text('sks dog, red collar\nnot read'), 'dog.txt'),
+      file(png, 'cat.png'),
+      file(Uint8Array.of(0x63, 0x61, 0x66, 0xe9), 'cat.txt'), // "café" in Latin-1
+      file(png, 'bird.png'),
+      file(text(' \n'), 'bird.txt'),
+      file(text('a fox'), 'fox.txt'),
+    ]);
+    const st = useStudioStore.getState();
+    assert.deepEqual(
+      st.photos.map((p) => [p.name, p.caption]),
+      [
+        ['dog.png', 'sks dog, red collar'],
+        ['cat.png', ''],
+        ['bird.png', ''],
+      ],
+    );
+    assert.deepEqual(st.photoErrors, [
+      'cat.txt is not UTF-8 text: not used as the caption of cat.png (save it as UTF-8, or type the caption under the photo)',
+      'bird.txt is empty: bird.png keeps the prompt (write its caption on the first line, or type it under the photo)',
+      'fox.txt: a caption, but no photo fox.* was given: add it with its photo',
+    ]);
+  });
 });
 
 function findChunk(png: Uint8Array, type: string): number {

@@ -397,14 +397,14 @@ function PhotosPanel() {
       <DropZone label="Drop photos here" onDrop={(e) => !locked && dropPhotos(e)} testId="photo-drop">
         <p>
           Drop 3 to 5 photos (JPEG, PNG or WebP) of the same subject (loss masks too, named like their photos: dog_mask.png beside dog.jpg, or a masks/ folder
-          in a dropped folder), or
+          in a dropped folder; captions as dog.txt beside dog.jpg), or
         </p>
         <label className="file-button">
           Add photos
           <input
             type="file"
             multiple
-            accept="image/jpeg,image/png,image/webp"
+            accept="image/jpeg,image/png,image/webp,.txt"
             disabled={locked}
             onChange={(e) => void addPhotos(Array.from(e.target.files ?? []))}
           />

@@ -182,7 +182,12 @@ async function toPhotos(files: File[], list: PhotoItem[]): Promise<{ added: Phot
  * those photos' loss masks, each checked in full like a photo and of its photo's shape, or refused by name.
  * `paths`: the files' paths within a dropped folder, where known.
  */
-export async function addPhotos(files: File[], which: 'photos' | 'classPhotos' = 'photos', paths?: string[]): Promise<void> {
+export async function addPhotos(all: File[], which: 'photos' | 'classPhotos' = 'photos', paths?: string[]): Promise<void> {
+  // kohya's captions: photo.txt beside photo.png is that photo's caption (instance photos only).
+  const isTxt = (f: File) => which === 'photos' && /\.txt$/i.test(f.name);
+  const captionFiles = all.filter(isTxt);
+  const files = all.filter((f) => !isTxt(f));
+  paths = paths?.filter((_, i) => !isTxt(all[i]));
   const split =
     which === 'photos'
       ? splitMasks(
@@ -203,8 +208,29 @@ export async function addPhotos(files: File[], which: 'photos' | 'classPhotos' =
     if ('error' in m) errors.push(m.error);
     else setPhotoMask(photo.id, m.blob);
   }
-  if (split.masks.length) S().set({ photoErrors: [...errors] });
+  for (const f of captionFiles) {
+    const photo = S().photos.find((p) => stemOf(p.name) === stemOf(f.name));
+    const r = photo ? await captionOf(f, photo.name) : { error: `${f.name}: a caption, but no photo ${stemOf(f.name)}.* was given: add it with its photo` };
+    if ('error' in r) errors.push(r.error);
+    else updatePhoto(photo!.id, { caption: r.caption });
+  }
+  if (split.masks.length || captionFiles.length) S().set({ photoErrors: [...errors] });
   void saveProject().then(refreshRuns);
+}
+
+/** A caption file's first line (kohya reads only that), or why it is refused: not UTF-8 text, or empty. */
+async function captionOf(f: File, photo: string): Promise<{ caption: string } | { error: string }> {
+  const bytes = new Uint8Array(await f.arrayBuffer());
+  let text: string;
+  try {
+    if (bytes.includes(0)) throw new Error('binary');
+    text = new TextDecoder('utf-8', { fatal: true }).decode(bytes);
+  } catch {
+    return { error: `${f.name} is not UTF-8 text: not used as the caption of ${photo} (save it as UTF-8, or type the caption under the photo)` };
+  }
+  const caption = text.split(/\r?\n/)[0].trim();
+  if (!caption) return { error: `${f.name} is empty: ${photo} keeps the prompt (write its caption on the first line, or type it under the photo)` };
+  return { caption };
 }
 
 export function removePhoto(id: string, which: 'photos' | 'classPhotos' = 'photos'): void {
