@@ -13,7 +13,7 @@
 import type { ByteSink } from '../io/safetensors.ts';
 import { unetFromDiffusers, type UnetLayout } from '../models/keymap.ts';
 import { FOLDED_KEYS, isLoraTarget, kohyaMetadata, type LoraInfo } from './lora.ts';
-import { hashedSafetensorsChunks } from './addnet-hash.ts';
+import { addnetModelHash, hashedSafetensorsChunks } from './addnet-hash.ts';
 import { IMPL_STABILITY_AI, isoDate, SAI_MODEL_SPEC_VERSION } from './modelspec.ts';
 import { ExportError, type TensorProvider } from './provider.ts';
 import { pump, pyFloat, type OutTensor, safetensorsChunks } from './stream.ts';
@@ -124,6 +124,11 @@ export function sdxlKohyaMetadata(a: SdxlLoraAdapters, info: Omit<LoraInfo, 'fam
     'modelspec.trigger_phrase': info.instancePrompt,
   };
   return { ...md, ...spec };
+}
+
+/** sshs_model_hash of the kohya file of `a` (metadata aside): A1111's "Lora hashes" of a Try it image. */
+export async function sdxlKohyaLoraHash(a: SdxlLoraAdapters): Promise<string> {
+  return addnetModelHash(sdxlKohyaTensors(a));
 }
 
 /** Writes an SDXL kohya LoRA, with its sshs_* hashes (addnet-hash.ts), to `sink` one tensor at a time, and closes it. */

@@ -34,7 +34,8 @@ import { etaText, PhaseClock } from './progress.ts';
 import type { OpenedModel, PlanSummary, RunEvent, RunHost, RunInput } from './run-host.ts';
 import { RunClock } from './timing.ts';
 import { generateTryIt, type TryItOptions, type TryItResult } from './tryit.ts';
-import { exportSdxlRun, freeSdxl, openedIsSdxl, prepareSdxlRun, tryItSdxl, type SdxlParts } from './sdxl-run.ts';
+import { exportSdxlRun, freeSdxl, openedIsSdxl, prepareSdxlRun, sdxlAdapters, tryItSdxl, type SdxlParts } from './sdxl-run.ts';
+import { sdxlKohyaLoraHash } from '../export/lora-sdxl.ts';
 import { RunError, validatePrompt, validateForModel, validateSettings, flagName, trainSettings } from './settings.ts';
 
 export type { ImageInput, MaskInput, OpenedModel, Phase, PlanSummary, RunEvent, RunHost, RunInput } from './run-host.ts';
@@ -409,7 +410,9 @@ export class TrainingRun {
       if (b.kind === 'sdxl') {
         const t = this.trainer;
         const run = { schedule: this.schedule, step: t.step, appliedSteps: t.appliedSteps, loraScale: t.loraScale, resolution: s.resolution };
-        return await t.withEmaWeights(() => tryItSdxl(this.host.gpu, b.parts, { ...run, baseName: this.opened.name, tunedName }, o));
+        // The LoRA's "Lora hashes" entry, as for SD 1/2: the sshs_model_hash of the kohya file an export would write now.
+        const tunedHash = await sdxlKohyaLoraHash(await sdxlAdapters(t, b.parts.model, { ema: s.exportEma }));
+        return await t.withEmaWeights(() => tryItSdxl(this.host.gpu, b.parts, { ...run, baseName: this.opened.name, tunedName, tunedHash }, o));
       }
       // The LoRA's "Lora hashes" entry: the sshs_model_hash of the kohya file an export would write now.
       const tunedHash = s.mode === 'lora' ? await trainedLoraHash({ trainer: this.trainer, run: this.run }) : undefined;

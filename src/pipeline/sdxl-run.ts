@@ -315,7 +315,17 @@ async function uploadPart(gpu: Gpu, source: SdxlSource, c: SdxlComponent, keep: 
 export async function tryItSdxl(
   gpu: Gpu,
   parts: SdxlParts,
-  run: { schedule: ScheduleConfig; step: number; appliedSteps: number; loraScale: number; resolution: number; baseName: string; tunedName: string },
+  run: {
+    schedule: ScheduleConfig;
+    step: number;
+    appliedSteps: number;
+    loraScale: number;
+    resolution: number;
+    baseName: string;
+    tunedName: string;
+    /** The LoRA's sshs_model_hash, for A1111's "Lora hashes". */
+    tunedHash?: string;
+  },
   o: TryItOptions,
 ): Promise<TryItResult> {
   const { model } = parts;
@@ -371,7 +381,7 @@ export async function tryItSdxl(
       sampler: 'dpm++2m',
       model: run.baseName,
     };
-    const tunedParams = formatParameters({ ...params, lora: { name: run.tunedName, strength } });
+    const tunedParams = formatParameters({ ...params, lora: { name: run.tunedName, strength, hash: run.tunedHash } });
     const baseParams = formatParameters(params);
     return {
       step: run.step,

@@ -144,6 +144,11 @@ describe('an SDXL LoRA run through the pipeline (tiny SDXL, 16 px)', () => {
     const file = await SafetensorsFile.open(new BytesSource(sink.bytes(), 'lora.safetensors'));
     assert.equal(file.metadata.ss_base_model_version, SDXL_KOHYA_VERSION);
     assert.equal(file.metadata['modelspec.architecture'], 'stable-diffusion-xl-v1-base/lora');
+    // Try it's PNG names this LoRA as A1111 does: the first 12 hex digits of the export's sshs_model_hash.
+    const hash = file.metadata.sshs_model_hash;
+    assert.match(hash, /^[0-9a-f]{64}$/);
+    assert.match(tried.tuned.parameters, new RegExp(`, Lora hashes: "[^"]+: ${hash.slice(0, 12)}"$`));
+    assert.ok(!tried.base.parameters.includes('Lora hashes'));
     const c = run.model.unet.config;
     const layout = { blocks: c.blockOutChannels.length, layersPerBlock: c.layersPerBlock, downAttention: c.downAttention, upAttention: c.upAttention };
     assert.equal(file.names.length, (trained.size / 2) * 3, 'alpha, down and up per adapted layer');
