@@ -131,10 +131,6 @@ export class Gpu {
   readonly hasTimestamps: boolean;
   /** The adapter profile (adapter.ts): every per-adapter fact the kernels branch on, built once here. */
   readonly facts: AdapterFacts;
-  /** A software adapter running compute shaders on the CPU: `facts.software`, which kernels read. */
-  get cpuAdapter(): boolean {
-    return this.facts.software;
-  }
   /** The GEMM kernel choices in force (the adapter's defaults, or what setGemmConfig was given). */
   private gemm: GemmConfig;
   /** The subgroup-matrix shape f16 GEMMs run on (tensor cores), or null: they run the SIMT kernels. */

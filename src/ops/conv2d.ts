@@ -234,7 +234,7 @@ function convGemm(
   if (tile && tileSharedBytes(tile) > gpu.device.limits.maxComputeWorkgroupStorageSize)
     throw new ShapeError(op, `tile ${JSON.stringify(tile)} needs too much workgroup memory`);
   const [tileM, tileN] = tc ? [tc.BM, tc.BN] : [tile!.BM, tile!.BN];
-  const constSizes = forced.constSizes ?? !gpu.cpuAdapter;
+  const constSizes = forced.constSizes ?? !gpu.facts.software;
   for (let n0 = 0; n0 < s.N; n0 += group) {
     const nb = Math.min(group, s.N - n0);
     const wa = mode === Mode.GradWeight ? elemWindow(gpu, srcA, n0 * perA, nb * perA) : elemWindow(gpu, srcA, 0, srcA.numel);
@@ -444,7 +444,7 @@ function colRows(s: ConvShape): number {
 function lowering(gpu: Gpu, s: ConvShape, x: Tensor, w: Tensor, opts: Conv2dOptions): Lowering {
   if (isInt8(w)) return 'implicit';
   if (opts.lowering) return opts.lowering;
-  if (!gpu.cpuAdapter || !gpu.gemmConfig.direct) return 'implicit';
+  if (!gpu.facts.software || !gpu.gemmConfig.direct) return 'implicit';
   if (opts.tile || opts.splitK !== undefined || opts.constSizes !== undefined) return 'implicit';
   const colBytes = s.N * colRows(s) * s.Ho * s.Wo * Math.max(BYTES[x.dtype], 4);
   const biggest = Math.max(colBytes, x.byteSize, s.N * s.Co * s.Ho * s.Wo * 4);
