@@ -2,6 +2,7 @@
 // channel-first spatial self-attention of the VAE's mid block. Weights by diffusers names.
 import { ShapeError } from '../gpu/errors.ts';
 import type { Tensor } from '../gpu/tensor.ts';
+import { networkWeight } from './lycoris.ts';
 import type { Ops } from './ops.ts';
 
 export type Weights = Map<string, Tensor>;
@@ -12,18 +13,19 @@ export function weight(weights: Weights, name: string): Tensor {
   return t;
 }
 
-/** GroupNorm then SiLU. */
+/** GroupNorm then SiLU, in one kernel each way (Ops.groupNormSilu). */
 export function normSilu(F: Ops, x: Tensor, weights: Weights, prefix: string, groups: number, eps: number): Tensor {
-  const n = F.groupNorm(x, weight(weights, `${prefix}.weight`), weight(weights, `${prefix}.bias`), groups, eps);
-  const y = F.act('silu', n);
-  F.release(n);
-  return y;
+  return F.groupNormSilu(x, weight(weights, `${prefix}.weight`), weight(weights, `${prefix}.bias`), groups, eps);
 }
 
 /** Conv by weight name; padding defaults to 1 for 3x3 stride-1 convs and 0 otherwise (the VAE pads itself). */
 export function conv(F: Ops, x: Tensor, weights: Weights, prefix: string, stride: 1 | 2 = 1, padding?: number): Tensor {
-  const w = weight(weights, `${prefix}.weight`);
-  return F.conv(x, w, weights.get(`${prefix}.bias`) ?? null, { stride, padding: padding ?? (w.shape[2] === 3 && stride === 1 ? 1 : 0) });
+  // A LyCORIS-adapted conv (LoCon, LoHa, LoKr) runs with its materialised weight W + ΔW (nn/lycoris.ts)
+  const adapted = networkWeight(F, weights, prefix);
+  const w = adapted ?? weight(weights, `${prefix}.weight`);
+  const y = F.conv(x, w, weights.get(`${prefix}.bias`) ?? null, { stride, padding: padding ?? (w.shape[2] === 3 && stride === 1 ? 1 : 0) });
+  if (adapted) F.release(adapted);
+  return y;
 }
 
 /**
