@@ -230,8 +230,10 @@ export function settingsFromFlags(values: ParsedFlags): RunSettings {
   return settings;
 }
 
-function exportsFrom(value: string | undefined, mode: TrainMode): ExportFormat[] {
-  if (value === undefined) return DEFAULT_EXPORTS[mode];
+function exportsFrom(value: string | undefined, mode: TrainMode, network = 'lora'): ExportFormat[] {
+  // a LyCORIS network (--network locon, loha, lokr) has one LoRA layout, kohya's (export/lycoris.ts)
+  const lycoris = mode === 'lora' && network !== 'lora';
+  if (value === undefined) return lycoris ? ['lora-kohya'] : DEFAULT_EXPORTS[mode];
   const formats = value
     .split(',')
     .map((f) => f.trim())
@@ -243,6 +245,8 @@ function exportsFrom(value: string | undefined, mode: TrainMode): ExportFormat[]
       throw new UsageError(`--export ${f} holds LoRA adapters: a --mode ${mode} run exports full-single-file or diffusers-zip`);
   }
   if (!formats.length) throw new UsageError('--export needs at least one format');
+  if (lycoris && formats.includes('lora-diffusers'))
+    throw new UsageError(`--export lora-diffusers holds plain LoRA adapters: a --network ${network} run exports lora-kohya (LyCORIS keys) or a full format`);
   return [...new Set(formats)] as ExportFormat[];
 }
 
@@ -280,7 +284,7 @@ function newRun(values: ParsedFlags): RunFile {
       model: resolve(model),
       images: resolve(images),
       prompt,
-      exports: exportsFrom(stringFlag(values, 'export'), settings.mode),
+      exports: exportsFrom(stringFlag(values, 'export'), settings.mode, settings.network),
       ...(classImages !== undefined ? { classImages: classImagesIsCount(classImages) ? classImages : resolve(classImages) } : {}),
       ...(masks !== undefined ? { masks: resolve(masks) } : {}),
       ...(tokenizer !== undefined ? { tokenizer: resolve(tokenizer) } : {}),
@@ -318,7 +322,7 @@ function readRunFile(dir: string): RunFile {
   // compact): their checkpoints resume in the mode they were made in.
   const before = { optimizer: 'adamw', master: 'fp32' } as const;
   j.settings = { ...defaultSettings(j.settings.mode), ...before, ...j.settings };
-  j.inputs.exports = exportsFrom(Array.isArray(j.inputs.exports) ? j.inputs.exports.join(',') : undefined, j.settings.mode);
+  j.inputs.exports = exportsFrom(Array.isArray(j.inputs.exports) ? j.inputs.exports.join(',') : undefined, j.settings.mode, j.settings.network);
   return j;
 }
 
@@ -346,7 +350,7 @@ function resumeRun(values: ParsedFlags): { out: string; run: RunFile } {
     // More steps extend the run from its checkpoint; fewer than it has done are refused once the checkpoint is read.
     if (run.settings.steps !== before) console.error(`--steps: the run had ${before} steps; it now runs to step ${run.settings.steps}`);
   }
-  if (values.export !== undefined) run.inputs.exports = exportsFrom(stringFlag(values, 'export'), run.settings.mode);
+  if (values.export !== undefined) run.inputs.exports = exportsFrom(stringFlag(values, 'export'), run.settings.mode, run.settings.network);
   validateSettings(run.settings);
   // Before any work: the inputs are the run's own (a record from before fingerprints gets them now).
   const i = run.inputs;

@@ -11,7 +11,9 @@ import type { DreamBoothTrainer } from '../train/trainer.ts';
 import { chunkedProvider } from '../export/chunked.ts';
 import { writeSingleFile, zipDiffusers } from '../export/full.ts';
 import { kohyaLoraHash, writeKohyaLora, writePeftLora, type LoraAdapters, type LoraInfo } from '../export/lora.ts';
+import { lycorisHash, writeLycoris, type LycorisAdapters } from '../export/lycoris.ts';
 import { mergedLoraProvider } from '../export/merge.ts';
+import { networkSpecOf } from '../train/trainable.ts';
 import { pipeToSink } from '../export/stream.ts';
 import { phaseTicker } from './progress.ts';
 import type { OpenedModel, RunEvent, RunInput } from './run-host.ts';
@@ -89,9 +91,20 @@ function trainedAdapters(r: Pick<ExportSource, 'trainer'>, values: Map<string, F
   };
 }
 
+/** A LyCORIS run's adapters (export/lycoris.ts), or null for plain LoRA. */
+function lycorisAdapters(r: Pick<ExportSource, 'trainer'>, adapters: LoraAdapters): LycorisAdapters | null {
+  const t = r.trainer;
+  const network = networkSpecOf(t.settings);
+  if (network.type === 'lora') return null;
+  const weights = (c: string) => (c === 'unet' ? t.model.weights : t.model.textEncoder?.weights);
+  return { ...adapters, network, baseShape: (c, layer) => weights(c)!.get(`${layer}.weight`)!.shape };
+}
+
 /** sshs_model_hash of the kohya LoRA an export would write now (A1111's "Lora hashes" of a Try it image). */
 export async function trainedLoraHash(r: Pick<ExportSource, 'trainer' | 'run'>): Promise<string> {
-  return kohyaLoraHash(trainedAdapters(r, await r.trainer.trainedValues({ ema: r.run.settings.exportEma })));
+  const adapters = trainedAdapters(r, await r.trainer.trainedValues({ ema: r.run.settings.exportEma }));
+  const lycoris = lycorisAdapters(r, adapters);
+  return lycoris ? lycorisHash(lycoris) : kohyaLoraHash(adapters);
 }
 
 /** Streams the trained model in `format` to `sink` (LoRA formats for LoRA runs; full formats for both). */
@@ -126,9 +139,15 @@ export async function exportRun(r: ExportSource, format: ExportFormat, sink: Byt
       startedAt: r.startedAt,
       seed: s.seed,
     };
-    await (format === 'lora-kohya' ? writeKohyaLora : writePeftLora)(sink, trainedAdapters(r, values), info);
+    const lycoris = lycorisAdapters(r, trainedAdapters(r, values));
+    if (lycoris && format === 'lora-diffusers')
+      throw new RunError(`lora-diffusers holds plain LoRA adapters: a ${lycoris.network.type} network exports lora-kohya (LyCORIS keys)`);
+    if (lycoris) await writeLycoris(sink, lycoris, info);
+    else await (format === 'lora-kohya' ? writeKohyaLora : writePeftLora)(sink, trainedAdapters(r, values), info);
     return;
   }
+  if (s.mode === 'lora' && (s.network ?? 'lora') !== 'lora')
+    throw new RunError(`${format}: merging a ${s.network} network into a full checkpoint is not implemented: export lora-kohya (LyCORIS keys)`);
   // Full formats: the trained UNet over the base's other components. A LoRA run is merged into the UNet
   // first (W + scale B A), which is what "export a full checkpoint" of a LoRA run means.
   if ([...values.keys()].some((n) => n.startsWith('text_model.')))

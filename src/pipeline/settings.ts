@@ -20,12 +20,13 @@ import { HOST_OPTIMIZERS, type HostOptimizerKind } from '../train/host-optimizer
 import { shellQuote } from './quote.ts';
 import { sdScriptOf, sdWhen } from './sdscripts-row.ts';
 import { PRIOR_SETTINGS } from './settings-prior.ts';
+import { NETWORK_SETTINGS, networkProblem, type NetworkSettings } from './settings-network.ts';
 import { preview } from '../util/describe.ts';
 
 export type { TrainMode };
 
 /** A run's settings, as the user chose them (the trainer's own settings are derived from these). */
-export interface RunSettings extends KnobSettings {
+export interface RunSettings extends KnobSettings, NetworkSettings {
   mode: TrainMode;
   steps: number;
   lr: number;
@@ -611,6 +612,7 @@ export const SETTINGS: readonly SettingSpec[] = [
   }),
   ...PRIOR_SETTINGS,
   ...KNOB_SETTINGS,
+  ...NETWORK_SETTINGS,
 ];
 
 export const SETTING_SPECS = new Map(SETTINGS.map((s) => [s.key, s])) as ReadonlyMap<SettingKey, SettingSpec>;
@@ -710,7 +712,7 @@ export function validateSettings(s: RunSettings, name: Namer = flagName): void {
       `${name('lrScheduler')} polynomial decays to ${POLYNOMIAL_LR_END}: ${name('lr')} must be above it (got ${s.lr}); raise it or choose another schedule`,
       'lrScheduler',
     );
-  const knob = knobProblem(s, name);
+  const knob = knobProblem(s, name) ?? networkProblem(s, name);
   if (knob) throw new SettingsError(knob.message, knob.key);
   if (s.priorPreservation && !s.classPrompt.trim())
     throw new SettingsError(`prior preservation needs a class prompt (${name('classPrompt')}, e.g. "a photo of a dog")`, 'classPrompt');

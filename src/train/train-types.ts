@@ -14,6 +14,7 @@ import type { AdafactorConfig } from './adafactor.ts';
 import type { HuberSchedule, LossKind } from './loss-options.ts';
 import type { CaptionOptions } from './captions.ts';
 import type { EmaSettings } from './ema.ts';
+import type { NetworkType } from '../nn/lycoris.ts';
 
 export type TrainMode = 'lora' | 'full';
 
@@ -24,6 +25,11 @@ export interface TrainSettings {
   /** LoRA rank and alpha (scale alpha / rank). */
   rank: number;
   alpha: number;
+  /** The LoRA network type (nn/lycoris.ts; absent: lora), the ResNet convs' rank and alpha, LoKr's factor. */
+  network?: NetworkType;
+  convRank?: number;
+  convAlpha?: number;
+  lokrFactor?: number;
   seed: number;
   priorLossWeight: number;
   /** Offset noise strength (0: off). */

@@ -13,7 +13,7 @@
 //   `maxConsecutiveSkips` skipped steps in a row -> TrainingStalledError (nothing is being learned)
 import type { Gpu } from '../gpu/device.ts';
 import type { DType, Tensor } from '../gpu/tensor.ts';
-import { initLora } from '../nn/lora.ts';
+import { attachNetwork } from '../nn/lycoris.ts';
 import { Tape } from '../nn/ops.ts';
 import { unetForward } from '../nn/unet.ts';
 import { ADAMW_DEFAULTS } from '../ops/adamw.ts';
@@ -32,7 +32,7 @@ import { checkConditioning, groupWeights, passConditioning } from './conditionin
 import { ChunkedAdamW } from './optimizer.ts';
 import { HostOptimizer, hostOptimizerOptions, isHostOptimizer } from './host-optimizer.ts';
 import { uploadPacked } from './optimizer-chunks.ts';
-import { textEncoderLrOf, trainableSpec } from './trainable.ts';
+import { initGroup, networkSpecOf, textEncoderLrOf, trainableSpec } from './trainable.ts';
 import { checkCheckpointMeta, validate, validateKnobs } from './trainer-checks.ts';
 import {
   TrainingStalledError,
@@ -147,7 +147,8 @@ export class DreamBoothTrainer {
       const init = loraInit ?? new Map<string, Float32Array>();
       for (const g of groups) {
         const weights = groupWeights(model, g.model);
-        if (!loraInit) for (const [n, v] of initLora(g.layers, g.base, settings.rank, { next: () => rng.uniform() })) init.set(g.prefix + n, v);
+        if (!loraInit) for (const [n, v] of initGroup(g, settings, { next: () => rng.uniform() })) init.set(g.prefix + n, v);
+        attachNetwork(weights, networkSpecOf(settings));
         for (const p of g.params) if (!init.has(p.name)) throw new Error(`LoRA init has no ${p.name}`);
         // side by side in one buffer, as the optimizer's chunks: one AdamW kernel per chunk (optimizer-chunks.ts)
         const packed = uploadPacked(gpu, g.params, (n) => init.get(n)!, dtype);

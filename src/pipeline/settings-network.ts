@@ -1,0 +1,92 @@
+// The settings schema's entries for the LoRA network type (nn/lycoris.ts): plain LoRA or the LyCORIS types LoCon,
+// LoHa and LoKr, the ResNet convs' rank and alpha, and LoKr's factor. settings.ts appends NETWORK_SETTINGS to
+// SETTINGS and checks networkProblem in validateSettings; this file imports only types from it.
+import { NETWORK_TYPES, type NetworkType } from '../nn/lycoris.ts';
+import type { Namer, RunSettings, SettingKey, SettingSpec } from './settings.ts';
+
+/** The network's fields of RunSettings. */
+export interface NetworkSettings {
+  /** lora: adapters on the attention projections; locon, loha, lokr: LyCORIS types, on the ResNet 3x3 convs too. */
+  network: NetworkType;
+  /** The convs' rank and alpha (0: the rank; 0: the conv rank, scale 1). */
+  convRank: number;
+  convAlpha: number;
+  /** LoKr's factorization factor (-1: the split closest to a square). */
+  lokrFactor: number;
+}
+
+const entry = <K extends SettingKey>(e: SettingSpec<K>): SettingSpec => e as unknown as SettingSpec;
+const lycoris = (s: RunSettings) => s.mode === 'lora' && s.network !== 'lora';
+const lycorisOnly = { test: lycoris, why: "sets the ResNet convs' adapters of a LyCORIS network: add --network locon, loha or lokr, or leave this out" };
+const noBundle = () => ({ option: null, note: "not carried: the diffusers scripts train plain LoRA only (sd-scripts: LyCORIS' lycoris.kohya module)" });
+
+export const NETWORK_SETTINGS: readonly SettingSpec[] = [
+  entry({
+    key: 'network',
+    kind: 'enum',
+    flag: 'network',
+    label: 'Network type',
+    values: NETWORK_TYPES,
+    valueLabels: { lora: 'LoRA', locon: 'LoCon (LoRA + convs)', loha: 'LoHa (Hadamard)', lokr: 'LoKr (Kronecker)' },
+    default: 'lora',
+    onlyMode: 'lora',
+    help: 'lora: the attention projections; locon, loha, lokr: the LyCORIS types (A1111 and ComfyUI load them), on the ResNet 3x3 convs too',
+    train: (v, s) => (s.mode === 'lora' && v !== 'lora' ? { network: v } : {}),
+    bundle: (s) => (s.network === 'lora' ? { option: null, note: 'LoRA' } : noBundle()),
+  }),
+  entry({
+    key: 'convRank',
+    kind: 'int',
+    flag: 'conv-rank',
+    label: 'Conv rank (0: the rank)',
+    min: 0,
+    max: 1024,
+    default: 0,
+    onlyMode: 'lora',
+    help: "rank of the ResNet 3x3 convs' adapters (LyCORIS conv_dim); 0: the LoRA rank",
+    showWhen: lycoris,
+    activeWhen: lycorisOnly,
+    train: (v, s) => (lycoris(s) ? { convRank: v || s.rank } : {}),
+    bundle: noBundle,
+  }),
+  entry({
+    key: 'convAlpha',
+    kind: 'number',
+    flag: 'conv-alpha',
+    label: 'Conv alpha (0: the conv rank)',
+    min: 0,
+    max: 100_000,
+    default: 0,
+    onlyMode: 'lora',
+    help: "alpha of the convs' adapters (scale conv alpha / conv rank, LyCORIS conv_alpha); 0: the conv rank, scale 1",
+    showWhen: lycoris,
+    activeWhen: lycorisOnly,
+    train: (v, s) => (lycoris(s) ? { convAlpha: v || s.convRank || s.rank } : {}),
+    bundle: noBundle,
+  }),
+  entry({
+    key: 'lokrFactor',
+    kind: 'int',
+    flag: 'lokr-factor',
+    label: 'LoKr factor (-1: square)',
+    min: -1,
+    max: 1024,
+    default: -1,
+    onlyMode: 'lora',
+    help: 'LoKr: split each width as factor x rest (LyCORIS factor); -1: the split closest to a square',
+    showWhen: (s) => s.mode === 'lora' && s.network === 'lokr',
+    activeWhen: { test: (s) => s.mode === 'lora' && s.network === 'lokr', why: 'is for --network lokr only: add it, or leave this out' },
+    train: (v, s) => (s.mode === 'lora' && s.network === 'lokr' ? { lokrFactor: v } : {}),
+    bundle: noBundle,
+  }),
+];
+
+/** A network setting that would do nothing as set, named (the studio's values, which are not flags). */
+export function networkProblem(s: RunSettings, name: Namer): { message: string; key: SettingKey } | null {
+  if (s.lokrFactor === 0) return { message: `${name('lokrFactor')} must be -1 or a positive whole number, got 0`, key: 'lokrFactor' };
+  if (s.mode !== 'lora' || s.network !== 'lora') return null;
+  for (const key of ['convRank', 'convAlpha'] as const)
+    if (s[key] !== 0)
+      return { message: `${name(key)} ${s[key]} sets LyCORIS conv adapters: choose ${name('network')} locon, loha or lokr, or set it to 0`, key };
+  return null;
+}
