@@ -146,7 +146,7 @@ export interface ForwardTiling {
  * exchange needs BQ x TC floats unless subgroups of at least TC lanes do it.
  */
 export function forwardTiling(gpu: Gpu, D: number, choice: AttentionKernelChoice = {}): ForwardTiling | null {
-  const limit = gpu.device.limits.maxComputeWorkgroupStorageSize;
+  const limit = gpu.facts.maxWorkgroupStorage;
   const subgroups = (choice.subgroups ?? true) && gpu.facts.subgroups && gpu.facts.subgroupMinSize >= FWD_TC;
   const prefetch = (choice.prefetch ?? !gpu.facts.software) && !prefetchRefusal(gpu);
   const D4S = Math.ceil(Math.ceil(D / 4) / FWD_TC) * FWD_TC;
@@ -179,7 +179,7 @@ const BWD_KQ = 4;
  * (BR + 1 floats per row), beside the KQ-chunk key tile must fit the device's workgroup memory; 0 where none does.
  */
 function fusedTileRows(gpu: Gpu, D: number): number {
-  const free = gpu.device.limits.maxComputeWorkgroupStorageSize - BR * BWD_KQ * 16;
+  const free = gpu.facts.maxWorkgroupStorage - BR * BWD_KQ * 16;
   const fit = Math.floor(free / (2 * 16 * Math.ceil(D / 4) + 8 + 4 * (BR + 1)));
   return fit < 4 ? 0 : Math.min(32, fit - (fit % 4));
 }

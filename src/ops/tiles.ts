@@ -53,8 +53,8 @@ export function checkTile(gpu: Gpu, t: Tile): void {
     t.BN % t.TN === 0 &&
     t.BM % 4 === 0 &&
     t.BN % 4 === 0 &&
-    (t.BM / t.TM) * (t.BN / t.TN) <= gpu.device.limits.maxComputeInvocationsPerWorkgroup &&
-    tileSharedBytes(t) <= gpu.device.limits.maxComputeWorkgroupStorageSize;
+    (t.BM / t.TM) * (t.BN / t.TN) <= gpu.facts.maxInvocationsPerWorkgroup &&
+    tileSharedBytes(t) <= gpu.facts.maxWorkgroupStorage;
   if (!ok) throw new ShapeError('matmul', `invalid tile ${JSON.stringify(t)}`);
 }
 
@@ -131,7 +131,7 @@ export const GPU_TILES: TileSet = {
 export function tilesFor(gpu: Gpu): TileSet {
   const c = gpu.gemmConfig;
   const base = c.registerBlock === 8 ? CPU_TILES : GPU_TILES;
-  const limit = gpu.device.limits.maxComputeWorkgroupStorageSize;
+  const limit = gpu.facts.maxWorkgroupStorage;
   const tune = (t: Tile): Tile => {
     const deep = { ...t, BK: c.bk };
     const sized = tileSharedBytes(deep) <= limit ? deep : t;

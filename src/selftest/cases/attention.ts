@@ -189,7 +189,7 @@ const tiledWith =
 
 /** Why the subgroup row reductions cannot run here, or null. */
 function subgroupRefusal(gpu: Gpu): string | null {
-  return forwardTiling(gpu, 40, { subgroups: true })?.subgroups ? null : `no subgroups of at least 8 lanes (min ${gpu.adapter.subgroupMinSize})`;
+  return forwardTiling(gpu, 40, { subgroups: true })?.subgroups ? null : `no subgroups of at least 8 lanes (min ${gpu.facts.subgroupMinSize})`;
 }
 
 /** One b*head of dQ scratch per dispatch: the fused backward runs in B*H slices. */
