@@ -10,7 +10,7 @@
 // without one is listed as not carried, so a setting added to the schema is never silently dropped.
 // TOML strings are basic strings with every character TOML forbids or interprets escaped (tomlString).
 import type { BundleFile, BundleInput } from './bundle.ts';
-import { shellComment, shellQuote } from './quote.ts';
+import { SCRIPT_HEAD, shellComment, shellQuote } from './quote.ts';
 import { sdScriptOf as scriptOf } from './sdscripts-row.ts';
 import { SETTINGS, type RunSettings } from './settings.ts';
 
@@ -87,7 +87,7 @@ function launch(input: BundleInput, rows: SdScriptsRow[]): string {
   const lora = s.mode === 'lora';
   const model = input.model.hubId
     ? `if [ -z "\${MODEL:-}" ]; then MODEL=${q(input.model.hubId)}; fi`
-    : `if [ -z "\${MODEL:-}" ]; then echo ${q(`set MODEL first: the Hub repo id, diffusers folder or .safetensors checkpoint of "${input.model.name}" (sd-scripts loads all three)`)} >&2; exit 2; fi`;
+    : `if [ -z "\${MODEL:-}" ]; then printf '%s\\n' ${q(`set MODEL first: the Hub repo id, diffusers folder or .safetensors checkpoint of "${input.model.name}" (sd-scripts loads all three)`)} >&2; exit 2; fi`;
   const options = [
     '--pretrained_model_name_or_path="$MODEL"',
     '--dataset_config=sd-scripts.toml',
@@ -103,7 +103,7 @@ function launch(input: BundleInput, rows: SdScriptsRow[]): string {
     ...rows.map((r) => r.option).filter((o): o is string => o !== null),
   ];
   return [
-    '#!/usr/bin/env bash',
+    ...SCRIPT_HEAD,
     `# DreamBooth Studio job for kohya sd-scripts ${SD_SCRIPTS_TARGET}: ${lora ? 'LoRA' : 'full'} DreamBooth of ${shellComment(input.prompt)}`,
     '# SD 2.x: pass --v2 (and --v_parameterization for 768-v models) as extra arguments, e.g. ./train-sd-scripts.sh --v2',
     'set -euo pipefail',

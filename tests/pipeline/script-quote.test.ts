@@ -138,6 +138,61 @@ void describe('train.sh: every typed value is one quoted word', () => {
   });
 });
 
+/** Debian's shellcheck, installed into the project by scripts/setup-shellcheck.sh (scripts/ensure-deps.sh runs it). */
+const SHELLCHECK = join(import.meta.dirname, '..', '..', '.local', 'shellcheck', 'run');
+
+/** Runs shellcheck (every severity, style included) on `files`; its gcc-format report. */
+function shellcheck(files: string[]): { status: number | null; report: string } {
+  assert.ok(existsSync(SHELLCHECK), `${SHELLCHECK} is missing: run bash scripts/setup-shellcheck.sh (scripts/ensure-deps.sh runs it)`);
+  const r = spawnSync(SHELLCHECK, ['--severity=style', '--format=gcc', ...files], { encoding: 'utf8' });
+  return { status: r.status, report: `${r.stdout}${r.stderr}` };
+}
+
+void describe('shellcheck: every generated script is clean with every hostile string', () => {
+  void it('train.sh and train-sd-scripts.sh (LoRA and full; hub, single-file and folder models) report nothing', () => {
+    const dir = tmp();
+    const paths: string[] = [];
+    const models = (s: string) => [
+      { kind: 'hub' as const, name: s, hubId: s, revision: s },
+      { kind: 'single-file' as const, name: s },
+      { kind: 'diffusers' as const, name: s },
+    ];
+    // Every string with each model kind (the MODEL line differs); LoRA and full options alternate (each is one word either way).
+    HOSTILE.forEach((s, i) => {
+      const mode = i % 2 ? 'full' : 'lora';
+      for (const model of models(s)) {
+        const files = jobBundle(
+          {
+            prompt: s,
+            images: [{ name: `${s}.png`, image: photo(1), caption: s }],
+            classImages: [{ name: `${s}-0.png`, image: photo(2) }],
+            settings: { ...defaultSettings(mode), resolution: 16, priorPreservation: true, classPrompt: s, sampleEvery: 10, samplePrompt: s },
+            model,
+          },
+          png,
+        );
+        const scripts = files.filter((f) => f.executable || /\.(sh|bash)$/.test(f.path) || String(f.data).startsWith('#!/usr/bin/env bash'));
+        assert.deepEqual(scripts.map((f) => f.path).sort(), ['train-sd-scripts.sh', 'train.sh'], "the bundle's shell scripts");
+        for (const f of scripts) {
+          const path = join(dir, `${i}-${mode}-${model.kind}-${f.path}`);
+          writeFileSync(path, f.data);
+          paths.push(path);
+        }
+      }
+    });
+    const r = shellcheck(paths);
+    assert.equal(r.status, 0, `shellcheck reports:\n${r.report.slice(0, 4000)}`);
+  });
+
+  void it('the check can fail: an unquoted expansion in a script is reported (SC2086)', () => {
+    const path = join(tmp(), 'bad.sh');
+    writeFileSync(path, '#!/usr/bin/env bash\nname=$1\necho $name\n');
+    const r = shellcheck([path]);
+    assert.equal(r.status, 1, r.report);
+    assert.match(r.report, /SC2086/);
+  });
+});
+
 /** Every option sd-scripts' train_network.py / train_db.py parse that the bundle writes (library/train_util.py, train_network.py). */
 const SD_SCRIPTS_OPTIONS = new Set(
   (
