@@ -110,6 +110,11 @@ export class Allocator {
    * them (Gpu's bind groups). Destroyed buffers are never handed out again.
    */
   onEvict: ((buffers: GPUBuffer[]) => void) | null = null;
+  /**
+   * How an evicted buffer is destroyed when the caller names no other way: the owner (Gpu) defers it past the
+   * submit of the commands being recorded, which may still use it (a budget's makeRoom evicts mid-recording).
+   */
+  destroyEvicted: (buffer: GPUBuffer) => void = (b) => b.destroy();
 
   /**
    * `dryRun`: account every byte but back each allocation with a 4-byte buffer (memory planning: the
@@ -203,7 +208,7 @@ export class Allocator {
       if (this.poolBytes <= keepBytes) break;
     }
     this.onEvict?.(evicted);
-    for (const b of evicted) (defer ?? ((x: GPUBuffer) => x.destroy()))(b);
+    for (const b of evicted) (defer ?? this.destroyEvicted)(b);
   }
 
   /** Out-of-memory errors of alloc() calls since the last take; the pool is emptied when there are any. */

@@ -196,6 +196,7 @@ export class Gpu {
     this.gemm = { ...this.facts.gemmDefaults };
     this.allocator = new Allocator(device, device.limits.maxBufferSize, this.dryRun, this.encodesDryRun);
     this.allocator.onEvict = () => this.bindGroups.clear();
+    this.allocator.destroyEvicted = (b) => (this.encoder ? this.afterSubmit.push(b) : b.destroy());
     void device.lost.then((info) => {
       this.lost = new GpuDeviceLostError(info.reason ?? 'unknown', info.message || 'no message');
       for (const l of this.lostListeners) l(this.lost);
@@ -395,7 +396,7 @@ export class Gpu {
 
   /** Destroys the pool's idle buffers (memory back to the device; the next step recreates what it needs). */
   trimPool(): void {
-    this.allocator.trimPool(0, this.encoder ? (b) => this.afterSubmit.push(b) : undefined);
+    this.allocator.trimPool(0);
     for (const stack of this.stagingPool.values()) for (const b of stack.splice(0)) b.destroy();
   }
 

@@ -111,6 +111,31 @@ describe('caching allocator', () => {
     gpu.free(big);
     gpu.destroy();
   });
+
+  it('reserveLimit: a buffer evicted while recorded commands still read it is destroyed only after their submit', async () => {
+    // A training run under a tight --budget evicts mid-step: destroying at once made the next submit fail
+    // validation ("used in submit while destroyed").
+    const gpu = await nodeGpu({ poison: false });
+    const al = gpu.allocator;
+    gpu.trimPool();
+    const n = MiB / 4;
+    const x = gpu.upload(
+      Array.from({ length: n }, (_, i) => i % 7),
+      [n],
+      'f32',
+    );
+    await gpu.sync();
+    al.reserveLimit = al.report().reserved + 2 * MiB;
+    const y = add(gpu, x, x); // recorded, not submitted: reads x
+    gpu.free(x); // x's buffer idles in the pool while y's dispatch still names it
+    const evicted = al.poolStats.evicted;
+    const big = gpu.tensor([(2 * MiB) / 4], 'f32', 'scratch'); // a new class: room is made by evicting x's buffer
+    assert.ok(al.poolStats.evicted > evicted, 'the idle buffer was evicted while the add was only recorded');
+    const got = await gpu.read(y);
+    for (const i of [0, 1, 6, n - 1]) assert.equal(got[i], 2 * (i % 7), `y[${i}] = 2 x[${i}]`);
+    gpu.free(y, big);
+    gpu.destroy();
+  });
 });
 
 /**

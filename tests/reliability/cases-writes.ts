@@ -313,7 +313,15 @@ export const WRITE_CASES: Case[] = [
         (ws: Workspace) => newRun(ws, '--rank', '64'),
       ],
       ['--resolution 30 on a model of factor 4', /--resolution 30 does not suit this model/, (ws: Workspace) => newRun(ws, '--resolution', '30')],
-      ['--budget 1MiB', /needs at least [\d.]+ MiB of GPU memory .* the budget is 1\.00 MiB/, (ws: Workspace) => newRun(ws, '--budget', '1MiB')],
+      [
+        '--budget 1MiB with --base-weights f16',
+        /needs at least [\d.]+ MiB of GPU memory .* the budget is 1\.00 MiB/,
+        (ws: Workspace) => {
+          const run = newRun(ws, '--budget', '1MiB');
+          run.args.push('--base-weights', 'f16'); // auto would store the base in int8 and fit
+          return run;
+        },
+      ],
     ] as const
   ).map(([what, message, make]): Case => ({
     name: `a new run refused for ${what} leaves no folder (the corrected retry is not "another run")`,
