@@ -44,16 +44,19 @@ export class Tape {
   private readonly records: (() => void)[] = [];
   /** Tensors made outside a recorded op that the backward still reads (freed when it ends). */
   private readonly kept: Tensor[] = [];
-  /** Gradient of each tensor that received one (activations are freed as they are consumed). */
-  readonly grads = new Map<Tensor, Tensor>();
+  /**
+   * Gradient of each tensor that received one (activations are freed as they are consumed). A checkpointed
+   * segment's sub-tape shares its parent's map (see `child`).
+   */
+  readonly grads: Map<Tensor, Tensor>;
   /**
    * Each trainable weight's first use in the forward: the index of the first record that reads it.
    * Records run in reverse, so once that record has run no later one touches the weight: its gradient
    * is final (backwardFused hands it over then).
    */
   private readonly firstUse = new Map<Tensor, number>();
-  /** Weights whose gradient backwardFused has handed over (a gradient reaching one after that is a bug). */
-  private readonly handed = new Set<Tensor>();
+  /** Weights whose gradient backwardFused has handed over (a gradient reaching one after that is a bug; shared with `child`). */
+  private readonly handed: Set<Tensor>;
   /**
    * Tensors whose gradient reaches no trainable tensor (requires_grad false, as PyTorch propagates it):
    * inputs declared by `noGrad` and every output of a recorded op whose inputs are all frozen or in here.
@@ -83,16 +86,30 @@ export class Tape {
   constructor(
     private readonly gpu: Gpu,
     readonly trainable: ReadonlySet<Tensor> | null = null,
-    opts: { prune?: boolean; constants?: WeakSet<Tensor>; shared?: Map<Allocation, number> } = {},
+    opts: { prune?: boolean; constants?: WeakSet<Tensor>; shared?: Map<Allocation, number>; grads?: Map<Tensor, Tensor>; handed?: Set<Tensor> } = {},
   ) {
+    this.grads = opts.grads ?? new Map();
+    this.handed = opts.handed ?? new Set();
     this.prune = opts.prune ?? true;
     this.constants = opts.constants ?? new WeakSet();
     this.shared = opts.shared ?? new Map();
   }
 
-  /** A tape for a checkpointed segment's re-run: same trainable set, constants and shared buffers. */
+  /**
+   * A tape for a checkpointed segment's re-run: same trainable set, constants, shared buffers and gradients.
+   * Sharing the gradient map makes the re-run's backward sum each gradient in the plain tape's order: a
+   * segment input that already holds a gradient (a skip connection's, from later in the forward) gets the
+   * segment's contributions added one by one, ((s + a) + b), as without checkpointing, not s + (a + b); floating
+   * point addition is not associative, so a private map would change the bits.
+   */
   child(): Tape {
-    const sub = new Tape(this.gpu, this.trainable, { prune: this.prune, constants: this.constants, shared: this.shared });
+    const sub = new Tape(this.gpu, this.trainable, {
+      prune: this.prune,
+      constants: this.constants,
+      shared: this.shared,
+      grads: this.grads,
+      handed: this.handed,
+    });
     sub.slots = this.slots;
     return sub;
   }
@@ -302,8 +319,8 @@ export class Ops {
 
   /**
    * Activation checkpointing: runs `fn` without recording (its temporaries are freed at once) and
-   * keeps only its inputs; the backward re-runs `fn` on the same inputs under a fresh tape and
-   * backpropagates through that, handing the inputs' and weights' gradients to the outer tape.
+   * keeps only its inputs; the backward re-runs `fn` on the same inputs under a fresh tape that shares the
+   * outer tape's gradients (`child`) and backpropagates through that, so every gradient has the plain backward's bits.
    * Trades one extra forward of the segment for its activations. `fn` must not free its inputs.
    */
   checkpoint(fn: (F: Ops) => Tensor): Tensor {
@@ -317,8 +334,6 @@ export class Ops {
       const sub = tape.child();
       const y2 = fn(new Ops(this.gpu, sub));
       sub.backward(y2, dy);
-      for (const [t, g] of sub.grads) tape.acc(t, g);
-      sub.grads.clear();
     });
     return y;
   }

@@ -32,6 +32,18 @@ describe('UNet parameter gradients (tiny) vs PyTorch', () => {
           const inT = gpu.upload(g('timestep').data, [2], 'f32');
           const inCtx = gpu.upload(g('encoder_hidden_states').data, g('encoder_hidden_states').shape, dtype);
           const target = gpu.upload(golden.get('target')!.data, golden.get('target')!.shape, dtype);
+          // With checkpointing, the plain backward's gradients first: the re-run segments must give their bits.
+          const plain = new Map<string, Uint8Array>();
+          if (checkpointing) {
+            const tape = new Tape(gpu);
+            const out = unetForward(gpu, cfg, weights, inSample, inT, inCtx, tape, 1, false);
+            tape.backward(out, mseLossBackward(gpu, out, target));
+            for (const [wname, wt] of weights) {
+              const grad = tape.grads.get(wt)!;
+              plain.set(wname, new Uint8Array(await gpu.readBytes(grad.buffer, grad.byteOffset, grad.byteSize)));
+            }
+            tape.dropGrads();
+          }
           const before = gpu.allocator.report().current;
           const liveBefore = new Set(gpu.allocator.liveAllocations());
           const tape = new Tape(gpu);
@@ -40,6 +52,17 @@ describe('UNet parameter gradients (tiny) vs PyTorch', () => {
           const loss = await gpu.read(lossT);
           gpu.free(lossT);
           tape.backward(out, mseLossBackward(gpu, out, target));
+          if (checkpointing) {
+            // Bit for bit, not within a tolerance: a segment input that already holds a gradient (a down block's
+            // output, from the up block's skip concat) must get the segment's contributions in the plain order.
+            const differ: string[] = [];
+            for (const [wname, wt] of weights) {
+              const grad = tape.grads.get(wt)!;
+              const got = new Uint8Array(await gpu.readBytes(grad.buffer, grad.byteOffset, grad.byteSize));
+              if (!Buffer.from(got).equals(Buffer.from(plain.get(wname)!))) differ.push(wname);
+            }
+            assert.deepEqual(differ, [], `gradients that differ from the plain backward's bits: ${differ.length} of ${weights.size}`);
+          }
           const checks: Check[] = [compare('loss', loss, golden.get('loss')!.data, dtype === 'f32' ? { atol: 1e-6, rtol: 1e-4 } : { atol: 1e-3, rtol: 1e-2 })];
           const k = dtype === 'f32' ? 1e-4 : 1e-2;
           let count = 0;
