@@ -84,6 +84,12 @@ export const NETWORK_SETTINGS: readonly SettingSpec[] = [
 /** A network setting that would do nothing as set, named (the studio's values, which are not flags). */
 export function networkProblem(s: RunSettings, name: Namer): { message: string; key: SettingKey } | null {
   if (s.lokrFactor === 0) return { message: `${name('lokrFactor')} must be -1 or a positive whole number, got 0`, key: 'lokrFactor' };
+  // A LyCORIS layer runs with W + s·ΔW, written into the frozen weight's own tensor: that tensor must stay f16.
+  if (s.mode === 'lora' && s.network !== 'lora' && s.baseWeights === 'int8')
+    return {
+      message: `${name('baseWeights')} int8 cannot hold the weights ${name('network')} ${s.network} adds its delta to: use ${name('baseWeights')} f16 or auto, or ${name('network')} lora`,
+      key: 'baseWeights',
+    };
   if (s.mode !== 'lora' || s.network !== 'lora') return null;
   for (const key of ['convRank', 'convAlpha'] as const)
     if (s[key] !== 0)

@@ -378,7 +378,8 @@ export interface BasePlan extends Plan {
 /**
  * The planner under a base-weight choice: 'f16' or 'int8' as asked; 'auto' keeps f16 when it fits the budget and
  * otherwise plans int8 (frozen weights at about half the bytes), keeping it when it fits or needs less. Full
- * fine-tuning trains every weight, so it is always f16 (asking for int8 there is refused by the settings).
+ * fine-tuning trains every weight, and a LyCORIS network adds its delta into the base weights, so both are always f16
+ * (asking for int8 there is refused by the settings).
  */
 export async function planBaseWeights(
   makeGpu: () => Promise<Gpu>,
@@ -389,11 +390,18 @@ export async function planBaseWeights(
   choice: BaseWeights | 'auto',
 ): Promise<BasePlan> {
   const run = (baseWeights: BaseWeights) => planTraining(makeGpu, { ...model, baseWeights }, dataShape, settings, budgetBytes);
-  if (settings.mode !== 'lora' || choice === 'f16')
+  // A LyCORIS network adds its delta into the frozen weight's tensor (nn/lycoris.ts), which int8 cannot hold.
+  const lycoris = settings.network !== undefined && settings.network !== 'lora';
+  if (settings.mode !== 'lora' || choice === 'f16' || lycoris)
     return {
       ...(await run('f16')),
       baseWeights: 'f16',
-      baseWeightsReason: choice === 'f16' ? 'f16 base weights as asked' : 'full fine-tuning trains every weight: f16',
+      baseWeightsReason:
+        choice === 'f16'
+          ? 'f16 base weights as asked'
+          : lycoris
+            ? `--network ${settings.network} adds its delta into the base weights: f16`
+            : 'full fine-tuning trains every weight: f16',
     };
   if (choice === 'int8') return { ...(await run('int8')), baseWeights: 'int8', baseWeightsReason: 'int8 base weights as asked' };
   const f16 = await run('f16');

@@ -264,6 +264,15 @@ export const CASES: Case[] = [
     message,
     notOut: NO_STEP,
   })),
+  {
+    // Trained into a WebGPU validation error before: LyCORIS adds its delta into the int8 weight's buffer.
+    name: 'int8 base weights under a LyCORIS network',
+    before: 'wrong',
+    args: (ws) => train(ws, '--network', 'loha', '--base-weights', 'int8'),
+    code: 1,
+    message: /--base-weights int8 cannot hold the weights --network loha adds its delta to: use --base-weights f16 or auto, or --network lora/,
+    notOut: NO_STEP,
+  },
   // ---- end of the issue 46 item 5 block ------------------------------------------------------------------
   { name: 'rank 100000', before: 'unclear', args: (ws) => withFlag(ws, '--rank', '100000'), code: 1, message: /--rank must be from 1 to 1024, got 100000/ },
   {

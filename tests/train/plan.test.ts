@@ -16,7 +16,16 @@ import { unetConfigFromJson } from '../../src/nn/unet.ts';
 import { SD_SCHEDULE } from '../../src/sample/schedulers.ts';
 import { MemoryChunkStore, type ChunkStore } from '../../src/store/chunkstore.ts';
 import { DryRunChunkStore } from '../../src/store/dryrun-store.ts';
-import { dryRunPeak, optimizerChunkCount, planTraining, trainableShapes, type Plan, type PlanDataShape, type PlanModel } from '../../src/train/plan.ts';
+import {
+  dryRunPeak,
+  optimizerChunkCount,
+  planBaseWeights,
+  planTraining,
+  trainableShapes,
+  type Plan,
+  type PlanDataShape,
+  type PlanModel,
+} from '../../src/train/plan.ts';
 import { DreamBoothTrainer, type TrainSettings } from '../../src/train/trainer.ts';
 import { FIXTURES } from '../helpers.ts';
 import { base, fixture, makeTrainer } from './tiny-trainer.ts';
@@ -303,6 +312,23 @@ describe('training planner (tiny UNet)', () => {
         gpu.destroy();
       }
     });
+
+  it('base weights auto: f16 when it fits, int8 when only int8 fits; a LyCORIS network keeps f16 (it adds into them)', async () => {
+    const m = model('lora', 'f16');
+    const lora = settingsOf('lora');
+    // An impossible budget reports each choice's smallest placement (checkpointing, everything streamed).
+    const f16 = await planBaseWeights(dryGpu, m, dataShape, lora, 1, 'f16');
+    const int8 = await planBaseWeights(dryGpu, m, dataShape, lora, 1, 'int8');
+    assert.ok(int8.neededBytes! < f16.neededBytes!, `int8 needs less (${int8.neededBytes} vs ${f16.neededBytes})`);
+    const between = Math.round((int8.neededBytes! + f16.neededBytes!) / 2); // f16 does not fit, int8 does
+    const auto = await planBaseWeights(dryGpu, m, dataShape, lora, between, 'auto');
+    assert.equal(auto.baseWeights, 'int8', auto.baseWeightsReason);
+    assert.ok(auto.fits);
+    assert.equal((await planBaseWeights(dryGpu, m, dataShape, lora, 1e12, 'auto')).baseWeights, 'f16', 'f16 when it fits');
+    const loha = await planBaseWeights(dryGpu, m, dataShape, { ...lora, network: 'loha' }, between, 'auto');
+    assert.equal(loha.baseWeights, 'f16');
+    assert.match(loha.baseWeightsReason, /--network loha adds its delta into the base weights: f16/);
+  });
 
   it('refuses a Gpu that is not a dry run', async () => {
     await assert.rejects(
