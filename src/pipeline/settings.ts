@@ -5,14 +5,15 @@
 // (ui/studio/AdvancedForm.tsx), the run pipeline turns it into the trainer's settings (trainSettings), and
 // TRAIN_DEFAULTS are its defaults plus the engine's own (ENGINE_DEFAULTS). Adding a training option means
 // adding an entry here and using it where it acts (the trainer reads its TrainSettings field). The entries of
-// prior preservation and of the trainer's knobs are in settings-prior.ts and settings-knobs.ts.
+// prior preservation, the learning-rate schedule, the network type and the trainer's knobs are in settings-prior.ts,
+// settings-schedule.ts, settings-network.ts and settings-knobs.ts.
 //
 // Validation has two stages, both before any image is decoded or encoded:
 //   validateSettings(s)         types and ranges that need nothing but the values;
 //   validateForModel(s, model)  what needs the model's shape (LoRA rank against the layer widths, the
 //                               resolution against the VAE and UNet down-sampling factor).
 import { MASTER_KINDS, OPTIMIZER_KINDS, type MasterKind, type OptimizerKind } from '../train/packed-state.ts';
-import { effectiveScheduler, LR_SCHEDULERS, POLYNOMIAL_LR_END, type LrScheduler } from '../train/lr-schedule.ts';
+import { POLYNOMIAL_LR_END, type LrScheduler } from '../train/lr-schedule.ts';
 import { ENGINE_DEFAULTS, type TrainMode, type TrainSettings } from '../train/trainer.ts';
 import { formatBytes, parseBytes } from '../util/bytes.ts';
 import { adafactorRelative, KNOB_SETTINGS, knobProblem, optimizerArgs, type KnobSettings } from './settings-knobs.ts';
@@ -20,6 +21,7 @@ import { HOST_OPTIMIZERS, type HostOptimizerKind } from '../train/host-optimizer
 import { shellQuote } from './quote.ts';
 import { sdScriptOf, sdWhen } from './sdscripts-row.ts';
 import { PRIOR_SETTINGS } from './settings-prior.ts';
+import { SCHEDULE_SETTINGS } from './settings-schedule.ts';
 import { NETWORK_SETTINGS, networkProblem, type NetworkSettings } from './settings-network.ts';
 import { preview } from '../util/describe.ts';
 
@@ -218,66 +220,7 @@ export const SETTINGS: readonly SettingSpec[] = [
     }),
     sdScripts: (s) => ({ option: `--learning_rate=${s.lr}` }),
   }),
-  entry({
-    key: 'lrWarmup',
-    kind: 'int',
-    flag: 'lr-warmup',
-    label: 'Warm-up steps (the rate rises linearly from 0)',
-    unit: 'steps',
-    min: 0,
-    max: 1_000_000,
-    default: 0,
-    help: 'linear warm-up of the learning rate over N steps (0: none); at most --steps',
-    train: (v) => ({ lrWarmup: v }),
-    bundle: (s) => ({ option: `--lr_warmup_steps=${s.lrWarmup}` }),
-    sdScripts: (s) => ({ option: `--lr_warmup_steps=${s.lrWarmup}` }),
-  }),
-  entry({
-    key: 'lrScheduler',
-    kind: 'enum',
-    flag: 'lr-scheduler',
-    label: 'Rate schedule',
-    values: LR_SCHEDULERS,
-    default: 'constant',
-    help: "the learning rate over the run, after --lr-warmup (transformers' formulas): constant (with a warm-up: constant_with_warmup), linear or cosine (to 0), cosine_with_restarts (--lr-cycles), polynomial (--lr-power, to 1e-7)",
-    train: (v) => ({ lrScheduler: v }),
-    bundle: (s) => ({ option: `--lr_scheduler=${effectiveScheduler(s.lrScheduler, s.lrWarmup)}` }),
-    sdScripts: (s) => ({ option: `--lr_scheduler=${effectiveScheduler(s.lrScheduler, s.lrWarmup)}` }),
-  }),
-  entry({
-    key: 'lrCycles',
-    kind: 'int',
-    flag: 'lr-cycles',
-    label: 'Schedule restarts',
-    min: 1,
-    max: 1000,
-    default: 1,
-    help: 'cosine_with_restarts: the number of hard restarts (num_cycles)',
-    showWhen: (s) => s.lrScheduler === 'cosine_with_restarts',
-    activeWhen: { test: (s) => s.lrScheduler === 'cosine_with_restarts', why: 'is for --lr-scheduler cosine_with_restarts only: add it, or leave this out' },
-    train: (v) => ({ lrCycles: v }),
-    bundle: (s) =>
-      s.lrScheduler === 'cosine_with_restarts' ? { option: `--lr_num_cycles=${s.lrCycles}` } : { option: null, note: 'not used: cosine_with_restarts only' },
-    sdScripts: (s) =>
-      s.lrScheduler === 'cosine_with_restarts'
-        ? { option: `--lr_scheduler_num_cycles=${s.lrCycles}` }
-        : { option: null, note: 'not used: cosine_with_restarts only' },
-  }),
-  entry({
-    key: 'lrPower',
-    kind: 'number',
-    flag: 'lr-power',
-    label: 'Schedule decay power',
-    min: 0.01,
-    max: 100,
-    default: 1,
-    help: 'polynomial: the power of the decay (1: linear to 1e-7)',
-    showWhen: (s) => s.lrScheduler === 'polynomial',
-    activeWhen: { test: (s) => s.lrScheduler === 'polynomial', why: 'is for --lr-scheduler polynomial only: add it, or leave this out' },
-    train: (v) => ({ lrPower: v }),
-    bundle: (s) => (s.lrScheduler === 'polynomial' ? { option: `--lr_power=${s.lrPower}` } : { option: null, note: 'not used: polynomial only' }),
-    sdScripts: (s) => (s.lrScheduler === 'polynomial' ? { option: `--lr_scheduler_power=${s.lrPower}` } : { option: null, note: 'not used: polynomial only' }),
-  }),
+  ...SCHEDULE_SETTINGS,
   entry({
     key: 'rank',
     kind: 'int',

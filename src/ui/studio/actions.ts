@@ -3,7 +3,8 @@
 // exports all happen in the worker.
 import * as Comlink from 'comlink';
 import { centerCrop, MAX_IMAGES, type CropBox } from '../../io/image.ts';
-import { browserDecoder, checkMask, checkPhoto, type PhotoDecoder } from './photo-check.ts';
+import { browserDecoder, captionOf, checkMask, checkPhoto, type PhotoDecoder } from './photo-check.ts';
+import { download, thumbnailOf } from './blobs.ts';
 import { splitMasks, stemOf } from './mask-files.ts';
 import { storagePersistence } from '../../store/idb-store.ts';
 import { SHIPPED_DEMO_RESOLUTION } from '../../models/shipped-demo.ts';
@@ -216,21 +217,6 @@ export async function addPhotos(all: File[], which: 'photos' | 'classPhotos' = '
   }
   if (split.masks.length || captionFiles.length) S().set({ photoErrors: [...errors] });
   void saveProject().then(refreshRuns);
-}
-
-/** A caption file's first line (kohya reads only that), or why it is refused: not UTF-8 text, or empty. */
-async function captionOf(f: File, photo: string): Promise<{ caption: string } | { error: string }> {
-  const bytes = new Uint8Array(await f.arrayBuffer());
-  let text: string;
-  try {
-    if (bytes.includes(0)) throw new Error('binary');
-    text = new TextDecoder('utf-8', { fatal: true }).decode(bytes);
-  } catch {
-    return { error: `${f.name} is not UTF-8 text: not used as the caption of ${photo} (save it as UTF-8, or type the caption under the photo)` };
-  }
-  const caption = text.split(/\r?\n/)[0].trim();
-  if (!caption) return { error: `${f.name} is empty: ${photo} keeps the prompt (write its caption on the first line, or type it under the photo)` };
-  return { caption };
 }
 
 export function removePhoto(id: string, which: 'photos' | 'classPhotos' = 'photos'): void {
@@ -586,21 +572,6 @@ export async function exportRun(format: ExportFormat): Promise<void> {
 
 // ---- the runs kept in this browser (issue 15, "Runs"; ui/studio/runs.ts, Runs.tsx) ---------------------------
 
-/** A small PNG of `blob` (at most 64 px a side) for the runs list; null where the browser cannot draw it. */
-async function thumbnailOf(blob: Blob): Promise<Blob | null> {
-  try {
-    const bmp = await createImageBitmap(blob);
-    const scale = Math.min(1, 64 / Math.max(bmp.width, bmp.height));
-    const [w, h] = [Math.max(1, Math.round(bmp.width * scale)), Math.max(1, Math.round(bmp.height * scale))];
-    const canvas = new OffscreenCanvas(w, h);
-    canvas.getContext('2d')!.drawImage(bmp, 0, 0, w, h);
-    bmp.close();
-    return await canvas.convertToBlob({ type: 'image/png' });
-  } catch {
-    return null;
-  }
-}
-
 /** Draws the open run's thumbnail again when its source changed (a new last sample, another first photo). */
 async function updateThumb(): Promise<void> {
   const st = S();
@@ -731,18 +702,6 @@ export async function deleteRun(id: string): Promise<void> {
 }
 
 // ---- outgrowing the tab (issue 17): a job bundle out, results trained elsewhere back in --------------------
-
-/** Downloads a Blob under `name` (an <a download> click). */
-function download(blob: Blob, name: string): void {
-  const url = URL.createObjectURL(blob);
-  const a = document.createElement('a');
-  a.href = url;
-  a.download = name;
-  document.body.append(a);
-  a.click();
-  a.remove();
-  setTimeout(() => URL.revokeObjectURL(url), 60_000);
-}
 
 /**
  * The page's current run (prompt, settings, photos with their crops and captions, class photos) as a job

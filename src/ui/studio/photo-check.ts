@@ -76,3 +76,18 @@ async function maskAsAlpha(blob: Blob): Promise<Blob | null> {
   ctx.putImageData(img, 0, 0);
   return c.convertToBlob({ type: 'image/png' });
 }
+
+/** A caption file's first line (kohya reads only that), or why it is refused: not UTF-8 text, or empty. */
+export async function captionOf(f: File, photo: string): Promise<{ caption: string } | { error: string }> {
+  const bytes = new Uint8Array(await f.arrayBuffer());
+  let text: string;
+  try {
+    if (bytes.includes(0)) throw new Error('binary');
+    text = new TextDecoder('utf-8', { fatal: true }).decode(bytes);
+  } catch {
+    return { error: `${f.name} is not UTF-8 text: not used as the caption of ${photo} (save it as UTF-8, or type the caption under the photo)` };
+  }
+  const caption = text.split(/\r?\n/)[0].trim();
+  if (!caption) return { error: `${f.name} is empty: ${photo} keeps the prompt (write its caption on the first line, or type it under the photo)` };
+  return { caption };
+}
