@@ -8,24 +8,14 @@ dest="$root/.local/mesa"
 stamp="$dest/.installed-v1"
 [ -f "$stamp" ] && exit 0
 
-work="$root/.local/apt"
-mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/debs"
-cat > "$work/sources.list" <<SRC
-deb http://deb.debian.org/debian bookworm main
-deb http://deb.debian.org/debian bookworm-updates main
-deb http://deb.debian.org/debian bookworm-backports main
-SRC
-o=(-o "Dir::Etc::SourceList=$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
-   -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o APT::Sandbox::User=root)
+# shellcheck source=scripts/apt-local.sh
+source "$root/scripts/apt-local.sh"
 echo "[setup-lavapipe] fetching Mesa lavapipe from bookworm-backports into .local/mesa"
-apt-get "${o[@]}" -qq update
 pkgs=(mesa-vulkan-drivers/bookworm-backports libdrm2/bookworm-backports libdrm-amdgpu1/bookworm-backports
       libvulkan1 libllvm15 libwayland-client0 libx11-xcb1 libxcb-dri3-0 libxcb-present0 libxcb-randr0
       libxcb-shm0 libxcb-sync1 libxcb-xfixes0 libxshmfence1 libz3-4 libedit2 libffi8 libxml2 libicu72
       libbsd0 libmd0 libelf1 libexpat1 libzstd1)
-(cd "$work/debs" && rm -f ./*.deb && apt-get "${o[@]}" -qq download "${pkgs[@]}")
-rm -rf "$dest" && mkdir -p "$dest"
-for f in "$work/debs"/*.deb; do dpkg -x "$f" "$dest"; done
+apt_local_install "$dest" mesa "${pkgs[@]}"
 lib="$dest/usr/lib/x86_64-linux-gnu"
 # An ICD file with an absolute library path, so nothing depends on the loader's search path.
 cat > "$dest/lvp_icd.json" <<ICD
