@@ -13,6 +13,7 @@ import { readSafetensors } from '../src/io/safetensors.ts';
 import { clipParams, SD15, unetParams, vaeParams, type ParamShapes } from '../src/models/shapes.ts';
 import { clipTextForward } from '../src/nn/clip.ts';
 import { SDXL_BASE, sdxlTextEncoder2Params } from '../src/models/sdxl.ts';
+import { sdxlPlanRows } from './sdxl-rows.ts';
 import { sdxlTextEncode } from '../src/nn/sdxl.ts';
 import { Tape } from '../src/nn/ops.ts';
 import { unetConfigFromJson, unetForward, type UnetConfig } from '../src/nn/unet.ts';
@@ -165,6 +166,9 @@ const real = process.argv.includes('--real');
 const rows = await sd15(dtype, !real);
 // SDXL's sizes are only planned here (a real run needs a GPU with some 30 GiB for the kept-activations row).
 const sdxlRows = await sdxl(dtype, true);
+// SDXL LoRA training at 1024 px, f16 and int8 base weights, as the planner places it (bench/sdxl-rows.ts, dry runs).
+console.log('SDXL LoRA rank 16 at 1024 px, batch 1, training step as planned (dry run) by base-weight storage:');
+const sdxlLora = await sdxlPlanRows();
 const measured = await tiny(false);
 const planned = await tiny(true);
 console.log(`SD 1.5 at 512 px, ${dtype} weights and activations (${real ? 'measured on a real run' : 'planned by a dry run of the real code'}):`);
@@ -189,7 +193,7 @@ mkdirSync(dirname(out), { recursive: true });
 writeFileSync(
   out,
   JSON.stringify(
-    { date: new Date().toISOString(), dtype, real, sd15: rows, sdxl: sdxlRows, tiny: { measuredPeakBytes: measured, plannedPeakBytes: planned } },
+    { date: new Date().toISOString(), dtype, real, sd15: rows, sdxl: sdxlRows, sdxlLora, tiny: { measuredPeakBytes: measured, plannedPeakBytes: planned } },
     null,
     2,
   ),

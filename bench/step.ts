@@ -11,6 +11,11 @@
 //   sd15   SD 1.5's real UNet config (src/models/shapes.ts SD15.unet, 859.5 M parameters, random weights) at a
 //          reduced resolution (default 128 px = 16x16 latents, 77x768 embeddings; --sd15-px N); the PyTorch peer is
 //          bench/peers/torch_step.py (the same UNet and step in plain torch, f32, our plan's checkpointing).
+//   sdxl-tiny  the tests' tiny SDXL UNet (tests/fixtures/modules/unet_sdxl: transformer depth [1, 2], linear
+//          projections, text_time embedding) at 8x8 latents with an 80-wide context, a pooled embedding and time ids.
+//   sdxl   SDXL base's UNet config (src/models/sdxl.ts SDXL_BASE.unet, 2.57 B parameters, random weights as sd15) at
+//          --sdxl-px N (default 128 px = 16x16 latents; 1024 on a GPU), 77x2048 context, pooled 1280 and time ids.
+//   The SDXL cases have no PyTorch peer here (bench/peers has none): their torch fields say so.
 // Per case: s/step (median of the timed steps after warm-up), ours/PyTorch, the step's peak GPU bytes (the
 // allocator's peak; trainStep resets it), dispatches, GPUBuffers and bind groups created per step (Gpu.stats),
 // and host ms per step = wall time minus the time spent awaiting Gpu.sync / Gpu.readBytes (on lavapipe the GPU
@@ -20,8 +25,8 @@
 // the Node host), which is why the warm-up is never timed. A case stops timing after the first timed step (the warm-up, which compiles every
 // pipeline, is not judged) that takes over --max-step-s (default 180) seconds, and says so: fewer than 5 steps
 // with the reason (lavapipe runs about 3 GFLOP/s).
-// Flags: --quick (1 warm-up + 5 timed; tiny and sd15 LoRA), --cases tiny-lora,sd15-lora,... , --budget-gib N
-// (default 4), --sd15-px N, --max-step-s N, --out FILE, --torch-device cpu|cuda (the SD 1.5 peer's device; cuda
+// Flags: --quick (1 warm-up + 5 timed; tiny, sd15 and sdxl-tiny LoRA), --cases tiny-lora,sd15-lora,... , --budget-gib N
+// (default 4), --sd15-px N, --sdxl-px N, --max-step-s N, --out FILE, --torch-device cpu|cuda (the SD 1.5 peer's device; cuda
 // also runs it with autocast fp16: torch_amp_s, ratio_amp), --append (keep the out file's other cases; each case has
 // the date it was `measured`).
 import { execFileSync } from 'node:child_process';
@@ -36,6 +41,7 @@ import { tuneCliGpu } from '../src/cli/gpu-tuning.ts';
 import type { Tensor } from '../src/gpu/tensor.ts';
 import { readSafetensors } from '../src/io/safetensors.ts';
 import { SD15, unetParams } from '../src/models/shapes.ts';
+import { SDXL_BASE } from '../src/models/sdxl.ts';
 import { unetConfigFromJson, type UnetConfig } from '../src/nn/unet.ts';
 import { SD_SCHEDULE, type ScheduleConfig } from '../src/sample/schedulers.ts';
 import { MemoryChunkStore } from '../src/store/chunkstore.ts';
@@ -56,10 +62,12 @@ const PYTHON = process.env.PYTHON ?? '/usr/bin/python3';
 const STEPS = { warmup: 1, timed: 5 };
 const BUDGET = (Number(arg('--budget-gib')) || 4) * GiB;
 const SD15_PX = Number(arg('--sd15-px')) || 128;
+const SDXL_PX = Number(arg('--sdxl-px')) || 128;
 const MAX_STEP_S = Number(arg('--max-step-s')) || 180;
-const ALL_CASES = ['tiny-lora', 'tiny-full', 'sd15-lora', 'sd15-full'] as const;
+const ALL_CASES = ['tiny-lora', 'tiny-full', 'sd15-lora', 'sd15-full', 'sdxl-tiny-lora', 'sdxl-lora'] as const;
 type CaseName = (typeof ALL_CASES)[number];
-const QUICK_CASES: CaseName[] = ['tiny-lora', 'tiny-full', 'sd15-lora'];
+type CaseKind = 'tiny' | 'sd15' | 'sdxl-tiny' | 'sdxl';
+const QUICK_CASES: CaseName[] = ['tiny-lora', 'tiny-full', 'sd15-lora', 'sdxl-tiny-lora'];
 
 function selectedCases(): CaseName[] {
   const list = arg('--cases');
@@ -86,22 +94,26 @@ interface BenchModel {
   resolution: number;
 }
 
-function sampleData(latentShape: [number, number, number], contextShape: [number, number]): TrainData {
+/** Random latents and contexts; for an SDXL UNet (`config.textTime`) also a pooled embedding and the time ids of a square photo. */
+function sampleData(latentShape: [number, number, number], contextShape: [number, number], config?: UnetConfig): TrainData {
   const rng = new Rng(1);
   const [c, h, w] = latentShape;
-  const sample = () => ({ latent: rng.normals(c * h * w), context: rng.normals(contextShape[0] * contextShape[1]) });
+  const tt = config?.textTime;
+  const px = h * 8;
+  const sdxl = () => (tt ? { pooled: rng.normals(tt.projectionInputDim - 6 * tt.timeEmbedDim), timeIds: Float32Array.from([px, px, 0, 0, px, px]) } : {});
+  const sample = () => ({ latent: rng.normals(c * h * w), context: rng.normals(contextShape[0] * contextShape[1]), ...sdxl() });
   return { latentShape, contextShape, instance: [sample(), sample()], classes: [sample()] };
 }
 
 /** The tiny UNet with bench/train.ts's settings (the reference runs'); its weights from the fixture. */
-function tinyModel(mode: TrainMode): BenchModel {
-  const file = readSafetensors(new Uint8Array(readFileSync(join(root, 'tests', 'fixtures', 'modules', 'unet_sd1.safetensors'))));
+function tinyModel(mode: TrainMode, fixture: 'unet_sd1' | 'unet_sdxl' = 'unet_sd1'): BenchModel {
+  const file = readSafetensors(new Uint8Array(readFileSync(join(root, 'tests', 'fixtures', 'modules', `${fixture}.safetensors`))));
   const config = unetConfigFromJson(JSON.parse(file.metadata.config));
   const prediction = mode === 'lora' ? 'epsilon' : 'v_prediction';
   return {
     config,
     schedule: { ...SD_SCHEDULE, prediction },
-    data: sampleData([4, 8, 8], [7, 32]),
+    data: sampleData([4, 8, 8], [7, config.crossAttentionDim], config),
     resolution: 64,
     weights: (gpu) => {
       const out = new Map<string, Tensor>();
@@ -119,20 +131,19 @@ function tinyModel(mode: TrainMode): BenchModel {
 }
 
 /**
- * SD 1.5's UNet with random weights: fan-in scaled normals for matrices and kernels (so f16 activations stay
+ * A real UNet config (SD 1.5's, SDXL base's) at `px` with random weights: fan-in scaled normals for matrices and kernels (so f16 activations stay
  * finite and steps are applied, as with real weights), norm scales 1, biases 0. The values come from one pool
  * of normals read at varying offsets: drawing 859.5 M fresh normals in JavaScript would take longer than the
  * step, and the timing does not depend on the values.
  */
-function sd15Model(): BenchModel {
-  const config = SD15.unet;
-  const lat = SD15_PX / 8;
+function randomModel(config: UnetConfig, px: number): BenchModel {
+  const lat = px / 8;
   const pool = new Rng(7).normals(1 << 20);
   return {
     config,
     schedule: SD_SCHEDULE,
-    data: sampleData([4, lat, lat], [77, 768]),
-    resolution: SD15_PX,
+    data: sampleData([4, lat, lat], [77, config.crossAttentionDim], config),
+    resolution: px,
     weights: (gpu) => {
       const out = new Map<string, Tensor>();
       let offset = 0;
@@ -445,14 +456,27 @@ console.log(
 
 const rows: Record<string, unknown>[] = [];
 for (const name of cases) {
-  const [kind, mode] = name.split('-') as ['tiny' | 'sd15', TrainMode];
-  const model = kind === 'tiny' ? tinyModel(mode) : sd15Model();
+  const kind = name.slice(0, name.lastIndexOf('-')) as CaseKind;
+  const mode = name.slice(name.lastIndexOf('-') + 1) as TrainMode;
+  const model =
+    kind === 'tiny'
+      ? tinyModel(mode)
+      : kind === 'sdxl-tiny'
+        ? tinyModel(mode, 'unet_sdxl')
+        : kind === 'sd15'
+          ? randomModel(SD15.unet, SD15_PX)
+          : randomModel(SDXL_BASE.unet, SDXL_PX);
   const dtype = m.f16 ? 'f16' : 'f32';
   const settings: TrainSettings = { ...TRAIN_DEFAULTS[mode], ...model.settings(mode) };
   const p0 = performance.now();
   const plan = await planTraining(
     () => nodeGpu({ dryRun: true }),
-    { config: model.config, dtype, schedule: model.schedule, name: kind === 'tiny' ? 'tiny UNet' : 'SD 1.5' },
+    {
+      config: model.config,
+      dtype,
+      schedule: model.schedule,
+      name: { tiny: 'tiny UNet', sd15: 'SD 1.5', 'sdxl-tiny': 'tiny SDXL UNet', sdxl: 'SDXL base' }[kind],
+    },
     { latentShape: model.data.latentShape, contextShape: model.data.contextShape, withClass: true },
     settings,
     BUDGET,
@@ -478,7 +502,9 @@ for (const name of cases) {
   const peer: Peer =
     kind === 'tiny'
       ? torchTiny(mode, settings, model.schedule.prediction)
-      : torchSd15(mode, model.resolution, plan.activationCheckpointing, TORCH_DEVICE, false);
+      : kind === 'sd15'
+        ? torchSd15(mode, model.resolution, plan.activationCheckpointing, TORCH_DEVICE, false)
+        : { error: 'no PyTorch peer: bench/peers has no SDXL step script' };
   // On CUDA, also the mixed-precision path a PyTorch user gets by default (autocast fp16, GradScaler, SDPA).
   const ampPeer: Peer | null =
     kind === 'sd15' && TORCH_DEVICE === 'cuda' ? torchSd15(mode, model.resolution, plan.activationCheckpointing, 'cuda', true) : null;

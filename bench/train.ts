@@ -15,7 +15,10 @@
 //      IdbChunkStore's write/read (bench/train-page.ts, bundled with Vite's library mode like e2e/store.test.ts),
 //      and what each SD 1.5 plan's store traffic costs per step at the store's rates measured in the same page
 //      (`projected_s_per_step`, written on every plan row; null with the reason when Chromium is missing).
-// Flags: --quick (fewer steps, 16 MiB chunks only), --out FILE, --budget-gib N (default 4).
+//   4. SDXL LoRA at 1024 px (bench/sdxl-rows.ts: rank 16, batch 1, f16 base under 7.5 GiB and int8 base under 6 GiB,
+//      issue 47's targets): the dry-run planner's peak by allocator tag, store traffic per step and plan time.
+// Flags: --quick (fewer steps, 16 MiB chunks only), --out FILE, --budget-gib N (default 4), --sdxl (part 4 only,
+// written to train-sdxl.json: the SD 1.5 plans take minutes each on lavapipe).
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir } from 'node:os';
@@ -28,6 +31,7 @@ import type { Gpu } from '../src/gpu/device.ts';
 import { nodeGpu } from '../src/gpu/node.ts';
 import type { DType } from '../src/gpu/tensor.ts';
 import { readSafetensors } from '../src/io/safetensors.ts';
+import { sdxlPlanRows } from './sdxl-rows.ts';
 import { SD15, unetParams } from '../src/models/shapes.ts';
 import { unetConfigFromJson } from '../src/nn/unet.ts';
 import { SD_SCHEDULE } from '../src/sample/schedulers.ts';
@@ -328,6 +332,19 @@ const m = await machine();
 const LOAD_START = loadavg()[0];
 console.log(`machine: ${m.line}, load average ${LOAD_START.toFixed(1)}${quick ? '   [--quick]' : ''}\n`);
 
+const SDXL_TITLE = '4. SDXL LoRA rank 16 at 1024 px (128x128 latents, 77x2048 context), batch 1: dry-run plans by base-weight storage';
+const sdxlSection = (rows: Awaited<ReturnType<typeof sdxlPlanRows>>) => ({ resolution: 1024, latentShape: [4, 128, 128], batch: 1, rank: 16, rows });
+if (args.includes('--sdxl')) {
+  console.log(SDXL_TITLE);
+  const rows = await sdxlPlanRows();
+  const out = arg('--out') ?? join(here, 'results', 'train-sdxl.json');
+  mkdirSync(dirname(out), { recursive: true });
+  const body = { date: new Date().toISOString(), machine: m, loadAverage: { start: LOAD_START, end: loadavg()[0] }, sdxl: sdxlSection(rows) };
+  writeFileSync(out, JSON.stringify(body, null, 2));
+  console.log(`\nwrote ${out}`);
+  process.exit(0);
+}
+
 console.log(`1. tiny UNet DreamBooth step (batch 2: instance + class), median of ${STEPS.timed} after ${STEPS.warmup} warm-up`);
 const tiny: Record<string, unknown>[] = [];
 for (const mode of ['lora', 'full'] as const) {
@@ -419,6 +436,9 @@ if ('error' in idb) {
   }
 }
 
+console.log(`\n${SDXL_TITLE}`);
+const sdxl = await sdxlPlanRows();
+
 const out = arg('--out') ?? join(here, 'results', quick ? 'train-quick.json' : 'train.json');
 mkdirSync(dirname(out), { recursive: true });
 writeFileSync(
@@ -434,6 +454,7 @@ writeFileSync(
       tiny: { steps: STEPS, rows: tiny },
       sd15: { resolution: 512, latentShape: [4, 64, 64], contextShape: [77, 768], batch: 2, dtype: 'f16', budgetBytes: BUDGET, rows: sd15 },
       idb: 'error' in idb ? idb : { options: IDB, browser: idb.browser, rows: idb.rows, ratios: idbRatios },
+      sdxl: sdxlSection(sdxl),
     },
     null,
     2,
