@@ -20,8 +20,8 @@ import type { Ops } from './ops.ts';
 export function loraLinear(F: Ops, x: Tensor, w: Weights, layer: string, loraScale: number, withBias = false): Tensor {
   const a = w.get(`${layer}.lora_A.weight`);
   const bias = withBias ? weight(w, `${layer}.bias`) : null;
-  // LoHa / LoKr factors: the layer runs with its materialised weight W + ΔW (nn/lycoris.ts)
-  const adapted = a ? null : networkWeight(F, w, layer);
+  // LoHa / LoKr factors or DoRA: the layer runs with its materialised weight (nn/lycoris.ts)
+  const adapted = a && !w.has(`${layer}.dora_scale`) ? null : networkWeight(F, w, layer);
   if (adapted) {
     const y = F.linear(x, adapted, bias);
     F.release(adapted);

@@ -17,6 +17,7 @@ import { ShapeError } from '../gpu/errors.ts';
 import type { DType, Tensor } from '../gpu/tensor.ts';
 import { mul } from '../ops/elementwise.ts';
 import { weight, type Weights } from './blocks.ts';
+import { doraWeight } from './dora.ts';
 import type { Ops } from './ops.ts';
 
 export const NETWORK_TYPES = ['lora', 'locon', 'loha', 'lokr'] as const;
@@ -32,6 +33,8 @@ export interface NetworkSpec {
   convAlpha: number;
   /** LoKr's factorization factor (-1: the split closest to a square, LyCORIS' default). */
   factor: number;
+  /** DoRA (LyCORIS dora_wd): each adapted layer runs with W + s ΔW renormalised by a trained magnitude (nn/dora.ts). */
+  dora?: boolean;
 }
 
 /** The network of a weight map (the trainer attaches it with the adapters; the modules read scales from it). */
@@ -106,6 +109,12 @@ function plan(spec: NetworkSpec, s: readonly number[]): LayerPlan {
 
 /** Factor shapes of one layer whose base weight has shape `s`, by engine name (`<layer>.<factor>`). */
 function layerShapes(spec: NetworkSpec, layer: string, s: readonly number[]): [string, number[]][] {
+  const factors = deltaShapes(spec, layer, s);
+  // DoRA's magnitude: one per input channel (LyCORIS' dora_scale, [1, in])
+  return spec.dora ? [...factors, [`${layer}.dora_scale`, [1, s[1]]]] : factors;
+}
+
+function deltaShapes(spec: NetworkSpec, layer: string, s: readonly number[]): [string, number[]][] {
   const p = plan(spec, s);
   const { out, k, rank: r } = p;
   if (spec.type === 'lora' || spec.type === 'locon')
@@ -166,6 +175,7 @@ export interface UniformRng {
  * LyCORIS' initialisation, so ΔW starts at 0: LoRA/LoCon A ~ kaiming_uniform(a = sqrt 5) = U(±1/sqrt(fan_in)),
  * B = 0; LoHa w1b, w2b ~ N(0, 1), w1a ~ N(0, 0.1), w2a = 0; LoKr w1 and w2a kaiming-uniform, w2b (or a full w2) = 0.
  * fan_in is a factor's column count (a conv factor's in kh kw, as torch counts a 4-D one). Normals by Box-Muller.
+ * DoRA's dora_scale is left 0 here: it starts at W's column norms (nn/dora.ts doraMagnitudes, from the weights).
  */
 export function initNetwork(
   layers: Iterable<string>,
@@ -254,14 +264,14 @@ function rawDelta(F: Ops, w: Weights, layer: string, base: Tensor): Tensor | nul
     if (!has('lokr_w2')) F.release(w2);
     return d;
   }
-  // A conv's LoCon adapter (a linear layer's LoRA adapter runs loraLinear's thin matmuls instead)
-  if (has('lora_A.weight') && base.shape.length === 4) return F.matmul(get('lora_B.weight'), get('lora_A.weight'));
+  // A conv's LoCon adapter, or a DoRA layer's (a linear layer's plain LoRA adapter runs loraLinear's thin matmuls)
+  if (has('lora_A.weight') && (base.shape.length === 4 || has('dora_scale'))) return F.matmul(get('lora_B.weight'), get('lora_A.weight'));
   return null;
 }
 
 /**
- * The weight a layer runs with, W + s ΔW (W's shape), when `w` holds LyCORIS factors for it that are
- * materialised (LoHa, LoKr, a conv's LoCon); null otherwise. The caller releases it after use (F.release).
+ * The weight a layer runs with, W + s ΔW (W's shape; with DoRA, that renormalised by nn/dora.ts), when `w` holds
+ * LyCORIS factors for it that are materialised (LoHa, LoKr, a conv's LoCon, any DoRA layer); null otherwise. The caller releases it after use (F.release).
  */
 export function networkWeight(F: Ops, w: Weights, layer: string): Tensor | null {
   const base = weight(w, `${layer}.weight`);
@@ -272,7 +282,10 @@ export function networkWeight(F: Ops, w: Weights, layer: string): Tensor | null 
   const s = layerScale(spec, base.shape);
   const scaled = s === 1 ? raw : F.scale(raw, s);
   const shaped = F.reshape(scaled, base.shape);
-  const y = F.add(base, shaped);
+  const v = F.add(base, shaped);
   F.release(...(scaled === raw ? [raw] : [raw, scaled]));
+  if (!spec.dora) return v;
+  const y = doraWeight(F, v, weight(w, `${layer}.dora_scale`));
+  F.release(v);
   return y;
 }

@@ -94,7 +94,8 @@ function launch(input: BundleInput, rows: SdScriptsRow[]): string {
     '--output_dir=output-sd-scripts',
     `--output_name=${q(lora ? 'dreambooth-lora' : 'dreambooth')}`,
     '--save_model_as=safetensors',
-    ...(lora ? ['--network_module=networks.lora'] : []),
+    // A LyCORIS run's network row gives LyCORIS' module and its --network_args (settings-network.ts lycorisArgs).
+    ...(lora && !rows.some((r) => r.setting === 'network' && r.option) ? ['--network_module=networks.lora'] : []),
     '--mixed_precision=fp16',
     // The optimizer row gives Prodigy's or Adafactor's --optimizer_type and --optimizer_args.
     ...(rows.some((r) => r.setting === 'optimizer' && r.option) ? [] : ['--optimizer_type=AdamW']),

@@ -30,6 +30,8 @@ export interface TrainSettings {
   convRank?: number;
   convAlpha?: number;
   lokrFactor?: number;
+  /** DoRA on a LyCORIS network (nn/dora.ts). */
+  dora?: boolean;
   seed: number;
   priorLossWeight: number;
   /** Offset noise strength (0: off). */

@@ -26,12 +26,22 @@ export interface TrainableSettings {
   convRank?: number;
   convAlpha?: number;
   lokrFactor?: number;
+  /** DoRA on a LyCORIS network (nn/dora.ts). */
+  dora?: boolean;
 }
 
 /** The run's network (alpha as the trainer's: alpha / rank is the linear layers' scale). */
 export function networkSpecOf(s: TrainableSettings & { alpha: number }): NetworkSpec {
   const convRank = s.convRank || s.rank;
-  return { type: s.network ?? 'lora', rank: s.rank, alpha: s.alpha, convRank, convAlpha: s.convAlpha || convRank, factor: s.lokrFactor ?? -1 };
+  return {
+    type: s.network ?? 'lora',
+    rank: s.rank,
+    alpha: s.alpha,
+    convRank,
+    convAlpha: s.convAlpha || convRank,
+    factor: s.lokrFactor ?? -1,
+    dora: (s.network ?? 'lora') !== 'lora' && !!s.dora,
+  };
 }
 
 /** A group's starting adapters (PEFT's init for lora, LyCORIS' for the others), by the group's own names. */

@@ -13,6 +13,7 @@
 //   `maxConsecutiveSkips` skipped steps in a row -> TrainingStalledError (nothing is being learned)
 import type { Gpu } from '../gpu/device.ts';
 import type { DType, Tensor } from '../gpu/tensor.ts';
+import { doraMagnitudes } from '../nn/dora.ts';
 import { attachNetwork } from '../nn/lycoris.ts';
 import { Tape } from '../nn/ops.ts';
 import { unetForward } from '../nn/unet.ts';
@@ -148,6 +149,8 @@ export class DreamBoothTrainer {
       for (const g of groups) {
         const weights = groupWeights(model, g.model);
         if (!loraInit) for (const [n, v] of initGroup(g, settings, { next: () => rng.uniform() })) init.set(g.prefix + n, v);
+        // DoRA's magnitudes start at the base weights' own column norms (read from the GPU, one per channel)
+        if (!loraInit && networkSpecOf(settings).dora) for (const [n, v] of await doraMagnitudes(gpu, weights, g.layers)) init.set(g.prefix + n, v);
         attachNetwork(weights, networkSpecOf(settings));
         for (const p of g.params) if (!init.has(p.name)) throw new Error(`LoRA init has no ${p.name}`);
         // side by side in one buffer, as the optimizer's chunks: one AdamW kernel per chunk (optimizer-chunks.ts)

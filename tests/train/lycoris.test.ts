@@ -9,6 +9,7 @@ import { writeLycoris } from '../../src/export/lycoris.ts';
 import { kohyaName } from '../../src/export/lora.ts';
 import type { Tensor } from '../../src/gpu/tensor.ts';
 import { readSafetensors } from '../../src/io/safetensors.ts';
+import { doraScale, doraScaleBackward, doraScaleBackwardRef, doraScaleRef } from '../../src/ops/dora.ts';
 import { attachNetwork, factorization, networkShapes, networkWeight, type NetworkSpec, type NetworkType } from '../../src/nn/lycoris.ts';
 import { Ops, Tape } from '../../src/nn/ops.ts';
 import { defaultSettings, refuseInactive, SettingsError, validateSettings } from '../../src/pipeline/settings.ts';
@@ -46,6 +47,10 @@ const SPECS: Record<string, NetworkSpec> = {
   'lokr linear': { type: 'lokr', rank: 1, alpha: 2, convRank: 1, convAlpha: 1, factor: -1 },
   'lokr linear full w2': { type: 'lokr', rank: 4, alpha: 7, convRank: 1, convAlpha: 1, factor: -1 },
   'lokr conv': { type: 'lokr', rank: 1, alpha: 1, convRank: 1, convAlpha: 0.5, factor: -1 },
+  'dora locon linear': { type: 'locon', rank: 2, alpha: 3, convRank: 2, convAlpha: 1, factor: -1, dora: true },
+  'dora locon conv': { type: 'locon', rank: 4, alpha: 4, convRank: 2, convAlpha: 3, factor: -1, dora: true },
+  'dora loha conv': { type: 'loha', rank: 2, alpha: 1, convRank: 3, convAlpha: 4, factor: -1, dora: true },
+  'dora lokr linear': { type: 'lokr', rank: 1, alpha: 2, convRank: 1, convAlpha: 1, factor: -1, dora: true },
 };
 
 /** Largest |a - b| over the largest |b|: f32 GEMMs of <= 36-term sums sit near 1e-7 of the scale. */
@@ -78,6 +83,34 @@ void describe('network settings', () => {
     validateSettings({ ...lora, network: 'locon', convRank: 4 });
     assert.throws(() => validateSettings({ ...lora, network: 'lokr', lokrFactor: 0 }), /--lokr-factor must be -1 or a positive whole number, got 0/);
     assert.throws(() => validateSettings({ ...lora, network: 'dora' as never }), /--network must be lora or locon or loha or lokr/);
+    // DoRA: a LyCORIS option here; with plain LoRA refused as a flag and as a value, with locon it stands
+    assert.throws(() => refuseInactive(lora, given('dora')), /--dora is LyCORIS' weight decomposition \(dora_wd\): add --network locon/);
+    assert.throws(() => validateSettings({ ...lora, dora: true }), /--dora is LyCORIS' weight decomposition: choose --network locon, loha or lokr/);
+    refuseInactive({ ...lora, network: 'loha', dora: true }, given('dora'));
+    validateSettings({ ...lora, network: 'loha', dora: true });
+    assert.throws(() => refuseInactive(defaultSettings('full'), given('dora')), /--dora/);
+  });
+
+  void it('DoRA magnitude scale kernel: c = m / (sqrt(ss) + eps) and its gradients, 0 for ss = 0', async () => {
+    const gpu = await testGpu();
+    const [m, ss, dc] = [
+      [0.5, -1.25, 2, 3],
+      [4, 0.01, 0, 9],
+      [1, -2, 0.5, 0.25],
+    ];
+    const up = (v: number[]) => gpu.upload(v, [1, 4], 'f32', 'weights', 'v');
+    const [tm, tss, tdc] = [up(m), up(ss), up(dc)];
+    const c = doraScale(gpu, tm, tss);
+    const g = doraScaleBackward(gpu, tm, tss, tdc);
+    // f32 sqrt and division: within 1e-6 relative; a missing 1/2 or sign is off by half or all of each value
+    assert.ok(relErr(await gpu.read(c), doraScaleRef(m, ss)) < 1e-6);
+    const ref = doraScaleBackwardRef(m, ss, dc);
+    assert.ok(relErr(await gpu.read(g.dm), ref.dm) < 1e-6);
+    assert.ok(relErr(await gpu.read(g.dss), ref.dss) < 1e-6);
+    // the reference by hand at ss = 0.01: -dc m / n^2 / (2 sqrt(ss)) = -(-2)(-1.25) / 0.01 / 0.2 (n = 0.1 + 1.2e-7)
+    assert.equal(ref.dss[2], 0);
+    assert.ok(Math.abs(ref.dss[1] / (-2.5 / 0.01 / 0.2) - 1) < 1e-5, `dss ${ref.dss[1]}`);
+    gpu.free(tm, tss, tdc, c, g.dm, g.dss);
   });
 });
 
@@ -164,27 +197,52 @@ function comfyMerge(w: Float32Array, shape: readonly number[], t: (k: string) =>
     diff = k;
   }
   assert.equal(diff.length, w.length, `ΔW has ${diff.length} elements for a weight of shape [${shape}]`);
-  return Float64Array.from(w, (v, i) => v + scale * diff[i]);
+  const v = Float64Array.from(w, (x, i) => x + scale * diff[i]);
+  const m = t('dora_scale');
+  if (!m) return v;
+  // weight_decompose: dora_scale [1, in(, 1, 1)] is not out long, so the norm is per input channel (over the
+  // outputs and kernel taps), plus float32's eps
+  const [out, inC] = shape;
+  const taps = w.length / (out * inC);
+  assert.deepEqual(m.shape, shape.length === 4 ? [1, inC, 1, 1] : [1, inC]);
+  const norm = new Float64Array(inC);
+  for (let i = 0; i < v.length; i++) norm[Math.floor(i / taps) % inC] += v[i] * v[i];
+  return v.map((x, i) => (x * m.data[Math.floor(i / taps) % inC]) / (Math.sqrt(norm[Math.floor(i / taps) % inC]) + 2 ** -23));
+}
+
+/** A DoRA network's first adapted weights are the base model's: m starts at W's norms and ΔW at 0. */
+async function startsAtBase(gpu: Awaited<ReturnType<typeof testGpu>>, weights: Map<string, Tensor>, layers: string[]): Promise<void> {
+  const F = new Ops(gpu);
+  for (const layer of layers) {
+    const own = networkWeight(F, weights, layer);
+    assert.ok(own, `${layer}: DoRA runs with a materialised weight`);
+    // W (|W| / (|W| + 1.2e-7)): within 1e-5 of W's largest element (f32 GEMM sums); a wrong axis or m is off by O(1)
+    assert.ok(relErr(await gpu.read(own), base.tensors.get(`${layer}.weight`)!.data) < 1e-5, `${layer} does not start at W`);
+    gpu.free(own);
+  }
 }
 
 const NETWORKS: { type: NetworkType; over: Partial<NetworkSpec> }[] = [
   { type: 'locon', over: { convRank: 2, convAlpha: 1 } },
+  { type: 'locon', over: { convRank: 2, convAlpha: 1, dora: true } },
   { type: 'loha', over: {} },
   { type: 'lokr', over: {} },
 ];
 
 void describe('LyCORIS networks train on the tiny UNet and export as the loaders merge them', () => {
   for (const { type, over } of NETWORKS)
-    void it(`${type}: the loss falls; the export merged by ComfyUI's rule is the trained model's weight`, async () => {
+    void it(`${type}${over.dora ? ' + DoRA' : ''}: the loss falls; the export merged by ComfyUI's rule is the trained model's weight`, async () => {
       const gpu = await testGpu();
       const fx = fixture('lora');
       const weights = new Map<string, Tensor>();
       for (const [k, t] of base.tensors)
         if (!['sample', 'timestep', 'encoder_hidden_states', 'out'].includes(k)) weights.set(k, gpu.upload(t.data, t.shape, 'f32', 'weights', k));
       const cfg = unetConfigFromJson(JSON.parse(base.metadata.config));
-      const settings = { ...fx.settings, steps: 6, lr: 1e-2, network: type, convRank: over.convRank, convAlpha: over.convAlpha };
+      const settings = { ...fx.settings, steps: 6, lr: 1e-2, network: type, convRank: over.convRank, convAlpha: over.convAlpha, dora: over.dora };
       const model = { config: cfg, weights, schedule: { ...SD_SCHEDULE, prediction: fx.prediction } };
       const trainer = await DreamBoothTrainer.create(gpu, model, fx.data, settings, new MemoryChunkStore(), 'run');
+      if (over.dora) await startsAtBase(gpu, weights, trainableSpec(cfg, undefined, settings)[0].layers);
+      const m0 = over.dora ? await trainer.trainedValues() : null;
       const losses: number[] = [];
       for (let i = 0; i < settings.steps; i++) losses.push((await trainer.trainStep(fx.inputs[0])).loss);
       // the same sample each step: a working gradient lowers its loss (2% is far above the f32 steps' noise, ~1e-6);
@@ -197,6 +255,12 @@ void describe('LyCORIS networks train on the tiny UNet and export as the loaders
       );
 
       const values = await trainer.trainedValues();
+      if (m0) {
+        // m trains: its largest change is far above f32 noise (the factors alone would leave it at W's norms)
+        let moved = 0;
+        for (const [n, v] of values) if (n.endsWith('.dora_scale')) moved = Math.max(moved, ...v.map((x, i) => Math.abs(x - m0.get(n)![i])));
+        assert.ok(moved > 1e-4, `dora_scale moved ${moved}`);
+      }
       const provider = {
         names: () => [...values.keys()],
         shape: (n: string) => [...trainer.trainable.get(n)!.shape],
@@ -212,6 +276,7 @@ void describe('LyCORIS networks train on the tiny UNet and export as the loaders
       const file = readSafetensors(sink.bytes());
       assert.equal(file.metadata.ss_network_module, 'lycoris.kohya');
       assert.match(file.metadata.ss_network_args, new RegExp(`"algo": "${type}"`));
+      assert.equal(/"dora_wd": "True"/.test(file.metadata.ss_network_args), !!over.dora, 'dora_wd in ss_network_args');
       const F = new Ops(gpu);
       let worst = 0;
       for (const layer of group.layers) {
