@@ -329,6 +329,52 @@ void describe('sd-scripts target: train-sd-scripts.sh and sd-scripts.toml carry 
   });
 });
 
+void describe('sd-scripts target: LyCORIS networks', () => {
+  // LyCORIS' kohya module (its README, "for kohya script"): --network_module=lycoris.kohya and --network_args
+  // "algo=..." "conv_dim=..." "conv_alpha=..." ("factor=..." for lokr, "dora_wd=True" for DoRA); sd-scripts splits
+  // each word at its first '=' into the create_network kwargs.
+  const argsOf = (over: Partial<ReturnType<typeof defaultSettings>>) => {
+    const files = jobBundle(
+      {
+        prompt: 'sks dog',
+        images: [{ name: 'a.png', image: photo(1) }],
+        classImages: [],
+        settings: { ...defaultSettings('lora'), resolution: 16, rank: 8, ...over },
+        model: { kind: 'hub', name: 'm', hubId: 'm' },
+      },
+      png,
+    );
+    const r = runTrainSh(files, { SD_SCRIPTS: '/sd' }, 'train-sd-scripts.sh');
+    assert.equal(r.status, 0, r.stderr);
+    const args = r.args.slice(2);
+    const at = args.indexOf('--network_args');
+    const next = args.findIndex((a, i) => i > at && a.startsWith('--'));
+    const end = next < 0 ? args.length : next;
+    const kwargs = at < 0 ? null : Object.fromEntries(args.slice(at + 1, end).map((w) => [w.slice(0, w.indexOf('=')), w.slice(w.indexOf('=') + 1)]));
+    for (const a of args.filter((a) => a.startsWith('--')))
+      assert.ok(SD_SCRIPTS_OPTIONS.has(a.slice(2).split('=')[0]) || a === '--network_args', `${a}: an option sd-scripts parses`);
+    return {
+      modules: args.filter((a) => a.startsWith('--network_module=')),
+      kwargs,
+      readme: files.find((f) => f.path === 'README-sd-scripts.md')!.data as string,
+    };
+  };
+
+  void it('locon, loha, lokr and DoRA launch lycoris.kohya with their network_args; plain LoRA networks.lora', () => {
+    const lora = argsOf({});
+    assert.deepEqual([lora.modules, lora.kwargs], [['--network_module=networks.lora'], null]);
+    const locon = argsOf({ network: 'locon', convRank: 4, convAlpha: 2 });
+    assert.deepEqual(locon.modules, ['--network_module=lycoris.kohya'], 'one network module');
+    assert.deepEqual(locon.kwargs, { algo: 'locon', conv_dim: '4', conv_alpha: '2' });
+    // conv rank and alpha 0 resolve as the trainer does: the rank, then the conv rank
+    assert.deepEqual(argsOf({ network: 'loha' }).kwargs, { algo: 'loha', conv_dim: '8', conv_alpha: '8' });
+    const lokr = argsOf({ network: 'lokr', lokrFactor: 4, dora: true });
+    assert.deepEqual(lokr.kwargs, { algo: 'lokr', conv_dim: '8', conv_alpha: '8', factor: '4', dora_wd: 'True' });
+    assert.match(lokr.readme, /\| dora \| true \| not carried \| in --network_args \(dora_wd=True\) \|/);
+    assert.match(lokr.readme, /\| lokrFactor \| 4 \| not carried \| in --network_args \(factor\) \|/);
+  });
+});
+
 void describe('ray_train.py: values through JSON, never through its source', () => {
   void it("Python's json reads every hostile value back unchanged from job.json and prompts.jsonl", () => {
     const python = ['/usr/bin/python3', 'python3'].find((p) => spawnSync(p, ['--version']).status === 0);
