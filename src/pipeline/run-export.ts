@@ -146,8 +146,9 @@ export async function exportRun(r: ExportSource, format: ExportFormat, sink: Byt
     else await (format === 'lora-kohya' ? writeKohyaLora : writePeftLora)(sink, trainedAdapters(r, values), info);
     return;
   }
+  // Full formats merge plain LoRA adapters (W + scale B A); a LyCORIS run exports its own keys, as the CLI says.
   if (s.mode === 'lora' && (s.network ?? 'lora') !== 'lora')
-    throw new RunError(`${format}: merging a ${s.network} network into a full checkpoint is not implemented: export lora-kohya (LyCORIS keys)`);
+    throw new RunError(`${format}: a ${s.network} run exports lora-kohya only (LyCORIS keys, as A1111 and ComfyUI load them)`);
   // Full formats: the trained UNet over the base's other components. A LoRA run is merged into the UNet
   // first (W + scale B A), which is what "export a full checkpoint" of a LoRA run means.
   if ([...values.keys()].some((n) => n.startsWith('text_model.')))
