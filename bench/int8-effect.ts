@@ -27,6 +27,7 @@ import { MemoryChunkStore } from '../src/store/chunkstore.ts';
 import { encodeImage, encodePrompt } from '../src/train/preprocess.ts';
 import { DreamBoothTrainer, type TrainData, type TrainSettings } from '../src/train/trainer.ts';
 import { Rng } from '../src/util/rng.ts';
+import { cosine } from '../lab/demo-model/quality.ts';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const DEMO = join(here, '..', 'public', 'demo-model');
@@ -60,18 +61,6 @@ function relRms(a: Float32Array, b: Float32Array): number {
     n += b[i] ** 2;
   }
   return Math.sqrt(d / n);
-}
-
-function cosine(a: Float32Array, b: Float32Array): number {
-  let ab = 0;
-  let aa = 0;
-  let bb = 0;
-  for (let i = 0; i < a.length; i++) {
-    ab += a[i] * b[i];
-    aa += a[i] * a[i];
-    bb += b[i] * b[i];
-  }
-  return ab / Math.sqrt(aa * bb);
 }
 
 const gpu = await nodeGpu();
