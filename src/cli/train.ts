@@ -245,10 +245,11 @@ function exportsFrom(value: string | undefined, mode: TrainMode, network = 'lora
       throw new UsageError(`--export ${f} holds LoRA adapters: a --mode ${mode} run exports full-single-file or diffusers-zip`);
   }
   if (!formats.length) throw new UsageError('--export needs at least one format');
-  // lora-diffusers holds plain LoRA; full exports do not merge LyCORIS networks yet: refused before any work
-  const other = formats.find((f) => f !== 'lora-kohya');
-  if (lycoris && other)
-    throw new UsageError(`--export ${other}: a --network ${network} run exports lora-kohya only (LyCORIS keys, as A1111 and ComfyUI load them)`);
+  // lora-diffusers holds plain LoRA (diffusers loads no LyCORIS keys): refused before any work; full exports merge
+  if (lycoris && formats.includes('lora-diffusers'))
+    throw new UsageError(
+      `--export lora-diffusers holds plain LoRA adapters: a --network ${network} run exports lora-kohya (LyCORIS keys, as A1111 and ComfyUI load them), full-single-file or diffusers-zip`,
+    );
   return [...new Set(formats)] as ExportFormat[];
 }
 

@@ -1,6 +1,6 @@
 // The training run's export (pipeline/run.ts, TrainingRun.exportTo): the four formats, kohya and PEFT LoRA, a
 // single file and a diffusers zip, streamed to a ByteSink. A LoRA run exported as a full model has its adapters
-// merged into the UNet (export/merge.ts); a full fine-tune streams its masters chunk by chunk.
+// (plain LoRA or a LyCORIS network) merged into the UNet (export/merge.ts); a full fine-tune streams its masters chunk by chunk.
 import type { Gpu } from '../gpu/device.ts';
 import type { ByteSink } from '../io/safetensors.ts';
 import type { TensorProvider } from '../io/tensor-provider.ts';
@@ -12,7 +12,7 @@ import { chunkedProvider } from '../export/chunked.ts';
 import { writeSingleFile, zipDiffusers } from '../export/full.ts';
 import { kohyaLoraHash, writeKohyaLora, writePeftLora, type LoraAdapters, type LoraInfo } from '../export/lora.ts';
 import { lycorisHash, writeLycoris, type LycorisAdapters } from '../export/lycoris.ts';
-import { mergedLoraProvider } from '../export/merge.ts';
+import { mergedLoraProvider, mergedLycorisProvider } from '../export/merge.ts';
 import { networkSpecOf } from '../train/trainable.ts';
 import { pipeToSink } from '../export/stream.ts';
 import { phaseTicker } from './progress.ts';
@@ -141,29 +141,33 @@ export async function exportRun(r: ExportSource, format: ExportFormat, sink: Byt
     };
     const lycoris = lycorisAdapters(r, trainedAdapters(r, values));
     if (lycoris && format === 'lora-diffusers')
-      throw new RunError(`lora-diffusers holds plain LoRA adapters: a ${lycoris.network.type} network exports lora-kohya (LyCORIS keys)`);
+      throw new RunError(
+        `lora-diffusers holds plain LoRA adapters: a ${lycoris.network.type} network exports lora-kohya (LyCORIS keys), full-single-file or diffusers-zip`,
+      );
     if (lycoris) await writeLycoris(sink, lycoris, info);
     else await (format === 'lora-kohya' ? writeKohyaLora : writePeftLora)(sink, trainedAdapters(r, values), info);
     return;
   }
-  // Full formats merge plain LoRA adapters (W + scale B A); a LyCORIS run exports its own keys, as the CLI says.
-  if (s.mode === 'lora' && (s.network ?? 'lora') !== 'lora')
-    throw new RunError(`${format}: a ${s.network} run exports lora-kohya only (LyCORIS keys, as A1111 and ComfyUI load them)`);
   // Full formats: the trained UNet over the base's other components. A LoRA run is merged into the UNet
-  // first (W + scale B A), which is what "export a full checkpoint" of a LoRA run means.
+  // first (W + scale B A; a LyCORIS network's W + s ΔW, DoRA's renormalised), which is what "export a full
+  // checkpoint" of a LoRA run means.
   if ([...values.keys()].some((n) => n.startsWith('text_model.')))
     r.emit({
       type: 'warning',
       message: 'The text-encoder LoRA is not merged into full exports (they carry the base text encoder): export a LoRA format to keep it.',
     });
   const weights = r.model.unet.weights;
+  const baseWeights = { shape: (n: string) => weights.get(n)!.shape, read: (n: string) => r.gpu.read(weights.get(n)!) };
+  const network = networkSpecOf(t.settings);
   // A full export's long part: the UNet's tensors (merged, or streamed from the masters), i of n with the time
   // left, at most four reports a second.
   let tick: ((done: number) => void) | null = null;
   const unet = countedReads(
     s.mode === 'full'
-      ? chunkedProvider(t.optimizer)
-      : mergedLoraProvider({ shape: (n) => weights.get(n)!.shape, read: (n) => r.gpu.read(weights.get(n)!) }, values, t.loraScale),
+      ? chunkedProvider(t.trainedChunks({ ema: s.exportEma }))
+      : network.type === 'lora'
+        ? mergedLoraProvider(baseWeights, values, t.loraScale)
+        : mergedLycorisProvider(baseWeights, values, network),
     (done, total) =>
       (tick ??= phaseTicker(`Writing ${format}: UNet tensor`, total, (message, p) => r.emit({ type: 'phase', phase: 'exporting', message, ...p }), {
         every: 0.25,

@@ -6,10 +6,14 @@ import assert from 'node:assert/strict';
 import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
+import { writeSingleFile } from '../../src/export/full.ts';
 import { writeKohyaLora, writePeftLora, type LoraAdapters } from '../../src/export/lora.ts';
+import { mergedLycorisProvider } from '../../src/export/merge.ts';
 import { ExportError, mapProvider } from '../../src/export/provider.ts';
 import { countNonFinite, pump, safetensorsChunks, type OutTensor } from '../../src/export/stream.ts';
+import { SafetensorsFile } from '../../src/io/safetensors.ts';
 import { nodeFileSink } from '../../src/io/sink-node.ts';
+import { NodeFileSource } from '../../src/io/source-node.ts';
 import { INFO, memorySink, randomAdapters, readFolderTensors, tempDir, tinyModel } from './fixtures.ts';
 
 const f32 = (name: string, dtype: 'F16' | 'F32', values: number[]): OutTensor => ({
@@ -92,4 +96,38 @@ describe('a refused export leaves nothing behind on disk', () => {
       assert.ok(existsSync(join(dir, 'old.safetensors')) && readFileSync(join(dir, 'old.safetensors')).length > 1000);
       assert.deepEqual(readdirSync(dir), ['old.safetensors']);
     });
+});
+
+describe("a LyCORIS run's merged full export is checked too", () => {
+  it('finite factors whose merged weight is past F16 range: the single file is refused, naming the UNet tensor', async () => {
+    const tiny = tinyModel();
+    const unet = readFolderTensors(tiny.folder, 'unet/diffusion_pytorch_model.safetensors');
+    const layer = [...unet.keys()].find((n) => n.endsWith('.attn1.to_q.weight'))!.slice(0, -'.weight'.length);
+    const [out, inn] = unet.get(`${layer}.weight`)!.shape;
+    // LoHa rank 1, scale 1: ΔW = (300 · 300) ∘ (1 · 1) = 9e4 per element, finite in f32 and past F16's 65504
+    const fill = (n: number, v: number) => new Float32Array(n).fill(v);
+    const factors = new Map([
+      [`${layer}.hada_w1_a`, fill(out, 300)],
+      [`${layer}.hada_w1_b`, fill(inn, 300)],
+      [`${layer}.hada_w2_a`, fill(out, 1)],
+      [`${layer}.hada_w2_b`, fill(inn, 1)],
+    ]);
+    const spec = { type: 'loha' as const, rank: 1, alpha: 1, convRank: 1, convAlpha: 1, factor: -1 };
+    const merged = mergedLycorisProvider({ shape: (n) => unet.get(n)!.shape, read: async (n) => Float32Array.from(unet.get(n)!.data) }, factors, spec);
+    const base = await SafetensorsFile.open(await NodeFileSource.open(tiny.singleFile));
+    const dir = tempDir();
+    await assert.rejects(
+      writeSingleFile(await nodeFileSink(join(dir, 'model.safetensors')), base, merged, {
+        title: 't',
+        date: new Date(0),
+        family: 'sd1',
+        overrides: tiny.overrides,
+      }),
+      (e: Error) =>
+        e instanceof ExportError &&
+        /tensor 'model\.diffusion_model\.\S+attn1\.to_q\.weight' \(F16 \[\d+,\d+\]\): \d+ of \d+ values would be written as NaN or infinity/.test(e.message),
+    );
+    assert.deepEqual(readdirSync(dir), [], 'nothing left at the final name');
+    await base.source.close?.();
+  });
 });
