@@ -41,7 +41,7 @@ export interface KnobSettings {
   loss: LossKind;
   huberC: number;
   huberSchedule: HuberSchedule;
-  /** EMA of the trained weights (LoRA): used for samples and try-it; exported instead of the raw weights with exportEma. */
+  /** EMA of the trained weights: used for samples and try-it; exported instead of the raw weights with exportEma. */
   ema: boolean;
   emaDecay: number;
   emaMinDecay: number;
@@ -212,9 +212,8 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     flag: 'ema',
     label: 'EMA of the trained weights',
     default: false,
-    onlyMode: 'lora',
-    help: "keep an exponential moving average of the LoRA weights (diffusers' EMAModel): samples and try-it use it; --export-ema exports it",
-    bundle: (s) => ({ option: null, note: s.ema ? "the LoRA scripts keep no EMA (--use_ema is the full-model scripts')" : 'off' }),
+    help: "keep an exponential moving average of the trained weights (diffusers' EMAModel; a full fine-tune keeps it in the chunk store): samples and try-it use it; --export-ema exports it",
+    bundle: (s) => ({ option: null, note: s.ema ? "the bundle's DreamBooth scripts keep no EMA (diffusers' --use_ema is train_text_to_image.py's)" : 'off' }),
   }),
   entry({
     key: 'emaDecay',
@@ -224,7 +223,6 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     min: 0,
     max: 0.999999,
     default: EMA_DEFAULTS.decay,
-    onlyMode: 'lora',
     help: 'the largest decay; without --ema-warmup the decay is min(this, (1+n)/(10+n)) at the n-th update',
     showWhen: (s) => s.ema,
     activeWhen: emaOnly,
@@ -237,7 +235,6 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     min: 0,
     max: 0.999999,
     default: EMA_DEFAULTS.minDecay,
-    onlyMode: 'lora',
     help: 'the decay is at least this (after --ema-update-after)',
     showWhen: (s) => s.ema,
     activeWhen: emaOnly,
@@ -251,7 +248,6 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     min: 0,
     max: 1_000_000,
     default: EMA_DEFAULTS.updateAfterStep,
-    onlyMode: 'lora',
     help: 'the EMA copies the weights (decay 0) for this many steps first',
     showWhen: (s) => s.ema,
     activeWhen: emaOnly,
@@ -262,7 +258,6 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     flag: 'ema-warmup',
     label: 'EMA warm-up (1 - (1 + n/inv_gamma)^-power)',
     default: EMA_DEFAULTS.warmup,
-    onlyMode: 'lora',
     help: "diffusers' use_ema_warmup: decay 1 - (1 + n / inv_gamma)^-power (--ema-inv-gamma, --ema-power) instead of (1+n)/(10+n)",
     showWhen: (s) => s.ema,
     activeWhen: emaOnly,
@@ -275,7 +270,6 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     min: 0.01,
     max: 10,
     default: EMA_DEFAULTS.power,
-    onlyMode: 'lora',
     help: "the warm-up's power (diffusers: 2/3)",
     showWhen: (s) => s.ema && s.emaWarmup,
     activeWhen: emaWarmupOnly,
@@ -288,13 +282,12 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     min: 0.01,
     max: 1_000_000,
     default: EMA_DEFAULTS.invGamma,
-    onlyMode: 'lora',
     help: "the warm-up's inv_gamma (diffusers: 1)",
     showWhen: (s) => s.ema && s.emaWarmup,
     activeWhen: emaWarmupOnly,
     // Every EMA field reaches the trainer in one object (this last entry writes it).
     train: (_v, s) =>
-      s.ema && s.mode === 'lora'
+      s.ema
         ? {
             ema: {
               decay: s.emaDecay,
@@ -313,7 +306,6 @@ export const KNOB_SETTINGS: readonly SettingSpec[] = [
     flag: 'export-ema',
     label: 'Export the EMA weights',
     default: false,
-    onlyMode: 'lora',
     help: "export the EMA of the weights instead of the last step's",
     showWhen: (s) => s.ema,
     activeWhen: emaOnly,

@@ -7,8 +7,9 @@
 //   decay = max(min(decay, max_decay), min_decay)
 //   shadow -= (1 - decay) (shadow - weight)            (in f32, as torch's sub_ on f32 tensors)
 //
-// The shadow is kept on the host per optimizer chunk of fp32 masters (one read of a chunk per update), so it
-// costs one chunk read and a pass over its elements per step: meant for LoRA's few million values. The trainer
+// WeightEma keeps the shadow on the host per optimizer chunk of fp32 masters (one read of a chunk per update), so
+// it costs one chunk read and a pass over its elements per step: meant for LoRA's few million values. A full
+// fine-tune's weight-sized shadow lives in the chunk store instead (StoredEma, ema-store.ts). The trainer
 // updates it after every step (diffusers steps it after every optimizer step, a skipped fp16 step included: the
 // weights then stand still and the average moves toward them) and checkpoints it, so a resumed run continues
 // it bit for bit.
@@ -43,8 +44,25 @@ export function emaUpdate(shadow: Float32Array, weight: ArrayLike<number>, decay
   for (let i = 0; i < shadow.length; i++) shadow[i] = f(shadow[i] - f(oneMinus * f(shadow[i] - weight[i])));
 }
 
-/** The shadow of a set of chunks: each chunk's masters' average, and the number of updates made. */
-export class WeightEma {
+/** What the trainer needs of an EMA, wherever its shadow lives (host: WeightEma; chunk store: StoredEma). */
+export interface ChunkEma {
+  readonly settings: EmaSettings;
+  /** Updates made (diffusers' optimization_step). */
+  readonly updates: number;
+  /** One update toward the current weights, `read(i)` giving chunk i's fp32 masters. */
+  update(read: (chunk: number) => Promise<Float32Array>): Promise<void>;
+  /** Chunk i's averaged masters (the caller's copy may be the EMA's own: do not write into it). */
+  chunk(index: number): Promise<Float32Array>;
+  /** Files the checkpoint must hold (the host shadow), beside the update count in its record. */
+  files(): Map<string, Uint8Array>;
+  /** After a checkpoint committed: what it names must stay (a stored shadow's version). */
+  pin(): Promise<void>;
+  /** Restores the checkpoint's shadow at its update count. */
+  restore(read: (name: string) => Promise<Uint8Array>, updates: number): Promise<void>;
+}
+
+/** The shadow of a set of chunks on the host: each chunk's masters' average, and the number of updates made. */
+export class WeightEma implements ChunkEma {
   private constructor(
     readonly settings: EmaSettings,
     /** Per optimizer chunk, the averaged masters. */
@@ -65,6 +83,13 @@ export class WeightEma {
     const decay = emaDecay(this.settings, ++this.updates);
     for (const [i, s] of this.shadow.entries()) emaUpdate(s, await read(i), decay);
   }
+
+  async chunk(index: number): Promise<Float32Array> {
+    return this.shadow[index];
+  }
+
+  /** The checkpoint holds the whole shadow (files()): nothing in a store to keep. */
+  async pin(): Promise<void> {}
 
   /** The checkpoint's files (one per chunk) and the update count for its record. */
   files(): Map<string, Uint8Array> {

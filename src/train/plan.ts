@@ -100,9 +100,14 @@ export interface Plan extends PlanTrial {
   budgetBytes: number;
   /** Optimizer chunks in all (residentChunks of them on the GPU). */
   chunks: number;
-  /** Bytes the optimizer reads from and writes to the store per applied step with this placement. */
+  /**
+   * Bytes the run reads from and writes to the store per applied step with this placement: the optimizer's
+   * streamed chunks, and a full fine-tune's EMA (ema-store.ts: 8 bytes per element, plus the masters of streamed chunks).
+   */
   storeReadBytesPerStep: number;
   storeWriteBytesPerStep: number;
+  /** Bytes the run keeps in the store between steps: streamed optimizer chunks and a full fine-tune's EMA (4 bytes per element). */
+  storeHeldBytes: number;
   /**
    * The chosen placement's peak per allocator tag (weights, activations, gradients, optimizer, scratch): each
    * tag's own highest point in the step, not necessarily at the moment of the total peak.
@@ -121,6 +126,7 @@ export interface DryRunResult extends PlanTrial {
   chunks: number;
   storeReadBytesPerStep: number;
   storeWriteBytesPerStep: number;
+  storeHeldBytes: number;
   peakByTag: Record<string, number>;
   /** Optimizer chunks whose starting state was packed on the host: 0 (a dry run allocates and counts, it packs nothing). */
   hostPackedChunks: number;
@@ -226,6 +232,7 @@ export async function dryRunPeak(makeGpu: () => Promise<Gpu>, model: PlanModel, 
       chunks: opt.chunks.length,
       storeReadBytesPerStep: store.bytesRead,
       storeWriteBytesPerStep: store.bytesWritten,
+      storeHeldBytes: await store.bytesUsed(),
       peakByTag: byTag,
       hostPackedChunks: opt.hostPackedChunks,
     };
@@ -301,6 +308,7 @@ export async function planTraining(
     chunks: r.chunks,
     storeReadBytesPerStep: r.storeReadBytesPerStep,
     storeWriteBytesPerStep: r.storeWriteBytesPerStep,
+    storeHeldBytes: r.storeHeldBytes,
     peakByTag: r.peakByTag,
     tried: tried.map(({ activationCheckpointing, residentChunks, fusedUpdates, peakBytes }) => ({
       activationCheckpointing,

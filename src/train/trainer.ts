@@ -27,7 +27,8 @@ import { addNoise, velocity, weightedMse } from '../ops/loss.ts';
 import { lossWeights } from './objective.ts';
 import { huberCs, passLoss, HUBER_C_DEFAULT } from './loss-options.ts';
 import { drawStepNoise, zeroTerminalSnr } from './noise.ts';
-import { WeightEma } from './ema.ts';
+import { WeightEma, type ChunkEma } from './ema.ts';
+import { StoredEma } from './ema-store.ts';
 import { captionsProcessed, processCaption } from './captions.ts';
 import { checkConditioning, groupWeights, passConditioning } from './conditioning.ts';
 import { ChunkedAdamW } from './optimizer.ts';
@@ -57,8 +58,11 @@ export { CheckpointError } from './trainer-checks.ts';
 export class DreamBoothTrainer {
   /** Steps done (applied or skipped). */
   step = 0;
-  /** The EMA of the trained weights (settings.ema), updated after every step; null: off. */
-  ema: WeightEma | null = null;
+  /**
+   * The EMA of the trained weights (settings.ema), updated after every step; null: off. A LoRA run's is on the
+   * host (WeightEma), a full fine-tune's weight-sized one in the chunk store (StoredEma, ema-store.ts).
+   */
+  ema: ChunkEma | null = null;
   readonly losses: number[] = [];
   readonly validation: ValidationReport[] = [];
   readonly rng: Rng;
@@ -179,7 +183,19 @@ export class DreamBoothTrainer {
           mode: { optimizer: settings.optimizer, master: settings.master },
         });
     const trainer = new DreamBoothTrainer(gpu, model, data, settings, store, runId, trainable, optimizer, rng);
-    if (settings.ema) trainer.ema = await WeightEma.start(settings.ema, optimizer.chunks.length, (i) => optimizer.chunkMasters(i));
+    const masters = (i: number) => optimizer.chunkMasters(i);
+    if (settings.ema)
+      trainer.ema =
+        settings.mode === 'full'
+          ? await StoredEma.start(
+              settings.ema,
+              store,
+              `${runId}/ema`,
+              optimizer.chunks.map((c) => c.elems),
+              masters,
+              gpu.dryRun,
+            )
+          : await WeightEma.start(settings.ema, optimizer.chunks.length, masters);
     return trainer;
   }
 
@@ -606,6 +622,7 @@ export class DreamBoothTrainer {
     };
     await commitSnapshot(this.store, this.ckptPrefix, this.ema ? new Map([...st.files, ...this.ema.files()]) : st.files, meta);
     await this.opt.pin(st.versions);
+    await this.ema?.pin();
   }
 
   /**
@@ -663,7 +680,7 @@ export class DreamBoothTrainer {
     const ema = o.ema ? this.ema : null;
     for (const name of this.trainable.keys()) {
       const at = this.opt.locate(name);
-      if (!chunks.has(at.chunk)) chunks.set(at.chunk, ema ? ema.shadow[at.chunk] : await this.opt.chunkMasters(at.chunk));
+      if (!chunks.has(at.chunk)) chunks.set(at.chunk, ema ? await ema.chunk(at.chunk) : await this.opt.chunkMasters(at.chunk));
       out.set(name, chunks.get(at.chunk)!.slice(at.offset, at.offset + at.numel));
     }
     return out;
@@ -674,21 +691,47 @@ export class DreamBoothTrainer {
    * one is kept), then puts the trained weights back exactly (their compute-dtype values, read before).
    */
   async withEmaWeights<T>(fn: () => Promise<T>): Promise<T> {
-    if (!this.ema) return fn();
-    const ema = await this.trainedValues({ ema: true });
-    const saved = new Map<string, Float32Array>();
-    for (const [name, t] of this.trainable) saved.set(name, await this.gpu.read(t));
+    const ema = this.ema;
+    if (!ema) return fn();
+    // Chunk by chunk (a full fine-tune's EMA is weight-sized): the weights' own bits are kept (2 bytes per
+    // element in f16) and one chunk of the average is on the host at a time.
+    const saved = new Map<Tensor, ArrayBuffer>();
     try {
-      for (const [name, t] of this.trainable) this.gpu.write(t, ema.get(name)!);
+      for (const c of this.opt.chunks) {
+        const avg = await ema.chunk(c.index);
+        for (const p of c.params) {
+          const t = this.trainable.get(p.name)!;
+          saved.set(t, await this.gpu.readBytes(t.buffer, t.byteOffset, t.byteSize));
+          this.gpu.write(t, avg.subarray(p.offset, p.offset + p.numel));
+        }
+      }
       return await fn();
     } finally {
-      for (const [name, t] of this.trainable) this.gpu.write(t, saved.get(name)!);
+      for (const [t, bits] of saved) this.gpu.writeRaw(t, new Uint8Array(bits));
     }
+  }
+
+  /**
+   * The trained tensors chunk by chunk, as export/chunked.ts streams a full fine-tune: the masters, or with
+   * `ema` (and an EMA kept) their average.
+   */
+  trainedChunks(o: { ema?: boolean } = {}): TrainedChunks {
+    const ema = o.ema ? this.ema : null;
+    return { chunks: this.opt.chunks, chunkMasters: (i) => (ema ? ema.chunk(i) : this.opt.chunkMasters(i)) };
   }
 
   destroy(): void {
     this.opt.destroy();
   }
+}
+
+/** Trained tensors by optimizer chunk (export/chunked.ts's ChunkedTensors: the exporters read this shape). */
+export interface TrainedChunks {
+  readonly chunks: readonly {
+    readonly index: number;
+    readonly params: readonly { readonly name: string; readonly shape: readonly number[]; readonly offset: number; readonly numel: number }[];
+  }[];
+  chunkMasters(index: number): Promise<Float32Array>;
 }
 
 /**

@@ -9,7 +9,7 @@ import { describe, it } from 'node:test';
 import { defaultSettings, refuseInactive, SettingsError, SETTINGS, trainSettings, validateSettings, type RunSettings } from '../../src/pipeline/settings.ts';
 import { MemoryChunkStore } from '../../src/store/chunkstore.ts';
 import { processCaption } from '../../src/train/captions.ts';
-import { emaDecay, emaUpdate } from '../../src/train/ema.ts';
+import { EMA_DEFAULTS, emaDecay, emaUpdate } from '../../src/train/ema.ts';
 import { huberCs, robustLoss } from '../../src/train/loss-options.ts';
 import { drawStepNoise, pyramidNoise, zeroTerminalSnr } from '../../src/train/noise.ts';
 import { lossWeights } from '../../src/train/objective.ts';
@@ -181,7 +181,8 @@ void describe('the schema: ranges, combinations and options that would do nothin
     bad({ ema: true, emaDecay: 1 }, /--ema-decay must be from 0 to 0.999999/);
     bad({ ema: true, emaDecay: 0.9, emaMinDecay: 0.95 }, /--ema-min-decay 0.95 is above --ema-decay 0.9/);
     bad({ exportEma: true }, /--export-ema exports the EMA: turn on --ema too/);
-    assert.throws(() => validateSettings({ ...defaultSettings('full'), ema: true }), /--ema applies to LoRA training only/);
+    // a full fine-tune keeps its EMA in the chunk store (ema-store.ts): accepted, and it reaches the trainer
+    assert.deepEqual(trainSettings({ ...defaultSettings('full'), ema: true, emaDecay: 0.99 }).ema, { ...EMA_DEFAULTS, decay: 0.99 });
   });
 
   void it('a flag that does nothing as given is refused by its name', () => {
@@ -299,6 +300,92 @@ void describe('in the trainer (tiny UNet, LoRA, f32)', () => {
     const c = await makeTrainer(gpu, 'f32', 'lora', store, over);
     assert.equal(await c.trainer.resume(), true);
     while (c.trainer.step < steps) await c.trainer.trainStep();
+    const got = await c.trainer.trainedValues({ ema: true });
+    const gotRaw = await c.trainer.trainedValues();
+    c.free();
+    for (const [n, v] of want) assert.deepEqual(got.get(n), v, `${n}'s EMA differs after resume`);
+    for (const [n, v] of raw) assert.deepEqual(gotRaw.get(n), v, `${n} differs after resume`);
+  });
+});
+
+void describe('the EMA of a full fine-tune (tiny UNet, f32; optimizer chunks streamed, the EMA in the chunk store)', () => {
+  const steps = 4;
+  const ema = { decay: 0.9, minDecay: 0, updateAfterStep: 0, warmup: true, power: 2 / 3, invGamma: 1 };
+  // 4096-element chunks, one resident: the rest stream, so the EMA reads their masters from the store
+  const over: Partial<TrainSettings> = { steps, seed: 5, ema, lr: 1e-3, residentChunks: 1 };
+  const emaKeys = async (store: MemoryChunkStore) => (await store.keys('run/ema/')).map((k) => k.slice('run/ema/'.length));
+
+  void it('the loss falls; the EMA is the step-by-step average, in the store; samples and the export use it', async () => {
+    const gpu = await testGpu();
+    const store = new MemoryChunkStore();
+    const a = await makeTrainer(gpu, 'f32', 'full', store, over);
+    const chunks = a.trainer.optimizer.chunks.length;
+    assert.ok(a.trainer.storedChunks > 0 && chunks > a.trainer.storedChunks, `${a.trainer.storedChunks} of ${chunks} chunks streamed`);
+    const input = fixture('full').inputs[0];
+    const shadow = await a.trainer.trainedValues();
+    const losses: number[] = [];
+    for (let s = 0; s < steps; s++) {
+      const r = await a.trainer.trainStep(input);
+      assert.ok(r.applied);
+      losses.push(r.loss);
+      const now = await a.trainer.trainedValues();
+      for (const [n, v] of shadow) emaUpdate(v, now.get(n)!, emaDecay(ema, s + 1));
+    }
+    // the same sample each step: the full fine-tune lowers its loss (2 % is far above f32 noise, ~1e-6)
+    assert.ok(losses.at(-1)! < 0.98 * losses[0], `losses ${losses.map((l) => l.toFixed(5)).join(' ')} do not fall by 2%`);
+    // one version per chunk in the store, at the update count (the older ones deleted as each was replaced)
+    assert.deepEqual(
+      await emaKeys(store),
+      Array.from({ length: chunks }, (_, i) => `c${String(i).padStart(5, '0')}-v${steps}`),
+    );
+    const want = await a.trainer.trainedValues({ ema: true });
+    const raw = await a.trainer.trainedValues();
+    let apart = 0;
+    for (const [n, v] of want) {
+      assert.deepEqual(v, shadow.get(n), `${n}: the stored EMA is the step-by-step average`);
+      v.forEach((x, i) => (apart = Math.max(apart, Math.abs(x - raw.get(n)![i]))));
+    }
+    assert.ok(apart > 1e-6, `the EMA differs from the weights (by ${apart})`);
+    // the full export streams trainedChunks: the EMA's with --export-ema, the masters without
+    for (const [o, src] of [[{ ema: true }, want] as const, [{}, raw] as const]) {
+      const tc = a.trainer.trainedChunks(o);
+      for (const c of tc.chunks) {
+        const vals = await tc.chunkMasters(c.index);
+        for (const p of c.params) assert.deepEqual(vals.slice(p.offset, p.offset + p.numel), src.get(p.name), `${p.name} exported (${JSON.stringify(o)})`);
+      }
+    }
+    const read = async () => new Map(await Promise.all([...a.trainer.trainable].map(async ([n, t]) => [n, await gpu.read(t)] as const)));
+    const inside = await a.trainer.withEmaWeights(read);
+    const after = await read();
+    a.free();
+    for (const [n, v] of want) assert.deepEqual(inside.get(n), v, `${n} inside withEmaWeights`);
+    for (const [n, v] of raw) assert.deepEqual(after.get(n), v, `${n} after withEmaWeights`);
+  });
+
+  void it('checkpointed at 2, crashed after 3, resumed to 4: bit-identical to the run without the crash', async () => {
+    const gpu = await testGpu();
+    const input = fixture('full').inputs[0];
+    const a = await makeTrainer(gpu, 'f32', 'full', new MemoryChunkStore(), over);
+    for (let s = 0; s < steps; s++) await a.trainer.trainStep(input);
+    const want = await a.trainer.trainedValues({ ema: true });
+    const raw = await a.trainer.trainedValues();
+    a.free();
+    const store = new MemoryChunkStore();
+    const b = await makeTrainer(gpu, 'f32', 'full', store, over);
+    const chunks = b.trainer.optimizer.chunks.length;
+    for (let s = 0; s < 2; s++) await b.trainer.trainStep(input);
+    await b.trainer.checkpoint();
+    await b.trainer.trainStep(input);
+    // the checkpoint's versions stay beside the newer ones until a later checkpoint commits
+    const at = (v: number) => Array.from({ length: chunks }, (_, i) => `c${String(i).padStart(5, '0')}-v${v}`);
+    assert.deepEqual(await emaKeys(store), [...at(2), ...at(3)].sort());
+    b.free();
+    const c = await makeTrainer(gpu, 'f32', 'full', store, over);
+    assert.equal(await c.trainer.resume(), true);
+    assert.deepEqual(await emaKeys(store), at(2), "a resume keeps only the checkpoint's versions");
+    while (c.trainer.step < steps) await c.trainer.trainStep(input);
+    await c.trainer.checkpoint();
+    assert.deepEqual(await emaKeys(store), at(steps), "a later checkpoint releases the earlier one's versions");
     const got = await c.trainer.trainedValues({ ema: true });
     const gotRaw = await c.trainer.trainedValues();
     c.free();
