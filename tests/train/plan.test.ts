@@ -27,6 +27,8 @@ import {
   type PlanModel,
 } from '../../src/train/plan.ts';
 import { DreamBoothTrainer, type TrainSettings } from '../../src/train/trainer.ts';
+import { EMA_DEFAULTS } from '../../src/train/ema.ts';
+import { planChunks } from '../../src/train/optimizer-chunks.ts';
 import { FIXTURES } from '../helpers.ts';
 import { base, fixture, makeTrainer } from './tiny-trainer.ts';
 
@@ -312,6 +314,23 @@ describe('training planner (tiny UNet)', () => {
         gpu.destroy();
       }
     });
+
+  it("a full fine-tune's EMA is counted: 4 bytes per element held in the store, 8 moved per step, plus the streamed chunks' masters", async () => {
+    const m = model('full', 'f32');
+    const s = settingsOf('full', { activationCheckpointing: true, residentChunks: 2 });
+    const off = await dryRunPeak(dryGpu, m, dataShape, s);
+    const on = await dryRunPeak(dryGpu, m, dataShape, { ...s, ema: { ...EMA_DEFAULTS, decay: 0.9 } });
+    const chunks = planChunks(trainableShapes(m, s), s.chunkElems);
+    const elems = chunks.reduce((n, c) => n + c.elems, 0);
+    // fp32 AdamW keeps [master | m | v] per streamed chunk: the EMA reads it whole for the masters
+    const streamed = chunks.slice(2).reduce((n, c) => n + c.elems, 0);
+    assert.ok(streamed > 0 && streamed < elems, `${streamed} of ${elems} elements streamed`);
+    assert.equal(on.storeHeldBytes - off.storeHeldBytes, 4 * elems, 'the shadow held in the store');
+    assert.equal(on.storeWriteBytesPerStep - off.storeWriteBytesPerStep, 4 * elems, 'the shadow written each step');
+    assert.equal(on.storeReadBytesPerStep - off.storeReadBytesPerStep, 4 * elems + 12 * streamed, 'the shadow and the streamed masters read');
+    // the EMA is on the host a chunk at a time: no GPU memory
+    assert.equal(on.peakBytes, off.peakBytes);
+  });
 
   it('base weights auto: f16 when it fits, int8 when only int8 fits; a LyCORIS network keeps f16 (it adds into them)', async () => {
     const m = model('lora', 'f16');
