@@ -52,7 +52,8 @@ async function openSource(path: string, config: string | undefined): Promise<{ s
 }
 
 async function photos(dir: string, captions: boolean): Promise<BundlePhoto[]> {
-  const { images, errors } = await loadImageDir(dir, { onWarning: (m) => console.error(`warning: ${m}`) });
+  // a caption file that is not UTF-8 text or is empty is refused (CaptionError), as a run refuses it
+  const { images, errors } = await loadImageDir(dir, { onWarning: (m) => console.error(`warning: ${m}`), refuseBadCaptions: captions });
   for (const e of errors) console.error(`warning: skipped ${e.message}`);
   return images.map((im) => ({ name: im.name, image: im.image, ...(captions && im.caption !== undefined ? { caption: im.caption } : {}) }));
 }

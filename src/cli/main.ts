@@ -78,10 +78,13 @@ const train = (args: string[]) =>
   // --bundle writes the run as a job for diffusers' scripts / Ray Train instead of training: no GPU (bundle.ts).
   args.some((a) => a === '--bundle' || a.startsWith('--bundle='))
     ? import('./bundle.ts').then((m) => m.bundleCommand(args))
-    : import('./train.ts').then((m) => {
-        // A new run's flags and settings are checked before Dawn opens: a refusal costs no device (trainCommand checks them again).
+    : import('./train.ts').then(async (m) => {
+        // A new run's flags, settings and caption files are checked before Dawn opens: a refusal costs no device (trainCommand checks them again).
         const { values } = parseFlags(args, m.FLAGS, m.TRAIN_USAGE);
-        if (values.resume === undefined && ['model', 'images', 'prompt', 'out'].every((k) => values[k] !== undefined)) m.settingsFromFlags(values);
+        if (values.resume === undefined && ['model', 'images', 'prompt', 'out'].every((k) => values[k] !== undefined)) {
+          m.settingsFromFlags(values);
+          await m.checkNewRunCaptions(values);
+        }
         return withGpu(async () => m.trainCommand, args);
       });
 const exportModel = async (args: string[]) => (await import('./export.ts')).exportCommand(args);

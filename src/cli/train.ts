@@ -12,7 +12,7 @@ import { basename, extname, join, resolve } from 'node:path';
 import { encode as encodePng } from 'fast-png';
 import type { Gpu } from '../gpu/device.ts';
 import { nodeGpu } from '../gpu/node.ts';
-import { decodeImageNode, loadImageDir } from '../io/image-node.ts';
+import { checkCaptionFiles, decodeImageNode, loadImageDir } from '../io/image-node.ts';
 import { SafetensorsFile } from '../io/safetensors.ts';
 import { asFingerprints, fingerprintChanges, folderFingerprints, modelFingerprints, type Fingerprints } from '../io/fingerprint.ts';
 import { takeRunLock } from '../io/runlock.ts';
@@ -404,6 +404,12 @@ function makeRunFolder(out: string): void {
   }
 }
 
+/** A new run's caption files (--images), refused by name when one is not UTF-8 text or is empty (CaptionError). */
+export async function checkNewRunCaptions(values: ParsedFlags): Promise<void> {
+  const images = stringFlag(values, 'images');
+  if (images !== undefined && existsSync(images) && statSync(images).isDirectory()) await checkCaptionFiles(images);
+}
+
 // ---- the command --------------------------------------------------------------------------------------
 
 export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
@@ -438,6 +444,8 @@ export async function trainCommand(gpu: Gpu, argv: string[]): Promise<void> {
     claimEntries('--out', out, RUN_FILES);
     refuseLeftAside('--out', out);
   }
+  // A caption file that cannot be its photo's caption is refused before the run folder is made.
+  if (values.resume === undefined) await checkNewRunCaptions(values);
   const created = !existsSync(out);
   makeRunFolder(out);
   const unlock = takeRunLock(out, 'training in it');
@@ -539,9 +547,12 @@ async function openModel(run: RunFile): Promise<{ opened: OpenedModel; close: ()
   };
 }
 
-/** A folder's images as pipeline inputs (decoded here; a file that is not an image is named and skipped). */
+/**
+ * A folder's images as pipeline inputs (decoded here; a file that is not an image is named and skipped). With
+ * `caption`, a caption file that is not UTF-8 text or is empty is refused (CaptionError).
+ */
 async function folderImages(dir: string, caption: boolean): Promise<ImageInput[]> {
-  const { images, errors } = await loadImageDir(dir, { onWarning: (m) => console.error(`warning: ${m}`) });
+  const { images, errors } = await loadImageDir(dir, { onWarning: (m) => console.error(`warning: ${m}`), refuseBadCaptions: caption });
   for (const e of errors) console.error(`warning: skipped ${e.message}`);
   return images.map((im, i) => ({ id: String(i), name: im.name, pixels: im.image, ...(caption && im.caption !== undefined ? { caption: im.caption } : {}) }));
 }

@@ -189,6 +189,16 @@ const stem = (file: string) => basename(file, extname(file));
 export interface LoadOptions {
   /** Default: printed to stderr as "warning: ...", as the CLI prints its other warnings. */
   onWarning?: (message: string) => void;
+  /**
+   * A caption file that is not UTF-8 text or is empty is a CaptionError (naming the photo, the file and what to
+   * do) instead of a warning: the photo's caption was meant, so training it with the prompt would be wrong.
+   */
+  refuseBadCaptions?: boolean;
+}
+
+/** A caption file beside a photo that cannot be its caption (not UTF-8 text, or empty): stops the load. */
+export class CaptionError extends Error {
+  override name = 'CaptionError';
 }
 
 const stderrWarning = (message: string) => console.error(`warning: ${message}`);
@@ -232,8 +242,9 @@ async function brokenLink(path: string): Promise<string | undefined> {
  * unusable. Empty, unusable (binary, not UTF-8, a broken link, over CAPTION_MAX_BYTES) and suspicious (over
  * CAPTION_WARN_BYTES, or longer than the text encoder reads) files are reported through `warn`, naming them.
  */
-async function readCaption(path: string, image: string, warn: (message: string) => void): Promise<string | undefined> {
+async function readCaption(path: string, image: string, warn: (message: string) => void, refuse = false): Promise<string | undefined> {
   const file = basename(path);
+  const where = join(path, '..');
   let bytes: Uint8Array;
   try {
     const st = await stat(path);
@@ -254,11 +265,19 @@ async function readCaption(path: string, image: string, warn: (message: string) 
     return undefined;
   }
   const text = captionText(bytes);
+  if (text === undefined && refuse)
+    throw new CaptionError(
+      `${file} in ${where} is not UTF-8 text (binary data or another encoding), so it cannot be the caption of ${image}: save it as UTF-8 text, or remove it to train ${image} with the prompt`,
+    );
   if (text === undefined) {
     warn(`${file} is not a text file (binary data or not UTF-8): ignored as the caption of ${image}, which is trained with the prompt`);
     return undefined;
   }
   const first = text.split(/\r?\n/)[0].trim();
+  if (first === '' && refuse)
+    throw new CaptionError(
+      `${file} in ${where} is empty (kohya reads its first line), so ${image} would have no caption: write its caption on the first line, or remove the file to train ${image} with the prompt`,
+    );
   if (first === '') {
     warn(`${file} is empty (kohya reads its first line): ${image} is trained with the prompt; write its caption there, or remove the file`);
     return undefined;
@@ -284,7 +303,9 @@ export async function loadImageFile(path: string, opts: LoadOptions = {}): Promi
   }
   const image = await decodeImageNode(bytes, name);
   const caption =
-    extname(path).toLowerCase() === '.txt' ? undefined : await readCaption(join(path, '..', `${stem(path)}.txt`), name, opts.onWarning ?? stderrWarning);
+    extname(path).toLowerCase() === '.txt'
+      ? undefined
+      : await readCaption(join(path, '..', `${stem(path)}.txt`), name, opts.onWarning ?? stderrWarning, opts.refuseBadCaptions);
   return caption === undefined ? { name, path, image } : { name, path, image, caption };
 }
 
@@ -338,6 +359,7 @@ export async function loadImageDir(dir: string, opts: LoadOptions = {}): Promise
     try {
       images.push(await loadImageFile(join(dir, file), opts));
     } catch (e) {
+      if (e instanceof CaptionError) throw e;
       errors.push(e instanceof ImageError ? e : new ImageError(file, `${file}: ${(e as Error).message}`));
     }
   }
@@ -346,4 +368,19 @@ export async function loadImageDir(dir: string, opts: LoadOptions = {}): Promise
   errors.push(...brokenFiles);
   errors.sort((a, b) => byName(a.file, b.file));
   return { images, errors };
+}
+
+/**
+ * Refuses (CaptionError) the first caption file of `dir` that is not UTF-8 text or is empty, without decoding
+ * any photo: the command line's check before any work. A caption is a `.txt` with the stem of a .jpg, .jpeg, .png
+ * or .webp file (the loader refuses the rest of them as it decodes each photo).
+ */
+export async function checkCaptionFiles(dir: string): Promise<void> {
+  const names = (await readdir(dir)).filter((n) => !n.startsWith('.')).sort();
+  const isTxt = (f: string) => extname(f).toLowerCase() === '.txt';
+  const txt = new Set(names.filter(isTxt));
+  for (const image of names.filter((n) => /\.(jpe?g|png|webp)$/i.test(n))) {
+    const caption = `${stem(image)}.txt`;
+    if (txt.has(caption)) await readCaption(join(dir, caption), image, () => {}, true);
+  }
 }

@@ -7,7 +7,7 @@ import { copyFileSync, mkdirSync, mkdtempSync, symlinkSync, writeFileSync } from
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
-import { CAPTION_MAX_BYTES, loadImageDir, loadImageFile } from '../../src/io/image-node.ts';
+import { CAPTION_MAX_BYTES, CaptionError, checkCaptionFiles, loadImageDir, loadImageFile } from '../../src/io/image-node.ts';
 import { checkImageSet } from '../../src/io/image.ts';
 
 const FIXTURES = join(import.meta.dirname, '../fixtures/images');
@@ -110,6 +110,30 @@ describe('loadImageDir: symlinks and caption files', () => {
       'latin1.txt is not a text file (binary data or not UTF-8): ignored as the caption of latin1.png, which is trained with the prompt',
       'nul.txt is not a text file (binary data or not UTF-8): ignored as the caption of nul.png, which is trained with the prompt',
     ]);
+  });
+
+  it("refuseBadCaptions (the command line's rule): each bad caption is a CaptionError naming the file, folder and photo", async () => {
+    for (const [name, bytes, why] of [
+      ['empty', '  \nthe second line is not read\n', /empty\.txt in \S+ is empty \(kohya reads its first line\), so empty\.png would have no caption: write/],
+      ['latin1', Uint8Array.of(0x63, 0x61, 0x66, 0xe9), /latin1\.txt in \S+ is not UTF-8 text .*caption of latin1\.png: save it as UTF-8 text, or remove it/],
+      ['nul', Uint8Array.of(0x89, 0x50, 0x4e, 0x47, 0, 0, 0, 13), /nul\.txt in \S+ is not UTF-8 text/],
+    ] as const) {
+      const d = folder();
+      copyFileSync(join(FIXTURES, 'quadrants.png'), join(d, 'fine.png'));
+      writeFileSync(join(d, 'fine.txt'), 'sks dog');
+      copyFileSync(join(FIXTURES, 'quadrants.png'), join(d, `${name}.png`));
+      writeFileSync(join(d, `${name}.txt`), bytes);
+      const isRefusal = (e: Error) => e instanceof CaptionError && why.test(e.message) && e.message.includes(d);
+      await assert.rejects(loadImageDir(d, { refuseBadCaptions: true }), isRefusal);
+      await assert.rejects(checkCaptionFiles(d), isRefusal);
+    }
+    // good captions pass both; a .txt beside no photo is no caption
+    const d = folder();
+    copyFileSync(join(FIXTURES, 'quadrants.png'), join(d, 'fine.png'));
+    writeFileSync(join(d, 'fine.txt'), '\uFEFFsks dog');
+    writeFileSync(join(d, 'notes.txt'), '');
+    await checkCaptionFiles(d);
+    assert.equal((await loadImageDir(d, { refuseBadCaptions: true })).images[0].caption, 'sks dog');
   });
 
   it('a caption longer than the text encoder reads, or a large file, is used with a warning; a huge one is ignored', async () => {

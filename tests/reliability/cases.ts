@@ -310,6 +310,14 @@ export const CASES: Case[] = [
   { name: 'mode dora', before: 'clear', args: (ws) => withFlag(ws, '--mode', 'dora'), code: 1, message: /--mode must be lora or full, got "dora"/ },
   { name: 'LoRA rank with a full run', before: 'wrong', args: (ws) => withFlag(ws, '--mode', 'full'), code: 1, message: /--rank applies to --mode lora only/ },
   {
+    // Prodigy's and Adafactor's updates run on the host over every master in memory; full fine-tuning's chunked optimizer is AdamW's.
+    name: 'Prodigy with a full run',
+    before: 'wrong',
+    args: (ws) => [...withFlag(ws, '--mode', 'full').filter((a, i, all) => a !== '--rank' && all[i - 1] !== '--rank'), '--optimizer', 'prodigy'],
+    code: 1,
+    message: /--optimizer prodigy is for LoRA runs: .*full fine-tuning's chunked GPU optimizer is AdamW's only: use adamw or adamw8bit for --mode full/,
+  },
+  {
     name: 'text-encoder LoRA with a full run',
     before: 'clear',
     args: (ws) => [
@@ -798,17 +806,35 @@ export const CASES: Case[] = [
     },
   },
   {
-    name: 'a binary caption file',
+    name: 'a binary caption file is refused before any work, naming the photo and the file',
     before: 'wrong',
     args: () => [],
     code: 1,
-    message: /warning: .*real\.txt.*(binary|UTF-8)[\s\S]*needs at least/,
+    message:
+      /real\.txt in \S+captions\S* is not UTF-8 text \(binary data or another encoding\), so it cannot be the caption of real\.png: save it as UTF-8 text, or remove it/,
+    notOut: /step /,
     setup: (ws) => {
       const dir = ws.path('captions');
       mkdirSync(dir);
       copyFileSync(join(FIXTURES, 'images', 'quadrants.png'), join(dir, 'real.png'));
       writeFileSync(join(dir, 'real.txt'), Buffer.from([0x00, 0xff, 0xfe, 0x00, 0x41]));
-      return { args: tinyBudgetRun(ws, dir) };
+      return { args: tinyBudgetRun(ws, dir), absent: [ws.path('out')] };
+    },
+  },
+  {
+    name: 'an empty caption file is refused before any work, naming the photo and the file',
+    before: 'wrong',
+    args: () => [],
+    code: 1,
+    message:
+      /real\.txt in \S+captions\S* is empty \(kohya reads its first line\), so real\.png would have no caption: write its caption on the first line, or remove the file/,
+    notOut: /step /,
+    setup: (ws) => {
+      const dir = ws.path('captions');
+      mkdirSync(dir);
+      copyFileSync(join(FIXTURES, 'images', 'quadrants.png'), join(dir, 'real.png'));
+      writeFileSync(join(dir, 'real.txt'), ' \n\nsecond line only\n');
+      return { args: tinyBudgetRun(ws, dir), absent: [ws.path('out')] };
     },
   },
   // ---- issue 17: job bundles out, LoRAs trained elsewhere back in -----------------------------------------
