@@ -133,7 +133,8 @@ void describe('Prodigy and Adafactor in a LoRA run (tiny UNet, f32)', () => {
         (e: Error) => e instanceof SettingsError && re.test(e.message),
         JSON.stringify(over),
       );
-    bad({ mode: 'full', optimizer: 'prodigy', master: 'fp32' }, /--optimizer prodigy is for LoRA runs/);
+    bad({ mode: 'full', optimizer: 'prodigy', master: 'fp32' }, /--optimizer prodigy is for LoRA runs: .*17 GB .*AdamW's only/);
+    bad({ mode: 'full', optimizer: 'adafactor', master: 'fp32' }, /--optimizer adafactor is for LoRA runs: .*3\.4 GB .*AdamW's only/);
     bad({ optimizer: 'adafactor', master: 'compact' }, /--optimizer adafactor keeps fp32 masters on the host: set --master fp32/);
     bad({ optimizer: 'adafactor', lrScheduler: 'cosine' }, /does not read the learning rate, so --lr-scheduler would do nothing/);
     bad({ optimizer: 'prodigy', trainTextEncoder: true, textEncoderLr: 1e-5 }, /has one step size for every parameter: leave --text-encoder-lr at 0/);
