@@ -4,10 +4,11 @@
 //   1. forward error: the UNet's output with its int8 base against the f16 base, relative RMS
 //      ||out_int8 - out_f16|| / ||out_f16||, on noisy latents of the subject's photos at several timesteps;
 //   2. the LoRA gradient cosine: one step's LoRA gradients (the same batch, noise and timesteps) on each base;
-//   3. a short LoRA DreamBooth trained on each base from the same seed: first and final losses (the mean of the
-//      last steps, as one step's loss is as noisy as its timestep).
+//   3. a short LoRA DreamBooth trained on each base from the same seed: the validation loss (fixed noise and
+//      timesteps) before and after, each step's loss against the other base's (the same draws), and the cosine of
+//      the two trained LoRAs' up projections.
 // The f16 base is the reference: int8 is what it is measured against, so the figures are differences, not
-// quality. Writes bench/results/int8-effect.json.
+// quality. Writes bench/results/int8-effect.json after each stage (`complete` and `stagesDone` say how far it got).
 import { mkdirSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -109,36 +110,23 @@ for (const t of [50, 250, 500, 750, 950]) {
   console.log(`forward t=${t}: int8 vs f16 output relative RMS ${forward.at(-1)!.relRms.toExponential(3)}`);
 }
 
-// 2 and 3. The same LoRA run on each base: the first step's gradients, then the losses.
+// 2 and 3. The same LoRA run on each base, both trainers side by side: the first step's gradients (the cosine is
+// written as soon as both exist), then each run's remaining steps and losses.
 const data: TrainData = { latentShape, contextShape, instance: latents.map((latent) => ({ latent, context })), classes: [] };
 const settings: TrainSettings = { ...TRAIN_DEFAULTS.lora, rank: 8, alpha: 8, lr: 1e-3, checkpointEvery: 0, priorLossWeight: 0, seed: 5 };
-async function train(m: LoadedModel): Promise<{ grads: Float32Array; losses: number[] }> {
-  const trainer = await DreamBoothTrainer.create(
-    gpu,
-    { config: m.unet.config, weights: new Map(m.unet.weights), schedule },
-    data,
-    settings,
-    new MemoryChunkStore(),
-    'int8-effect',
-  );
+const trainerFor = (m: LoadedModel) =>
+  DreamBoothTrainer.create(gpu, { config: m.unet.config, weights: new Map(m.unet.weights), schedule }, data, settings, new MemoryChunkStore(), 'int8-effect');
+async function firstStep(trainer: DreamBoothTrainer): Promise<{ grads: Float32Array; losses: number[] }> {
   const losses = [(await trainer.trainStep()).loss];
   // The packed gradient slots still hold the first step's (loss-scaled) gradients: the cosine is scale-free.
   const parts = await Promise.all([...trainer.optimizer.gradSlots().values()].map((g) => gpu.read(g)));
   const grads = new Float32Array(parts.reduce((a, p) => a + p.length, 0));
   let o = 0;
   for (const p of parts) grads.set(p, (o += p.length) - p.length);
-  for (let i = 1; i < STEPS; i++) losses.push((await trainer.trainStep()).loss);
-  trainer.destroy();
   return { grads, losses };
 }
-const t0 = performance.now();
-const a = await train(f16);
-const b = await train(int8);
-const trainS = (performance.now() - t0) / 1000;
-const gradCosine = cosine(b.grads, a.grads);
 const mean = (xs: number[]) => xs.reduce((s, x) => s + x, 0) / xs.length;
-const summary = (r: { losses: number[] }) => ({ first: mean(r.losses.slice(0, TAIL)), final: mean(r.losses.slice(-TAIL)), losses: r.losses });
-const result = {
+const result: Record<string, unknown> = {
   date: new Date().toISOString(),
   model: 'public/demo-model (demo-sd1-small, f16)',
   data: `${latents.length} photos of the held-out subject (${SUBJECT_LOOK.colour} ${SUBJECT_LOOK.pattern} ${SUBJECT_LOOK.shape}) at ${R} px, prompt "${PROMPT}"`,
@@ -146,22 +134,70 @@ const result = {
   keptF16: q.kept,
   forward,
   forwardRelRmsMax: Math.max(...forward.map((f) => f.relRms)),
-  lora: { rank: settings.rank, lr: settings.lr, steps: STEPS, seed: settings.seed, gradElements: a.grads.length },
-  gradCosine,
-  f16: summary(a),
-  int8: summary(b),
-  trainSeconds: trainS,
+  lora: { rank: settings.rank, lr: settings.lr, steps: STEPS, seed: settings.seed },
   definitions: {
     relRms: '||unet_int8(x,t,c) - unet_f16(x,t,c)|| / ||unet_f16(x,t,c)|| over 4 noisy latents of the subject at timestep t',
     gradCosine: "cosine of the first step's LoRA gradients (every adapter, packed) on the int8 base against the f16 base",
-    first: `mean loss of the first ${TAIL} steps`,
-    final: `mean loss of the last ${TAIL} steps`,
+    validation:
+      "the trainer's validation loss (train/trainer.ts validate: fixed noise at 5 timesteps over the 4 photos, no Rng draw) before the first step and after the last: what the LoRA learned, free of the per-step timestep noise",
+    stepLossRelDiffMax: 'max over steps of |loss_int8 - loss_f16| / loss_f16: both runs draw the same timesteps and noise each step',
+    upCosine: "cosine of the trained up projections (lora_B, which start at 0: the learned part) on the int8 base against the f16 base's",
+    first: `mean training loss of the first ${TAIL} steps (noisy: each step's timestep differs)`,
+    final: `mean training loss of the last ${TAIL} steps`,
   },
 };
-console.log(`LoRA gradient cosine int8 vs f16: ${gradCosine.toFixed(5)} (${a.grads.length} elements)`);
-for (const k of ['f16', 'int8'] as const)
-  console.log(`LoRA on the ${k} base, ${STEPS} steps: loss ${result[k].first.toFixed(4)} -> ${result[k].final.toFixed(4)} (means of ${TAIL})`);
-mkdirSync(join(here, 'results'), { recursive: true });
-writeFileSync(join(here, 'results', 'int8-effect.json'), JSON.stringify(result, null, 2));
+// The JSON is rewritten after every stage, so a run stopped part way keeps what it measured: `complete` is false
+// and `stagesDone` names the stages whose figures are in the file.
+const stagesDone: string[] = [];
+const OUT = join(here, 'results', 'int8-effect.json');
+mkdirSync(dirname(OUT), { recursive: true });
+function save(stage: string, complete = false): void {
+  stagesDone.push(stage);
+  writeFileSync(OUT, JSON.stringify({ complete, stagesDone, ...result }, null, 2) + '\n');
+}
+save('forward');
+
+const trainers = { f16: await trainerFor(f16), int8: await trainerFor(int8) };
+const before = { f16: (await trainers.f16.validate()).instance, int8: (await trainers.int8.validate()).instance };
+const t0 = performance.now();
+const a = await firstStep(trainers.f16);
+const b = await firstStep(trainers.int8);
+const firstS = (performance.now() - t0) / 1000;
+result.gradCosine = cosine(b.grads, a.grads);
+result.gradElements = a.grads.length;
+console.log(`LoRA gradient cosine int8 vs f16: ${(result.gradCosine as number).toFixed(5)} (${a.grads.length} elements)`);
+save('gradient');
+
+const ups: Record<string, Float32Array> = {};
+for (const [k, r] of [
+  ['f16', a],
+  ['int8', b],
+] as const) {
+  const t1 = performance.now();
+  for (let i = 1; i < STEPS; i++) r.losses.push((await trainers[k].trainStep()).loss);
+  const after = (await trainers[k].validate()).instance;
+  const values = await trainers[k].trainedValues();
+  ups[k] = Float32Array.from([...values].filter(([n]) => n.includes('lora_B')).flatMap(([, v]) => [...v]));
+  trainers[k].destroy();
+  const s = {
+    validation: { before: before[k], after, drop: 1 - after / before[k] },
+    first: mean(r.losses.slice(0, TAIL)),
+    final: mean(r.losses.slice(-TAIL)),
+    seconds: firstS / 2 + (performance.now() - t1) / 1000,
+    losses: r.losses,
+  };
+  result[k] = s;
+  console.log(
+    `LoRA on the ${k} base, ${STEPS} steps: validation loss ${before[k].toFixed(4)} -> ${after.toFixed(4)} (${(100 * s.validation.drop).toFixed(1)} % lower), ${s.seconds.toFixed(1)} s`,
+  );
+  if (k === 'f16') save('lora-f16');
+}
+result.stepLossRelDiffMax = Math.max(...a.losses.map((l, i) => Math.abs(b.losses[i] - l) / l));
+result.upCosine = cosine(ups.int8, ups.f16);
+result.upElements = ups.f16.length;
+console.log(
+  `int8 vs f16 LoRA: per-step loss within ${(100 * (result.stepLossRelDiffMax as number)).toFixed(2)} %, trained up projections at cosine ${(result.upCosine as number).toFixed(4)}`,
+);
+save('lora-int8', true);
 gpu.destroy();
 process.exit(0);
