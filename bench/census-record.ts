@@ -14,6 +14,7 @@ import { PROFILES, type AdapterProfile } from '../src/gpu/profile.ts';
 import { recordingGpu, type RecordedDispatch } from '../src/gpu/recording.ts';
 import { nodeShaderSource } from '../src/gpu/shaders-node.ts';
 import type { Tensor } from '../src/gpu/tensor.ts';
+import * as loadModule from '../src/models/load.ts';
 import { SD15, unetParams } from '../src/models/shapes.ts';
 import { SD_SCHEDULE } from '../src/sample/schedulers.ts';
 import { MemoryChunkStore } from '../src/store/chunkstore.ts';
@@ -85,8 +86,10 @@ export async function recordStep(profile: AdapterProfile, c: CensusCase, step = 
     // minutes for a full fine-tune; commits before that option record with a plain Gpu (reads map zeros either way)
     { shaders: nodeShaderSource(), tensorCores: false, ...(opts.dry ? { dryRun: true, recording: true } : {}) },
   );
-  const weights = new Map<string, Tensor>();
-  for (const [name, shape] of unetParams(SD15.unet)) weights.set(name, gpu.tensor(shape, gpu.computeDType, 'weights', name));
+  // Laid out as the loader lays them out (grouped allocations where this commit's loader has them)
+  const grouped = (loadModule as unknown as { allocateWeights?: (g: Gpu, s: Map<string, number[]>, d: string) => Map<string, Tensor> }).allocateWeights;
+  const weights = grouped ? grouped(gpu, unetParams(SD15.unet), gpu.computeDType) : new Map<string, Tensor>();
+  if (!grouped) for (const [name, shape] of unetParams(SD15.unet)) weights.set(name, gpu.tensor(shape, gpu.computeDType, 'weights', name));
   const settings: TrainSettings = { ...(await trainDefaults())[c.mode], checkpointEvery: 0, activationCheckpointing: false, residentChunks: Infinity };
   const trainer = await trainerModule.DreamBoothTrainer.create(
     gpu,

@@ -90,15 +90,19 @@ fn convert(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
 }
 
 //#entry add_channel
-// x [N, C, H, W] + per-channel t [N, C]: out[i] = x[i] + t[(elem0 + i) / inner], inner = H*W, elem0 = the flat
-// index of this range's first element.
+// x [N, C, H, W] + per-channel t: out[i] = x[i] + t[n * t_stride + t_off + c] for the plane n * C + c =
+// (elem0 + i) / inner, inner = H*W, elem0 = the flat index of this range's first element. t is [N, C] (t_stride
+// = C, t_off = 0) or columns [t_off, t_off + C) of a wider [N, t_stride] row-major tensor (several layers'
+// projections computed by one GEMM).
 @compute @workgroup_size(WG)
 fn add_channel(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let i0 = first(wid, nwg, lid);
   for (var k = 0u; k < PER; k++) {
     let i = i0 + k * WG;
     if (i >= p.n) { return; }
-    out[i] = T(f32(x[i]) + f32(t[(p.elem0 + i) / p.inner]));
+    let plane = (p.elem0 + i) / p.inner;
+    let n = plane / p.chans;
+    out[i] = T(f32(x[i]) + f32(t[n * p.t_stride + p.t_off + (plane - n * p.chans)]));
   }
 }
 

@@ -3,7 +3,7 @@
 // tensor's name and shape are checked (check.ts) BEFORE any weight is read or uploaded; each tensor's
 // values are checked for NaN/Inf as they pass through the CPU.
 import type { Gpu } from '../gpu/device.ts';
-import type { DType, Tensor } from '../gpu/tensor.ts';
+import { BYTES, Tensor, type DType } from '../gpu/tensor.ts';
 import type { SafetensorsFile } from '../io/safetensors.ts';
 import type { ClipTextConfig } from '../nn/clip.ts';
 import type { Weights } from '../nn/blocks.ts';
@@ -72,6 +72,44 @@ function checkValues(src: ModelSource, c: Component, name: string, data: Float32
 }
 
 /**
+ * Frozen layers a model reads through one merged GEMM when their weights lie side by side in one allocation
+ * (nn/unet.ts timeProjections): every UNet ResNet's time_emb_proj, whose rows are all projections of the same
+ * time embedding. Their weights and their biases each get one allocation, in the order the names come.
+ */
+const GROUPED = [/\.time_emb_proj\.weight$/, /\.time_emb_proj\.bias$/];
+
+/**
+ * Tensors (uninitialised, tagged 'weights') for `shapes`: the members of each GROUPED family as views into one
+ * allocation, laid end to end, the first member owning it (so freeing every tensor of the map frees it once);
+ * every other tensor its own. A member whose bytes are not a multiple of the storage-offset alignment gets its
+ * own allocation instead. The per-layer names, shapes and values are those of separate tensors: only the layout
+ * differs (checkpoints and exports read and write each layer by name as before).
+ */
+export function allocateWeights(gpu: Gpu, shapes: Iterable<readonly [string, readonly number[]]>, dtype: DType): Map<string, Tensor> {
+  const list = [...shapes];
+  const align = gpu.device.limits.minStorageBufferOffsetAlignment;
+  const bytes = (s: readonly number[]) => s.reduce((a, b) => a * b, 1) * BYTES[dtype];
+  const out = new Map<string, Tensor>();
+  for (const re of GROUPED) {
+    const members = list.filter(([n, s]) => re.test(n) && bytes(s) % align === 0);
+    if (members.length < 2) continue;
+    const arena = gpu.tensor(
+      [members.reduce((a, [, s]) => a + bytes(s) / BYTES[dtype], 0)],
+      dtype,
+      'weights',
+      `${members[0][0]} (+${members.length - 1} grouped)`,
+    );
+    let at = arena.byteOffset;
+    members.forEach(([n, s], i) => {
+      out.set(n, new Tensor(arena.alloc, s, dtype, at, i === 0));
+      at += bytes(s);
+    });
+  }
+  for (const [n, s] of list) if (!out.has(n)) out.set(n, gpu.tensor(s, dtype, 'weights', n));
+  return out;
+}
+
+/**
  * Configs and every tensor's name and shape checked (check.ts) before anything is read; then each
  * tensor is read, its f32 values checked (after any f16/bf16 conversion: one pass over values already on
  * the CPU) for NaN/Inf and, for f16 weights, for values past f16's range, and uploaded in `dtype`. A
@@ -81,13 +119,12 @@ export async function loadModel(gpu: Gpu, src: ModelSource, dtype: DType): Promi
   const configs = checkModel(src);
   const uploaded: Tensor[] = [];
   const upload = async (c: Component): Promise<Weights> => {
-    const w: Weights = new Map();
-    for (const [name, shape] of src.shapes(c)) {
+    const w: Weights = allocateWeights(gpu, src.shapes(c), dtype);
+    uploaded.push(...w.values());
+    for (const [name, t] of w) {
       const { data } = await src.read(c, name);
       checkValues(src, c, name, data, dtype);
-      const t = gpu.upload(data, shape, dtype, 'weights', name);
-      uploaded.push(t);
-      w.set(name, t);
+      gpu.write(t, data);
     }
     return w;
   };

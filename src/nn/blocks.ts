@@ -1,7 +1,7 @@
 // Building blocks shared by the VAE and the UNet, forward: the ResNet block and the single-head
 // channel-first spatial self-attention of the VAE's mid block. Weights by diffusers names.
 import { ShapeError } from '../gpu/errors.ts';
-import type { Tensor } from '../gpu/tensor.ts';
+import { Tensor } from '../gpu/tensor.ts';
 import { networkWeight } from './lycoris.ts';
 import type { Ops } from './ops.ts';
 
@@ -33,12 +33,21 @@ export function conv(F: Ops, x: Tensor, weights: Weights, prefix: string, stride
  * h = conv2(silu(norm2(h))), out = shortcut(x) + h (shortcut = 1x1 conv_shortcut when channels change).
  * `tembProj` is the already projected [N, C_out] time embedding, or null (VAE).
  */
-export function resnetForward(F: Ops, x: Tensor, weights: Weights, prefix: string, groups: number, eps: number, tembProj: Tensor | null = null): Tensor {
+export function resnetForward(
+  F: Ops,
+  x: Tensor,
+  weights: Weights,
+  prefix: string,
+  groups: number,
+  eps: number,
+  /** [N, C_out], or columns [column, column + C_out) of all the ResNets' projections [N, S] (nn/unet.ts) */
+  tembProj: Tensor | { t: Tensor; column: number } | null = null,
+): Tensor {
   const a = normSilu(F, x, weights, `${prefix}.norm1`, groups, eps);
   let h = conv(F, a, weights, `${prefix}.conv1`);
   F.release(a);
   if (tembProj) {
-    const ht = F.addChannel(h, tembProj);
+    const ht = tembProj instanceof Tensor ? F.addChannel(h, tembProj) : F.addChannel(h, tembProj.t, tembProj.column);
     F.release(h);
     h = ht;
   }

@@ -525,8 +525,13 @@ export class Ops {
     return y;
   }
 
-  addChannel(x: Tensor, t: Tensor): Tensor {
-    const y = addChannel(this.gpu, x, t);
+  /**
+   * x + t per channel; with `column`, t is several layers' projections side by side and this layer's are its
+   * columns from `column` on (addChannel). Such a shared t must need no gradient (frozen projections).
+   */
+  addChannel(x: Tensor, t: Tensor, column: number | null = null): Tensor {
+    if (column !== null && this.tape && this.needs(t)) throw new Error('addChannel: a column slice of t gets no gradient here; t must be frozen (nn/unet.ts)');
+    const y = addChannel(this.gpu, x, t, column);
     this.rec(y, [], [x, t], (dy) => {
       // dt (a sum over each plane) only when t needs it: a frozen time-embedding projection does not.
       if (this.needs(t)) this.tape!.acc(t, addChannelBackward(this.gpu, x, t, dy).dt);

@@ -8,8 +8,9 @@
 // SDXL adds several BasicTransformerBlocks per transformer (transformerLayers) and the text_time embedding.
 import type { Gpu } from '../gpu/device.ts';
 import { ShapeError } from '../gpu/errors.ts';
-import type { Tensor } from '../gpu/tensor.ts';
+import { Tensor } from '../gpu/tensor.ts';
 import { timestepEmbedding } from '../ops/elementwise.ts';
+import { isInt8 } from '../ops/int8.ts';
 import { conv, normSilu, resnetForward, weight, type Weights } from './blocks.ts';
 import { loraLinear } from './lora.ts';
 import { Ops, type Tape } from './ops.ts';
@@ -197,6 +198,48 @@ function textTimeEmbedding(F: Ops, cfg: UnetConfig, w: Weights, B: number, added
 }
 
 /**
+ * Every ResNet's time_emb_proj(silu(temb)) by one GEMM, when the layers' weights lie end to end in one allocation
+ * and so do their biases (models/load.ts allocateWeights) and none of them, nor the embedding, needs a gradient:
+ * [B, temb] x [sum C_i, temb]^T -> [B, sum C_i], each ResNet reading its C_i columns in place (addChannel's column).
+ * Each output element is the same dot product over temb with the same bias as the layer's own GEMM would compute:
+ * only the number of output columns per dispatch changes. Else null: each ResNet projects on its own (a trained
+ * projection, full fine-tuning; an int8 or LyCORIS-adapted one; weights not loaded grouped).
+ */
+function timeProjections(F: Ops, w: Weights, embAct: Tensor): { all: Tensor; columns: Map<string, number> } | null {
+  const layers: { p: string; w: Tensor; b: Tensor }[] = [];
+  for (const [name, t] of w) {
+    if (!name.endsWith('.time_emb_proj.weight')) continue;
+    const p = name.slice(0, -'.time_emb_proj.weight'.length);
+    const b = w.get(`${p}.time_emb_proj.bias`);
+    if (!b) return null;
+    layers.push({ p, w: t, b });
+  }
+  if (layers.length < 2) return null;
+  const tape = F.tape;
+  const frozen = (t: Tensor) => !tape || !tape.needs(t);
+  if (!frozen(embAct) || layers.some((l) => !frozen(l.w) || !frozen(l.b) || l.w.shape.length !== 2 || isInt8(l.w))) return null;
+  // A LyCORIS or LoRA adapter on a projection (any tensor under its name beyond weight and bias) keeps it separate
+  const own = new Set(layers.flatMap((l) => [`${l.p}.time_emb_proj.weight`, `${l.p}.time_emb_proj.bias`]));
+  for (const name of w.keys()) if (name.includes('.time_emb_proj.') && !own.has(name)) return null;
+  const byWeight = [...layers].sort((a, b) => a.w.byteOffset - b.w.byteOffset);
+  const inner = byWeight[0].w.shape[1];
+  let column = 0;
+  const columns = new Map<string, number>();
+  for (const [i, l] of byWeight.entries()) {
+    const prev = byWeight[i - 1];
+    const follows = (t: Tensor, u: Tensor) => t.alloc === u.alloc && u.byteOffset + u.byteSize === t.byteOffset;
+    if (l.w.dtype !== embAct.dtype || l.b.dtype !== embAct.dtype || l.w.shape[1] !== inner || l.b.numel !== l.w.shape[0]) return null;
+    if (prev && (!follows(l.w, prev.w) || !follows(l.b, prev.b))) return null;
+    columns.set(l.p, column);
+    column += l.w.shape[0];
+  }
+  const [first] = byWeight;
+  const wAll = new Tensor(first.w.alloc, [column, inner], first.w.dtype, first.w.byteOffset, false);
+  const bAll = new Tensor(first.b.alloc, [column], first.b.dtype, first.b.byteOffset, false);
+  return { all: F.linear(embAct, wAll, bAll), columns };
+}
+
+/**
  * noise (or v) prediction [B, out, h, w] for sample [B, in, h, w], timesteps [B] (f32), context [B, L, D].
  * With a tape, every op records its backward (Tape.backward then yields parameter gradients). LoRA
  * adapters in `w` on the attention projections (to_q, to_k, to_v, to_out.0) are applied with `loraScale`.
@@ -245,8 +288,11 @@ export function unetForward(
   const embAct = F.act('silu', emb);
   F.release(emb);
   const segment = (fn: (G: Ops) => Tensor): Tensor => (checkpointing ? F.checkpoint(fn) : fn(F));
+  const merged = timeProjections(F, w, embAct);
   const resnet = (x: Tensor, p: string) =>
     segment((G) => {
+      const column = merged?.columns.get(p);
+      if (merged && column !== undefined) return resnetForward(G, x, w, p, cfg.groups, RES_EPS, { t: merged.all, column });
       const tp = G.linear(embAct, weight(w, `${p}.time_emb_proj.weight`), weight(w, `${p}.time_emb_proj.bias`));
       const y = resnetForward(G, x, w, p, cfg.groups, RES_EPS, tp);
       G.release(tp);
@@ -299,7 +345,7 @@ export function unetForward(
     }
   }
   const a = normSilu(F, x, w, 'conv_norm_out', cfg.groups, RES_EPS);
-  F.release(x, embAct);
+  F.release(x, embAct, merged?.all);
   const out = conv(F, a, w, 'conv_out');
   F.release(a);
   return out;

@@ -34,7 +34,7 @@ const CONVERT = elementwise({ entry: 'convert', uniforms: [N], bindings: [read('
 const REPEAT = elementwise({ entry: 'repeat', uniforms: [N, u32('inner')], bindings: [read('x'), write('out')] });
 const ADD_CHANNEL = elementwise({
   entry: 'add_channel',
-  uniforms: [N, u32('inner'), u32('elem0')],
+  uniforms: [N, u32('inner'), u32('elem0'), u32('chans'), u32('t_stride'), u32('t_off')],
   bindings: [read('x'), read('t'), write('out')],
 });
 const SUM_PLANES = elementwise({
@@ -222,16 +222,29 @@ function checkChannel(op: string, x: Tensor, t: Tensor): number {
   return x.numel / t.numel;
 }
 
-/** out[n,c,...] = x[n,c,...] + t[n,c]. */
-export function addChannel(gpu: Gpu, x: Tensor, t: Tensor): Tensor {
-  const inner = checkChannel('addChannel', x, t);
+/** t [N, S] holding x's C channels at columns [column, column + C): returns the plane size. */
+function checkColumns(op: string, x: Tensor, t: Tensor, column: number): number {
+  expectSameDType(op, x, t);
+  const [n, c] = x.shape;
+  if (x.shape.length < 2 || t.shape.length !== 2 || t.shape[0] !== n || !Number.isInteger(column) || column < 0 || column + c > t.shape[1])
+    throw new ShapeError(op, `t must be [${n},S] holding columns [${column},${column + c}) for x ${fmtShape(x.shape)}, got ${fmtShape(t.shape)}`);
+  return x.numel / (n * c);
+}
+
+/**
+ * out[n,c,...] = x[n,c,...] + t[n,c]; with `column` (t [N, S], S >= column + C), t's columns [column, column + C):
+ * one layer's slice of several layers' projections that one GEMM computed side by side (nn/unet.ts), read in place.
+ */
+export function addChannel(gpu: Gpu, x: Tensor, t: Tensor, column: number | null = null): Tensor {
+  const inner = column === null ? checkChannel('addChannel', x, t) : checkColumns('addChannel', x, t, column);
   if (!gpu.fitsBinding(t)) throw new ShapeError('addChannel', `${t} is larger than one storage binding`);
   const o = gpu.tensor(x.shape, x.dtype, 'activations', 'addChannel');
   const bytes = BYTES[x.dtype];
+  const cols = { chans: x.shape[1], t_stride: t.shape[t.shape.length - 1], t_off: column ?? 0 };
   for (const { start, count } of gpu.chunks(x.numel, bytes))
     gpu.run(ADD_CHANNEL, {
       defs: { WG, PER, T: x.dtype },
-      uniforms: { n: count, inner, elem0: start },
+      uniforms: { n: count, inner, elem0: start, ...cols },
       bindings: { x: gpu.subWindow(x, start, count, bytes), t, out: gpu.subWindow(o, start, count, bytes) },
       workgroups: gpu.grid(Math.ceil(count / BLOCK)),
     });

@@ -202,3 +202,70 @@ void describe("Norm dx added into the input's gradient in the kernel vs dx and a
           assert.equal(fused.entries.get('norm_bwd_input+'), 1, 'the dx kernel accumulates');
         });
 });
+
+/**
+ * Three ResNets' time projections of one input e [batch, K], each added per channel to its x_i [batch, C_i, 3, 5]:
+ * per layer (linear, addChannel), or merged (one linear over the weights concatenated along N, each addChannel
+ * reading its columns of the [batch, sum C_i] result in place), as nn/unet.ts does. Ragged: K = 13, C = 5, 9, 3.
+ */
+async function timeProjRun(gpu: Gpu, dtype: DType, batch: number, merged: boolean): Promise<Result> {
+  const [K, CS] = [13, [5, 9, 3]];
+  const rng = new Rng(batch * 17 + (dtype === 'f16' ? 1 : 0));
+  const rand = (n: number) => Float32Array.from({ length: n }, () => 2 * rng.uniform() - 1);
+  const ws = CS.map((c) => rand(c * K));
+  const bs = CS.map((c) => rand(c));
+  const xs = CS.map((c) => gpu.upload(rand(batch * c * 15), [batch, c, 3, 5], dtype));
+  const e = gpu.upload(rand(batch * K), [batch, K], dtype);
+  // Frozen projections of an input that needs no gradient (the UNet's time embedding)
+  const tape = new Tape(gpu, new Set(), { prune: true });
+  tape.noGrad(e);
+  const F = new Ops(gpu, tape);
+  const ys: Tensor[] = [];
+  const seen = recordDispatches(gpu, () => {
+    if (merged) {
+      const cat = (parts: Float32Array[]) => Float32Array.from(parts.flatMap((p) => [...p]));
+      const n = CS.reduce((a, b) => a + b, 0);
+      const wAll = gpu.upload(cat(ws), [n, K], dtype, 'weights');
+      const all = F.linear(e, wAll, gpu.upload(cat(bs), [n], dtype, 'weights'));
+      let column = 0;
+      for (const [i, x] of xs.entries()) {
+        ys.push(F.addChannel(x, all, column));
+        column += CS[i];
+      }
+    } else
+      for (const [i, x] of xs.entries()) {
+        const t = F.linear(e, gpu.upload(ws[i], [CS[i], K], dtype, 'weights'), gpu.upload(bs[i], [CS[i]], dtype, 'weights'));
+        ys.push(F.addChannel(x, t));
+      }
+  });
+  const bytes = new Map<string, Uint8Array>();
+  for (const [i, y] of ys.entries()) bytes.set(`y${i}`, new Uint8Array(await gpu.readBytes(y.buffer, y.byteOffset, y.byteSize)));
+  const entries = new Map<string, number>();
+  for (const { entry } of seen) if (entry !== 'fill') entries.set(entry, (entries.get(entry) ?? 0) + 1);
+  return { bytes, entries };
+}
+
+void describe('Time projections merged into one GEMM vs one GEMM per layer', () => {
+  for (const dtype of ['f32', 'f16'] as const)
+    for (const batch of [1, 7])
+      void it(`each layer's sum reads its columns in place, the same bits, 2 GEMMs fewer [${dtype}, batch ${batch}]`, async () => {
+        const gpu = await testGpu();
+        const separate = await timeProjRun(gpu, dtype, batch, false);
+        const merged = await timeProjRun(gpu, dtype, batch, true);
+        // Bit-identical: each projection element is the same 13-long dot product plus bias whatever N is (the
+        // GEMM's reduction order per element does not depend on the output width), read where it lies.
+        for (const k of separate.bytes.keys()) assert.deepEqual(merged.bytes.get(k), separate.bytes.get(k), `${k} differs`);
+        assert.equal(separate.entries.get('matmul'), 3);
+        assert.equal(merged.entries.get('matmul'), 1);
+        assert.equal(merged.entries.get('add_channel'), 3);
+      });
+  void it('a column slice that would need a gradient is refused, naming the op', async () => {
+    const gpu = await testGpu();
+    const t = gpu.upload([1, 2, 3, 4], [1, 4], 'f32');
+    const x = gpu.upload([1, 2], [1, 2, 1, 1], 'f32');
+    const F = new Ops(gpu, new Tape(gpu, null));
+    assert.throws(() => F.addChannel(x, t, 1), /addChannel: a column slice of t gets no gradient/);
+    assert.throws(() => new Ops(gpu).addChannel(x, t, 3), /addChannel.*columns \[3,5\)/);
+    gpu.free(t, x);
+  });
+});

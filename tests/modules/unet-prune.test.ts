@@ -12,6 +12,7 @@ import { describe, it } from 'node:test';
 import type { Gpu } from '../../src/gpu/device.ts';
 import type { Tensor } from '../../src/gpu/tensor.ts';
 import { readSafetensors } from '../../src/io/safetensors.ts';
+import { allocateWeights } from '../../src/models/load.ts';
 import { Tape } from '../../src/nn/ops.ts';
 import { unetConfigFromJson, unetForward } from '../../src/nn/unet.ts';
 import { mseLossBackward } from '../../src/ops/reduce.ts';
@@ -31,9 +32,16 @@ interface Run {
 }
 
 /** One LoRA forward + backward on the tiny UNet; the adapters' gradients as raw bytes, dispatches by kernel entry. */
-async function loraStep(gpu: Gpu, dtype: 'f16' | 'f32', prune: boolean, checkpointing: boolean): Promise<Run> {
+async function loraStep(gpu: Gpu, dtype: 'f16' | 'f32', prune: boolean, checkpointing: boolean, grouped = false): Promise<Run & { out: Uint8Array }> {
   const weights = new Map<string, Tensor>();
-  for (const [k, t] of base.tensors) if (!inputs.includes(k)) weights.set(k, gpu.upload(t.data, t.shape, dtype, 'weights', k));
+  const shapes = [...base.tensors].filter(([k]) => !inputs.includes(k)).map(([k, t]) => [k, t.shape] as const);
+  // grouped: the loader's layout (every time_emb_proj weight end to end in one allocation, and every bias)
+  if (grouped) for (const [k, t] of allocateWeights(gpu, shapes, dtype)) weights.set(k, t);
+  for (const [k, t] of base.tensors)
+    if (!inputs.includes(k)) {
+      if (grouped) gpu.write(weights.get(k)!, t.data);
+      else weights.set(k, gpu.upload(t.data, t.shape, dtype, 'weights', k));
+    }
   for (const k of adapterNames) weights.set(k, gpu.upload(lora.tensors.get(k)!.data, lora.tensors.get(k)!.shape, dtype, 'weights', k));
   const g = (k: string) => base.tensors.get(k)!;
   const tape = new Tape(gpu, new Set(adapterNames.map((k) => weights.get(k)!)), { prune });
@@ -44,10 +52,13 @@ async function loraStep(gpu: Gpu, dtype: 'f16' | 'f32', prune: boolean, checkpoi
   tape.noGrad(sample, context);
   const target = gpu.upload(lora.tensors.get('target')!.data, lora.tensors.get('target')!.shape, dtype);
   const before = gpu.stats.dispatches;
+  let out: Tensor | null = null;
   const seen = recordDispatches(gpu, () => {
-    const out = unetForward(gpu, cfg, weights, sample, timesteps, context, tape, Number(lora.metadata.lora_scale), checkpointing);
-    tape.backward(out, mseLossBackward(gpu, out, target));
+    out = unetForward(gpu, cfg, weights, sample, timesteps, context, tape, Number(lora.metadata.lora_scale), checkpointing);
   });
+  const y = out!;
+  const outBytes = new Uint8Array(await gpu.readBytes(y.buffer, y.byteOffset, y.byteSize));
+  seen.push(...recordDispatches(gpu, () => tape.backward(y, mseLossBackward(gpu, y, target))));
   const dispatches = gpu.stats.dispatches - before;
   const perEntry = new Map<string, number>();
   for (const { entry } of seen) perEntry.set(entry, (perEntry.get(entry) ?? 0) + 1);
@@ -60,7 +71,7 @@ async function loraStep(gpu: Gpu, dtype: 'f16' | 'f32', prune: boolean, checkpoi
   }
   tape.dropGrads();
   gpu.free(...weights.values(), sample, context, timesteps, target);
-  return { grads, perEntry, dispatches };
+  return { grads, perEntry, dispatches, out: outBytes };
 }
 
 void describe('requires_grad pruning (tiny UNet, LoRA)', () => {
@@ -99,5 +110,29 @@ void describe('requires_grad pruning (tiny UNet, LoRA)', () => {
         // context, and the sums that gathered them) comes on top.
         assert.ok(full.dispatches - pruned.dispatches > counted, `${full.dispatches} - ${pruned.dispatches} dispatches: at least ${counted} fewer`);
         assert.ok(saved('matmul') >= 8, `time_emb_proj dx GEMMs alone are 8 (saved ${saved('matmul')})`);
+      });
+});
+
+void describe('time_emb_proj merged into one GEMM (tiny UNet, LoRA)', () => {
+  for (const dtype of ['f32', 'f16'] as const)
+    for (const checkpointing of [false, true])
+      void it(`output and adapter gradients bit-identical to per-layer projections, one GEMM per ResNet fewer [${dtype}${checkpointing ? ', checkpointing' : ''}]`, async () => {
+        const gpu = await testGpu();
+        const separate = await loraStep(gpu, dtype, true, checkpointing);
+        const merged = await loraStep(gpu, dtype, true, checkpointing, true);
+        // Bit-identical: each projection element is the same K-long dot product plus bias in the merged GEMM (only
+        // the number of output columns changes), and addChannel reads the same value at its column.
+        assert.deepEqual(merged.out, separate.out, 'UNet output differs');
+        for (const k of adapterNames) assert.deepEqual(merged.grads.get(k), separate.grads.get(k), `${k}: gradient differs`);
+        const resnets = [...base.tensors.keys()].filter((k) => k.endsWith('time_emb_proj.weight')).length;
+        assert.ok(resnets >= 2);
+        // The ResNets' projections: one GEMM for all instead of one each. Checkpointing re-runs a ResNet's forward
+        // in the backward, and with it, unmerged, its projection: one more saved per ResNet, but the first one's,
+        // whose output (from the constant sample through frozen layers) needs no gradient and is not re-run.
+        const saved = (separate.perEntry.get('matmul') ?? 0) - (merged.perEntry.get('matmul') ?? 0);
+        assert.equal(saved, checkpointing ? 2 * resnets - 2 : resnets - 1, 'GEMMs saved');
+        // Nothing else changes (the poison fills of the projections' outputs aside: one tensor instead of one each)
+        const others = (r: Run) => [...r.perEntry].filter(([e]) => e !== 'matmul' && e !== 'fill').map(([e, n]) => `${e} ${n}`);
+        assert.deepEqual(others(merged), others(separate), 'other dispatches');
       });
 });
