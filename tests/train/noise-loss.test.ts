@@ -312,13 +312,13 @@ void describe('the EMA of a full fine-tune (tiny UNet, f32; optimizer chunks str
   const steps = 4;
   const ema = { decay: 0.9, minDecay: 0, updateAfterStep: 0, warmup: true, power: 2 / 3, invGamma: 1 };
   // 4096-element chunks, one resident: the rest stream, so the EMA reads their masters from the store
-  const over: Partial<TrainSettings> = { steps, seed: 5, ema, lr: 1e-3, residentChunks: 1 };
+  const overAll: Partial<TrainSettings> = { steps, seed: 5, ema, lr: 1e-3, residentChunks: 1 };
   const emaKeys = async (store: MemoryChunkStore) => (await store.keys('run/ema/')).map((k) => k.slice('run/ema/'.length));
 
   void it('the loss falls; the EMA is the step-by-step average, in the store; samples and the export use it', async () => {
     const gpu = await testGpu();
     const store = new MemoryChunkStore();
-    const a = await makeTrainer(gpu, 'f32', 'full', store, over);
+    const a = await makeTrainer(gpu, 'f32', 'full', store, overAll);
     const chunks = a.trainer.optimizer.chunks.length;
     assert.ok(a.trainer.storedChunks > 0 && chunks > a.trainer.storedChunks, `${a.trainer.storedChunks} of ${chunks} chunks streamed`);
     const input = fixture('full').inputs[0];
@@ -362,36 +362,42 @@ void describe('the EMA of a full fine-tune (tiny UNet, f32; optimizer chunks str
     for (const [n, v] of raw) assert.deepEqual(after.get(n), v, `${n} after withEmaWeights`);
   });
 
-  void it('checkpointed at 2, crashed after 3, resumed to 4: bit-identical to the run without the crash', async () => {
-    const gpu = await testGpu();
-    const input = fixture('full').inputs[0];
-    const a = await makeTrainer(gpu, 'f32', 'full', new MemoryChunkStore(), over);
-    for (let s = 0; s < steps; s++) await a.trainer.trainStep(input);
-    const want = await a.trainer.trainedValues({ ema: true });
-    const raw = await a.trainer.trainedValues();
-    a.free();
-    const store = new MemoryChunkStore();
-    const b = await makeTrainer(gpu, 'f32', 'full', store, over);
-    const chunks = b.trainer.optimizer.chunks.length;
-    for (let s = 0; s < 2; s++) await b.trainer.trainStep(input);
-    await b.trainer.checkpoint();
-    await b.trainer.trainStep(input);
-    // the checkpoint's versions stay beside the newer ones until a later checkpoint commits
-    const at = (v: number) => Array.from({ length: chunks }, (_, i) => `c${String(i).padStart(5, '0')}-v${v}`);
-    assert.deepEqual(await emaKeys(store), [...at(2), ...at(3)].sort());
-    b.free();
-    const c = await makeTrainer(gpu, 'f32', 'full', store, over);
-    assert.equal(await c.trainer.resume(), true);
-    assert.deepEqual(await emaKeys(store), at(2), "a resume keeps only the checkpoint's versions");
-    while (c.trainer.step < steps) await c.trainer.trainStep(input);
-    await c.trainer.checkpoint();
-    assert.deepEqual(await emaKeys(store), at(steps), "a later checkpoint releases the earlier one's versions");
-    const got = await c.trainer.trainedValues({ ema: true });
-    const gotRaw = await c.trainer.trainedValues();
-    c.free();
-    for (const [n, v] of want) assert.deepEqual(got.get(n), v, `${n}'s EMA differs after resume`);
-    for (const [n, v] of raw) assert.deepEqual(gotRaw.get(n), v, `${n} differs after resume`);
-  });
+  // fp32 AdamW, and full fine-tuning's default: 8-bit moments with compact masters (rebuilt from the f16 weights)
+  for (const [label, dtype, opt] of [
+    ['fp32 AdamW, f32', 'f32', {}],
+    ['adamw8bit + compact master, f16', 'f16', { optimizer: 'adamw8bit', master: 'compact' }],
+  ] as const)
+    void it(`checkpointed at 2, crashed after 3, resumed to 4: bit-identical to the run without the crash (${label})`, async () => {
+      const gpu = await testGpu();
+      const input = fixture('full').inputs[0];
+      const over: Partial<TrainSettings> = { ...overAll, ...opt };
+      const a = await makeTrainer(gpu, dtype, 'full', new MemoryChunkStore(), over);
+      for (let s = 0; s < steps; s++) await a.trainer.trainStep(input);
+      const want = await a.trainer.trainedValues({ ema: true });
+      const raw = await a.trainer.trainedValues();
+      a.free();
+      const store = new MemoryChunkStore();
+      const b = await makeTrainer(gpu, dtype, 'full', store, over);
+      const chunks = b.trainer.optimizer.chunks.length;
+      for (let s = 0; s < 2; s++) await b.trainer.trainStep(input);
+      await b.trainer.checkpoint();
+      await b.trainer.trainStep(input);
+      // the checkpoint's versions stay beside the newer ones until a later checkpoint commits
+      const at = (v: number) => Array.from({ length: chunks }, (_, i) => `c${String(i).padStart(5, '0')}-v${v}`);
+      assert.deepEqual(await emaKeys(store), [...at(2), ...at(3)].sort());
+      b.free();
+      const c = await makeTrainer(gpu, dtype, 'full', store, over);
+      assert.equal(await c.trainer.resume(), true);
+      assert.deepEqual(await emaKeys(store), at(2), "a resume keeps only the checkpoint's versions");
+      while (c.trainer.step < steps) await c.trainer.trainStep(input);
+      await c.trainer.checkpoint();
+      assert.deepEqual(await emaKeys(store), at(steps), "a later checkpoint releases the earlier one's versions");
+      const got = await c.trainer.trainedValues({ ema: true });
+      const gotRaw = await c.trainer.trainedValues();
+      c.free();
+      for (const [n, v] of want) assert.deepEqual(got.get(n), v, `${n}'s EMA differs after resume`);
+      for (const [n, v] of raw) assert.deepEqual(gotRaw.get(n), v, `${n} differs after resume`);
+    });
 });
 
 interface CaptionCase {
