@@ -111,6 +111,11 @@ export interface SdxlSource {
   readonly layout: 'single-file' | 'diffusers';
   readonly prediction: Prediction;
   readonly configs: Record<SdxlComponent, Json>;
+  /**
+   * A single file's configs are inferred with SDXL's standard sizes (64-wide heads, 32 norm groups); at other
+   * widths those cannot be inferred: what each component would need from --config, one line (checked by sdxlConfigs).
+   */
+  readonly uninferred?: string;
   shapes(c: SdxlComponent): Map<string, readonly number[]>;
   read(c: SdxlComponent, name: string): Promise<NamedTensor>;
   /** Where a tensor lives, for messages. */
@@ -225,9 +230,14 @@ export async function openSdxlSingleFile(file: SafetensorsFile, o: SourceOptions
     ...o.overrides?.text_encoder_2,
   };
   const scheduler = { ...o.overrides?.scheduler };
+  const uninferred = uninferredSdxl(
+    { unet: unetConfig, vae: vaeConfig, text_encoder: te1Config, text_encoder_2: te2Config },
+    (o.overrides ?? {}) as Partial<Record<SdxlComponent, Json>>,
+  );
   return {
     name: what,
     layout: 'single-file',
+    ...(uninferred ? { uninferred } : {}),
     prediction: sdxlPrediction(scheduler, what),
     configs: { unet: unetConfig, vae: vaeConfig, text_encoder: te1Config, text_encoder_2: te2Config },
     shapes: (c) => new Map([...refs[c]].map(([n, r]) => [n, r.shape] as const)),
@@ -245,6 +255,27 @@ export async function openSdxlSingleFile(file: SafetensorsFile, o: SourceOptions
     },
     close: async () => file.source.close?.(),
   };
+}
+
+/**
+ * The sizes a single file's shapes cannot tell at widths other than SDXL's, for the components whose configs
+ * (inferred: heads = width / 64, 32 norm groups) would not fit and that --config does not give; null when none.
+ */
+function uninferredSdxl(configs: Record<SdxlComponent, Json>, given: Partial<Record<SdxlComponent, Json>>): string | null {
+  const widths = (c: Json) => (Array.isArray(c.block_out_channels) ? (c.block_out_channels as number[]) : []);
+  const needs: [SdxlComponent, string, number[]][] = [
+    ['unet', 'attention_head_dim', widths(configs.unet).filter((w) => w % 64)],
+    ['unet', 'norm_num_groups', widths(configs.unet).filter((w) => w % 32)],
+    ['vae', 'norm_num_groups', widths(configs.vae).filter((w) => w % 32)],
+    ['text_encoder', 'num_attention_heads', [configs.text_encoder.hidden_size as number].filter((w) => w % 64)],
+    ['text_encoder_2', 'num_attention_heads', [configs.text_encoder_2.hidden_size as number].filter((w) => w % 64)],
+  ];
+  const missing = needs.filter(([c, field, off]) => off.length && !(given[c] && field in given[c]));
+  if (!missing.length) return null;
+  const parts = missing.map(([c, field, off]) => `${c} ${field} (widths ${off.join(', ')})`);
+  const example: Record<string, Json> = {};
+  for (const [c, field] of missing) example[c] = { ...example[c], [field]: '...' };
+  return `a single file holds no configs, and at widths other than SDXL's these values cannot be inferred from the tensor shapes: ${parts.join('; ')}: give the model's configs (--config, or a .json chosen with the checkpoint in the studio), e.g. ${JSON.stringify(example)}`;
 }
 
 /** Weight files per component in an SDXL diffusers folder, full precision first. */
@@ -366,6 +397,7 @@ export function sdxlTextEncoder2Params(te2: ClipTextConfig): Map<string, number[
 
 /** The parsed engine configs of an SdxlSource, and each component's expected tensors. */
 export function sdxlConfigs(src: SdxlSource) {
+  if (src.uninferred) throw new ModelError(`${src.name}: ${src.uninferred}`);
   const unet = unetConfigFromJson(src.configs.unet);
   const vae = vaeConfigFromJson(src.configs.vae);
   const te1 = clipConfigFromJson(src.configs.text_encoder);

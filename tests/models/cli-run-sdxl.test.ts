@@ -94,12 +94,13 @@ describe('cli on an SDXL model', () => {
     type Report = Record<string, unknown> & { parameters: Record<string, number>; problems: string[] };
     const cliInspect = (path: string) =>
       JSON.parse(
-        execFileSync(process.execPath, cliArgs('inspect', path), {
+        execFileSync(process.execPath, cliArgs('inspect', path, '--config', configPath), {
           stdio: ['ignore', 'pipe', 'pipe'],
           encoding: 'utf8',
         }),
       ) as Report;
-    const inspect = async (path: string) => (path === tiny.singleFile ? cliInspect(path) : ((await inspectSdxlPath(path, undefined)) as unknown as Report));
+    const inspect = async (path: string) =>
+      path === tiny.singleFile ? cliInspect(path) : ((await inspectSdxlPath(path, path === tiny.folder ? undefined : tiny.overrides)) as unknown as Report);
     const count = (m: Map<string, NamedTensor>) => [...m.values()].reduce((a, t) => a + t.data.length, 0);
     for (const [layout, path] of [
       ['single-file', tiny.singleFile],
@@ -122,6 +123,11 @@ describe('cli on an SDXL model', () => {
     writeFileSync(path, writeSafetensors(damaged));
     const r = await inspect(path);
     assert.equal(r.architecture, 'sdxl');
+    // Without its config the single file's sizes are a problem, named (tests/models/sdxl-load.test.ts has the message).
+    assert.match(
+      (await inspectSdxlPath(tiny.singleFile, undefined)).problems.join(' | '),
+      /cannot be inferred from the tensor shapes: unet attention_head_dim/,
+    );
     assert.ok(
       r.problems.some((p) => /unet/.test(p) && /conv_out\.weight/.test(p)),
       `problems name the missing UNet tensor: ${r.problems.join(' | ')}`,

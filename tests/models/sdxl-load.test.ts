@@ -139,6 +139,29 @@ describe('SDXL refusals name the file and what is wrong', () => {
       /x\.safetensors: the text encoders are 64 \+ 48 = 112 wide but the UNet's cross-attention .* expects 80/,
     );
   });
+  it("a single file at widths other than SDXL's, without the sizes its shapes cannot tell: each named, refused before a read", async () => {
+    // The tiny model's widths (16/32 UNet channels, 8/16 VAE, 32 and 48 wide encoders) are not multiples of SDXL's
+    // 64-wide heads and 32 norm groups, so inferring them would build another model: every one is asked for.
+    const file = await SafetensorsFile.open(await NodeFileSource.open(tiny.singleFile));
+    try {
+      const gpu = await testGpu();
+      await assert.rejects(
+        loadSdxl(gpu, await openSdxlSingleFile(file), 'f32'),
+        new RegExp(
+          'tiny-sdxl\\.safetensors: a single file holds no configs.*unet attention_head_dim \\(widths 16, 32\\); unet norm_num_groups \\(widths 16\\); ' +
+            'vae norm_num_groups \\(widths 8, 16\\); text_encoder num_attention_heads \\(widths 32\\); text_encoder_2 num_attention_heads \\(widths 48\\)',
+        ),
+      );
+      // Given all but one, the one left is named alone.
+      const { text_encoder_2: _, ...most } = tiny.overrides;
+      await assert.rejects(
+        loadSdxl(gpu, await openSdxlSingleFile(file, { overrides: most }), 'f32'),
+        /inferred from the tensor shapes: text_encoder_2 num_attention_heads \(widths 48\): give/,
+      );
+    } finally {
+      await file.source.close?.();
+    }
+  });
   it('the same for a diffusers folder', async () => {
     const folder = nodeFolder(tiny.folder);
     const unet = JSON.parse(readFileSync(join(tiny.folder, 'unet/config.json'), 'utf8'));
