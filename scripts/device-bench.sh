@@ -4,7 +4,7 @@
 #   1 step-128-simt   the SD 1.5 LoRA step at 128 px (SIMT kernels) with the PyTorch f32 and AMP peers      90 s
 #   2 step-512-simt   the 512 px batch-2 step with the PyTorch f32 and AMP peers                           150 s
 #   3 kernels-simt    kernel rates, f16 and f32, SIMT kernels, PyTorch beside them                          60 s
-#   4 kernels-tc      kernel rates, f16, tensor cores (DBS_TENSOR_CORES=1)                                  45 s
+#   4 kernels-tc      kernel rates, f16, tensor cores (the default; the SIMT stages set DBS_TENSOR_CORES=0)  45 s
 #   5 step-128-tc     the 128 px step with tensor cores                                                      60 s
 #   6 selftest-tc     the tensor-core self-test (every case; matmul/conv f16 through tensor cores)           60 s
 #   7 table           measured vs MODELLED (bench/census-compare.ts: the census's figures and the model
@@ -76,8 +76,8 @@ if [ "$mode" = smoke ]; then
   # On lavapipe each stage only has to start and do its first unit of work: the tiny UNet's step (no SD 1.5 there:
   # lavapipe takes minutes per SD 1.5 step), one small kernel case, the self-test's first cases, and the table from
   # the committed H200 profile.
-  stage step-128-simt 300 "${STEP[@]}" --cases tiny-lora --quick --budget-gib 4 --out "$out/step-128-simt.json"
-  stage kernels-simt 300 "${KERNELS[@]}" --quick --only mm320 --reps 1 --dtypes f32 --out "$out/kernels-simt.json"
+  stage step-128-simt 300 env DBS_TENSOR_CORES=0 "${STEP[@]}" --cases tiny-lora --quick --budget-gib 4 --out "$out/step-128-simt.json"
+  stage kernels-simt 300 env DBS_TENSOR_CORES=0 "${KERNELS[@]}" --quick --only mm320 --reps 1 --dtypes f32 --out "$out/kernels-simt.json"
   STARTS='^ok ' stage selftest-tc 90 env DBS_TENSOR_CORES=1 "${SELFTEST[@]}"
   stage table 200 "${COMPARE[@]}" --step bench/results/step-nvidia-h200.json --label 2756811-profile --out "$out/table.json"
   echo "smoke results in $out"
@@ -85,9 +85,9 @@ if [ "$mode" = smoke ]; then
 fi
 
 B=(--budget-gib 24)
-stage step-128-simt 90 "${STEP[@]}" --cases sd15-lora --sd15-px 128 "${B[@]}" "${TORCH[@]}" --out "$out/step-128-simt.json"
-stage step-512-simt 150 "${STEP[@]}" --cases sd15-lora --sd15-px 512 "${B[@]}" "${TORCH[@]}" --out "$out/step-512-simt.json"
-stage kernels-simt 60 "${KERNELS[@]}" --reps 5 "${TORCH[@]}" --out "$out/kernels-simt.json"
+stage step-128-simt 90 env DBS_TENSOR_CORES=0 "${STEP[@]}" --cases sd15-lora --sd15-px 128 "${B[@]}" "${TORCH[@]}" --out "$out/step-128-simt.json"
+stage step-512-simt 150 env DBS_TENSOR_CORES=0 "${STEP[@]}" --cases sd15-lora --sd15-px 512 "${B[@]}" "${TORCH[@]}" --out "$out/step-512-simt.json"
+stage kernels-simt 60 env DBS_TENSOR_CORES=0 "${KERNELS[@]}" --reps 5 "${TORCH[@]}" --out "$out/kernels-simt.json"
 stage kernels-tc 45 env DBS_TENSOR_CORES=1 "${KERNELS[@]}" --reps 5 --dtypes f16 --out "$out/kernels-tc.json"
 stage step-128-tc 60 env DBS_TENSOR_CORES=1 "${STEP[@]}" --cases sd15-lora --sd15-px 128 "${B[@]}" --out "$out/step-128-tc.json"
 stage selftest-tc 60 env DBS_TENSOR_CORES=1 "${SELFTEST[@]}"

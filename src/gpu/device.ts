@@ -6,10 +6,10 @@
 import { Allocator, sizeClass, type Tag } from './allocator.ts';
 import { GpuDeviceLostError, GpuValidationError, NoWebGpuError, ShapeError } from './errors.ts';
 import { fromF16Bits, toF16Bits } from '../util/half.ts';
-import { kernel, kernelModule, orderBindings, packUniforms, type BindingArgs, type KernelDecl, type UniformArgs } from './kernel.ts';
+import { kernel, kernelModule, orderBindings, packUniformsInto, uniformBytes, type BindingArgs, type KernelDecl, type UniformArgs } from './kernel.ts';
 import { defsKey, type Defs, type ShaderSource } from './shaders.ts';
 import { BYTES, numel, Tensor, type DType } from './tensor.ts';
-import { checkTensorCores, chooseMatrixShape, type MatrixShape } from './tensorcore.ts';
+import { checkTensorCores, tensorCoreDecision, type MatrixShape } from './tensorcore.ts';
 import { gemmConfigProblem, type GemmConfig } from './gemm-config.ts';
 import { adapterFacts, type AdapterFacts, type AdapterSummary } from './adapter.ts';
 import { profileSummary, resolveTimestamps, startProfiling, type GpuProfile, type Profiling } from './timestamps.ts';
@@ -77,11 +77,13 @@ export interface GpuOptions {
    */
   poison?: boolean;
   /**
-   * Use tensor cores (f16 subgroup matrices, src/gpu/tensorcore.ts) for f16 matmul and conv where the adapter offers
-   * them and the start-up check passes. Off by default until the path has been measured and checked on hardware
-   * (the Node host turns it on with DBS_TENSOR_CORES=1): without it every GEMM runs the SIMT kernels.
+   * Tensor cores (f16 subgroup matrices, src/gpu/tensorcore.ts) for f16 matmul and conv: on by default where the
+   * adapter offers them and the start-up check passes on this device (the check is the gate; a failing path is refused
+   * and named in `tensorCoreNote`); false turns them off and every GEMM runs the SIMT kernels.
    */
   tensorCores?: boolean;
+  /** How this host's user turns tensor cores off (e.g. "DBS_TENSOR_CORES=0"), named in the note when they did. */
+  tensorCoreOptOut?: string;
   /**
    * Split the long reductions of GEMMs with too few output tiles to fill the device (split-K, src/ops/gemm.ts).
    * Default: on GPUs; off on CPU adapters, where it measured 0.87-1.02x on lavapipe (2 cores) at LoRA and conv
@@ -124,6 +126,13 @@ const FILL_WG = 256;
 const UNIFORM_RING_MAX = 16 << 20;
 export { bindGroupCacheMax } from './adapter.ts';
 
+/** A compiled pipeline with its canonical key (shader, entry, sorted defs) and a short id for bind-group keys. */
+interface PipelineEntry {
+  readonly pipeline: GPUComputePipeline;
+  readonly key: string;
+  readonly id: number;
+}
+
 export class Gpu {
   readonly allocator: Allocator;
   readonly hasF16: boolean;
@@ -142,7 +151,20 @@ export class Gpu {
   readonly dryRun: boolean;
   /** A dry run that still encodes its dispatches (GpuOptions.recording). */
   private readonly encodesDryRun: boolean;
-  private readonly pipelines = new Map<string, GPUComputePipeline>();
+  private readonly pipelines = new Map<string, PipelineEntry>();
+  /**
+   * The same entries by kernel and by its defs in the order the call listed them: a call site lists its defs in one
+   * order every time, so a warm dispatch finds its pipeline without sorting the defs (the canonical key is made once).
+   */
+  private readonly pipelinesByCall = new WeakMap<KernelDecl, Map<string, PipelineEntry>>();
+  /** The device limits a dispatch checks, read once (each read of `device.limits` crosses into the native host). */
+  private readonly maxWorkgroupsPerDim: number;
+  private readonly maxStorageBinding: number;
+  private readonly uniformAlign: number;
+  /** One call's packed uniforms, checked before anything is recorded (grown for wider structs). */
+  private uniformScratch = new DataView(new ArrayBuffer(256));
+  /** The pipeline last set on the open compute pass (a repeated setPipeline is skipped). */
+  private passPipeline: GPUComputePipeline | null = null;
   private encoder: GPUCommandEncoder | null = null;
   private pass: GPUComputePassEncoder | null = null;
   /**
@@ -195,6 +217,9 @@ export class Gpu {
     this.bindGroupCacheMax = this.facts.bindGroupCacheMax;
     this.gemm = { ...this.facts.gemmDefaults };
     this.allocator = new Allocator(device, device.limits.maxBufferSize, this.dryRun, this.encodesDryRun);
+    this.maxWorkgroupsPerDim = device.limits.maxComputeWorkgroupsPerDimension;
+    this.maxStorageBinding = device.limits.maxStorageBufferBindingSize;
+    this.uniformAlign = device.limits.minUniformBufferOffsetAlignment;
     this.allocator.onEvict = () => this.bindGroups.clear();
     this.allocator.destroyEvicted = (b) => (this.encoder ? this.afterSubmit.push(b) : b.destroy());
     void device.lost.then((info) => {
@@ -407,17 +432,25 @@ export class Gpu {
     return this.pipelineEntry(k, defs).pipeline;
   }
 
-  private pipelineEntry(k: KernelDecl, defs: Defs): { pipeline: GPUComputePipeline; key: string } {
+  private pipelineEntry(k: KernelDecl, defs: Defs): PipelineEntry {
+    let byCall = this.pipelinesByCall.get(k);
+    if (!byCall) this.pipelinesByCall.set(k, (byCall = new Map()));
+    let callKey = '';
+    for (const name in defs) callKey += `${name}=${defs[name]},`;
+    const known = byCall.get(callKey);
+    if (known) return known;
     const { shader, entry } = k;
     const key = `${shader}:${entry}:${defsKey(defs)}`;
-    let p = this.pipelines.get(key);
-    if (!p) {
+    let e = this.pipelines.get(key);
+    if (!e) {
       const code = kernelModule(this.shaders.get(shader), k, defs);
       const module = this.device.createShaderModule({ code, label: key });
-      p = this.device.createComputePipeline({ layout: 'auto', compute: { module, entryPoint: entry }, label: key });
-      this.pipelines.set(key, p);
+      const pipeline = this.device.createComputePipeline({ layout: 'auto', compute: { module, entryPoint: entry }, label: key });
+      e = { pipeline, key, id: this.pipelines.size + 1 };
+      this.pipelines.set(key, e);
     }
-    return { pipeline: p, key };
+    byCall.set(callKey, e);
+    return e;
   }
 
   /**
@@ -445,37 +478,44 @@ export class Gpu {
   run<D extends KernelDecl>(k: D, call: KernelCall<D>): void {
     this.checkAlive();
     if (this.dryRun && !this.encodesDryRun) return;
-    const label = `${k.shader}.${k.entry}`;
     const [x, y = 1, z = 1] = call.workgroups;
-    const maxWg = this.device.limits.maxComputeWorkgroupsPerDimension;
-    if (x > maxWg || y > maxWg || z > maxWg) throw new ShapeError(label, `dispatch ${x}x${y}x${z} exceeds ${maxWg} workgroups per dimension`);
-    const uniformBytes = k.uniforms.length > 0 ? packUniforms(k, call.uniforms) : null;
+    const maxWg = this.maxWorkgroupsPerDim;
+    if (x > maxWg || y > maxWg || z > maxWg)
+      throw new ShapeError(`${k.shader}.${k.entry}`, `dispatch ${x}x${y}x${z} exceeds ${maxWg} workgroups per dimension`);
+    // Every check comes before anything is recorded or reserved: a refused call changes nothing.
+    let uniformSize = 0;
+    if (k.uniforms.length > 0) {
+      if (uniformBytes(k) > this.uniformScratch.byteLength) this.uniformScratch = new DataView(new ArrayBuffer(uniformBytes(k)));
+      uniformSize = packUniformsInto(k, call.uniforms, this.uniformScratch, 0);
+    }
     const bindings = orderBindings<Bindable>(k, call.defs, call.bindings as Record<string, Bindable | undefined>);
-    if (x === 0 || y === 0 || z === 0) return;
-    const { pipeline, key: pipelineKey } = this.pipelineEntry(k, call.defs);
-    const entries: GPUBindGroupEntry[] = [];
-    if (uniformBytes) entries.push({ binding: 0, resource: this.uniformSlot(uniformBytes) });
-    bindings.forEach((b, i) => {
-      if (!b) return;
+    const windows: (BufferWindow | null)[] = bindings.map((b, i) => {
+      if (!b) return null;
       const w = b instanceof Tensor ? this.window(b) : b;
-      if (w.size > this.device.limits.maxStorageBufferBindingSize)
-        throw new ShapeError(label, `binding '${k.bindings[i].name}' spans ${w.size} bytes, over the device's storage binding limit`);
-      entries.push({ binding: i + 1, resource: { buffer: w.buffer, offset: w.offset, size: w.size } });
+      if (w.size > this.maxStorageBinding)
+        throw new ShapeError(`${k.shader}.${k.entry}`, `binding '${k.bindings[i].name}' spans ${w.size} bytes, over the device's storage binding limit`);
+      return w;
     });
-    const bindGroup = this.bindGroupFor(pipeline, pipelineKey, entries);
-    const pass = this.profiling ? this.profiledPass(label) : this.getPass();
-    pass.setPipeline(pipeline);
+    if (x === 0 || y === 0 || z === 0) return;
+    const entry = this.pipelineEntry(k, call.defs);
+    const uniforms = uniformSize > 0 ? this.uniformSlot(uniformSize) : null;
+    const bindGroup = this.bindGroupFor(entry, uniforms, windows);
+    const pass = this.profiling ? this.profiledPass(`${k.shader}.${k.entry}`) : this.getPass();
+    if (this.passPipeline !== entry.pipeline) {
+      pass.setPipeline(entry.pipeline);
+      this.passPipeline = entry.pipeline;
+    }
     pass.setBindGroup(0, bindGroup);
     pass.dispatchWorkgroups(x, y, z);
     this.dispatchCount++;
     if (this.profiling) this.endPass();
   }
 
-  /** Packs one dispatch's uniform bytes into the ring and returns the binding of its slot. */
-  private uniformSlot(bytes: ArrayBuffer): GPUBufferBinding {
-    const align = this.device.limits.minUniformBufferOffsetAlignment;
+  /** Copies the packed uniforms (uniformScratch) into the ring and returns the binding of their slot. */
+  private uniformSlot(size: number): GPUBufferBinding {
+    const align = this.uniformAlign;
     let offset = Math.ceil(this.uniformUsed / align) * align;
-    if (offset + bytes.byteLength > this.uniformBytes.length) {
+    if (offset + size > this.uniformBytes.length) {
       // Full: submit what is recorded (its uniforms are written then) and grow the ring for next time, so a
       // warm step fits one ring and creates no buffer.
       this.flush();
@@ -494,23 +534,34 @@ export class Gpu {
       });
       this.otherBuffersCreated++;
     }
-    this.uniformBytes.set(new Uint8Array(bytes), offset);
-    this.uniformUsed = offset + bytes.byteLength;
-    return { buffer: this.uniformRing, offset, size: bytes.byteLength };
+    this.uniformBytes.set(new Uint8Array(this.uniformScratch.buffer, 0, size), offset);
+    this.uniformUsed = offset + size;
+    return { buffer: this.uniformRing, offset, size };
   }
 
-  /** The bind group for these entries, made once and reused while the same buffer ranges recur. */
-  private bindGroupFor(pipeline: GPUComputePipeline, pipelineKey: string, entries: GPUBindGroupEntry[]): GPUBindGroup {
-    let key = pipelineKey;
-    for (const e of entries) {
-      const r = e.resource as GPUBufferBinding;
-      key += `|${e.binding}:${this.bufferId(r.buffer)}:${r.offset ?? 0}:${r.size ?? -1}`;
+  /**
+   * The bind group of a pipeline over these ranges, made once and reused while the same buffer ranges recur (a warm
+   * training step binds the same pooled buffers at the same offsets, its uniforms at the same ring offsets). A key
+   * names each buffer by an id given once per GPUBuffer object: a destroyed buffer's id is never given to another, so
+   * a cached group can only match the live buffers it was made with (evictions also empty the cache: Allocator.onEvict).
+   */
+  private bindGroupFor(p: PipelineEntry, uniforms: GPUBufferBinding | null, windows: readonly (BufferWindow | null)[]): GPUBindGroup {
+    let key = `${p.id}`;
+    if (uniforms) key += `|0:${this.bufferId(uniforms.buffer)}:${uniforms.offset}:${uniforms.size}`;
+    for (let i = 0; i < windows.length; i++) {
+      const w = windows[i];
+      if (w) key += `|${i + 1}:${this.bufferId(w.buffer)}:${w.offset}:${w.size}`;
     }
     let group = this.bindGroups.get(key);
     if (!group) {
+      const entries: GPUBindGroupEntry[] = [];
+      if (uniforms) entries.push({ binding: 0, resource: uniforms });
+      windows.forEach((w, i) => {
+        if (w) entries.push({ binding: i + 1, resource: { buffer: w.buffer, offset: w.offset, size: w.size } });
+      });
       // A Map iterates in insertion order: its first key is the oldest entry.
       if (this.bindGroups.size >= this.bindGroupCacheMax) this.bindGroups.delete(this.bindGroups.keys().next().value!);
-      group = this.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries });
+      group = this.device.createBindGroup({ layout: p.pipeline.getBindGroupLayout(0), entries });
       this.bindGroups.set(key, group);
       this.bindGroupsCreated++;
     }
@@ -559,6 +610,7 @@ export class Gpu {
     this.endPass();
     const pair = prof.kernels.length;
     prof.kernels.push(kernel);
+    this.passPipeline = null;
     this.pass = this.getEncoder().beginComputePass({
       timestampWrites: { querySet: prof.querySet, beginningOfPassWriteIndex: 2 * pair, endOfPassWriteIndex: 2 * pair + 1 },
     });
@@ -575,7 +627,7 @@ export class Gpu {
 
   /** Splits `n` workgroups over x and y so neither exceeds the per-dimension limit. */
   grid(n: number): [number, number] {
-    const maxWg = this.device.limits.maxComputeWorkgroupsPerDimension;
+    const maxWg = this.maxWorkgroupsPerDim;
     if (n <= maxWg) return [n, 1];
     const y = Math.ceil(n / maxWg);
     return [Math.ceil(n / y), y];
@@ -684,6 +736,7 @@ export class Gpu {
 
   private getPass(): GPUComputePassEncoder {
     if (!this.pass) {
+      this.passPipeline = null;
       this.pass = this.getEncoder().beginComputePass(this.passTimestamps ? { timestampWrites: this.passTimestamps } : undefined);
       if (this.passTimestamps) this.timedPasses++;
     }
@@ -717,13 +770,15 @@ function gcd(a: number, b: number): number {
   return a;
 }
 
-/** Whether f16 GEMMs use tensor cores on this device: the adapter's offer, the options, then the start-up check. */
-async function tensorCoresFor(adapter: GPUAdapter, device: GPUDevice, opts: GpuOptions): Promise<{ shape: MatrixShape | null; note: string }> {
-  if (!opts.tensorCores) return { shape: null, note: 'not asked for (DBS_TENSOR_CORES=1 in Node)' };
-  if (opts.disableF16) return { shape: null, note: 'f16 is turned off' };
-  const info = (adapter.info ?? {}) as unknown as Record<string, unknown>;
-  const chosen = chooseMatrixShape(new Set([...device.features].map(String)), info);
-  if (!chosen.shape || opts.dryRun) return opts.dryRun ? { shape: null, note: 'memory planning' } : chosen;
-  const failure = await checkTensorCores(device, chosen.shape);
-  return failure ? { shape: null, note: `tensor cores off: ${failure}` } : { shape: chosen.shape, note: `${chosen.note}, start-up check passed` };
+/** Whether f16 GEMMs use tensor cores on this device: the options, the adapter's offer, then the start-up check. */
+function tensorCoresFor(adapter: GPUAdapter, device: GPUDevice, opts: GpuOptions): Promise<{ shape: MatrixShape | null; note: string }> {
+  return tensorCoreDecision({
+    asked: opts.tensorCores,
+    optOut: opts.tensorCoreOptOut ?? 'GpuOptions.tensorCores = false',
+    disableF16: opts.disableF16 ?? false,
+    dryRun: opts.dryRun ?? false,
+    features: new Set([...device.features].map(String)),
+    info: (adapter.info ?? {}) as unknown as Record<string, unknown>,
+    check: (shape) => checkTensorCores(device, shape),
+  });
 }

@@ -151,23 +151,55 @@ export function kernelModule(source: string, decl: KernelDecl, defs: Defs): stri
   return directives.size ? `${[...directives].join('\n')}\n${rest}` : rest;
 }
 
-/** Packs a call's uniforms in declaration order (4 bytes each, the struct padded to 16 bytes). */
-export function packUniforms(decl: KernelDecl, values: Readonly<Record<string, number>>): ArrayBuffer {
+/** Bytes of a kernel's uniform struct: 4 per uniform, padded to 16 (at least 16). */
+export function uniformBytes(decl: KernelDecl): number {
+  return Math.max(16, Math.ceil((decl.uniforms.length * 4) / 16) * 16);
+}
+
+/** Each declared uniform's index by name, made once per declaration (packing runs on every dispatch). */
+const uniformIndex = new WeakMap<KernelDecl, Map<string, number>>();
+
+function indexOf(decl: KernelDecl): Map<string, number> {
+  let index = uniformIndex.get(decl);
+  if (!index) uniformIndex.set(decl, (index = new Map(decl.uniforms.map((u, i) => [u.name, i]))));
+  return index;
+}
+
+/**
+ * Packs a call's uniforms in declaration order into `view` at `byteOffset` (4 bytes each, the struct's padding
+ * zeroed) and returns the struct's size. Checks every value first and writes nothing when one is refused.
+ */
+export function packUniformsInto(decl: KernelDecl, values: Readonly<Record<string, number>>, view: DataView, byteOffset: number): number {
   const where = `${decl.shader}.${decl.entry}`;
-  for (const name of Object.keys(values)) if (!decl.uniforms.some((u) => u.name === name)) throw new Error(`${where}: no uniform named '${name}'`);
-  const buf = new ArrayBuffer(Math.max(16, Math.ceil((decl.uniforms.length * 4) / 16) * 16));
-  const view = new DataView(buf);
-  decl.uniforms.forEach(({ name, type }, i) => {
+  const index = indexOf(decl);
+  for (const name in values) if (!index.has(name)) throw new Error(`${where}: no uniform named '${name}'`);
+  const us = decl.uniforms;
+  for (let i = 0; i < us.length; i++) {
+    const { name, type } = us[i];
     const v = values[name];
     if (typeof v !== 'number' || Number.isNaN(v)) throw new Error(`${where}: uniform '${name}' is missing or not a number (${String(v)})`);
     if (type === 'u32') {
       if (!Number.isInteger(v) || v < 0 || v > 0xffffffff) throw new Error(`${where}: uniform '${name}' = ${v} is not a u32`);
-      view.setUint32(i * 4, v, true);
     } else if (type === 'i32') {
       if (!Number.isInteger(v) || v < -0x80000000 || v > 0x7fffffff) throw new Error(`${where}: uniform '${name}' = ${v} is not an i32`);
-      view.setInt32(i * 4, v, true);
-    } else view.setFloat32(i * 4, v, true);
-  });
+    }
+  }
+  const size = uniformBytes(decl);
+  for (let i = 0; i < us.length; i++) {
+    const v = values[us[i].name];
+    const at = byteOffset + i * 4;
+    if (us[i].type === 'u32') view.setUint32(at, v, true);
+    else if (us[i].type === 'i32') view.setInt32(at, v, true);
+    else view.setFloat32(at, v, true);
+  }
+  for (let at = byteOffset + us.length * 4; at < byteOffset + size; at += 4) view.setUint32(at, 0, true);
+  return size;
+}
+
+/** Packs a call's uniforms in declaration order (4 bytes each, the struct padded to 16 bytes). */
+export function packUniforms(decl: KernelDecl, values: Readonly<Record<string, number>>): ArrayBuffer {
+  const buf = new ArrayBuffer(uniformBytes(decl));
+  packUniformsInto(decl, values, new DataView(buf), 0);
   return buf;
 }
 

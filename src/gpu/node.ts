@@ -73,7 +73,19 @@ export function dawnFlags(extra: string[] = []): string[] {
   return [...joined, ...other];
 }
 
+/**
+ * DBS_TENSOR_CORES: unset or 1 uses tensor cores where the start-up check passes (the default), 0 turns them off;
+ * anything else is refused before the device opens.
+ */
+export function tensorCoresFromEnv(value: string | undefined): boolean {
+  if (value === undefined || value === '' || value === '1') return true;
+  if (value === '0') return false;
+  throw new Error(`DBS_TENSOR_CORES=${value}: use 0 to turn tensor cores off or 1 (the default) to use them where the start-up check passes`);
+}
+
 export async function nodeGpu(opts: Partial<GpuOptions> = {}): Promise<Gpu> {
+  // Tensor cores: on where the adapter offers them and the start-up check passes; DBS_TENSOR_CORES=0 turns them off.
+  const tensorCores = tensorCoresFromEnv(process.env.DBS_TENSOR_CORES);
   if (!dawn) {
     const webgpu = (await import('webgpu')) as unknown as { create: (flags: string[]) => GPU; globals: object };
     Object.assign(globalThis, webgpu.globals);
@@ -81,12 +93,12 @@ export async function nodeGpu(opts: Partial<GpuOptions> = {}): Promise<Gpu> {
     dawn = quietDiscovery(webgpu.create(dawnFlags((process.env.DBS_DAWN_FLAGS ?? '').split(';').filter(Boolean))));
   }
   // DBS_GPU_POISON=1 (set by the test runner): new tensors are NaN-filled, so reading unwritten memory fails tests.
-  // DBS_TENSOR_CORES=1: f16 GEMMs run on tensor cores where the adapter offers them and the start-up check passes.
   try {
     return await Gpu.create(dawn, {
       shaders: nodeShaderSource(),
       poison: process.env.DBS_GPU_POISON === '1',
-      tensorCores: process.env.DBS_TENSOR_CORES === '1',
+      tensorCores,
+      tensorCoreOptOut: 'DBS_TENSOR_CORES=0',
       ...opts,
     });
   } catch (e) {

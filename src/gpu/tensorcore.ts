@@ -163,3 +163,38 @@ export async function checkTensorCores(device: GPUDevice, s: MatrixShape): Promi
     for (const b of buffers) b.destroy();
   }
 }
+
+/** What decides whether f16 GEMMs use tensor cores on a device (tensorCoreDecision). */
+export interface TensorCoreInputs {
+  /** The host's choice: undefined or true asks for them (the default), false turns them off. */
+  asked: boolean | undefined;
+  /** How the host turns them off, for the note (e.g. "DBS_TENSOR_CORES=0"). */
+  optOut: string;
+  disableF16: boolean;
+  /** Memory planning: nothing runs, so no check either. */
+  dryRun: boolean;
+  /** The device's features and the adapter's info (chooseMatrixShape reads them). */
+  features: ReadonlySet<string>;
+  info: Record<string, unknown>;
+  /** The start-up check on this device: null when it passed, else what went wrong (checkTensorCores). */
+  check: (shape: MatrixShape) => Promise<string | null>;
+}
+
+/**
+ * Tensor cores are on by default where the adapter offers an f16 subgroup-matrix shape the kernels fit and the
+ * start-up check passes on this device; the host may turn them off. Otherwise they are off and the note says why:
+ * the opt-out, f16 off, what the adapter lacks (the check is then skipped), or the check's failure (the path is
+ * refused and named). The check is the gate: nothing but its pass turns them on.
+ */
+export async function tensorCoreDecision(i: TensorCoreInputs): Promise<{ shape: MatrixShape | null; note: string }> {
+  if (i.asked === false) return { shape: null, note: `tensor cores off: turned off by the host (${i.optOut})` };
+  if (i.disableF16) return { shape: null, note: 'tensor cores off: f16 is turned off' };
+  const chosen = chooseMatrixShape(i.features, i.info);
+  if (!chosen.shape) return { shape: null, note: `tensor cores off: ${chosen.note}; start-up check skipped` };
+  if (i.dryRun) return { shape: null, note: 'tensor cores off: memory planning (nothing runs)' };
+  const shape = chosen.shape;
+  const failure = await i.check(shape);
+  if (failure)
+    return { shape: null, note: `tensor cores refused: the ${shape.M}x${shape.N}x${shape.K} subgroup-matrix GEMM path failed its start-up check (${failure})` };
+  return { shape, note: `tensor cores on: ${chosen.note}, start-up check passed` };
+}

@@ -30,7 +30,9 @@ declare global {
 async function initGpu(): Promise<void> {
   const { setGpu } = useAppStore.getState();
   try {
-    const gpu = await Gpu.create(navigator.gpu, { shaders: viteShaderSource() });
+    // Tensor cores are on where the start-up check passes; `?tools&tensorCores=0` turns them off.
+    const tensorCores = new URLSearchParams(location.search).get('tensorCores') !== '0';
+    const gpu = await Gpu.create(navigator.gpu, { shaders: viteShaderSource(), tensorCores, tensorCoreOptOut: 'the URL flag tensorCores=0' });
     gpu.onLost((e: GpuDeviceLostError) =>
       setGpu({ kind: 'error', title: 'The GPU device was lost', message: `${e.message}. Reload the page to start again.` }),
     );
@@ -117,6 +119,8 @@ function AdapterPanel() {
         <dd>{a.description || a.device || 'unknown'}</dd>
         <dt>Compute precision</dt>
         <dd>{g.gpu.hasF16 ? 'f16 storage, f32 accumulation' : 'f32'}</dd>
+        <dt>Tensor cores</dt>
+        <dd data-testid="tensor-cores">{g.gpu.tensorCoreNote}</dd>
       </dl>
       <h3>Features</h3>
       <ul className="features">

@@ -7,6 +7,8 @@ import { Gpu } from '../../src/gpu/device.ts';
 import { adapterFacts, isSoftwareAdapter } from '../../src/gpu/adapter.ts';
 import { NVIDIA_H200, summaryOf } from '../../src/gpu/profile.ts';
 import { kernel } from '../../src/gpu/kernel.ts';
+import { tensorCoresFromEnv } from '../../src/gpu/node.ts';
+import { checkTensorCores, tensorCoreDecision, type MatrixShape, type TensorCoreInputs } from '../../src/gpu/tensorcore.ts';
 import { specialise } from '../../src/gpu/shaders.ts';
 import { nodeShaderSource } from '../../src/gpu/shaders-node.ts';
 import { add, cast } from '../../src/ops/elementwise.ts';
@@ -108,6 +110,47 @@ describe('gpu runtime', () => {
       (e: Error) => e instanceof GpuOutOfMemoryError && e.tag === 'optimizer' && /adam-m/.test(e.message),
     );
     await assert.rejects(gpu.tensorChecked([huge / 4], 'f32', 'weights', 'unet'), GpuOutOfMemoryError);
+  });
+
+  it('tensor cores: on by default only where the start-up check passes; off with the reason otherwise', async () => {
+    // An adapter that offers what the kernels need (an H200's report), with the start-up check injected.
+    const offered: Omit<TensorCoreInputs, 'check'> = {
+      asked: undefined,
+      optOut: 'DBS_TENSOR_CORES=0',
+      disableF16: false,
+      dryRun: false,
+      features: new Set(['shader-f16', 'subgroups', 'chromium-experimental-subgroup-matrix']),
+      info: { subgroupMinSize: 32, subgroupMaxSize: 32, subgroupMatrixConfigs: [{ componentType: 'f16', resultComponentType: 'f32', M: 16, N: 16, K: 16 }] },
+    };
+    const checked: MatrixShape[] = [];
+    const passes = async (s: MatrixShape) => (checked.push(s), null);
+    const on = await tensorCoreDecision({ ...offered, check: passes });
+    assert.deepEqual(on.shape, { M: 16, N: 16, K: 16 }, on.note);
+    assert.match(on.note, /^tensor cores on: .*start-up check passed/);
+    assert.equal(checked.length, 1, 'the check ran once, on the chosen shape');
+    // A failing check refuses the path and names it: nothing but a pass turns them on.
+    const refused = await tensorCoreDecision({ ...offered, check: async () => 'the check kernel got 3 of 1024 elements wrong' });
+    assert.equal(refused.shape, null);
+    assert.match(refused.note, /refused: the 16x16x16 subgroup-matrix GEMM path failed its start-up check \(the check kernel got 3 of 1024/);
+    // The opt-out, f16 off, a dry run and an adapter without the feature: off, the reason said, the check never run.
+    const skipped = async (): Promise<string | null> => assert.fail('the start-up check ran where it must not');
+    const optOut = await tensorCoreDecision({ ...offered, asked: false, check: skipped });
+    assert.deepEqual([optOut.shape, optOut.note], [null, 'tensor cores off: turned off by the host (DBS_TENSOR_CORES=0)']);
+    assert.match((await tensorCoreDecision({ ...offered, disableF16: true, check: skipped })).note, /f16 is turned off/);
+    assert.match((await tensorCoreDecision({ ...offered, dryRun: true, check: skipped })).note, /memory planning/);
+    const absent = await tensorCoreDecision({ ...offered, features: new Set(['shader-f16', 'subgroups']), check: skipped });
+    assert.deepEqual([absent.shape, absent.note], [null, 'tensor cores off: the adapter offers no subgroup matrices; start-up check skipped']);
+    // The real check on a device without subgroup matrices (lavapipe) fails, so a path it gates is refused.
+    const gpu = await testGpu();
+    const real = await tensorCoreDecision({ ...offered, check: (s) => checkTensorCores(gpu.device, s) });
+    assert.equal(real.shape, null);
+    assert.match(real.note, /refused: the 16x16x16 subgroup-matrix GEMM path failed its start-up check \(the check kernel/);
+    // This device (default options): off, the reason in its adapter facts.
+    assert.equal(gpu.tensorCores, null);
+    assert.equal(gpu.facts.tensorCoreNote, 'tensor cores off: the adapter offers no subgroup matrices; start-up check skipped');
+    // The Node host's switch: unset or 1 on, 0 off, anything else refused by name.
+    assert.deepEqual([undefined, '', '1', '0'].map(tensorCoresFromEnv), [true, true, true, false]);
+    assert.throws(() => tensorCoresFromEnv('yes'), /DBS_TENSOR_CORES=yes: use 0 to turn tensor cores off or 1/);
   });
 
   it('caches pipelines by shader, entry and defs', async () => {
