@@ -11,7 +11,10 @@ import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { unzipSync } from 'fflate';
 import { encode as encodePng } from 'fast-png';
+import { kohyaName } from '../../src/export/lora.ts';
+import { mergeLycoris } from '../../src/export/merge.ts';
 import { readSafetensors } from '../../src/io/safetensors.ts';
+import { roundToF16 } from '../../src/util/half.ts';
 import { writeTinyModel } from '../fixtures/models/make-tiny.ts';
 import { FIXTURES } from '../helpers.ts';
 import { cliArgs } from '../cli.ts';
@@ -198,6 +201,66 @@ describe('cli train', () => {
       teUps.some(([, t]) => t.data.some((v) => v !== 0)),
       'text-encoder lora_up trained',
     );
+  });
+
+  it("a LoHa + DoRA run exports its LyCORIS file and full models merged by the loaders' rule; lora-diffusers is refused up front", () => {
+    const out = join(dir, 'loha-full');
+    const args = ['train', '--model', tiny.folder, '--images', images, '--prompt', 'a photo of sks dog', '--rank', '4', '--network', 'loha', '--dora'];
+    const refused = cli(...args, '--export', 'lora-diffusers', '--out', out);
+    assert.equal(refused.code, 1);
+    assert.match(
+      refused.err,
+      /--export lora-diffusers holds plain LoRA adapters: a --network loha run exports lora-kohya .*, full-single-file or diffusers-zip/,
+    );
+    assert.equal(existsSync(out), false, 'nothing written');
+    const r = cli(
+      ...args,
+      '--steps',
+      '2',
+      '--seed',
+      '4',
+      '--resolution',
+      '32',
+      '--lr',
+      '1e-2',
+      '--export',
+      'lora-kohya,full-single-file,diffusers-zip',
+      '--out',
+      out,
+    );
+    assert.equal(r.code, 0, r.err);
+    const kohya = tensorsOf(join(out, 'lora-kohya.safetensors')).tensors;
+    const zipped = unzipSync(new Uint8Array(readFileSync(join(out, 'model-diffusers.zip'))));
+    const unet = readSafetensors(zipped['unet/diffusion_pytorch_model.safetensors']).tensors;
+    const base = readSafetensors(new Uint8Array(readFileSync(join(tiny.folder, 'unet', 'diffusion_pytorch_model.safetensors')))).tensors;
+    const spec = { type: 'loha', rank: 4, alpha: 4, convRank: 4, convAlpha: 4, factor: -1, dora: true } as const;
+    let [adapted, worst, moved] = [0, 0, 0];
+    for (const [name, t] of unet) {
+      const k = kohyaName('unet', name.slice(0, -'.weight'.length));
+      if (!name.endsWith('.weight') || !kohya.has(`${k}.alpha`)) {
+        // an unadapted tensor is the base's, rounded to the file's f16
+        assert.deepEqual(t.data, roundToF16(base.get(name)!.data), name);
+        continue;
+      }
+      adapted++;
+      // the LyCORIS file's f16 factors merged by export/merge.ts (checked against PyTorch and the trained model's
+      // own weights in tests/train/lycoris.test.ts): the zip holds this run's merge, not the base or another's
+      const expect = mergeLycoris(Float32Array.from(base.get(name)!.data), t.shape, spec, (f) => kohya.get(`${k}.${f}`)?.data);
+      const w = base.get(name)!.data;
+      const delta = expect.reduce((m, v, i) => Math.max(m, Math.abs(v - w[i])), 0);
+      moved = Math.max(moved, delta);
+      // f16 rounding of the merged weight (2^-11 relative, 2^-10 allowed) and 1% of the layer's ΔW for the
+      // file's f16 factors (2^-11 each, products of four), as tests/train/lycoris.test.ts allows
+      for (let i = 0; i < t.data.length; i++) worst = Math.max(worst, Math.abs(t.data[i] - expect[i]) / (2 ** -10 * Math.abs(expect[i]) + 0.01 * delta));
+    }
+    assert.ok(adapted >= 32, `${adapted} adapted layers in the zip`);
+    assert.ok(worst <= 1, `the zip's merged weights are off by ${worst} of f16 rounding`);
+    assert.ok(moved > 1e-3, `the merged weights moved ${moved} from the base (f16 rounding of W is ~1e-4)`);
+    // the single file holds the same merged UNet tensors under its own names
+    const single = tensorsOf(join(out, 'model.safetensors')).tensors;
+    const key = (d: Float32Array) => Buffer.from(d.buffer, d.byteOffset, d.byteLength).toString('base64');
+    const inSingle = new Set([...single].filter(([n]) => n.startsWith('model.diffusion_model.')).map(([, t]) => key(t.data)));
+    for (const [name, t] of unet) assert.ok(inSingle.has(key(t.data)), `${name} of the zip is in the single file`);
   });
 
   it('full DreamBooth from a single file: model.safetensors has the base key set and loads back', () => {
