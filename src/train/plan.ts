@@ -9,7 +9,8 @@
 //                              staging set.
 // The planner does not estimate: it builds the real trainer on a dry-run Gpu (every allocation accounted,
 // nothing backed, no dispatch) and runs real train steps, so the peak it reports is the allocator's peak of
-// the actual code path: weights, gradients, activations, optimizer chunks, staging, scratch; and the store
+// the actual code path: weights, gradients, activations, optimizer chunks, staging, scratch (a LyCORIS layer's
+// materialised ΔW, W + s ΔW and DoRA's squares, norms and W' among them); and the store
 // bytes are what the real optimizer writes and reads (DryRunChunkStore counts them, keeps only sizes). The
 // optimizer's create packs no starting state in a dry run (ChunkedAdamW.createDry: same allocations, same
 // store keys and byte lengths, no values): packing it on the host took a minute per dry run of full SD 1.5
@@ -253,7 +254,8 @@ export const storeBytesPerStep = (r: Pick<DryRunResult, 'storeReadBytesPerStep' 
 const gib = (n: number) => formatBytes(n, { digits: 2, unit: n >= GiB / 10 ? 'GiB' : 'MiB' });
 
 function describeRun(model: PlanModel, s: TrainSettings): string {
-  const kind = s.mode === 'full' ? 'full DreamBooth' : `LoRA DreamBooth (rank ${s.rank}${s.textEncoderLora ? ', text encoder too' : ''})`;
+  const network = s.network && s.network !== 'lora' ? `${s.network}${s.dora ? ' + DoRA' : ''} ` : '';
+  const kind = s.mode === 'full' ? 'full DreamBooth' : `${network}LoRA DreamBooth (rank ${s.rank}${s.textEncoderLora ? ', text encoder too' : ''})`;
   return `${model.name ? `${model.name} ` : ''}${kind}`;
 }
 

@@ -29,6 +29,7 @@ import {
 import { DreamBoothTrainer, type TrainSettings } from '../../src/train/trainer.ts';
 import { EMA_DEFAULTS } from '../../src/train/ema.ts';
 import { planChunks } from '../../src/train/optimizer-chunks.ts';
+import { trainableSpec } from '../../src/train/trainable.ts';
 import { FIXTURES } from '../helpers.ts';
 import { base, fixture, makeTrainer } from './tiny-trainer.ts';
 
@@ -125,12 +126,28 @@ describe('training planner (tiny UNet)', () => {
     ['full', 'f16', { activationCheckpointing: true, residentChunks: 0 }],
     ['lora', 'f32', { activationCheckpointing: false, residentChunks: 0 }],
     ['lora', 'f16', { activationCheckpointing: true, residentChunks: Infinity }],
+    // LyCORIS: each adapted layer materialises ΔW, W + s ΔW and (DoRA) the squares, norms and W' (nn/lycoris.ts)
+    ['lora', 'f32', { network: 'loha', activationCheckpointing: false, residentChunks: Infinity }],
+    ['lora', 'f16', { network: 'locon', convRank: 2, convAlpha: 1, dora: true, activationCheckpointing: true, residentChunks: 0 }],
   ] as const)
-    it(`dry-run peak = real peak, to the byte: ${mode} ${dtype}, checkpointing ${over.activationCheckpointing}, ${over.residentChunks} resident`, async () => {
+    it(`dry-run peak = real peak, to the byte: ${mode}${'network' in over ? ` ${over.network}${over.dora ? '+DoRA' : ''}` : ''} ${dtype}, checkpointing ${over.activationCheckpointing}, ${over.residentChunks} resident`, async () => {
       const planned = await plannedPeak(mode, dtype, over);
       const measured = await realPeak(mode, dtype, over);
       assert.equal(planned, measured);
     });
+
+  it("a LyCORIS network's weight-sized temporaries are in the planned peak: one W + s ΔW per adapted layer over LoRA's, one W' more with DoRA", async () => {
+    const over = { activationCheckpointing: false, residentChunks: Infinity };
+    const peak = async (o: Partial<TrainSettings>) => plannedPeak('lora', 'f32', { ...over, ...o });
+    const locon = { network: 'locon', convRank: 2, convAlpha: 1 } as const;
+    const [lora, loha, loconPeak, dora] = [await peak({}), await peak({ network: 'loha' }), await peak(locon), await peak({ ...locon, dora: true })];
+    // every adapted layer (attention projections and ResNet 3x3 convs) runs with its own materialised weight,
+    // which the tape keeps for the backward: at least their f32 bytes together (measured: 4.7x them for LoHa)
+    const layers = trainableSpec(cfg, undefined, settingsOf('lora', { network: 'loha' }))[0].layers;
+    const weightBytes = layers.reduce((n, l) => n + 4 * base.tensors.get(`${l}.weight`)!.data.length, 0);
+    assert.ok(loha - lora >= weightBytes, `LoHa plans ${loha - lora} bytes over LoRA; its adapted weights alone are ${weightBytes}`);
+    assert.ok(dora - loconPeak >= weightBytes, `DoRA plans ${dora - loconPeak} bytes over LoCon; its W' alone are ${weightBytes}`);
+  });
 
   it('dry-run peak = real peak with text-encoder LoRA (the text encoder on the GPU, its adapters in the optimizer)', async () => {
     const clip = readSafetensors(new Uint8Array(readFileSync(join(FIXTURES, 'modules', 'clip_sd1.safetensors'))));

@@ -74,7 +74,8 @@ export async function makeTrainer(
     { ...fx.settings, ...over },
     store,
     'run',
-    mode === 'lora' ? fx.init : undefined,
+    // fx.init holds plain LoRA's adapters; a LyCORIS network starts from its own init
+    mode === 'lora' && (over.network ?? 'lora') === 'lora' ? fx.init : undefined,
   );
   const free = () => {
     trainer.destroy();
