@@ -50,6 +50,7 @@ import {
   type TrainSettings,
   type ValidationReport,
 } from './train-types.ts';
+import { fromF16Bits } from '../util/half.ts';
 import { Rng } from '../util/rng.ts';
 
 export * from './train-types.ts';
@@ -707,7 +708,8 @@ export class DreamBoothTrainer {
       }
       return await fn();
     } finally {
-      for (const [t, bits] of saved) this.gpu.writeRaw(t, new Uint8Array(bits));
+      // decoded to values for write() (exact: f16 -> f32 -> f16), which pads an odd f16 length as every upload does
+      for (const [t, bits] of saved) this.gpu.write(t, t.dtype === 'f16' ? fromF16Bits(new Uint16Array(bits, 0, t.numel)) : new Float32Array(bits, 0, t.numel));
     }
   }
 
