@@ -72,14 +72,21 @@ function checkValues(src: ModelSource, c: Component, name: string, data: Float32
 }
 
 /**
- * Frozen layers a model reads through one merged GEMM when their weights lie side by side in one allocation
- * (nn/unet.ts timeProjections): every UNet ResNet's time_emb_proj, whose rows are all projections of the same
- * time embedding. Their weights and their biases each get one allocation, in the order the names come.
+ * Frozen layers a model reads through one merged GEMM when their weights lie side by side in one allocation: every
+ * UNet ResNet's time_emb_proj, whose rows are all projections of the same time embedding (nn/unet.ts
+ * timeProjections), their weights in one allocation and their biases in another, in the order the names come; and
+ * each attention's projections of the same input (nn/lora.ts loraLinearGroup): self-attention's q, k, v, cross-
+ * attention's k, v, in that order. `re`'s first group names the allocation, its second the member.
  */
-const GROUPED = [/\.time_emb_proj\.weight$/, /\.time_emb_proj\.bias$/];
+const GROUPED: { re: RegExp; order?: string[] }[] = [
+  { re: /^()(.*)\.time_emb_proj\.weight$/ },
+  { re: /^()(.*)\.time_emb_proj\.bias$/ },
+  { re: /^(.*\.attn1)\.(to_q|to_k|to_v)\.weight$/, order: ['to_q', 'to_k', 'to_v'] },
+  { re: /^(.*\.attn2)\.(to_k|to_v)\.weight$/, order: ['to_k', 'to_v'] },
+];
 
 /**
- * Tensors (uninitialised, tagged 'weights') for `shapes`: the members of each GROUPED family as views into one
+ * Tensors (uninitialised, tagged 'weights') for `shapes`: the members of each GROUPED allocation as views into one
  * allocation, laid end to end, the first member owning it (so freeing every tensor of the map frees it once);
  * every other tensor its own. A member whose bytes are not a multiple of the storage-offset alignment gets its
  * own allocation instead. The per-layer names, shapes and values are those of separate tensors: only the layout
@@ -90,8 +97,16 @@ export function allocateWeights(gpu: Gpu, shapes: Iterable<readonly [string, rea
   const align = gpu.device.limits.minStorageBufferOffsetAlignment;
   const bytes = (s: readonly number[]) => s.reduce((a, b) => a * b, 1) * BYTES[dtype];
   const out = new Map<string, Tensor>();
-  for (const re of GROUPED) {
-    const members = list.filter(([n, s]) => re.test(n) && bytes(s) % align === 0);
+  const groups = new Map<string, { name: string; shape: readonly number[]; rank: number }[]>();
+  for (const [name, shape] of list)
+    for (const [g, { re, order }] of GROUPED.entries()) {
+      const m = re.exec(name);
+      if (!m || bytes(shape) % align !== 0) continue;
+      const key = `${g}:${m[1]}`;
+      groups.set(key, [...(groups.get(key) ?? []), { name, shape, rank: order ? order.indexOf(m[2]) : 0 }]);
+    }
+  for (const group of groups.values()) {
+    const members = group.sort((a, b) => a.rank - b.rank).map(({ name, shape }) => [name, shape] as const);
     if (members.length < 2) continue;
     const arena = gpu.tensor(
       [members.reduce((a, [, s]) => a + bytes(s) / BYTES[dtype], 0)],

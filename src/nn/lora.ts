@@ -5,7 +5,8 @@
 // base weights stay frozen. Tensor names follow PEFT/diffusers: `<layer>.lora_A.weight` and
 // `<layer>.lora_B.weight` beside `<layer>.weight`.
 import { ShapeError } from '../gpu/errors.ts';
-import type { Tensor } from '../gpu/tensor.ts';
+import { Tensor } from '../gpu/tensor.ts';
+import { isInt8 } from '../ops/int8.ts';
 import { weight, type Weights } from './blocks.ts';
 import { networkWeight } from './lycoris.ts';
 import type { Ops } from './ops.ts';
@@ -41,6 +42,37 @@ export function loraLinear(F: Ops, x: Tensor, w: Weights, layer: string, loraSca
   const out = F.add(y, scaled);
   F.release(y, down, up, scaled);
   return out;
+}
+
+/** The tensors a layer may have for loraLinearGroup: anything else (LyCORIS factors, DoRA, a bias) keeps it separate. */
+const PLAIN = new Set(['weight', 'lora_A.weight', 'lora_B.weight']);
+
+/**
+ * Linear layers over the same x (q, k, v of self-attention; k, v of cross-attention) as one GEMM (Ops.linearGroup),
+ * when their frozen weights lie end to end in one allocation in `layers` order (models/load.ts allocateWeights) and
+ * each has no adapter or a plain LoRA pair at scale 1. Layer i's output is `ys[i]`, a view of `owner` (release it
+ * after them). Null where any of that does not hold (trained base weights, int8, LyCORIS, DoRA, alpha != rank,
+ * weights not loaded grouped): run loraLinear per layer.
+ */
+export function loraLinearGroup(F: Ops, x: Tensor, w: Weights, layers: readonly string[], loraScale: number): { ys: Tensor[]; owner: Tensor } | null {
+  const ws: Tensor[] = [];
+  for (const l of layers) {
+    const t = w.get(`${l}.weight`);
+    if (!t || t.shape.length !== 2 || isInt8(t) || t.dtype !== x.dtype || !F.frozen(t)) return null;
+    ws.push(t);
+  }
+  const [first] = ws;
+  if (ws.some((t, i) => t.alloc !== first.alloc || t.byteOffset !== first.byteOffset + i * first.byteSize || t.shape.some((d, j) => d !== first.shape[j])))
+    return null;
+  for (const name of w.keys()) for (const l of layers) if (name.startsWith(`${l}.`) && !PLAIN.has(name.slice(l.length + 1))) return null;
+  const adapters = layers.map((l) => {
+    const [a, up] = [w.get(`${l}.lora_A.weight`), w.get(`${l}.lora_B.weight`)];
+    return a && up ? { a, up } : null;
+  });
+  const partial = layers.some((l, i) => !adapters[i] && (w.has(`${l}.lora_A.weight`) || w.has(`${l}.lora_B.weight`)));
+  if (partial || (loraScale !== 1 && adapters.some((a) => a))) return null;
+  const stack = new Tensor(first.alloc, [ws.length, ...first.shape], first.dtype, first.byteOffset, false);
+  return F.linearGroup(x, stack, ws, adapters);
 }
 
 // The layers that get adapters, by the name of their `.weight`:

@@ -5,7 +5,7 @@
 // accumulating gradients per tensor, weights included.
 import type { Allocation } from '../gpu/allocator.ts';
 import type { Gpu } from '../gpu/device.ts';
-import { Tensor } from '../gpu/tensor.ts';
+import { BYTES, Tensor } from '../gpu/tensor.ts';
 import { flashAttention, flashAttentionBackward, type AttentionOptions } from '../ops/attention.ts';
 import { conv2d, conv2dBackward, conv2dBackwardInput, conv2dBackwardWeight, type Conv2dOptions } from '../ops/conv2d.ts';
 import {
@@ -397,18 +397,65 @@ export class Ops {
     if (!this.tape) this.gpu.free(h);
     this.uses?.derive(h, [x, a]);
     this.rec(y, [h], [x, w, b, a, up], (dy) => {
-      if (this.needs(up) || this.needs(h)) {
-        this.tape!.accGemm(up, (into, accumulate) => linearBackwardWeight(this.gpu, h, up, dy, null, into ? { dw: into, accumulate } : undefined).dw);
-        if (this.needs(h)) {
-          const dh = matmul(this.gpu, dy.reshape([rows, up.shape[0]]), up);
-          this.linearGrads(x, a, null, new Tensor(dh.alloc, h.shape, dh.dtype, dh.byteOffset, dh.owner));
-          this.gpu.free(dh);
-        }
-      }
+      this.adapterGrads(x, a, up, h, dy);
       this.linearGrads(x, w, b, dy);
       this.tape!.release(dy);
     });
     return y;
+  }
+
+  /** loraLinear's adapter backward: dB, then dh = dy B and the down projection's backward (dA, x's share). */
+  private adapterGrads(x: Tensor, a: Tensor, up: Tensor, h: Tensor, dy: Tensor): void {
+    if (!this.needs(up) && !this.needs(h)) return;
+    this.tape!.accGemm(up, (into, accumulate) => linearBackwardWeight(this.gpu, h, up, dy, null, into ? { dw: into, accumulate } : undefined).dw);
+    if (!this.needs(h)) return;
+    const dh = matmul(this.gpu, dy.reshape([h.numel / a.shape[0], up.shape[0]]), up);
+    this.linearGrads(x, a, null, new Tensor(dh.alloc, h.shape, dh.dtype, dh.byteOffset, dh.owner));
+    this.gpu.free(dh);
+  }
+
+  /**
+   * Linear layers over the same x whose frozen weights lie end to end in one allocation (`stack` [S, N, K], a view
+   * over the layers' weights `ws`), as one GEMM: y [S, rows, N], layer s's output the view `ys[s]` (`owner` holds
+   * the buffer). Each layer's LoRA adapter (scale 1) runs as in loraLinear, its up projection added into its slice
+   * in the epilogue. The backward runs each layer's backward as loraLinear's, last layer first (the order the tape
+   * runs the separate layers' records), so every gradient, x's sum included, has the separate layers' bits.
+   */
+  linearGroup(x: Tensor, stack: Tensor, ws: readonly Tensor[], adapters: readonly ({ a: Tensor; up: Tensor } | null)[]): { ys: Tensor[]; owner: Tensor } {
+    const [S, N, K] = stack.shape;
+    const rows = x.numel / K;
+    this.uses?.use(...ws);
+    const y = matmul(this.gpu, x.reshape([rows, K]), stack, { transB: true });
+    const ys = ws.map((_, s) => new Tensor(y.alloc, [...x.shape.slice(0, -1), N], y.dtype, y.byteOffset + s * rows * N * BYTES[y.dtype], false));
+    const hs = adapters.map((ad, s) => {
+      if (!ad) return null;
+      this.uses?.use(ad.a, ad.up);
+      const h = linear(this.gpu, x, ad.a);
+      matmul(this.gpu, h.reshape([rows, ad.a.shape[0]]), ad.up, { transB: true, out: ys[s].reshape([rows, N]), accumulate: true });
+      this.uses?.derive(h, [x, ad.a]);
+      return h;
+    });
+    ys.forEach((t, s) => this.uses?.derive(t, [x, ws[s], adapters[s]?.a, adapters[s]?.up]));
+    const tape = this.tape;
+    if (!tape) this.gpu.free(...hs);
+    else
+      tape.record(() => {
+        for (let s = S - 1; s >= 0; s--) {
+          const dy = tape.take(ys[s]);
+          if (!dy) continue;
+          const [ad, h] = [adapters[s], hs[s]];
+          if (ad && h) this.adapterGrads(x, ad.a, ad.up, h, dy);
+          this.linearGrads(x, ws[s], null, dy);
+          tape.release(dy);
+        }
+        this.gpu.free(y, ...hs);
+      });
+    return { ys, owner: y };
+  }
+
+  /** True when t needs no gradient (a frozen weight, a constant), or nothing records. */
+  frozen(t: Tensor): boolean {
+    return !this.uses || !this.uses.needs(t);
   }
 
   conv(x: Tensor, w: Tensor, b: Tensor | null, opts: Conv2dOptions): Tensor {

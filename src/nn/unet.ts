@@ -12,7 +12,7 @@ import { Tensor } from '../gpu/tensor.ts';
 import { timestepEmbedding } from '../ops/elementwise.ts';
 import { isInt8 } from '../ops/int8.ts';
 import { conv, normSilu, resnetForward, weight, type Weights } from './blocks.ts';
-import { loraLinear } from './lora.ts';
+import { loraLinear, loraLinearGroup } from './lora.ts';
 import { Ops, type Tape } from './ops.ts';
 
 export interface UnetConfig {
@@ -101,13 +101,22 @@ function attention(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, he
   const [b, n, c] = x.shape;
   const m = context.shape[1];
   const dh = c / heads;
-  // Projections [b, tokens, c] are viewed as [b, tokens, heads, dh]; the owning tensors are released.
-  const q = loraLinear(F, x, w, `${p}.to_q`, loraScale);
-  const k = loraLinear(F, context, w, `${p}.to_k`, loraScale);
-  const v = loraLinear(F, context, w, `${p}.to_v`, loraScale);
+  // Projections [b, tokens, c] are viewed as [b, tokens, heads, dh]; the owning tensors are released. Self-attention's
+  // q, k, v (cross-attention's k, v) are one GEMM where their frozen weights lie end to end (loraLinearGroup).
+  const self = x === context;
+  const group = loraLinearGroup(
+    F,
+    context,
+    w,
+    (self ? ['to_q', 'to_k', 'to_v'] : ['to_k', 'to_v']).map((l) => `${p}.${l}`),
+    loraScale,
+  );
+  const q = self && group ? group.ys[0] : loraLinear(F, x, w, `${p}.to_q`, loraScale);
+  const k = group ? group.ys[self ? 1 : 0] : loraLinear(F, context, w, `${p}.to_k`, loraScale);
+  const v = group ? group.ys[self ? 2 : 1] : loraLinear(F, context, w, `${p}.to_v`, loraScale);
   const a = F.attention(F.reshape(q, [b, n, heads, dh]), F.reshape(k, [b, m, heads, dh]), F.reshape(v, [b, m, heads, dh]), { layout: 'bnhd' });
   const o = loraLinear(F, F.reshape(a, [b, n, c]), w, `${p}.to_out.0`, loraScale, true);
-  F.release(q, k, v, a);
+  F.release(q, k, v, a, group?.owner);
   return o;
 }
 
@@ -215,9 +224,7 @@ function timeProjections(F: Ops, w: Weights, embAct: Tensor): { all: Tensor; col
     layers.push({ p, w: t, b });
   }
   if (layers.length < 2) return null;
-  const tape = F.tape;
-  const frozen = (t: Tensor) => !tape || !tape.needs(t);
-  if (!frozen(embAct) || layers.some((l) => !frozen(l.w) || !frozen(l.b) || l.w.shape.length !== 2 || isInt8(l.w))) return null;
+  if (!F.frozen(embAct) || layers.some((l) => !F.frozen(l.w) || !F.frozen(l.b) || l.w.shape.length !== 2 || isInt8(l.w))) return null;
   // A LyCORIS or LoRA adapter on a projection (any tensor under its name beyond weight and bias) keeps it separate
   const own = new Set(layers.flatMap((l) => [`${l.p}.time_emb_proj.weight`, `${l.p}.time_emb_proj.bias`]));
   for (const name of w.keys()) if (name.includes('.time_emb_proj.') && !own.has(name)) return null;

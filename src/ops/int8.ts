@@ -150,12 +150,12 @@ export function unbackedInt8(gpu: Gpu, shape: readonly number[], dtype: DType, l
  * Replaces a float weight on the GPU by its int8 form when it round-trips within `tolerance` (the float tensor is
  * freed); otherwise returns it unchanged. Weights of fewer than 2 dims (biases, norms) always stay.
  */
-export async function toInt8(gpu: Gpu, w: Tensor, tolerance = INT8_TOLERANCE): Promise<Tensor> {
+export async function toInt8(gpu: Gpu, w: Tensor, tolerance = INT8_TOLERANCE, free = true): Promise<Tensor> {
   if (isInt8(w) || w.shape.length < 2) return w;
   const qz = quantizeInt8(await gpu.read(w), w.shape, tolerance);
   if (!qz) return w;
   const t = uploadInt8(gpu, qz, w.shape, w.dtype, w.alloc.label);
-  gpu.free(w);
+  if (free) gpu.free(w);
   return t;
 }
 
@@ -166,13 +166,25 @@ export async function toInt8(gpu: Gpu, w: Tensor, tolerance = INT8_TOLERANCE): P
 export async function quantizeWeights(gpu: Gpu, weights: Map<string, Tensor>, tolerance = INT8_TOLERANCE): Promise<{ int8: number; kept: string[] }> {
   let int8 = 0;
   const kept: string[] = [];
+  // Weights laid end to end in one allocation (models/load.ts allocateWeights): its owner frees it, once every
+  // tensor in it has been replaced (a member kept in its float dtype keeps the allocation)
+  const holders = new Map<Allocation, { owner: Tensor | null; left: number }>();
+  for (const w of weights.values()) {
+    const h = holders.get(w.alloc) ?? { owner: null, left: 0 };
+    holders.set(w.alloc, { owner: w.owner ? w : h.owner, left: h.left + 1 });
+  }
   for (const [name, w] of weights) {
     if (w.shape.length < 2 || isInt8(w)) continue;
-    const t = await toInt8(gpu, w, tolerance);
-    if (isInt8(t)) {
-      weights.set(name, t);
-      int8++;
-    } else kept.push(name);
+    const h = holders.get(w.alloc)!;
+    const alone = h.left === 1 && h.owner === w; // toInt8 frees the allocation
+    const t = await toInt8(gpu, w, tolerance, alone);
+    if (!isInt8(t)) {
+      kept.push(name);
+      continue;
+    }
+    weights.set(name, t);
+    int8++;
+    if (--h.left === 0 && !alone) gpu.free(h.owner);
   }
   return { int8, kept };
 }

@@ -15,7 +15,10 @@ import { readSafetensors } from '../../src/io/safetensors.ts';
 import { allocateWeights } from '../../src/models/load.ts';
 import { Tape } from '../../src/nn/ops.ts';
 import { unetConfigFromJson, unetForward } from '../../src/nn/unet.ts';
+import { quantizeWeights } from '../../src/ops/int8.ts';
+import { linear } from '../../src/ops/matmul.ts';
 import { mseLossBackward } from '../../src/ops/reduce.ts';
+import { Rng } from '../../src/util/rng.ts';
 import { FIXTURES, recordDispatches, testGpu } from '../helpers.ts';
 
 const load = (n: string) => readSafetensors(new Uint8Array(readFileSync(join(FIXTURES, 'modules', `${n}.safetensors`))));
@@ -32,7 +35,14 @@ interface Run {
 }
 
 /** One LoRA forward + backward on the tiny UNet; the adapters' gradients as raw bytes, dispatches by kernel entry. */
-async function loraStep(gpu: Gpu, dtype: 'f16' | 'f32', prune: boolean, checkpointing: boolean, grouped = false): Promise<Run & { out: Uint8Array }> {
+async function loraStep(
+  gpu: Gpu,
+  dtype: 'f16' | 'f32',
+  prune: boolean,
+  checkpointing: boolean,
+  grouped = false,
+  scale = Number(lora.metadata.lora_scale),
+): Promise<Run & { out: Uint8Array }> {
   const weights = new Map<string, Tensor>();
   const shapes = [...base.tensors].filter(([k]) => !inputs.includes(k)).map(([k, t]) => [k, t.shape] as const);
   // grouped: the loader's layout (every time_emb_proj weight end to end in one allocation, and every bias)
@@ -54,7 +64,7 @@ async function loraStep(gpu: Gpu, dtype: 'f16' | 'f32', prune: boolean, checkpoi
   const before = gpu.stats.dispatches;
   let out: Tensor | null = null;
   const seen = recordDispatches(gpu, () => {
-    out = unetForward(gpu, cfg, weights, sample, timesteps, context, tape, Number(lora.metadata.lora_scale), checkpointing);
+    out = unetForward(gpu, cfg, weights, sample, timesteps, context, tape, scale, checkpointing);
   });
   const y = out!;
   const outBytes = new Uint8Array(await gpu.readBytes(y.buffer, y.byteOffset, y.byteSize));
@@ -113,26 +123,78 @@ void describe('requires_grad pruning (tiny UNet, LoRA)', () => {
       });
 });
 
-void describe('time_emb_proj merged into one GEMM (tiny UNet, LoRA)', () => {
+void describe('frozen projections of one input as one GEMM (tiny UNet, LoRA): time_emb_proj, q/k/v, k/v', () => {
   for (const dtype of ['f32', 'f16'] as const)
     for (const checkpointing of [false, true])
-      void it(`output and adapter gradients bit-identical to per-layer projections, one GEMM per ResNet fewer [${dtype}${checkpointing ? ', checkpointing' : ''}]`, async () => {
-        const gpu = await testGpu();
-        const separate = await loraStep(gpu, dtype, true, checkpointing);
-        const merged = await loraStep(gpu, dtype, true, checkpointing, true);
-        // Bit-identical: each projection element is the same K-long dot product plus bias in the merged GEMM (only
-        // the number of output columns changes), and addChannel reads the same value at its column.
-        assert.deepEqual(merged.out, separate.out, 'UNet output differs');
-        for (const k of adapterNames) assert.deepEqual(merged.grads.get(k), separate.grads.get(k), `${k}: gradient differs`);
-        const resnets = [...base.tensors.keys()].filter((k) => k.endsWith('time_emb_proj.weight')).length;
-        assert.ok(resnets >= 2);
-        // The ResNets' projections: one GEMM for all instead of one each. Checkpointing re-runs a ResNet's forward
-        // in the backward, and with it, unmerged, its projection: one more saved per ResNet, but the first one's,
-        // whose output (from the constant sample through frozen layers) needs no gradient and is not re-run.
-        const saved = (separate.perEntry.get('matmul') ?? 0) - (merged.perEntry.get('matmul') ?? 0);
-        assert.equal(saved, checkpointing ? 2 * resnets - 2 : resnets - 1, 'GEMMs saved');
-        // Nothing else changes (the poison fills of the projections' outputs aside: one tensor instead of one each)
-        const others = (r: Run) => [...r.perEntry].filter(([e]) => e !== 'matmul' && e !== 'fill').map(([e, n]) => `${e} ${n}`);
-        assert.deepEqual(others(merged), others(separate), 'other dispatches');
-      });
+      // scale 2 (attention per layer, time projections merged) once: the fallback costs a run each
+      for (const scale of dtype === 'f32' && !checkpointing ? [1, 2] : [1])
+        void it(`output and adapter gradients bit-identical to per-layer projections, fewer GEMMs [${dtype}, LoRA scale ${scale}${checkpointing ? ', checkpointing' : ''}]`, async () => {
+          const gpu = await testGpu();
+          const separate = await loraStep(gpu, dtype, true, checkpointing, false, scale);
+          const merged = await loraStep(gpu, dtype, true, checkpointing, true, scale);
+          // Bit-identical: each projection element is the same K-long dot product (plus bias) in the merged GEMM
+          // (only the number of output columns or batches changes), read where it lies; each layer's backward runs
+          // as before, in the same order.
+          assert.deepEqual(merged.out, separate.out, 'UNet output differs');
+          for (const k of adapterNames) assert.deepEqual(merged.grads.get(k), separate.grads.get(k), `${k}: gradient differs`);
+          const count = (suffix: string) => [...base.tensors.keys()].filter((k) => k.endsWith(suffix)).length;
+          const [resnets, transformers] = [count('time_emb_proj.weight'), count('transformer_blocks.0.norm1.weight')];
+          assert.ok(resnets >= 2 && transformers >= 2);
+          // The ResNets' projections: one GEMM for all instead of one each. Checkpointing re-runs a ResNet's forward
+          // in the backward, and with it, unmerged, its projection, but not the first one's, whose output (from the
+          // constant sample through frozen layers) needs no gradient. Each transformer: q, k, v in one GEMM (2 fewer)
+          // and k, v (1 fewer), twice with checkpointing; only at scale 1 (alpha = rank: the adapters' up
+          // projections add into the merged output in their epilogue).
+          const time = checkpointing ? 2 * resnets - 2 : resnets - 1;
+          const attention = scale === 1 ? (checkpointing ? 2 : 1) * 3 * transformers : 0;
+          const saved = (separate.perEntry.get('matmul') ?? 0) - (merged.perEntry.get('matmul') ?? 0);
+          assert.equal(saved, time + attention, 'GEMMs saved');
+          // Nothing else changes (the poison fills of the projections' outputs aside: one tensor instead of several)
+          const others = (r: Run) => [...r.perEntry].filter(([e]) => e !== 'matmul' && e !== 'fill').map(([e, n]) => `${e} ${n}`);
+          assert.deepEqual(others(merged), others(separate), 'other dispatches');
+        });
+});
+
+void describe('int8 base weights over grouped allocations (quantizeWeights)', () => {
+  for (const outlier of [false, true])
+    void it(`each member from its own values; the allocation ${outlier ? 'kept while one member stays f32' : 'freed once all are int8'}`, async () => {
+      const gpu = await testGpu();
+      const names = ['t.attn1.to_q.weight', 't.attn1.to_k.weight', 't.attn1.to_v.weight'];
+      const [rows, cols] = [8, 16];
+      const rng = new Rng(3);
+      const values = names.map(() => Float32Array.from({ length: rows * cols }, () => 2 * rng.uniform() - 1));
+      // One value of 16 among values in [-1, 1] in to_k's first row: absmax rounding (step 16/127) errs by about
+      // 2.5 % of the row's mean |w|, past the 2 % tolerance, so to_k stays f32
+      if (outlier) values[1][0] = 16;
+      const w = allocateWeights(
+        gpu,
+        names.map((n) => [n, [rows, cols]] as const),
+        'f32',
+      );
+      names.forEach((n, i) => gpu.write(w.get(n)!, values[i]));
+      const arena = w.get(names[0])!.alloc;
+      assert.ok(
+        names.every((n) => w.get(n)!.alloc === arena),
+        'grouped into one allocation',
+      );
+      const r = await quantizeWeights(gpu, w);
+      assert.deepEqual(r.kept, outlier ? [names[1]] : []);
+      assert.equal(gpu.allocator.liveAllocations().includes(arena), outlier, 'the shared allocation is live exactly while a member still lives in it');
+      // Each weight (int8 dequantized by the GEMM, or f32 as it was) against its own values: I · W^T = W^T. A member
+      // quantized from another's slice would be off by about 1 (values in [-1, 1]); int8 errs by at most
+      // absmax / 254 <= 0.004 per element.
+      const eye = gpu.upload(
+        Float32Array.from({ length: cols * cols }, (_, i) => (i % (cols + 1) === 0 ? 1 : 0)),
+        [cols, cols],
+        'f32',
+      );
+      for (const [i, n] of names.entries()) {
+        const y = await gpu.read(linear(gpu, eye, w.get(n)!));
+        const tol = outlier && i === 1 ? 0 : 0.004;
+        for (let c = 0; c < cols; c++)
+          for (let o = 0; o < rows; o++)
+            assert.ok(Math.abs(y[c * rows + o] - values[i][o * cols + c]) <= tol, `${n}[${o},${c}]: ${y[c * rows + o]} vs ${values[i][o * cols + c]}`);
+      }
+      gpu.free(eye, ...w.values());
+    });
 });
