@@ -5,13 +5,14 @@
 // quota too small for the run, phone width, keyboard use and labels. Screenshots of each stage go to
 // SCREENSHOTS (browser.ts: test-results/screenshots/, or e2e/screenshots/ for the README with `npm run screenshots`).
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { encode } from 'fast-png';
 import { chromium, type Page } from 'playwright-core';
 import { build } from 'vite';
+import { writeTinySdxl } from '../tests/fixtures/models/make-tiny-sdxl.ts';
 import { CHROMIUM_FLAGS, launch, ROOT, safetensorsHeader, screenshotPath, serve, serveWithTinyHub, WEBGPU_FLAGS } from './browser.ts';
 
 /** A w x h PNG: a soft disc on a gradient, a different colour per `k` (a "subject" the eye can follow). */
@@ -665,6 +666,83 @@ describe('the studio page: models from the hub and bad files (Chromium)', () => 
         assert.equal(await page.locator('[data-testid="photos"] li').count(), 2);
       } finally {
         await browser.close();
+      }
+    },
+  );
+
+  it(
+    "an SDXL single file: refused alone (its sizes are not SDXL's), loaded with its config as SDXL, tokenizers from the hub; 2 LoRA steps; Try it",
+    { timeout: 900_000 },
+    async () => {
+      const dir = mkdtempSync(join(tmpdir(), 'dbs-sdxl-e2e-'));
+      // The tiny SDXL fixture as an SGM single file, and SDXL base's tokenizer/ and tokenizer_2/ on the hub (the tiny ones).
+      const tiny = writeTinySdxl(dir);
+      const repo = join(ROOT, 'dist', 'hub', 'stabilityai', 'stable-diffusion-xl-base-1.0', 'resolve', 'main');
+      for (const sub of ['tokenizer', 'tokenizer_2']) cpSync(join(tiny.folder, sub), join(repo, sub), { recursive: true });
+      const checkpoint = { name: 'tiny-sdxl.safetensors', mimeType: 'application/octet-stream', buffer: readFileSync(tiny.singleFile) };
+      const config = { name: 'tiny-sdxl.json', mimeType: 'application/json', buffer: Buffer.from(JSON.stringify(tiny.overrides)) };
+      const browser = await launch(true);
+      try {
+        const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+        const pageErrors: string[] = [];
+        page.on('pageerror', (e) => pageErrors.push(e.message));
+        await openStudio(page, server.url);
+        await page.getByLabel('Model hub').fill(`${server.url}/hub`);
+        const status = page.getByTestId('model-status');
+        // Alone: its widths are not SDXL's, so head counts and norm groups cannot be inferred: refused when chosen, named.
+        await page.getByLabel('Choose a checkpoint file').setInputFiles(checkpoint);
+        await status.filter({ hasText: 'cannot be inferred' }).waitFor({ timeout: 120_000 });
+        assert.match((await status.textContent()) ?? '', /tiny-sdxl\.safetensors: a single file holds no configs.*unet attention_head_dim/);
+        // With its config (the CLI's --config JSON): SDXL, and the LoRA preset at SDXL's 1024 px.
+        await page.getByLabel('Choose a checkpoint file').setInputFiles([checkpoint, config]);
+        await status.filter({ hasText: 'Loaded tiny-sdxl.safetensors' }).waitFor({ timeout: 120_000 });
+        assert.match((await status.textContent()) ?? '', /Stable Diffusion XL \(single-file, epsilon\), 0\.59 M parameters/);
+        if (
+          !(await page
+            .locator('details')
+            .first()
+            .evaluate((d) => (d as HTMLDetailsElement).open))
+        )
+          await page.getByText('Advanced settings').click();
+        assert.equal(await page.getByLabel('Resolution (px)').inputValue(), '1024');
+
+        // 2 LoRA steps at 32 px (the tiny model's factor is 4), then Try it (the worker reads its tokenizers from the hub).
+        await page.getByLabel('Add photos').setInputFiles(PHOTOS.slice(0, 2).map((p) => ({ name: p.name, mimeType: p.type, buffer: Buffer.from(p.bytes) })));
+        await page.locator('[data-testid="photos"] li').nth(1).waitFor();
+        await page.getByLabel('Resolution (px)').fill('32');
+        await page.getByLabel('Steps', { exact: true }).fill('2');
+        await page.getByLabel('Sample every N steps (0: never)').fill('0');
+        await page.getByLabel('Checkpoint every N steps').fill('0');
+        await page.getByLabel('Validation loss every N steps (0: never)').fill('0');
+        await page.getByLabel('Learning rate').fill('0.01');
+        await page.getByRole('button', { name: 'Train', exact: true }).click();
+        await page.waitForFunction(() => /Done|Error|refused/i.test(document.querySelector('[data-testid="train-status"]')?.textContent ?? ''), null, {
+          timeout: 600_000,
+        });
+        assert.match((await page.getByTestId('train-status').textContent()) ?? '', /Done/);
+        const panel = page.getByTestId('tryit');
+        await panel.getByLabel('Try-it prompt').fill('a photo of sks dog');
+        await panel.getByLabel('Try-it denoising steps').fill('2');
+        await panel.getByLabel('Try-it seed').fill('7');
+        await panel.getByRole('button', { name: 'Generate' }).click();
+        const result = panel.getByTestId('tryit-result');
+        await result.first().waitFor({ timeout: 300_000 });
+        const figures = await result
+          .locator('figure')
+          .evaluateAll((fs) =>
+            fs.map((f) => ({ caption: f.querySelector('figcaption')?.textContent, width: (f.querySelector('img') as HTMLImageElement).naturalWidth })),
+          );
+        assert.deepEqual(
+          figures.map((f) => [f.caption, f.width]),
+          [
+            ['base', 32],
+            ['fine-tuned', 32],
+          ],
+        );
+        assert.deepEqual(pageErrors, []);
+      } finally {
+        await browser.close();
+        rmSync(dir, { recursive: true, force: true });
       }
     },
   );

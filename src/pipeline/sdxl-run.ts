@@ -25,6 +25,8 @@ import {
   type SdxlSource,
 } from '../models/sdxl.ts';
 import { readJsonFile, tokenizerFilesFrom } from '../models/source.ts';
+import { ModelError } from '../models/detect.ts';
+import { inspectSdxl } from '../models/sdxl-inspect.ts';
 import { loraTargets } from '../nn/lora.ts';
 import { formatParameters, pngWithParameters, type GenerationParameters } from '../sample/parameters.ts';
 import { SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
@@ -95,11 +97,16 @@ export function sdxlBucketStep(resolution: number, factor: number): number {
 
 /** What a host shows of an SDXL model before a run (the studio's model summary): headers and configs only. */
 export async function sdxlModelSummary(
-  opened: OpenedModel,
+  opened:
+    | Pick<Extract<OpenedModel, { kind: 'diffusers' }>, 'kind' | 'name' | 'reader' | 'overrides'>
+    | Pick<Extract<OpenedModel, { kind: 'single-file' }>, 'kind' | 'name' | 'file' | 'overrides'>,
 ): Promise<{ name: string; family: 'sdxl'; layout: string; prediction: string; parameters: number; resolutionFactor: number }> {
   const o = opened.overrides ? { overrides: opened.overrides } : {};
   const source = opened.kind === 'diffusers' ? await openSdxlDiffusers(opened.reader, o) : await openSdxlSingleFile(opened.file, o);
   try {
+    // What the loader would refuse, refused now (a model is judged when it is chosen, not after the photos are encoded).
+    const problems = inspectSdxl(source, []).problems;
+    if (problems.length) throw new ModelError(problems.join('; '));
     let parameters = 0;
     for (const c of SDXL_COMPONENTS) for (const s of source.shapes(c).values()) parameters += s.reduce((a, b) => a * b, 1);
     const { resolutionFactor } = sdxlModelShape(source, false);

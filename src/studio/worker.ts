@@ -32,6 +32,8 @@ import {
   type RunEvent,
 } from '../pipeline/run.ts';
 import { openedIsSdxl, sdxlModelSummary } from '../pipeline/sdxl-run.ts';
+import { isSdxlSingleFile } from '../models/sdxl.ts';
+import type { ClipTokenizerFiles } from '../io/tokenizer.ts';
 import type { SettingKey } from '../pipeline/settings.ts';
 import { TOKENIZER_FILES } from '../export/full.ts';
 import type { BundleModel } from '../pipeline/bundle.ts';
@@ -39,12 +41,17 @@ import { exportImported, openSource, readImportedLora, tryLora, type ReadLora } 
 import type { TryItOptions, TryItResult } from '../pipeline/tryit.ts';
 import { bundleZip } from './bundle-zip.ts';
 import { importedExportName, notSafetensorsMessage } from './imported-files.ts';
+import { parseModelConfig, type ConfigOverrides } from './model-config.ts';
 
 /** Where the model comes from (what the page persists, minus the File objects). */
 export type ModelChoice =
   | { kind: 'demo' }
   | { kind: 'hub'; endpoint: string; repo: string }
-  | { kind: 'file'; file: File }
+  /**
+   * A single checkpoint; `config`: the CLI's --config JSON given beside it (what the weights cannot say, for a model
+   * that is not SD's standard shape); `endpoint`: the hub its tokenizer comes from (a single file carries none).
+   */
+  | { kind: 'file'; file: File; config?: File; endpoint?: string }
   | { kind: 'folder'; name: string; files: { path: string; file: File }[] };
 
 export type WorkerEvent = RunEvent | { type: 'download'; path: string; loaded: number; total: number | null } | { type: 'device-lost'; message: string };
@@ -71,8 +78,15 @@ export type InitResult =
     }
   | { ok: false; noWebGpu: boolean; message: string };
 
-/** Hub repos whose tokenizer/ a single-file checkpoint of each family uses (fetched once, then cached). */
-export const TOKENIZER_REPOS = { sd1: 'stable-diffusion-v1-5/stable-diffusion-v1-5', sd2: 'stabilityai/stable-diffusion-2-1' } as const;
+/**
+ * Hub repos whose tokenizer/ a single-file checkpoint of each family uses (fetched once, then cached); SDXL's also
+ * gives tokenizer_2/ (OpenCLIP bigG's, padding with "!"). SDXL derivatives (Illustrious, Pony) keep these tokenizers.
+ */
+export const TOKENIZER_REPOS = {
+  sd1: 'stable-diffusion-v1-5/stable-diffusion-v1-5',
+  sd2: 'stabilityai/stable-diffusion-2-1',
+  sdxl: 'stabilityai/stable-diffusion-xl-base-1.0',
+} as const;
 
 export const RUN_DB = 'dreambooth-studio-runs';
 
@@ -123,7 +137,7 @@ class StudioWorker {
     this.hubEndpoint = endpoint;
   }
 
-  /** Opens a model and says what it is (family, layout, size), refusing anything that is not SD 1.x / 2.x. */
+  /** Opens a model and says what it is (family, layout, size), refusing anything that is not SD 1.x / 2.x or SDXL. */
   async inspect(choice: ModelChoice, onEvent?: (e: WorkerEvent) => void): Promise<ModelSummary> {
     if (onEvent) this.onEvent = onEvent;
     if (choice.kind === 'file') {
@@ -132,8 +146,13 @@ class StudioWorker {
         throw new ModelError(
           `${choice.file.name}: only .safetensors checkpoints can be loaded (a .ckpt is a pickle that could run code; convert it to safetensors first)`,
         );
-      const info = await inspectSingleFile(src);
-      const factor = await factorOf(async () => openSingleFile(await SafetensorsFile.open(src)));
+      const overrides = await configOf(choice);
+      const o = overrides ? { overrides } : {};
+      const file = await SafetensorsFile.open(src);
+      // An SDXL checkpoint (SGM layout) trains LoRA through the same pipeline as an SDXL folder (pipeline/sdxl-run.ts).
+      if (isSdxlSingleFile(file.names)) return sdxlModelSummary({ kind: 'single-file', name: choice.file.name, file, ...o });
+      const info = await inspectSingleFile(src, undefined, overrides);
+      const factor = await factorOf(async () => openSingleFile(file, o));
       return { name: choice.file.name, family: info.family, layout: info.layout, prediction: info.prediction, parameters: total(info.components), ...factor };
     }
     const opened = await this.open(choice);
@@ -180,29 +199,52 @@ class StudioWorker {
       return this.diffusers(choice.repo, m.files);
     }
     const file = await SafetensorsFile.open(new BlobSource(choice.file, choice.file.name));
-    const family = detectSingleFile(new Map(file.names.map((n) => [n, file.entry(n).shape] as const)), choice.file.name).family;
+    const overrides = await configOf(choice);
+    const sdxl = isSdxlSingleFile(file.names);
+    const family = sdxl ? 'sdxl' : detectSingleFile(new Map(file.names.map((n) => [n, file.entry(n).shape] as const)), choice.file.name).family;
     // A single file has no tokenizer: the family's standard one from the hub (cached after the first time).
-    const repo = TOKENIZER_REPOS[family];
-    const tokenizerFiles = new Map<string, Uint8Array>();
+    const endpoint = choice.endpoint ?? this.hubEndpoint;
+    const one = await this.hubTokenizer(TOKENIZER_REPOS[family], 'tokenizer', endpoint, choice.file.name, family);
+    const two = sdxl ? await this.hubTokenizer(TOKENIZER_REPOS.sdxl, 'tokenizer_2', endpoint, choice.file.name, family) : null;
+    return {
+      kind: 'single-file',
+      name: choice.file.name,
+      file,
+      tokenizer: one.tokenizer,
+      tokenizerFiles: one.files,
+      ...(two ? { tokenizer2: two.tokenizer } : {}),
+      ...(overrides ? { overrides } : {}),
+    };
+  }
+
+  /** A hub repo's `sub`/ tokenizer files (vocab.json and merges.txt required), for the single file `what`. */
+  private async hubTokenizer(
+    repo: string,
+    sub: string,
+    endpoint: string,
+    what: string,
+    family: string,
+  ): Promise<{ tokenizer: ClipTokenizerFiles; files: Map<string, Uint8Array> }> {
+    const files = new Map<string, Uint8Array>();
     for (const f of TOKENIZER_FILES.filter((f) => f !== 'tokenizer.json' && f !== 'added_tokens.json')) {
       try {
-        const src = await downloadFile(repo, `tokenizer/${f}`, {
-          endpoint: this.hubEndpoint,
+        const src = await downloadFile(repo, `${sub}/${f}`, {
+          endpoint,
           cache: idbDownloadCache(),
           onProgress: (p) => this.onEvent({ type: 'download', ...p }),
         });
-        tokenizerFiles.set(f, await src.read(0, src.size));
+        files.set(f, await src.read(0, src.size));
       } catch (e) {
         if (f === 'vocab.json' || f === 'merges.txt')
           throw new StudioError(
-            `${choice.file.name} carries no tokenizer, and the ${family.toUpperCase()} tokenizer could not be fetched from ${this.hubEndpoint}/${repo}: ${(e as Error).message}. Load the model as a diffusers folder instead.`,
+            `${what} carries no tokenizer, and the ${family.toUpperCase()} tokenizer (${sub}/) could not be fetched from ${endpoint}/${repo}: ${(e as Error).message}. Load the model as a diffusers folder instead.`,
           );
       }
     }
-    const reader = folderFromSources('tokenizer', new Map([...tokenizerFiles].map(([f, b]) => [`tokenizer/${f}`, new BytesSource(b, f)])));
-    const tokenizer = await tokenizerFilesFrom(reader);
-    if (!tokenizer) throw new StudioError(`the ${family} tokenizer download is incomplete`);
-    return { kind: 'single-file', name: choice.file.name, file, tokenizer, tokenizerFiles };
+    const reader = folderFromSources(sub, new Map([...files].map(([f, b]) => [`${sub}/${f}`, new BytesSource(b, f)])));
+    const tokenizer = await tokenizerFilesFrom(reader, `${sub}/`);
+    if (!tokenizer) throw new StudioError(`the ${family} tokenizer download (${sub}/) is incomplete`);
+    return { tokenizer, files };
   }
 
   private async diffusers(name: string, files: Map<string, ByteSource>): Promise<OpenedModel> {
@@ -440,6 +482,16 @@ class StudioWorker {
   /** Test hook: destroys the device as a driver reset would, to exercise the device-lost path for real. */
   loseDevice(): void {
     this.gpu?.device.destroy();
+  }
+}
+
+/** The config JSON given beside a single checkpoint, as load overrides (refused naming the file when it is not one). */
+async function configOf(choice: { config?: File }): Promise<ConfigOverrides | undefined> {
+  if (!choice.config) return undefined;
+  try {
+    return parseModelConfig(new Uint8Array(await choice.config.arrayBuffer()), choice.config.name);
+  } catch (e) {
+    throw new ModelError((e as Error).message, { cause: e });
   }
 }
 

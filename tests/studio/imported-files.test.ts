@@ -6,6 +6,7 @@ import { describe, it } from 'node:test';
 import { SafetensorsFile } from '../../src/io/safetensors.ts';
 import { BytesSource } from '../../src/io/source.ts';
 import { fileKind, importedExportName, notSafetensorsMessage } from '../../src/studio/imported-files.ts';
+import { parseModelConfig } from '../../src/studio/model-config.ts';
 
 const bytes = (...b: (number | string)[]) => new Uint8Array(b.flatMap((x) => (typeof x === 'string' ? [...x].map((c) => c.charCodeAt(0)) : [x])));
 
@@ -38,5 +39,22 @@ describe('files brought back', () => {
     const msg = notSafetensorsMessage('weird.safetensors', issue, 'LoRA');
     assert.match(msg, /^weird\.safetensors is not a safetensors file\. Choose the LoRA/);
     assert.doesNotMatch(msg, /header length|out of bounds/);
+  });
+});
+
+describe("a checkpoint's config given beside it", () => {
+  const json = (v: unknown) => new TextEncoder().encode(typeof v === 'string' ? v : JSON.stringify(v));
+  it("reads the CLI's --config forms: per component, or one bare object for the UNet", () => {
+    const c = { unet: { attention_head_dim: [2, 4] }, text_encoder_2: { num_attention_heads: 3 }, scheduler: { prediction_type: 'v_prediction' } };
+    assert.deepEqual(parseModelConfig(json(c), 'xl.json'), c);
+    assert.deepEqual(parseModelConfig(json({ norm_num_groups: 8 }), 'unet.json'), { unet: { norm_num_groups: 8 } });
+  });
+
+  it('refuses what is not one, naming the file and what is wrong', () => {
+    assert.throws(() => parseModelConfig(json('{"unet": '), 'xl.json'), /^Error: xl\.json: not a JSON config/);
+    assert.throws(() => parseModelConfig(new Uint8Array([0xff, 0xfe, 0x7b]), 'xl.json'), /xl\.json: not a JSON config/);
+    assert.throws(() => parseModelConfig(json([1]), 'xl.json'), /xl\.json: a model config is a JSON object .* not an array/);
+    assert.throws(() => parseModelConfig(json({ unet: {}, text_encoder3: {} }), 'xl.json'), /xl\.json: 'text_encoder3' is not a model component/);
+    assert.throws(() => parseModelConfig(json({ vae: 4 }), 'xl.json'), /xl\.json: 'vae' must be an object of config\.json values, not 4/);
   });
 });

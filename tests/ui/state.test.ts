@@ -104,6 +104,11 @@ describe('studio page helpers', () => {
     assert.equal(modelDefaults({ kind: 'demo' }, { kind: 'hub', endpoint: 'e', repo: 'r' }, summary, { steps: 400 }).resolution, 64);
     assert.deepEqual(modelDefaults({ kind: 'demo' }, { kind: 'demo' }, summary, { steps: 400 }), {}, 'the same model again: nothing changed');
     assert.deepEqual(modelDefaults({ kind: 'hub', endpoint: 'e', repo: 'r' }, null, summary, { steps: 400 }), {});
+    // SDXL trains at 1024 px: switching to an SDXL file sets it; the same file given again (a reload) keeps the user's.
+    const xl = { family: 'sdxl' };
+    const file = { kind: 'file', name: 'xl.safetensors', size: 7 } as const;
+    assert.deepEqual(modelDefaults(file, { kind: 'demo' }, xl, { steps: 400 }), { resolution: 1024 });
+    assert.deepEqual(modelDefaults(file, { ...file }, xl, { steps: 400 }), {}, 'the same SDXL file again: nothing changed');
   });
 
   it('a photo that is not square but trains square with buckets says why, and from which resolution it would not', () => {

@@ -20,7 +20,7 @@ import {
   updatePhoto,
   loadDemoModel,
   loadHubModel,
-  loadModelFile,
+  loadModelFiles,
   loadModelFolder,
   refreshRuns,
 } from './actions.ts';
@@ -187,6 +187,9 @@ function DropZone({ label, onDrop, children, testId }: { label: string; onDrop: 
   );
 }
 
+/** The model families' names as the page shows them. */
+const FAMILY_NAMES: Record<string, string> = { sd1: 'Stable Diffusion 1.x', sd2: 'Stable Diffusion 2.x', sdxl: 'Stable Diffusion XL' };
+
 function ModelPanel() {
   const model = useStudioStore((s) => s.model);
   const training = useStudioStore((s) => runBusy(s.run.status));
@@ -198,20 +201,30 @@ function ModelPanel() {
     if (busy) return;
     const { files, folder } = await filesFromDrop(e.dataTransfer.items);
     if (folder) await loadModelFolder(files, folder);
-    else if (files.length === 1) await loadModelFile(files[0].file);
+    else if (files.length)
+      await loadModelFiles(
+        files.map((f) => f.file),
+        endpoint,
+      );
   };
   return (
     <section aria-labelledby="model-title">
       <h2 id="model-title">1. Base model</h2>
       <DropZone label="Drop a model here" onDrop={(e) => void onDrop(e)} testId="model-drop">
-        <p>Drop a Stable Diffusion 1.x or 2.x checkpoint (.safetensors) or a diffusers folder here, or:</p>
+        <p>Drop a Stable Diffusion 1.x, 2.x or XL checkpoint (.safetensors, with its config .json if it needs one) or a diffusers folder here, or:</p>
         <div className="row-wrap">
           <button type="button" onClick={() => void loadDemoModel()} disabled={busy}>
             Use the demo model
           </button>
           <label className="file-button">
             Choose a checkpoint file
-            <input type="file" accept=".safetensors" disabled={busy} onChange={(e) => e.target.files?.[0] && void loadModelFile(e.target.files[0])} />
+            <input
+              type="file"
+              accept=".safetensors,.json"
+              multiple
+              disabled={busy}
+              onChange={(e) => e.target.files?.length && void loadModelFiles(Array.from(e.target.files), endpoint)}
+            />
           </label>
           <label className="file-button">
             Choose a diffusers folder
@@ -268,8 +281,8 @@ function ModelPanel() {
         {model.status === 'needs-file' && model.message}
         {model.status === 'ready' && model.summary && (
           <>
-            Loaded <strong>{model.summary.name}</strong>: {model.summary.family === 'sd1' ? 'Stable Diffusion 1.x' : 'Stable Diffusion 2.x'} (
-            {model.summary.layout}, {model.summary.prediction}), {(model.summary.parameters / 1e6).toFixed(model.summary.parameters < 1e7 ? 2 : 0)} M parameters
+            Loaded <strong>{model.summary.name}</strong>: {FAMILY_NAMES[model.summary.family] ?? model.summary.family} ({model.summary.layout},{' '}
+            {model.summary.prediction}), {(model.summary.parameters / 1e6).toFixed(model.summary.parameters < 1e7 ? 2 : 0)} M parameters
             {model.ref?.kind === 'demo' &&
               ` (a small model pretrained from scratch on drawn, captioned shapes at ${model.summary.nativeResolution ?? 64} px, e.g. "a green triangle on a striped blue background": training teaches it your subject)`}
             .

@@ -83,7 +83,7 @@ async function loadModelChoice(choice: ModelChoice): Promise<void> {
       : choice.kind === 'hub'
         ? ({ kind: 'hub', endpoint: choice.endpoint, repo: choice.repo } as const)
         : choice.kind === 'file'
-          ? ({ kind: 'file', name: choice.file.name, size: choice.file.size } as const)
+          ? ({ kind: 'file', name: choice.file.name, size: choice.file.size, ...(choice.config ? { config: choice.config.name } : {}) } as const)
           : ({ kind: 'folder', name: choice.name, count: choice.files.length } as const);
   S().set({
     model: {
@@ -103,6 +103,8 @@ async function loadModelChoice(choice: ModelChoice): Promise<void> {
     const differs = prev && S().run.runId && S().run.status !== 'idle' && JSON.stringify(prev) !== JSON.stringify(ref);
     modelChoice = choice;
     S().set({ model: { ref, summary, status: 'ready', message: '', download: null } });
+    // SDXL trains LoRA adapters only (a full SDXL fine-tune is not offered): its preset is LoRA's.
+    if (summary.family === 'sdxl' && S().settings.mode !== 'lora') applyPreset('lora');
     S().setSettings(modelDefaults(ref, prev, summary, S().settings));
     if (differs)
       S().setRun((r) => ({
@@ -118,15 +120,17 @@ async function loadModelChoice(choice: ModelChoice): Promise<void> {
 
 /**
  * Settings a model brings when it is chosen: the demo model trains at its own pretraining size (64 px), so its
- * photos and samples are tiny and fast. Only when switching to it: the same model loaded again (after a
+ * photos and samples are tiny and fast; an SDXL model at its 1024 px. Only when switching to it: the same model loaded again (after a
  * reload) keeps the settings the user changed since.
  */
 export function modelDefaults(
   ref: ModelRef,
   prev: ModelRef | null,
-  summary: Pick<ModelSummary, 'nativeResolution'>,
+  summary: Pick<ModelSummary, 'nativeResolution'> & { family?: string },
   settings: Pick<RunSettings, 'steps'>,
 ): Partial<RunSettings> {
+  // SDXL trains at its own 1024 px; the same model given again keeps what the user set since.
+  if (summary.family === 'sdxl') return JSON.stringify(prev) === JSON.stringify(ref) ? {} : { resolution: 1024 };
   if (ref.kind !== 'demo' || prev?.kind === 'demo') return {};
   return {
     resolution: summary.nativeResolution ?? SHIPPED_DEMO_RESOLUTION,
@@ -140,7 +144,25 @@ export function modelDefaults(
 
 export const loadDemoModel = () => loadModelChoice({ kind: 'demo' });
 export const loadHubModel = (endpoint: string, repo: string) => loadModelChoice({ kind: 'hub', endpoint: endpoint.trim(), repo: repo.trim() });
-export const loadModelFile = (file: File) => loadModelChoice({ kind: 'file', file });
+/**
+ * A single checkpoint, given alone or with its config JSON (the CLI's --config: what its weights cannot say);
+ * `endpoint`: the hub its tokenizer comes from. Any other set of files is refused, naming them, and changes nothing.
+ */
+export function loadModelFiles(files: File[], endpoint?: string): Promise<void> {
+  const config = files.length === 2 ? files.find((f) => /\.json$/i.test(f.name)) : undefined;
+  const file = files.length === 1 ? files[0] : config ? files.find((f) => f !== config) : undefined;
+  if (!file) {
+    S().set((s) => ({
+      model: {
+        ...s.model,
+        status: 'error',
+        message: `${files.map((f) => f.name).join(', ')}: give one checkpoint (.safetensors), with its config (.json) if it needs one, or a diffusers folder`,
+      },
+    }));
+    return Promise.resolve();
+  }
+  return loadModelChoice({ kind: 'file', file, ...(config ? { config } : {}), ...(endpoint ? { endpoint: endpoint.trim() } : {}) });
+}
 
 export function loadModelFolder(files: { path: string; file: File }[], name: string): Promise<void> {
   // Strip the top folder from the paths ("sd15/unet/config.json" -> "unet/config.json").

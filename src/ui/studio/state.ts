@@ -36,7 +36,7 @@ import {
 export type ModelRef =
   | { kind: 'demo' }
   | { kind: 'hub'; endpoint: string; repo: string }
-  | { kind: 'file'; name: string; size: number }
+  | { kind: 'file'; name: string; size: number; config?: string }
   | { kind: 'folder'; name: string; count: number };
 
 export interface PhotoItem {
@@ -407,7 +407,7 @@ async function readWorkspace(saved: SavedProject): Promise<{ state: Partial<Stud
         status: ref && (ref.kind === 'file' || ref.kind === 'folder') ? 'needs-file' : 'none',
         message:
           ref && ref.kind === 'file'
-            ? `Drop ${ref.name} again to continue (browsers do not keep access to files after a reload).`
+            ? `Drop ${ref.name}${ref.config ? ` with ${ref.config}` : ''} again to continue (browsers do not keep access to files after a reload).`
             : ref && ref.kind === 'folder'
               ? `Choose the ${ref.name} folder again to continue.`
               : '',
