@@ -20,7 +20,8 @@
 // allocator's peak; trainStep resets it), dispatches, GPUBuffers and bind groups created per step (Gpu.stats),
 // and host ms per step = wall time minus the time spent awaiting Gpu.sync / Gpu.readBytes (on lavapipe the GPU
 // is the same CPU, so that wait is where the shaders run; what is left is JavaScript recording, uploads, the
-// optimizer's host side), and GPU ms per op family (shader file) and the costliest kernels, from timestamp queries
+// optimizer's host side; host_cpu_ms is the main thread's CPU time of it, which other processes' load does not
+// inflate), and GPU ms per op family (shader file) and the costliest kernels, from timestamp queries
 // around every dispatch of the warm-up step (each in its own compute pass; Dawn's timestamp quantization is off in
 // the Node host), which is why the warm-up is never timed. A case stops timing after the first timed step (the warm-up, which compiles every
 // pipeline, is not judged) that takes over --max-step-s (default 180) seconds, and says so: fewer than 5 steps
@@ -175,6 +176,8 @@ interface OursResult {
   buffersCreated: number;
   bindGroupsCreated: number;
   hostMs: number;
+  /** Main-thread CPU ms per step outside the awaits (median; NaN where the OS does not say). */
+  hostCpuMs: number;
   waitMs: number;
   /** GPU ms by op family / kernel of the profiled (warm-up) step, or why there is none. */
   profile: GpuProfile | { missing: string };
@@ -188,23 +191,38 @@ interface OursResult {
  * Wraps the Gpu's sync and readBytes on this instance to add up the time spent awaiting them (nested calls,
  * readBytes -> sync, are counted once). Timing only: the wrapped methods are called unchanged.
  */
-function timeWaits(gpu: Gpu): { ms: () => number } {
+function timeWaits(gpu: Gpu): { ms: () => number; cpuMs: () => number } {
   let depth = 0;
   let start = 0;
+  let startCpu = 0;
   let total = 0;
+  let totalCpu = 0;
   const wrap =
     <A extends unknown[], R>(f: (...a: A) => Promise<R>) =>
     async (...a: A): Promise<R> => {
-      if (depth++ === 0) start = performance.now();
+      if (depth++ === 0) [start, startCpu] = [performance.now(), mainThreadCpuMs()];
       try {
         return await f(...a);
       } finally {
-        if (--depth === 0) total += performance.now() - start;
+        if (--depth === 0) [total, totalCpu] = [total + performance.now() - start, totalCpu + mainThreadCpuMs() - startCpu];
       }
     };
   gpu.sync = wrap(gpu.sync.bind(gpu));
   gpu.readBytes = wrap(gpu.readBytes.bind(gpu));
-  return { ms: () => total };
+  return { ms: () => total, cpuMs: () => totalCpu };
+}
+
+/**
+ * CPU ms the process's main thread (JavaScript and the Dawn calls it makes; not lavapipe's or Dawn's worker threads)
+ * has run, from Linux's per-thread schedstat (ns); NaN elsewhere. Unlike wall time it does not grow when other
+ * processes take the cores, so host costs compare across loaded runs.
+ */
+function mainThreadCpuMs(): number {
+  try {
+    return Number(readFileSync(`/proc/self/task/${process.pid}/schedstat`, 'utf8').split(' ')[0]) / 1e6;
+  } catch {
+    return NaN;
+  }
 }
 
 async function ours(model: BenchModel, mode: TrainMode, plan: Plan): Promise<OursResult> {
@@ -244,6 +262,7 @@ async function ours(model: BenchModel, mode: TrainMode, plan: Plan): Promise<Our
       buffers: [] as number[],
       bindGroups: [] as number[],
       host: [] as number[],
+      hostCpu: [] as number[],
       wait: [] as number[],
       peak: [] as number[],
     };
@@ -252,9 +271,12 @@ async function ours(model: BenchModel, mode: TrainMode, plan: Plan): Promise<Our
     for (let i = 0; i < STEPS.timed && !dropped; i++) {
       const s0 = gpu.stats;
       const wait0 = waits.ms();
+      const waitCpu0 = waits.cpuMs();
+      const cpu0 = mainThreadCpuMs();
       const t0 = performance.now();
       const r = await trainer.trainStep(); // ends with gpu.sync(): the step's GPU work is done
       const wall = performance.now() - t0;
+      counts.hostCpu.push(mainThreadCpuMs() - cpu0 - (waits.cpuMs() - waitCpu0));
       const s1 = gpu.stats;
       const wait = waits.ms() - wait0;
       stepsS.push(wall / 1000);
@@ -282,6 +304,7 @@ async function ours(model: BenchModel, mode: TrainMode, plan: Plan): Promise<Our
       buffersCreated: med(counts.buffers),
       bindGroupsCreated: med(counts.bindGroups),
       hostMs: med(counts.host),
+      hostCpuMs: med(counts.hostCpu),
       waitMs: med(counts.wait),
       profile,
       reservedBytes: mem.reserved,
@@ -543,6 +566,7 @@ for (const name of cases) {
     buffers_created: r.buffersCreated,
     bind_groups_created: r.bindGroupsCreated,
     host_ms: round(r.hostMs, 1),
+    host_cpu_ms: Number.isNaN(r.hostCpuMs) ? null : round(r.hostCpuMs, 1),
     wait_ms: round(r.waitMs, 1),
     reserved_bytes: r.reservedBytes,
     pool_bytes: r.poolBytes,
@@ -556,7 +580,7 @@ for (const name of cases) {
   const torchPart = peerPart(peer) + (ampPeer ? `; ${peerPart(ampPeer)}` : '');
   console.log(
     `  ${name.padEnd(9)} ${model.resolution} px ${dtype} (${placement}): ${oursS!.toFixed(4)} s/step (${r.applied}/${r.stepsS.length} applied${r.dropped ? `; ${r.dropped}` : ''}); ${torchPart}\n` +
-      `            peak ${gib(r.peakBytes)}, ${r.dispatches} dispatches, ${r.buffersCreated} GPUBuffers + ${r.bindGroupsCreated} bind groups created per step, host ${r.hostMs.toFixed(1)} ms + ${r.waitMs.toFixed(1)} ms awaiting the GPU\n` +
+      `            peak ${gib(r.peakBytes)}, ${r.dispatches} dispatches, ${r.buffersCreated} GPUBuffers + ${r.bindGroupsCreated} bind groups created per step, host ${r.hostMs.toFixed(1)} ms (main-thread CPU ${r.hostCpuMs.toFixed(1)} ms) + ${r.waitMs.toFixed(1)} ms awaiting the GPU\n` +
       `            ${profileLine(r.profile)}`,
   );
 }
@@ -588,6 +612,8 @@ writeFileSync(
         dispatches: 'compute dispatches recorded per step (median; Gpu.stats)',
         buffers_created: 'GPUBuffers created per step (median): allocator tensors, uniforms, read-back staging',
         host_ms: 'wall ms per step minus ms spent awaiting Gpu.sync / Gpu.readBytes (median)',
+        host_cpu_ms:
+          "CPU ms of the process's main thread per step outside those awaits (median; Linux schedstat): host_ms without the time other processes or lavapipe's threads held the cores",
         gpu_ms_by_family:
           "GPU ms per op family (shader file) in the profiled step (the warm-up: every dispatch in its own compute pass with a timestamp pair, Dawn's timestamp quantization off); gpu_ms_top_kernels: the ten costliest shader.entry",
         reserved_bytes: 'device bytes the allocator holds after the timed steps: live buffers at their size class plus the idle pool (pool_bytes)',
