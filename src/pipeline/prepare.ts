@@ -17,7 +17,7 @@ import { preparedTimeIds } from '../train/conditioning.ts';
 import { planBaseWeights, trainableShapes, type BasePlan } from '../train/plan.ts';
 import { quantizeWeights } from '../ops/int8.ts';
 import type { Tensor } from '../gpu/tensor.ts';
-import type { TrainData, TrainSettings } from '../train/trainer.ts';
+import type { DreamBoothTrainer, TrainData, TrainSettings } from '../train/trainer.ts';
 import { formatBytes } from '../util/bytes.ts';
 import { phaseTicker } from './progress.ts';
 import type { ImageInput, PlanSummary, RunHost, RunInput } from './run-host.ts';
@@ -305,6 +305,20 @@ export function releaseFor(
 }
 
 /** Store key of the fingerprint of the masks the cached latents were encoded with (maskFingerprint's text). */
+/**
+ * A new trainer resumed from the store's last checkpoint, if any (the host told); a checkpoint past the steps asked
+ * for is refused (the trainer destroyed); then the run says it is ready.
+ */
+export async function resumeTrainer(emit: RunHost['emit'], trainer: DreamBoothTrainer, steps: number): Promise<void> {
+  if (await trainer.resume()) emit({ type: 'resumed', step: trainer.step, losses: [...trainer.losses], validation: [...trainer.validation] });
+  if (trainer.step > steps) {
+    const step = trainer.step;
+    trainer.destroy();
+    throw new RunError(`this run's checkpoint is at step ${step}, past the ${steps} steps asked for: ask for at least ${step} steps to continue it`);
+  }
+  emit({ type: 'phase', phase: 'ready', message: trainer.step ? `Ready to continue from step ${trainer.step}` : 'Ready to train' });
+}
+
 export const masksKey = (runId: string) => `${runId}/cache-masks`;
 
 /** Which photos have masks and what each mask is (its bytes' CRC-32): the cached latents' validity. */

@@ -28,7 +28,7 @@ import { captionsProcessed } from '../train/captions.ts';
 import { encodePrompt } from '../train/preprocess.ts';
 import { DreamBoothTrainer, VALIDATION_IMAGES, VALIDATION_T, type TrainSettings } from '../train/trainer.ts';
 import { formatBytes } from '../util/bytes.ts';
-import { cachedTrainData, modelShapeOf, planRun, promptWarning, releaseFor, runStartedAt, storeBaseWeights } from './prepare.ts';
+import { cachedTrainData, modelShapeOf, planRun, promptWarning, releaseFor, resumeTrainer, runStartedAt, storeBaseWeights } from './prepare.ts';
 import { exportFileName, exportRun, trainedLoraHash, type ExportFormat } from './run-export.ts';
 import { etaText, PhaseClock } from './progress.ts';
 import type { OpenedModel, PlanSummary, RunEvent, RunHost, RunInput } from './run-host.ts';
@@ -190,13 +190,7 @@ export class TrainingRun {
       store,
       run.runId,
     );
-    if (await trainer.resume()) emit({ type: 'resumed', step: trainer.step, losses: [...trainer.losses], validation: [...trainer.validation] });
-    if (trainer.step > s.steps) {
-      const step = trainer.step;
-      trainer.destroy();
-      throw new RunError(`this run's checkpoint is at step ${step}, past the ${s.steps} steps asked for: ask for at least ${step} steps to continue it`);
-    }
-    emit({ type: 'phase', phase: 'ready', message: trainer.step ? `Ready to continue from step ${trainer.step}` : 'Ready to train' });
+    await resumeTrainer(emit, trainer, s.steps);
     return new TrainingRun(host, { kind: 'sd', model, source }, opened, tokenizer, schedule, trainer, run, summary, startedAt);
   }
 

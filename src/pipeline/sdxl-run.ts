@@ -28,7 +28,6 @@ import { readJsonFile, tokenizerFilesFrom } from '../models/source.ts';
 import { ModelError } from '../models/detect.ts';
 import { inspectSdxl } from '../models/sdxl-inspect.ts';
 import { loraTargets } from '../nn/lora.ts';
-import { formatParameters, pngWithParameters, type GenerationParameters } from '../sample/parameters.ts';
 import { SD_SCHEDULE, type ScheduleConfig } from '../sample/schedulers.ts';
 import { txt2imgSdxl } from '../sample/txt2img-sdxl.ts';
 import { effectiveScheduler } from '../train/lr-schedule.ts';
@@ -36,10 +35,21 @@ import { loadTrainData, saveTrainData, type PreparedSet } from '../train/preproc
 import { encodeSdxlTrainData, generateSdxlClassImage } from '../train/preprocess-sdxl.ts';
 import { TEXT_ENCODER_2_PREFIX } from '../train/trainable.ts';
 import { DreamBoothTrainer, type TrainData, type TrainSettings } from '../train/trainer.ts';
-import { cachedMasksMatch, maskFingerprint, masksKey, planRun, prepareSet, promptWarning, releaseFor, runStartedAt, storeBaseWeights } from './prepare.ts';
+import {
+  cachedMasksMatch,
+  maskFingerprint,
+  masksKey,
+  planRun,
+  prepareSet,
+  promptWarning,
+  releaseFor,
+  resumeTrainer,
+  runStartedAt,
+  storeBaseWeights,
+} from './prepare.ts';
 import { phaseTicker } from './progress.ts';
 import type { OpenedModel, PlanSummary, RunHost, RunInput } from './run-host.ts';
-import { checkTryIt, type TryItOptions, type TryItResult } from './tryit.ts';
+import { checkTryIt, tryItResult, tryItSampling, uploadPart, withoutAdapters, type TryItOptions, type TryItResult, type TryItRun } from './tryit.ts';
 import { flagName, RunError, validateForModel, type ModelShape } from './settings.ts';
 import type { ExportFormat } from './run-export.ts';
 
@@ -225,13 +235,7 @@ export async function prepareSdxlRun(
       store,
       run.runId,
     );
-    if (await trainer.resume()) emit({ type: 'resumed', step: trainer.step, losses: [...trainer.losses], validation: [...trainer.validation] });
-    if (trainer.step > s.steps) {
-      const step = trainer.step;
-      trainer.destroy();
-      throw new RunError(`this run's checkpoint is at step ${step}, past the ${s.steps} steps asked for: ask for at least ${step} steps to continue it`);
-    }
-    emit({ type: 'phase', phase: 'ready', message: trainer.step ? `Ready to continue from step ${trainer.step}` : 'Ready to train' });
+    await resumeTrainer(emit, trainer, s.steps);
     return { parts, schedule, trainer, summary, startedAt };
   } catch (e) {
     if (model) freeSdxl(gpu, model);
@@ -298,22 +302,6 @@ export async function exportSdxlRun(
   await (format === 'lora-kohya' ? writeSdxlKohyaLora : writeSdxlPeftLora)(sink, adapters, info);
 }
 
-/** A weight map without LoRA adapters (a view: the same tensors). */
-const withoutAdapters = (w: Map<string, Tensor>) => new Map([...w].filter(([n]) => !/\.lora_[AB]\.weight$/.test(n)));
-
-/** Uploads a component's tensors (`keep`) from the source, all or nothing. */
-async function uploadPart(gpu: Gpu, source: SdxlSource, c: SdxlComponent, keep: (n: string) => boolean = () => true): Promise<Map<string, Tensor>> {
-  const out = new Map<string, Tensor>();
-  try {
-    for (const [n, shape] of source.shapes(c))
-      if (keep(n)) out.set(n, gpu.upload((await source.read(c, n)).data, shape, c === 'vae' ? 'f32' : gpu.computeDType, 'weights', `base ${n}`));
-    return out;
-  } catch (e) {
-    gpu.free(...out.values());
-    throw e;
-  }
-}
-
 /**
  * Try it on an SDXL LoRA run (pipeline/tryit.ts's counterpart): the fine-tuned model at the run's LoRA scale
  * times `strength`, then the base (the same weights without adapters) for the same seed. The VAE decoder and
@@ -322,17 +310,7 @@ async function uploadPart(gpu: Gpu, source: SdxlSource, c: SdxlComponent, keep: 
 export async function tryItSdxl(
   gpu: Gpu,
   parts: SdxlParts,
-  run: {
-    schedule: ScheduleConfig;
-    step: number;
-    appliedSteps: number;
-    loraScale: number;
-    resolution: number;
-    baseName: string;
-    tunedName: string;
-    /** The LoRA's sshs_model_hash, for A1111's "Lora hashes". */
-    tunedHash?: string;
-  },
+  run: Pick<TryItRun, 'schedule' | 'step' | 'appliedSteps' | 'loraScale' | 'resolution' | 'baseName' | 'tunedName' | 'tunedHash'>,
   o: TryItOptions,
 ): Promise<TryItResult> {
   const { model } = parts;
@@ -341,7 +319,7 @@ export async function tryItSdxl(
   const temporary: Map<string, Tensor>[] = [];
   const have = async (w: Map<string, Tensor>, c: SdxlComponent, keep?: (n: string) => boolean) => {
     if (w.size) return w;
-    const up = await uploadPart(gpu, parts.source, c, keep);
+    const up = await uploadPart(gpu, parts.source, c, keep, c === 'vae' ? 'f32' : gpu.computeDType);
     temporary.push(up);
     return up;
   };
@@ -360,45 +338,12 @@ export async function tryItSdxl(
         textEncoder: { config: model.textEncoder.config, weights: w(te1) },
         textEncoder2: { config: model.textEncoder2.config, weights: w(te2) },
       };
-      return txt2imgSdxl(gpu, m, parts.tokenizers, {
-        prompt: o.prompt,
-        negativePrompt: o.negativePrompt ?? '',
-        steps,
-        guidance: o.guidance,
-        seed: o.seed,
-        width: run.resolution,
-        height: run.resolution,
-        sampler: 'dpm++2m',
-        schedule: run.schedule,
-        loraScale,
-        onStep: (i) => o.onStep?.(offset + i, 2 * steps),
-      });
+      return txt2imgSdxl(gpu, m, parts.tokenizers, tryItSampling(o, run.resolution, run.schedule, loraScale, offset));
     };
     o.onStep?.(0, 2 * steps);
     const tuned = await draw(false, run.loraScale * strength, 0);
     const base = await draw(true, 1, steps);
-    const params: GenerationParameters = {
-      prompt: o.prompt,
-      negativePrompt: o.negativePrompt ?? '',
-      steps,
-      guidance: o.guidance,
-      seed: o.seed,
-      width: tuned.width,
-      height: tuned.height,
-      sampler: 'dpm++2m',
-      model: run.baseName,
-    };
-    const tunedParams = formatParameters({ ...params, lora: { name: run.tunedName, strength, hash: run.tunedHash } });
-    const baseParams = formatParameters(params);
-    return {
-      step: run.step,
-      width: tuned.width,
-      height: tuned.height,
-      strength,
-      tuned: { png: pngWithParameters(tuned.rgb, tuned.width, tuned.height, tunedParams), parameters: tunedParams },
-      base: { png: pngWithParameters(base.rgb, base.width, base.height, baseParams), parameters: baseParams },
-      seconds: (performance.now() - t0) / 1000,
-    };
+    return tryItResult(run, o, tuned, base, strength, t0);
   } finally {
     for (const w of temporary) gpu.free(...w.values());
     gpu.trimPool();

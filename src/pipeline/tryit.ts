@@ -12,14 +12,14 @@
 // Both PNGs carry their generation parameters the way AUTOMATIC1111 writes them (sample/parameters.ts).
 // The trained weights, the optimizer's masters and the run's checkpoint are only read, never written.
 import type { Gpu } from '../gpu/device.ts';
-import type { Tensor } from '../gpu/tensor.ts';
+import type { DType, Tensor } from '../gpu/tensor.ts';
 import type { ClipTokenizer } from '../io/tokenizer.ts';
 import type { LoadedModel } from '../models/load.ts';
 import type { Component } from '../models/detect.ts';
 import type { ModelSource } from '../models/source.ts';
 import { formatParameters, modelNameOf, pngWithParameters, type GenerationParameters } from '../sample/parameters.ts';
 import type { ScheduleConfig } from '../sample/schedulers.ts';
-import { checkTxt2ImgOptions, txt2img } from '../sample/txt2img.ts';
+import { checkTxt2ImgOptions, txt2img, type Txt2ImgOptions } from '../sample/txt2img.ts';
 import { RunError, validatePrompt, type TrainMode } from './settings.ts';
 
 export interface TryItOptions {
@@ -96,14 +96,26 @@ export function checkTryIt(
     throw new RunError(`the LoRA strength must be a number from -${MAX_STRENGTH} to ${MAX_STRENGTH} (1: as trained, 0: the base model), got ${o.strength}`);
 }
 
-/** Uploads a component's tensors (those `keep` names) from the source in the compute dtype; all or nothing. */
-async function uploadPart(gpu: Gpu, source: ModelSource, c: Component, keep: (name: string) => boolean = () => true): Promise<Map<string, Tensor>> {
+/** A model's weights by component, read on demand (an SD ModelSource or an SdxlSource). */
+interface PartSource<C extends string> {
+  shapes(c: C): Map<string, readonly number[]>;
+  read(c: C, name: string): Promise<{ data: Float32Array }>;
+}
+
+/** Uploads a component's tensors (those `keep` names) from the source in `dtype` (the compute dtype); all or nothing. */
+export async function uploadPart<C extends string>(
+  gpu: Gpu,
+  source: PartSource<C>,
+  c: C,
+  keep: (name: string) => boolean = () => true,
+  dtype: DType = gpu.computeDType,
+): Promise<Map<string, Tensor>> {
   const out = new Map<string, Tensor>();
   try {
     for (const [name, shape] of source.shapes(c)) {
       if (!keep(name)) continue;
       const { data } = await source.read(c, name);
-      out.set(name, gpu.upload(data, shape, gpu.computeDType, 'weights', `base ${name}`));
+      out.set(name, gpu.upload(data, shape, dtype, 'weights', `base ${name}`));
     }
     return out;
   } catch (e) {
@@ -113,7 +125,7 @@ async function uploadPart(gpu: Gpu, source: ModelSource, c: Component, keep: (na
 }
 
 /** A weight map without LoRA adapters (a view: the tensors are the same objects). */
-function withoutAdapters(w: Map<string, Tensor>): Map<string, Tensor> {
+export function withoutAdapters(w: Map<string, Tensor>): Map<string, Tensor> {
   return new Map([...w].filter(([n]) => !/\.lora_[AB]\.weight$/.test(n)));
 }
 
@@ -127,7 +139,64 @@ function withoutAdapters(w: Map<string, Tensor>): Map<string, Tensor> {
  * failure half-way would leave the run damaged. Reading from the source leaves the trained state untouched.
  */
 function baseUnet(run: TryItRun): Promise<Map<string, Tensor>> {
-  return uploadPart(run.gpu, run.source, 'unet');
+  return uploadPart<Component>(run.gpu, run.source, 'unet');
+}
+
+/** The sampling of Try it's images at the run's resolution: the fine-tuned one first (offset 0), then the base (offset steps). */
+export function tryItSampling(o: TryItOptions, size: number, schedule: ScheduleConfig, loraScale: number, offset: number): Txt2ImgOptions {
+  return {
+    prompt: o.prompt,
+    negativePrompt: o.negativePrompt ?? '',
+    steps: o.steps,
+    guidance: o.guidance,
+    seed: o.seed,
+    width: size,
+    height: size,
+    sampler: 'dpm++2m',
+    schedule,
+    loraScale,
+    onStep: (i) => o.onStep?.(offset + i, 2 * o.steps),
+  };
+}
+
+type Image = { rgb: Uint8Array; width: number; height: number };
+
+/**
+ * Both images as PNGs with A1111's parameters: a LoRA run's (strength not null) fine-tuned image names the LoRA
+ * in the prompt, a full fine-tune's names the fine-tuned checkpoint as its model.
+ */
+export function tryItResult(
+  run: Pick<TryItRun, 'step' | 'baseName' | 'tunedName' | 'tunedHash'>,
+  o: TryItOptions,
+  tuned: Image,
+  base: Image,
+  strength: number | null,
+  t0: number,
+): TryItResult {
+  const params: GenerationParameters = {
+    prompt: o.prompt,
+    negativePrompt: o.negativePrompt ?? '',
+    steps: o.steps,
+    guidance: o.guidance,
+    seed: o.seed,
+    width: tuned.width,
+    height: tuned.height,
+    sampler: 'dpm++2m',
+    model: run.baseName,
+  };
+  const tunedParams = formatParameters(
+    strength !== null ? { ...params, lora: { name: run.tunedName, strength, hash: run.tunedHash } } : { ...params, model: modelNameOf(run.tunedName) },
+  );
+  const baseParams = formatParameters(params);
+  return {
+    step: run.step,
+    width: tuned.width,
+    height: tuned.height,
+    strength,
+    tuned: { png: pngWithParameters(tuned.rgb, tuned.width, tuned.height, tunedParams), parameters: tunedParams },
+    base: { png: pngWithParameters(base.rgb, base.width, base.height, baseParams), parameters: baseParams },
+    seconds: (performance.now() - t0) / 1000,
+  };
 }
 
 /** Fine-tuned and base images for the same prompt and seed (see the file's head). */
@@ -152,20 +221,7 @@ export async function generateTryIt(run: TryItRun, o: TryItOptions): Promise<Try
       textEncoder: { config: model.textEncoder.config, weights: te },
     });
     const steps = o.steps;
-    const draw = (m: LoadedModel, loraScale: number, offset: number) =>
-      txt2img(gpu, m, run.tokenizer, {
-        prompt: o.prompt,
-        negativePrompt: o.negativePrompt ?? '',
-        steps,
-        guidance: o.guidance,
-        seed: o.seed,
-        width: size,
-        height: size,
-        sampler: 'dpm++2m',
-        schedule: run.schedule,
-        loraScale,
-        onStep: (i) => o.onStep?.(offset + i, 2 * steps),
-      });
+    const draw = (m: LoadedModel, loraScale: number, offset: number) => txt2img(gpu, m, run.tokenizer, tryItSampling(o, size, run.schedule, loraScale, offset));
     o.onStep?.(0, 2 * steps);
     const tuned = await draw(withWeights(model.unet.weights, textEncoder), run.loraScale * (strength ?? 1), 0);
     let base: Awaited<ReturnType<typeof txt2img>>;
@@ -175,30 +231,7 @@ export async function generateTryIt(run: TryItRun, o: TryItOptions): Promise<Try
       temporary.push(unet);
       base = await draw(withWeights(unet, textEncoder), 1, steps);
     }
-    const params: GenerationParameters = {
-      prompt: o.prompt,
-      negativePrompt: o.negativePrompt ?? '',
-      steps,
-      guidance: o.guidance,
-      seed: o.seed,
-      width: tuned.width,
-      height: tuned.height,
-      sampler: 'dpm++2m',
-      model: run.baseName,
-    };
-    const tunedParams = formatParameters(
-      lora ? { ...params, lora: { name: run.tunedName, strength: strength!, hash: run.tunedHash } } : { ...params, model: modelNameOf(run.tunedName) },
-    );
-    const baseParams = formatParameters(params);
-    return {
-      step: run.step,
-      width: tuned.width,
-      height: tuned.height,
-      strength,
-      tuned: { png: pngWithParameters(tuned.rgb, tuned.width, tuned.height, tunedParams), parameters: tunedParams },
-      base: { png: pngWithParameters(base.rgb, base.width, base.height, baseParams), parameters: baseParams },
-      seconds: (performance.now() - t0) / 1000,
-    };
+    return tryItResult(run, o, tuned, base, strength, t0);
   } finally {
     for (const w of temporary) gpu.free(...w.values());
     // What the two images left in the allocator's pool goes back to the device: training continues
