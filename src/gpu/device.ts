@@ -140,8 +140,11 @@ export class Gpu {
   readonly hasTimestamps: boolean;
   /** The adapter profile (adapter.ts): every per-adapter fact the kernels branch on, built once here. */
   readonly facts: AdapterFacts;
-  /** The GEMM kernel choices in force (the adapter's defaults, or what setGemmConfig was given). */
-  private gemm: GemmConfig;
+  /**
+   * The GEMM kernel choices in force (the adapter's defaults, or what setGemmConfig was given), frozen: every GEMM
+   * dispatch reads it, so the getter hands out this one snapshot instead of a copy per call.
+   */
+  private gemm: Readonly<GemmConfig>;
   /** The subgroup-matrix shape f16 GEMMs run on (tensor cores), or null: they run the SIMT kernels. */
   readonly tensorCores: MatrixShape | null;
   /** Why tensor cores are or are not used here (for reports). */
@@ -215,7 +218,7 @@ export class Gpu {
     this.encodesDryRun = this.dryRun && (opts.recording ?? false);
     this.poison = (opts.poison ?? false) && !this.dryRun;
     this.bindGroupCacheMax = this.facts.bindGroupCacheMax;
-    this.gemm = { ...this.facts.gemmDefaults };
+    this.gemm = Object.freeze({ ...this.facts.gemmDefaults });
     this.allocator = new Allocator(device, device.limits.maxBufferSize, this.dryRun, this.encodesDryRun);
     this.maxWorkgroupsPerDim = device.limits.maxComputeWorkgroupsPerDimension;
     this.maxStorageBinding = device.limits.maxStorageBufferBindingSize;
@@ -260,9 +263,9 @@ export class Gpu {
     return new Gpu(device, summary, opts.shaders, opts, await tensorCoresFor(adapter, device, opts));
   }
 
-  /** The GEMM kernel choices in force (a copy). */
-  get gemmConfig(): GemmConfig {
-    return { ...this.gemm };
+  /** The GEMM kernel choices in force (a frozen snapshot: setGemmConfig replaces it, never changes it). */
+  get gemmConfig(): Readonly<GemmConfig> {
+    return this.gemm;
   }
 
   /** Switches the GEMM kernel choices (src/ops/tune.ts, a resumed run's recorded config); refuses invalid ones. */
@@ -271,7 +274,7 @@ export class Gpu {
     if (problem) throw new Error(`invalid GEMM config ${JSON.stringify(c)}: ${problem}`);
     // SwiftShader refuses the direct core (ops/tiles.ts directRefusal): its config says what runs, whatever it is given.
     const direct = ((c as Partial<GemmConfig>).direct ?? this.gemm.direct) && this.facts.directGemm; // absent from configs recorded before it
-    this.gemm = { registerBlock: c.registerBlock, fillWorkgroups: c.fillWorkgroups, splitK: c.splitK, bk: c.bk, prefetch: c.prefetch, direct };
+    this.gemm = Object.freeze({ registerBlock: c.registerBlock, fillWorkgroups: c.fillWorkgroups, splitK: c.splitK, bk: c.bk, prefetch: c.prefetch, direct });
   }
 
   /** Workgroups a dispatch needs before big tiles pay (GemmConfig.fillWorkgroups). */
