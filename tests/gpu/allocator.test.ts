@@ -136,6 +136,41 @@ describe('caching allocator', () => {
     gpu.free(y, big);
     gpu.destroy();
   });
+
+  it('a cached bind group never outlives its buffers: the same dispatches after an eviction bind the new ones', async () => {
+    // A warm step reuses its bind groups (same pooled buffers, same ranges). When the pool's buffers are destroyed
+    // (a budget, trimPool) the next step gets new buffers: a stale cached group would bind a destroyed buffer and
+    // the submit would fail validation, or read the wrong memory.
+    const gpu = await nodeGpu({ poison: false });
+    const n = 4096;
+    const x = gpu.upload(
+      Array.from({ length: n }, (_, i) => i % 5),
+      [n],
+      'f32',
+    );
+    const step = async () => {
+      const t = add(gpu, x, x);
+      const y = add(gpu, t, x);
+      gpu.free(t);
+      const got = await gpu.read(y);
+      gpu.free(y);
+      return got;
+    };
+    await step();
+    const warm = gpu.stats.bindGroupsCreated;
+    await step();
+    assert.equal(gpu.stats.bindGroupsCreated, warm, 'a warm step reuses its bind groups');
+    gpu.trimPool(); // destroys the idle buffers t and y came from, and empties the bind-group cache
+    const got = await step();
+    assert.equal(gpu.stats.bindGroupsCreated - warm, 2, 'both dispatches bind the new buffers through new groups');
+    for (const i of [0, 1, 4, n - 1]) assert.equal(got[i], 3 * (i % 5), `y[${i}] = 3 x[${i}]`);
+    // A refused dispatch records nothing: the count stays, and the next dispatch runs as before.
+    const d = gpu.stats.dispatches;
+    assert.throws(() => add(gpu, x, x, Number.NaN), /uniform 'alpha' is missing or not a number/);
+    assert.equal(gpu.stats.dispatches, d);
+    assert.equal((await step())[4], 12);
+    gpu.destroy();
+  });
 });
 
 /**
