@@ -75,6 +75,8 @@ export type InitResult =
       hasF16: boolean;
       /** The GEMM kernel config in force and where it came from (src/ops/tune.ts), one line. */
       gemm: string;
+      /** Whether f16 GEMMs run on tensor cores and why (Gpu.tensorCoreNote), one line. */
+      tensorCores: string;
     }
   | { ok: false; noWebGpu: boolean; message: string };
 
@@ -119,15 +121,20 @@ class StudioWorker {
   /** What init's GEMM tuning did, one line (InitResult.gemm). */
   private gemmNote = '';
 
-  async init(): Promise<InitResult> {
+  /** Opens the GPU once. `tensorCores: false` (the page's `?tensorCores=0`) turns tensor cores off; by default they run where the start-up check passes. */
+  async init(opts: { tensorCores?: boolean } = {}): Promise<InitResult> {
     try {
       if (!this.gpu) {
-        const gpu = await Gpu.create(navigator.gpu, { shaders: viteShaderSource() });
+        const gpu = await Gpu.create(navigator.gpu, {
+          shaders: viteShaderSource(),
+          tensorCores: opts.tensorCores,
+          tensorCoreOptOut: 'the URL flag tensorCores=0',
+        });
         gpu.onLost((e) => this.onEvent({ type: 'device-lost', message: e.message }));
         this.gemmNote = await tuneStudioGpu(gpu);
         this.gpu = gpu;
       }
-      return { ok: true, adapter: this.gpu.adapter, hasF16: this.gpu.hasF16, gemm: this.gemmNote };
+      return { ok: true, adapter: this.gpu.adapter, hasF16: this.gpu.hasF16, gemm: this.gemmNote, tensorCores: this.gpu.tensorCoreNote };
     } catch (e) {
       return { ok: false, noWebGpu: e instanceof NoWebGpuError, message: (e as Error).message };
     }

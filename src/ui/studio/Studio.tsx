@@ -63,7 +63,7 @@ export function Studio() {
           <p className="footer">
             <span data-testid="gpu-summary">
               {env.adapter.description || [env.adapter.vendor, env.adapter.architecture].filter(Boolean).join(' ') || 'GPU'} · {env.hasF16 ? 'f16' : 'f32'} ·
-              GEMM kernels: {env.gemm}
+              GEMM kernels: {env.gemm} · {env.tensorCores}
             </span>{' '}
             · <a href="?tools">GPU details, kernel self-test and text-to-image</a>
           </p>

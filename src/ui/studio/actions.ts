@@ -48,11 +48,18 @@ function spawn(): Comlink.Remote<StudioWorkerApi> {
   return api;
 }
 
+/** The engine's start-up options from the page's URL: `?tensorCores=0` turns tensor cores off. */
+const engineOptions = () => ({ tensorCores: new URLSearchParams(location.search).get('tensorCores') !== '0' });
+
 /** Starts the engine worker and reads the GPU and storage situation. */
 export async function initStudio(): Promise<void> {
   const w = spawn();
-  const r = await w.init();
-  S().set({ env: r.ok ? { kind: 'ready', adapter: r.adapter, hasF16: r.hasF16, gemm: r.gemm } : { kind: 'error', noWebGpu: r.noWebGpu, message: r.message } });
+  const r = await w.init(engineOptions());
+  S().set({
+    env: r.ok
+      ? { kind: 'ready', adapter: r.adapter, hasF16: r.hasF16, gemm: r.gemm, tensorCores: r.tensorCores }
+      : { kind: 'error', noWebGpu: r.noWebGpu, message: r.message },
+  });
   await refreshStorage();
   // The model the open run used comes back by itself where it can (the demo model ships with the page); a file or
   // folder must be given again (the model panel asks), a hub model says it comes from the cache.
@@ -499,7 +506,7 @@ export async function resumeTraining(): Promise<void> {
     if (worker && st.env.kind === 'ready') {
       worker.terminate();
       const w = spawn();
-      const r = await w.init();
+      const r = await w.init(engineOptions());
       if (!r.ok) {
         S().setRun({ status: 'device-lost', error: r.message });
         return;

@@ -130,7 +130,15 @@ export interface RunProgress {
 
 export type EnvState =
   | { kind: 'loading' }
-  | { kind: 'ready'; adapter: AdapterSummary; hasF16: boolean; /** The GEMM kernel config in force and its source (worker init's tuning). */ gemm: string }
+  | {
+      kind: 'ready';
+      adapter: AdapterSummary;
+      hasF16: boolean;
+      /** The GEMM kernel config in force and its source (worker init's tuning). */
+      gemm: string;
+      /** Whether f16 GEMMs run on tensor cores and why (worker init, Gpu.tensorCoreNote). */
+      tensorCores: string;
+    }
   | { kind: 'error'; noWebGpu: boolean; message: string };
 
 export interface StudioState {
