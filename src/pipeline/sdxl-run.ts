@@ -292,6 +292,8 @@ export async function exportSdxlRun(
     instancePrompt: r.run.prompt,
     ...(s.priorPreservation ? { classPrompt: s.classPrompt, numClassImages: t.data.classes.length } : {}),
     numImages: t.data.instance.length,
+    // each photo's own caption (or the prompt) for ss_tag_frequency, as the SD 1 export counts them
+    captions: t.data.instance.map((x) => x.prompt ?? r.run.prompt),
     baseModelName: r.opened.name,
     title: `${r.opened.name} dreambooth lora`,
     date: new Date(),

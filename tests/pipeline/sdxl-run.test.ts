@@ -56,7 +56,7 @@ function input(steps: number, mode: 'lora' | 'full' = 'lora'): RunInput {
     runId: 'sdxl',
     prompt: 'a photo of sks toy',
     images: [
-      { id: 'a', name: 'wide.png', blob: png(24, 16) },
+      { id: 'a', name: 'wide.png', blob: png(24, 16), caption: ' sks toy, Wide Shot ' },
       { id: 'b', name: 'square.png', blob: png(16, 16), mask: { name: 'mask of square.png', blob: png(16, 16, (x) => x < 8) } },
     ],
     classImages: [{ id: 'c', name: 'class.png', blob: png(16, 16, (x, y) => (x + y) % 3 === 0) }],
@@ -146,6 +146,11 @@ describe('an SDXL LoRA run through the pipeline (tiny SDXL, 16 px)', () => {
     const file = await SafetensorsFile.open(new BytesSource(sink.bytes(), 'lora.safetensors'));
     assert.equal(file.metadata.ss_base_model_version, SDXL_KOHYA_VERSION);
     assert.equal(file.metadata['modelspec.architecture'], 'stable-diffusion-xl-v1-base/lora');
+    // each photo's caption (the prompt for the one without), tags stripped and lower-cased as sd-scripts counts them
+    assert.deepEqual(JSON.parse(file.metadata.ss_tag_frequency), {
+      instance_images: { 'sks toy': 1, 'wide shot': 1, 'a photo of sks toy': 1 },
+      class_images: { 'a photo of a toy': 1 },
+    });
     // Try it's PNG names this LoRA as A1111 does: the first 12 hex digits of the export's sshs_model_hash.
     const hash = file.metadata.sshs_model_hash;
     assert.match(hash, /^[0-9a-f]{64}$/);
