@@ -8,7 +8,7 @@ import { prepareImage } from '../io/image.ts';
 import type { ClipTokenizer } from '../io/tokenizer.ts';
 import type { LoadedSdxl } from '../models/sdxl.ts';
 import { sdxlTextEncode } from '../nn/sdxl.ts';
-import { vaeEncode } from '../nn/vae.ts';
+import { vaeEncodeMean } from '../nn/vae-tiled.ts';
 import type { ScheduleConfig } from '../sample/schedulers.ts';
 import { txt2imgSdxl } from '../sample/txt2img-sdxl.ts';
 import { latentMask } from './objective.ts';
@@ -17,11 +17,8 @@ import type { TrainData, TrainSample } from './trainer.ts';
 
 /** One image's latent: the VAE posterior's mean times the scaling factor, the image uploaded in f32. */
 export async function encodeSdxlImage(gpu: Gpu, vae: LoadedSdxl['vae'], image: Float32Array, size: { width: number; height: number }): Promise<Float32Array> {
-  const x = gpu.upload(image, [1, 3, size.height, size.width], 'f32', 'activations', 'image');
-  const moments = vaeEncode(gpu, vae.config, vae.weights, x);
-  const all = await gpu.read(moments);
-  gpu.free(x, moments);
-  const latent = all.slice(0, all.length / 2); // mean channels first, log-variance after
+  // Tiled past one storage binding (a 1024 px encode's activations are 512 MiB): nn/vae-tiled.ts.
+  const latent = await vaeEncodeMean(gpu, vae.config, vae.weights, image, size, 'f32');
   for (let i = 0; i < latent.length; i++) latent[i] *= vae.config.scalingFactor;
   return latent;
 }
@@ -100,7 +97,6 @@ export async function encodeSdxlTrainData(
         ids: p.ids,
         ids2: p.ids2,
         timeIds: set.timeIds?.[i] ?? Float32Array.of(size.height, size.width, 0, 0, size.height, size.width),
-        prompt: set.prompts[i],
         ...(mask ? { mask: latentMask(mask, bucket ? size : resolution, f) } : {}),
         ...(bucket ? { latentShape: [zc, size.height / f, size.width / f] as [number, number, number] } : {}),
       });

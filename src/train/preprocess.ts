@@ -7,7 +7,7 @@ import { prepareImage, type RgbaImage } from '../io/image.ts';
 import type { ClipTokenizer } from '../io/tokenizer.ts';
 import type { LoadedModel } from '../models/load.ts';
 import { clipTextForward } from '../nn/clip.ts';
-import { vaeEncode } from '../nn/vae.ts';
+import { vaeEncodeMean } from '../nn/vae-tiled.ts';
 import type { ScheduleConfig } from '../sample/schedulers.ts';
 import { txt2img } from '../sample/txt2img.ts';
 import type { ChunkStore } from '../store/chunkstore.ts';
@@ -24,11 +24,8 @@ export async function encodeImage(
   /** A rectangular image (an aspect-ratio bucket) instead of the resolution x resolution square. */
   size: { width: number; height: number } = { width: resolution, height: resolution },
 ): Promise<Float32Array> {
-  const x = gpu.upload(image, [1, 3, size.height, size.width], gpu.computeDType, 'activations', 'image');
-  const moments = vaeEncode(gpu, vae.config, vae.weights, x);
-  const all = await gpu.read(moments);
-  gpu.free(x, moments);
-  const latent = all.slice(0, all.length / 2); // mean channels first, log-variance after
+  // Tiled past one storage binding (nn/vae-tiled.ts); whole otherwise, as before.
+  const latent = await vaeEncodeMean(gpu, vae.config, vae.weights, image, size, gpu.computeDType);
   for (let i = 0; i < latent.length; i++) latent[i] *= vae.config.scalingFactor;
   return latent;
 }
