@@ -97,6 +97,7 @@ export async function encodeSdxlTrainData(
         ids: p.ids,
         ids2: p.ids2,
         timeIds: set.timeIds?.[i] ?? Float32Array.of(size.height, size.width, 0, 0, size.height, size.width),
+        prompt: set.prompts[i],
         ...(mask ? { mask: latentMask(mask, bucket ? size : resolution, f) } : {}),
         ...(bucket ? { latentShape: [zc, size.height / f, size.width / f] as [number, number, number] } : {}),
       });
