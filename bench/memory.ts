@@ -17,6 +17,7 @@ import { sdxlPlanRows } from './sdxl-rows.ts';
 import { sdxlTextEncode } from '../src/nn/sdxl.ts';
 import { Tape } from '../src/nn/ops.ts';
 import { unetConfigFromJson, unetForward, type UnetConfig } from '../src/nn/unet.ts';
+import { encodeTileSide } from '../src/nn/vae-tiled.ts';
 import { vaeDecode, vaeEncode } from '../src/nn/vae.ts';
 import { mseLossBackward } from '../src/ops/reduce.ts';
 
@@ -121,6 +122,13 @@ async function sdxl(dtype: DType, dryRun: boolean): Promise<Row[]> {
   const vae = weights(gpu, vaeParams(SDXL_BASE.vae), 'f32');
   const img = gpu.tensor([1, 3, 1024, 1024], 'f32', 'activations');
   await add('SDXL VAE encode 1024x1024 (f32)', wb(), () => peakOf(gpu, () => gpu.free(vaeEncode(gpu, SDXL_BASE.vae, vae, img))));
+  // What latent caching runs past one binding (nn/vae-tiled.ts): tiles one after another, so the largest tile's peak.
+  const side = encodeTileSide(SDXL_BASE.vae, 1024, 1024, 'f32', gpu.maxBinding);
+  if (side) {
+    const tile = gpu.tensor([1, 3, side, side], 'f32', 'activations');
+    await add(`SDXL VAE encode 1024x1024 (f32), in ${side} px tiles`, wb(), () => peakOf(gpu, () => gpu.free(vaeEncode(gpu, SDXL_BASE.vae, vae, tile))));
+    gpu.free(tile);
+  }
   const lat = gpu.tensor([1, 4, 128, 128], 'f32', 'activations');
   await add('SDXL VAE decode 128x128 latents (f32)', wb(), () => peakOf(gpu, () => gpu.free(vaeDecode(gpu, SDXL_BASE.vae, vae, lat))));
   gpu.free(...vae.values(), img, lat);
