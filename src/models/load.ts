@@ -90,7 +90,7 @@ const GROUPED: { re: RegExp; order?: string[] }[] = [
  * allocation, laid end to end, the first member owning it (so freeing every tensor of the map frees it once);
  * every other tensor its own. A member whose bytes are not a multiple of the storage-offset alignment gets its
  * own allocation instead. The per-layer names, shapes and values are those of separate tensors: only the layout
- * differs (checkpoints and exports read and write each layer by name as before).
+ * differs (checkpoints and exports read and write each layer by name as before). The map keeps the order of `shapes`.
  */
 export function allocateWeights(gpu: Gpu, shapes: Iterable<readonly [string, readonly number[]]>, dtype: DType): Map<string, Tensor> {
   const list = [...shapes];
@@ -120,8 +120,8 @@ export function allocateWeights(gpu: Gpu, shapes: Iterable<readonly [string, rea
       at += bytes(s);
     });
   }
-  for (const [n, s] of list) if (!out.has(n)) out.set(n, gpu.tensor(s, dtype, 'weights', n));
-  return out;
+  // in the order of `shapes` (a streamed source is read in that order)
+  return new Map(list.map(([n, s]) => [n, out.get(n) ?? gpu.tensor(s, dtype, 'weights', n)]));
 }
 
 /**

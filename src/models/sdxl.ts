@@ -19,7 +19,7 @@ import { unetConfigFromJson, type UnetConfig } from '../nn/unet.ts';
 import { vaeConfigFromJson, type VaeConfig } from '../nn/vae.ts';
 import { ModelError, type Prediction } from './detect.ts';
 import { clipToDiffusers, isVaeAttentionProjection, openClipToDiffusers, unetToDiffusers, vaeToDiffusers } from './keymap.ts';
-import { countBadValues, validateComponent } from './load.ts';
+import { allocateWeights, countBadValues, validateComponent } from './load.ts';
 import { clipParams, unetParams, vaeParams } from './shapes.ts';
 import { inferUnet, inferVae, readJsonFile, type FolderReader, type Json, type SourceOptions } from './source.ts';
 
@@ -432,17 +432,17 @@ export async function loadSdxl(gpu: Gpu, src: SdxlSource, dtype: DType): Promise
   for (const c of SDXL_COMPONENTS) validateComponent(src.name, c, cfg.expected[c], src.shapes(c));
   const uploaded: Tensor[] = [];
   const upload = async (c: SdxlComponent, dt: DType): Promise<Weights> => {
-    const w: Weights = new Map();
-    for (const [name, shape] of src.shapes(c)) {
+    // the loader's layout: the UNet's merged-GEMM groups end to end (load.ts allocateWeights)
+    const w: Weights = allocateWeights(gpu, src.shapes(c), dt);
+    uploaded.push(...w.values());
+    for (const [name, t] of w) {
       const { data } = await src.read(c, name);
       const bad = countBadValues(data, dt);
       if (bad.nonFinite || bad.beyondF16)
         throw new ModelError(
           `${src.name}: ${c} tensor ${name} (${src.tensorOrigin(c, name)}) holds ${bad.nonFinite ? `${bad.nonFinite} non-finite values (NaN/Inf)` : `${bad.beyondF16} values beyond f16's range`}: use another file${bad.nonFinite ? '' : ' or load in f32'}`,
         );
-      const t = gpu.upload(data, shape, dt, 'weights', name);
-      uploaded.push(t);
-      w.set(name, t);
+      gpu.write(t, data);
     }
     return w;
   };
