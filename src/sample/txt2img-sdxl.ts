@@ -4,14 +4,15 @@
 //   - an empty negative prompt is all zeros, embeddings and pooled alike (force_zeros_for_empty_prompt,
 //     SDXL base's setting); a given one is encoded like the prompt;
 //   - time ids [original h, w, crop top, left, target h, w] = [H, W, 0, 0, H, W] for both halves of the batch;
-//   - latents / scaling_factor (0.13025) decoded by the VAE in f32 (SDXL's VAE overflows in f16).
+//   - latents / scaling_factor (0.13025) decoded by the VAE in f32 (SDXL's VAE overflows in f16), in tiles where
+//     1024 px passes one storage binding (nn/vae-tiled.ts).
 import type { Gpu } from '../gpu/device.ts';
 import type { Tensor } from '../gpu/tensor.ts';
 import type { ClipTokenizer } from '../io/tokenizer.ts';
 import type { LoadedSdxl } from '../models/sdxl.ts';
 import { sdxlTextEncode } from '../nn/sdxl.ts';
 import { unetForward } from '../nn/unet.ts';
-import { vaeDecode } from '../nn/vae.ts';
+import { vaeDecodeImage } from '../nn/vae-tiled.ts';
 import { Ddim, DpmSolverPP2M, randn, type Sampler } from './schedulers.ts';
 import { checkTxt2ImgOptions, type Txt2ImgOptions } from './txt2img.ts';
 
@@ -100,7 +101,7 @@ export async function txt2imgSdxl(
   gpu.free(cond.context, cond.pooled);
   const [H, W] = [o.height, o.width];
   const scaled = x.map((v) => v / model.vae.config.scalingFactor);
-  const image = await gpu.read(vaeDecode(gpu, model.vae.config, model.vae.weights, gpu.upload(scaled, [1, zc, H / f, W / f], 'f32')));
+  const image = await vaeDecodeImage(gpu, model.vae.config, model.vae.weights, scaled, { width: W / f, height: H / f }, 'f32'); // tiled past one binding
   const rgb = new Uint8Array(H * W * 3);
   for (let c = 0; c < 3; c++) for (let p = 0; p < H * W; p++) rgb[p * 3 + c] = Math.round(Math.min(1, Math.max(0, (image[c * H * W + p] + 1) / 2)) * 255);
   return { rgb, width: W, height: H };

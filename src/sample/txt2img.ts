@@ -6,7 +6,7 @@ import type { ClipTokenizer } from '../io/tokenizer.ts';
 import type { LoadedModel } from '../models/load.ts';
 import { clipTextForward } from '../nn/clip.ts';
 import { unetForward } from '../nn/unet.ts';
-import { vaeDecode } from '../nn/vae.ts';
+import { vaeDecodeImage } from '../nn/vae-tiled.ts';
 import { Ddim, DpmSolverPP2M, randn, type Sampler, type ScheduleConfig } from './schedulers.ts';
 
 export interface Txt2ImgOptions {
@@ -104,7 +104,7 @@ export async function txt2img(
   }
   gpu.free(context);
   const scaled = x.map((v) => v / model.vae.config.scalingFactor);
-  const image = await gpu.read(vaeDecode(gpu, model.vae.config, model.vae.weights, gpu.upload(scaled, [1, zc, h, w], dtype)));
+  const image = await vaeDecodeImage(gpu, model.vae.config, model.vae.weights, scaled, { width: w, height: h }, dtype); // tiled past one binding
   checkFinite(image, "the VAE decoder's output", o);
   const H = h * f;
   const W = w * f;
