@@ -168,7 +168,7 @@ async function decodeWhole(gpu: Gpu, cfg: VaeConfig, weights: Weights, latents: 
 /**
  * The image [3, h·f, w·f] (roughly in [-1, 1]) decoded from unscaled latents [latent, h, w], whole or, past one
  * binding, in tiles (above). `tile` forces a latent tile side (a multiple of 4; tests), otherwise chosen by the
- * binding; `blend: false` stitches the cropped tiles without the blend (tests show what the blend is worth).
+ * binding.
  */
 export async function vaeDecodeImage(
   gpu: Gpu,
@@ -178,14 +178,13 @@ export async function vaeDecodeImage(
   size: { width: number; height: number },
   dtype: DType,
   tile: number | null = decodeTileSide(cfg, size.height, size.width, dtype, gpu.maxBinding),
-  blend = true,
 ): Promise<Float32Array> {
   const { height: lh, width: lw } = size;
   if (tile === null || (tile >= lh && tile >= lw)) return decodeWhole(gpu, cfg, weights, latents, lh, lw, dtype);
   if (tile % 4) throw new Error(`vaeDecodeImage: latent tile side ${tile} must be a multiple of 4`);
   const f = 2 ** (cfg.blockOutChannels.length - 1);
   const stride = (tile * 3) / 4;
-  const ext = blend ? (tile * f) / 4 : 0; // image pixels blended with the neighbour above and to the left
+  const ext = (tile * f) / 4; // image pixels blended with the neighbour above and to the left
   const keep = stride * f; // image pixels each tile contributes
   const [H, W] = [lh * f, lw * f];
   const out = new Float32Array(3 * H * W);
