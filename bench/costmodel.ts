@@ -15,6 +15,7 @@
 // L and floor are fitted (least worst relative error over the profile's conv2d, matmul, attention and other ms);
 // the hardware facts are data (HARDWARE) and the rates are measured.
 import type { CountedDispatch } from './census-record.ts';
+import { EPILOGUE } from '../src/ops/gemm.ts';
 
 /** Facts of a GPU the model needs, in one place. */
 export interface Hardware {
@@ -183,10 +184,14 @@ function attentionWork(d: CountedDispatch, base: Work): Work {
 /** The work of one recorded dispatch. */
 export function workOf(d: CountedDispatch): Work {
   const threads = d.workgroupSize[0] * d.workgroupSize[1] * d.workgroupSize[2];
-  const accumulate = d.defs.ACCUMULATE === true;
+  // the GEMMs say so in their epilogue uniform (src/ops/gemm.ts EPILOGUE), the other kernels in a def
+  const epilogue = d.uniforms.epilogue;
+  const accumulate = d.defs.ACCUMULATE === true || (epilogue !== undefined && (epilogue & EPILOGUE.accumulate) !== 0);
   let bytesRead = 0;
   let bytesWritten = 0;
   for (const b of d.bindings) {
+    // a GEMM without a bias binds a stand-in its epilogue never reads
+    if (b.name === 'bias' && epilogue !== undefined && (epilogue & EPILOGUE.bias) === 0) continue;
     if (b.access === 'read') bytesRead += b.bytes;
     else {
       bytesWritten += b.bytes;

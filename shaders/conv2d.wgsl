@@ -11,10 +11,11 @@
 // the transposed convolution are skipped by that test, not stored).
 //
 // Specialised by: T (storage of x, w, dy, bias), W_INT8 (w is a frozen int8 weight: bytes wq, scales ws; src_a unbound), TC (storage of the output: T or f32), MODE,
-// KH, KW, STRIDE, the tile's defs (src/ops/gemm.ts), HAS_BIAS, ACCUMULATE, FITS (the tile divides GM, GN and GK:
+// KH, KW, STRIDE, the tile's defs (src/ops/gemm.ts), FITS (the tile divides GM, GN and GK:
 // the loaders skip their bounds checks; the padding test of x_tap stays), CONST_SIZES (the layer's sizes GM ..
 // pad, read through the generated sz_<name>(), are the constants SZ_<name> instead of uniforms: src/ops/conv2d.ts
-// sizeAccessors; GPUs' default).
+// sizeAccessors; GPUs' default); at run time by the uniform p.epilogue (src/ops/gemm.ts EPILOGUE: epi_bias adds
+// bias[co], epi_accumulate adds into out).
 // `bias_grad` (db[co] = Σ_{n, pixels} dy[n, co, ·]) uses T, TC and ACCUMULATE.
 //
 // Bindings: src_a = w (modes 0, 1) or dy (mode 2); src_b = x (modes 0, 2) or dy (mode 1); out = y,
@@ -25,8 +26,9 @@
 //   conv_gemm: uniforms GM (GEMM rows: Co, Ci, Co), GN (GEMM columns: Ho*Wo, H*W, Ci*KHW), GK (reduction:
 //   Ci*KHW, Co*KHW, samples*Ho*Wo), Ci, H, W, Co, Ho, Wo, pad, off_a, off_b, off_c, off_bias (element offsets
 //   into the bound windows), stride_b / stride_c (elements between samples of src_b / out); bindings src_a,
-//   src_b, out and, with HAS_BIAS, bias; k_splits and k_chunk of split-K, whose partial pass (SPLIT_K) writes
-//   part instead of out (src/ops/gemm.ts). conv_split_reduce: the same uniforms; bindings part, out, bias.
+//   src_b, out and bias (without a bias any small read-only window, never read); k_splits and k_chunk of split-K,
+//   whose partial pass (SPLIT_K) writes part instead of out (src/ops/gemm.ts); epilogue. conv_split_reduce: the
+//   same uniforms; bindings part, out, bias.
 //   bias_grad: uniforms samples, pixels, Co, off_dy, off_c; bindings dy, out.
 
 //#entry conv_gemm conv_gemm_tc
@@ -140,9 +142,9 @@ fn gemm_dims() -> vec3<u32> { return vec3<u32>(sz_GM(), sz_GN(), sz_GK()); }
 // C is row-major [GM, GN] per sample in all three modes: y[n, co, pixel], dx[n, ci, pixel], dw[co, (ci, r)].
 fn gemm_out(z: u32, m: u32, n: u32, v: f32) {
   var s = v;
-  if (HAS_BIAS) { s += f32(bias[p.off_bias + m]); }
+  if (epi_bias()) { s += f32(bias[p.off_bias + m]); }
   let idx = p.off_c + z * p.stride_c + m * sz_GN() + n;
-  if (ACCUMULATE) { s = select(s, round_f16(s), TC_IS_F16) + f32(out[idx]); } // rounded first: equals the conv into a new buffer and an add
+  if (epi_accumulate()) { s = select(s, round_f16(s), TC_IS_F16) + f32(out[idx]); } // rounded first: equals the conv into a new buffer and an add
   out[idx] = TC(s);
 }
 

@@ -8,10 +8,6 @@
 //                    (BN/TN) x (BM/TM) invocations
 //   TRANS_A          A is stored [K, M] (op(A) = Aᵀ) instead of [M, K]
 //   TRANS_B          B is stored [N, K] (op(B) = Bᵀ) instead of [K, N]
-//   HAS_BIAS         add bias[n] in the epilogue
-//   BIAS_ROWS        ... bias[m] instead (a 1x1 convolution's per-channel bias)
-//   ACCUMULATE       C += result instead of C = result (gradient accumulation, split-K chunks); the result is
-//                    rounded to C's type first, so this equals the GEMM into a new buffer followed by an add
 //   FITS             the tile divides M, N and K: loads skip their bounds checks
 //   B_INT8           B is a frozen int8 weight: bytes bq (4 per u32) and per-row f32 scales bs, dequantized in f32 as
 //                    loaded (b_elem); B_PLAIN = neither B_VEC4 nor B_INT8 (b is bound)
@@ -20,6 +16,10 @@
 //                    are multiples of: one vec4 load instead of 4 scalar ones. Along m or n (Aᵀ stored [K, M], B
 //                    [K, N]) that is a group gemm_a4 / gemm_b4 returns; along k (A [M, K], Bᵀ stored [N, K]: the
 //                    forward x·Wᵀ) the core stages 4x4 quads through gemm_ak4 / gemm_bk4 (defs A_QUADS, B_QUADS)
+// and at run time by the uniform p.epilogue (src/ops/gemm.ts EPILOGUE, read through epi_<name>()): add bias[n] in the
+// epilogue (epi_bias), bias[m] instead (epi_bias_rows: a 1x1 convolution's per-channel bias), C += result instead of
+// C = result (epi_accumulate: gradient accumulation, K chunks; the result is rounded to C's type first, so this equals
+// the GEMM into a new buffer followed by an add).
 //
 // Addressing is BLAS-like: element (r, c) of a row-major operand is base + r * ld + c, where base is
 // an element offset into the bound window plus batch * batch stride. The host binds windows of
@@ -30,9 +30,10 @@
 // this file holds what they call: the loaders and the epilogue below.
 
 // Uniforms and bindings are declared per entry point in src/ops/matmul.ts (src/gpu/kernel.ts generates
-// them): matmul reads a, b (or a4, b4 with A_VEC4, B_VEC4; bias with HAS_BIAS) and writes c, or with SPLIT_K its partials to part
+// them): matmul reads a, b (or a4, b4 with A_VEC4, B_VEC4) and bias and writes c, or with SPLIT_K its partials to part
 // (src/ops/gemm.ts); M, N, K, leading dimensions lda/ldb/ldc, element offsets off_* of each operand inside its
-// bound window, batch strides stride_* (0 broadcasts), k_splits and k_chunk of split-K.
+// bound window, batch strides stride_* (0 broadcasts), k_splits and k_chunk of split-K, epilogue. Without a bias the
+// bias binding is any small read-only window, never read.
 // matmul_split_reduce reads part and writes c (+ bias) with the same uniforms.
 
 //#entry matmul matmul_tc
@@ -98,10 +99,10 @@ fn gemm_dims() -> vec3<u32> { return vec3<u32>(p.M, p.N, p.K); }
 
 fn gemm_out(z: u32, m: u32, n: u32, v: f32) {
   var s = v;
-  if (HAS_BIAS) { s += f32(bias[p.off_bias + select(n, m, BIAS_ROWS)]); }
+  if (epi_bias()) { s += f32(bias[p.off_bias + select(n, m, epi_bias_rows())]); }
   let idx = p.off_c + z * p.stride_c + m * p.ldc + n;
   // the result rounded to TC first, then added: C += result is bit for bit the GEMM into a new buffer and an add
-  if (ACCUMULATE) { s = select(s, round_f16(s), TC_IS_F16) + f32(c[idx]); }
+  if (epi_accumulate()) { s = select(s, round_f16(s), TC_IS_F16) + f32(c[idx]); }
   c[idx] = TC(s);
 }
 

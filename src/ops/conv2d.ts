@@ -16,7 +16,7 @@ import { BYTES, expectSameDType, expectShape, type Tensor } from '../gpu/tensor.
 import { matmul } from './matmul.ts';
 import { isInt8 } from './int8.ts';
 import { elemWindow, pickTile, simtTileDefs, tilesFor, tileSharedBytes, windowBytesBound, type Tile } from './tiles.ts';
-import { chooseSplitK, pickTcTile, simtGemmEntry, SPLIT_REDUCE_WG, splitReduceEntry, tcDefs, TC_BK, tensorCoreEntry } from './gemm.ts';
+import { chooseSplitK, epilogueFlags, pickTcTile, simtGemmEntry, SPLIT_REDUCE_WG, splitReduceEntry, tcDefs, TC_BK, tensorCoreEntry } from './gemm.ts';
 
 export interface Conv2dOptions {
   stride: number;
@@ -92,7 +92,7 @@ function samplesPerBinding(gpu: Gpu, op: string, s: ConvShape, perSampleBytes: n
   const per = Math.max(...perSampleBytes);
   const n = Math.floor((gpu.maxBinding - windowBytesBound(gpu, 0, 1)) / per);
   if (n < 1) throw new ShapeError(op, `one sample (${per} bytes) exceeds a storage binding of ${gpu.maxBinding} bytes (N=${s.N}, Ci=${s.Ci}, ${s.H}x${s.W})`);
-  return Math.min(n, s.N, gpu.device.limits.maxComputeWorkgroupsPerDimension);
+  return Math.min(n, s.N, gpu.facts.maxWorkgroupsPerDimension);
 }
 
 function wholeFits(gpu: Gpu, op: string, t: Tensor, name: string): void {
@@ -119,6 +119,7 @@ const CONV_UNIFORMS = [
   u32('stride_c'),
   u32('k_splits'),
   u32('k_chunk'),
+  u32('epilogue'),
 ] as const;
 
 /** The layer sizes the implicit GEMM reads through sz_<name>() (shaders/conv2d.wgsl). */
@@ -154,7 +155,7 @@ const CONV_GEMM = kernel({
     { name: 'wq', type: 'u32', access: 'read', when: 'W_INT8' },
     { name: 'ws', type: 'f32', access: 'read', when: 'W_INT8' },
     { name: 'out', type: 'TC', access: 'read_write', when: '!SPLIT_K' },
-    { name: 'bias', type: 'T', access: 'read', when: 'HAS_BIAS' },
+    { name: 'bias', type: 'T', access: 'read', when: '!SPLIT_K' },
     { name: 'part', type: 'f32', access: 'read_write', when: 'SPLIT_K' },
   ],
 });
@@ -171,7 +172,7 @@ const CONV_SPLIT_REDUCE = kernel({
   bindings: [
     { name: 'part', type: 'f32', access: 'read' },
     { name: 'out', type: 'TC', access: 'read_write' },
-    { name: 'bias', type: 'T', access: 'read', when: 'HAS_BIAS' },
+    { name: 'bias', type: 'T', access: 'read' },
   ],
 });
 
@@ -231,8 +232,7 @@ function convGemm(
   if (int8 && int8.q.size > gpu.maxBinding) throw new ShapeError(op, `int8 weight ${srcA} exceeds one storage binding (${gpu.maxBinding} bytes)`);
   const tc = forcedTile || srcA.dtype !== 'f16' || int8 ? null : pickTcTile(gpu, GM, GN, batches);
   const tile = tc ? null : (forcedTile ?? pickTile(GM, GN, batches, gpu.fillWorkgroups, tilesFor(gpu)));
-  if (tile && tileSharedBytes(tile) > gpu.device.limits.maxComputeWorkgroupStorageSize)
-    throw new ShapeError(op, `tile ${JSON.stringify(tile)} needs too much workgroup memory`);
+  if (tile && tileSharedBytes(tile) > gpu.facts.maxWorkgroupStorage) throw new ShapeError(op, `tile ${JSON.stringify(tile)} needs too much workgroup memory`);
   const [tileM, tileN] = tc ? [tc.BM, tc.BN] : [tile!.BM, tile!.BN];
   const constSizes = forced.constSizes ?? !gpu.facts.software;
   for (let n0 = 0; n0 < s.N; n0 += group) {
@@ -255,10 +255,7 @@ function convGemm(
       KH: s.KH,
       KW: s.KW,
       STRIDE: s.stride,
-      HAS_BIAS: bias !== null,
       W_INT8: int8 !== null,
-      // Grad weight sums over samples: later sample groups add onto the first.
-      ACCUMULATE: accumulate || (mode === Mode.GradWeight && n0 > 0),
       CONST_SIZES: constSizes,
     };
     const uniforms = {
@@ -280,11 +277,14 @@ function convGemm(
       stride_c: perC,
       k_splits: split.splits,
       k_chunk: split.chunk,
+      // Grad weight sums over samples: later sample groups add onto the first.
+      epilogue: epilogueFlags({ bias: bias !== null, accumulate: accumulate || (mode === Mode.GradWeight && n0 > 0) }),
     };
     const sizeDefs = constSizes ? Object.fromEntries(CONV_SIZES.map((x) => [`SZ_${x}`, uniforms[x]])) : {};
     const core = tc ? CONV_GEMM_TC : CONV_GEMM;
     const coreDefs = tc ? tcDefs(tc, gpu.tensorCores!) : simtTileDefs(tile!);
-    const biasBinding = wbias ? { bias: wbias.window } : {};
+    // without a bias, src_b's first element stands in for the bias binding (the epilogue flags never read it)
+    const biasBinding = { bias: (wbias ?? elemWindow(gpu, srcB, 0, 1)).window };
     const weight = int8 ? { wq: int8.q, ws: int8.scale } : { src_a: wa.window };
     if (split.splits === 1) {
       gpu.run(core, {
@@ -299,13 +299,13 @@ function convGemm(
     const part = gpu.tensor([zs * split.splits, GM, GN], 'f32', 'scratch', `${op}.split-k`);
     const wp = elemWindow(gpu, part, 0, part.numel);
     gpu.run(core, {
-      defs: { ...defs, ...sizeDefs, ...coreDefs, HAS_BIAS: false, ACCUMULATE: false, SPLIT_K: true },
+      defs: { ...defs, ...sizeDefs, ...coreDefs, SPLIT_K: true },
       uniforms,
       bindings: { ...weight, src_b: wb.window, part: wp.window },
       workgroups: [...tiles, zs * split.splits],
     });
     gpu.run(CONV_SPLIT_REDUCE, {
-      defs: { ...defs, ...sizeDefs },
+      defs: { T: defs.T, TC: defs.TC, CONST_SIZES: constSizes, ...sizeDefs },
       uniforms,
       bindings: { part: wp.window, out: wc.window, ...biasBinding },
       workgroups: [Math.ceil(GN / SPLIT_REDUCE_WG), GM, zs],
@@ -473,7 +473,7 @@ function loweringUniforms(s: ConvShape, rows: number, off_in: number, off_out: n
 /** Workgroups of 64 invocations, one per row, laid out in x then y (the shader's row_index). */
 function rowWorkgroups(gpu: Gpu, rows: number): [number, number, number] {
   const groups = Math.ceil(rows / ROW_WG);
-  const x = Math.min(groups, gpu.device.limits.maxComputeWorkgroupsPerDimension);
+  const x = Math.min(groups, gpu.facts.maxWorkgroupsPerDimension);
   return [x, Math.ceil(groups / x), 1];
 }
 

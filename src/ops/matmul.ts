@@ -12,6 +12,7 @@ import { BYTES, expectSameDType, expectShape, numel, Tensor } from '../gpu/tenso
 import { checkTile, DIRECT_TILES, elemWindow, pickTile, simtTileDefs, tilesFor, windowBytesBound, type Tile } from './tiles.ts';
 import { isInt8 } from './int8.ts';
 import { chooseSplitK, pickTcTile, simtGemmEntry, SPLIT_REDUCE_WG, splitReduceEntry, tcDefs, tcTileFits, TC_BK, tensorCoreEntry, type TcTile } from './gemm.ts';
+import { epilogueFlags } from './gemm.ts';
 
 export interface MatmulOptions {
   /** a is stored [..., K, M]. */
@@ -120,7 +121,7 @@ function planGemm(gpu: Gpu, g: Gemm, tile: Pick<Tile, 'BM' | 'BN' | 'BK'>): Bloc
   const bytes = BYTES[g.a.dtype];
   const whole = (b0: number, nb: number): Block => ({ b0, nb, m0: 0, mc: g.M, n0: 0, nc: g.N, k0: 0, kc: g.K });
   const allFit = (k: Block) => operands(g, k).every((o) => spanFits(gpu, o.span, bytes));
-  const maxZ = gpu.device.limits.maxComputeWorkgroupsPerDimension;
+  const maxZ = gpu.facts.maxWorkgroupsPerDimension;
   let group = Math.min(g.batch, maxZ);
   while (group > 1 && !allFit(whole(0, group))) group = Math.ceil(group / 2);
   if (allFit(whole(0, group))) {
@@ -172,6 +173,7 @@ const MATMUL_UNIFORMS = [
   u32('stride_c'),
   u32('k_splits'),
   u32('k_chunk'),
+  u32('epilogue'),
 ] as const;
 
 /** The SIMT GEMM; with SPLIT_K it writes one reduction chunk's f32 partials to `part` instead of c. */
@@ -184,7 +186,7 @@ const MATMUL = kernel({
     { name: 'a', type: 'T', access: 'read', when: '!A_VEC4' },
     { name: 'b', type: 'T', access: 'read', when: 'B_PLAIN' },
     { name: 'c', type: 'TC', access: 'read_write', when: '!SPLIT_K' },
-    { name: 'bias', type: 'T', access: 'read', when: 'HAS_BIAS' },
+    { name: 'bias', type: 'T', access: 'read', when: '!SPLIT_K' },
     { name: 'part', type: 'f32', access: 'read_write', when: 'SPLIT_K' },
     { name: 'a4', type: 'vec4<T>', access: 'read', when: 'A_VEC4' },
     { name: 'b4', type: 'vec4<T>', access: 'read', when: 'B_VEC4' },
@@ -205,7 +207,7 @@ const MATMUL_SPLIT_REDUCE = kernel({
   bindings: [
     { name: 'part', type: 'f32', access: 'read' },
     { name: 'c', type: 'TC', access: 'read_write' },
-    { name: 'bias', type: 'T', access: 'read', when: 'HAS_BIAS' },
+    { name: 'bias', type: 'T', access: 'read' },
   ],
 });
 
@@ -251,7 +253,6 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     const defs = {
       T: g.a.dtype,
       TC: g.c.dtype,
-      BIAS_ROWS: g.biasRows,
       A_VEC4: aVec4,
       B_VEC4: bVec4,
       B_INT8: int8 !== null,
@@ -262,8 +263,6 @@ function runGemm(gpu: Gpu, g: Gemm): void {
       FITS: k.mc % blockTile.BM === 0 && k.nc % blockTile.BN === 0 && k.kc % blockTile.BK === 0,
       TRANS_A: g.transA,
       TRANS_B: g.transB,
-      HAS_BIAS: wbias !== null,
-      ACCUMULATE: g.accumulate || !firstK,
     };
     const uniforms = {
       M: k.mc,
@@ -281,10 +280,11 @@ function runGemm(gpu: Gpu, g: Gemm): void {
       stride_c: g.strideC,
       k_splits: split.splits,
       k_chunk: split.chunk,
+      epilogue: epilogueFlags({ bias: wbias !== null, bias_rows: g.biasRows, accumulate: g.accumulate || !firstK }),
     };
     const core = tc ? MATMUL_TC : MATMUL;
     const coreDefs = tc ? tcDefs(tc, gpu.tensorCores!) : simtTileDefs(tile!);
-    const bias = wbias ? { bias: wbias.window } : {};
+    const bias = { bias: (wbias ?? elemWindow(gpu, g.a, 0, 1)).window }; // no bias: a stand-in the epilogue never reads
     const staged = {
       ...(aVec4 ? { a4: wa.window } : { a: wa.window }),
       ...(int8 ? { bq: int8.q, bs: int8.scale } : bVec4 ? { b4: wb.window } : { b: wb.window }),
@@ -302,13 +302,13 @@ function runGemm(gpu: Gpu, g: Gemm): void {
     const part = gpu.tensor([k.nb * split.splits, k.mc, k.nc], 'f32', 'scratch', `${g.op}.split-k`);
     const wp = elemWindow(gpu, part, 0, part.numel);
     gpu.run(core, {
-      defs: { ...defs, ...coreDefs, HAS_BIAS: false, ACCUMULATE: false, SPLIT_K: true },
+      defs: { ...defs, ...coreDefs, SPLIT_K: true },
       uniforms,
       bindings: { ...staged, part: wp.window },
       workgroups: [...tiles, k.nb * split.splits],
     });
     gpu.run(MATMUL_SPLIT_REDUCE, {
-      defs,
+      defs: { T: defs.T, TC: defs.TC },
       uniforms,
       bindings: { part: wp.window, c: wc.window, ...bias },
       workgroups: [Math.ceil(k.nc / SPLIT_REDUCE_WG), k.mc, k.nb],

@@ -76,7 +76,7 @@ function h200Like(): Gpu {
   return {
     tensorCores: { M: 16, N: 16, K: 16 },
     fillWorkgroups: 256,
-    device: { limits: { maxComputeInvocationsPerWorkgroup: 1024, maxComputeWorkgroupStorageSize: 49152 } },
+    facts: { maxInvocationsPerWorkgroup: 1024, maxWorkgroupStorage: 49152 },
   } as unknown as Gpu;
 }
 
