@@ -110,6 +110,17 @@ export async function useDemoModel(page: Page): Promise<void> {
   await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-small' }).waitFor({ timeout: 60_000 });
 }
 
+/** Opens the studio's "Advanced settings" section unless it is open already (a click on an open one closes it). */
+export async function openAdvanced(page: Page): Promise<void> {
+  if (
+    !(await page
+      .locator('details')
+      .first()
+      .evaluate((d) => (d as HTMLDetailsElement).open))
+  )
+    await page.getByText('Advanced settings').click();
+}
+
 /** Drops PNG files on the studio's photo area, as a drag from the desktop would. */
 export async function dropPngs(page: Page, files: { name: string; bytes: number[] }[]): Promise<void> {
   const dataTransfer = await page.evaluateHandle((fs) => {

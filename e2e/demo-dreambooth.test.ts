@@ -13,7 +13,7 @@ import { decode, encode } from 'fast-png';
 import type { Page } from 'playwright-core';
 import { INSTANCE_PROMPT, SAMPLE_SEED, subjectPhotos } from '../lab/demo-model/bench/quality-run.ts';
 import { colourFidelity } from '../lab/demo-model/quality.ts';
-import { dropPngs, launch, screenshotPath, serve, useDemoModel } from './browser.ts';
+import { dropPngs, launch, openAdvanced, screenshotPath, serve, useDemoModel } from './browser.ts';
 
 const SIZE = 64;
 const SEEDS = [SAMPLE_SEED, SAMPLE_SEED + 1, SAMPLE_SEED + 2];
@@ -60,13 +60,7 @@ describe('studio: DreamBooth on the demo model moves its samples toward the phot
         // bench:quality --quick's LoRA run (lab/demo-model/bench/quality-run.ts runSettings): everything else at the studio's defaults
         // (which also take a validation loss at step 100, on fixed noise: it reads the weights, it does not change them).
         await page.getByLabel(/^Instance prompt/).fill(INSTANCE_PROMPT);
-        if (
-          !(await page
-            .locator('details')
-            .first()
-            .evaluate((d) => (d as HTMLDetailsElement).open))
-        )
-          await page.getByText('Advanced settings').click();
+        await openAdvanced(page);
         await page.getByLabel('Steps', { exact: true }).fill('100');
         await page.getByLabel('Learning rate').fill('0.01');
         await page.getByLabel('LoRA rank').fill('4');

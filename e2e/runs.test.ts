@@ -10,7 +10,7 @@ import { readFileSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
 import { encode } from 'fast-png';
 import type { Page } from 'playwright-core';
-import { launch, safetensorsHeader, screenshotPath, serve } from './browser.ts';
+import { launch, openAdvanced, safetensorsHeader, screenshotPath, serve } from './browser.ts';
 
 /** The worker's chunk store (src/studio/worker.ts RUN_DB; not imported: that module starts a worker). */
 const RUN_DB = 'dreambooth-studio-runs';
@@ -109,13 +109,7 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
         await page.getByText('dog.png').first().waitFor({ timeout: 60_000 });
 
         // Run 1: one LoRA step, no samples (the thumbnail is the photo), the final checkpoint only.
-        if (
-          !(await page
-            .locator('details')
-            .first()
-            .evaluate((d) => (d as HTMLDetailsElement).open))
-        )
-          await page.getByText('Advanced settings').click();
+        await openAdvanced(page);
         await page.getByLabel('Instance prompt', { exact: false }).fill('a photo of sks dog');
         await page.getByLabel('Steps', { exact: true }).fill('1');
         await page.getByLabel('Sample every N steps (0: never)').fill('0');

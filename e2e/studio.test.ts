@@ -13,7 +13,7 @@ import { encode } from 'fast-png';
 import { chromium, type Page } from 'playwright-core';
 import { build } from 'vite';
 import { writeTinySdxl } from '../tests/fixtures/models/make-tiny-sdxl.ts';
-import { CHROMIUM_FLAGS, launch, ROOT, safetensorsHeader, screenshotPath, serve, serveWithTinyHub, WEBGPU_FLAGS } from './browser.ts';
+import { CHROMIUM_FLAGS, launch, openAdvanced, ROOT, safetensorsHeader, screenshotPath, serve, serveWithTinyHub, WEBGPU_FLAGS } from './browser.ts';
 
 /** A w x h PNG: a soft disc on a gradient, a different colour per `k` (a "subject" the eye can follow). */
 function photo(w: number, h: number, k: number): number[] {
@@ -97,8 +97,7 @@ async function loadDemo(page: Page): Promise<void> {
 
 /** Small, fast settings for software WebGPU. */
 async function tinySettings(page: Page, o: { steps: number; sampleEvery: number; checkpointEvery: number }): Promise<void> {
-  const details = page.locator('details');
-  if (!(await details.evaluate((d) => (d as HTMLDetailsElement).open))) await page.getByText('Advanced settings').click();
+  await openAdvanced(page);
   await page.getByLabel('Steps', { exact: true }).fill(String(o.steps));
   await page.getByLabel('Sample every N steps (0: never)').fill(String(o.sampleEvery));
   await page.getByLabel('Sampling steps').fill('2');
@@ -697,13 +696,7 @@ describe('the studio page: models from the hub and bad files (Chromium)', () => 
         await page.getByLabel('Choose a checkpoint file').setInputFiles([checkpoint, config]);
         await status.filter({ hasText: 'Loaded tiny-sdxl.safetensors' }).waitFor({ timeout: 120_000 });
         assert.match((await status.textContent()) ?? '', /Stable Diffusion XL \(single-file, epsilon\), 0\.59 M parameters/);
-        if (
-          !(await page
-            .locator('details')
-            .first()
-            .evaluate((d) => (d as HTMLDetailsElement).open))
-        )
-          await page.getByText('Advanced settings').click();
+        await openAdvanced(page);
         assert.equal(await page.getByLabel('Resolution (px)').inputValue(), '1024');
 
         // 2 LoRA steps at 32 px (the tiny model's factor is 4), then Try it (the worker reads its tokenizers from the hub).

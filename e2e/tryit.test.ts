@@ -8,7 +8,7 @@ import { readFileSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
 import { decode, encode } from 'fast-png';
 import type { Page } from 'playwright-core';
-import { launch, screenshotPath, serve } from './browser.ts';
+import { launch, openAdvanced, screenshotPath, serve } from './browser.ts';
 
 function photo(w: number, h: number, k: number): number[] {
   const data = new Uint8Array(w * h * 3);
@@ -80,7 +80,7 @@ describe('studio: Try it (Chromium, SwiftShader, demo model)', () => {
       assert.deepEqual(unlabelled, []);
 
       // A 2-step LoRA run, no samples, no checkpoints but the final one.
-      if (!(await page.locator('details').evaluate((d) => (d as HTMLDetailsElement).open))) await page.getByText('Advanced settings').click();
+      await openAdvanced(page);
       await page.getByLabel('Steps', { exact: true }).fill('2');
       await page.getByLabel('Sample every N steps (0: never)').fill('0');
       await page.getByLabel('Checkpoint every N steps').fill('0');
