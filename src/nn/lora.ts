@@ -5,7 +5,7 @@
 // base weights stay frozen. Tensor names follow PEFT/diffusers: `<layer>.lora_A.weight` and
 // `<layer>.lora_B.weight` beside `<layer>.weight`.
 import { ShapeError } from '../gpu/errors.ts';
-import { Tensor } from '../gpu/tensor.ts';
+import { BYTES, Tensor } from '../gpu/tensor.ts';
 import { isInt8 } from '../ops/int8.ts';
 import { weight, type Weights } from './blocks.ts';
 import { networkWeight } from './lycoris.ts';
@@ -52,7 +52,7 @@ const PLAIN = new Set(['weight', 'lora_A.weight', 'lora_B.weight']);
  * when their frozen weights lie end to end in one allocation in `layers` order (models/load.ts allocateWeights) and
  * each has no adapter or a plain LoRA pair at scale 1. Layer i's output is `ys[i]`, a view of `owner` (release it
  * after them). Null where any of that does not hold (trained base weights, int8, LyCORIS, DoRA, alpha != rank,
- * weights not loaded grouped): run loraLinear per layer.
+ * weights not loaded grouped, an output slice not at a bindable offset): run loraLinear per layer.
  */
 export function loraLinearGroup(F: Ops, x: Tensor, w: Weights, layers: readonly string[], loraScale: number): { ys: Tensor[]; owner: Tensor } | null {
   const ws: Tensor[] = [];
@@ -62,6 +62,11 @@ export function loraLinearGroup(F: Ops, x: Tensor, w: Weights, layers: readonly 
     ws.push(t);
   }
   const [first] = ws;
+  // Each layer's output is a view bound on its own (attention binds q, k, v whole), so every slice must start at
+  // an offset the adapter can bind: 256 bytes on most browsers' adapters; cross-attention's 77 tokens at batch 1
+  // often are not, and keep the separate GEMMs.
+  const slice = (x.numel / first.shape[1]) * first.shape[0] * BYTES[x.dtype];
+  if (slice % F.gpu.device.limits.minStorageBufferOffsetAlignment) return null;
   if (ws.some((t, i) => t.alloc !== first.alloc || t.byteOffset !== first.byteOffset + i * first.byteSize || t.shape.some((d, j) => d !== first.shape[j])))
     return null;
   for (const name of w.keys()) for (const l of layers) if (name.startsWith(`${l}.`) && !PLAIN.has(name.slice(l.length + 1))) return null;
