@@ -60,6 +60,8 @@ export interface GpuOptions {
   disableF16?: boolean;
   /** Pretend the largest storage binding is this many bytes (tests exercise the chunked paths with it). */
   bindingLimit?: number;
+  /** Ask for this storage-buffer offset alignment (bytes) where the adapter allows less: tests run browsers' 256. */
+  storageAlignment?: number;
   /**
    * Memory planning: allocations are accounted but not backed, dispatches, writes and reads do nothing
    * (reads return zeros), so the real code measures its own peak bytes for any model size in moments.
@@ -243,6 +245,8 @@ export class Gpu {
       const v = (adapter.limits as unknown as Record<string, number>)[name];
       if (typeof v === 'number') requiredLimits[name] = v;
     }
+    if (opts.storageAlignment)
+      requiredLimits.minStorageBufferOffsetAlignment = Math.max(requiredLimits.minStorageBufferOffsetAlignment ?? 0, opts.storageAlignment);
     const requiredFeatures = WANTED_FEATURES.filter((f) => adapter.features.has(f)) as GPUFeatureName[];
     const device = await adapter.requestDevice({ requiredLimits, requiredFeatures });
     const info = adapter.info ?? ({} as GPUAdapterInfo);
