@@ -164,10 +164,7 @@ describe('studio: bigger machines (Chromium, SwiftShader, demo model)', () => {
         .setInputFiles({ name: 'lora.safetensors', mimeType: 'application/octet-stream', buffer: Buffer.from('PK\x03\x04 a zip') });
       await page.getByRole('alert').filter({ hasText: 'lora.safetensors' }).waitFor({ timeout: 30_000 });
       const model = Buffer.concat([Buffer.from([40, 0, 0, 0, 0, 0, 0, 0]), Buffer.from('{"a":{"dtype":"F32","shape":[1],"data_o')]);
-      await page
-        .locator('input[type="file"][accept=".safetensors"]')
-        .first()
-        .setInputFiles({ name: 'model.safetensors', mimeType: 'application/octet-stream', buffer: model });
+      await page.getByLabel('Choose a checkpoint file').setInputFiles({ name: 'model.safetensors', mimeType: 'application/octet-stream', buffer: model });
       await page.getByTestId('model-status').filter({ hasText: 'model.safetensors' }).waitFor({ timeout: 30_000 });
 
       assert.deepEqual(await settledDump(page), before);
