@@ -2,7 +2,8 @@
 // channel-first spatial self-attention of the VAE's mid block. Weights by diffusers names.
 import { ShapeError } from '../gpu/errors.ts';
 import { Tensor } from '../gpu/tensor.ts';
-import { networkWeight } from './lycoris.ts';
+import { isInt8 } from '../ops/int8.ts';
+import { networkOf, networkWeight } from './lycoris.ts';
 import type { Ops } from './ops.ts';
 
 export type Weights = Map<string, Tensor>;
@@ -26,6 +27,13 @@ export function conv(F: Ops, x: Tensor, weights: Weights, prefix: string, stride
   const y = F.conv(x, w, weights.get(`${prefix}.bias`) ?? null, { stride, padding: padding ?? (w.shape[2] === 3 && stride === 1 ? 1 : 0) });
   if (adapted) F.release(adapted);
   return y;
+}
+
+/** Layers that run with their stored weights: no LyCORIS network attached, nothing under their names but weight and bias. */
+function plainLayers(weights: Weights, layers: string[]): boolean {
+  if (networkOf(weights)) return false;
+  for (const name of weights.keys()) if (layers.some((l) => name.startsWith(`${l}.`) && name !== `${l}.weight` && name !== `${l}.bias`)) return false;
+  return true;
 }
 
 /**
@@ -53,9 +61,25 @@ export function resnetForward(
   }
   const b = normSilu(F, h, weights, `${prefix}.norm2`, groups, eps);
   F.release(h);
+  const sw = weights.get(`${prefix}.conv_shortcut.weight`);
+  if (sw && sw.shape[2] === 1 && sw.shape[3] === 1 && !isInt8(sw) && plainLayers(weights, [`${prefix}.conv2`, `${prefix}.conv_shortcut`])) {
+    // The 1x1 shortcut's GEMM adds into conv2's output in its epilogue: no add pass, the same bits.
+    const w2 = weight(weights, `${prefix}.conv2.weight`);
+    const out = F.convAddPointwise(
+      b,
+      w2,
+      weights.get(`${prefix}.conv2.bias`) ?? null,
+      { stride: 1, padding: w2.shape[2] === 3 ? 1 : 0 },
+      x,
+      sw,
+      weights.get(`${prefix}.conv_shortcut.bias`) ?? null,
+    );
+    F.release(b);
+    return out;
+  }
   const h2 = conv(F, b, weights, `${prefix}.conv2`);
   F.release(b);
-  const short = weights.has(`${prefix}.conv_shortcut.weight`) ? conv(F, x, weights, `${prefix}.conv_shortcut`) : x;
+  const short = sw ? conv(F, x, weights, `${prefix}.conv_shortcut`) : x;
   const out = F.add(short, h2);
   F.release(h2);
   if (short !== x) F.release(short);

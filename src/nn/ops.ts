@@ -462,20 +462,76 @@ export class Ops {
     this.uses?.use(w, b);
     const y = conv2d(this.gpu, x, w, b, opts);
     this.rec(y, [], [x, w, b], (dy) => {
-      const tape = this.tape!;
-      const needX = this.needs(x);
-      if ((this.needs(w) || this.needs(b)) && needX) {
-        const g = conv2dBackward(this.gpu, x, w, dy, opts);
-        tape.acc(x, g.dx);
-        tape.acc(w, g.dw);
-        if (b) tape.acc(b, g.db);
-        else this.gpu.free(g.db);
-      } else if (this.needs(w) || this.needs(b)) {
-        // A trainable conv on an input that needs no gradient (conv_in in a full fine-tune): no dx kernels.
-        const g = conv2dBackwardWeight(this.gpu, x, w, dy, { ...opts, bias: !!b });
-        tape.acc(w, g.dw);
-        if (b && g.db) tape.acc(b, g.db);
-      } else if (needX) tape.acc(x, conv2dBackwardInput(this.gpu, x, w, dy, opts));
+      this.convGrads(x, w, b, opts, dy);
+      this.tape!.release(dy);
+    });
+    return y;
+  }
+
+  /** conv's backward: the wanted ones of dx, dw, db (not releasing dy). */
+  private convGrads(x: Tensor, w: Tensor, b: Tensor | null, opts: Conv2dOptions, dy: Tensor): void {
+    const tape = this.tape!;
+    const needX = this.needs(x);
+    if ((this.needs(w) || this.needs(b)) && needX) {
+      const g = conv2dBackward(this.gpu, x, w, dy, opts);
+      tape.acc(x, g.dx);
+      tape.acc(w, g.dw);
+      if (b) tape.acc(b, g.db);
+      else this.gpu.free(g.db);
+    } else if (this.needs(w) || this.needs(b)) {
+      // A trainable conv on an input that needs no gradient (conv_in in a full fine-tune): no dx kernels.
+      const g = conv2dBackwardWeight(this.gpu, x, w, dy, { ...opts, bias: !!b });
+      tape.acc(w, g.dw);
+      if (b && g.db) tape.acc(b, g.db);
+    } else if (needX) tape.acc(x, conv2dBackwardInput(this.gpu, x, w, dy, opts));
+  }
+
+  /**
+   * conv(x, w, b) + conv(xs, ws, bs) for a pointwise second conv (ws [Co, Ci, 1, 1], not int8; a ResNet's shortcut):
+   * its GEMM (conv2d's own for a 1x1) adds into the first conv's output in the epilogue, which rounds before adding:
+   * the bits of conv, conv and add, one dispatch fewer. The backward is those three records' (the add hands dy to
+   * both): the pointwise conv's gradients, then the first's.
+   */
+  convAddPointwise(x: Tensor, w: Tensor, b: Tensor | null, opts: Conv2dOptions, xs: Tensor, ws: Tensor, bs: Tensor | null): Tensor {
+    this.uses?.use(w, b, ws, bs);
+    const y = conv2d(this.gpu, x, w, b, opts);
+    const [n, co, ci] = [xs.shape[0], ws.shape[0], ws.shape[1]];
+    const hw = xs.numel / (n * ci);
+    if (ws.numel !== co * ci || y.shape[1] !== co || y.numel !== n * co * hw)
+      throw new Error(`convAddPointwise: the second conv must be 1x1 from [${xs.shape}] onto the first's [${y.shape}], got weight [${ws.shape}]`);
+    matmul(this.gpu, ws.reshape([co, ci]), xs.reshape([n, ci, hw]), { rowBias: bs ?? undefined, out: y.reshape([n, co, hw]), accumulate: true });
+    this.rec(y, [], [x, w, b, xs, ws, bs], (dy) => {
+      this.convGrads(xs, ws, bs, { stride: 1, padding: 0 }, dy);
+      this.convGrads(x, w, b, opts, dy);
+      this.tape!.release(dy);
+    });
+    return y;
+  }
+
+  /**
+   * A pointwise projection with a frozen weight w [Co, Ci] (a 1x1 conv's, [Co, Ci, 1, 1], or a linear layer's) that
+   * also moves between the channel-major [B, C, P] and token-major [B, P, C] layouts: one GEMM reading an operand
+   * transposed, no transpose pass either way.
+   *   to 'tokens'    x [B, Ci, ...P]: y[b] [P, Co] = x[b]ᵀ Wᵀ + bias per column    dx[b] [Ci, P] = Wᵀ dy[b]ᵀ
+   *   to 'channels'  x [B, P, Ci]:    y[b] [Co, P] = W x[b]ᵀ + bias per row       dx[b] [P, Ci] = dy[b]ᵀ W
+   * Each element is the same dot product over Ci (over Co for dx), in the same order, as the 1x1 conv or linear with a
+   * transpose before or after it, so the same bits wherever the GEMMs split K alike (no split-K: always). A trained
+   * projection's dW would sum over samples in another order: it runs as conv or linear and transpose (nn/unet.ts).
+   */
+  project(x: Tensor, w: Tensor, b: Tensor | null, to: 'tokens' | 'channels'): Tensor {
+    if (!this.frozen(w) || (b && !this.frozen(b))) throw new Error('Ops.project: the projection is trained; run it as conv or linear and transpose');
+    const [co, ci] = [w.shape[0], w.numel / w.shape[0]];
+    const w2 = w.reshape([co, ci]);
+    const [B, P] = [x.shape[0], x.numel / (x.shape[0] * ci)];
+    const opts: MatmulOptions = to === 'tokens' ? { transA: true, transB: true, bias: b ?? undefined } : { transB: true, rowBias: b ?? undefined };
+    const [xv, dxShape] = to === 'tokens' ? [x.reshape([B, ci, P]), [B, ci, P]] : [x.reshape([B, P, ci]), [B, P, ci]];
+    const y = to === 'tokens' ? matmul(this.gpu, xv, w2, opts) : matmul(this.gpu, w2, xv, opts);
+    this.rec(y, [], [x, w, b], (dy) => {
+      this.tape!.accGemm(x, (into, accumulate) => {
+        const o = { out: into?.reshape(dxShape), accumulate };
+        const dx = to === 'tokens' ? matmul(this.gpu, w2, dy, { ...o, transA: true, transB: true }) : matmul(this.gpu, dy, w2, { ...o, transA: true });
+        return new Tensor(dx.alloc, x.shape, dx.dtype, dx.byteOffset, dx.owner);
+      });
       this.tape!.release(dy);
     });
     return y;

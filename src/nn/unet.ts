@@ -146,11 +146,26 @@ function basicTransformerBlock(F: Ops, h: Tensor, context: Tensor, w: Weights, t
   return residual(F, h, ff);
 }
 
+/**
+ * Whether a transformer's proj_in or proj_out can run as Ops.project: weight and bias frozen (a trained one's dW
+ * would sum over samples in another order), not int8, no adapter factors under its name (LyCORIS).
+ */
+function projectable(F: Ops, w: Weights, layer: string): boolean {
+  const wt = weight(w, `${layer}.weight`);
+  const b = w.get(`${layer}.bias`);
+  if (!F.frozen(wt) || (b && !F.frozen(b)) || isInt8(wt)) return false;
+  for (const name of w.keys()) if (name.startsWith(`${layer}.`) && name !== `${layer}.weight` && name !== `${layer}.bias`) return false;
+  return true;
+}
+
 function transformer(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, heads: number, cfg: UnetConfig, loraScale: number, depth = 1): Tensor {
   const [b, c, hh, ww] = x.shape;
   const g = F.groupNorm(x, weight(w, `${p}.norm.weight`), weight(w, `${p}.norm.bias`), cfg.groups, TRANSFORMER_NORM_EPS);
+  // A frozen projection reads or writes its operand transposed (Ops.project): no layout pass either way.
+  const [pin, pout] = [`${p}.proj_in`, `${p}.proj_out`];
   let h: Tensor;
-  if (cfg.linearProjection) {
+  if (projectable(F, w, pin)) h = F.project(g, weight(w, `${pin}.weight`), w.get(`${pin}.bias`) ?? null, 'tokens');
+  else if (cfg.linearProjection) {
     const t = F.transpose(F.reshape(g, [b, c, hh * ww]));
     h = F.linear(t, weight(w, `${p}.proj_in.weight`), weight(w, `${p}.proj_in.bias`));
     F.release(t);
@@ -163,7 +178,8 @@ function transformer(F: Ops, x: Tensor, context: Tensor, w: Weights, p: string, 
   for (let d = 0; d < depth; d++) h = basicTransformerBlock(F, h, context, w, `${p}.transformer_blocks.${d}`, heads, loraScale);
   // Back to channel-first [b, c, h, w] (the transposed buffer is released, not its reshape view).
   let out: Tensor;
-  if (cfg.linearProjection) {
+  if (projectable(F, w, pout)) out = F.project(h, weight(w, `${pout}.weight`), w.get(`${pout}.bias`) ?? null, 'channels');
+  else if (cfg.linearProjection) {
     const po = F.linear(h, weight(w, `${p}.proj_out.weight`), weight(w, `${p}.proj_out.bias`));
     out = F.transpose(po);
     F.release(po);
