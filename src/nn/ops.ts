@@ -26,6 +26,7 @@ import {
   type Activation,
 } from '../ops/elementwise.ts';
 import { colSum, linear, linearBackwardWeight, matmul, matmulBackward, type MatmulOptions } from '../ops/matmul.ts';
+import { loraGroupDownGrads, loraGroupForward, memberView, packedLora } from '../ops/matmul-group.ts';
 import { softmax, softmaxBackward } from '../ops/softmax.ts';
 import { pad2d, pad2dBackward, repeat, type Pad2d } from '../ops/elementwise.ts';
 import {
@@ -222,6 +223,14 @@ export class Tape {
     this.slots = slots;
   }
 
+  /** First gradients of `ts` by one GEMM, `make(slots)`, where each needs one, has none and has a slot (useGradSlots); false: use accGemm. */
+  accGemmGroup(ts: readonly Tensor[], make: (slots: readonly Tensor[]) => boolean): boolean {
+    const slots = ts.map((t) => (this.needs(t) && !this.grads.has(t) && !this.handed.has(t) ? this.slots.get(t) : undefined));
+    if (slots.some((t) => !t) || !make(slots as Tensor[])) return false;
+    ts.forEach((t, i) => this.grads.set(t, slots[i]!));
+    return true;
+  }
+
   /** The gradient of t, removed from the map (null if nothing flowed into t). */
   take(t: Tensor): Tensor | null {
     const g = this.grads.get(t) ?? null;
@@ -365,14 +374,16 @@ export class Ops {
    * (skipped when x needs none: a frozen layer's input, the text embeddings under a k/v adapter) added into x's
    * gradient in the GEMM's epilogue (Tape.accGemm). Does not release dy.
    */
-  private linearGrads(x: Tensor, w: Tensor, b: Tensor | null | undefined, dy: Tensor): void {
+  private linearGrads(x: Tensor, w: Tensor, b: Tensor | null | undefined, dy: Tensor, which: 'both' | 'weight' | 'input' = 'both'): void {
     const tape = this.tape!;
-    if (b && (this.needs(w) || this.needs(b))) {
+    if (which === 'input') {
+      // dW comes from the caller (linearGroup: every member's in one GEMM)
+    } else if (b && (this.needs(w) || this.needs(b))) {
       const g = linearBackwardWeight(this.gpu, x, w, dy, b);
       tape.acc(w, g.dw);
       if (g.dbias) tape.acc(b, g.dbias);
     } else if (!b) tape.accGemm(w, (into, accumulate) => linearBackwardWeight(this.gpu, x, w, dy, null, into ? { dw: into, accumulate } : undefined).dw);
-    if (!this.needs(x)) return;
+    if (which === 'weight' || !this.needs(x)) return;
     const rows = dy.numel / w.shape[0];
     tape.accGemm(x, (into, accumulate) => {
       const dx = matmul(this.gpu, dy.reshape([rows, w.shape[0]]), w, into ? { out: into.reshape([rows, w.shape[1]]), accumulate } : {});
@@ -404,22 +415,26 @@ export class Ops {
     return y;
   }
 
-  /** loraLinear's adapter backward: dB, then dh = dy B and the down projection's backward (dA, x's share). */
-  private adapterGrads(x: Tensor, a: Tensor, up: Tensor, h: Tensor, dy: Tensor): void {
-    if (!this.needs(up) && !this.needs(h)) return;
+  /** loraLinear's adapter backward: dB, dh = dy B, the down projection's backward; with `into` (linearGroup's packed dh), dh there and no dA. */
+  private adapterGrads(x: Tensor, a: Tensor, up: Tensor, h: Tensor, dy: Tensor, into: Tensor | null = null): Tensor | null {
+    if (!this.needs(up) && !this.needs(h)) return null;
     this.tape!.accGemm(up, (into, accumulate) => linearBackwardWeight(this.gpu, h, up, dy, null, into ? { dw: into, accumulate } : undefined).dw);
-    if (!this.needs(h)) return;
-    const dh = matmul(this.gpu, dy.reshape([h.numel / a.shape[0], up.shape[0]]), up);
-    this.linearGrads(x, a, null, new Tensor(dh.alloc, h.shape, dh.dtype, dh.byteOffset, dh.owner));
-    this.gpu.free(dh);
+    if (!this.needs(h)) return null;
+    const rows = h.numel / a.shape[0];
+    const dh = matmul(this.gpu, dy.reshape([rows, up.shape[0]]), up, into ? { out: into.reshape([rows, a.shape[0]]) } : {});
+    const dhT = into ?? new Tensor(dh.alloc, h.shape, dh.dtype, dh.byteOffset, dh.owner);
+    this.linearGrads(x, a, null, dhT, into ? 'input' : 'both');
+    if (!into) this.gpu.free(dh);
+    return into;
   }
 
   /**
    * Linear layers over the same x whose frozen weights lie end to end in one allocation (`stack` [S, N, K], a view
    * over the layers' weights `ws`), as one GEMM: y [S, rows, N], layer s's output the view `ys[s]` (`owner` holds
-   * the buffer). Each layer's LoRA adapter (scale 1) runs as in loraLinear, its up projection added into its slice
-   * in the epilogue. The backward runs each layer's backward as loraLinear's, last layer first (the order the tape
-   * runs the separate layers' records), so every gradient, x's sum included, has the separate layers' bits.
+   * the buffer). Each layer's LoRA adapter (scale 1) adds its up projection into its slice in the epilogue; packed
+   * adapters (ops/matmul-group.ts packedLora) run their down projections, up projections and dA as one batched GEMM
+   * each, with each member's bits. The backward runs each layer's backward as loraLinear's, last layer first (the
+   * order the tape runs the separate layers' records), so every gradient, x's sum included, has their bits.
    */
   linearGroup(x: Tensor, stack: Tensor, ws: readonly Tensor[], adapters: readonly ({ a: Tensor; up: Tensor } | null)[]): { ys: Tensor[]; owner: Tensor } {
     const [S, N, K] = stack.shape;
@@ -427,28 +442,40 @@ export class Ops {
     this.uses?.use(...ws);
     const y = matmul(this.gpu, x.reshape([rows, K]), stack, { transB: true });
     const ys = ws.map((_, s) => new Tensor(y.alloc, [...x.shape.slice(0, -1), N], y.dtype, y.byteOffset + s * rows * N * BYTES[y.dtype], false));
+    const packed = packedLora(adapters);
+    let hAll: Tensor | null = null;
     const hs = adapters.map((ad, s) => {
-      if (!ad) return null;
+      if (!ad || packed) return null;
       this.uses?.use(ad.a, ad.up);
       const h = linear(this.gpu, x, ad.a);
       matmul(this.gpu, h.reshape([rows, ad.a.shape[0]]), ad.up, { transB: true, out: ys[s].reshape([rows, N]), accumulate: true });
       this.uses?.derive(h, [x, ad.a]);
       return h;
     });
+    if (packed) {
+      packed.as.forEach((a, s) => this.uses?.use(a, packed.ups[s]));
+      hAll = loraGroupForward(this.gpu, x, packed, y);
+      packed.as.forEach((a, s) => this.uses?.derive((hs[s] = memberView(hAll!, s, [...x.shape.slice(0, -1), packed.r])), [x, a]));
+    }
     ys.forEach((t, s) => this.uses?.derive(t, [x, ws[s], adapters[s]?.a, adapters[s]?.up]));
     const tape = this.tape;
-    if (!tape) this.gpu.free(...hs);
+    if (!tape) this.gpu.free(hAll, ...hs);
     else
       tape.record(() => {
+        const dhAll = packed ? this.gpu.tensor([S, rows, packed.r], x.dtype, 'gradients', 'lora.dh') : null;
+        const dhs: (Tensor | null)[] = ws.map(() => null);
         for (let s = S - 1; s >= 0; s--) {
           const dy = tape.take(ys[s]);
           if (!dy) continue;
           const [ad, h] = [adapters[s], hs[s]];
-          if (ad && h) this.adapterGrads(x, ad.a, ad.up, h, dy);
+          if (ad && h) dhs[s] = this.adapterGrads(x, ad.a, ad.up, h, dy, dhAll && memberView(dhAll, s, h.shape));
           this.linearGrads(x, ws[s], null, dy);
           tape.release(dy);
         }
-        this.gpu.free(y, ...hs);
+        // dA for every member in one GEMM into the A's gradient slots (Tape.accGemmGroup), else each as linearGrads
+        const all = packed && dhs.every((d) => d) && tape.accGemmGroup(packed.as, (slots) => loraGroupDownGrads(this.gpu, x, packed, dhAll!, slots));
+        if (packed && !all) dhs.forEach((dh, s) => dh && this.linearGrads(x, packed.as[s], null, dh, 'weight'));
+        this.gpu.free(y, hAll, dhAll, ...hs);
       });
     return { ys, owner: y };
   }

@@ -41,7 +41,7 @@ type TileChoice = Pick<MatmulOptions, 'tile' | 'tcTile' | 'splitK'>;
 // ---- the GEMM driver ------------------------------------------------------------------------
 
 /** One batched GEMM over row-major operands with leading dimensions and batch strides. */
-interface Gemm {
+export interface Gemm {
   op: string;
   M: number;
   N: number;
@@ -223,7 +223,7 @@ function gemmTcTile(gpu: Gpu, g: Gemm): TcTile | null {
   return pickTcTile(gpu, g.M, g.N, g.batch);
 }
 
-function runGemm(gpu: Gpu, g: Gemm): void {
+export function runGemm(gpu: Gpu, g: Gemm): void {
   if (g.M === 0 || g.N === 0 || g.batch === 0) return;
   const tc = gemmTcTile(gpu, g);
   const tileSet = gpu.gemmConfig.direct ? DIRECT_TILES : tilesFor(gpu);

@@ -10,12 +10,13 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import type { Gpu } from '../../src/gpu/device.ts';
-import type { Tensor } from '../../src/gpu/tensor.ts';
+import { BYTES, Tensor } from '../../src/gpu/tensor.ts';
 import { readSafetensors } from '../../src/io/safetensors.ts';
 import { allocateWeights } from '../../src/models/load.ts';
 import { Tape } from '../../src/nn/ops.ts';
 import { unetConfigFromJson, unetForward } from '../../src/nn/unet.ts';
 import { quantizeWeights } from '../../src/ops/int8.ts';
+import { uploadPacked } from '../../src/train/optimizer-chunks.ts';
 import { linear } from '../../src/ops/matmul.ts';
 import { mseLossBackward } from '../../src/ops/reduce.ts';
 import { Rng } from '../../src/util/rng.ts';
@@ -42,6 +43,7 @@ async function loraStep(
   checkpointing: boolean,
   grouped = false,
   scale = Number(lora.metadata.lora_scale),
+  packed = false,
 ): Promise<Run & { out: Uint8Array }> {
   const weights = new Map<string, Tensor>();
   const shapes = [...base.tensors].filter(([k]) => !inputs.includes(k)).map(([k, t]) => [k, t.shape] as const);
@@ -52,9 +54,23 @@ async function loraStep(
       if (grouped) gpu.write(weights.get(k)!, t.data);
       else weights.set(k, gpu.upload(t.data, t.shape, dtype, 'weights', k));
     }
-  for (const k of adapterNames) weights.set(k, gpu.upload(lora.tensors.get(k)!.data, lora.tensors.get(k)!.shape, dtype, 'weights', k));
+  // packed: the trainer's layout (every adapter end to end in one allocation, A and B of each layer in turn) and its
+  // gradient slots (the optimizer's packed gradients, laid out alike)
+  const params = adapterNames.map((name) => ({ name, shape: [...lora.tensors.get(name)!.shape] }));
+  if (packed) for (const [k, t] of uploadPacked(gpu, params, (n) => lora.tensors.get(n)!.data, dtype)) weights.set(k, t);
+  else for (const k of adapterNames) weights.set(k, gpu.upload(lora.tensors.get(k)!.data, lora.tensors.get(k)!.shape, dtype, 'weights', k));
   const g = (k: string) => base.tensors.get(k)!;
   const tape = new Tape(gpu, new Set(adapterNames.map((k) => weights.get(k)!)), { prune });
+  const slots = packed ? gpu.tensor([params.reduce((n, p) => n + p.shape[0] * p.shape[1], 0)], dtype, 'gradients', 'slots') : null;
+  if (slots) {
+    let at = 0;
+    const views = new Map<Tensor, Tensor>();
+    for (const p of params) {
+      views.set(weights.get(p.name)!, new Tensor(slots.alloc, p.shape, dtype, slots.byteOffset + at * BYTES[dtype], false));
+      at += p.shape[0] * p.shape[1];
+    }
+    tape.useGradSlots(views);
+  }
   const sample = gpu.upload(g('sample').data, g('sample').shape, dtype);
   const context = gpu.upload(g('encoder_hidden_states').data, g('encoder_hidden_states').shape, dtype);
   const timesteps = gpu.upload(g('timestep').data, [2], 'f32');
@@ -80,7 +96,7 @@ async function loraStep(
     gpu.free(gt);
   }
   tape.dropGrads();
-  gpu.free(...weights.values(), sample, context, timesteps, target);
+  gpu.free(...weights.values(), sample, context, timesteps, target, slots);
   return { grads, perEntry, dispatches, out: outBytes };
 }
 
@@ -126,12 +142,21 @@ void describe('requires_grad pruning (tiny UNet, LoRA)', () => {
 void describe('frozen projections of one input as one GEMM (tiny UNet, LoRA): time_emb_proj, q/k/v, k/v', () => {
   for (const dtype of ['f32', 'f16'] as const)
     for (const checkpointing of [false, true])
-      // scale 2 (attention per layer, time projections merged) once: the fallback costs a run each
-      for (const scale of dtype === 'f32' && !checkpointing ? [1, 2] : [1])
-        void it(`output and adapter gradients bit-identical to per-layer projections, fewer GEMMs [${dtype}, LoRA scale ${scale}${checkpointing ? ', checkpointing' : ''}]`, async () => {
+      // scale 2 (attention per layer, time projections merged) once: the fallback costs a run each; adapters packed
+      // as the trainer packs them (their GEMMs grouped too) or each in its own allocation (the base GEMM only)
+      for (const [scale, packed] of [
+        [1, true],
+        ...(dtype === 'f32' && !checkpointing
+          ? [
+              [1, false],
+              [2, false],
+            ]
+          : []),
+      ] as [number, boolean][])
+        void it(`output and adapter gradients bit-identical to per-layer projections, fewer GEMMs [${dtype}, LoRA scale ${scale}${packed ? ', adapters packed' : ''}${checkpointing ? ', checkpointing' : ''}]`, async () => {
           const gpu = await testGpu();
           const separate = await loraStep(gpu, dtype, true, checkpointing, false, scale);
-          const merged = await loraStep(gpu, dtype, true, checkpointing, true, scale);
+          const merged = await loraStep(gpu, dtype, true, checkpointing, true, scale, packed);
           // Bit-identical: each projection element is the same K-long dot product (plus bias) in the merged GEMM
           // (only the number of output columns or batches changes), read where it lies; each layer's backward runs
           // as before, in the same order.
@@ -144,9 +169,11 @@ void describe('frozen projections of one input as one GEMM (tiny UNet, LoRA): ti
           // in the backward, and with it, unmerged, its projection, but not the first one's, whose output (from the
           // constant sample through frozen layers) needs no gradient. Each transformer: q, k, v in one GEMM (2 fewer)
           // and k, v (1 fewer), twice with checkpointing; only at scale 1 (alpha = rank: the adapters' up
-          // projections add into the merged output in their epilogue).
+          // projections add into the merged output in their epilogue). Packed adapters: the down projections of q, k, v
+          // in one GEMM and their up projections in another (4 fewer; k, v: 2), again with checkpointing, and in the
+          // backward the three dA in one (2 fewer; k, v: 1).
           const time = checkpointing ? 2 * resnets - 2 : resnets - 1;
-          const attention = scale === 1 ? (checkpointing ? 2 : 1) * 3 * transformers : 0;
+          const attention = scale === 1 ? ((checkpointing ? 2 : 1) * (3 + (packed ? 6 : 0)) + (packed ? 3 : 0)) * transformers : 0;
           const saved = (separate.perEntry.get('matmul') ?? 0) - (merged.perEntry.get('matmul') ?? 0);
           assert.equal(saved, time + attention, 'GEMMs saved');
           // Nothing else changes (the poison fills of the projections' outputs aside: one tensor instead of several)
@@ -162,9 +189,11 @@ void it('grouped projections on an adapter that binds storage at 256-byte offset
   const gpu = await testGpu({ storageAlignment: 256 });
   assert.equal(gpu.device.limits.minStorageBufferOffsetAlignment, 256);
   const separate = await loraStep(gpu, 'f32', true, false, false, 1);
-  const merged = await loraStep(gpu, 'f32', true, false, true, 1);
-  assert.deepEqual(merged.out, separate.out, 'UNet output differs');
-  for (const k of adapterNames) assert.deepEqual(merged.grads.get(k), separate.grads.get(k), `${k}: gradient differs`);
+  for (const packed of [false, true]) {
+    const merged = await loraStep(gpu, 'f32', true, false, true, 1, packed);
+    assert.deepEqual(merged.out, separate.out, 'UNet output differs');
+    for (const k of adapterNames) assert.deepEqual(merged.grads.get(k), separate.grads.get(k), `${k}: gradient differs${packed ? ' (adapters packed)' : ''}`);
+  }
 });
 
 void describe('int8 base weights over grouped allocations (quantizeWeights)', () => {
