@@ -1,9 +1,9 @@
 // The adapter profile: every fact about the adapter that the kernels and their dispatch branch on, in one object
 // built once per device (Gpu.create, device.ts) from what the adapter reports and the options. Kernels read
-// `gpu.facts` (is it a software adapter, SwiftShader, f16, subgroups, tensor cores, binding and workgroup limits,
-// the GEMM defaults before tuning) instead of testing vendor strings or device features themselves. The census's
-// named profiles (profile.ts, `--profile nvidia-h200`) describe an adapter the same way (AdapterSummary) and go
-// through the same `adapterFacts`.
+// `gpu.facts` (is it a software adapter, SwiftShader, f16, subgroups, tensor cores, binding, alignment and workgroup
+// limits, the GEMM defaults before tuning) instead of testing vendor strings or device features themselves. The
+// census's named profiles (profile.ts, `--profile nvidia-h200`) are AdapterSummaries too, and go through the same
+// `adapterFacts`.
 import { defaultGemmConfig, type GemmConfig } from './gemm-config.ts';
 import type { MatrixShape } from './tensorcore.ts';
 
@@ -54,6 +54,11 @@ export interface AdapterFacts {
   readonly maxWorkgroupStorage: number;
   readonly maxInvocationsPerWorkgroup: number;
   readonly maxWorkgroupsPerDimension: number;
+  /**
+   * Bytes a storage binding's offset must be a multiple of (the device's minStorageBufferOffsetAlignment: 256 in
+   * browsers, 16 on lavapipe, or what GpuOptions.storageAlignment raised it to): where a window of a tensor may start.
+   */
+  readonly storageAlignment: number;
   /** The GEMM kernel choices before any timing (gemm-config.ts defaultGemmConfig), direct off where it may not run. */
   readonly gemmDefaults: Readonly<GemmConfig>;
   /** Whether the direct GEMM core may run here (not on SwiftShader: ops/tiles.ts directRefusal). */
@@ -118,6 +123,7 @@ export function adapterFacts(
     maxWorkgroupStorage: limit('maxComputeWorkgroupStorageSize'),
     maxInvocationsPerWorkgroup: limit('maxComputeInvocationsPerWorkgroup'),
     maxWorkgroupsPerDimension: limit('maxComputeWorkgroupsPerDimension'),
+    storageAlignment: limit('minStorageBufferOffsetAlignment'),
     gemmDefaults,
     directGemm: !swiftShader,
     prefetchGemm: !swiftShader,

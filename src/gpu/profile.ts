@@ -5,22 +5,17 @@
 // ask what kernels that adapter would get through src/gpu/recording.ts without owning it.
 import type { AdapterSummary, Gpu } from './device.ts';
 
-export interface AdapterProfile {
+/**
+ * An adapter as it reports itself: the AdapterSummary that Gpu.create builds from a live adapter and adapterFacts
+ * (adapter.ts) turns into the facts the kernels branch on, plus what only a recording adapter must present itself
+ * (the largest subgroup size and the subgroup-matrix configs, which tensorcore.ts reads from GPUAdapterInfo) and the
+ * profile's name and sources.
+ */
+export interface AdapterProfile extends AdapterSummary {
   /** A short name (`--profile nvidia-h200`). */
   name: string;
-  /** GPUAdapterInfo as Dawn reports it (vendor strings decide a software adapter / SwiftShader: adapter.ts). */
-  info: {
-    vendor: string;
-    architecture: string;
-    device: string;
-    description: string;
-    subgroupMinSize: number;
-    subgroupMaxSize: number;
-    subgroupMatrixConfigs?: { componentType: string; resultComponentType: string; M: number; N: number; K: number }[];
-  };
-  features: string[];
-  /** Device limits (those device.ts raises to the adapter's maximum and the alignments). */
-  limits: Record<string, number>;
+  subgroupMaxSize: number;
+  subgroupMatrixConfigs?: { componentType: string; resultComponentType: string; M: number; N: number; K: number }[];
   /** Where each fact came from, for reports: which were recorded on the hardware and which are assumed. */
   source: string;
 }
@@ -42,15 +37,13 @@ const NVIDIA_MATRIX_CONFIGS = ['f16', 'f32'].flatMap((result) =>
  */
 export const NVIDIA_H200: AdapterProfile = {
   name: 'nvidia-h200',
-  info: {
-    vendor: 'nvidia',
-    architecture: '',
-    device: '',
-    description: 'NVIDIA: 580.159.04 580.159.4.0',
-    subgroupMinSize: 32,
-    subgroupMaxSize: 32,
-    subgroupMatrixConfigs: NVIDIA_MATRIX_CONFIGS,
-  },
+  vendor: 'nvidia',
+  architecture: '',
+  device: '',
+  description: 'NVIDIA: 580.159.04 580.159.4.0',
+  subgroupMinSize: 32,
+  subgroupMaxSize: 32,
+  subgroupMatrixConfigs: NVIDIA_MATRIX_CONFIGS,
   features: ['chromium-experimental-subgroup-matrix', 'core-features-and-limits', 'shader-f16', 'subgroups', 'timestamp-query'],
   limits: {
     maxBufferSize: 1099511627776,
@@ -73,30 +66,27 @@ export const NVIDIA_H200: AdapterProfile = {
 
 export const PROFILES: Readonly<Record<string, AdapterProfile>> = { 'nvidia-h200': NVIDIA_H200 };
 
-/**
- * What a named profile's adapter would report (AdapterSummary): the input adapter.ts's `adapterFacts` builds the
- * adapter profile the kernels read from, the same as for a live adapter.
- */
+/** The AdapterSummary part of a profile: what adapterFacts takes, as Gpu.create would build it from this adapter. */
 export function summaryOf(p: AdapterProfile): AdapterSummary {
-  const { vendor, architecture, device, description, subgroupMinSize } = p.info;
+  const { vendor, architecture, device, description, subgroupMinSize } = p;
   return { vendor, architecture, device, description, features: [...p.features].sort(), limits: { ...p.limits }, subgroupMinSize };
+}
+
+/** The GPUAdapterInfo a recording adapter presents for a profile (recording.ts). */
+export function adapterInfoOf(p: AdapterProfile): GPUAdapterInfo {
+  const { vendor, architecture, device, description, subgroupMinSize, subgroupMaxSize, subgroupMatrixConfigs } = p;
+  return { vendor, architecture, device, description, subgroupMinSize, subgroupMaxSize, subgroupMatrixConfigs } as unknown as GPUAdapterInfo;
 }
 
 /** The profile of the adapter a live Gpu runs on (this machine's: `--profile local`). */
 export function profileOf(gpu: Gpu, name = 'local'): AdapterProfile {
   const a = gpu.adapter;
   return {
-    name,
-    info: {
-      vendor: a.vendor,
-      architecture: a.architecture,
-      device: a.device,
-      description: a.description,
-      subgroupMinSize: a.subgroupMinSize,
-      subgroupMaxSize: a.subgroupMinSize,
-    },
+    ...a,
     features: [...a.features],
     limits: { ...a.limits },
+    name,
+    subgroupMaxSize: a.subgroupMinSize,
     source: `read from the live adapter (${a.description || a.vendor})`,
   };
 }

@@ -11,7 +11,7 @@
 //   uniforms    the `struct Params` of the module, read from the bound slot of the uniform buffer as written
 //               before the submit;
 //   bindings    each bound storage range's name, access and element type (the module's declarations) and bytes.
-import type { AdapterProfile } from './profile.ts';
+import { adapterInfoOf, type AdapterProfile } from './profile.ts';
 
 export interface RecordedBinding {
   name: string;
@@ -234,7 +234,7 @@ export function recordingGpu(profile: AdapterProfile, sink: (d: RecordedDispatch
   const adapter = {
     features,
     limits: { ...profile.limits },
-    info: { ...profile.info },
+    info: adapterInfoOf(profile),
     isFallbackAdapter: false,
     requestDevice: async () => recordingDevice(profile, sink),
   };

@@ -199,7 +199,7 @@ const PACKED = kernel({
  * Free `buffers`.
  */
 export function packedSignals(gpu: Gpu): { updateFlag: Tensor; stats: Tensor; flag: Tensor; norm: Tensor; buffers: Tensor[] } {
-  const at = gpu.device.limits.minStorageBufferOffsetAlignment / 4;
+  const at = gpu.facts.storageAlignment / 4;
   const signals = gpu.zeros([at + 4], 'f32', 'scratch', 'adamw.signals');
   const inputs = gpu.zeros([at + 1], 'f32', 'scratch', 'adamw.inputs');
   const view = (t: Tensor, offset: number, n: number) => new Tensor(t.alloc, [n], 'f32', t.byteOffset + offset * 4, false);

@@ -131,7 +131,7 @@ export async function weightedMse(gpu: Gpu, pred: Tensor, target: Tensor, weight
   const { batch, per } = perSample('weightedMse', pred, target);
   if (mask) return maskedWeightedMse(gpu, pred, target, weights, mask, batch, per);
   const bytes = (per * pred.byteSize) / pred.numel;
-  const align = gpu.device.limits.minStorageBufferOffsetAlignment;
+  const align = gpu.facts.storageAlignment;
   if (batch > 1 && bytes % align !== 0)
     throw new ShapeError('weightedMse', `one sample of ${fmtShape(pred.shape)} is ${bytes} bytes, not a multiple of the ${align}-byte binding alignment`);
   const view = (t: Tensor, b: number) => new Tensor(t.alloc, t.shape.slice(1), t.dtype, t.byteOffset + b * bytes, false);

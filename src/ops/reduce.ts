@@ -79,7 +79,7 @@ export function elementWindow(gpu: Gpu, t: Tensor, start: number, count: number)
 
 /** The most elements of `dtype` one elementWindow may cover, whatever its skip. */
 export function windowCapacity(gpu: Gpu, dtype: DType): number {
-  const align = gpu.device.limits.minStorageBufferOffsetAlignment;
+  const align = gpu.facts.storageAlignment;
   const cap = Math.floor((gpu.maxBinding - align) / BYTES[dtype]);
   if (cap < 2) throw new ShapeError('windowCapacity', `a storage binding of ${gpu.maxBinding} bytes holds no useful window`);
   return Math.min(cap, 2 ** 31);

@@ -197,7 +197,7 @@ export interface ElemWindow {
  */
 export function elemWindow(gpu: Gpu, t: Tensor, first: number, count: number): ElemWindow {
   const bytes = BYTES[t.dtype];
-  const align = gpu.device.limits.minStorageBufferOffsetAlignment;
+  const align = gpu.facts.storageAlignment;
   const start = t.byteOffset + first * bytes;
   const base = Math.floor(start / align) * align;
   const end = Math.min(Math.ceil((start + Math.max(count, 1) * bytes) / 4) * 4, t.buffer.size);
@@ -206,5 +206,5 @@ export function elemWindow(gpu: Gpu, t: Tensor, first: number, count: number): E
 
 /** Bytes of the largest window a range of `count` elements can need (alignment slack included). */
 export function windowBytesBound(gpu: Gpu, count: number, bytes: number): number {
-  return count * bytes + gpu.device.limits.minStorageBufferOffsetAlignment + 4;
+  return count * bytes + gpu.facts.storageAlignment + 4;
 }
