@@ -29,7 +29,8 @@
 // Flags: --quick (1 warm-up + 5 timed; tiny, sd15 and sdxl-tiny LoRA), --cases tiny-lora,sd15-lora,... , --budget-gib N
 // (default 4), --sd15-px N, --sdxl-px N, --max-step-s N, --out FILE, --torch-device cpu|cuda (the SD 1.5 peer's device; cuda
 // also runs it with autocast fp16: torch_amp_s, ratio_amp), --append (keep the out file's other cases; each case has
-// the date it was `measured`).
+// the date it was `measured`), --replay on|off|ab (the recorded step replay, src/gpu/replay.ts: on by default; ab runs
+// each case twice, replay on then off, and adds the off run's host figures as `replay_off`).
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
@@ -65,6 +66,8 @@ const BUDGET = (Number(arg('--budget-gib')) || 4) * GiB;
 const SD15_PX = Number(arg('--sd15-px')) || 128;
 const SDXL_PX = Number(arg('--sdxl-px')) || 128;
 const MAX_STEP_S = Number(arg('--max-step-s')) || 180;
+const REPLAY = arg('--replay') ?? 'on';
+if (!['on', 'off', 'ab'].includes(REPLAY)) throw new Error(`--replay: "${REPLAY}" is not on, off or ab`);
 const ALL_CASES = ['tiny-lora', 'tiny-full', 'sd15-lora', 'sd15-full', 'sdxl-tiny-lora', 'sdxl-lora'] as const;
 type CaseName = (typeof ALL_CASES)[number];
 type CaseKind = 'tiny' | 'sd15' | 'sdxl-tiny' | 'sdxl';
@@ -185,6 +188,10 @@ interface OursResult {
   reservedBytes: number;
   poolBytes: number;
   dropped?: string;
+  /** Per timed step: host ms, main-thread CPU ms, and whether its forward and backward were replayed. */
+  hostAll: number[];
+  hostCpuAll: number[];
+  replayedAll: boolean[];
 }
 
 /**
@@ -225,7 +232,7 @@ function mainThreadCpuMs(): number {
   }
 }
 
-async function ours(model: BenchModel, mode: TrainMode, plan: Plan): Promise<OursResult> {
+async function ours(model: BenchModel, mode: TrainMode, plan: Plan, replay: boolean): Promise<OursResult> {
   const gpu = await nodeGpu();
   await tuneCliGpu(gpu); // as `cli train` runs: a GPU's tuned GEMM config (timed once by machine(), then cached)
   try {
@@ -245,6 +252,7 @@ async function ours(model: BenchModel, mode: TrainMode, plan: Plan): Promise<Our
       new MemoryChunkStore(),
       'bench',
     );
+    trainer.stepReplay = replay;
     // The warm-up step is the profiled one: each dispatch in its own timestamped pass (which slows it and creates
     // read-back buffers, so it is never a timed step). Its pipelines compile on the host, outside the timestamps.
     const w0 = performance.now();
@@ -265,6 +273,7 @@ async function ours(model: BenchModel, mode: TrainMode, plan: Plan): Promise<Our
       hostCpu: [] as number[],
       wait: [] as number[],
       peak: [] as number[],
+      replayed: [] as boolean[],
     };
     let applied = 0;
     let dropped: string | undefined;
@@ -273,6 +282,7 @@ async function ours(model: BenchModel, mode: TrainMode, plan: Plan): Promise<Our
       const wait0 = waits.ms();
       const waitCpu0 = waits.cpuMs();
       const cpu0 = mainThreadCpuMs();
+      const replayed0 = trainer.replayStats?.replayed ?? 0;
       const t0 = performance.now();
       const r = await trainer.trainStep(); // ends with gpu.sync(): the step's GPU work is done
       const wall = performance.now() - t0;
@@ -286,6 +296,7 @@ async function ours(model: BenchModel, mode: TrainMode, plan: Plan): Promise<Our
       counts.wait.push(wait);
       counts.host.push(wall - wait);
       counts.peak.push(r.gpuPeakBytes);
+      counts.replayed.push((trainer.replayStats?.replayed ?? 0) > replayed0);
       if (r.applied) applied++;
       // Lavapipe at SD 1.5 widths: stop once a steady-state step is over the limit (the warm-up is not judged:
       // it compiles every pipeline).
@@ -310,6 +321,9 @@ async function ours(model: BenchModel, mode: TrainMode, plan: Plan): Promise<Our
       reservedBytes: mem.reserved,
       poolBytes: mem.pool.bytes,
       ...(dropped ? { dropped } : {}),
+      hostAll: counts.host,
+      hostCpuAll: counts.hostCpu,
+      replayedAll: counts.replayed,
     };
   } finally {
     gpu.destroy();
@@ -521,7 +535,8 @@ for (const name of cases) {
     });
     continue;
   }
-  const r = await ours(model, mode, plan);
+  const r = await ours(model, mode, plan, REPLAY !== 'off');
+  const rOff = REPLAY === 'ab' ? await ours(model, mode, plan, false) : null;
   const peer: Peer =
     kind === 'tiny'
       ? torchTiny(mode, settings, model.schedule.prediction)
@@ -567,6 +582,7 @@ for (const name of cases) {
     bind_groups_created: r.bindGroupsCreated,
     host_ms: round(r.hostMs, 1),
     host_cpu_ms: Number.isNaN(r.hostCpuMs) ? null : round(r.hostCpuMs, 1),
+    ...replayFields(r, rOff),
     wait_ms: round(r.waitMs, 1),
     reserved_bytes: r.reservedBytes,
     pool_bytes: r.poolBytes,
@@ -581,8 +597,36 @@ for (const name of cases) {
   console.log(
     `  ${name.padEnd(9)} ${model.resolution} px ${dtype} (${placement}): ${oursS!.toFixed(4)} s/step (${r.applied}/${r.stepsS.length} applied${r.dropped ? `; ${r.dropped}` : ''}); ${torchPart}\n` +
       `            peak ${gib(r.peakBytes)}, ${r.dispatches} dispatches, ${r.buffersCreated} GPUBuffers + ${r.bindGroupsCreated} bind groups created per step, host ${r.hostMs.toFixed(1)} ms (main-thread CPU ${r.hostCpuMs.toFixed(1)} ms) + ${r.waitMs.toFixed(1)} ms awaiting the GPU\n` +
-      `            ${profileLine(r.profile)}`,
+      `            ${profileLine(r.profile)}` +
+      (REPLAY === 'off' ? '' : `\n            ${replayLine(r, rOff)}`),
   );
+}
+
+/** Median host ms and main-thread CPU ms over the timed steps that were (or were not) replayed. */
+function hostOf(r: OursResult, replayed: boolean): { host_ms: number | null; host_cpu_ms: number | null; steps: number } {
+  const at = r.replayedAll.map((x, i) => (x === replayed ? i : -1)).filter((i) => i >= 0);
+  const med = (xs: number[]) => (at.length ? round(median(at.map((i) => xs[i])), 1) : null);
+  return { host_ms: med(r.hostAll), host_cpu_ms: med(r.hostCpuAll), steps: at.length };
+}
+
+function replayFields(r: OursResult, off: OursResult | null): Record<string, unknown> {
+  const fields: Record<string, unknown> = {
+    replay: REPLAY,
+    host_ms_all: r.hostAll.map((x) => round(x, 1)),
+    host_cpu_ms_all: r.hostCpuAll.map((x) => round(x, 1)),
+    replayed_steps: r.replayedAll,
+    host_replayed: hostOf(r, true),
+    host_live: hostOf(r, false),
+  };
+  if (off) fields.replay_off = { host_ms: round(off.hostMs, 1), host_cpu_ms: round(off.hostCpuMs, 1), host_cpu_ms_all: off.hostCpuAll.map((x) => round(x, 1)) };
+  return fields;
+}
+
+function replayLine(r: OursResult, off: OursResult | null): string {
+  const on = hostOf(r, true);
+  const live = off ? { host_cpu_ms: round(off.hostCpuMs, 1), steps: off.hostCpuAll.length } : hostOf(r, false);
+  const ratio = on.host_cpu_ms && live.host_cpu_ms ? ` (${(live.host_cpu_ms / on.host_cpu_ms).toFixed(2)}x)` : '';
+  return `replay: ${on.steps} timed steps replayed, main-thread CPU ${on.host_cpu_ms ?? '-'} ms vs ${live.host_cpu_ms ?? '-'} ms live${off ? ' (replay off run)' : ''} over ${live.steps}${ratio}`;
 }
 
 const out = arg('--out') ?? join(here, 'results', m.hardwareGpu ? `step-${m.gpuSlug}.json` : 'step.json');

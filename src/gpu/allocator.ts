@@ -115,6 +115,8 @@ export class Allocator {
    * submit of the commands being recorded, which may still use it (a budget's makeRoom evicts mid-recording).
    */
   destroyEvicted: (buffer: GPUBuffer) => void = (b) => b.destroy();
+  /** Told of every allocation and free while set: a step capture (src/gpu/replay.ts) records them to replay. */
+  observer: { alloc(a: Allocation): void; free(a: Allocation): void } | null = null;
 
   /**
    * `dryRun`: account every byte but back each allocation with a 4-byte buffer (memory planning: the
@@ -175,6 +177,7 @@ export class Allocator {
   free(a: Allocation): void {
     if (a.freed) return;
     a.freed = true;
+    this.observer?.free(a);
     this.liveSet.delete(a);
     this.current -= a.bytes;
     this.liveCapacity -= a.capacity;
@@ -236,6 +239,16 @@ export class Allocator {
       pool: { buffers: this.poolBuffers, bytes: this.poolBytes },
       reserved: this.liveCapacity + this.poolBytes,
     };
+  }
+
+  /**
+   * The serial numbers of the idle buffers, ascending. Allocation is a function of this set and the requests, so two
+   * equal sets hand out the same buffers to the same sequence of allocations and frees (src/gpu/replay.ts relies on it).
+   */
+  idleSerials(): number[] {
+    const out: number[] = [];
+    for (const heap of this.pool.values()) heap.serialsInto(out);
+    return out.sort((a, b) => a - b);
   }
 
   /** The allocations alive now (a snapshot), for leak checks: diff two snapshots to name what stayed. */
@@ -309,6 +322,7 @@ export class Allocator {
     if (t > this.tagPeak.get(tag)!) this.tagPeak.set(tag, t);
     const a: Allocation = { buffer, bytes, capacity, reused, tag, label, freed: false };
     this.liveSet.add(a);
+    this.observer?.alloc(a);
     return a;
   }
 }
@@ -324,6 +338,10 @@ class SerialHeap {
 
   get size(): number {
     return this.items.length;
+  }
+
+  serialsInto(out: number[]): void {
+    for (const it of this.items) out.push(it.serial);
   }
 
   push(buffer: GPUBuffer, serial: number): void {

@@ -13,6 +13,8 @@ import { checkTensorCores, tensorCoreDecision, type MatrixShape } from './tensor
 import { gemmConfigProblem, type GemmConfig } from './gemm-config.ts';
 import { adapterFacts, type AdapterFacts, type AdapterSummary } from './adapter.ts';
 import { profileSummary, resolveTimestamps, startProfiling, type GpuProfile, type Profiling } from './timestamps.ts';
+import type { CaptureSink } from './replay.ts';
+import type { GpuOptions } from './options.ts';
 
 export { defaultGemmConfig, GEMM_CONFIG_VALUES, gemmConfigProblem, type GemmConfig } from './gemm-config.ts';
 export type { GpuProfile } from './timestamps.ts';
@@ -53,47 +55,7 @@ const ALIGNMENT_LIMITS = ['minStorageBufferOffsetAlignment', 'minUniformBufferOf
  */
 const WANTED_FEATURES = ['shader-f16', 'subgroups', 'timestamp-query', 'chromium-experimental-subgroup-matrix'] as const;
 
-export interface GpuOptions {
-  shaders: ShaderSource;
-  powerPreference?: GPUPowerPreference;
-  /** Force the f32 path even where shader-f16 exists. */
-  disableF16?: boolean;
-  /** Pretend the largest storage binding is this many bytes (tests exercise the chunked paths with it). */
-  bindingLimit?: number;
-  /** Ask for this storage-buffer offset alignment (bytes) where the adapter allows less: tests run browsers' 256. */
-  storageAlignment?: number;
-  /**
-   * Memory planning: allocations are accounted but not backed, dispatches, writes and reads do nothing
-   * (reads return zeros), so the real code measures its own peak bytes for any model size in moments.
-   */
-  dryRun?: boolean;
-  /**
-   * With dryRun, on a device that backs and runs nothing (src/gpu/recording.ts, the census's): buffers are made at
-   * their real size and dispatches are encoded and submitted, so the device sees every dispatch the run issues;
-   * writes and reads stay skipped (reads return zeros) as in any dry run.
-   */
-  recording?: boolean;
-  /**
-   * Fill every new tensor with NaN (0xFFFFFFFF words) before handing it out, so code that reads memory it never
-   * wrote fails loudly (the pool hands out buffers with stale contents). The tests run with it (DBS_GPU_POISON=1).
-   */
-  poison?: boolean;
-  /**
-   * Tensor cores (f16 subgroup matrices, src/gpu/tensorcore.ts) for f16 matmul and conv: on by default where the
-   * adapter offers them and the start-up check passes on this device (the check is the gate; a failing path is refused
-   * and named in `tensorCoreNote`); false turns them off and every GEMM runs the SIMT kernels.
-   */
-  tensorCores?: boolean;
-  /** How this host's user turns tensor cores off (e.g. "DBS_TENSOR_CORES=0"), named in the note when they did. */
-  tensorCoreOptOut?: string;
-  /**
-   * Split the long reductions of GEMMs with too few output tiles to fill the device (split-K, src/ops/gemm.ts).
-   * Default: on GPUs; off on CPU adapters, where it measured 0.87-1.02x on lavapipe (2 cores) at LoRA and conv
-   * weight-gradient shapes. Ops can still force it (MatmulOptions.splitK).
-   */
-  splitK?: boolean;
-}
-
+export type { GpuOptions } from './options.ts';
 export type { AdapterFacts, AdapterSummary } from './adapter.ts';
 
 /** A buffer range bound to one shader binding. */
@@ -201,6 +163,10 @@ export class Gpu {
   private otherBuffersCreated = 0;
   private bindGroupsCreated = 0;
   private readonly bindGroupCacheMax: number;
+  /** Set while a step is captured for replay (src/gpu/replay.ts): sees every dispatch, refuses queue writes and reads. */
+  captureSink: CaptureSink | null = null;
+  /** Pool evictions so far: each may destroy buffers that captured bind groups bind, so a replay checks it is unchanged. */
+  evictions = 0;
 
   private constructor(
     readonly device: GPUDevice,
@@ -225,7 +191,10 @@ export class Gpu {
     this.maxWorkgroupsPerDim = device.limits.maxComputeWorkgroupsPerDimension;
     this.maxStorageBinding = device.limits.maxStorageBufferBindingSize;
     this.uniformAlign = device.limits.minUniformBufferOffsetAlignment;
-    this.allocator.onEvict = () => this.bindGroups.clear();
+    this.allocator.onEvict = () => {
+      this.bindGroups.clear();
+      this.evictions++;
+    };
     this.allocator.destroyEvicted = (b) => (this.encoder ? this.afterSubmit.push(b) : b.destroy());
     void device.lost.then((info) => {
       this.lost = new GpuDeviceLostError(info.reason ?? 'unknown', info.message || 'no message');
@@ -356,6 +325,7 @@ export class Gpu {
   write(t: Tensor, data: ArrayLike<number>): void {
     if (data.length !== t.numel) throw new ShapeError('write', `${data.length} values for ${t}`);
     if (this.dryRun) return;
+    this.captureSink?.refuse(`a queue write into ${t.alloc.label}`);
     const bytes = t.dtype === 'f16' ? toF16Bits(data) : data instanceof Float32Array ? data : Float32Array.from(data);
     // writeBuffer needs a multiple of 4 bytes: pad an odd-length f16 array.
     const padded = bytes.byteLength % 4 === 0 ? bytes : padTo4(bytes as Uint16Array);
@@ -371,6 +341,7 @@ export class Gpu {
   writeRaw(t: Tensor, data: ArrayBufferView): void {
     if (data.byteLength > t.alloc.bytes - t.byteOffset) throw new ShapeError('writeRaw', `${data.byteLength} bytes for ${t}`);
     if (this.dryRun) return;
+    this.captureSink?.refuse(`a queue write into ${t.alloc.label}`);
     this.flush();
     this.device.queue.writeBuffer(t.buffer, t.byteOffset, data.buffer, data.byteOffset, data.byteLength);
   }
@@ -390,6 +361,7 @@ export class Gpu {
 
   async readBytes(buffer: GPUBuffer, offset: number, size: number): Promise<ArrayBuffer> {
     this.checkAlive();
+    this.captureSink?.refuse('a read-back');
     const padded = Math.ceil(size / 4) * 4;
     const staging = this.takeStaging(padded);
     this.endPass();
@@ -507,6 +479,11 @@ export class Gpu {
     const entry = this.pipelineEntry(k, call.defs);
     const uniforms = uniformSize > 0 ? this.uniformSlot(uniformSize) : null;
     const bindGroup = this.bindGroupFor(entry, uniforms, windows);
+    if (this.captureSink) {
+      if (this.profiling || this.passTimestamps) this.captureSink.refuse('a profiled or timed dispatch');
+      const u = uniformSize > 0 ? new Uint8Array(this.uniformScratch.buffer.slice(0, uniformSize)) : null;
+      this.captureSink.dispatch({ label: entry.key, pipeline: entry.pipeline, group: bindGroup, uniforms: u, windows, workgroups: [x, y, z] }, bindings);
+    }
     const pass = this.profiling ? this.profiledPass(`${k.shader}.${k.entry}`) : this.getPass();
     if (this.passPipeline !== entry.pipeline) {
       pass.setPipeline(entry.pipeline);
@@ -516,6 +493,37 @@ export class Gpu {
     pass.dispatchWorkgroups(x, y, z);
     this.dispatchCount++;
     if (this.profiling) this.endPass();
+  }
+
+  /** Counts GPUBuffers and bind groups made for the Gpu outside its own paths (a replay's baked uniforms: replay.ts). */
+  noteCreated(buffers: number, bindGroups: number): void {
+    this.otherBuffersCreated += buffers;
+    this.bindGroupsCreated += bindGroups;
+  }
+
+  /** Whether a replay may encode now: not a dry run, no profile or timed pass, no capture running. */
+  get canReplay(): boolean {
+    return !this.dryRun && !this.profiling && !this.passTimestamps && !this.captureSink;
+  }
+
+  /** Bytes of the uniform ring taken since the last submit (a capture notes where a segment left it: replay.ts). */
+  get uniformFill(): number {
+    return this.uniformUsed;
+  }
+
+  /** Leaves the ring's slots up to `fill` unused: the live dispatches after a replayed segment get the slots they got live. */
+  skipUniforms(fill: number): void {
+    if (fill > this.uniformUsed && fill <= this.uniformBytes.length) this.uniformUsed = fill;
+  }
+
+  /** The open compute pass, for a replay (replay.ts) of `count` dispatches; the next run sets its pipeline again. */
+  replayPass(count: number): GPUComputePassEncoder {
+    this.checkAlive();
+    if (!this.canReplay) throw new Error('replayPass: a replay cannot run in a dry run, a profile, a timed pass or a capture');
+    this.dispatchCount += count;
+    const pass = this.getPass();
+    this.passPipeline = null;
+    return pass;
   }
 
   /** Copies the packed uniforms (uniformScratch) into the ring and returns the binding of their slot. */

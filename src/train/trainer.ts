@@ -26,6 +26,7 @@ import { scheduleFactor } from './lr-schedule.ts';
 import { addNoise, velocity, weightedMse } from '../ops/loss.ts';
 import { lossWeights } from './objective.ts';
 import { huberCs, passLoss, HUBER_C_DEFAULT } from './loss-options.ts';
+import { StepReplay, type ReplayStats, type StepRun } from '../gpu/replay.ts';
 import { drawStepNoise, zeroTerminalSnr } from './noise.ts';
 import { WeightEma, type ChunkEma } from './ema.ts';
 import { StoredEma } from './ema-store.ts';
@@ -73,6 +74,12 @@ export class DreamBoothTrainer {
   private readonly acp: Float64Array;
   private readonly snrAcp: Float64Array;
   private readonly dtype: DType;
+  /**
+   * Whether a warm step's forward and backward are replayed from a record instead of re-running the op code and the
+   * tape (src/gpu/replay.ts; bit-identical): unfused steps of one UNet pass whose text encoder does not train.
+   */
+  stepReplay = true;
+  private readonly replay: StepReplay | null;
 
   private constructor(
     readonly gpu: Gpu,
@@ -88,6 +95,7 @@ export class DreamBoothTrainer {
     rng: Rng,
   ) {
     this.rng = rng;
+    this.replay = gpu.dryRun ? null : new StepReplay(gpu);
     // Loss weights read the schedule's own SNR, as sd-scripts computes all_snr before the zero-terminal-SNR
     // rescale (so they stay finite at the last timestep, whose rescaled SNR is 0); noising reads the rescaled one.
     this.snrAcp = alphasCumprod(model.schedule);
@@ -112,6 +120,11 @@ export class DreamBoothTrainer {
   /** Optimizer chunks streamed through the store (none for a host optimizer). */
   get storedChunks(): number {
     return this.opt.storedChunks;
+  }
+
+  /** Steps replayed and captured, and why the last one was not replayed (src/gpu/replay.ts). */
+  get replayStats(): ReplayStats | null {
+    return this.replay && { ...this.replay.stats };
   }
 
   /** Steps whose update was applied (skipped steps excluded): 0 means the run changed nothing. */
@@ -302,6 +315,9 @@ export class DreamBoothTrainer {
     const sameShape = samples.every((x) => this.shapeOf(x).join() === this.shapeOf(samples[0]).join());
     const passes = sameShape && !this.settings.passPerSample ? [samples.map((_, i) => i)] : samples.map((_, i) => [i]);
     const noiseStart = samples.map((_, i) => samples.slice(0, i).reduce((n, x) => n + this.shapeOf(x).reduce((a, b) => a * b, 1), 0));
+    const textTrains = this.settings.mode === 'lora' && this.settings.textEncoderLora;
+    const replayed = this.replay && this.stepReplay && !fused && passes.length === 1 && !textTrains;
+    const run = replayed ? this.replay!.begin(`${this.settings.activationCheckpointing}|${this.loraScale}`) : null;
     let loss = 0;
     for (const [k, pass] of passes.entries()) {
       const last = k === passes.length - 1;
@@ -313,6 +329,7 @@ export class DreamBoothTrainer {
         B,
         scale,
         fused && last ? { loss: (l) => fused.loss(before + l), onFinal: this.chunkHandover(tape, fused.chunk) } : undefined,
+        run,
       );
     }
     return { loss, tape };
@@ -510,6 +527,8 @@ export class DreamBoothTrainer {
     scale: number,
     /** The fused step's last pass: sees the batch's loss before the backward, which hands over final weights. */
     fused?: { loss: (loss: number) => void; onFinal: (weights: Tensor[]) => Promise<void> },
+    /** The step's replay (a lone pass of an unfused step): the forward and backward replayed, or run and captured. */
+    replay: StepRun | null = null,
   ): Promise<number> {
     const gpu = this.gpu;
     const n = items.length;
@@ -567,24 +586,17 @@ export class DreamBoothTrainer {
     // The noisy latents and cached embeddings need no gradient: conv_in's dx and the k/v projections' dx into the
     // context are never formed (requires_grad pruning; a trained text encoder's output still gets its gradient).
     tape.noGrad(xt, ...cond.constants);
-    const pred = unetForward(
-      gpu,
-      this.model.config,
-      this.model.weights,
-      xt,
-      tT,
-      cond.context,
-      tape,
-      this.loraScale,
-      this.settings.activationCheckpointing,
-      cond.added,
-    );
+    const forward = () =>
+      unetForward(gpu, this.model.config, this.model.weights, xt, tT, cond.context, tape, this.loraScale, this.settings.activationCheckpointing, cond.added);
+    const added = cond.added ? [cond.added.textEmbeds, cond.added.timeIds] : [];
+    const pred = replay ? replay.forward([xt, tT, cond.context, ...added], forward) : forward();
     const cs = huberCs(timesteps, this.acp, this.settings.huberC ?? HUBER_C_DEFAULT, this.settings.huberSchedule ?? 'snr');
     const { loss, dy } = await passLoss(gpu, pred, target, weights, mask, scale, { kind: this.settings.loss ?? 'l2', cs });
     const inputs = [x0, eps, ...(epsIn !== eps ? [epsIn] : []), tT, xt, ...(target !== eps ? [target] : []), ...cond.owned, ...(mask ? [mask] : [])];
     try {
       fused?.loss(loss);
       if (fused) await tape.backwardFused(pred, dy, fused.onFinal);
+      else if (replay) replay.backward(tape.grads, [dy], () => tape.backward(pred, dy));
       else tape.backward(pred, dy);
     } finally {
       gpu.free(...inputs);

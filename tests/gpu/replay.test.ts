@@ -1,0 +1,117 @@
+// The recorded step replay (src/gpu/replay.ts): a replayed step equals the live one bit for bit, a per-step value in a
+// uniform keeps a step from ever being replayed, a queue write inside a segment refuses the capture, and the tiny
+// trainer's steps with replay equal its steps without (losses, weights, optimizer state; f32 and f16), through a
+// change of batch shape mid-run.
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import type { Gpu } from '../../src/gpu/device.ts';
+import { StepReplay } from '../../src/gpu/replay.ts';
+import type { Tensor } from '../../src/gpu/tensor.ts';
+import { add, scale } from '../../src/ops/elementwise.ts';
+import { MemoryChunkStore } from '../../src/store/chunkstore.ts';
+import type { StepInputs } from '../../src/train/trainer.ts';
+import { testGpu } from '../helpers.ts';
+import { makeTrainer } from '../train/tiny-trainer.ts';
+
+/**
+ * `steps` steps of y = f(k) x_k + w (forward), g = dy_k + y (backward) through one StepReplay, with x_k and dy_k
+ * uploaded per step (inputs) and w made before; returns g per step and the replay's stats.
+ */
+async function toySteps(gpu: Gpu, steps: number, factor: (k: number) => number, writeInside = false) {
+  const replay = new StepReplay(gpu);
+  const w = gpu.upload([0.5, -1, 2, 4], [4], 'f32', 'weights', 'w');
+  const out: Float32Array[] = [];
+  for (let k = 0; k < steps; k++) {
+    const x = gpu.upload([k, k + 1, -k, 3], [4], 'f32', 'activations', 'x');
+    const run = replay.begin('toy');
+    const y = run.forward([x], () => {
+      const a = scale(gpu, x, factor(k));
+      if (writeInside) gpu.write(a, [1, 1, 1, 1]);
+      const b = add(gpu, a, w);
+      gpu.free(a);
+      return b;
+    });
+    const dy = gpu.upload([1, 2, 3, 4 + k], [4], 'f32', 'gradients', 'dy');
+    const grads = new Map<Tensor, Tensor>();
+    run.backward(grads, [dy], () => {
+      grads.set(w, add(gpu, dy, y));
+      gpu.free(y, dy);
+    });
+    out.push(await gpu.read(grads.get(w)!));
+    gpu.free(grads.get(w)!, x);
+  }
+  gpu.free(w);
+  return { out, stats: replay.stats };
+}
+
+/** What toySteps computes, on the host (f32 products and sums of small integers and halves: exact). */
+function toyWant(k: number, f: number): number[] {
+  const x = [k, k + 1, -k, 3];
+  const w = [0.5, -1, 2, 4];
+  const dy = [1, 2, 3, 4 + k];
+  return x.map((v, i) => dy[i] + (f * v + w[i]));
+}
+
+describe('step replay', () => {
+  it('replays a constant step after two identical captures, reading each step’s new inputs', async () => {
+    const gpu = await testGpu();
+    const { out, stats } = await toySteps(gpu, 6, () => 2);
+    // step 0 creates buffers (not captured), 1 and 2 are captured and equal, 3..5 replay
+    assert.equal(stats.replayed, 3, `replayed steps (${stats.lastRefusal})`);
+    out.forEach((g, k) => assert.deepEqual([...g], toyWant(k, 2), `step ${k}`)); // exact: integer and half arithmetic
+  });
+
+  it('never replays a step whose uniforms change per step, and says so', async () => {
+    const gpu = await testGpu();
+    const { out, stats } = await toySteps(gpu, 5, (k) => k + 1);
+    assert.equal(stats.replayed, 0);
+    assert.match(stats.lastRefusal, /changes its uniforms/);
+    out.forEach((g, k) => assert.deepEqual([...g], toyWant(k, k + 1), `step ${k}`));
+  });
+
+  it('refuses to capture a segment that writes through the queue', async () => {
+    const gpu = await testGpu();
+    const { out, stats } = await toySteps(gpu, 4, () => 2, true);
+    assert.equal(stats.replayed, 0);
+    assert.match(stats.lastRefusal, /queue write/);
+    out.forEach((g, k) =>
+      assert.deepEqual(
+        [...g],
+        [1, 2, 3, 4 + k].map((d, i) => d + 1 + [0.5, -1, 2, 4][i]),
+        `step ${k}`,
+      ),
+    );
+  });
+
+  for (const dtype of ['f32', 'f16'] as const)
+    it(`tiny LoRA trainer ${dtype}: replayed steps equal live ones bit for bit, through a change of batch shape`, async () => {
+      const gpu = await testGpu();
+      const runs: { losses: number[]; replayed: number; weights: Float32Array[]; state: Uint8Array[] }[] = [];
+      for (const replay of [true, false]) {
+        const { trainer, fx, free } = await makeTrainer(gpu, dtype, 'lora', new MemoryChunkStore());
+        trainer.stepReplay = replay;
+        // f16: the batch of 2 (instance + class) for 5 steps, then 4 steps of the instance alone (another shape: a new
+        // structure, run live, captured twice, then replayed); f32: 5 steps of 2.
+        const steps: StepInputs[] = fx.inputs.slice(0, 5);
+        if (dtype === 'f16')
+          for (let k = 5; k < 9; k++) {
+            const s = fx.inputs[k % fx.inputs.length];
+            steps.push({ ...s, classIndex: null, timesteps: s.timesteps.slice(0, 1) });
+          }
+        const losses: number[] = [];
+        for (const s of steps) losses.push((await trainer.trainStep(s)).loss);
+        const weights = await Promise.all([...trainer.trainable.values()].map((t) => gpu.read(t)));
+        const state = [...(await trainer.optimizer.checkpointState()).files.values()];
+        runs.push({ losses, replayed: trainer.replayStats!.replayed, weights, state });
+        free();
+      }
+      const [on, off] = runs;
+      assert.equal(on.replayed, dtype === 'f16' ? 3 : 2, 'steps 3, 4 (and 8 after the shape change) replay');
+      assert.equal(off.replayed, 0);
+      // The inputs differ per step (timesteps, noise, samples): a replay that reused the captured step's would repeat its loss.
+      assert.equal(new Set(on.losses).size, on.losses.length, `losses differ across steps: ${on.losses.join(', ')}`);
+      on.losses.forEach((l, i) => assert.ok(Object.is(l, off.losses[i]), `step ${i} loss ${l} vs ${off.losses[i]}`));
+      on.weights.forEach((w, i) => assert.deepEqual(w, off.weights[i], `trainable ${i}`));
+      on.state.forEach((s, i) => assert.ok(Buffer.from(s).equals(Buffer.from(off.state[i])), `optimizer state file ${i}`));
+    });
+});
