@@ -1,6 +1,8 @@
 // Runs test files with node:test, a few at a time, and prints each file's TAP whole when it ends.
 //
-//   node scripts/run-tests.mjs [--jobs N] [--failures FILE] [--] <file> ...
+//   node scripts/run-tests.mjs [--jobs N] [--failures FILE] [--node-option ARG]... [--] <file> ...
+//
+// --node-option passes ARG to every file's node (one per option: `--node-option --test-name-pattern --node-option norm`).
 //
 // Files start in the order given (put the longest first). Browser files (under e2e/) run one at a time while Node
 // files are waiting: each has a whole Chromium with SwiftShader, and some measure how fast the page answers. While
@@ -17,12 +19,30 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
+// A file's own environment: the first row whose pattern its path matches adds its variables, each with its reason.
+//   The matmul, conv2d and attention kernel files: GALLIVM_PERF=nopt, lavapipe's LLVM without its optimisation
+//   passes. They run small problems on hundreds of distinct pipelines (every tile, transpose, layout and dtype), so
+//   on a cold Mesa shader cache, a fresh CI machine's, nearly all their time is LLVM compiling them (835, 760 and
+//   612 s in CI; under 20 s each warm). Measured (docs/testing.md): a quarter to a third less compile CPU, every
+//   check's error the same to the digit, no slower to run at these sizes. The other kernel files measured took
+//   3-30 s in CI's order, mostly on pipelines the training files compiled before them, and the files that train
+//   spend their time running kernels, which unoptimised code would slow: they keep the default. Mesa keys its
+//   shader cache by these flags, so no other file is handed unoptimised code.
+const FILE_ENV = [[/(^|\/)tests\/kernels\/(matmul|conv2d|attention)\.test\.ts$/, { GALLIVM_PERF: 'nopt' }]];
+
+/** The environment a test file runs with: this process's, plus its FILE_ENV row's variables. */
+function envFor(file, base = process.env) {
+  const row = FILE_ENV.find(([pattern]) => pattern.test(file));
+  return row ? { ...base, ...row[1] } : base;
+}
+
 function parse(argv) {
-  const o = { jobs: 2, failures: null, files: [] };
+  const o = { jobs: 2, failures: null, nodeOptions: [], files: [] };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     if (a === '--jobs') o.jobs = Number(argv[++i]);
     else if (a === '--failures') o.failures = argv[++i];
+    else if (a === '--node-option') o.nodeOptions.push(argv[++i]);
     else if (a === '--') (o.files.push(...argv.slice(i + 1)), (i = argv.length));
     else o.files.push(a);
   }
@@ -32,13 +52,13 @@ function parse(argv) {
 
 const isBrowser = (f) => /(^|\/)e2e\//.test(f);
 
-function runFile(file, dir, index) {
+function runFile(file, dir, index, nodeOptions) {
   const failures = join(dir, `failures-${index}.txt`);
   const args = ['--import', 'tsx', '--test', '--test-reporter=tap', '--test-reporter-destination=stdout'];
-  args.push('--test-reporter=./scripts/failed-tests-reporter.mjs', `--test-reporter-destination=${failures}`, file);
+  args.push('--test-reporter=./scripts/failed-tests-reporter.mjs', `--test-reporter-destination=${failures}`, ...nodeOptions, file);
   const t0 = Date.now();
   return new Promise((resolve) => {
-    const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'], env: envFor(file) });
     const chunks = [];
     child.stdout.on('data', (c) => chunks.push(c));
     child.stderr.on('data', (c) => chunks.push(c));
@@ -55,7 +75,7 @@ function runFile(file, dir, index) {
 }
 
 async function main() {
-  const { jobs, failures, files } = parse(process.argv.slice(2));
+  const { jobs, failures, nodeOptions, files } = parse(process.argv.slice(2));
   const dir = mkdtempSync(join(tmpdir(), 'dbs-tests-'));
   const queue = files.map((file, index) => ({ file, index }));
   const results = [];
@@ -75,7 +95,7 @@ async function main() {
       if (!item) return;
       const browser = isBrowser(item.file);
       if (browser) browsersRunning++;
-      const r = await runFile(item.file, dir, item.index);
+      const r = await runFile(item.file, dir, item.index, nodeOptions);
       if (browser) browsersRunning--;
       results.push(r);
       const how = r.signal ? `killed by ${r.signal}` : `exit ${r.code}`;

@@ -28,8 +28,18 @@ done
 echo "[test:unit] ${#files[@]} test files (${#SLOW[@]} slow ones left out)"
 # New GPU tensors are NaN-filled, so code that reads memory it never wrote fails (as in npm test).
 export DBS_GPU_POISON=1
+# The same runner as npm test (scripts/run-tests.mjs: two files at a time, each file's own environment, the time per
+# file and the failures at the end); this script's arguments go to each file's node.
+options=()
+for a in "$@"; do options+=(--node-option "$a"); done
+failures=$(mktemp)
+trap 'rm -f "$failures"' EXIT
 start=$SECONDS
 status=0
-bash scripts/gpu-env.sh node --import tsx --test --test-concurrency="${DBS_TEST_JOBS:-2}" "$@" "${files[@]}" || status=$?
+bash scripts/gpu-env.sh node scripts/run-tests.mjs --jobs "${DBS_TEST_JOBS:-2}" --failures "$failures" "${options[@]}" -- "${files[@]}" || status=$?
 echo "[test:unit] $((SECONDS - start)) s, exit $status"
+if [ -s "$failures" ]; then
+  echo "[test:unit] failed tests:"
+  cat "$failures"
+fi
 exit "$status"
