@@ -495,7 +495,7 @@ export class Ops {
     return y;
   }
 
-  /** conv's backward: the wanted ones of dx, dw, db (not releasing dy). */
+  /** conv's backward: the wanted ones of dx, dw, db (not releasing dy); a frozen conv's dx is added into x's gradient in the epilogue (Tape.accGemm). */
   private convGrads(x: Tensor, w: Tensor, b: Tensor | null, opts: Conv2dOptions, dy: Tensor): void {
     const tape = this.tape!;
     const needX = this.needs(x);
@@ -510,7 +510,7 @@ export class Ops {
       const g = conv2dBackwardWeight(this.gpu, x, w, dy, { ...opts, bias: !!b });
       tape.acc(w, g.dw);
       if (b && g.db) tape.acc(b, g.db);
-    } else if (needX) tape.acc(x, conv2dBackwardInput(this.gpu, x, w, dy, opts));
+    } else if (needX) tape.accGemm(x, (into, accumulate) => conv2dBackwardInput(this.gpu, x, w, dy, opts, into ? { dx: into, accumulate } : undefined));
   }
 
   /**

@@ -388,14 +388,21 @@ export function conv2dBackwardWeight(gpu: Gpu, x: Tensor, w: Tensor, dy: Tensor,
   return { dw, db };
 }
 
-/** Only dx of conv2dBackward (a frozen weight: no grad-weight or bias kernels). */
-export function conv2dBackwardInput(gpu: Gpu, x: Tensor, w: Tensor, dy: Tensor, opts: Conv2dOptions): Tensor {
+/**
+ * Only dx of conv2dBackward (a frozen weight: no grad-weight or bias kernels); with `into`, written there or, with
+ * `accumulate`, added into it (every path rounds dx to the output type first: the bits of dx and an add).
+ */
+export function conv2dBackwardInput(gpu: Gpu, x: Tensor, w: Tensor, dy: Tensor, opts: Conv2dOptions, into?: { dx: Tensor; accumulate: boolean }): Tensor {
   const op = 'conv2dBackwardInput';
   const s = convShape(op, x.shape, w.shape, opts);
   expectSameDType(op, x, w, dy);
   expectShape(op, 'dy', dy, [s.N, s.Co, s.Ho, s.Wo]);
-  const dx = gpu.tensor(x.shape, x.dtype, 'activations', 'conv2d-dx');
-  gradInput(gpu, op, s, x, w, dy, dx, false, opts);
+  if (into) {
+    expectShape(op, 'dx', into.dx, x.shape as number[]);
+    expectOutDType(op, x, into.dx);
+  }
+  const dx = into?.dx ?? gpu.tensor(x.shape, x.dtype, 'activations', 'conv2d-dx');
+  gradInput(gpu, op, s, x, w, dy, dx, into?.accumulate ?? false, opts);
   return dx;
 }
 

@@ -86,12 +86,12 @@ void describe('Transformer projections read their operand transposed (Ops.projec
           const unfolded = await projectRun(gpu, dtype, batch, kind, false);
           const folded = await projectRun(gpu, dtype, batch, kind, true);
           for (const [k, v] of unfolded.bytes) assert.deepEqual(folded.bytes.get(k), v, `${k} differs from the unfolded ops'`);
-          // Unfolded: two transposes forward, two backward, and x's gradient summed by an add (the transpose's dx);
-          // folded: none, the GEMMs and the forward's residual add only.
+          // Unfolded: two transposes forward, two backward, and (linear) x's gradient summed by an add (the
+          // transpose's dx; the conv adds its dx in the epilogue); folded: none, the GEMMs and the residual add only.
           assert.equal(unfolded.entries.get('transpose2d'), 4, 'unfolded: 4 transposes');
           assert.equal(folded.entries.get('transpose2d') ?? 0, 0, 'folded: no transpose');
           const adds = (r: Result) => (r.entries.get('add') ?? 0) + (r.entries.get('add4') ?? 0);
-          assert.equal(adds(unfolded), 2, "unfolded: the residual and x's gradient sum");
+          assert.equal(adds(unfolded), kind === 'conv' ? 1 : 2, "unfolded: the residual (and x's gradient sum)");
           assert.equal(adds(folded), 1, 'folded: the residual only');
           assert.equal(folded.entries.get('matmul'), 4, 'folded: 2 GEMMs forward, 2 backward');
         });
@@ -156,6 +156,48 @@ void describe("A ResNet's 1x1 shortcut added in its GEMM's epilogue (Ops.convAdd
           assert.equal(adds(folded), 0, 'folded: no add');
           const total = (r: Result) => [...r.entries.values()].reduce((a, n) => a + n, 0);
           assert.equal(total(folded), total(unfolded) - 1, 'one dispatch fewer, the rest unchanged');
+        });
+});
+
+/**
+ * A frozen conv's dx added into its input's gradient in the GEMM's epilogue (Ops.conv through Tape.accGemm) against dx
+ * and an add (the unpruned tape): y = concat(conv(x), x), so x's gradient (a split of dy) is there before the conv's
+ * backward runs, as for a UNet skip feeding a downsampler. 3x3 (lowered to im2col on this adapter, and the implicit
+ * GEMM), 3x3 stride 2 (upsampled back) and 1x1.
+ */
+async function convDxRun(gpu: Gpu, dtype: DType, batch: number, kind: '3x3' | '3x3 implicit' | 'stride 2' | '1x1', prune: boolean): Promise<Result> {
+  const rng = new Rng(batch * 23 + (dtype === 'f16' ? 1 : 0));
+  const rand = (n: number) => Float32Array.from({ length: n }, () => 2 * rng.uniform() - 1);
+  const [O, S] = [7, 6];
+  const k = kind === '1x1' ? 1 : 3;
+  const w = gpu.upload(rand(O * C * k * k), [O, C, k, k], dtype, 'weights', 'w');
+  const b = gpu.upload(rand(O), [O], dtype, 'weights', 'b');
+  const x = gpu.upload(rand(batch * C * S * S), [batch, C, S, S], dtype, 'activations', 'x');
+  const dy = gpu.upload(rand(batch * (O + C) * S * S), [batch, O + C, S, S], dtype, 'gradients', 'dy');
+  const tape = new Tape(gpu, new Set<Tensor>(), { prune });
+  const F = new Ops(gpu, tape);
+  const opts = { stride: kind === 'stride 2' ? 2 : 1, padding: k === 3 ? 1 : 0, ...(kind === '3x3 implicit' ? { lowering: 'implicit' as const } : {}) };
+  const forward = () => {
+    const c = F.conv(x, w, b, opts);
+    return F.concat(kind === 'stride 2' ? F.upsample(c) : c, x);
+  };
+  const r = await step(gpu, tape, forward, dy, [['dx', x]]);
+  gpu.free(w, b, x);
+  return r;
+}
+
+void describe("A frozen conv's dx added into its input's gradient in the epilogue vs dx and an add", () => {
+  for (const kind of ['3x3', '3x3 implicit', 'stride 2', '1x1'] as const)
+    for (const dtype of ['f32', 'f16'] as const)
+      for (const batch of [1, 3])
+        void it(`no add dispatch, the same bits [${kind}, ${dtype}, batch ${batch}]`, async () => {
+          const gpu = await testGpu();
+          const unpruned = await convDxRun(gpu, dtype, batch, kind, false);
+          const pruned = await convDxRun(gpu, dtype, batch, kind, true);
+          assert.deepEqual(pruned.bytes, unpruned.bytes, 'y or dx differs from dx and an add');
+          const adds = (r: Result) => (r.entries.get('add') ?? 0) + (r.entries.get('add4') ?? 0);
+          assert.equal(adds(unpruned), 1, 'unpruned: dx, then an add');
+          assert.equal(adds(pruned), 0, 'pruned: added in the epilogue');
         });
 });
 
