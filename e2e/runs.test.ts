@@ -114,6 +114,9 @@ describe('studio: runs kept in the browser (Chromium, SwiftShader, demo model)',
         await page.getByLabel('Steps', { exact: true }).fill('1');
         await page.getByLabel('Sample every N steps (0: never)').fill('0');
         await page.getByLabel('Checkpoint every N steps').fill('0');
+        // No validation loss (nothing here reads it): at the default, every run start and last step takes one (5
+        // forward passes: one photo, 5 timesteps), and a stop waits for it. The later runs keep these settings.
+        await page.getByLabel('Validation loss every N steps (0: never)').fill('0');
         // The first run trains the text encoder too, at its own learning rate: the field shows only when the box is
         // ticked, and the run's kohya file (exported below) records the rate.
         const teLr = page.getByLabel('Text encoder learning rate (0: the learning rate)');

@@ -95,13 +95,18 @@ async function loadDemo(page: Page): Promise<void> {
   await page.getByTestId('model-status').filter({ hasText: 'Loaded demo-sd1-small' }).waitFor({ timeout: 60_000 });
 }
 
-/** Small, fast settings for software WebGPU. */
-async function tinySettings(page: Page, o: { steps: number; sampleEvery: number; checkpointEvery: number }): Promise<void> {
+/**
+ * Small, fast settings for software WebGPU. `validateEvery: 0` turns the validation loss off in the tests that do
+ * not check it: at the studio's default every run start (step 0, each resume) and its last step runs one, a forward
+ * pass per photo and validation timestep.
+ */
+async function tinySettings(page: Page, o: { steps: number; sampleEvery: number; checkpointEvery: number; validateEvery?: number }): Promise<void> {
   await openAdvanced(page);
   await page.getByLabel('Steps', { exact: true }).fill(String(o.steps));
   await page.getByLabel('Sample every N steps (0: never)').fill(String(o.sampleEvery));
   await page.getByLabel('Sampling steps').fill('2');
   await page.getByLabel('Checkpoint every N steps').fill(String(o.checkpointEvery));
+  if (o.validateEvery !== undefined) await page.getByLabel('Validation loss every N steps (0: never)').fill(String(o.validateEvery));
 }
 
 const progressText = (page: Page) => page.getByTestId('train-progress-text').textContent();
@@ -482,7 +487,7 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       await loadDemo(page);
       await dropFiles(page, 'photo-drop', PHOTOS);
       await page.locator('[data-testid="photos"] li').nth(2).waitFor();
-      await tinySettings(page, { steps: 5, sampleEvery: 0, checkpointEvery: 1 });
+      await tinySettings(page, { steps: 5, sampleEvery: 0, checkpointEvery: 1, validateEvery: 0 });
       await page.getByRole('button', { name: 'Train', exact: true }).click();
       await waitForStep(page, 1);
       await page.getByRole('button', { name: 'Pause' }).click();
@@ -543,7 +548,7 @@ describe('the studio page (Chromium, SwiftShader, f32, demo model)', () => {
       await dropFiles(page, 'photo-drop', PHOTOS);
       await page.locator('[data-testid="photos"] li').nth(2).waitFor();
       await page.getByLabel('Full DreamBooth').check();
-      await tinySettings(page, { steps: 4, sampleEvery: 0, checkpointEvery: 1 });
+      await tinySettings(page, { steps: 4, sampleEvery: 0, checkpointEvery: 1, validateEvery: 0 });
       await page.getByRole('checkbox', { name: 'Prior preservation (class images)' }).uncheck();
       // fp32 AdamW state (12 bytes per weight), which the quota below is sized for (the full default, 8-bit
       // moments and a compact master, keeps a sixth of it).

@@ -84,6 +84,8 @@ describe('studio: Try it (Chromium, SwiftShader, demo model)', () => {
       await page.getByLabel('Steps', { exact: true }).fill('2');
       await page.getByLabel('Sample every N steps (0: never)').fill('0');
       await page.getByLabel('Checkpoint every N steps').fill('0');
+      // No validation loss (nothing here reads it; at the default it runs before step 1 and after step 2).
+      await page.getByLabel('Validation loss every N steps (0: never)').fill('0');
       await page.getByLabel('Learning rate').fill('0.01');
       await page.getByRole('button', { name: 'Train', exact: true }).click();
       // While it prepares and trains, Generate stays disabled and says why.
