@@ -23,11 +23,11 @@ import { join } from 'node:path';
 //   The matmul, conv2d and attention kernel files: GALLIVM_PERF=nopt, lavapipe's LLVM without its optimisation
 //   passes. They run small problems on hundreds of distinct pipelines (every tile, transpose, layout and dtype), so
 //   on a cold Mesa shader cache, a fresh CI machine's, nearly all their time is LLVM compiling them (835, 760 and
-//   612 s in CI; under 20 s each warm). Measured (docs/testing.md): a quarter to a third less compile CPU, every
-//   check's error the same to the digit, no slower to run at these sizes. The other kernel files measured took
-//   3-30 s in CI's order, mostly on pipelines the training files compiled before them, and the files that train
-//   spend their time running kernels, which unoptimised code would slow: they keep the default. Mesa keys its
-//   shader cache by these flags, so no other file is handed unoptimised code.
+//   612 s in CI; under 20 s each warm). Measured (docs/testing.md): matmul and conv2d a quarter to a third less
+//   compile CPU, attention about 7 % faster; every check's error the same to the digit, no slower to run. The other
+//   kernel files measured took 3-30 s in CI's order, mostly on pipelines the training files compiled before them,
+//   and the files that train spend their time running kernels, which unoptimised code would slow: they keep the
+//   default. Mesa keys its shader cache by these flags, so no other file is handed unoptimised code.
 const FILE_ENV = [[/(^|\/)tests\/kernels\/(matmul|conv2d|attention)\.test\.ts$/, { GALLIVM_PERF: 'nopt' }]];
 
 /** The environment a test file runs with: this process's, plus its FILE_ENV row's variables. */
