@@ -3,7 +3,7 @@
 import { ShapeError } from '../gpu/errors.ts';
 import { Tensor } from '../gpu/tensor.ts';
 import { isInt8 } from '../ops/int8.ts';
-import { networkOf, networkWeight } from './lycoris.ts';
+import { networkWeight } from './lycoris.ts';
 import type { Ops } from './ops.ts';
 
 export type Weights = Map<string, Tensor>;
@@ -29,9 +29,8 @@ export function conv(F: Ops, x: Tensor, weights: Weights, prefix: string, stride
   return y;
 }
 
-/** Layers that run with their stored weights: no LyCORIS network attached, nothing under their names but weight and bias. */
+/** Layers that run with their stored weights: nothing under their names but weight and bias (no LyCORIS or DoRA factors). */
 function plainLayers(weights: Weights, layers: string[]): boolean {
-  if (networkOf(weights)) return false;
   for (const name of weights.keys()) if (layers.some((l) => name.startsWith(`${l}.`) && name !== `${l}.weight` && name !== `${l}.bias`)) return false;
   return true;
 }

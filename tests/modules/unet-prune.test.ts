@@ -123,12 +123,14 @@ void describe('requires_grad pruning (tiny UNet, LoRA)', () => {
         //   norm dx: the first ResNet's norm1/norm2, the first transformer's GroupNorm and its LayerNorm norm1
         //     (its input is proj_in's output, still frozen);
         //   add copies (scale by 1): none left on the pruned tape (an operand that needs no gradient gets none, two
-        //     that do share dy): one per add, i.e. per adapted projection, 4 residuals per transformer, 1 per ResNet;
+        //     that do share dy): one per add, i.e. per adapted projection, 4 residuals per transformer, 1 per ResNet
+        //     without a 1x1 shortcut (a shortcut adds into conv2's output in its GEMM: Ops.convAddPointwise);
         //   split: conv_in's skip into the last up block's concat.
         assert.equal(saved('act_bwd4'), 2, 'SiLU backward skipped: time MLP 2');
         assert.equal(saved('norm_bwd_input'), 4, 'norm dx skipped: first ResNet 2 + first transformer 2');
         const transformers = [...base.tensors.keys()].filter((k) => k.endsWith('transformer_blocks.0.norm1.weight')).length;
-        const adds = adapterNames.length / 2 + 4 * transformers + resnets;
+        const shortcuts = [...base.tensors.keys()].filter((k) => k.endsWith('conv_shortcut.weight')).length;
+        const adds = adapterNames.length / 2 + 4 * transformers + resnets - shortcuts;
         assert.equal(saved('scale4'), adds, 'every add copy skipped');
         assert.equal(saved('split_channels'), 1, "conv_in's skip gradient skipped");
         const counted = norms + resnets + 2 + 4 + adds + 1;
