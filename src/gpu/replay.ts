@@ -13,8 +13,8 @@
 //   - two consecutive live captures under that key were identical: every dispatch's pipeline, bound ranges (buffers by
 //     identity), uniform bytes and grid, every allocation's buffer, every output; a uniform that varies per step makes
 //     two captures differ, so it can never be replayed stale (the difference is named in `stats.lastRefusal`);
-//   - the inputs sit in the recorded buffers at the recorded offsets, the pool's idle buffers are the recorded set, no
-//     buffer was evicted since (a captured bind group could bind a destroyed buffer), every buffer the record binds that
+//   - the inputs sit in the recorded buffers at the recorded offsets, the pool's idle buffers are the recorded set, the
+//     GEMM kernel choices are the recorded ones, no buffer was evicted since (a captured bind group could bind a destroyed buffer), every buffer the record binds that
 //     it did not allocate belongs to a live allocation, and no profile, timed pass or dry run is on.
 // A capture is refused (the step stays live) on a queue write or read-back inside a segment, an allocation that created
 // a buffer, a bound range of an unknown buffer, a free of an allocation made outside it and not an input, or an
@@ -86,6 +86,8 @@ interface Segment {
 interface SessionRecord {
   key: string;
   evictions: number;
+  /** The GEMM kernel choices in force (a frozen snapshot: setGemmConfig replaces it, so identity says unchanged). */
+  gemm: object;
   forward: Segment;
   pred: TensorRecord;
   backward: Segment | null;
@@ -250,6 +252,7 @@ function sameTensorRecord(a: TensorRecord, b: TensorRecord): boolean {
 function recordDifference(a: SessionRecord, b: SessionRecord): string | null {
   if (a.key !== b.key) return 'the step changed structure';
   if (a.evictions !== b.evictions) return 'the pool evicted buffers between two steps';
+  if (a.gemm !== b.gemm) return 'the GEMM kernel choices changed between two steps';
   const f = segmentDifference(a.forward, b.forward, 'forward');
   if (f) return f;
   if (!a.backward || !b.backward) return 'a backward was not captured';
@@ -265,11 +268,17 @@ function recordDifference(a: SessionRecord, b: SessionRecord): string | null {
  * The step replay of one trainer (or any caller with the same shape of step): `begin(key)` per step, then the step's
  * forward and backward through the returned StepRun. Off in dry runs.
  */
+/** Structure keys a StepReplay keeps armed records for. */
+const ARMED_KEYS = 4;
+
 export class StepReplay {
   readonly stats: ReplayStats = { replayed: 0, captured: 0, lastRefusal: '' };
-  /** The record replayed, and the last capture waiting for a second identical one. */
-  private armed: SessionRecord | null = null;
-  private candidate: SessionRecord | null = null;
+  /**
+   * The records replayed, by structure key (a run whose steps alternate between a few shapes replays each), and per
+   * key the last capture waiting for a second identical one. At most ARMED_KEYS are kept; the oldest goes first.
+   */
+  private readonly armed = new Map<string, SessionRecord>();
+  private readonly candidates = new Map<string, SessionRecord>();
 
   constructor(readonly gpu: Gpu) {}
 
@@ -279,8 +288,8 @@ export class StepReplay {
 
   /** The armed record for this key when every precondition of its forward holds now, else null (and why). */
   replayable(key: string, inputs: readonly Tensor[]): SessionRecord | null {
-    const r = this.armed;
-    if (!r || r.key !== key) return null;
+    const r = this.armed.get(key);
+    if (!r) return null;
     const why = this.blocker(r, inputs);
     if (why) {
       this.stats.lastRefusal = `not replayed: ${why}`;
@@ -293,6 +302,7 @@ export class StepReplay {
     const gpu = this.gpu;
     if (!gpu.canReplay) return 'a dry run, profile or capture is on';
     if (gpu.evictions !== r.evictions) return 'the pool evicted buffers since the capture';
+    if (gpu.gemmConfig !== r.gemm) return 'the GEMM kernel choices changed since the capture';
     if (inputs.length !== r.forward.inputs.length || inputs.some((t, i) => t.alloc.freed || !samePlacement(placement(t), r.forward.inputs[i])))
       return 'the inputs are not in the recorded buffers';
     for (const a of [...r.forward.outside, ...r.backward!.outside]) if (a.freed) return `'${a.label}', bound by the record, was freed`;
@@ -300,33 +310,36 @@ export class StepReplay {
     return null;
   }
 
-  /** A finished live capture: armed when it equals the one before, else kept as the candidate. */
+  /** A finished live capture: armed when it equals the one before under its key, else kept as the candidate. */
   captured(r: SessionRecord): void {
     this.stats.captured++;
-    const prev = this.candidate;
+    const prev = this.candidates.get(r.key);
     const diff = prev ? recordDifference(prev, r) : 'first capture';
     if (diff) {
-      this.candidate = r;
+      this.candidates.set(r.key, r);
       if (prev) this.stats.lastRefusal = `not armed: ${diff}`;
       return;
     }
-    this.candidate = null;
-    this.disarm();
+    this.candidates.delete(r.key);
+    this.disarm(r.key);
     for (const seg of [r.forward, r.backward!]) seg.baked = this.bake(r, seg);
-    this.armed = r;
+    this.armed.set(r.key, r);
+    if (this.armed.size > ARMED_KEYS) this.disarm(this.armed.keys().next().value!);
   }
 
-  refused(reason: string): void {
+  refused(key: string, reason: string): void {
     this.stats.lastRefusal = `not captured: ${reason}`;
-    this.candidate = null;
+    this.candidates.delete(key);
   }
 
-  /** Drops the armed record (its uniform buffers destroyed once what is recorded is submitted). */
-  disarm(): void {
-    if (!this.armed) return;
-    this.gpu.flush();
-    for (const b of this.armed.uniforms) b.destroy();
-    this.armed = null;
+  /** Drops a key's armed record, or every one (their uniform buffers destroyed once what is recorded is submitted). */
+  disarm(key?: string): void {
+    for (const [k, r] of [...this.armed]) {
+      if (key !== undefined && k !== key) continue;
+      this.gpu.flush();
+      for (const b of r.uniforms) b.destroy();
+      this.armed.delete(k);
+    }
   }
 
   /**
@@ -373,6 +386,8 @@ export class StepRun {
   private record: SessionRecord | null = null;
   private readonly allocs = new SessionAllocs();
   private inputs: Tensor[] = [];
+  /** The caller's key and the inputs' shapes and dtypes: what a record is filed under. */
+  private fullKey = '';
 
   constructor(
     private readonly owner: StepReplay,
@@ -382,7 +397,7 @@ export class StepRun {
   /** The forward: `run` live (captured), or the record's dispatches; returns its output tensor either way. */
   forward(inputs: readonly Tensor[], run: () => Tensor): Tensor {
     this.inputs = [...inputs];
-    const key = `${this.key}|${inputs.map((t) => `${t.dtype}[${t.shape.join(',')}]`).join(';')}`;
+    const key = (this.fullKey = `${this.key}|${inputs.map((t) => `${t.dtype}[${t.shape.join(',')}]`).join(';')}`);
     const armed = this.owner.replayable(key, this.inputs);
     if (armed) {
       this.mode = 'replay';
@@ -403,7 +418,8 @@ export class StepRun {
       this.abandon(cap.refused ?? 'the forward returns a tensor it cannot name');
       return pred;
     }
-    this.record = { key, evictions: this.owner.gpu.evictions, forward: cap.seg, pred: predRecord, backward: null, grads: [], uniforms: [] };
+    const gpu = this.owner.gpu;
+    this.record = { key, evictions: gpu.evictions, gemm: gpu.gemmConfig, forward: cap.seg, pred: predRecord, backward: null, grads: [], uniforms: [] };
     return pred;
   }
 
@@ -468,7 +484,7 @@ export class StepRun {
 
   private abandon(reason: string): void {
     this.mode = 'live';
-    this.owner.refused(reason);
+    this.owner.refused(this.fullKey, reason);
   }
 
   private recordOf(t: Tensor, cap: Capture): TensorRecord | null {

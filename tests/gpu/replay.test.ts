@@ -83,35 +83,44 @@ describe('step replay', () => {
     );
   });
 
-  for (const dtype of ['f32', 'f16'] as const)
-    it(`tiny LoRA trainer ${dtype}: replayed steps equal live ones bit for bit, through a change of batch shape`, async () => {
+  const cases = [
+    { dtype: 'f32', mode: 'lora', over: { activationCheckpointing: true }, steps: 4, name: 'LoRA + checkpointing' },
+    { dtype: 'f16', mode: 'lora', over: {}, steps: 4, name: 'LoRA, through a change of batch shape', reshape: true },
+    { dtype: 'f16', mode: 'full', over: {}, steps: 4, name: 'full fine-tune' },
+  ] as const;
+  for (const c of cases)
+    it(`tiny trainer ${c.dtype} ${c.name}: replayed steps equal live ones bit for bit`, async () => {
       const gpu = await testGpu();
       const runs: { losses: number[]; replayed: number; weights: Float32Array[]; state: Uint8Array[] }[] = [];
       for (const replay of [true, false]) {
-        const { trainer, fx, free } = await makeTrainer(gpu, dtype, 'lora', new MemoryChunkStore());
+        const store = new MemoryChunkStore();
+        const { trainer, fx, free } = await makeTrainer(gpu, c.dtype, c.mode, store, c.over);
         trainer.stepReplay = replay;
-        // f16: the batch of 2 (instance + class) for 5 steps, then 4 steps of the instance alone (another shape: a new
-        // structure, run live, captured twice, then replayed); f32: 5 steps of 2.
-        const steps: StepInputs[] = fx.inputs.slice(0, 5);
-        if (dtype === 'f16')
-          for (let k = 5; k < 9; k++) {
+        // 4 steps: 0 fills the pool, 1 and 2 are captured alike, 3 replays. With `reshape`, 4 more steps of the instance
+        // alone (another batch shape: a new structure, run live, captured twice, then replayed at step 7).
+        const steps: StepInputs[] = fx.inputs.slice(0, c.steps);
+        if ('reshape' in c)
+          for (let k = 4; k < 8; k++) {
             const s = fx.inputs[k % fx.inputs.length];
             steps.push({ ...s, classIndex: null, timesteps: s.timesteps.slice(0, 1) });
           }
         const losses: number[] = [];
         for (const s of steps) losses.push((await trainer.trainStep(s)).loss);
         const weights = await Promise.all([...trainer.trainable.values()].map((t) => gpu.read(t)));
+        // resident chunks' masters and moments, and every chunk version the store holds (streamed chunks')
         const state = [...(await trainer.optimizer.checkpointState()).files.values()];
+        for (const key of (await store.keys()).sort()) state.push((await store.read(key))!);
         runs.push({ losses, replayed: trainer.replayStats!.replayed, weights, state });
         free();
       }
       const [on, off] = runs;
-      assert.equal(on.replayed, dtype === 'f16' ? 3 : 2, 'steps 3, 4 (and 8 after the shape change) replay');
+      assert.equal(on.replayed, 'reshape' in c ? 2 : 1, 'step 3 (and 7 after the shape change) replays');
       assert.equal(off.replayed, 0);
       // The inputs differ per step (timesteps, noise, samples): a replay that reused the captured step's would repeat its loss.
       assert.equal(new Set(on.losses).size, on.losses.length, `losses differ across steps: ${on.losses.join(', ')}`);
       on.losses.forEach((l, i) => assert.ok(Object.is(l, off.losses[i]), `step ${i} loss ${l} vs ${off.losses[i]}`));
       on.weights.forEach((w, i) => assert.deepEqual(w, off.weights[i], `trainable ${i}`));
+      assert.equal(on.state.length, off.state.length);
       on.state.forEach((s, i) => assert.ok(Buffer.from(s).equals(Buffer.from(off.state[i])), `optimizer state file ${i}`));
     });
 });
