@@ -102,8 +102,10 @@ const num = (v: unknown, what: string): number => {
   return v;
 };
 
+/** The family of a shader file: attention's kernels span attention.wgsl and attention_bwd.wgsl. */
 function familyOf(shader: string): Family {
-  return shader === 'conv2d' || shader === 'matmul' || shader === 'attention' ? shader : 'other';
+  if (shader.startsWith('attention')) return 'attention';
+  return shader === 'conv2d' || shader === 'matmul' ? shader : 'other';
 }
 
 /** The k-split uniform where the kernel has one (split-K came after 2756811: absent there means 1). */
@@ -170,6 +172,19 @@ function attentionWork(d: CountedDispatch, base: Work): Work {
     flops = 4 * n * m * D * bh;
     const perWg = 4 * num(d.defs.BQ, 'BQ') * m * D;
     s = { kSteps: Math.ceil(m / BK), serialFmas: perWg / 2 / base.threads, loadGroups: d.defs.PREFETCH === true ? 1 : Math.ceil((BK * D4 * 2) / base.threads) };
+  } else if (e === 'attn_bwd_dq_tiled' || e === 'attn_bwd_dkv_tiled') {
+    // Register-tiled as the tiled forward: BQ resident rows per workgroup walk the other side in tiles of BS,
+    // each step loading BS rows of two tensors; the invocations share the workgroup's FMAs evenly. dQ: S, dP and
+    // dS K (6 n m D); dK/dV: S, dP, dS^T Q and P^T dO (8 n m D).
+    const dkv = e === 'attn_bwd_dkv_tiled';
+    const streamed = dkv ? n : m;
+    const perRow = dkv ? 8 : 6;
+    const BS = num(d.defs.BS, 'BS');
+    const BQ = num(d.defs.BQ, 'BQ');
+    const sharedBytes = 2 * (BQ + BS) * (D4 + 1) * 16 + 2 * BQ * (BS + 1) * 4 + BS * 8; // as src/ops/attention.ts backwardTiling
+    const loadGroups = Math.ceil((BS * D4 * 2) / base.threads);
+    const serialFmas = (perRow * BQ * streamed * D) / 2 / base.threads;
+    return { ...base, flops: perRow * n * m * D * bh, kSteps: Math.ceil(streamed / BS), serialFmas, loadGroups, arrays: true, sharedBytes, core: true };
   } else if (e === 'attn_bwd_dq') [flops, s] = [6 * n * m * D * bh, rows(m, rowTile, 3, 2)];
   else if (e === 'attn_bwd_dkv' || e === 'attn_bwd_dkv_split') {
     const span = e.endsWith('split') ? u.q_split : n;
@@ -214,7 +229,7 @@ export function workOf(d: CountedDispatch): Work {
     core: false,
   };
   if (['matmul.matmul', 'matmul.matmul_tc', 'conv2d.conv_gemm', 'conv2d.conv_gemm_tc'].includes(base.kernel)) return gemmWork(d, base);
-  if (d.shader === 'attention') return attentionWork(d, base);
+  if (base.family === 'attention') return attentionWork(d, base);
   return base;
 }
 

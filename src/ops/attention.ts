@@ -8,7 +8,11 @@
 //            constant loop bounds with masking, the next K/V tile prefetched on GPUs) where its tiles fit the
 //            device's workgroup memory, on GPUs; 'rows': one query row per invocation (CPU adapters, where it
 //            measured faster, and devices whose workgroup memory fits no tile).
-//   backward 'fused': one kernel per key block computes S, P, dP and dS once per (query, key) and yields dK,
+//   backward 'tiled': FlashAttention-2's backward as two register-tiled kernels (shaders/attention_bwd.wgsl):
+//            dK/dV parallel over key blocks with K and V resident in workgroup memory, dQ parallel over query
+//            blocks with Q and dO resident; no scratch, no reduce pass. On GPUs for self-attention (keys at
+//            least half the queries), where a tile fits.
+//            'fused': one kernel per key block computes S, P, dP and dS once per (query, key) and yields dK,
 //            dV and the block's share of dQ (f32 scratch, summed in block order by a second kernel, bounded
 //            by running slices of b*heads), on GPUs; 'separate': a dQ kernel and a dK/dV kernel that each
 //            recompute S and dP (CPU adapters, where it measured faster, and where even one b*head's dQ
@@ -48,13 +52,17 @@ export interface AttentionKernelChoice {
   /** The tiled forward loads the next K/V tile into registers before this tile's math (default on GPUs). */
   prefetch?: boolean;
   /**
-   * 'fused' ('separate' where one b*head's dQ scratch exceeds the budget) or 'separate'. Default: fused on GPUs,
+   * 'tiled' (register-tiled dK/dV and dQ kernels; 'fused' where no tile fits), 'fused' ('separate' where one
+   * b*head's dQ scratch exceeds the budget) or 'separate'. Default on GPUs: tiled where the keys are at least half
+   * as many as the queries (self-attention: no dQ scratch, which at SD 1.5's 4096 tokens would be 32x q per b*head,
+   * and no reduce pass), fused elsewhere (cross-attention's 77 keys: the fused kernel splits the queries, where
+   * the tiled dK/dV kernel would have 2 key blocks per b*head to run in parallel);
    * separate on CPU adapters, where the fused kernel's dQ hand-over through workgroup memory (a barrier per
    * query tile and key chunk) costs more than computing S and dP twice: on lavapipe at the small-f4 UNet's
    * shapes (batch 8, 4 heads) the separate kernels took 101-117 ms against 128-150 at 256 tokens D8, 36-40
    * against 55-65 for 256 x 77 cross-attention, and the same at 64 tokens D16.
    */
-  backward?: 'fused' | 'separate';
+  backward?: 'fused' | 'separate' | 'tiled';
   /**
    * Bytes of dQ scratch the fused backward may hold at once (at most one storage binding). Default: twice the
    * bytes of q, at most 128 MiB, so the fused kernel never costs much memory: it runs where the keys are few
@@ -257,6 +265,20 @@ const ATTN_BWD_FUSED_SPLIT = kernel({
   bindings: [...BWD_INPUTS, write('dk_part', 'f32'), write('dv_part', 'f32'), write('dq_part', 'f32')],
 });
 
+const ATTN_BWD_DKV_TILED = kernel({
+  shader: 'attention_bwd',
+  entry: 'attn_bwd_dkv_tiled',
+  uniforms: DIMS,
+  bindings: [...BWD_INPUTS, write('dk'), write('dv')],
+});
+
+const ATTN_BWD_DQ_TILED = kernel({
+  shader: 'attention_bwd',
+  entry: 'attn_bwd_dq_tiled',
+  uniforms: DIMS,
+  bindings: [...BWD_INPUTS, write('dq')],
+});
+
 const ATTN_BWD_DQ_REDUCE = kernel({
   shader: 'attention',
   entry: 'attn_bwd_dq_reduce',
@@ -359,8 +381,9 @@ export function flashAttentionBackward(
     dv: gpu.tensor(v.shape, v.dtype, 'gradients', 'attention.dv'),
   };
   const inputs = { q, k, v, dy, lse, delta };
-  const plan = attentionPlan(gpu, d, opts.kernels, q.dtype).backward;
-  if (plan) fusedBackward(gpu, d, q.dtype, plan, inputs, grads);
+  const plan = attentionPlan(gpu, d, opts.kernels, q.dtype);
+  if (plan.tiledBackward) tiledBackward(gpu, d, q.dtype, plan.tiledBackward, inputs, grads);
+  else if (plan.backward) fusedBackward(gpu, d, q.dtype, plan.backward, inputs, grads);
   else separateBackward(gpu, d, q.dtype, inputs, grads);
   gpu.free(delta);
   return grads;
@@ -406,17 +429,65 @@ export function fusedPlan(gpu: Gpu, d: Sizes, choice: AttentionKernelChoice = {}
   }
 }
 
+/** The register-tiled backward's grid: TR x TC invocations, each owning BQ / TR resident rows. */
+const BWD_TR = 16;
+const BWD_TC = 8;
+
+/** Tiles of the register-tiled backward (attention_bwd.wgsl): the same for its dK/dV and dQ kernels. */
+export interface BackwardTiling {
+  /** Resident rows per workgroup: keys (dK/dV) or queries (dQ). */
+  BQ: number;
+  /** Streamed rows per tile: queries (dK/dV) or keys (dQ). */
+  BS: number;
+  /** Workgroup memory the kernels declare. */
+  bytes: number;
+}
+
+/**
+ * The register-tiled backward's tiles for head dim D on this device, or null where none fits: 64 resident rows
+ * (4 per invocation) with 16- then 8-row streamed tiles, then 32 and 16 resident rows. Resident and streamed
+ * rows are two tiles each of D4 + 1 vec4 (one chunk of padding against bank conflicts), beside P and dS
+ * (BQ x (BS + 1) floats each) and the streamed rows' (LSE, Delta). On 48 KiB: D40 64 x 16, D80 32 x 16, D160
+ * 16 x 8.
+ */
+export function backwardTiling(gpu: Gpu, D: number): BackwardTiling | null {
+  const RS = Math.ceil(D / 4) + 1;
+  for (const [BQ, BS] of [
+    [64, 16],
+    [64, 8],
+    [32, 16],
+    [32, 8],
+    [16, 8],
+  ]) {
+    const bytes = 2 * (BQ + BS) * RS * 16 + 2 * BQ * (BS + 1) * 4 + BS * 8;
+    if (bytes <= gpu.facts.maxWorkgroupStorage) return { BQ, BS, bytes };
+  }
+  return null;
+}
+
 /** Which kernels flashAttention and its backward run for these sizes on this device. */
 export interface AttentionPlan {
   /** The tiled forward's tiles, or null: the one-row-per-invocation forward. */
   forward: ForwardTiling | null;
-  /** The fused backward's plan, or null: the separate dQ and dK/dV kernels. */
+  /** The fused backward's plan, or null: the tiled or the separate dQ and dK/dV kernels. */
   backward: FusedPlan | null;
+  /** The register-tiled backward's tiles, or null: the fused or the separate kernels. */
+  tiledBackward: BackwardTiling | null;
 }
 
 export function attentionPlan(gpu: Gpu, d: Sizes, choice: AttentionKernelChoice = {}, dtype: DType = 'f32'): AttentionPlan {
   const forward = choice.forward ?? (gpu.facts.software ? 'rows' : 'tiled');
-  return { forward: forward === 'tiled' ? forwardTiling(gpu, d.D, choice) : null, backward: fusedPlan(gpu, d, choice, dtype) };
+  const mode = choice.backward ?? (gpu.facts.software ? 'separate' : undefined);
+  const fused = fusedPlan(gpu, d, { ...choice, backward: mode === 'separate' ? 'separate' : 'fused' }, dtype);
+  // By default the tiled kernels run self-attention; with few keys and many queries (cross-attention) their dK/dV
+  // grid (key blocks x b*heads) would leave most of the GPU idle where the fused kernel splits the queries.
+  const wantTiled = mode === 'tiled' || (mode === undefined && 2 * d.M >= d.N);
+  const tiledBackward = wantTiled ? backwardTiling(gpu, d.D) : null;
+  return {
+    forward: forward === 'tiled' ? forwardTiling(gpu, d.D, choice) : null,
+    backward: tiledBackward ? null : fused,
+    tiledBackward,
+  };
 }
 
 /** dK, dV and dQ parts from one kernel per slice of b*heads, then the parts summed into dQ. */
@@ -443,6 +514,14 @@ function fusedBackward(gpu: Gpu, d: Dims, dtype: Tensor['dtype'], plan: FusedPla
     gpu.run(ATTN_BWD_DQ_REDUCE, { defs, uniforms: fu, bindings: { dq_part, dq }, workgroups: [Math.ceil((d.N * d.D) / BR), count] });
     gpu.free(dq_part);
   }
+}
+
+/** dK/dV from one kernel over key blocks and dQ from another over query blocks, each register-tiled. */
+function tiledBackward(gpu: Gpu, d: Dims, dtype: Tensor['dtype'], t: BackwardTiling, inputs: BackwardInputs, g: AttentionGrads): void {
+  const defs = { T: dtype, D: d.D, D4: Math.ceil(d.D / 4), BQ: t.BQ, BS: t.BS, TR: BWD_TR, TC: BWD_TC, CAUSAL: d.causal };
+  const u = uniforms(d);
+  gpu.run(ATTN_BWD_DKV_TILED, { defs, uniforms: u, bindings: { ...inputs, dk: g.dk, dv: g.dv }, workgroups: [Math.ceil(d.M / t.BQ), d.B * d.H] });
+  gpu.run(ATTN_BWD_DQ_TILED, { defs, uniforms: u, bindings: { ...inputs, dq: g.dq }, workgroups: [Math.ceil(d.N / t.BQ), d.B * d.H] });
 }
 
 /** dQ from one kernel (over key tiles) and dK, dV from another (over query tiles): each recomputes S and dP. */

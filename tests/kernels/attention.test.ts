@@ -3,7 +3,16 @@ import { describe, it } from 'node:test';
 import { ShapeError } from '../../src/gpu/errors.ts';
 import type { Gpu } from '../../src/gpu/device.ts';
 import { adapterFacts } from '../../src/gpu/adapter.ts';
-import { attentionPlan, flashAttention, flashAttentionBackward, forwardTiling, fusedPlan, MAX_HEAD_DIM, naiveAttention } from '../../src/ops/attention.ts';
+import {
+  attentionPlan,
+  backwardTiling,
+  flashAttention,
+  flashAttentionBackward,
+  forwardTiling,
+  fusedPlan,
+  MAX_HEAD_DIM,
+  naiveAttention,
+} from '../../src/ops/attention.ts';
 import { randomValues } from '../../src/selftest/check.ts';
 import { defineCaseTests, testGpu } from '../helpers.ts';
 
@@ -93,6 +102,38 @@ describe('attention kernel plans', () => {
     assert.ok(cpu.facts.software);
     assert.equal(attentionPlan(cpu, sizes).forward, null);
     assert.ok(attentionPlan(cpu, sizes, { forward: 'tiled' }).forward);
+  });
+
+  it('the register-tiled backward fits the device and runs self-attention on GPUs; cross-attention keeps the fused kernel', () => {
+    for (const bytes of [16384, 32768, 49152])
+      for (let D = 1; D <= MAX_HEAD_DIM; D++) {
+        const t = backwardTiling(fakeGpu(bytes), D);
+        if (t) assert.ok(t.bytes <= bytes, `D${D}: ${t.bytes} B of workgroup memory on a ${bytes} B device`);
+        if (bytes === 49152 && D <= 160) assert.ok(t, `D${D} has a tiling on 48 KiB`);
+      }
+    // SD 1.5's head dims on 48 KiB: 64 resident rows at D40, 32 at D80, 16 at D160; none for D160 on 16 KiB.
+    assert.deepEqual(
+      [40, 80, 160].map((D) => [backwardTiling(fakeGpu(49152), D)!.BQ, backwardTiling(fakeGpu(49152), D)!.BS]),
+      [
+        [64, 16],
+        [32, 16],
+        [16, 8],
+      ],
+    );
+    assert.equal(backwardTiling(fakeGpu(16384), 160), null);
+    const gpu = fakeGpu(49152, 32);
+    const self = { B: 2, H: 8, N: 4096, M: 4096, D: 40 };
+    const plan = attentionPlan(gpu, self, {}, 'f16');
+    assert.ok(plan.tiledBackward && !plan.backward, 'self-attention at 4096 tokens: the tiled backward, no dQ scratch');
+    const cross = attentionPlan(gpu, { ...self, M: 77 }, {}, 'f16');
+    assert.ok(!cross.tiledBackward && cross.backward, 'cross-attention (77 keys): the fused backward splitting the queries');
+    assert.ok(attentionPlan(gpu, { ...self, M: 77 }, { backward: 'tiled' }).tiledBackward, 'pinned: tiled');
+    const cpu = fakeGpu(49152, 8, 128 << 20, 'llvmpipe');
+    assert.equal(attentionPlan(cpu, self).tiledBackward, null, 'CPU adapters: the separate kernels');
+    assert.equal(attentionPlan(cpu, self).backward, null);
+    // Where no tile fits (D160 on 16 KiB), a pinned 'tiled' gets the fused kernel (or the separate ones).
+    const small = attentionPlan(fakeGpu(16384), { ...self, D: 160 }, { backward: 'tiled' });
+    assert.equal(small.tiledBackward, null);
   });
 
   it('the fused backward keeps its dQ scratch under the budget by slicing b*heads, and gives way where one does not fit', () => {
