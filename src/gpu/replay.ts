@@ -19,10 +19,20 @@
 // A capture is refused (the step stays live) on a queue write or read-back inside a segment, an allocation that created
 // a buffer, a bound range of an unknown buffer, a free of an allocation made outside it and not an input, or an
 // allocation left live that is no output. The forward's checks cover the backward's (the loss between is the same code
-// on the same buffers); a backward that still finds its start different throws rather than run.
+// on the same buffers); a backward that still finds its start different, or an allocation that gets another buffer
+// than the recorded one, throws a ReplayMismatchError before that segment encodes a dispatch: the caller discards the
+// step (StepRun.discard) and runs it live.
 import type { Allocation, Tag } from './allocator.ts';
 import type { Bindable, BufferWindow, Gpu } from './device.ts';
 import { Tensor, type DType } from './tensor.ts';
+
+/**
+ * A replay that found the GPU's state other than the recorded step's once it had begun. Thrown before the segment it
+ * concerns encodes a dispatch: the step's GPU work so far is the replayed forward's, into the step's own allocations.
+ */
+export class ReplayMismatchError extends Error {
+  override readonly name = 'ReplayMismatchError';
+}
 
 /** One dispatch as Gpu.run encoded it, kept by a capture. */
 export interface CapturedDispatch {
@@ -432,9 +442,7 @@ export class StepRun {
       const seg = r.backward!;
       const gpu = this.owner.gpu;
       if (grads.size !== 0 || !sameNumbers(gpu.allocator.idleSerials(), seg.idle) || this.inputs.some((t, i) => !samePlacement(placement(t), seg.inputs[i])))
-        throw new Error(
-          'step replay: the backward does not start where the recorded one did, after a replayed forward; turn the step replay off (trainer.stepReplay = false) and report this',
-        );
+        throw new ReplayMismatchError('the step replay found the backward not starting where the recorded one did, after a replayed forward');
       this.replaySegment(seg);
       for (const [t, rec] of r.grads) grads.set(t, this.tensorOf(rec));
       this.owner.stats.replayed++;
@@ -465,6 +473,20 @@ export class StepRun {
     const leaked = this.allocs.list.find((a) => !a.freed && !held.has(a));
     if (leaked) return this.abandon(`'${leaked.label}', made in the step, stays live and is no output`);
     this.owner.captured(r);
+  }
+
+  /**
+   * After a ReplayMismatchError: frees what the replay allocated and the inputs the recorded step consumes (the
+   * backward's gradient in), so the allocator holds what it held before the step, less those inputs, as a live step
+   * leaves it. Gradient slots need nothing: the replayed backward encoded no dispatch, and a step overwrites a slot
+   * with its first gradient (Tape.accGemm).
+   */
+  discard(): void {
+    const allocator = this.owner.gpu.allocator;
+    for (const a of this.allocs.list) allocator.free(a);
+    const r = this.record!;
+    for (const seg of [r.forward, r.backward!])
+      for (const e of seg.events) if (!e.alloc && e.ref < 0 && -e.ref - 1 < this.inputs.length) allocator.free(this.inputs[-e.ref - 1].alloc);
   }
 
   private start(): Capture {
@@ -506,10 +528,7 @@ export class StepRun {
       if (e.alloc) {
         const a = allocator.alloc(e.bytes, e.tag, e.label, e.usage);
         this.allocs.add(a);
-        if (a.buffer !== e.buffer)
-          throw new Error(
-            `step replay: '${e.label}' got another buffer than the recorded step's; turn the step replay off (trainer.stepReplay = false) and report this`,
-          );
+        if (a.buffer !== e.buffer) throw new ReplayMismatchError(`the step replay found '${e.label}' given another buffer than in the recorded step`);
       } else allocator.free(e.ref >= 0 ? this.allocs.list[e.ref] : this.inputs[-e.ref - 1].alloc);
     }
     const ds = seg.baked!;

@@ -241,6 +241,7 @@ export class TrainingRun {
         emit(this.stepPhase());
         const t0 = performance.now();
         const r = await t.trainStep();
+        if (r.warning) emit({ type: 'warning', message: r.warning });
         // trainStep checkpoints on its own schedule (settings.checkpointEvery) after timing the step: the
         // rest of its wall time is the checkpoint's.
         const checkpointed = s.checkpointEvery > 0 && r.step % s.checkpointEvery === 0;

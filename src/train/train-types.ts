@@ -165,6 +165,8 @@ export interface StepReport {
   applied: boolean;
   /** Why a step was skipped (a non-finite loss, gradient or update), for the progress line and the UI. */
   skipped?: string;
+  /** Something the run should tell the user about this step (the step replay turned off mid-step, trainer.ts). */
+  warning?: string;
   lossScale: number;
   gradNorm: number;
   seconds: number;

@@ -26,7 +26,7 @@ import { scheduleFactor } from './lr-schedule.ts';
 import { addNoise, velocity, weightedMse } from '../ops/loss.ts';
 import { lossWeights } from './objective.ts';
 import { huberCs, passLoss, HUBER_C_DEFAULT } from './loss-options.ts';
-import { StepReplay, type ReplayStats, type StepRun } from '../gpu/replay.ts';
+import { ReplayMismatchError, StepReplay, type ReplayStats, type StepRun } from '../gpu/replay.ts';
 import { drawStepNoise, zeroTerminalSnr } from './noise.ts';
 import { WeightEma, type ChunkEma } from './ema.ts';
 import { StoredEma } from './ema-store.ts';
@@ -80,6 +80,8 @@ export class DreamBoothTrainer {
    */
   stepReplay = true;
   private readonly replay: StepReplay | null;
+  /** Why the replay was turned off during the current step (the step's report carries it once), else ''. */
+  private replayWarning = '';
 
   private constructor(
     readonly gpu: Gpu,
@@ -277,6 +279,7 @@ export class DreamBoothTrainer {
       gpuPeakBytes: mem.peak,
     };
     if (skipped) report.skipped = skipped;
+    if (this.replayWarning) [report.warning, this.replayWarning] = [this.replayWarning, ''];
     this.skipRun = skipped ? { count: this.skipRun.count + 1, last: skipped } : { count: 0, last: '' };
     if (this.settings.checkpointEvery > 0 && this.step % this.settings.checkpointEvery === 0) await this.checkpoint();
     if (this.skipRun.count >= this.settings.maxConsecutiveSkips)
@@ -319,18 +322,31 @@ export class DreamBoothTrainer {
     const replayed = this.replay && this.stepReplay && !fused && passes.length === 1 && !textTrains;
     const run = replayed ? this.replay!.begin(`${this.settings.activationCheckpointing}|${this.loraScale}`) : null;
     let loss = 0;
-    for (const [k, pass] of passes.entries()) {
-      const last = k === passes.length - 1;
-      const before = loss;
-      loss += await this.trainPass(
-        tape,
-        pass.map((i) => ({ sample: samples[i], t: inputs.timesteps[i], w: weights[i], noise: noiseStart[i] })),
-        inputs,
-        B,
-        scale,
-        fused && last ? { loss: (l) => fused.loss(before + l), onFinal: this.chunkHandover(tape, fused.chunk) } : undefined,
-        run,
-      );
+    try {
+      for (const [k, pass] of passes.entries()) {
+        const last = k === passes.length - 1;
+        const before = loss;
+        loss += await this.trainPass(
+          tape,
+          pass.map((i) => ({ sample: samples[i], t: inputs.timesteps[i], w: weights[i], noise: noiseStart[i] })),
+          inputs,
+          B,
+          scale,
+          fused && last ? { loss: (l) => fused.loss(before + l), onFinal: this.chunkHandover(tape, fused.chunk) } : undefined,
+          run,
+        );
+      }
+    } catch (e) {
+      if (!(e instanceof ReplayMismatchError) || !run) throw e;
+      // The replay found the GPU's state other than its record's mid-step: its partial step is dropped (nothing of it
+      // reaches the gradients or the allocator, StepRun.discard), and the step runs live on the same inputs (drawn once,
+      // by trainStep), as does every later one.
+      run.discard();
+      tape.dropGrads();
+      this.stepReplay = false;
+      this.replay!.disarm();
+      this.replayWarning = `${e.message} (step ${this.step + 1}): the step ran again without the step replay, and training continues without it, with the same results at a higher host cost per step`;
+      return this.forwardBackward(inputs, scale, fused);
     }
     return { loss, tape };
   }
@@ -589,19 +605,19 @@ export class DreamBoothTrainer {
     const forward = () =>
       unetForward(gpu, this.model.config, this.model.weights, xt, tT, cond.context, tape, this.loraScale, this.settings.activationCheckpointing, cond.added);
     const added = cond.added ? [cond.added.textEmbeds, cond.added.timeIds] : [];
-    const pred = replay ? replay.forward([xt, tT, cond.context, ...added], forward) : forward();
-    const cs = huberCs(timesteps, this.acp, this.settings.huberC ?? HUBER_C_DEFAULT, this.settings.huberSchedule ?? 'snr');
-    const { loss, dy } = await passLoss(gpu, pred, target, weights, mask, scale, { kind: this.settings.loss ?? 'l2', cs });
     const inputs = [x0, eps, ...(epsIn !== eps ? [epsIn] : []), tT, xt, ...(target !== eps ? [target] : []), ...cond.owned, ...(mask ? [mask] : [])];
     try {
+      const pred = replay ? replay.forward([xt, tT, cond.context, ...added], forward) : forward();
+      const cs = huberCs(timesteps, this.acp, this.settings.huberC ?? HUBER_C_DEFAULT, this.settings.huberSchedule ?? 'snr');
+      const { loss, dy } = await passLoss(gpu, pred, target, weights, mask, scale, { kind: this.settings.loss ?? 'l2', cs });
       fused?.loss(loss);
       if (fused) await tape.backwardFused(pred, dy, fused.onFinal);
       else if (replay) replay.backward(tape.grads, [dy], () => tape.backward(pred, dy));
       else tape.backward(pred, dy);
+      return loss;
     } finally {
       gpu.free(...inputs);
     }
-    return loss;
   }
 
   /** The UNet's conditioning for a pass over `samples` (train/conditioning.ts): cached, or the text encoder(s) on `tape`. */

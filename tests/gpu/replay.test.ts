@@ -1,11 +1,13 @@
 // The recorded step replay (src/gpu/replay.ts): a replayed step equals the live one bit for bit, a per-step value in a
 // uniform keeps a step from ever being replayed, a queue write inside a segment refuses the capture, and the tiny
 // trainer's steps with replay equal its steps without (losses, weights, optimizer state; f32 and f16), through a
-// change of batch shape mid-run.
+// change of batch shape mid-run; a replay that finds the GPU's state other than its record's mid-step (forward or
+// backward) runs that step live and turns itself off, leaving the run bit-identical to one without replay.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
+import type { Allocation } from '../../src/gpu/allocator.ts';
 import type { Gpu } from '../../src/gpu/device.ts';
-import { StepReplay } from '../../src/gpu/replay.ts';
+import { StepReplay, StepRun } from '../../src/gpu/replay.ts';
 import type { Tensor } from '../../src/gpu/tensor.ts';
 import { add, scale } from '../../src/ops/elementwise.ts';
 import { MemoryChunkStore } from '../../src/store/chunkstore.ts';
@@ -123,4 +125,84 @@ describe('step replay', () => {
       assert.equal(on.state.length, off.state.length);
       on.state.forEach((s, i) => assert.ok(Buffer.from(s).equals(Buffer.from(off.state[i])), `optimizer state file ${i}`));
     });
+
+  it('a replay that meets another GPU state mid-step runs the step live, turns itself off and changes nothing', async () => {
+    const gpu = await testGpu();
+    const { forward, backward } = StepRun.prototype;
+    type Run = { losses: number[]; warnings: (string | undefined)[]; weights: Float32Array[]; state: Uint8Array[]; rng: number; mem: number[] };
+    const go = async (inject: 'none' | 'forward' | 'backward'): Promise<Run & { replay: boolean; replayed: number[] }> => {
+      const store = new MemoryChunkStore();
+      const { trainer, free } = await makeTrainer(gpu, 'f32', 'lora', store);
+      trainer.stepReplay = inject !== 'none';
+      const outside: Allocation[] = [];
+      // Step index 3 replays (0 fills the pool, 1 and 2 are captured alike). 'backward': a buffer made and freed
+      // between its forward and backward puts one more idle buffer in the pool; 'forward': the forward's first
+      // allocation finds its recorded buffer taken by someone else.
+      StepRun.prototype.backward = function (this: StepRun, ...a: Parameters<StepRun['backward']>) {
+        if (inject === 'backward' && trainer.step === 3 && !outside.length) {
+          outside.push(gpu.allocator.alloc(3 << 20, 'activations', 'outside'));
+          gpu.allocator.free(outside[0]);
+        }
+        return backward.apply(this, a);
+      };
+      StepRun.prototype.forward = function (this: StepRun, ...a: Parameters<StepRun['forward']>) {
+        const alloc = gpu.allocator.alloc;
+        if (inject === 'forward' && trainer.step === 3 && !outside.length)
+          gpu.allocator.alloc = (...b) => {
+            gpu.allocator.alloc = alloc;
+            outside.push(alloc.apply(gpu.allocator, b));
+            return alloc.apply(gpu.allocator, b);
+          };
+        try {
+          return forward.apply(this, a);
+        } finally {
+          gpu.allocator.alloc = alloc;
+        }
+      };
+      const losses: number[] = [];
+      const warnings: (string | undefined)[] = [];
+      const replayed: number[] = [];
+      try {
+        // inputs drawn from the run's Rng: the step run again must not draw them again
+        for (let k = 0; k < 5; k++) {
+          if (k === 3) replayed.push(trainer.replayStats!.replayed);
+          const r = await trainer.trainStep();
+          losses.push(r.loss);
+          warnings.push(r.warning);
+          if (k === 3) outside.forEach((o) => gpu.allocator.free(o));
+        }
+      } finally {
+        Object.assign(StepRun.prototype, { forward, backward });
+      }
+      if (inject !== 'none') assert.ok(outside[0]?.reused === (inject === 'forward'), `the ${inject} injection happened as meant`);
+      const weights = await Promise.all([...trainer.trainable.values()].map((t) => gpu.read(t)));
+      const state = [...(await trainer.optimizer.checkpointState()).files.values()];
+      // the allocator's live bytes and allocations: what a leaked partial step would leave behind
+      const m = gpu.allocator.report();
+      const out = { losses, warnings, weights, state, rng: trainer.rng.state(), mem: [m.current, m.live] };
+      const stats = { replay: trainer.stepReplay, replayed: [...replayed, trainer.replayStats!.replayed] };
+      free();
+      return { ...out, ...stats };
+    };
+    const off = await go('none');
+    for (const where of ['backward', 'forward'] as const) {
+      const on = await go(where);
+      assert.equal(on.replay, false, `${where}: the replay is off after the mismatch`);
+      assert.equal(on.replayed[1], on.replayed[0], `${where}: no replay from the mismatched step on`);
+      assert.deepEqual(
+        on.warnings.map((w) => w !== undefined),
+        [false, false, false, true, false],
+        `${where}: one warning, at the step that fell back`,
+      );
+      assert.match(on.warnings[3]!, /training continues without it/);
+      assert.doesNotMatch(on.warnings[3]!, /stepReplay|report this/, 'no code field for the user to set');
+      assert.equal(new Set(on.losses).size, on.losses.length, `losses differ across steps: ${on.losses.join(', ')}`);
+      on.losses.forEach((l, i) => assert.ok(Object.is(l, off.losses[i]), `${where}: step ${i} loss ${l} vs ${off.losses[i]}`));
+      on.weights.forEach((w, i) => assert.deepEqual(w, off.weights[i], `${where}: trainable ${i}`));
+      assert.equal(on.state.length, off.state.length);
+      on.state.forEach((s, i) => assert.ok(Buffer.from(s).equals(Buffer.from(off.state[i])), `${where}: optimizer state file ${i}`));
+      assert.equal(on.rng, off.rng, `${where}: the Rng drew each step once`);
+      assert.deepEqual(on.mem, off.mem, `${where}: live bytes and allocations after the run (a leaked partial step adds some)`);
+    }
+  });
 });
