@@ -19,23 +19,6 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-// A file's own environment: the first row whose pattern its path matches adds its variables, each with its reason.
-//   The matmul, conv2d and attention kernel files: GALLIVM_PERF=nopt, lavapipe's LLVM without its optimisation
-//   passes. They run small problems on hundreds of distinct pipelines (every tile, transpose, layout and dtype), so
-//   on a cold Mesa shader cache, a fresh CI machine's, nearly all their time is LLVM compiling them (835, 760 and
-//   612 s in CI; under 20 s each warm). Measured (docs/testing.md): matmul and conv2d a quarter to a third less
-//   compile CPU, attention about 7 % faster; every check's error the same to the digit, no slower to run. The other
-//   kernel files measured took 3-30 s in CI's order, mostly on pipelines the training files compiled before them,
-//   and the files that train spend their time running kernels, which unoptimised code would slow: they keep the
-//   default. Mesa keys its shader cache by these flags, so no other file is handed unoptimised code.
-const FILE_ENV = [[/(^|\/)tests\/kernels\/(matmul|conv2d|attention)\.test\.ts$/, { GALLIVM_PERF: 'nopt' }]];
-
-/** The environment a test file runs with: this process's, plus its FILE_ENV row's variables. */
-function envFor(file, base = process.env) {
-  const row = FILE_ENV.find(([pattern]) => pattern.test(file));
-  return row ? { ...base, ...row[1] } : base;
-}
-
 function parse(argv) {
   const o = { jobs: 2, failures: null, nodeOptions: [], files: [] };
   for (let i = 0; i < argv.length; i++) {
@@ -58,7 +41,7 @@ function runFile(file, dir, index, nodeOptions) {
   args.push('--test-reporter=./scripts/failed-tests-reporter.mjs', `--test-reporter-destination=${failures}`, ...nodeOptions, file);
   const t0 = Date.now();
   return new Promise((resolve) => {
-    const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'], env: envFor(file) });
+    const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
     const chunks = [];
     child.stdout.on('data', (c) => chunks.push(c));
     child.stderr.on('data', (c) => chunks.push(c));
